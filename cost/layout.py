@@ -1,0 +1,188 @@
+"""The parallel layout and the job: the knobs the search chooses and the work it must do.
+
+The layout type lives in ``cost`` rather than ``planner`` because every cost function takes it and
+imports only go down the DESIGN.md table (``planner`` re-exports it).
+
+Ranks are laid out by ``order``: a permutation of the parallel axes from the fastest-varying
+(innermost, adjacent device ids) to the slowest, in Megatron-Core's notation
+(``"tp-cp-ep-dp-pp"`` is its default). Expert parallelism is carved out of the data-parallel axis
+(Megatron-Core), so ``ep`` divides ``dp`` and sits directly inside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+from models.errors import SpecError
+
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16", "fp8"]
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
+ORDERS: tuple[str, ...] = ("tp-cp-dp-pp", "tp-dp-cp-pp", "tp-cp-pp-dp", "cp-tp-dp-pp", "tp-pp-cp-dp")
+DEFAULT_ORDER = "tp-cp-dp-pp"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One parallel layout.
+
+    Attributes
+    ----------
+    tp, pp, dp, cp : tensor, pipeline, data and context parallel degrees.
+    ep : expert-parallel degree, carved from ``dp`` (must divide it); 1 for dense models.
+    vp : virtual pipeline stages per rank (interleaved 1F1B when > 1).
+    micro_batch_size : sequences per micro-batch per data-parallel rank.
+    sequence_parallel : Megatron sequence parallelism inside the tensor-parallel group.
+    recompute : activation recomputation, none | selective (attention core) | full (whole layer).
+    zero_stage : 0 plain data parallel, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP).
+    order : rank order from innermost to outermost axis, e.g. ``"tp-cp-dp-pp"``.
+    dp_overlap : overlap the gradient reduction (and ZeRO-3 gathers) with compute.
+    tp_overlap : overlap tensor-parallel collectives with the GEMMs (Transformer Engine style).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vp: int = 1
+    micro_batch_size: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "selective"
+    zero_stage: int = 1
+    order: str = DEFAULT_ORDER
+    dp_overlap: bool = True
+    tp_overlap: bool = False
+
+    @property
+    def num_devices(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    def degree(self, axis: str) -> int:
+        return getattr(self, axis)
+
+    def stride(self, axis: str) -> int:
+        """Distance in device ids between neighbours along ``axis`` under ``order``."""
+        stride = 1
+        for name in self.order.split("-"):
+            if name == axis:
+                return stride
+            stride *= self.degree(name)
+        raise ValueError(f"axis {axis} not in order {self.order}")
+
+    def group(self, axis: str, base: int = 0) -> tuple[int, ...]:
+        """Device ids of the ``axis`` communicator that contains device ``base`` (0 by default).
+
+        ``ep`` groups are the first ``ep`` members of the data-parallel group; ``edp`` (the
+        data-parallel group of expert weights) takes every ``ep``-th member.
+        """
+        if axis == "ep":
+            return self.group("dp", base)[: self.ep]
+        if axis == "edp":
+            return self.group("dp", base)[:: self.ep]
+        s = self.stride(axis)
+        return tuple(base + k * s for k in range(self.degree(axis)))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def with_(self, **changes) -> "Layout":
+        return replace(self, **changes)
+
+    def short(self) -> str:
+        parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}"]
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
+        if self.vp > 1:
+            parts.append(f"vp={self.vp}")
+        parts += [f"mbs={self.micro_batch_size}", f"sp={'on' if self.sequence_parallel else 'off'}",
+                  f"recompute={self.recompute}", f"zero={self.zero_stage}"]
+        if self.order != DEFAULT_ORDER:
+            parts.append(f"order={self.order}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """The training job.
+
+    Attributes
+    ----------
+    global_batch_size : sequences per optimizer step.
+    seq_len : tokens per sequence.
+    precision : bf16 | fp16 | fp8 (fp8 GEMMs in the linear layers, the rest in bf16).
+    tokens_to_train : total tokens, for time, cost and energy to train.
+    grad_bytes : bytes per gradient element kept for the optimizer (4: fp32 main grads, the
+        Megatron-LM default for 16-bit training).
+    """
+
+    global_batch_size: int
+    seq_len: int
+    precision: str = "bf16"
+    tokens_to_train: float = 0.0
+    grad_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch_size", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise SpecError(f"job.{name}: got {value!r}; must be a positive integer")
+        if self.precision not in PRECISIONS:
+            raise SpecError(f"job.precision: got {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
+        if self.tokens_to_train < 0:
+            raise SpecError(f"job.tokens_to_train: got {self.tokens_to_train}; must be >= 0")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+
+def parse_layout(text: str, num_devices: int | None = None) -> Layout:
+    """Parse ``"tp=8,pp=8,dp=16,vp=2,mbs=1,recompute=selective,zero=1,sp=on"``.
+
+    Missing degrees default to 1 except ``dp``, which (when ``num_devices`` is given) takes the
+    devices left over. Raises :class:`SpecError` naming the bad key or value.
+    """
+    aliases = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
+               "micro_batch": "micro_batch_size", "recomp": "recompute"}
+    ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage"}
+    bools = {"sequence_parallel", "dp_overlap", "tp_overlap"}
+    values: dict[str, object] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in item:
+            raise SpecError(f"layout: {item!r} is not key=value (e.g. tp=8,pp=4,dp=32)")
+        key, raw = (x.strip() for x in item.split("=", 1))
+        key = aliases.get(key, key)
+        values[key] = _parse_value(key, raw, ints, bools)
+    if "dp" not in values and num_devices:
+        rest = 1
+        for k in ("tp", "pp", "cp"):
+            rest *= int(values.get(k, 1))
+        values["dp"] = max(1, num_devices // rest)
+    return Layout(**values)
+
+
+def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
+    if key in ints:
+        if not raw.isdigit() or int(raw) <= 0 and key != "zero_stage":
+            raise SpecError(f"layout.{key}: got {raw!r}; must be a positive integer")
+        return int(raw)
+    if key in bools:
+        if raw.lower() not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+            raise SpecError(f"layout.{key}: got {raw!r}; allowed: on, off")
+        return raw.lower() in ("on", "true", "1", "yes")
+    if key == "recompute":
+        if raw not in RECOMPUTE_MODES:
+            raise SpecError(f"layout.recompute: got {raw!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
+        return raw
+    if key == "order":
+        if sorted(raw.split("-")) != sorted(AXES):
+            raise SpecError(f"layout.order: got {raw!r}; a permutation of tp-cp-dp-pp, e.g. {DEFAULT_ORDER}")
+        return raw
+    allowed = "tp, pp, dp, cp, ep, vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap"
+    raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")

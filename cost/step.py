@@ -1,0 +1,235 @@
+"""Step time and peak memory of one layout, assembled from the terms in ``cost.terms``.
+
+Step time (1F1B or interleaved 1F1B, Narayanan et al. 2021 section 2.2), with ``m`` micro-batches
+per pipeline, ``t`` the time of one micro-batch through the most loaded stage and ``t_h`` the LM
+head on the last stage::
+
+    T = (m + (pp - 1) / vp) * t  +  m * (t_h + t_p2p)  +  exposed DP  +  optimizer
+
+``(pp - 1) / vp * t`` is the bubble. A stage with uneven work (the last one, holding the head) sets
+the steady-state period, hence ``m * t_h`` rather than ``(m + pp - 1) * t_h``. The breakdown
+returned sums exactly to the step time and the memory categories exactly to the peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from cost.layout import RECOMPUTE_MODES, Job, Layout
+from cost.terms import (
+    NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, dp_terms, head_terms,
+    layer_terms, layers_on_stage, optimizer_s, p2p_s, param_counts, static_memory,
+)
+from models.ops import model_flops_per_token
+from models.spec import ModelSpec
+from topologies.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Seconds per step by cause; the fields sum to the step time."""
+
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    pp_bubble_s: float
+    pp_p2p_s: float
+    dp_comm_s: float
+    optimizer_s: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(asdict(self).values())
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per device on the most loaded pipeline stage; the fields sum to the peak."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    working_bytes: float  # one layer's recomputed activations, logits, FSDP gather buffers
+    reserved_bytes: float  # runtime: CUDA context, library workspaces, communication buffers
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(asdict(self).values())
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The prediction for one layout."""
+
+    layout: Layout
+    num_microbatches: int
+    step_time_s: float
+    time: TimeBreakdown
+    memory: MemoryBreakdown
+    capacity_bytes: float
+    tokens_per_s: float
+    model_flops_per_s_per_device: float
+    mfu: float
+    hfu: float
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return self.memory.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total_bytes <= self.capacity_bytes
+
+    @property
+    def overflow_bytes(self) -> float:
+        return max(0.0, self.memory.total_bytes - self.capacity_bytes)
+
+
+def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> list[tuple[str, str]]:
+    """Structural reasons a layout cannot run, as ``(reason_key, message)`` pairs; empty if valid."""
+    problems: list[tuple[str, str]] = []
+
+    def bad(key: str, message: str) -> None:
+        problems.append((key, message))
+
+    n = layout.num_devices
+    if n != cluster.num_devices:
+        bad("device_count", f"tp*pp*dp*cp = {layout.tp}*{layout.pp}*{layout.dp}*{layout.cp} = {n}, "
+            f"but the cluster has {cluster.num_devices} devices")
+    g = model.num_kv_heads_resolved
+    if model.num_attention_heads % layout.tp:
+        bad("heads", f"num_attention_heads={model.num_attention_heads} is not divisible by tp={layout.tp}")
+    elif g % layout.tp and layout.tp % g:
+        bad("heads", f"num_kv_heads={g} and tp={layout.tp}: one must divide the other")
+    if job.global_batch_size % (layout.dp * layout.micro_batch_size):
+        bad("batch", f"global_batch_size={job.global_batch_size} is not divisible by "
+            f"dp*micro_batch_size = {layout.dp}*{layout.micro_batch_size}")
+    if layout.pp * layout.vp > model.num_layers:
+        bad("layers", f"pp*vp = {layout.pp * layout.vp} exceeds num_layers={model.num_layers}")
+    if layout.vp > 1 and layout.pp == 1:
+        bad("interleave", f"vp={layout.vp} needs pp > 1")
+    if layout.vp > 1 and layout.pp > 1 and (job.global_batch_size // max(1, layout.dp * layout.micro_batch_size)) % layout.pp:
+        bad("interleave", "interleaved 1F1B needs the micro-batch count divisible by pp (Megatron-LM)")
+    if layout.cp > 1 and job.seq_len % (2 * layout.cp):
+        bad("context", f"seq_len={job.seq_len} is not divisible by 2*cp = {2 * layout.cp} (load-balanced causal chunks)")
+    _moe_problems(model, layout, bad)
+    if layout.recompute not in RECOMPUTE_MODES:
+        bad("recompute", f"recompute={layout.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
+    if layout.zero_stage not in (0, 1, 2, 3):
+        bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
+    if layout.sequence_parallel and layout.tp == 1:
+        bad("sequence_parallel", "sequence_parallel needs tp > 1")
+    return problems
+
+
+def _moe_problems(model: ModelSpec, layout: Layout, bad) -> None:
+    if layout.ep == 1:
+        return
+    if model.moe is None:
+        bad("experts", f"ep={layout.ep} needs an MoE model; {model.name} is dense")
+    elif model.moe.num_experts % layout.ep:
+        bad("experts", f"num_experts={model.moe.num_experts} is not divisible by ep={layout.ep}")
+    elif layout.dp % layout.ep:
+        bad("experts", f"ep={layout.ep} must divide dp={layout.dp} (expert parallelism is carved from data parallelism)")
+
+
+def num_microbatches(job: Job, layout: Layout) -> int:
+    return max(1, job.global_batch_size // (layout.dp * layout.micro_batch_size))
+
+
+def inflight_layers(num_layers: int, pp: int, vp: int, m: int) -> tuple[float, float]:
+    """Layers' worth of stored activations on the first and on the last pipeline rank.
+
+    1F1B: the first rank holds ``min(m, pp)`` micro-batches of its layers, the last one
+    (Narayanan et al. 2021). Interleaved: Megatron-LM's warm-up holds ``2 (pp - 1) + (vp - 1) pp + 1``
+    model chunks on the first rank (Korthikanti et al.: about ``L (1 + (pp - 1) / (pp vp))``).
+    """
+    per_stage = layers_on_stage(num_layers, pp, vp)
+    if vp == 1:
+        return per_stage * min(m, pp), per_stage * 1.0
+    chunk = per_stage / vp
+    first = min(m * vp, 2 * (pp - 1) + (vp - 1) * pp + 1) * chunk
+    last = min(m * vp, (vp - 1) * pp + 1) * chunk
+    return first, last
+
+
+def evaluate(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> Evaluation:
+    """Predict step time and peak memory of ``layout`` (assumed structurally valid)."""
+    ctx = Context(model, job, cluster)
+    return evaluate_ctx(ctx, layout)
+
+
+def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
+    model, job, cluster = ctx.model, ctx.job, ctx.cluster
+    m = num_microbatches(job, layout)
+    time = time_breakdown(ctx, layout, m)
+    memory = memory_breakdown(ctx, layout, m)
+    step = time.total_s
+    tokens_per_s = job.tokens_per_step / step
+    flops_per_device = model_flops_per_token(model, job.seq_len) * tokens_per_s / cluster.num_devices
+    peak16 = cluster.device.peak("bf16")
+    recompute_share = time.recompute_s / max(1e-30, time.compute_s)
+    mfu = flops_per_device / peak16
+    return Evaluation(layout, m, step, time, memory, cluster.device.memory_bytes, tokens_per_s,
+                      flops_per_device, mfu, mfu * (1 + recompute_share))
+
+
+def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
+    lt = layer_terms(ctx, layout)
+    frac = layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp) / ctx.model.num_layers
+    head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
+                      layout.stride("tp"))
+    stage_s = frac * lt.total_s
+    dp = dp_terms(ctx, layout)
+    dp_exposed = m * _exposed(dp.per_microbatch_s, frac * (lt.forward_s + lt.backward_s + lt.recompute_s), layout.dp_overlap)
+    dp_exposed += _exposed(dp.per_step_s, frac * lt.backward_s, layout.dp_overlap)
+    return TimeBreakdown(
+        compute_s=m * (frac * (lt.forward_s + lt.backward_s) + head.time_s),
+        recompute_s=m * frac * lt.recompute_s,
+        tp_comm_s=m * frac * lt.tp_comm_s,
+        cp_comm_s=m * frac * lt.cp_comm_s,
+        ep_comm_s=m * frac * lt.ep_comm_s,
+        pp_bubble_s=(layout.pp - 1) / layout.vp * stage_s,
+        pp_p2p_s=m * p2p_s(ctx, layout),
+        dp_comm_s=dp_exposed,
+        optimizer_s=optimizer_s(ctx, layout),
+    )
+
+
+def _exposed(comm_s: float, window_s: float, overlap: bool) -> float:
+    """Communication left after overlapping with ``window_s`` of compute.
+
+    Bucketed overlap can hide all but the last bucket (PyTorch DDP / Megatron-Core DDP).
+    """
+    if not overlap:
+        return comm_s
+    return max(comm_s / NUM_GRAD_BUCKETS, comm_s - window_s)
+
+
+def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
+    lt = layer_terms(ctx, layout)
+    head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
+                      layout.stride("tp"))
+    first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m)
+    act_first = lt.act_bytes_per_layer * first
+    act_last = lt.act_bytes_per_layer * last
+    working = lt.act_transient_bytes + head.logits_bytes
+    if layout.pp == 1:
+        activations = act_first
+    elif act_last + head.logits_bytes > act_first:
+        activations = act_last  # the last stage, holding the logits, is the peak
+    else:
+        activations, working = act_first, lt.act_transient_bytes
+    static = static_memory(ctx, layout)
+    weights, grads, optim = static.weights_bytes, static.gradients_bytes, static.optimizer_bytes
+    if ctx.cluster.weight_streaming:
+        # Weight streaming (Cerebras MemoryX): weights, gradients and optimizer states live off-chip;
+        # the wafer holds one layer's weights at a time, double-buffered.
+        pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
+        per_layer = (pc.dense + pc.expert) / ctx.model.num_layers
+        weights, grads, optim = 2 * WEIGHT_BYTES * per_layer, 0.0, 0.0
+    reserve = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
+    return MemoryBreakdown(weights, grads, optim, activations, working, reserve)

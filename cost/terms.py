@@ -1,0 +1,377 @@
+"""Cost terms, each a pure function of the few knobs it depends on.
+
+The step time and memory are assembled from these in ``cost.step``; the search tabulates each term
+over its own small domain (``planner.space``). Keeping a term's inputs explicit is what lets the
+CP-SAT model stay small: compute depends on tp, cp, micro-batch and recompute; a collective on its
+axis degree and placement; the bubble on pp, vp and the micro-batch count.
+
+All results are seconds or bytes for one device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from cost import collectives as coll
+from cost.compute import gemm_time_s, ops_time_s
+from cost.layout import Job, Layout
+from models.ops import ACT_BYTES, head_ops, layer_ops
+from models.spec import ModelSpec
+from topologies.cluster import Cluster
+
+OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhandari et al. 2020)
+WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
+NUM_GRAD_BUCKETS = 8  # the last of the bucketed gradient reductions cannot overlap (PyTorch DDP, Megatron DDP)
+RUNTIME_RESERVE_BYTES = 1.0 * 2**30  # CUDA context, cuBLAS workspace, NCCL buffers (see docs/cost-model.md)
+LOGIT_BYTES = 6.0  # 16-bit logits kept for backward + fp32 working copy in the loss
+
+
+@dataclass(frozen=True)
+class Context:
+    """The fixed inputs of one planning problem."""
+
+    model: ModelSpec
+    job: Job
+    cluster: Cluster
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTerms:
+    """All transformer layers, one micro-batch, one device (as if the whole model sat on it)."""
+
+    forward_s: float  # compute of the forward pass
+    backward_s: float  # compute of the backward pass
+    recompute_s: float  # forward recomputed during backward
+    tp_comm_s: float  # exposed tensor-parallel collectives
+    cp_comm_s: float  # exposed context-parallel ring traffic
+    ep_comm_s: float  # expert-parallel all-to-all (dispatch + combine)
+    act_bytes_per_layer: float  # stored activations per layer (average over layers)
+    act_transient_bytes: float  # extra working memory of one layer's backward
+
+    @property
+    def total_s(self) -> float:
+        return (self.forward_s + self.backward_s + self.recompute_s + self.tp_comm_s
+                + self.cp_comm_s + self.ep_comm_s)
+
+
+def _tokens(ctx: Context, cp: int, mbs: int) -> float:
+    return mbs * ctx.job.seq_len / cp
+
+
+def layer_terms(ctx: Context, layout: Layout) -> LayerTerms:
+    """Per-micro-batch layer terms; depends on tp, cp, ep, mbs, sp, recompute, placement, tp_overlap."""
+    tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
+    c = compute_terms(ctx, tp, cp, mbs, sp, rc)
+    return LayerTerms(
+        forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
+        tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap),
+        cp_comm_s=cp_comm_terms(ctx, tp, cp, mbs, sp, layout.stride("cp")),
+        ep_comm_s=ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_stride(layout)),
+        act_bytes_per_layer=c.act_bytes_per_layer, act_transient_bytes=c.act_transient_bytes,
+    )
+
+
+def ep_stride(layout: Layout) -> int:
+    return layout.stride("dp") if layout.ep > 1 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeTerms:
+    """Compute of all layers for one micro-batch, and what it leaves in memory."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    gemm_s: float  # forward + backward GEMM time, what TP overlap can hide behind
+    act_bytes_per_layer: float
+    act_transient_bytes: float
+
+
+def _layer_kinds(model: ModelSpec) -> list[tuple[bool, int]]:
+    return [(moe, count) for moe, count in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if count]
+
+
+@lru_cache(maxsize=65536)
+def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str) -> ComputeTerms:
+    model, dev, prec = ctx.model, ctx.cluster.device, ctx.job.precision
+    n = _tokens(ctx, cp, mbs)
+    fwd = bwd = gemm = act = transient = 0.0
+    for moe, count in _layer_kinds(model):
+        ops = layer_ops(model, n, ctx.job.seq_len, tp, sp, moe)
+        fwd += count * ops_time_s(ops, dev, prec)
+        bwd += count * ops_time_s(ops, dev, prec, backward=True)
+        gemm += count * (gemm_time_s(ops, dev, prec) + gemm_time_s(ops, dev, prec, backward=True))
+        act += count * activation_bytes(model, n, tp, sp, recompute, moe)
+        if recompute == "full":  # the layer being recomputed holds its full activations once
+            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe))
+    rec = fwd if recompute == "full" else 0.0
+    return ComputeTerms(fwd, bwd, rec, gemm, act / model.num_layers, transient)
+
+
+def _comm_multiplier(recompute: str) -> float:
+    """Full recomputation repeats the forward collectives: 3 passes of traffic instead of 2."""
+    return 1.5 if recompute == "full" else 1.0
+
+
+@lru_cache(maxsize=65536)
+def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, stride: int,
+                  overlap: bool) -> float:
+    """Exposed tensor-parallel traffic of all layers, one micro-batch."""
+    if tp == 1:
+        return 0.0
+    prof = ctx.cluster.group_profile(range(0, tp * stride, stride))
+    n = _tokens(ctx, cp, mbs)
+    per_layer = _tp_comm_s(n, ctx.model.hidden_size, prof, sp) * _comm_multiplier(recompute)
+    total = ctx.model.num_layers * per_layer
+    if overlap:
+        total = max(0.0, total - compute_terms(ctx, tp, cp, mbs, sp, recompute).gemm_s)
+    return total
+
+
+@lru_cache(maxsize=65536)
+def cp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: int) -> float:
+    if cp == 1:
+        return 0.0
+    n = _tokens(ctx, cp, mbs)
+    prof = ctx.cluster.group_profile([0, stride])
+    total = 0.0
+    for moe, count in _layer_kinds(ctx.model):
+        ops = layer_ops(ctx.model, n, ctx.job.seq_len, tp, sp, moe)
+        total += count * _cp_comm_s(ctx, n, tp, cp, prof, ops)
+    return total
+
+
+@lru_cache(maxsize=65536)
+def ep_comm_terms(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str, stride: int) -> float:
+    if ep == 1 or ctx.model.moe is None:
+        return 0.0
+    n = _tokens(ctx, cp, mbs)
+    prof = ctx.cluster.group_profile(range(0, ep * stride, stride))
+    return ctx.model.num_moe_layers * _ep_comm_s(ctx, n, tp, prof, sp) * _comm_multiplier(recompute)
+
+
+def _tp_comm_s(n: float, h: int, prof, sp: bool) -> float:
+    """Forward + backward tensor-parallel collectives of one layer (Megatron: 2 + 2).
+
+    Without sequence parallelism each is an all-reduce of the ``n x h`` activation; with it, a
+    reduce-scatter plus an all-gather of the same buffer (Korthikanti et al. 2022, section 4.2.2).
+    """
+    size = ACT_BYTES * n * h
+    one = coll.all_gather_s(size, prof) + coll.reduce_scatter_s(size, prof) if sp else coll.all_reduce_s(size, prof)
+    return 4 * one
+
+
+def _cp_comm_s(ctx: Context, n: float, tp: int, cp: int, prof, ops) -> float:
+    """Ring attention: ``cp - 1`` key/value block passes forward, twice that backward (K, V and
+    their gradients), each hidden behind the attention compute of the block already present
+    (Liu et al. 2023, Ring Attention; Megatron-Core context parallelism)."""
+    model = ctx.model
+    kv_bytes = ACT_BYTES * n * 2 * model.num_kv_heads_resolved * model.head_dim_resolved / tp
+    step_s = coll.p2p_s(kv_bytes, prof)
+    attn = [op for op in ops if op.kind == "attention"]
+    attn_fwd = ops_time_s(attn, ctx.cluster.device, ctx.job.precision) / cp
+    attn_bwd = ops_time_s(attn, ctx.cluster.device, ctx.job.precision, backward=True) / cp
+    return (cp - 1) * (max(0.0, step_s - attn_fwd) + max(0.0, 2 * step_s - attn_bwd))
+
+
+def _ep_comm_s(ctx: Context, n: float, tp: int, prof, sp: bool) -> float:
+    """Dispatch and combine all-to-alls of the routed tokens, forward and backward (4 in all)."""
+    e = ctx.model.moe
+    size = ACT_BYTES * n * e.top_k * ctx.model.hidden_size / tp
+    return 4 * coll.all_to_all_s(size, prof)
+
+
+def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: str, moe: bool) -> float:
+    """Stored activations of one layer for one micro-batch (Korthikanti et al. 2022, section 4).
+
+    Generalises ``s b h (34 + 5 a s / h)`` to GQA, any FFN width, SwiGLU and MoE, with flash
+    attention (no ``5 a s^2 b`` score term: selective recomputation is then free):
+    layer norms ``4 n h``, attention input ``2 n h``, Q/K/V ``2 n (a + 2g) d``, attention output
+    ``2 n a d``, MLP input ``2 n h``, MLP intermediates ``2 n f (1 + ups)``, dropout masks ``2 n h``
+    (1 byte each, when the model uses dropout). Tensor-parallel regions divide by ``tp``; with
+    sequence parallelism everything does. Full recomputation keeps only the layer input ``2 n h``.
+    """
+    h, a, g, d = model.hidden_size, model.num_attention_heads, model.num_kv_heads_resolved, model.head_dim_resolved
+    replicated = ACT_BYTES * n * h * 4 + ACT_BYTES * n * h * 2 + (2 * n * h if model.dropout else 0)
+    if recompute == "full":
+        return ACT_BYTES * n * h / (tp if sp else 1)
+    sharded = ACT_BYTES * n * (a + 2 * g) * d + ACT_BYTES * n * a * d
+    ups = model.mlp_matrices - 1
+    if moe:
+        e = model.moe
+        routed = n * e.top_k
+        sharded += ACT_BYTES * routed * h * 2  # permuted tokens in and out of the experts
+        sharded += ACT_BYTES * routed * e.expert_ffn_hidden_size * (1 + ups)
+        sharded += ACT_BYTES * n * e.num_shared_experts * e.expert_ffn_hidden_size * (1 + ups)
+    else:
+        sharded += ACT_BYTES * n * model.ffn_hidden_size * (1 + ups)
+    if sp:
+        return (replicated + sharded) / tp
+    return replicated + sharded / tp
+
+
+@dataclass(frozen=True, slots=True)
+class HeadTerms:
+    """LM head and loss on the last stage, per micro-batch."""
+
+    time_s: float
+    logits_bytes: float
+
+
+@lru_cache(maxsize=16384)
+def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: int) -> HeadTerms:
+    """Forward and backward of the final norm, LM head and cross-entropy, plus its TP traffic."""
+    n = _tokens(ctx, cp, mbs)
+    ops = head_ops(ctx.model, n, tp)
+    dev, prec = ctx.cluster.device, ctx.job.precision
+    t = ops_time_s(ops, dev, prec) + ops_time_s(ops, dev, prec, backward=True)
+    if tp > 1:
+        prof = ctx.cluster.group_profile(range(0, tp * tp_stride, tp_stride))
+        size = ACT_BYTES * n * ctx.model.hidden_size
+        t += 2 * (coll.all_gather_s(size, prof) if sp else coll.all_reduce_s(size, prof))
+    return HeadTerms(t, LOGIT_BYTES * n * ctx.model.vocab_size / tp)
+
+
+def p2p_s(ctx: Context, layout: Layout) -> float:
+    """Pipeline sends per micro-batch slot: one activation forward and one gradient backward.
+
+    Each is ``b s h / cp`` elements, scattered over the tensor-parallel ranks (Megatron's
+    scatter-gather optimisation, Narayanan et al. 2021 section 4.1), over the link between
+    neighbouring stages.
+    """
+    if layout.pp == 1:
+        return 0.0
+    stride = layout.stride("pp")
+    prof = ctx.cluster.group_profile((0, stride))
+    size = ACT_BYTES * _tokens(ctx, layout.cp, layout.micro_batch_size) * ctx.model.hidden_size / layout.tp
+    return 2 * coll.p2p_s(size, prof)
+
+
+# ---- parameters per device --------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ParamCounts:
+    """Parameters held by the most loaded pipeline stage, per device, before ZeRO sharding."""
+
+    dense: float  # replicated across data-parallel ranks (attention, norms, dense MLPs, embeddings)
+    expert: float  # expert weights, replicated only across the expert-data-parallel ranks
+
+
+def layers_on_stage(num_layers: int, pp: int, vp: int) -> int:
+    """Layers on the most loaded pipeline rank: ``vp`` chunks of ``ceil(L / (pp vp))`` layers."""
+    return math.ceil(num_layers / (pp * vp)) * vp
+
+
+def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int) -> ParamCounts:
+    """Parameters on the heaviest stage: its layers (MoE layers first, they are the heavier) plus
+    the larger of the embedding and the output layer, sharded ``tp`` ways (vocab-parallel)."""
+    n_stage = layers_on_stage(model.num_layers, pp, vp)
+    n_moe = min(n_stage, model.num_moe_layers)
+    n_dense = n_stage - n_moe
+    shared = model.attention_params + model.norm_params_per_layer
+    dense = (n_stage * shared + n_dense * model.dense_mlp_params) / tp
+    expert = 0.0
+    if n_moe:
+        e = model.moe
+        dense += n_moe * (model.hidden_size * e.num_experts + e.num_shared_experts * model.expert_params / tp)
+        expert = n_moe * e.num_experts / ep * model.expert_params / tp
+    if pp == 1:
+        dense += (model.embedding_params + model.output_params) / tp
+    else:
+        dense += max(model.embedding_params, model.vocab_size * model.hidden_size) / tp
+    return ParamCounts(dense, expert)
+
+
+@dataclass(frozen=True, slots=True)
+class StaticMemory:
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+
+
+def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
+    """Weights, gradients and Adam states per device, divided per ZeRO stage.
+
+    Megatron-Core's distributed optimizer shards over the data- and context-parallel ranks;
+    expert weights over the expert-data-parallel ranks (``dp * cp / ep``).
+    """
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
+    z = layout.zero_stage
+    shard_dense, shard_expert = layout.dp * layout.cp, layout.dp * layout.cp // layout.ep
+
+    def sharded(count_dense: float, count_expert: float, per_param: float, on: bool) -> float:
+        if not on:
+            return per_param * (count_dense + count_expert)
+        return per_param * (count_dense / shard_dense + count_expert / shard_expert)
+
+    weights = sharded(pc.dense, pc.expert, WEIGHT_BYTES, z >= 3)
+    if z >= 3:  # FSDP keeps the gathered weights of the layer in use and the one prefetched
+        per_layer = (pc.dense + pc.expert) / max(1, layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
+        weights += 2 * WEIGHT_BYTES * per_layer
+    grads = sharded(pc.dense, pc.expert, ctx.job.grad_bytes, z >= 2)
+    optim = sharded(pc.dense, pc.expert, OPTIMIZER_STATE_BYTES, z >= 1)
+    return StaticMemory(weights, grads, optim)
+
+
+def optimizer_s(ctx: Context, layout: Layout) -> float:
+    """Fused Adam step: memory-bound, per parameter it reads and writes the fp32 master weight and
+    both moments (24 B), reads the gradient and writes the 16-bit weight (``grad_bytes + 2``)."""
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
+    if layout.zero_stage >= 1:
+        count = pc.dense / (layout.dp * layout.cp) + pc.expert / (layout.dp * layout.cp // layout.ep)
+    else:
+        count = pc.dense + pc.expert
+    dev = ctx.cluster.device
+    return count * (24.0 + ctx.job.grad_bytes + WEIGHT_BYTES) / (dev.memory_bytes_per_s * dev.memory_efficiency)
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallelTerms:
+    """Data-parallel traffic: per step (ZeRO 0-2) and per micro-batch (ZeRO-3 gathers)."""
+
+    per_step_s: float
+    per_microbatch_s: float
+
+
+def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
+    """Gradient reduction (all-reduce for ZeRO-0, reduce-scatter + all-gather of the updated
+    16-bit weights for ZeRO-1/2) and, for ZeRO-3, the per-micro-batch weight all-gathers (forward
+    and backward) and gradient reduce-scatter (Rajbhandari et al. 2020, section 7)."""
+    if layout.dp * layout.cp == 1:
+        return DataParallelTerms(0.0, 0.0)
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
+    dense_prof = ctx.cluster.group_profile(_dp_cp_group(layout))
+    edp_group = layout.group("edp") if layout.ep > 1 else None
+    expert_prof = ctx.cluster.group_profile(edp_group) if edp_group and len(edp_group) > 1 else None
+    g = ctx.job.grad_bytes
+
+    def reduce(count: float, prof) -> float:
+        if prof is None or count == 0:
+            return 0.0
+        if layout.zero_stage == 0:
+            return coll.all_reduce_s(g * count, prof)
+        if layout.zero_stage <= 2:
+            return coll.reduce_scatter_s(g * count, prof) + coll.all_gather_s(WEIGHT_BYTES * count, prof)
+        return 0.0
+
+    def fsdp(count: float, prof) -> float:
+        if prof is None or count == 0:
+            return 0.0
+        return 2 * coll.all_gather_s(WEIGHT_BYTES * count, prof) + coll.reduce_scatter_s(g * count, prof)
+
+    per_step = reduce(pc.dense, dense_prof) + reduce(pc.expert, expert_prof)
+    per_mb = 0.0
+    if layout.zero_stage >= 3:
+        per_mb = fsdp(pc.dense, dense_prof) + fsdp(pc.expert, expert_prof)
+    return DataParallelTerms(per_step, per_mb)
+
+
+def _dp_cp_group(layout: Layout) -> tuple[int, ...]:
+    """The ranks that share a copy of the dense weights: data- and context-parallel together."""
+    dp = layout.group("dp")
+    if layout.cp == 1:
+        return dp
+    cp = layout.group("cp")
+    return tuple(sorted(d + c for d in dp for c in cp))

@@ -1,0 +1,329 @@
+"""The bundled model library and loading of user model files.
+
+A model argument is either a bundled id (or alias, or display name; case-insensitive) or a path to
+a file: a YAML/JSON file with the keys of :class:`~models.spec.ModelSpec`, or a Hugging Face
+``config.json``. Every user mistake becomes a :class:`~models.errors.SpecError` whose message names
+the field, the value given, what is allowed and a fix; none escapes as a traceback.
+
+Examples
+--------
+>>> get_model("GPT").name
+'GPT-3 175B'
+>>> round(get_model("llama2-7b").num_params / 1e9, 2)
+6.74
+>>> job_defaults("gpt")["global_batch_size"]
+1536
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from models.errors import SpecError
+from models.spec import ModelSpec
+
+LIBRARY_RESOURCE = ("data", "models.yaml")
+"""Location of the bundled library inside the ``models`` package."""
+
+ENTRY_ONLY_KEYS = frozenset(
+    {"aliases", "published_params", "published_params_source", "published_active_params",
+     "job_defaults", "job_defaults_source"}
+)
+"""Library entry keys that describe the entry, not the architecture (not ModelSpec fields)."""
+
+MODEL_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+_LIST_HINT = "run `clusterplan models` to list the bundled models"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelEntry:
+    """One row of :func:`list_models`."""
+
+    id: str
+    """Library id, e.g. ``gpt3-175b``."""
+    aliases: tuple[str, ...]
+    """Other names that resolve to this entry."""
+    name: str
+    """Display name (``ModelSpec.name``)."""
+    num_params: int
+    """Total parameters computed from the spec."""
+    num_active_params: int
+    """Parameters one token uses (differs from ``num_params`` for MoE models)."""
+    published_params: float
+    """The published total the spec is checked against."""
+    source: str
+    """Where the architecture was published."""
+
+
+# ---- the bundled library ----------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _library() -> dict[str, dict]:
+    """Parse the bundled YAML once; read through importlib.resources so wheels work too."""
+    text = resources.files("models").joinpath(*LIBRARY_RESOURCE).read_text(encoding="utf-8")
+    entries = yaml.safe_load(text)["models"]
+    assert isinstance(entries, dict) and entries, "models.yaml must map model ids to entries"
+    return entries
+
+
+@lru_cache(maxsize=1)
+def _name_index() -> dict[str, str]:
+    """Lower-cased id, alias and display name -> library id."""
+    index: dict[str, str] = {}
+    for model_id, entry in _library().items():
+        for key in (model_id, entry["name"], *entry.get("aliases", [])):
+            previous = index.setdefault(key.lower(), model_id)
+            assert previous == model_id, f"name {key!r} names both {previous} and {model_id}"
+    return index
+
+
+def load_model_library() -> dict[str, dict]:
+    """Return the bundled library as ``{model_id: entry}`` (a deep copy; mutate freely).
+
+    Returns
+    -------
+    dict[str, dict]
+        Each entry holds the ModelSpec fields plus ``aliases``, ``published_params``,
+        ``published_params_source``, ``job_defaults`` and ``job_defaults_source``.
+    """
+    return copy.deepcopy(_library())
+
+
+def resolve_model_id(name: str) -> str:
+    """Map an id, alias or display name (any case) to its library id.
+
+    Raises
+    ------
+    SpecError
+        If no bundled model has that name; the message suggests close names.
+    """
+    model_id = _name_index().get(str(name).strip().lower())
+    if model_id is None:
+        raise SpecError(_unknown_model_message(str(name)))
+    return model_id
+
+
+def _unknown_model_message(name: str) -> str:
+    index = _name_index()
+    close = difflib.get_close_matches(name.lower(), list(index), n=5, cutoff=0.6)
+    suggestions = list(dict.fromkeys(index[c] for c in close))[:3]
+    hint = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
+    return (
+        f"model: unknown model {name!r}; {hint}{_LIST_HINT}, or pass the path of a YAML/JSON "
+        "model file or of a Hugging Face config.json"
+    )
+
+
+@lru_cache(maxsize=None)
+def _bundled_spec(model_id: str) -> ModelSpec:
+    entry = _library()[model_id]
+    fields = {k: v for k, v in entry.items() if k not in ENTRY_ONLY_KEYS}
+    return model_from_mapping(fields, where=f"models.yaml: {model_id}")
+
+
+def get_model(name: str) -> ModelSpec:
+    """Return the bundled model named ``name`` (id, alias or display name, case-insensitive).
+
+    Raises
+    ------
+    SpecError
+        If the name is unknown.
+
+    Examples
+    --------
+    >>> get_model("Mixtral").moe.top_k
+    2
+    """
+    return _bundled_spec(resolve_model_id(name))
+
+
+def job_defaults(name: str) -> dict[str, Any]:
+    """Return the published training setup of a bundled model.
+
+    Returns
+    -------
+    dict
+        ``global_batch_size`` (sequences), ``seq_len`` (tokens), ``precision`` (bf16|fp16|fp8) and
+        ``tokens_to_train``. A value the source does not publish is ``None``: the caller applies
+        its own default.
+    """
+    defaults = dict(_library()[resolve_model_id(name)]["job_defaults"])
+    if defaults.get("tokens_to_train") is not None:  # written as 300.0e+9 in YAML: a count
+        defaults["tokens_to_train"] = int(defaults["tokens_to_train"])
+    return defaults
+
+
+def list_models() -> list[ModelEntry]:
+    """Return one row per bundled model, in library order."""
+    rows = []
+    for model_id, entry in _library().items():
+        spec = _bundled_spec(model_id)
+        rows.append(ModelEntry(
+            id=model_id, aliases=tuple(entry.get("aliases", ())), name=spec.name,
+            num_params=spec.num_params, num_active_params=spec.num_active_params,
+            published_params=float(entry["published_params"]), source=spec.source,
+        ))
+    return rows
+
+
+# ---- user input -------------------------------------------------------------------------------
+def load_model(name_or_path: str | Path) -> ModelSpec:
+    """Resolve a model argument: a file path if it looks like one, else a bundled name.
+
+    A path is anything that exists, ends in .yaml/.yml/.json, or contains a path separator.
+
+    Raises
+    ------
+    SpecError
+        For an unknown name, a missing or malformed file, or an invalid spec.
+    """
+    text = str(name_or_path)
+    if _looks_like_path(text):
+        return load_model_file(text)
+    return get_model(text)
+
+
+def _looks_like_path(text: str) -> bool:
+    path = Path(text)
+    return path.exists() or path.suffix.lower() in MODEL_FILE_SUFFIXES or "/" in text or "\\" in text
+
+
+def load_model_file(path: str | Path) -> ModelSpec:
+    """Load a ModelSpec YAML/JSON file or a Hugging Face ``config.json``.
+
+    A ModelSpec file holds the ModelSpec keys at top level, or under a single ``model:`` key.
+    A file with ``model_type`` or ``architectures`` is read as a Hugging Face config.
+
+    Raises
+    ------
+    SpecError
+        If the file is missing, unreadable, malformed or not a valid spec.
+    """
+    from models import hf  # imported here: models.hf builds on this module
+
+    path = Path(path)
+    data = _read_mapping(path)
+    if hf.is_hf_config(data):
+        return hf.from_hf_config(data, name=_hf_model_name(path, data))
+    if set(data) == {"model"} and isinstance(data["model"], Mapping):
+        data = data["model"]
+    return model_from_mapping(data, name=path.stem, where=str(path))
+
+
+def _hf_model_name(path: Path, cfg: Mapping) -> str:
+    """``_name_or_path`` when the config carries it, else the folder (HF snapshot) or file stem."""
+    given = cfg.get("_name_or_path")
+    if isinstance(given, str) and given.strip():
+        return given.strip()
+    return path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+
+
+def _read_mapping(path: Path) -> dict:
+    if not path.is_file():
+        hint = ("; Hugging Face hub ids are not downloaded: fetch the repository's config.json and "
+                "pass its path") if path.suffix == "" and "/" in str(path) else ""
+        raise SpecError(f"model: file {str(path)!r} does not exist{hint}; {_LIST_HINT}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(f"model: cannot read {str(path)!r}: {err}") from None
+    data = _parse_json(text, path) if path.suffix.lower() == ".json" else _parse_yaml(text, path)
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"{path}: expected a mapping of model fields at top level, got {type(data).__name__}"
+        )
+    return data
+
+
+def _parse_json(text: str, path: Path) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{path}: line {err.lineno} column {err.colno}: invalid JSON: {err.msg}") from None
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}:" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise SpecError(f"{path}:{where} invalid YAML: {problem}") from None
+
+
+def model_from_mapping(
+    mapping: Mapping[str, Any], name: str | None = None, *, where: str = "model"
+) -> ModelSpec:
+    """Build a ModelSpec from a mapping of its fields, turning validation errors into SpecError.
+
+    Parameters
+    ----------
+    mapping
+        ModelSpec keys, e.g. the ``model:`` block of a validation run (``num_kv_heads: null``
+        means multi-head attention).
+    name
+        Used as ``name`` when the mapping has none.
+    where
+        Prefix of error messages: the file or block the mapping came from.
+
+    Raises
+    ------
+    SpecError
+        One ``field: message (given: value)`` line per problem.
+
+    Examples
+    --------
+    >>> model_from_mapping({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    ...                     "ffn_hidden_size": 256, "vocab_size": 1000}, name="tiny").num_params
+    226624
+    """
+    if not isinstance(mapping, Mapping):
+        raise SpecError(f"{where}: expected a mapping of model fields, got {type(mapping).__name__}")
+    fields = dict(mapping)
+    if name is not None and fields.get("name") is None:
+        fields["name"] = name
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as err:
+        raise SpecError(format_validation_error(err, where)) from None
+
+
+def format_validation_error(err: ValidationError, where: str) -> str:
+    """Render a pydantic error as ``where: invalid model spec`` and one ``field: message`` line each."""
+    lines = [f"{where}: invalid model spec"]
+    for problem in err.errors():
+        lines.append("  " + _format_problem(problem))
+    return "\n".join(lines)
+
+
+def _format_problem(problem: Mapping[str, Any]) -> str:
+    field = ".".join(str(part) for part in problem["loc"]) or "model"
+    message = problem["msg"].removeprefix("Value error, ")
+    if problem["type"] == "extra_forbidden":
+        message = _unknown_field_message(str(problem["loc"][-1]), problem["loc"][:-1])
+    given = problem.get("input")
+    if problem["type"] == "missing" or isinstance(given, Mapping):
+        return f"{field}: {message}"
+    return f"{field}: {message} (given: {given!r})"
+
+
+def _unknown_field_message(key: str, parent: tuple) -> str:
+    model = ModelSpec
+    for part in parent:  # descend into moe / mla
+        annotation = model.model_fields[str(part)].annotation
+        model = next(a for a in getattr(annotation, "__args__", (annotation,)) if a is not type(None))
+    allowed = list(model.model_fields)
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown field; {hint}allowed: {', '.join(allowed)}"

@@ -1,0 +1,151 @@
+"""FLOPs and bytes of each operation of one transformer layer, forward pass, on one device.
+
+Counts follow Narayanan et al. 2021 section 3.2 (2 FLOPs per multiply-add; a GEMM of ``m x k`` by
+``k x n`` is ``2 m k n`` FLOPs) and split the work ``tp`` ways the way Megatron does (column- then
+row-parallel linears, heads split across ranks). ``num_tokens`` is the number of tokens this
+device's micro-batch holds along the sequence (``b * s / cp``); ``kv_len`` is the length each query
+attends over (the full ``s``, spread over the context-parallel ring). Element-wise bytes count a
+read and a write of every tensor the op touches, 16-bit activations.
+
+Only the hardware-free part lives here; ``cost.compute`` turns these into seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from models.spec import ModelSpec
+
+OpKind = Literal["gemm", "attention", "memory"]
+ACT_BYTES = 2  # 16-bit activations
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One forward operation: FLOPs, bytes moved to/from memory, and the GEMM input elements."""
+
+    name: str
+    kind: OpKind
+    flops: float
+    bytes: float
+    input_elements: float = 0.0  # activations fed to a GEMM (what FP8 must cast)
+    causal_fraction: float = 1.0  # share of ``flops`` a causal fused kernel executes
+
+
+def _gemm(name: str, m: float, k: float, n: float) -> Op:
+    flops = 2.0 * m * k * n
+    data = ACT_BYTES * (m * k + k * n + m * n)
+    return Op(name, "gemm", flops, data, input_elements=m * k)
+
+
+def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int) -> list[Op]:
+    """QKV projection, fused attention core, output projection.
+
+    The attention core counts ``4 * n * kv_len * a * d`` FLOPs (scores and values, no causal
+    halving: the PaLM/MFU convention); a causal flash kernel skips the masked half, which
+    ``causal_fraction`` records for timing.
+    """
+    h, a = model.hidden_size, model.num_attention_heads
+    d = model.head_dim_resolved
+    out_params = a * (model.mla.v_head_dim if model.mla else d) * h
+    qkv_params = model.attention_params - out_params
+    qk, v = model.attention_dims
+    core_flops = 2.0 * num_tokens * kv_len * a * (qk + v) / tp
+    g = model.num_kv_heads_resolved
+    core_bytes = ACT_BYTES * num_tokens * (2 * a + 2 * g) * d / tp
+    return [
+        _gemm("qkv", num_tokens, h, qkv_params / h / tp),
+        Op("attention", "attention", core_flops, core_bytes, causal_fraction=0.5),
+        _gemm("attn_out", num_tokens, out_params / h / tp, h),
+    ]
+
+
+def mlp_ops(model: ModelSpec, num_tokens: float, ffn: int, tp: int, name: str = "mlp") -> list[Op]:
+    """Up (and gate) projection, activation, down projection of one MLP of width ``ffn``."""
+    h = model.hidden_size
+    ups = model.mlp_matrices - 1
+    act_reads = ups  # gelu reads one tensor, swiglu two
+    return [
+        _gemm(f"{name}_up", num_tokens, h, ups * ffn / tp),
+        Op(f"{name}_act", "memory", 0.0, ACT_BYTES * num_tokens * ffn * (act_reads + 1) / tp),
+        _gemm(f"{name}_down", num_tokens, ffn / tp, h),
+    ]
+
+
+def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool) -> list[Op]:
+    """Router, token permutation, routed and shared experts (uniform load: top_k per token)."""
+    assert model.moe is not None
+    e, h = model.moe, model.hidden_size
+    local = num_tokens / tp if sp else num_tokens
+    routed = num_tokens * e.top_k
+    ops = [
+        _gemm("router", local, h, e.num_experts),
+        Op("permute", "memory", 0.0, 2 * ACT_BYTES * routed * h / tp),
+    ]
+    ops += mlp_ops(model, routed, e.expert_ffn_hidden_size, tp, name="experts")
+    if e.num_shared_experts:
+        ops += mlp_ops(model, num_tokens, e.num_shared_experts * e.expert_ffn_hidden_size, tp, name="shared")
+    return ops
+
+
+def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool) -> list[Op]:
+    """Two norms, two residual adds, rotary embedding: memory-bound passes over ``h``.
+
+    Without sequence parallelism these run replicated on the full ``num_tokens`` on every
+    tensor-parallel rank; with it each rank handles ``1/tp`` of the tokens (Korthikanti et al.).
+    """
+    h = model.hidden_size
+    local = num_tokens / tp if sp else num_tokens
+    d, a, g = model.head_dim_resolved, model.num_attention_heads, model.num_kv_heads_resolved
+    return [
+        Op("norms", "memory", 0.0, ACT_BYTES * local * h * 4),  # 2 x (read h, write h)
+        Op("residuals", "memory", 0.0, ACT_BYTES * local * h * 6),  # 2 x (read 2h, write h)
+        Op("rotary", "memory", 0.0, ACT_BYTES * num_tokens * (a + g) * d * 2 / tp),
+    ]
+
+
+def layer_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, sp: bool, moe: bool) -> list[Op]:
+    """All forward ops of one dense (``moe=False``) or MoE layer on one device."""
+    ops = attention_ops(model, num_tokens, kv_len, tp) + elementwise_ops(model, num_tokens, tp, sp)
+    if moe:
+        return ops + moe_ops(model, num_tokens, tp, sp)
+    return ops + mlp_ops(model, num_tokens, model.ffn_hidden_size, tp)
+
+
+def head_ops(model: ModelSpec, num_tokens: float, tp: int) -> list[Op]:
+    """Final norm, LM head GEMM and the vocab-parallel cross-entropy (fp32 logits)."""
+    h, v = model.hidden_size, model.vocab_size
+    return [
+        Op("final_norm", "memory", 0.0, ACT_BYTES * num_tokens * h * 2),
+        _gemm("lm_head", num_tokens, h, v / tp),
+        Op("cross_entropy", "memory", 0.0, 4.0 * num_tokens * v / tp * 3),  # fp32 read, exp, write
+    ]
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token for MFU: ``6 N + 12 L s a d`` (PaLM, Chowdhery et al. 2022, app. B).
+
+    ``N`` counts the active parameters that take part in matrix multiplies (input embedding
+    lookup excluded, LM head included); the attention term counts scores and values, forward
+    and backward, without causal halving.
+    """
+    n_matmul = model.num_active_params - model.embedding_params
+    if model.tied_embeddings:
+        n_matmul += model.embedding_params  # the tied matrix still does the LM-head GEMM
+    qk, v = model.attention_dims
+    attention = 6.0 * model.num_layers * seq_len * model.num_attention_heads * (qk + v)
+    return 6.0 * n_matmul + attention
+
+
+def megatron_flops_per_iteration(model: ModelSpec, batch: int, seq_len: int, recompute: bool) -> float:
+    """Narayanan et al. 2021 eq. (3) (with full recompute) or its 72-factor form without it.
+
+    ``96 B s L h^2 (1 + s/(6h) + V/(16 L h))`` counts the recomputed forward; without recompute
+    the factor is 72 and the last term ``V/(12 L h)`` (Korthikanti et al. 2022). Valid for the
+    GPT-3 shape (``f = 4h``, multi-head attention, GELU); used to check the op counts above.
+    """
+    h, L, V = model.hidden_size, model.num_layers, model.vocab_size
+    if recompute:
+        return 96.0 * batch * seq_len * L * h * h * (1 + seq_len / (6 * h) + V / (16 * L * h))
+    return 72.0 * batch * seq_len * L * h * h * (1 + seq_len / (6 * h) + V / (12 * L * h))

@@ -1,0 +1,207 @@
+"""The model description: a frozen, validated transformer spec with parameter counts.
+
+Conventions follow Narayanan et al. 2021 (SC21) section 3.2 and the FORMULAS card: ``h`` hidden size,
+``a`` attention heads, ``g`` key/value heads, ``d`` head dimension, ``f`` FFN width, ``V`` vocabulary.
+A SwiGLU MLP has three matrices (gate, up, down) of ``h*f`` each; a GELU MLP has two.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class MoESpec(BaseModel):
+    """Mixture-of-experts feed-forward layers (Switch/GShard style, top-k routing)."""
+
+    model_config = _FROZEN
+
+    num_experts: int = Field(gt=0, description="Routed experts per MoE layer.")
+    top_k: int = Field(gt=0, description="Routed experts each token is sent to.")
+    expert_ffn_hidden_size: int = Field(gt=0, description="FFN width of one expert.")
+    num_shared_experts: int = Field(0, ge=0, description="Always-active experts per MoE layer.")
+    num_dense_layers: int = Field(
+        0, ge=0, description="Leading layers that use a dense MLP instead of experts."
+    )
+
+    @model_validator(mode="after")
+    def _top_k_fits(self) -> "MoESpec":
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"top_k={self.top_k} exceeds num_experts={self.num_experts}; top_k must be <= num_experts"
+            )
+        return self
+
+
+class MLASpec(BaseModel):
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed queries and keys/values."""
+
+    model_config = _FROZEN
+
+    q_lora_rank: int = Field(ge=0, description="Rank of the query compression (0: no compression).")
+    kv_lora_rank: int = Field(gt=0, description="Rank of the joint key/value compression.")
+    qk_nope_head_dim: int = Field(gt=0, description="Per-head query/key dim without rotary part.")
+    qk_rope_head_dim: int = Field(gt=0, description="Per-head rotary query/key dim.")
+    v_head_dim: int = Field(gt=0, description="Per-head value dim.")
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer, dense or MoE.
+
+    Examples
+    --------
+    >>> m = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_attention_heads=4,
+    ...               ffn_hidden_size=256, vocab_size=1000)
+    >>> m.head_dim_resolved, m.num_kv_heads_resolved
+    (16, 4)
+    """
+
+    model_config = _FROZEN
+
+    name: str = Field(description="Identifier shown in reports.")
+    num_layers: int = Field(gt=0, description="Transformer layers (L).")
+    hidden_size: int = Field(gt=0, description="Model width (h).")
+    num_attention_heads: int = Field(gt=0, description="Query heads (a).")
+    num_kv_heads: int | None = Field(
+        None, gt=0, description="Key/value heads (g); None means equal to num_attention_heads."
+    )
+    head_dim: int | None = Field(
+        None, gt=0, description="Per-head dimension; None means hidden_size / num_attention_heads."
+    )
+    ffn_hidden_size: int = Field(gt=0, description="Dense MLP width (f); per up projection for SwiGLU.")
+    vocab_size: int = Field(gt=0, description="Vocabulary (V).")
+    ffn_activation: Literal["gelu", "swiglu"] = Field(
+        "gelu", description="gelu: 2 MLP matrices; swiglu: 3 (gate, up, down)."
+    )
+    tied_embeddings: bool = Field(False, description="Output layer shares the input embedding.")
+    dropout: bool = Field(
+        False, description="Hidden/attention dropout on (GPT-3 era); stores 1-byte masks per Korthikanti."
+    )
+    moe: MoESpec | None = Field(None, description="Mixture-of-experts layers, if any.")
+    mla: MLASpec | None = Field(None, description="Multi-head latent attention, if used.")
+    seq_len: int = Field(2048, gt=0, description="Default training sequence length.")
+    source: str = Field("", description="Where the architecture was published.")
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> "ModelSpec":
+        g = self.num_kv_heads_resolved
+        if self.num_attention_heads % g != 0:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_kv_heads={g}; grouped-query attention needs heads divisible by kv heads"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                f"{self.num_attention_heads}; give head_dim explicitly"
+            )
+        if self.moe is not None and self.moe.num_dense_layers > self.num_layers:
+            raise ValueError(
+                f"moe.num_dense_layers={self.moe.num_dense_layers} exceeds num_layers={self.num_layers}"
+            )
+        return self
+
+    # ---- derived dimensions -------------------------------------------------------------------
+    @property
+    def num_kv_heads_resolved(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def head_dim_resolved(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def attention_dims(self) -> tuple[int, int]:
+        """Per-head (query/key, value) widths of the attention core; MLA has its own."""
+        if self.mla is not None:
+            return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim, self.mla.v_head_dim
+        return self.head_dim_resolved, self.head_dim_resolved
+
+    @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.num_layers - self.moe.num_dense_layers
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices in one MLP: 3 for SwiGLU (gate, up, down), 2 for GELU."""
+        return 3 if self.ffn_activation == "swiglu" else 2
+
+    # ---- parameter counts (Narayanan et al. 2021 eq. 2 generalised to GQA, SwiGLU, MoE, MLA) ----
+    @cached_property
+    def attention_params(self) -> int:
+        """Weights of one attention block: Q, K, V and output projections (biases ignored)."""
+        h, a, d = self.hidden_size, self.num_attention_heads, self.head_dim_resolved
+        if self.mla is not None:
+            m = self.mla
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = h * a * qk if m.q_lora_rank == 0 else h * m.q_lora_rank + m.q_lora_rank * a * qk
+            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * a * (
+                m.qk_nope_head_dim + m.v_head_dim
+            )
+            return q + kv + a * m.v_head_dim * h
+        g = self.num_kv_heads_resolved
+        return h * a * d + 2 * h * g * d + a * d * h
+
+    @cached_property
+    def dense_mlp_params(self) -> int:
+        return self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
+
+    @cached_property
+    def expert_params(self) -> int:
+        """Weights of one expert MLP."""
+        assert self.moe is not None
+        return self.mlp_matrices * self.hidden_size * self.moe.expert_ffn_hidden_size
+
+    @cached_property
+    def moe_mlp_params(self) -> int:
+        """All weights of one MoE layer's feed-forward part: router, routed and shared experts."""
+        assert self.moe is not None
+        e = self.moe
+        return self.hidden_size * e.num_experts + (e.num_experts + e.num_shared_experts) * self.expert_params
+
+    @cached_property
+    def moe_active_mlp_params(self) -> int:
+        """Weights one token touches in an MoE layer: router, top_k routed and the shared experts."""
+        assert self.moe is not None
+        e = self.moe
+        return self.hidden_size * e.num_experts + (e.top_k + e.num_shared_experts) * self.expert_params
+
+    @property
+    def norm_params_per_layer(self) -> int:
+        return 2 * self.hidden_size
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def output_params(self) -> int:
+        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+
+    @cached_property
+    def num_params(self) -> int:
+        """Total parameters (all experts counted)."""
+        per_layer = self.attention_params + self.norm_params_per_layer
+        total = self.num_layers * per_layer + self.num_dense_layers * self.dense_mlp_params
+        if self.moe is not None:
+            total += self.num_moe_layers * self.moe_mlp_params
+        return total + self.embedding_params + self.output_params + self.hidden_size
+
+    @cached_property
+    def num_active_params(self) -> int:
+        """Parameters one token uses (routed experts counted top_k times, not num_experts)."""
+        if self.moe is None:
+            return self.num_params
+        return self.num_params - self.num_moe_layers * (self.moe_mlp_params - self.moe_active_mlp_params)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None

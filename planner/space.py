@@ -1,0 +1,229 @@
+"""The search space: a domain per knob, constraints that return a reason, user bounds.
+
+The space is declared as data: :class:`Space` holds the candidate values of every knob; the
+structural constraints are predicates on small groups of knobs, each with a named reason, so that
+CP-SAT (as allowed-assignment tables) and the exhaustive enumerator (as masks) apply exactly the
+same rules and report the same rejection counts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from cost.layout import DEFAULT_ORDER, ORDERS, RECOMPUTE_MODES, Job, Layout
+from models.errors import SpecError
+from models.spec import ModelSpec
+from topologies.cluster import Cluster
+
+KNOBS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "sequence_parallel", "recompute",
+         "zero_stage", "order", "dp_overlap", "tp_overlap")
+KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
+                "placement": "order"}
+MBS_CANDIDATES = (1, 2, 4, 8, 16)
+VP_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+CP_MAX = 32
+
+REASONS = {
+    "heads": "attention heads not divisible by tp",
+    "batch": "global batch not divisible by dp * micro_batch_size",
+    "layers": "pp * vp exceeds the number of layers",
+    "interleave": "interleaving needs pp > 1 and micro-batches divisible by pp",
+    "context": "seq_len not divisible by 2 * cp",
+    "experts": "ep does not divide the experts or dp",
+    "placement": "expert groups laid across pipeline stages",
+    "memory": "does not fit in device memory",
+}
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """User constraints: ``fixed`` values, inclusive ``minimum``/``maximum`` on numeric knobs,
+    and a memory headroom (fraction of capacity kept free)."""
+
+    fixed: dict = field(default_factory=dict)
+    minimum: dict = field(default_factory=dict)
+    maximum: dict = field(default_factory=dict)
+    memory_headroom: float = 0.0
+
+    def allows(self, knob: str, value) -> bool:
+        if knob in self.fixed and self.fixed[knob] != value:
+            return False
+        if knob in self.minimum and value < self.minimum[knob]:
+            return False
+        if knob in self.maximum and value > self.maximum[knob]:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class Space:
+    """Candidate values per knob; ``factorizations`` are the (tp, pp, dp, cp) tuples."""
+
+    factorizations: tuple[tuple[int, int, int, int], ...]
+    ep: tuple[int, ...]
+    vp: tuple[int, ...]
+    micro_batch_size: tuple[int, ...]
+    sequence_parallel: tuple[bool, ...]
+    recompute: tuple[str, ...]
+    zero_stage: tuple[int, ...]
+    order: tuple[str, ...]
+    dp_overlap: tuple[bool, ...]
+    tp_overlap: tuple[bool, ...]
+
+    @property
+    def size(self) -> int:
+        n = len(self.factorizations)
+        for name in ("ep", "vp", "micro_batch_size", "sequence_parallel", "recompute", "zero_stage",
+                     "order", "dp_overlap", "tp_overlap"):
+            n *= len(getattr(self, name))
+        return n
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | None = None) -> Space:
+    """Every knob's candidate values for this problem, narrowed by the user's bounds.
+
+    tp is kept inside what a scale-up domain can serve well (at most the larger of the domain and
+    8, as Megatron practice) and at most the head count; pp at most the layer count; cp at most 32.
+    """
+    b = bounds or Bounds()
+    n = cluster.num_devices
+    tp_max = min(max(cluster.domain_size, 8), model.num_attention_heads)
+    facts = []
+    for tp, pp, cp in itertools.product(divisors(n), repeat=3):
+        if n % (tp * pp * cp) or tp > tp_max or pp > model.num_layers or cp > CP_MAX:
+            continue
+        dp = n // (tp * pp * cp)
+        if all(b.allows(k, v) for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp))):
+            facts.append((tp, pp, dp, cp))
+    facts.sort()
+
+    def pick(knob: str, values) -> tuple:
+        fixed = b.fixed.get(knob)
+        if fixed is not None and fixed not in values:
+            values = tuple(values) + (fixed,)
+        return tuple(v for v in values if b.allows(knob, v))
+
+    ep_values = (1,) if model.moe is None else tuple(divisors(model.moe.num_experts))
+    space = Space(
+        factorizations=tuple(facts),
+        ep=pick("ep", ep_values),
+        vp=pick("vp", VP_CANDIDATES),
+        micro_batch_size=pick("micro_batch_size", MBS_CANDIDATES),
+        sequence_parallel=pick("sequence_parallel", (False, True)),
+        recompute=pick("recompute", RECOMPUTE_MODES),
+        zero_stage=pick("zero_stage", (0, 1, 2, 3)),
+        order=pick("order", ORDERS),
+        dp_overlap=pick("dp_overlap", (True, False)),
+        tp_overlap=pick("tp_overlap", (False, True)),
+    )
+    _check_nonempty(space, b)
+    return space
+
+
+def _check_nonempty(space: Space, bounds: Bounds) -> None:
+    if not space.factorizations:
+        raise SpecError("no (tp, pp, dp, cp) multiplies to the device count within the bounds given "
+                        f"(fixed={bounds.fixed}, min={bounds.minimum}, max={bounds.maximum})")
+    for name in ("ep", "vp", "micro_batch_size", "sequence_parallel", "recompute", "zero_stage", "order",
+                 "dp_overlap", "tp_overlap"):
+        if not getattr(space, name):
+            raise SpecError(f"--fix/--min/--max leave no value for {name}")
+
+
+# ---- structural rules on small groups of knobs (shared by CP-SAT and exhaustive) --------------
+
+def factor_ok(model: ModelSpec, job: Job, tp: int, pp: int, dp: int, cp: int) -> str | None:
+    """Rules on the degrees alone."""
+    g = model.num_kv_heads_resolved
+    if model.num_attention_heads % tp or (g % tp and tp % g):
+        return "heads"
+    if cp > 1 and job.seq_len % (2 * cp):
+        return "context"
+    return None
+
+
+def batch_ok(model: ModelSpec, job: Job, pp: int, dp: int, mbs: int, vp: int) -> str | None:
+    """Rules on the degrees, micro-batch and interleaving."""
+    if job.global_batch_size % (dp * mbs):
+        return "batch"
+    if pp * vp > model.num_layers:
+        return "layers"
+    if vp > 1 and (pp == 1 or (job.global_batch_size // (dp * mbs)) % pp):
+        return "interleave"
+    return None
+
+
+def expert_ok(model: ModelSpec, dp: int, ep: int) -> str | None:
+    if ep == 1:
+        return None
+    if model.moe is None or model.moe.num_experts % ep or dp % ep:
+        return "experts"
+    return None
+
+
+def placement_ok(ep: int, order: str) -> str | None:
+    """Expert groups are carved from data parallelism; with pp inside dp they would straddle stages."""
+    axes = order.split("-")
+    if ep > 1 and axes.index("pp") < axes.index("dp"):
+        return "placement"
+    return None
+
+
+def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, order: str,
+              dp_overlap: bool, tp_overlap: bool) -> bool:
+    """True for the one representative of layouts that differ only in knobs without effect.
+
+    sequence_parallel and tp_overlap mean nothing at tp=1; ZeRO and DP overlap nothing without
+    data parallelism; orders that differ only in the position of degree-1 axes are the same
+    placement. These are symmetries, not rejections: the duplicates are not counted.
+    """
+    if tp == 1 and (sp or tp_overlap):
+        return False
+    if dp * cp == 1 and (zero != 0 or not dp_overlap):
+        return False
+    degrees = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
+    effective = [a for a in order.split("-") if degrees[a] > 1]
+    first = next(o for o in ORDERS if [a for a in o.split("-") if degrees[a] > 1] == effective)
+    return order == first
+
+
+def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool, recompute: str,
+              zero: int, order: str, dp_overlap: bool, tp_overlap: bool) -> Layout:
+    tp, pp, dp, cp = f
+    return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, micro_batch_size=mbs, sequence_parallel=sp,
+                  recompute=recompute, zero_stage=zero, order=order, dp_overlap=dp_overlap,
+                  tp_overlap=tp_overlap)
+
+
+def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maximum: tuple[str, ...] = (),
+                 memory_headroom: float = 0.0) -> Bounds:
+    """Parse ``--fix tp=8``, ``--min dp=4``, ``--max pp=16`` options into :class:`Bounds`."""
+    from cost.layout import parse_layout  # one parser for layout values
+
+    def parse(items: tuple[str, ...], flag: str, numeric_only: bool) -> dict:
+        out = {}
+        for item in items:
+            for part in filter(None, item.split(",")):
+                if "=" not in part:
+                    raise SpecError(f"{flag}: {part!r} is not knob=value (e.g. {flag} tp=8)")
+                key = KNOB_ALIASES.get(part.split("=")[0].strip(), part.split("=")[0].strip())
+                if key not in KNOBS:
+                    raise SpecError(f"{flag}: unknown knob {key!r}; allowed: {', '.join(KNOBS)}")
+                value = getattr(parse_layout(part), key)
+                if numeric_only and not isinstance(value, int) or isinstance(value, bool) and numeric_only:
+                    raise SpecError(f"{flag}: {key} is not numeric; use --fix for it")
+                out[key] = value
+        return out
+
+    if not 0 <= memory_headroom < 1:
+        raise SpecError(f"--memory-headroom: got {memory_headroom:.0%}; allowed: 0% to 99%")
+    return Bounds(parse(fix, "--fix", False), parse(minimum, "--min", True), parse(maximum, "--max", True),
+                  memory_headroom)
+
+
+DEFAULT_PLACEMENT = DEFAULT_ORDER

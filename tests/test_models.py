@@ -1,0 +1,348 @@
+"""Tests of the bundled model library, model files and Hugging Face config import."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from models import (
+    ModelSpec,
+    SpecError,
+    from_hf_config,
+    get_model,
+    job_defaults,
+    list_models,
+    load_model,
+    load_model_library,
+    model_from_mapping,
+)
+from models.library import ENTRY_ONLY_KEYS
+
+LIBRARY = load_model_library()
+REQUIRED_IDS = {
+    "gpt3-1.3b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "megatron-1t", "llama2-7b", "llama2-13b",
+    "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b", "deepseek-v3",
+    "bloom-176b", "mt-nlg-530b", "palm-540b",
+}
+
+
+# ---- the bundled library ----------------------------------------------------------------------
+def test_library_has_every_required_model():
+    assert REQUIRED_IDS <= set(LIBRARY)
+
+
+@pytest.mark.parametrize("model_id", sorted(LIBRARY))
+def test_num_params_within_1_percent_of_published(model_id):
+    entry = LIBRARY[model_id]
+    published = entry["published_params"]
+    assert isinstance(published, (int, float)), "write exponents with a sign (175.0e+9) for PyYAML"
+    assert get_model(model_id).num_params == pytest.approx(published, rel=0.01)
+
+
+@pytest.mark.parametrize("model_id", sorted(LIBRARY))
+def test_entry_is_complete(model_id):
+    entry = LIBRARY[model_id]
+    spec_keys = set(entry) - ENTRY_ONLY_KEYS
+    assert spec_keys <= set(ModelSpec.model_fields)
+    assert {"name", "num_layers", "hidden_size", "vocab_size", "seq_len", "source"} <= spec_keys
+    assert entry["published_params_source"] and entry["job_defaults_source"]
+    defaults = job_defaults(model_id)
+    assert set(defaults) == {"global_batch_size", "seq_len", "precision", "tokens_to_train"}
+    assert defaults["precision"] in {"bf16", "fp16", "fp8"}
+    assert defaults["seq_len"] == get_model(model_id).seq_len
+
+
+def test_names_and_aliases_are_unique():
+    seen: dict[str, str] = {}
+    for model_id, entry in LIBRARY.items():
+        for key in (model_id, entry["name"], *entry["aliases"]):
+            assert seen.setdefault(key.lower(), model_id) == model_id
+
+
+def test_gpt_is_an_alias_of_gpt3_175b():
+    assert get_model("gpt") == get_model("gpt3-175b")
+    assert get_model("GPT") is get_model("Gpt3-175B")
+    assert load_model("gpt").name == "GPT-3 175B"
+    assert get_model("GPT-3 175B") is get_model("gpt")  # display names resolve too
+
+
+@pytest.mark.parametrize(
+    "model_id, published_active",
+    [("mixtral-8x7b", 12.9e9), ("deepseek-v3", 37e9)],
+)
+def test_moe_active_params(model_id, published_active):
+    spec = get_model(model_id)
+    assert spec.num_active_params == pytest.approx(published_active, rel=0.03)
+    assert LIBRARY[model_id]["published_active_params"] == published_active
+
+
+def test_job_defaults_match_published_setups():
+    assert job_defaults("gpt") == {
+        "global_batch_size": 1536, "seq_len": 2048, "precision": "fp16", "tokens_to_train": 300 * 10**9,
+    }
+    assert job_defaults("deepseek-v3")["precision"] == "fp8"
+    assert job_defaults("mixtral-8x7b")["global_batch_size"] is None  # not published
+
+
+def test_list_models_rows():
+    rows = {row.id: row for row in list_models()}
+    assert set(rows) == set(LIBRARY)
+    mixtral = rows["mixtral-8x7b"]
+    assert mixtral.num_active_params < mixtral.num_params
+    assert "mixtral" in mixtral.aliases and mixtral.source
+
+
+def test_load_model_library_returns_a_copy():
+    load_model_library()["gpt3-175b"]["num_layers"] = 1
+    assert get_model("gpt3-175b").num_layers == 96
+
+
+# ---- model files ------------------------------------------------------------------------------
+TINY = {
+    "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "num_kv_heads": 2,
+    "ffn_hidden_size": 1024, "vocab_size": 32000, "ffn_activation": "swiglu", "seq_len": 1024,
+}
+
+
+def test_yaml_model_file(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text("\n".join(f"{k}: {v}" for k, v in TINY.items()) + "\n")
+    spec = load_model(str(path))
+    assert spec.name == "tiny"  # file stem when the file has no name
+    assert spec.num_kv_heads == 2 and spec.ffn_activation == "swiglu" and spec.seq_len == 1024
+
+
+def test_json_model_file_with_moe(tmp_path):
+    data = {**TINY, "name": "tiny-moe", "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 512}}
+    path = tmp_path / "tiny_moe.json"
+    path.write_text(json.dumps(data))
+    spec = load_model(path)
+    assert spec.name == "tiny-moe" and spec.moe.num_experts == 4
+
+
+def test_yaml_model_file_under_model_key(tmp_path):
+    path = tmp_path / "wrapped.yml"
+    path.write_text("model:\n" + "".join(f"  {k}: {v}\n" for k, v in TINY.items()))
+    assert load_model(path).hidden_size == 256
+
+
+def test_model_from_mapping_accepts_validation_blocks():
+    block = {
+        "name": "DeepSeek-V3 671B-A37B", "num_layers": 61, "hidden_size": 7168, "num_attention_heads": 128,
+        "num_kv_heads": None, "ffn_hidden_size": 18432, "vocab_size": 129280, "ffn_activation": "swiglu",
+        "moe": {"num_experts": 256, "top_k": 8, "expert_ffn_hidden_size": 2048, "num_shared_experts": 1,
+                "num_dense_layers": 3},
+    }
+    spec = model_from_mapping(block, name="ignored")
+    assert spec.name == "DeepSeek-V3 671B-A37B" and spec.num_kv_heads_resolved == 128
+
+
+# ---- bad input --------------------------------------------------------------------------------
+def test_unknown_name_suggests_close_names():
+    with pytest.raises(SpecError) as err:
+        get_model("lama2-7b")
+    message = str(err.value)
+    assert "'lama2-7b'" in message and "llama2-7b" in message and "clusterplan models" in message
+
+
+def test_unknown_name_via_load_model():
+    with pytest.raises(SpecError, match="mixtral-8x7b"):
+        load_model("mixtrl-8x7b")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_model(str(tmp_path / "nope.yaml"))
+
+
+def test_hub_id_is_not_fetched():
+    with pytest.raises(SpecError, match="config.json"):
+        load_model("meta-llama/Llama-2-7b-hf")
+
+
+def test_malformed_yaml_reports_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("num_layers: 4\nhidden_size: [256\nvocab_size: 10\n")
+    with pytest.raises(SpecError, match=r"line \d+ column \d+"):
+        load_model(path)
+
+
+def test_malformed_json_reports_line(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{\n  "num_layers": 4,\n  "hidden_size": \n}')
+    with pytest.raises(SpecError, match=r"line 4 column 1"):
+        load_model(path)
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(SpecError, match="mapping"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", -256), ("num_layers", 0), ("vocab_size", -1)])
+def test_non_positive_size_names_the_field(tmp_path, field, value):
+    path = tmp_path / "neg.yaml"
+    path.write_text("\n".join(f"{k}: {value if k == field else v}" for k, v in TINY.items()))
+    with pytest.raises(SpecError) as err:
+        load_model(path)
+    message = str(err.value)
+    assert f"{field}: " in message and str(value) in message and "Traceback" not in message
+
+
+def test_unknown_field_suggests_the_right_one():
+    with pytest.raises(SpecError) as err:
+        model_from_mapping({**TINY, "num_layer": 4}, name="typo")
+    assert "num_layer: unknown field" in str(err.value) and "'num_layers'" in str(err.value)
+
+
+def test_missing_field_and_cross_field_errors():
+    with pytest.raises(SpecError, match="vocab_size: Field required"):
+        model_from_mapping({k: v for k, v in TINY.items() if k != "vocab_size"}, name="x")
+    with pytest.raises(SpecError, match="num_kv_heads=3"):
+        model_from_mapping({**TINY, "num_kv_heads": 3}, name="x")
+    with pytest.raises(SpecError, match="expected a mapping"):
+        model_from_mapping([1, 2], name="x")
+
+
+# ---- Hugging Face config.json, modelled on the published files --------------------------------
+LLAMA2_7B = {
+    "_name_or_path": "meta-llama/Llama-2-7b-hf", "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 32000,
+}
+LLAMA31_405B = {
+    "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 16384,
+    "intermediate_size": 53248, "max_position_embeddings": 131072, "model_type": "llama",
+    "num_attention_heads": 128, "num_hidden_layers": 126, "num_key_value_heads": 8,
+    "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "vocab_size": 128256,
+}
+MISTRAL_NEMO = {
+    "architectures": ["MistralForCausalLM"], "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+    "intermediate_size": 14336, "max_position_embeddings": 1024000, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+    "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 131072,
+}
+MIXTRAL = {
+    "architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+    "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False,
+    "rope_theta": 1e6, "router_aux_loss_coef": 0.02, "sliding_window": None,
+    "tie_word_embeddings": False, "vocab_size": 32000,
+}
+GPT2 = {
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+    "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_inner": None, "n_layer": 12, "n_positions": 1024,
+    "vocab_size": 50257,
+}
+GPT_NEOX_20B = {
+    "architectures": ["GPTNeoXForCausalLM"], "hidden_act": "gelu", "hidden_size": 6144,
+    "intermediate_size": 24576, "max_position_embeddings": 2048, "model_type": "gpt_neox",
+    "num_attention_heads": 64, "num_hidden_layers": 44, "rotary_pct": 0.25,
+    "attention_dropout": 0, "hidden_dropout": 0,
+    "tie_word_embeddings": False, "use_parallel_residual": True, "vocab_size": 50432,
+}
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "first_k_dense_replace": 3, "hidden_act": "silu",
+    "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc", "v_head_dim": 128,
+    "vocab_size": 129280,
+}
+
+
+def _write_config(tmp_path, cfg, folder="model"):
+    path = tmp_path / folder / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg, indent=2))
+    return str(path)
+
+
+def test_hf_llama2_matches_the_bundled_spec(tmp_path):
+    spec = load_model(_write_config(tmp_path, LLAMA2_7B))
+    bundled = get_model("llama2-7b")
+    assert spec.name == "meta-llama/Llama-2-7b-hf"
+    fields = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
+              "vocab_size", "ffn_activation", "tied_embeddings", "seq_len")
+    assert {f: getattr(spec, f) for f in fields} == {f: getattr(bundled, f) for f in fields}
+    assert spec.num_params == 6_738_415_616
+
+
+def test_hf_llama31_uses_original_context_and_gqa(tmp_path):
+    spec = load_model(_write_config(tmp_path, LLAMA31_405B, folder="Llama-3.1-405B"))
+    assert spec.name == "Llama-3.1-405B"  # folder name when _name_or_path is absent
+    assert spec.seq_len == 8192 and spec.num_kv_heads == 8
+    assert spec.num_params == get_model("llama3-405b").num_params
+
+
+def test_hf_mistral_keeps_explicit_head_dim(tmp_path):
+    spec = load_model(_write_config(tmp_path, MISTRAL_NEMO))
+    assert spec.head_dim == 128 and spec.head_dim_resolved == 128  # 5120 / 32 would be 160
+    assert spec.seq_len == 8192  # 1M max position capped
+    assert spec.ffn_activation == "swiglu" and not spec.tied_embeddings
+
+
+def test_hf_mixtral(tmp_path):
+    spec = load_model(_write_config(tmp_path, MIXTRAL))
+    assert spec.moe.num_experts == 8 and spec.moe.top_k == 2
+    assert spec.moe.expert_ffn_hidden_size == 14336 and spec.moe.num_dense_layers == 0
+    assert spec.num_params == get_model("mixtral-8x7b").num_params
+
+
+def test_hf_gpt2(tmp_path):
+    spec = load_model(_write_config(tmp_path, GPT2, folder="gpt2"))
+    assert (spec.num_layers, spec.hidden_size, spec.num_attention_heads) == (12, 768, 12)
+    assert spec.ffn_hidden_size == 3072 and spec.ffn_activation == "gelu"
+    assert spec.tied_embeddings and spec.seq_len == 1024 and spec.dropout  # GPT2Config: 0.1
+    assert spec.num_params == pytest.approx(124.4e6, rel=0.01)  # 124M incl. position embeddings
+
+
+def test_hf_gpt_neox(tmp_path):
+    spec = load_model(_write_config(tmp_path, GPT_NEOX_20B))
+    assert spec.ffn_activation == "gelu" and not spec.tied_embeddings and not spec.dropout
+    assert (spec.num_layers, spec.hidden_size, spec.ffn_hidden_size) == (44, 6144, 24576)
+    assert spec.num_params == pytest.approx(20.55e9, rel=0.01)  # GPT-NeoX-20B: 20,554,567,680
+
+
+def test_hf_deepseek_v3_matches_the_bundled_spec(tmp_path):
+    spec = load_model(_write_config(tmp_path, DEEPSEEK_V3))
+    bundled = get_model("deepseek-v3")
+    assert spec.mla == bundled.mla and spec.moe == bundled.moe
+    assert spec.num_kv_heads is None and spec.seq_len == 4096
+    assert spec.num_params == bundled.num_params
+
+
+def test_hf_architectures_without_model_type():
+    cfg = {k: v for k, v in LLAMA2_7B.items() if k != "model_type"}
+    assert from_hf_config(cfg, name="x").num_layers == 32
+
+
+def test_hf_unsupported_model_type_lists_supported():
+    with pytest.raises(SpecError) as err:
+        from_hf_config({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}, name="t5")
+    assert "'t5'" in str(err.value) and "llama" in str(err.value) and "deepseek_v3" in str(err.value)
+
+
+def test_hf_missing_key_is_named():
+    cfg = {k: v for k, v in MIXTRAL.items() if k != "num_local_experts"}
+    with pytest.raises(SpecError, match="num_local_experts"):
+        from_hf_config(cfg, name="x")
+
+
+def test_hf_bad_value_names_the_field():
+    with pytest.raises(SpecError, match="hidden_size"):
+        from_hf_config({**GPT2, "n_embd": -768}, name="x")

@@ -1,0 +1,248 @@
+"""The cluster: a device spec plus a networkx graph of devices, switches and links.
+
+Graph schema (every builder in ``builders.py`` produces exactly this):
+
+* Device nodes are the integers ``0 .. num_devices-1`` in physical order: devices of one scale-up
+  domain (an NVSwitch node, an NVL72 rack, a Gaudi box, a TPU slice) are consecutive, and inside a
+  torus the order is row-major over ``coord``. Attributes: ``kind="device"``, ``domain`` (int,
+  scale-up domain index), ``coord`` (tuple, torus coordinate, tori only).
+* Switch or host nodes are strings (``"nvsw/3"``, ``"leaf/su0/rail2"``, ``"spine/4"``, ``"host/7"``).
+  Attributes: ``kind`` (``"switch"`` or ``"host"``), ``level`` and, where the switch reduces in the
+  network (NVLink SHARP, InfiniBand SHARP), ``in_network_reduction=True`` with ``nir_fraction``:
+  the measured all-reduce algorithm bandwidth with in-network reduction divided by the device's
+  nominal link rate to that switch (8x H100 NVLS: 275 GB/s algbw / 450 GB/s = 0.61, nccl-tests #212).
+  Torus links carry ``wraparound=True`` on every device's edges along an axis that wraps.
+* Edges carry ``bytes_per_s`` (nominal, per direction), ``latency_s`` (per hop), ``level`` (one of
+  :data:`SCALE_UP_LEVELS` or :data:`SCALE_OUT_LEVELS`) and ``achieved_fraction``: the measured bus
+  bandwidth of a large collective on that kind of link divided by its nominal rate (e.g. 370/450
+  for NVLink4 rings, nccl #1455), a physical property of the link with its source in the preset.
+  Parallel cables between two switches are one edge whose ``bytes_per_s`` is their sum.
+
+The fabric question every collective asks is :meth:`Cluster.group_profile`: for one group of
+device ranks, how many domains does it span, how many members per domain, and what per-device
+bandwidth and per-hop latency does it get inside a domain and across domains, as read from the
+edges that group's traffic uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Sequence
+
+import networkx as nx
+
+from topologies.devices import DeviceSpec
+
+SCALE_UP_LEVELS = frozenset({"nvlink", "xgmi", "ici_x", "ici_y", "ici_z", "roce_scaleup", "wafer", "c2c"})
+SCALE_OUT_LEVELS = frozenset({"nic", "leaf", "spine", "core", "dcn", "host"})
+
+
+@dataclass(frozen=True)
+class GroupProfile:
+    """What one group of ranks gets from the fabric, per device and per direction."""
+
+    num_ranks: int
+    num_domains: int
+    ranks_per_domain: int
+    intra_bytes_per_s: float  # achieved, per device, inside a domain (0 when one rank per domain)
+    inter_bytes_per_s: float  # achieved, per device, across domains (0 when one domain)
+    intra_latency_s: float  # one ring step inside a domain
+    inter_latency_s: float  # one ring step across domains
+    intra_in_network_reduction: bool  # NVLS-like all-reduce inside the domain
+    inter_in_network_reduction: bool  # SHARP-like all-reduce across domains
+    intra_nir_bytes_per_s: float  # achieved all-reduce algorithm bandwidth with in-network reduction
+    torus_axes: int  # torus axes the group spans inside a domain (0 for switched fabrics)
+    torus_wraparound: bool  # every spanned torus axis wraps around
+
+
+@dataclass(frozen=True, eq=False)
+class Cluster:
+    """A sized cluster: ``num_devices`` copies of ``device`` wired as ``graph``.
+
+    ``domain_size`` is the number of devices per scale-up domain; ``nodes_per_domain`` is 1 except
+    for NVLink Switch domains spanning several hosts. ``family`` names the builder used.
+    """
+
+    id: str
+    name: str
+    family: str
+    device: DeviceSpec
+    num_devices: int
+    domain_size: int
+    devices_per_node: int
+    graph: nx.Graph = field(repr=False)
+    torus_shape: tuple[int, ...] | None = None
+    description: str = ""
+    sources: tuple[str, ...] = ()
+    reference_size: int = 0
+    oversubscription: float = 1.0
+    in_network_reduction: tuple[str, ...] = ()
+    power_overhead_w_per_device: float = 0.0
+    weight_streaming: bool = False
+
+    @property
+    def num_domains(self) -> int:
+        return -(-self.num_devices // self.domain_size)
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.num_devices // self.devices_per_node)
+
+    def domain_of(self, rank: int) -> int:
+        return self.graph.nodes[rank]["domain"]
+
+    def group_profile(self, ranks: Sequence[int]) -> GroupProfile:
+        """Read from the graph what bandwidth and latency the group ``ranks`` gets.
+
+        Parameters
+        ----------
+        ranks : device ranks of one communicator (all groups of a parallel axis are translates of
+            one another, so one representative group describes the axis).
+
+        Returns
+        -------
+        GroupProfile
+        """
+        return _group_profile(self, tuple(sorted(ranks)))
+
+
+def _edge(graph: nx.Graph, u, v) -> dict:
+    return graph.edges[u, v]
+
+
+def _device_edges(graph: nx.Graph, rank: int, levels: frozenset[str]) -> list[tuple[object, dict]]:
+    return [(v, d) for v, d in graph.adj[rank].items() if d["level"] in levels]
+
+
+def _achieved(d: dict) -> float:
+    return d["bytes_per_s"] * d.get("achieved_fraction", 1.0)
+
+
+def _intra_bandwidth(cluster: Cluster, rank: int, members: set[int]) -> tuple[float, float, bool, float, int, bool]:
+    """Per-device achieved scale-up bandwidth for a group, its per-hop latency, and torus facts.
+
+    Switched domains (NVSwitch, NVLink Switch): the device's links to its switches, whatever the
+    group size. Direct meshes (MI300X xGMI, Gaudi RoCE): only the links to peers inside the group
+    carry its traffic. Tori: only the links along axes the group spans; an axis without a
+    wraparound link forces the ring to double back over the same links, halving the bandwidth.
+    """
+    graph = cluster.graph
+    edges = _device_edges(graph, rank, SCALE_UP_LEVELS)
+    if not edges:
+        return 0.0, 0.0, False, 0.0, 0, False
+    to_switch = [(v, d) for v, d in edges if not isinstance(v, int)]
+    if to_switch:
+        bw = sum(_achieved(d) for _, d in to_switch)
+        lat = 2 * max(d["latency_s"] for _, d in to_switch)
+        nir_nodes = [v for v, _ in to_switch if graph.nodes[v].get("in_network_reduction")]
+        nir_fraction = max((graph.nodes[v].get("nir_fraction", 0.0) for v in nir_nodes), default=0.0)
+        nir_bw = sum(d["bytes_per_s"] for _, d in to_switch) * nir_fraction
+        return bw, lat, bool(nir_nodes), nir_bw, 0, False
+    peers = [(v, d) for v, d in edges if v in members]
+    if cluster.torus_shape is None:
+        bw = sum(_achieved(d) for _, d in peers)
+        lat = max((d["latency_s"] for _, d in peers), default=0.0)
+        return bw, lat, False, 0.0, 0, False
+    return _torus_bandwidth(cluster, rank, members, edges)
+
+
+def _torus_bandwidth(cluster: Cluster, rank: int, members: set[int], edges) -> tuple[float, float, bool, float, int, bool]:
+    graph = cluster.graph
+    coord = graph.nodes[rank]["coord"]
+    member_coords = [graph.nodes[m]["coord"] for m in members]
+    spanned = [ax for ax in range(len(coord)) if len({c[ax] for c in member_coords}) > 1]
+    bw, lat, wrap_all = 0.0, 0.0, True
+    for ax in spanned:
+        extent = len({c[ax] for c in member_coords})
+        axis_edges = [d for v, d in edges if d["level"] == f"ici_{'xyz'[ax]}"]
+        wraps = extent == cluster.torus_shape[ax] and extent > 2 and any(d.get("wraparound") for d in axis_edges)
+        # A ring laid on a line without its wraparound link uses each link in both directions for
+        # the same ring, so each direction carries twice the traffic ("How to Scale Your Model" pt 3).
+        axis_bw = sum(_achieved(d) for d in axis_edges) * (1.0 if wraps or extent <= 2 else 0.5)
+        bw += axis_bw
+        lat = max([lat] + [d["latency_s"] for d in axis_edges])
+        wrap_all &= wraps
+    return bw, lat, False, 0.0, len(spanned), wrap_all and bool(spanned)
+
+
+@lru_cache(maxsize=64)
+def _scale_out_view(cluster: Cluster) -> nx.Graph:
+    g = cluster.graph
+    return nx.subgraph_view(g, filter_edge=lambda u, v: g.edges[u, v]["level"] in SCALE_OUT_LEVELS)
+
+
+def _uplink_ratio(cluster: Cluster, switch) -> float:
+    """Uplink over downlink capacity of a switch: below 1 means oversubscribed."""
+    graph, level = cluster.graph, cluster.graph.nodes[switch].get("level")
+    order = ["nic", "leaf", "spine", "core"]
+    up = down = 0.0
+    for v, d in graph.adj[switch].items():
+        other = graph.nodes[v]
+        if other.get("kind") == "device" or (level in order and other.get("level") in order and order.index(other.get("level")) < order.index(level)):
+            down += d["bytes_per_s"]
+        else:
+            up += d["bytes_per_s"]
+    return 1.0 if down == 0 or up == 0 else min(1.0, up / down)
+
+
+def _inter_bandwidth(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[float, float, bool]:
+    """Per-device achieved bandwidth across domains for this group, per-hop latency, and SHARP.
+
+    The device's own scale-out edges give its NIC rate; the path to the farthest member in another
+    domain says which switch tiers the traffic climbs, and each tier's uplink/downlink ratio
+    (oversubscription) scales the rate down.
+    """
+    graph = cluster.graph
+    first = ranks[0]
+    nic_edges = _device_edges(graph, first, SCALE_OUT_LEVELS)
+    if not nic_edges:
+        return 0.0, 0.0, False
+    bw = sum(_achieved(d) for _, d in nic_edges)
+    # Several devices sharing one host NIC (TPU hosts): the edge to the host is the device's share.
+    other_domain = [r for r in ranks if graph.nodes[r]["domain"] != graph.nodes[first]["domain"]]
+    farthest = other_domain[-1]
+    path_nodes = nx.shortest_path(_scale_out_view(cluster), first, farthest)
+    edges = [graph.edges[u, v] for u, v in zip(path_nodes, path_nodes[1:])]
+    switches = [n for n in path_nodes[1:-1] if graph.nodes[n].get("kind") == "switch"]
+    # Oversubscription bites at every switch the traffic must climb out of (all but the top one).
+    top = len(switches) // 2
+    ratio = 1.0
+    for sw in switches[:top]:
+        ratio = min(ratio, _uplink_ratio(cluster, sw))
+    latency = sum(d["latency_s"] for d in edges)
+    sharp = bool(switches) and all(graph.nodes[s].get("in_network_reduction") for s in switches)
+    return bw * ratio, latency, sharp
+
+
+@lru_cache(maxsize=4096)
+def _group_profile(cluster: Cluster, ranks: tuple[int, ...]) -> GroupProfile:
+    graph = cluster.graph
+    domains: dict[int, list[int]] = {}
+    for r in ranks:
+        domains.setdefault(graph.nodes[r]["domain"], []).append(r)
+    per_domain = max(len(v) for v in domains.values())
+    first_domain = domains[graph.nodes[ranks[0]]["domain"]]
+    intra_bw = intra_lat = nir_bw = 0.0
+    nir, axes, wraps = False, 0, False
+    if per_domain > 1:
+        intra_bw, intra_lat, nir, nir_bw, axes, wraps = _intra_bandwidth(cluster, first_domain[0], set(first_domain))
+    inter_bw = inter_lat = 0.0
+    sharp = False
+    if len(domains) > 1:
+        inter_bw, inter_lat, sharp = _inter_bandwidth(cluster, ranks)
+    return GroupProfile(
+        num_ranks=len(ranks),
+        num_domains=len(domains),
+        ranks_per_domain=per_domain,
+        intra_bytes_per_s=intra_bw,
+        inter_bytes_per_s=inter_bw,
+        intra_latency_s=intra_lat,
+        inter_latency_s=inter_lat,
+        intra_in_network_reduction=nir and per_domain > 2,
+        inter_in_network_reduction=sharp,
+        intra_nir_bytes_per_s=nir_bw,
+        torus_axes=axes,
+        torus_wraparound=wraps,
+    )
+
