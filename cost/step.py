@@ -20,6 +20,7 @@ from cost.terms import (
     NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, dp_terms, head_terms,
     layer_terms, layers_on_stage, optimizer_s, p2p_s, param_counts, static_memory,
 )
+
 from models.ops import model_flops_per_token
 from models.spec import ModelSpec
 from topologies.cluster import Cluster
@@ -223,13 +224,25 @@ def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
         activations = act_last  # the last stage, holding the logits, is the peak
     else:
         activations, working = act_first, lt.act_transient_bytes
-    static = static_memory(ctx, layout)
-    weights, grads, optim = static.weights_bytes, static.gradients_bytes, static.optimizer_bytes
-    if ctx.cluster.weight_streaming:
-        # Weight streaming (Cerebras MemoryX): weights, gradients and optimizer states live off-chip;
-        # the wafer holds one layer's weights at a time, double-buffered.
-        pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
-        per_layer = (pc.dense + pc.expert) / ctx.model.num_layers
-        weights, grads, optim = 2 * WEIGHT_BYTES * per_layer, 0.0, 0.0
+    weights, grads, optim = _static_parts(ctx, layout)
     reserve = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
     return MemoryBreakdown(weights, grads, optim, activations, working, reserve)
+
+
+def _static_parts(ctx: Context, layout: Layout) -> tuple[float, float, float]:
+    """Weights, gradients and optimizer states on the device.
+
+    With weight streaming (Cerebras MemoryX) they live off-chip and the wafer holds one layer's
+    weights at a time, double-buffered.
+    """
+    if ctx.cluster.weight_streaming:
+        pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
+        per_layer = (pc.dense + pc.expert) / ctx.model.num_layers
+        return 2 * WEIGHT_BYTES * per_layer, 0.0, 0.0
+    static = static_memory(ctx, layout)
+    return static.weights_bytes, static.gradients_bytes, static.optimizer_bytes
+
+
+def memory_static_bytes(ctx: Context, layout: Layout) -> float:
+    """Weights + gradients + optimizer states per device (what does not depend on activations)."""
+    return sum(_static_parts(ctx, layout))

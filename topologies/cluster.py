@@ -157,9 +157,13 @@ def _torus_bandwidth(cluster: Cluster, rank: int, members: set[int], edges) -> t
         extent = len({c[ax] for c in member_coords})
         axis_edges = [d for v, d in edges if d["level"] == f"ici_{'xyz'[ax]}"]
         wraps = extent == cluster.torus_shape[ax] and extent > 2 and any(d.get("wraparound") for d in axis_edges)
-        # A ring laid on a line without its wraparound link uses each link in both directions for
-        # the same ring, so each direction carries twice the traffic ("How to Scale Your Model" pt 3).
-        axis_bw = sum(_achieved(d) for d in axis_edges) * (1.0 if wraps or extent <= 2 else 0.5)
+        # With its wraparound link the axis is a ring: a bidirectional ring drives both of the
+        # device's links on that axis. Without it, a ring laid on a line uses each link in both
+        # directions for the same ring, so the device gets one link's worth ("How to Scale Your
+        # Model" pt 3: no wraparound ~2x slower). Counted per link, not as half the device's edges:
+        # a device at the end of a line (or in a 2-member group) has one edge, or an edge to a
+        # non-member, which must not change the group's bandwidth.
+        axis_bw = max(_achieved(d) for d in axis_edges) * (2.0 if wraps else 1.0)
         bw += axis_bw
         lat = max([lat] + [d["latency_s"] for d in axis_edges])
         wrap_all &= wraps

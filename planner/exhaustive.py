@@ -1,0 +1,138 @@
+"""Brute force over the same integer tables as CP-SAT, with numpy, one factorization at a time.
+
+It exists to check the CP-SAT model (tests assert both find the same optimum and the same
+rejection counts) and as ``--search exhaustive``. Axes of the broadcast arrays, in order:
+``f, o, e, v, mb, s, r, z, do, to`` (factorization, order, ep, vp, micro-batch, sequence parallel,
+recompute, ZeRO stage, DP overlap, TP overlap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.tables import REASON_ORDER, SLOT_QUANTUM, Tables
+
+DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to")
+
+
+def _place(arr: np.ndarray, dims: tuple[str, ...]) -> np.ndarray:
+    """Reshape ``arr`` whose axes are ``dims`` (in DIMS order) for broadcasting over DIMS."""
+    order = sorted(range(len(dims)), key=lambda k: DIMS.index(dims[k]))
+    arr = np.transpose(arr, order)
+    shape = [1] * len(DIMS)
+    for k, d in enumerate(sorted(dims, key=DIMS.index)):
+        shape[DIMS.index(d)] = arr.shape[k]
+    return arr.reshape(shape)
+
+
+@dataclass
+class Scored:
+    """Objective and reason code of every layout of one factorization ``f``."""
+
+    objective: np.ndarray  # int64, units TIME_QUANTUM_S / SLOT_QUANTUM
+    code: np.ndarray  # -1 feasible, else index into REASON_ORDER
+    canon: np.ndarray  # bool: representative layouts (others are symmetric duplicates)
+
+
+def score_factorization(T: Tables, i: int, with_objective: bool = True) -> Scored:
+    """Objective, rejection code and canonical mask for every layout with factorization ``i``."""
+    sl = slice(i, i + 1)
+    tc, tpg, cpg, epg = T.tc_of_f[sl], T.tpg_of_fo[sl], T.cpg_of_fo[sl], T.epg_of_foe[sl]
+    code = _codes(T, sl, tc)
+    canon = _place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to"))
+    if not with_objective:
+        return Scored(np.zeros(1, np.int64), code, canon)
+    Q = SLOT_QUANTUM
+    X = (_place(T.C[tc], ("f", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
+         + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
+    U, M, FRAC = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
+    head = _place(T.H[tpg], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb"))
+    do = _place(np.array(T.space.dp_overlap), ("do",))
+    dims5 = ("f", "o", "v", "e", "z")
+    dps, dpsb = _place(T.DPS[sl], dims5) * Q, _place(T.DPSB[sl], dims5) * Q
+    dpm, dpmb = _place(T.DPM[sl], dims5) * Q, _place(T.DPMB[sl], dims5) * Q
+    dp_exp = np.where(do, np.maximum(dpsb, dps - FRAC * _place(T.BWD[tc], ("f", "mb", "s", "r"))), dps)
+    fsdp = np.where(do, np.maximum(dpmb, dpm - FRAC * _place(T.C[tc], ("f", "mb", "s", "r"))), dpm)
+    opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
+    objective = U * X + Q * M * head + dp_exp + M * fsdp + opt
+    return Scored(objective, code, canon)
+
+
+def _codes(T: Tables, sl: slice, tc: np.ndarray) -> np.ndarray:
+    """Reason code per layout: the first failing rule in REASON_ORDER, memory last."""
+    code, _ = _codes_and_memory(T, sl, tc)
+    return code
+
+
+def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reason codes and peak memory (MEMORY_QUANTUM_BYTES) of every layout of one factorization."""
+    static = _place(T.STATIC[sl], ("f", "v", "e", "z"))
+    act = _place(T.ACT[tc], ("f", "mb", "s", "r"))
+    trans = _place(T.TRANS[tc], ("f", "mb", "s", "r"))
+    mem1 = static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans
+    mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[tc], ("f", "mb"))
+    code = np.where(np.maximum(mem1, mem2) > T.capacity, REASON_ORDER.index("memory"), -1)
+    for table, dims in ((T.ok_eo, ("e", "o")), (T.ok_fe[sl], ("f", "e")), (T.ok_fmbv[sl], ("f", "mb", "v")),
+                        (T.ok_f[sl], ("f",))):
+        placed = _place(table, dims)
+        code = np.where(placed >= 0, placed, code)
+    return code, np.maximum(mem1, mem2)
+
+
+def smallest_memory(T: Tables) -> tuple[int, dict] | None:
+    """The structurally valid layout that needs the least memory: ``(MiB, indices)``, or None."""
+    best = None
+    mem_code = REASON_ORDER.index("memory")
+    for i in range(len(T.space.factorizations)):
+        sl = slice(i, i + 1)
+        code, mem = _codes_and_memory(T, sl, T.tc_of_f[sl])
+        shape = np.broadcast_shapes(code.shape, mem.shape)
+        code, mem = np.broadcast_to(code, shape), np.broadcast_to(mem, shape)
+        valid = (code < 0) | (code == mem_code)
+        if not valid.any():
+            continue
+        k = int(np.argmin(np.where(valid, mem, np.iinfo(np.int64).max)))
+        value = int(mem.ravel()[k])
+        if best is None or value < best[0]:
+            idx = np.unravel_index(k, shape)
+            best = (value, dict(zip(DIMS[:len(shape)], (i,) + tuple(int(x) for x in idx[1:]))))
+    return best
+
+
+def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
+    """Rejected layouts by first failing reason, and the number of feasible layouts.
+
+    Symmetric duplicates (``planner.space.canonical``) are counted once.
+    """
+    counts = np.zeros(len(REASON_ORDER) + 1, np.int64)
+    for i in range(len(T.space.factorizations)):
+        sc = score_factorization(T, i, with_objective=False)
+        weight = sc.canon.sum(axis=(DIMS.index("do"), DIMS.index("to")), keepdims=True)
+        code = np.broadcast_to(sc.code, np.broadcast_shapes(sc.code.shape, weight.shape))
+        w = np.broadcast_to(weight, code.shape)
+        counts += np.bincount((code + 1).ravel(), weights=w.ravel(), minlength=len(counts)).astype(np.int64)
+    return {r: int(counts[k + 1]) for k, r in enumerate(REASON_ORDER) if counts[k + 1]}, int(counts[0])
+
+
+def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]], int]:
+    """The ``top_k + 1`` best feasible layouts as ``(objective, indices)``, and layouts scored."""
+    best: list[tuple[int, tuple]] = []
+    considered = 0
+    for i in range(len(T.space.factorizations)):
+        sc = score_factorization(T, i)
+        shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape)
+        obj = np.broadcast_to(sc.objective, shape)
+        ok = np.broadcast_to(sc.code, shape) < 0
+        ok &= np.broadcast_to(sc.canon, shape)
+        considered += int(np.broadcast_to(sc.canon, shape).sum())
+        flat = np.flatnonzero(ok)
+        if flat.size == 0:
+            continue
+        take = flat[np.argsort(obj.ravel()[flat], kind="stable")[: top_k + 1]]
+        for k in take:
+            idx = np.unravel_index(k, shape)
+            best.append((int(obj.ravel()[k]), (i,) + tuple(int(x) for x in idx[1:])))
+    best.sort()
+    return [(o, dict(zip(DIMS, idx))) for o, idx in best[: top_k + 1]], considered

@@ -1,0 +1,121 @@
+"""Planning: build the space and tables, solve, evaluate the winners in floats, explain failure."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from cost.layout import Job, Layout
+from cost.step import Evaluation, evaluate_ctx, layout_problems
+from cost.terms import Context
+from models.errors import InfeasibleError, SpecError
+from models.spec import ModelSpec
+from planner.cpsat import solve_cpsat
+from planner.exhaustive import count_rejections, smallest_memory, solve_exhaustive
+from planner.space import REASONS, Bounds, build_space
+from planner.tables import MEMORY_QUANTUM_BYTES, TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
+from topologies.cluster import Cluster
+
+ENGINES = ("cpsat", "exhaustive")
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search: engine, runners-up, time limit (s), user bounds, solver threads."""
+
+    engine: str = "cpsat"
+    top_k: int = 3
+    time_limit_s: float | None = None
+    bounds: Bounds = field(default_factory=Bounds)
+    workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise SpecError(f"--search: got {self.engine!r}; allowed: {', '.join(ENGINES)}")
+        if self.top_k < 0:
+            raise SpecError(f"--top: got {self.top_k}; must be >= 0")
+        if self.time_limit_s is not None and self.time_limit_s <= 0:
+            raise SpecError(f"--time-limit: got {self.time_limit_s}; must be > 0 seconds")
+
+
+@dataclass
+class SearchResult:
+    """What a search returns: the best layout evaluated in floats, runners-up, and the bookkeeping."""
+
+    model: ModelSpec
+    job: Job
+    cluster: Cluster
+    best: Evaluation
+    runners_up: list[Evaluation]
+    rejections: dict[str, int]
+    num_feasible: int
+    num_considered: int
+    engine: str
+    status: str
+    gap: float
+    wall_s: float
+    objective_units: list[int]
+
+
+def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | None = None) -> SearchResult:
+    """Search the layout space for the fastest layout that fits.
+
+    Raises
+    ------
+    InfeasibleError
+        No layout fits; the message gives the smallest shortfall and what would fix it.
+    SolverError
+        The solver stopped (time limit) before finding any layout.
+    """
+    opts = options or SearchOptions()
+    start = time.perf_counter()
+    ctx = Context(model, job, cluster)
+    space = build_space(model, job, cluster, opts.bounds)
+    tables = build_tables(ctx, space, opts.bounds.memory_headroom)
+    rejections, feasible = count_rejections(tables)
+    considered = feasible + sum(rejections.values())
+    if feasible == 0:
+        raise _infeasible(ctx, tables, rejections, opts.bounds)
+    if opts.engine == "exhaustive":
+        solutions, _ = solve_exhaustive(tables, opts.top_k)
+        status, gap = "OPTIMAL", 0.0
+    else:
+        result = solve_cpsat(tables, opts.top_k, opts.time_limit_s, opts.workers)
+        solutions, status, gap = result.solutions, result.status, result.gap
+    evaluations = [evaluate_ctx(ctx, layout_from_indices(space, idx)) for _, idx in solutions]
+    return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible, considered,
+                        opts.engine, status, gap, time.perf_counter() - start, [o for o, _ in solutions])
+
+
+def objective_seconds(units: int) -> float:
+    """Convert the integer objective back to seconds."""
+    return units * TIME_QUANTUM_S / SLOT_QUANTUM
+
+
+def _infeasible(ctx: Context, tables, rejections: dict[str, int], bounds: Bounds) -> InfeasibleError:
+    cluster, model = ctx.cluster, ctx.model
+    reasons = "; ".join(f"{REASONS[r]}: {n}" for r, n in sorted(rejections.items(), key=lambda kv: -kv[1]))
+    smallest = smallest_memory(tables)
+    if smallest is None:
+        msg = (f"no layout of {model.name} on {cluster.num_devices} x {cluster.device.id} passes the structural "
+               f"rules ({reasons})")
+        return InfeasibleError(msg, rejections, "change the batch size, sequence length or device count")
+    need_bytes = smallest[0] * MEMORY_QUANTUM_BYTES + (cluster.device.memory_bytes - (tables.capacity * MEMORY_QUANTUM_BYTES))
+    have = cluster.device.memory_bytes * (1 - bounds.memory_headroom)
+    layout = layout_from_indices(tables.space, smallest[1])
+    factor = need_bytes / have
+    devices = cluster.num_devices * max(2, int(factor + 1))
+    msg = (f"{model.name} does not fit on {cluster.num_devices} x {cluster.device.id}: the least memory any valid "
+           f"layout needs is {need_bytes / GIB:.1f} GiB per device ({layout.short()}), "
+           f"against {have / GIB:.1f} GiB available ({factor:.1f}x over)")
+    hint = (f"use about {devices} or more devices (more pipeline/tensor/ZeRO sharding), a device with at least "
+            f"{need_bytes / GIB:.0f} GiB, or a smaller model/sequence")
+    return InfeasibleError(msg, rejections, hint)
+
+
+def check_layout(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> None:
+    """Raise :class:`SpecError` listing every structural problem of a user-given layout."""
+    problems = layout_problems(model, job, cluster, layout)
+    if problems:
+        raise SpecError("invalid layout: " + "; ".join(msg for _, msg in problems))

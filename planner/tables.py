@@ -1,0 +1,234 @@
+"""The one adapter where floats become integers: every cost term tabulated over its own knobs.
+
+Each table is a numpy ``int64`` array indexed by the positions of its knobs in the
+:class:`~planner.space.Space`. Quanta (named below) turn seconds and bytes into integers; memory
+rounds up and capacity rounds down, so whatever the integer model accepts also fits in floats.
+CP-SAT (``planner.cpsat``) reads these tables through element constraints; the exhaustive
+enumerator (``planner.exhaustive``) broadcasts them with numpy. Both therefore optimise exactly
+the same integer objective.
+
+Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (see ``cost.step`` for the float form)::
+
+    U[f,mb,v] * X  +  SLOT_QUANTUM * M[f,mb] * (H + P2P)  +  dp_exposed  +  M * fsdp_exposed
+    +  SLOT_QUANTUM * OPT
+
+with ``X = C + TPC + CPC + EPC`` the per-micro-batch layer time, ``U`` the micro-batch slots
+(including the bubble) times the share of layers on the most loaded stage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost.layout import Layout
+from cost.step import inflight_layers, memory_static_bytes
+from cost.terms import (
+    NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_terms, ep_comm_terms,
+    head_terms, layers_on_stage, optimizer_s, p2p_s, tp_comm_terms,
+)
+from planner.space import (
+    Space, batch_ok, canonical, expert_ok, factor_ok, layout_of, placement_ok,
+)
+
+TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
+SLOT_QUANTUM = 1000  # micro-batch slots and stage shares in thousandths
+MEMORY_QUANTUM_BYTES = 2**20  # 1 MiB
+REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement", "memory")
+
+
+def q_time(seconds: float) -> int:
+    return int(round(seconds / TIME_QUANTUM_S))
+
+
+def q_bytes_up(num_bytes: float) -> int:
+    return int(math.ceil(num_bytes / MEMORY_QUANTUM_BYTES))
+
+
+@dataclass
+class Tables:
+    """Integer tables and the index maps that tie them to knobs."""
+
+    space: Space
+    # index maps over (f,), (f, o), (f, o, e)
+    tc_of_f: np.ndarray  # (F,) -> index of (tp, cp)
+    tpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, tp_stride)
+    cpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, cp_stride)
+    epg_of_foe: np.ndarray  # (F, O, E) -> index of (tp, cp, ep, ep_stride)
+    # time tables (TIME_QUANTUM_S)
+    C: np.ndarray  # (TC, MB, S, R) compute fwd+bwd+recompute, all layers, one micro-batch
+    BWD: np.ndarray  # (TC, MB, S, R) backward compute only
+    TPC: np.ndarray  # (TPG, MB, S, R, TO)
+    CPC: np.ndarray  # (CPG, MB, S)
+    EPC: np.ndarray  # (EPG, MB, S, R)
+    H: np.ndarray  # (TPG, MB, S) LM head per micro-batch
+    P2P: np.ndarray  # (F, O, MB)
+    DPS: np.ndarray  # (F, O, V, E, Z) per-step data-parallel traffic
+    DPSB: np.ndarray  # (F, O, V, E, Z) its last bucket
+    DPM: np.ndarray  # (F, O, V, E, Z) per-micro-batch FSDP traffic
+    DPMB: np.ndarray
+    OPT: np.ndarray  # (F, V, E, Z)
+    # counts (exact integers or SLOT_QUANTUM)
+    U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
+    FRAC: np.ndarray  # (F, V) stage share, SLOT_QUANTUM
+    M: np.ndarray  # (F, MB) micro-batches
+    # memory (MEMORY_QUANTUM_BYTES)
+    STATIC: np.ndarray  # (F, V, E, Z)
+    ACT: np.ndarray  # (TC, MB, S, R) per layer
+    TRANS: np.ndarray  # (TC, MB, S, R)
+    LOGITS: np.ndarray  # (TC, MB)
+    IF1: np.ndarray  # (F, MB, V) in-flight layers, first stage
+    IF2: np.ndarray  # (F, MB, V) last stage
+    capacity: int
+    # feasibility masks, False = rejected, with the reason masks
+    ok_f: np.ndarray  # (F,) reason codes per f: -1 ok else REASON_ORDER index
+    ok_fmbv: np.ndarray  # (F, MB, V)
+    ok_fe: np.ndarray  # (F, E)
+    ok_eo: np.ndarray  # (E, O)
+    canon: np.ndarray  # (F, E, S, Z, O, DO, TO) bool
+
+
+def _index(keys: list) -> tuple[dict, list]:
+    pos: dict = {}
+    for k in keys:
+        pos.setdefault(k, len(pos))
+    return pos, list(pos)
+
+
+def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0) -> Tables:
+    """Tabulate every term over its own domain (see module docstring)."""
+    S = space
+    F, O, E = len(S.factorizations), len(S.order), len(S.ep)
+    probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
+    tc_pos, tc_keys = _index([(f[0], f[3]) for f in S.factorizations])
+    tc_of_f = np.array([tc_pos[(f[0], f[3])] for f in S.factorizations])
+    tpg_pos, tpg_keys = _index([(l.tp, l.cp, l.stride("tp")) for row in probe for l in row])
+    tpg_of_fo = np.array([[tpg_pos[(l.tp, l.cp, l.stride("tp"))] for l in row] for row in probe])
+    cpg_pos, cpg_keys = _index([(l.tp, l.cp, l.stride("cp")) for row in probe for l in row])
+    cpg_of_fo = np.array([[cpg_pos[(l.tp, l.cp, l.stride("cp"))] for l in row] for row in probe])
+    ep_key = lambda l, e: (l.tp, l.cp, e, l.stride("dp") if e > 1 else 0)
+    epg_pos, epg_keys = _index([ep_key(l, e) for row in probe for l in row for e in S.ep])
+    epg_of_foe = np.array([[[epg_pos[ep_key(l, e)] for e in S.ep] for l in row] for row in probe])
+
+    MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
+    comp = [[[[compute_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in tc_keys]
+    C = _qt([[[[c.forward_s + c.backward_s + c.recompute_s for c in r] for r in s] for s in m] for m in comp])
+    BWD = _qt([[[[c.backward_s for c in r] for r in s] for s in m] for m in comp])
+    ACT = _qb([[[[c.act_bytes_per_layer for c in r] for r in s] for s in m] for m in comp])
+    TRANS = _qb([[[[c.act_transient_bytes for c in r] for r in s] for s in m] for m in comp])
+    TPC = _qt([[[[[tp_comm_terms(ctx, tp, cp, mb, sp, rc, st, to) for to in TO] for rc in RC] for sp in SP]
+                for mb in MB] for tp, cp, st in tpg_keys])
+    CPC = _qt([[[cp_comm_terms(ctx, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for tp, cp, st in cpg_keys])
+    EPC = _qt([[[[ep_comm_terms(ctx, tp, cp, e, mb, sp, rc, st) for rc in RC] for sp in SP] for mb in MB]
+               for tp, cp, e, st in epg_keys])
+    heads = [[[head_terms(ctx, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for tp, cp, st in tpg_keys]
+    H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
+    LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in tc_keys])
+    P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in MB] for l in row] for row in probe])
+    DPS, DPSB, DPM, DPMB, OPT, STATIC = _dp_tables(ctx, S, probe)
+    U, FRAC, M = _count_tables(ctx, S)
+    IF1, IF2 = _inflight(ctx, S)
+    ok_f, ok_fmbv, ok_fe, ok_eo, canon = _masks(ctx, S)
+    capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
+    capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
+    return Tables(space=space, tc_of_f=tc_of_f, tpg_of_fo=tpg_of_fo, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
+                  C=C, BWD=BWD, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPSB=DPSB, DPM=DPM, DPMB=DPMB,
+                  OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
+                  IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, canon=canon)
+
+
+def _qt(values) -> np.ndarray:
+    return np.rint(np.asarray(values, dtype=float) / TIME_QUANTUM_S).astype(np.int64)
+
+
+def _qb(values) -> np.ndarray:
+    return np.ceil(np.asarray(values, dtype=float) / MEMORY_QUANTUM_BYTES).astype(np.int64)
+
+
+def _dp_tables(ctx: Context, S: Space, probe) -> tuple[np.ndarray, ...]:
+    F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
+    dps, dpm = np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z))
+    opt, static = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
+    L = ctx.model.num_layers
+    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+        for vi, v in enumerate(S.vp):
+            if pp * v > L or (v > 1 and pp == 1):
+                continue
+            for ei, e in enumerate(S.ep):
+                if dp % e:
+                    continue
+                for zi, z in enumerate(S.zero_stage):
+                    base = probe[i][0].with_(vp=v, ep=e, zero_stage=z)
+                    opt[i, vi, ei, zi] = optimizer_s(ctx, base)
+                    static[i, vi, ei, zi] = memory_static_bytes(ctx, base)
+                    for oi in range(O):
+                        terms = dp_terms(ctx, probe[i][oi].with_(vp=v, ep=e, zero_stage=z))
+                        dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi] = terms.per_step_s, terms.per_microbatch_s
+    return (_qt(dps), _qt(dps / NUM_GRAD_BUCKETS), _qt(dpm), _qt(dpm / NUM_GRAD_BUCKETS), _qt(opt), _qb(static))
+
+
+def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
+    F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
+    U, M, FRAC = np.zeros((F, MB, V), np.int64), np.zeros((F, MB), np.int64), np.zeros((F, V), np.int64)
+    L, B = ctx.model.num_layers, ctx.job.global_batch_size
+    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+        for vi, v in enumerate(S.vp):
+            FRAC[i, vi] = round(SLOT_QUANTUM * layers_on_stage(L, pp, v) / L)
+        for j, mb in enumerate(S.micro_batch_size):
+            M[i, j] = max(1, B // (dp * mb))
+            for vi, v in enumerate(S.vp):
+                frac = layers_on_stage(L, pp, v) / L
+                U[i, j, vi] = round(SLOT_QUANTUM * (M[i, j] + (pp - 1) / v) * frac)
+    return U, FRAC, M
+
+
+def _inflight(ctx: Context, S: Space) -> tuple[np.ndarray, np.ndarray]:
+    F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
+    IF1, IF2 = np.zeros((F, MB, V), np.int64), np.zeros((F, MB, V), np.int64)
+    L, B = ctx.model.num_layers, ctx.job.global_batch_size
+    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+        for j, mb in enumerate(S.micro_batch_size):
+            m = max(1, B // (dp * mb))
+            for vi, v in enumerate(S.vp):
+                if pp * v <= L:
+                    first, last = inflight_layers(L, pp, v, m)
+                    IF1[i, j, vi], IF2[i, j, vi] = math.ceil(first), math.ceil(last)
+    return IF1, IF2
+
+
+def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
+    model, job = ctx.model, ctx.job
+    code = {r: k for k, r in enumerate(REASON_ORDER)}
+    F = len(S.factorizations)
+    ok_f = np.full(F, -1)
+    ok_fmbv = np.full((F, len(S.micro_batch_size), len(S.vp)), -1)
+    ok_fe = np.full((F, len(S.ep)), -1)
+    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+        reason = factor_ok(model, job, tp, pp, dp, cp)
+        ok_f[i] = -1 if reason is None else code[reason]
+        for j, mb in enumerate(S.micro_batch_size):
+            for vi, v in enumerate(S.vp):
+                reason = batch_ok(model, job, pp, dp, mb, v)
+                ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
+        for ei, e in enumerate(S.ep):
+            reason = expert_ok(model, dp, e)
+            ok_fe[i, ei] = -1 if reason is None else code[reason]
+    ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
+    canon = np.zeros((F, len(S.ep), len(S.sequence_parallel), len(S.zero_stage), len(S.order),
+                      len(S.dp_overlap), len(S.tp_overlap)), bool)
+    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+        for idx in np.ndindex(canon.shape[1:]):
+            ei, si, zi, oi, doi, toi = idx
+            canon[(i,) + idx] = canonical(tp, pp, dp, cp, S.ep[ei], S.sequence_parallel[si], S.zero_stage[zi],
+                                          S.order[oi], S.dp_overlap[doi], S.tp_overlap[toi])
+    return ok_f, ok_fmbv, ok_fe, ok_eo, canon
+
+
+def layout_from_indices(space: Space, idx: dict) -> Layout:
+    """Build the :class:`Layout` for a dict of knob indices (keys as in ``planner.cpsat``)."""
+    S = space
+    return layout_of(S.factorizations[idx["f"]], S.ep[idx["e"]], S.vp[idx["v"]], S.micro_batch_size[idx["mb"]],
+                     S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],
+                     S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]])

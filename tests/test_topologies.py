@@ -1,0 +1,350 @@
+"""Tests of topologies/: the device catalogue, the preset library, the builders' graph schema and
+the fabric questions asked of the graph (Cluster.group_profile)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from models.errors import SpecError
+from topologies.cluster import SCALE_OUT_LEVELS, SCALE_UP_LEVELS
+from topologies.library import (
+    build_cluster, list_clusters, list_devices, load_cluster_file, load_device, resolve_cluster_id,
+)
+
+# The minimum catalogue (shared/validation/README.md).
+DEVICE_IDS = [
+    "v100-sxm2-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h100-sxm5-96gb",
+    "h800-sxm5-80gb", "h200-sxm-141gb", "b200", "gb200", "mi250x", "mi300x", "gaudi2", "gaudi3",
+    "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "cerebras-wse3", "groq-lpu",
+]
+PRESET_IDS = [
+    "dgx-a100-superpod", "dgx-h100-superpod", "dgx-b200-superpod", "gb200-nvl72", "hgx-h800",
+    "mi300x-cluster", "gaudi2-cluster", "gaudi3-cluster", "tpu-v4-pod", "tpu-v5e-pod", "tpu-v5p-pod",
+    "tpu-v6e-pod", "cerebras-cs3-cluster", "groq-rack",
+]
+SMALL_SIZES = {
+    "dgx-a100-superpod": 16, "dgx-h100-superpod": 16, "dgx-b200-superpod": 8, "gb200-nvl72": 8,
+    "hgx-h800": 16, "mi300x-cluster": 16, "gaudi2-cluster": 16, "gaudi3-cluster": 8, "tpu-v4-pod": 8,
+    "tpu-v5e-pod": 4, "tpu-v5p-pod": 64, "tpu-v6e-pod": 8, "cerebras-cs3-cluster": 1, "groq-rack": 8,
+}
+# Calibration constants of clusters.yaml, restated so that a silent edit fails a test.
+NVLINK4 = 370 / 450      # nccl #1455
+NDR = 0.94               # 47/50, nccl-tests #290
+XGMI = 0.698             # 312.9/448, ml-engineering
+
+
+def _devices(cluster):
+    return [n for n, d in cluster.graph.nodes(data=True) if d.get("kind") == "device"]
+
+
+# ---- devices ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device_id", DEVICE_IDS)
+def test_every_device_loads_with_positive_figures(device_id):
+    d = load_device(device_id)
+    assert d.id == device_id
+    assert d.peak("bf16") > 0 and all(v > 0 for v in d.peak_flops_per_s.values())
+    assert d.memory_bytes > 0 and d.memory_bytes_per_s > 0
+    assert 0 < d.memory_efficiency <= 1 and 0 < d.gemm.large <= 1
+    assert d.kernel_overhead_s >= 0 and d.scale_up_bytes_per_s >= 0 and d.scale_out_bytes_per_s > 0
+    assert d.power_w is None or d.power_w > 0
+    assert d.sources and all("<http" in s for s in d.sources), "every source id must resolve to a URL"
+
+
+def test_catalogue_lists_every_id_once():
+    ids = [d.id for d in list_devices()]
+    assert sorted(ids) == sorted(set(ids)) and set(DEVICE_IDS) <= set(ids)
+
+
+def test_units_converted_once_at_load():
+    h100 = load_device("h100-sxm5-80gb")
+    assert h100.memory_bytes == 81559 * 2**20            # nvidia-smi MiB, not decimal GB
+    assert h100.scale_up_bytes_per_s == 450e9 and h100.scale_out_bytes_per_s == 400e9 / 8
+    assert h100.peak("fp8") == pytest.approx(1978.9e12)
+    assert load_device("a100-sxm4-80gb").memory_bytes == 80 * 2**30
+    assert load_device("cerebras-wse3").memory_kind == "sram"
+    assert load_device("cerebras-wse3").memory_bytes == 44e9
+    assert load_device("groq-lpu").memory_bytes == 220 * 2**20
+    assert load_device("h800-sxm5-80gb").scale_up_bytes_per_s == 200e9   # 8 NVLink links
+    assert load_device("v100-sxm2-32gb").peak("bf16") == 125e12          # falls back to fp16
+
+
+def test_one_calibration_constant_per_family():
+    by_family: dict[str, set] = {}
+    for d in list_devices():
+        by_family.setdefault(d.family, set()).add((d.memory_efficiency, d.kernel_overhead_s))
+    assert all(len(v) == 1 for v in by_family.values()), by_family
+
+
+def test_device_lookup_by_name_is_case_insensitive():
+    assert load_device("NVIDIA H100 SXM5 80GB").id == "h100-sxm5-80gb"
+    assert load_device("H100-SXM5-80GB").id == "h100-sxm5-80gb"
+
+
+# ---- presets and the graph schema --------------------------------------------------------------
+def test_preset_ids_and_aliases():
+    rows = {row.id: row for row in list_clusters()}
+    assert set(PRESET_IDS) <= set(rows)
+    assert resolve_cluster_id("dgx-superpod") == "dgx-h100-superpod"
+    for row in rows.values():
+        assert row.reference_size > 0 and row.description and row.name
+        assert load_device(row.device).family == row.device_family
+
+
+def _check_schema(cluster):
+    g = cluster.graph
+    ranks = _devices(cluster)
+    assert sorted(ranks) == list(range(cluster.num_devices))
+    for r in ranks:
+        attrs = g.nodes[r]
+        assert isinstance(attrs["domain"], int) and attrs["domain"] == r // cluster.domain_size
+        if cluster.torus_shape is not None:
+            assert len(attrs["coord"]) == len(cluster.torus_shape)
+    for n, attrs in g.nodes(data=True):
+        if attrs.get("kind") != "device":
+            assert isinstance(n, str) and attrs["kind"] in ("switch", "host") and attrs["level"]
+            if attrs.get("in_network_reduction"):
+                assert 0 < attrs["nir_fraction"] <= 1
+    for u, v, d in g.edges(data=True):
+        assert d["bytes_per_s"] > 0 and d["latency_s"] >= 0, (u, v, d)
+        assert d["level"] in SCALE_UP_LEVELS | SCALE_OUT_LEVELS, (u, v, d)
+        assert 0 < d["achieved_fraction"] <= 1, (u, v, d)
+    assert all(g.degree(r) > 0 for r in ranks)
+
+
+@pytest.mark.parametrize("preset_id", PRESET_IDS)
+def test_every_preset_builds_at_reference_size(preset_id):
+    cluster = build_cluster(preset_id)
+    assert cluster.num_devices == cluster.reference_size
+    assert len(_devices(cluster)) == cluster.reference_size
+    _check_schema(cluster)
+
+
+@pytest.mark.parametrize("preset_id", PRESET_IDS)
+def test_every_preset_builds_at_a_small_size(preset_id):
+    cluster = build_cluster(preset_id, num_devices=SMALL_SIZES[preset_id])
+    assert cluster.num_devices == SMALL_SIZES[preset_id]
+    _check_schema(cluster)
+    profile = cluster.group_profile(range(min(cluster.num_devices, cluster.domain_size)))
+    assert profile.num_domains == 1
+
+
+def test_num_nodes_counts_hosts():
+    assert build_cluster("dgx-h100-superpod", num_nodes=4).num_devices == 32
+    assert build_cluster("gb200-nvl72", num_nodes=18).num_devices == 72
+    assert build_cluster("tpu-v5p-pod", num_nodes=16).num_devices == 64
+
+
+# ---- group_profile on each fabric --------------------------------------------------------------
+def test_dgx_h100_node_gets_nvlink_and_nvls():
+    c = build_cluster("dgx-h100-superpod", num_devices=64)
+    p = c.group_profile(range(8))
+    assert (p.num_domains, p.ranks_per_domain) == (1, 8)
+    assert p.intra_bytes_per_s == pytest.approx(450e9 * NVLINK4, rel=1e-3)
+    assert p.intra_in_network_reduction and p.intra_nir_bytes_per_s == pytest.approx(450e9 * 0.611)
+    assert p.intra_latency_s == pytest.approx(1.9e-6)          # NCCL NVLink ring LL128 step
+
+
+def test_dp_group_of_stride_8_inside_one_su_gets_one_nic():
+    c = build_cluster("dgx-h100-superpod", num_devices=256)
+    p = c.group_profile([0, 8, 16, 24])
+    assert (p.num_domains, p.ranks_per_domain) == (4, 1)
+    assert p.inter_bytes_per_s == pytest.approx(50e9 * NDR)
+    assert p.intra_bytes_per_s == 0 and p.inter_latency_s == pytest.approx(4e-6)
+
+
+def test_oversubscription_halves_bandwidth_across_sus_but_not_inside_a_leaf():
+    plain = build_cluster("dgx-h100-superpod", num_devices=512)
+    over = build_cluster("dgx-h100-superpod", num_devices=512, oversubscription=2)
+    across, inside = [0, 256], [0, 8]                      # SU 0 and SU 1 on rail 0; two nodes of SU 0
+    assert over.oversubscription == 2
+    assert plain.group_profile(across).inter_bytes_per_s == pytest.approx(50e9 * NDR)
+    assert over.group_profile(across).inter_bytes_per_s == pytest.approx(50e9 * NDR / 2)
+    assert over.group_profile(inside).inter_bytes_per_s == pytest.approx(50e9 * NDR)
+
+
+def test_mi300x_group_gets_only_the_links_to_its_members():
+    c = build_cluster("mi300x-cluster", num_devices=16)
+    link = 64e9 * XGMI
+    assert c.group_profile([0, 1]).intra_bytes_per_s == pytest.approx(link)
+    assert c.group_profile([0, 1, 2, 3]).intra_bytes_per_s == pytest.approx(3 * link)
+    assert c.group_profile(range(8)).intra_bytes_per_s == pytest.approx(7 * link)
+    assert c.group_profile([0, 8]).inter_bytes_per_s == pytest.approx(50e9 * NDR)
+
+
+@pytest.mark.parametrize("preset_id, pair_bytes, scale_out_bytes", [
+    ("gaudi2-cluster", 37.5e9, 37.5e9), ("gaudi3-cluster", 75e9, 75e9),
+])
+def test_gaudi_three_ports_per_peer_and_three_scale_out_ports(preset_id, pair_bytes, scale_out_bytes):
+    c = build_cluster(preset_id, num_devices=32)
+    assert c.group_profile([0, 1]).intra_bytes_per_s == pytest.approx(pair_bytes)
+    assert c.group_profile(range(8)).intra_bytes_per_s == pytest.approx(7 * pair_bytes)
+    assert c.graph.degree(0) == 7 + 3                      # 7 peers + 3 leaves
+    assert c.group_profile([0, 8]).inter_bytes_per_s == pytest.approx(scale_out_bytes)
+
+
+def test_tpu_v5e_wraparound_only_on_a_full_axis():
+    c = build_cluster("tpu-v5e-pod")
+    assert c.torus_shape == (16, 16)
+    full = c.group_profile(range(16))
+    part = c.group_profile(range(4))
+    assert full.torus_wraparound and full.torus_axes == 1
+    assert not part.torus_wraparound and part.torus_axes == 1
+    assert full.intra_bytes_per_s == pytest.approx(2 * 50e9 * 0.9)   # both ring directions
+    assert part.intra_bytes_per_s == pytest.approx(50e9 * 0.9)       # a line: one link's worth
+    # Where the line sits on the axis must not matter (the end chip has one link, not two).
+    assert c.group_profile(range(4, 8)).intra_bytes_per_s == part.intra_bytes_per_s
+    assert c.group_profile([0, 1]).intra_bytes_per_s == c.group_profile([5, 6]).intra_bytes_per_s
+    assert c.group_profile(range(256)).torus_axes == 2
+
+
+def test_tpu_slice_shapes_and_multislice():
+    assert build_cluster("tpu-v5p-pod", num_devices=64).torus_shape == (4, 4, 4)
+    assert build_cluster("tpu-v5p-pod", num_devices=128).torus_shape == (4, 4, 8)
+    assert build_cluster("tpu-v4-pod").torus_shape == (16, 16, 16)
+    v4_small = build_cluster("tpu-v4-pod", num_devices=8)
+    assert v4_small.torus_shape == (2, 2, 2) and not v4_small.group_profile(range(8)).torus_wraparound
+    multi = build_cluster("tpu-v5e-pod", num_devices=512)
+    assert multi.num_domains == 2 and multi.torus_shape == (16, 16)
+    dcn = multi.group_profile([0, 256])
+    assert dcn.num_domains == 2 and dcn.inter_bytes_per_s == pytest.approx(25e9 / 8)
+
+
+def test_gb200_nvl72_domain_and_scale_out():
+    c = build_cluster("gb200-nvl72", num_devices=144)
+    assert c.num_domains == 2 and c.devices_per_node == 4
+    p = c.group_profile(range(72))
+    assert p.intra_bytes_per_s == pytest.approx(900e9 * 0.755) and p.intra_in_network_reduction
+    assert c.group_profile([0, 72]).inter_bytes_per_s == pytest.approx(50e9 * NDR)
+
+
+def test_sram_machines():
+    cs3 = build_cluster("cerebras-cs3-cluster", num_devices=4)
+    assert cs3.weight_streaming and cs3.domain_size == 1
+    p = cs3.group_profile(range(4))
+    assert p.num_domains == 4 and p.inter_bytes_per_s == pytest.approx(150e9) and p.inter_in_network_reduction
+    groq = build_cluster("groq-rack", num_devices=128)
+    assert groq.group_profile([0, 1]).intra_bytes_per_s == pytest.approx(28e9)
+    assert groq.group_profile([0, 100]).inter_bytes_per_s == pytest.approx(28e9)
+
+
+def test_16384_gpu_superpod_builds_fast():
+    start = time.perf_counter()
+    c = build_cluster("dgx-h100-superpod", num_devices=16384)
+    elapsed = time.perf_counter() - start
+    assert c.num_nodes == 2048 and len(_devices(c)) == 16384
+    names = [n for n in c.graph if isinstance(n, str)]
+    assert sum(n.startswith("nvsw/") for n in names) == 2048
+    assert sum(n.startswith("leaf/") for n in names) == 512          # B200 RA table: 64 SU -> 512 leaves
+    assert "core" in c.graph
+    assert elapsed < 2.0
+
+
+def test_core_tier_from_16_sus_as_in_the_b200_table():
+    eight = build_cluster("dgx-b200-superpod", num_devices=2048)
+    sixteen = build_cluster("dgx-b200-superpod", num_devices=4096)
+    assert "core" not in eight.graph and "core" in sixteen.graph
+    assert sixteen.graph.nodes["core"]["num_switches"] == 64         # RA: 16 SU -> 64 core switches
+    assert sum(sixteen.graph.nodes[n]["num_switches"] for n in sixteen.graph if str(n).startswith("spine/")) == 128
+
+
+def test_preset_with_another_device_of_its_family():
+    c = build_cluster("dgx-a100-superpod", num_devices=96, device="a100-sxm4-40gb")
+    assert c.device.id == "a100-sxm4-40gb" and c.id == "dgx-a100-superpod"
+    h800 = build_cluster("dgx-h100-superpod", num_devices=8, device="h800-sxm5-80gb")
+    assert h800.group_profile(range(8)).intra_bytes_per_s == pytest.approx(200e9 * NVLINK4, rel=1e-3)
+
+
+def test_scale_out_override_replaces_the_nic_rate():
+    c = build_cluster("dgx-a100-superpod", num_devices=384, scale_out_gbit_per_s=50)
+    assert c.device.scale_out_bytes_per_s == 50e9 / 8
+    assert c.group_profile([0, 8]).inter_bytes_per_s == pytest.approx(50e9 / 8 * 0.96)
+
+
+# ---- bad input ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, words", [
+    ({"preset_id": "dgx-h100-superpd"}, ["dgx-h100-superpod", "clusterplan clusters"]),
+    ({"preset_id": "dgx-h100-superpod", "device": "h100"}, ["h100-sxm5-80gb", "clusterplan devices"]),
+    ({"preset_id": "dgx-h100-superpod", "num_devices": 0}, ["num_devices", "positive"]),
+    ({"preset_id": "dgx-h100-superpod", "num_devices": -8}, ["num_devices", "-8"]),
+    ({"preset_id": "dgx-h100-superpod", "num_nodes": 0}, ["num_nodes"]),
+    ({"preset_id": "dgx-h100-superpod", "num_devices": 12}, ["12", "multiple of 8"]),
+    ({"preset_id": "dgx-h100-superpod", "num_devices": 16, "num_nodes": 4}, ["disagrees"]),
+    ({"preset_id": "dgx-a100-superpod", "device": "h100-sxm5-80gb"}, ["nvidia-a100", "a100-sxm4-40gb"]),
+    ({"preset_id": "tpu-v5e-pod", "num_devices": 100}, ["100", "16x16"]),
+    ({"preset_id": "tpu-v5p-pod", "num_devices": 96}, ["96", "4x4x4"]),
+    ({"preset_id": "tpu-v5e-pod", "oversubscription": 2}, ["oversubscription", "fat-tree"]),
+    ({"preset_id": "dgx-h100-superpod", "oversubscription": 0.5}, ["oversubscription", ">= 1"]),
+    ({"preset_id": "dgx-h100-superpod", "scale_out_gbit_per_s": 0}, ["scale_out_gbit_per_s"]),
+])
+def test_bad_input_raises_spec_error_naming_the_field(kwargs, words):
+    with pytest.raises(SpecError) as err:
+        build_cluster(**kwargs)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_unknown_device_suggests_close_names():
+    with pytest.raises(SpecError, match="did you mean .*b200"):
+        load_device("b300")
+
+
+# ---- cluster files -------------------------------------------------------------------------------------
+def test_cluster_file_from_a_base_preset(tmp_path):
+    path = tmp_path / "pod.yaml"
+    path.write_text("base: dgx-superpod\nname: Our pod\nnum_nodes: 64\nscale_out: {oversubscription: 2}\n")
+    c = load_cluster_file(path)
+    assert (c.id, c.name, c.num_devices, c.oversubscription) == ("pod", "Our pod", 512, 2)
+    assert c.group_profile([0, 256]).inter_bytes_per_s == pytest.approx(50e9 * NDR / 2)
+
+
+def test_cluster_file_without_base_with_inline_device_and_link(tmp_path):
+    path = tmp_path / "lab.yaml"
+    path.write_text(
+        "format: clusterplan-cluster/1\n"
+        "family: xgmi\ndevices_per_node: 4\nnum_devices: 8\n"
+        "scale_up_link: slow_mesh\n"
+        "links: {slow_mesh: {achieved_fraction: 0.5, latency_us: 3, source: lab measurement}}\n"
+        "scale_out: {nic_gbit_per_s: 100, link: roce_400g, nodes_per_su: 2, switch_radix: 32}\n"
+        "device: {id: lab-gpu, name: Lab GPU, vendor: Lab, family: lab, memory_efficiency: 0.8,\n"
+        "         kernel_overhead_s: 5.0e-6, peak_tflops: {bf16: 100}, memory_kind: hbm, memory_gib: 48,\n"
+        "         memory_gbyte_per_s: 1000, scale_up_gbyte_per_s_per_dir: 90, scale_out_gbit_per_s: 100,\n"
+        "         gemm: {large: 0.7, source: lab}}\n"
+    )
+    c = load_cluster_file(path)
+    assert c.device.id == "lab-gpu" and c.num_devices == 8 and c.reference_size == 8
+    assert c.group_profile([0, 1]).intra_bytes_per_s == pytest.approx(30e9 * 0.5)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("base: dgx-superpod\nnum_nodes: [2\n", ["line", "cluster file"]),
+    ("base: dgx-superpod\nscale_out: {oversubscripton: 2}\n",
+     ["scale_out.oversubscripton", "did you mean 'oversubscription'"]),
+    ("base: dgx-superpod\nscale_out: {oversubscription: 0.5}\n", ["scale_out.oversubscription", "0.5"]),
+    ("base: dgx-superpd\n", ["dgx-h100-superpod", "clusterplan clusters"]),
+    ("base: dgx-superpod\nscale_up_link: nvlink9\n", ["nvlink9", "nvlink4_nvswitch"]),
+    ("base: dgx-superpod\nnum_devices: 12\n", ["12", "multiple of 8"]),
+    ("format: clusterplan-cluster/9\n", ["format", "clusterplan-cluster/1"]),
+    ("family: nvswitch\nnum_devices: 8\ndevice: h100-sxm5-80gb\n", ["devices_per_node", "required"]),
+    ("family: nvswitch\nnum_devices: 8\ndevices_per_node: 8\ndevice: h100-sxm5-80gb\n",
+     ["needs scale_up_link, scale_out"]),
+    ("- just a list\n", ["mapping"]),
+])
+def test_malformed_cluster_files(tmp_path, text, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as err:
+        load_cluster_file(path)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_missing_cluster_file(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_cluster_file(tmp_path / "nope.yaml")
+
+
+def test_builds_are_cached_and_profiles_reuse_them():
+    a = build_cluster("dgx-h100-superpod", num_devices=64)
+    assert build_cluster("dgx-superpod", num_devices=64) is a
+    assert math.isclose(a.group_profile([0, 8]).inter_bytes_per_s, 50e9 * NDR)

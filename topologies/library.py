@@ -1,0 +1,702 @@
+"""The bundled device and cluster library, sizing of presets, and user cluster files.
+
+Devices live in ``data/devices.yaml`` and presets in ``data/clusters.yaml`` (human units, units in
+the keys, a source for every figure); both are read once through :mod:`importlib.resources`, so an
+installed wheel works, and converted once into SI (:class:`~topologies.devices.DeviceSpec`, the
+builder parameters of :mod:`topologies.builders`). Every user mistake is a
+:class:`~models.errors.SpecError` naming the field, the value given and what is allowed.
+
+Sizes
+-----
+``build_cluster(preset, num_devices=None, num_nodes=None, ...)``: give at most one of the two
+(both only if they agree); neither means the preset's reference size. NVSwitch, NVLink-domain,
+Gaudi, MI300X and Groq presets need whole nodes (a multiple of ``devices_per_node``: 8, or 4 for
+a GB200 tray). TPU presets need a slice shape (v4/v5p: 4, 8, 16, 32 or whole 4x4x4 cubes such as
+64 -> 4x4x4; v5e/v6e: 1, 4, 8, ... 256 -> 16x16) or, beyond the largest slice, equal slices joined
+over DCN. Cerebras takes any number of CS-3 systems. ``num_nodes`` counts hosts (TPU: 4 or 8 chips).
+
+Cluster files (``load_cluster_file``)
+-------------------------------------
+A YAML (or JSON) mapping; ``format: clusterplan-cluster/1`` is optional. Either start from a preset
+with ``base:`` and override any preset key (mappings merge key by key), or give a whole preset::
+
+    format: clusterplan-cluster/1
+    base: dgx-h100-superpod          # optional: start from this preset
+    id: my-pod                       # default: the file name
+    name: Our H100 pod
+    num_nodes: 16                    # or num_devices (default: reference_size)
+    device: h100-sxm5-80gb           # a device id, or an inline device (devices.yaml keys)
+    scale_out: {nic_gbit_per_s: 200, oversubscription: 2}
+
+Without ``base`` the preset keys are required: ``family`` (nvswitch | nvlink-domain | gaudi | xgmi |
+tpu-torus | cerebras | groq), ``device``, ``devices_per_node``, ``scale_up_link`` (a link class),
+``scale_out`` (``nic_gbit_per_s``, ``link``, ``nodes_per_su``, ``switch_radix``,
+``oversubscription``, ``leaves_per_su``, ``sharp``, ``sharp_nir_fraction``), ``torus`` for TPUs,
+``domain_size`` for NVLink domains. New link classes go under ``links:`` as
+``name: {achieved_fraction, latency_us, switch_hop_us, source}``; the bundled ones (``ib_ndr``,
+``nvlink4_nvswitch``, ...) are listed in ``data/clusters.yaml``. An inline device needs the
+devices.yaml keys plus ``calibration`` (a bundled group such as ``nvidia-hopper``) or both
+``memory_efficiency`` and ``kernel_overhead_s``.
+
+Examples
+--------
+>>> c = build_cluster("dgx-superpod", num_nodes=4)
+>>> c.id, c.num_devices, c.domain_size
+('dgx-h100-superpod', 32, 8)
+>>> load_device("h100-sxm5-80gb").peak("bf16")
+989400000000000.0
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from models.errors import SpecError
+from topologies import builders
+from topologies.cluster import Cluster
+from topologies.devices import DeviceSpec, Dtype, GemmEfficiency
+
+DEVICES_RESOURCE = ("data", "devices.yaml")
+CLUSTERS_RESOURCE = ("data", "clusters.yaml")
+CLUSTER_FILE_FORMAT = "clusterplan-cluster/1"
+_DEVICE_HINT = "run `clusterplan devices` to list the bundled devices"
+_CLUSTER_HINT = "run `clusterplan clusters` to list the bundled cluster presets"
+
+Family = Literal["nvswitch", "nvlink-domain", "gaudi", "xgmi", "tpu-torus", "cerebras", "groq"]
+FAT_TREE_FAMILIES = frozenset({"nvswitch", "nvlink-domain", "gaudi", "xgmi"})
+WHOLE_NODE_FAMILIES = FAT_TREE_FAMILIES | {"groq"}
+GBIT = 1e9 / 8  # bytes/s per Gb/s
+GBYTE = 1e9
+US = 1e-6
+_REQUIRED = {
+    "nvswitch": ("scale_up_link", "scale_out"),
+    "nvlink-domain": ("scale_up_link", "scale_out", "domain_size"),
+    "gaudi": ("scale_up_link", "scale_out"),
+    "xgmi": ("scale_up_link", "scale_out"),
+    "tpu-torus": ("torus", "scale_out"),
+    "cerebras": ("scale_out",),
+    "groq": ("scale_up_link", "scale_out"),
+}
+
+
+# ---- file entries, in human units ---------------------------------------------------------------
+class _Entry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CalibrationEntry(_Entry):
+    """One device family's physical calibration constants."""
+
+    memory_efficiency: float = Field(gt=0, le=1, description="Achieved / peak memory bandwidth, streaming kernels.")
+    memory_efficiency_source: str = Field(description="Where it was measured.")
+    kernel_overhead_s: float = Field(ge=0, le=1e-3, description="Launch + framework overhead per kernel (s).")
+    kernel_overhead_source: str = Field(description="Where it comes from.")
+
+
+class DeviceEntry(_Entry):
+    """One device of devices.yaml (or inline in a cluster file)."""
+
+    id: str = Field(min_length=1)
+    name: str
+    vendor: str
+    family: str = Field(description="Device family; presets accept devices of one family.")
+    calibration: str | None = Field(None, description="Calibration group (see devices.yaml).")
+    memory_efficiency: float | None = Field(None, gt=0, le=1, description="Overrides the group's.")
+    kernel_overhead_s: float | None = Field(None, ge=0, le=1e-3, description="Overrides the group's.")
+    peak_tflops: dict[Dtype, float] = Field(min_length=1, description="Dense peak per dtype, TFLOP/s.")
+    memory_kind: Literal["hbm", "sram"]
+    memory_gib: float | None = Field(None, gt=0)
+    memory_gb: float | None = Field(None, gt=0)
+    memory_mib: float | None = Field(None, gt=0)
+    memory_gbyte_per_s: float = Field(gt=0)
+    scale_up_gbyte_per_s_per_dir: float = Field(ge=0)
+    scale_out_gbit_per_s: float = Field(ge=0)
+    power_w: float | None = Field(None, gt=0)
+    price_per_hour_usd: float | None = Field(None, gt=0)
+    gemm: GemmEfficiency
+    sources: list[str] = Field(default_factory=list)
+    contested: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_memory_key_and_calibration(self) -> DeviceEntry:
+        given = [k for k in ("memory_gib", "memory_gb", "memory_mib") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of memory_gib, memory_gb, memory_mib (given: {given or 'none'})")
+        if any(v <= 0 for v in self.peak_tflops.values()):
+            raise ValueError("peak_tflops: every value must be > 0")
+        if self.calibration is None and (self.memory_efficiency is None or self.kernel_overhead_s is None):
+            raise ValueError("give calibration (a group of devices.yaml) "
+                             "or both memory_efficiency and kernel_overhead_s")
+        return self
+
+    @property
+    def memory_bytes(self) -> float:
+        if self.memory_gib is not None:
+            return self.memory_gib * 2**30
+        if self.memory_mib is not None:
+            return self.memory_mib * 2**20
+        return self.memory_gb * 1e9
+
+
+class LinkEntry(_Entry):
+    """A class of link and its measured calibration."""
+
+    achieved_fraction: float = Field(gt=0, le=1, description="Measured busbw / nominal rate.")
+    latency_us: float = Field(ge=0, description="Latency per device-to-switch or device-to-device edge.")
+    switch_hop_us: float | None = Field(None, ge=0, description="Latency per switch-to-switch edge.")
+    source: str = ""
+    note: str = ""
+
+
+class ScaleOutEntry(_Entry):
+    """The scale-out fabric of a preset."""
+
+    nic_gbit_per_s: float = Field(gt=0, description="NIC bandwidth per device, one direction, Gb/s.")
+    link: str
+    nodes_per_su: int | None = Field(None, gt=0)
+    switch_radix: int | None = Field(None, ge=2)
+    oversubscription: float = Field(1.0, ge=1, description="Leaf downlink / uplink capacity.")
+    leaves_per_su: int | None = Field(None, gt=0)
+    sharp: bool = False
+    sharp_nir_fraction: float | None = Field(None, gt=0, le=1)
+
+
+class TorusEntry(_Entry):
+    """TPU slice rules."""
+
+    max_slice_shape: list[int] = Field(min_length=2, max_length=3)
+    wrap: Literal["full_cubes", "full_axis"]
+    ici_gbyte_per_s_per_link: float = Field(gt=0)
+    link: str
+    chips_per_host: int = Field(gt=0)
+
+
+class PresetEntry(_Entry):
+    """One cluster preset (or a cluster file after merging with its base)."""
+
+    id: str = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list)
+    name: str
+    family: Family
+    device: str
+    device_family: str
+    reference_size: int = Field(gt=0)
+    devices_per_node: int = Field(gt=0)
+    domain_size: int | None = Field(None, gt=0)
+    description: str = ""
+    scale_up_link: str | None = None
+    nvls_nir_fraction: float | None = Field(None, gt=0, le=1)
+    scale_out: ScaleOutEntry | None = None
+    torus: TorusEntry | None = None
+    power_overhead_w_per_device: float = Field(0.0, ge=0)
+    sources: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _family_needs(self) -> PresetEntry:
+        missing = [k for k in _REQUIRED[self.family] if getattr(self, k) is None]
+        so = self.scale_out
+        if self.family in FAT_TREE_FAMILIES and so is not None:
+            missing += [f"scale_out.{k}" for k in ("nodes_per_su", "switch_radix") if getattr(so, k) is None]
+        if self.family == "groq" and so is not None and so.nodes_per_su is None:
+            missing.append("scale_out.nodes_per_su")
+        if missing:
+            raise ValueError(f"family {self.family} needs {', '.join(missing)}")
+        if so is not None and so.sharp and so.sharp_nir_fraction is None:
+            raise ValueError("scale_out.sharp: true needs scale_out.sharp_nir_fraction")
+        return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterEntry:
+    """One row of :func:`list_clusters`."""
+
+    id: str
+    aliases: tuple[str, ...]
+    name: str
+    family: str
+    """Builder family."""
+    device: str
+    """Default device id."""
+    device_family: str
+    """Devices this preset accepts."""
+    reference_size: int
+    """Devices at the reference size."""
+    devices_per_node: int
+    description: str
+
+
+# ---- the bundled data ---------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _document(name: str) -> dict:
+    """Parse one bundled YAML once (importlib.resources: works from a wheel)."""
+    text = resources.files("topologies").joinpath("data", name).read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+@lru_cache(maxsize=1)
+def _sources() -> dict[str, str]:
+    table = {**_document(DEVICES_RESOURCE[1])["sources"], **_document(CLUSTERS_RESOURCE[1])["sources"]}
+    return {key: f"{value['title']} <{value['url']}>" for key, value in table.items()}
+
+
+def resolve_sources(ids: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Source ids -> "title <url>"; anything else (an inline URL or note) is kept as written."""
+    table = _sources()
+    return tuple(table.get(s, s) for s in ids)
+
+
+@lru_cache(maxsize=1)
+def _calibration() -> dict[str, CalibrationEntry]:
+    raw = _document(DEVICES_RESOURCE[1])["calibration"]
+    return {k: _validate(CalibrationEntry, v, f"devices.yaml: calibration {k}") for k, v in raw.items()}
+
+
+@lru_cache(maxsize=1)
+def _device_entries() -> dict[str, DeviceEntry]:
+    raw = _document(DEVICES_RESOURCE[1])["devices"]
+    entries = [_validate(DeviceEntry, d, f"devices.yaml: {d.get('id')}") for d in raw]
+    return {e.id: e for e in entries}
+
+
+@lru_cache(maxsize=1)
+def _links() -> dict[str, LinkEntry]:
+    raw = _document(CLUSTERS_RESOURCE[1])["links"]
+    return {k: _validate(LinkEntry, v, f"clusters.yaml: link {k}") for k, v in raw.items()}
+
+
+@lru_cache(maxsize=1)
+def _presets() -> dict[str, PresetEntry]:
+    raw = _document(CLUSTERS_RESOURCE[1])["presets"]
+    entries = [_validate(PresetEntry, p, f"clusters.yaml: {p.get('id')}") for p in raw]
+    return {e.id: e for e in entries}
+
+
+@lru_cache(maxsize=1)
+def _preset_index() -> dict[str, str]:
+    """Lower-cased id, alias and name -> preset id."""
+    index: dict[str, str] = {}
+    for entry in _presets().values():
+        for key in (entry.id, entry.name, *entry.aliases):
+            assert index.setdefault(key.lower(), entry.id) == entry.id, f"{key!r} names two presets"
+    return index
+
+
+# ---- devices ---------------------------------------------------------------------------------------
+def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
+    """Convert a file entry (human units) into a DeviceSpec (SI), once."""
+    group = None
+    if entry.calibration is not None:
+        group = _calibration().get(entry.calibration)
+        if group is None:
+            raise SpecError(f"{where}: calibration: unknown group {entry.calibration!r}; "
+                            f"allowed: {', '.join(_calibration())}")
+    return DeviceSpec(
+        id=entry.id, name=entry.name, vendor=entry.vendor, family=entry.family,
+        peak_flops_per_s={k: v * 1e12 for k, v in entry.peak_tflops.items()},
+        memory_kind=entry.memory_kind, memory_bytes=entry.memory_bytes,
+        memory_bytes_per_s=entry.memory_gbyte_per_s * GBYTE,
+        memory_efficiency=entry.memory_efficiency or group.memory_efficiency,
+        power_w=entry.power_w, price_per_hour_usd=entry.price_per_hour_usd,
+        scale_up_bytes_per_s=entry.scale_up_gbyte_per_s_per_dir * GBYTE,
+        scale_out_bytes_per_s=entry.scale_out_gbit_per_s * GBIT,
+        gemm=entry.gemm,
+        kernel_overhead_s=entry.kernel_overhead_s if entry.kernel_overhead_s is not None else group.kernel_overhead_s,
+        sources=list(resolve_sources(entry.sources)), contested=list(entry.contested),
+    )
+
+
+@lru_cache(maxsize=None)
+def _bundled_device(device_id: str) -> DeviceSpec:
+    return device_from_entry(_device_entries()[device_id], f"devices.yaml: {device_id}")
+
+
+def resolve_device_id(name: str) -> str:
+    """Map a device id or display name (any case) to its id, or raise SpecError with suggestions."""
+    entries = _device_entries()
+    index = {k.lower(): e.id for e in entries.values() for k in (e.id, e.name)}
+    device_id = index.get(str(name).strip().lower())
+    if device_id is None:
+        raise SpecError(_unknown("device", str(name), index, _DEVICE_HINT))
+    return device_id
+
+
+def load_device(name: str) -> DeviceSpec:
+    """Return the bundled device ``name`` (id or display name) in SI units.
+
+    Raises
+    ------
+    SpecError
+        If no bundled device has that name; the message suggests close names.
+
+    Examples
+    --------
+    >>> d = load_device("a100-sxm4-80gb")
+    >>> d.memory_bytes / 2**30, d.scale_up_bytes_per_s / 1e9
+    (80.0, 300.0)
+    """
+    return _bundled_device(resolve_device_id(name))
+
+
+def list_devices() -> list[DeviceSpec]:
+    """Every bundled device, in catalogue order."""
+    return [_bundled_device(device_id) for device_id in _device_entries()]
+
+
+# ---- clusters --------------------------------------------------------------------------------------
+def resolve_cluster_id(name: str) -> str:
+    """Map a preset id, alias or name (any case) to its id, or raise SpecError with suggestions."""
+    preset_id = _preset_index().get(str(name).strip().lower())
+    if preset_id is None:
+        hint = _CLUSTER_HINT + ", or pass the path of a YAML cluster file"
+        raise SpecError(_unknown("cluster", str(name), _preset_index(), hint))
+    return preset_id
+
+
+def list_clusters() -> list[ClusterEntry]:
+    """One row per bundled preset, in library order."""
+    return [
+        ClusterEntry(id=e.id, aliases=tuple(e.aliases), name=e.name, family=e.family, device=e.device,
+                     device_family=e.device_family, reference_size=e.reference_size,
+                     devices_per_node=e.devices_per_node, description=e.description)
+        for e in _presets().values()
+    ]
+
+
+def build_cluster(preset_id: str, num_devices: int | None = None, num_nodes: int | None = None,
+                  device: str | None = None, scale_out_gbit_per_s: float | None = None,
+                  oversubscription: float | None = None) -> Cluster:
+    """Build a bundled preset at a size, optionally with another device of its family.
+
+    Parameters
+    ----------
+    preset_id : preset id, alias or name (``dgx-superpod``).
+    num_devices, num_nodes : the size (at most one, or both if they agree; default: reference size).
+    device : a device id of the preset's device family (default: the preset's device).
+    scale_out_gbit_per_s : NIC bandwidth per device, one direction, replacing the preset's.
+    oversubscription : leaf downlink/uplink ratio (>= 1) for fat-tree presets.
+
+    Returns
+    -------
+    Cluster
+        Shared between equal calls (builds are cached): treat its graph as read-only.
+
+    Raises
+    ------
+    SpecError
+        Unknown preset or device, a device of another family, a size the fabric cannot take.
+    """
+    entry = _presets()[resolve_cluster_id(preset_id)]
+    size = _num_devices(entry, num_devices, num_nodes)
+    device_id = resolve_device_id(device) if device is not None else entry.device
+    return _build_bundled(entry.id, size, device_id, _positive("scale_out_gbit_per_s", scale_out_gbit_per_s),
+                          _oversubscription(entry, oversubscription))
+
+
+@lru_cache(maxsize=64)
+def _build_bundled(preset_id: str, num_devices: int, device_id: str, scale_out: float | None,
+                   oversubscription: float | None) -> Cluster:
+    entry = _override(_presets()[preset_id], scale_out, oversubscription)
+    return assemble_cluster(entry, _family_device(entry, _bundled_device(device_id)), num_devices, _links())
+
+
+def _override(entry: PresetEntry, scale_out: float | None, oversubscription: float | None) -> PresetEntry:
+    given = (("nic_gbit_per_s", scale_out), ("oversubscription", oversubscription))
+    changes = {k: v for k, v in given if v is not None}
+    if not changes:
+        return entry
+    return entry.model_copy(update={"scale_out": entry.scale_out.model_copy(update=changes)})
+
+
+def _positive(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise SpecError(f"{name}: must be a positive number (given: {value!r})")
+    return float(value)
+
+
+def _oversubscription(entry: PresetEntry, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if entry.family not in FAT_TREE_FAMILIES:
+        raise SpecError(f"oversubscription: preset {entry.id} ({entry.family}) has no switched fat-tree to "
+                        f"oversubscribe (given: {value!r}); allowed with "
+                        f"{', '.join(sorted(FAT_TREE_FAMILIES))} presets")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise SpecError(f"oversubscription: must be a number >= 1 (leaf downlink / uplink capacity; given: {value!r})")
+    return float(value)
+
+
+def _count(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        count = operator.index(value)
+    except TypeError:
+        count = None
+    if count is None or isinstance(value, bool) or count <= 0:
+        raise SpecError(f"{name}: must be a positive whole number (given: {value!r})")
+    return count
+
+
+def _num_devices(entry: PresetEntry, num_devices: Any, num_nodes: Any) -> int:
+    """Resolve and check the size for this preset's fabric."""
+    devices, nodes = _count("num_devices", num_devices), _count("num_nodes", num_nodes)
+    if nodes is not None:
+        if devices is not None and devices != nodes * entry.devices_per_node:
+            raise SpecError(f"num_devices: {devices} disagrees with num_nodes {nodes} x {entry.devices_per_node} "
+                            f"devices per node = {nodes * entry.devices_per_node}; give one of them")
+        devices = nodes * entry.devices_per_node
+    devices = entry.reference_size if devices is None else devices
+    per_node = entry.devices_per_node
+    if entry.family in WHOLE_NODE_FAMILIES and devices % per_node:
+        lower = max(per_node, devices // per_node * per_node)
+        raise SpecError(f"num_devices: {devices} is not allowed for {entry.id}: it is built of whole "
+                        f"{per_node}-device nodes, so use a positive multiple of {per_node} "
+                        f"(e.g. {lower} or {lower + per_node}), or give num_nodes")
+    if entry.family == "tpu-torus":
+        builders.tpu_slice_layout(devices, tuple(entry.torus.max_slice_shape))
+    return devices
+
+
+def _family_device(entry: PresetEntry, device: DeviceSpec) -> DeviceSpec:
+    if device.family == entry.device_family:
+        return device
+    allowed = [d.id for d in _device_entries().values() if d.family == entry.device_family]
+    fits = [p.id for p in _presets().values() if p.device_family == device.family]
+    fix = f"; presets for {device.family}: {', '.join(fits)}" if fits else ""
+    raise SpecError(f"device: {device.id} (family {device.family}) cannot run on {entry.id}, which takes "
+                    f"{entry.device_family} devices ({', '.join(allowed) or 'none bundled'}); drop the device or "
+                    f"pick another preset{fix}")
+
+
+# ---- assembling a Cluster ----------------------------------------------------------------------------
+def _link(links: Mapping[str, LinkEntry], name: str, where: str) -> builders.Link:
+    entry = links.get(name)
+    if entry is None:
+        raise SpecError(f"{where}: unknown link class {name!r}; allowed: {', '.join(links)} "
+                        "(or define it under links:)")
+    return builders.Link(achieved_fraction=entry.achieved_fraction, latency_s=entry.latency_us * US,
+                         switch_hop_latency_s=(entry.switch_hop_us or 0.0) * US)
+
+
+def _fat_tree(entry: PresetEntry, links: Mapping[str, LinkEntry]) -> builders.FatTree:
+    so = entry.scale_out
+    return builders.FatTree(
+        nic_bytes_per_s=so.nic_gbit_per_s * GBIT, link=_link(links, so.link, f"{entry.id}: scale_out.link"),
+        nodes_per_su=so.nodes_per_su, switch_radix=so.switch_radix, oversubscription=so.oversubscription,
+        leaves_per_su=so.leaves_per_su, sharp_nir_fraction=so.sharp_nir_fraction if so.sharp else None,
+    )
+
+
+def _torus(entry: PresetEntry, links: Mapping[str, LinkEntry]) -> builders.Torus:
+    t, so = entry.torus, entry.scale_out
+    return builders.Torus(
+        max_slice_shape=tuple(t.max_slice_shape), wrap=t.wrap, link_bytes_per_s=t.ici_gbyte_per_s_per_link * GBYTE,
+        link=_link(links, t.link, f"{entry.id}: torus.link"), chips_per_host=t.chips_per_host,
+        dcn_bytes_per_s=so.nic_gbit_per_s * GBIT, dcn_link=_link(links, so.link, f"{entry.id}: scale_out.link"),
+    )
+
+
+def _fabric(entry: PresetEntry, device: DeviceSpec, n: int, links: Mapping[str, LinkEntry]) -> builders.Fabric:
+    """Call the family's builder with SI parameters."""
+    family, per_node = entry.family, entry.devices_per_node
+    up = _link(links, entry.scale_up_link, f"{entry.id}: scale_up_link") if entry.scale_up_link else None
+    if family == "nvswitch":
+        return builders.build_nvswitch(device, n, devices_per_node=per_node, link=up,
+                                       nvls_nir_fraction=entry.nvls_nir_fraction, fat_tree=_fat_tree(entry, links))
+    if family == "nvlink-domain":
+        return builders.build_nvlink_domain(device, n, domain_size=entry.domain_size, devices_per_node=per_node,
+                                            link=up, nvls_nir_fraction=entry.nvls_nir_fraction,
+                                            fat_tree=_fat_tree(entry, links))
+    if family in ("gaudi", "xgmi"):
+        build = builders.build_gaudi if family == "gaudi" else builders.build_xgmi
+        return build(device, n, devices_per_node=per_node, link=up, fat_tree=_fat_tree(entry, links))
+    if family == "tpu-torus":
+        return builders.build_tpu_torus(device, n, torus=_torus(entry, links))
+    so = entry.scale_out
+    if family == "cerebras":
+        return builders.build_cerebras(device, n, io_bytes_per_s=so.nic_gbit_per_s * GBIT,
+                                       link=_link(links, so.link, f"{entry.id}: scale_out.link"),
+                                       nir_fraction=so.sharp_nir_fraction if so.sharp else None)
+    return builders.build_groq(device, n, devices_per_node=per_node, link=up, nodes_per_rack=so.nodes_per_su,
+                               global_bytes_per_s=so.nic_gbit_per_s * GBIT)
+
+
+def assemble_cluster(entry: PresetEntry, device: DeviceSpec, num_devices: int,
+                     links: Mapping[str, LinkEntry]) -> Cluster:
+    """Build the graph and wrap it with the preset's facts; the device's NIC rate becomes the fabric's."""
+    fabric = _fabric(entry, device, num_devices, links)
+    device = device.model_copy(update={"scale_out_bytes_per_s": entry.scale_out.nic_gbit_per_s * GBIT})
+    return Cluster(
+        id=entry.id, name=entry.name, family=entry.family, device=device, num_devices=num_devices,
+        domain_size=fabric.domain_size, devices_per_node=entry.devices_per_node, graph=fabric.graph,
+        torus_shape=fabric.torus_shape, description=entry.description, sources=resolve_sources(entry.sources),
+        reference_size=entry.reference_size,
+        oversubscription=entry.scale_out.oversubscription if entry.family in FAT_TREE_FAMILIES else 1.0,
+        in_network_reduction=fabric.in_network_reduction,
+        power_overhead_w_per_device=entry.power_overhead_w_per_device,
+        weight_streaming=entry.family == "cerebras",
+    )
+
+
+# ---- cluster files ---------------------------------------------------------------------------------
+def load_cluster_file(path: str | Path) -> Cluster:
+    """Build a cluster from a YAML/JSON cluster file (format in the module docstring).
+
+    Raises
+    ------
+    SpecError
+        Missing or malformed file, unknown keys, base, device or link class, invalid values, or a
+        size the fabric cannot take; each message names the field and what is allowed.
+    """
+    path = Path(path)
+    data = _read_mapping(path)
+    where = str(path)
+    fmt = data.pop("format", CLUSTER_FILE_FORMAT)
+    if fmt != CLUSTER_FILE_FORMAT:
+        raise SpecError(f"{where}: format: expected {CLUSTER_FILE_FORMAT!r} (given: {fmt!r})")
+    links = {**_links(), **_user_links(data.pop("links", None) or {}, where)}
+    num_devices, num_nodes = data.pop("num_devices", None), data.pop("num_nodes", None)
+    device = _file_device(data.pop("device", None), where)
+    merged = _merge_base(data, where)
+    if device is not None:
+        merged["device"] = device.id
+        merged.setdefault("device_family", device.family)
+    merged.setdefault("id", path.stem)
+    merged.setdefault("name", merged["id"])
+    if "reference_size" not in merged:
+        merged["reference_size"] = _reference_size(num_devices, num_nodes, merged.get("devices_per_node"), where)
+    entry = _validate(PresetEntry, merged, where)
+    device = device or load_device(entry.device)
+    return assemble_cluster(entry, device, _num_devices(entry, num_devices, num_nodes), links)
+
+
+def _merge_base(data: dict, where: str) -> dict:
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    preset = _presets()[resolve_cluster_id(str(base))].model_dump(exclude={"id", "aliases"}, exclude_none=True)
+    if "device" in data or "device_family" in data:
+        preset.pop("device_family", None)
+    return _deep_merge(preset, data)
+
+
+def _deep_merge(base: dict, over: Mapping) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _reference_size(num_devices: Any, num_nodes: Any, per_node: Any, where: str) -> Any:
+    if num_devices is not None:
+        return num_devices
+    if num_nodes is not None and isinstance(per_node, int):
+        return num_nodes * per_node
+    raise SpecError(f"{where}: num_devices: missing; give num_devices or num_nodes (or base: a preset)")
+
+
+def _file_device(value: Any, where: str) -> DeviceSpec | None:
+    if value is None or isinstance(value, str):
+        return None if value is None else load_device(value)
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}: device: expected a device id or a mapping of device fields (given: {value!r})")
+    return device_from_entry(_validate(DeviceEntry, dict(value), f"{where}: device"), f"{where}: device")
+
+
+def _user_links(raw: Any, where: str) -> dict[str, LinkEntry]:
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: links: expected a mapping of link class name -> fields (given: {raw!r})")
+    return {str(k): _validate(LinkEntry, v, f"{where}: links.{k}") for k, v in raw.items()}
+
+
+def _read_mapping(path: Path) -> dict:
+    if not path.is_file():
+        raise SpecError(f"cluster: file {str(path)!r} does not exist; {_CLUSTER_HINT}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
+        raise SpecError(f"{path}: cannot read the cluster file: {_short(err)}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of cluster fields at top level, got {type(data).__name__}")
+    return data
+
+
+def _short(err: Exception) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
+    return where + str(getattr(err, "problem", None) or err)
+
+
+# ---- errors ----------------------------------------------------------------------------------------
+def _unknown(kind: str, name: str, index: Mapping[str, str], hint: str) -> str:
+    key = name.strip().lower()
+    contains = [k for k in index if key and key in k] if len(key) >= 2 else []
+    close = contains + difflib.get_close_matches(key, list(index), n=6, cutoff=0.5)
+    suggestions = list(dict.fromkeys(index[c] for c in close))[:3]
+    did_you_mean = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
+    return f"{kind}: unknown {kind} {name!r}; {did_you_mean}{hint}"
+
+
+def _validate(model: type[BaseModel], data: Any, where: str):
+    """Validate ``data`` as ``model``; pydantic errors become one SpecError, one line per field."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where}: expected a mapping of fields (given: {data!r})")
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as err:
+        lines = [f"{where}: invalid {_LABELS.get(model.__name__, 'entry')}"]
+        lines += ["  " + _problem(model, p) for p in err.errors()]
+        raise SpecError("\n".join(lines)) from None
+
+
+_LABELS = {"PresetEntry": "cluster", "DeviceEntry": "device", "LinkEntry": "link class",
+           "CalibrationEntry": "calibration group"}
+
+
+def _problem(model: type[BaseModel], problem: Mapping[str, Any]) -> str:
+    loc = problem["loc"]
+    field = ".".join(str(part) for part in loc) or "entry"
+    message = problem["msg"].removeprefix("Value error, ")
+    if problem["type"] == "extra_forbidden":
+        allowed = list(_model_at(model, loc[:-1]).model_fields)
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        message = f"unknown field; {f'did you mean {close[0]!r}? ' if close else ''}allowed: {', '.join(allowed)}"
+        return f"{field}: {message}"
+    given = problem.get("input")
+    if problem["type"] == "missing" or isinstance(given, Mapping):
+        return f"{field}: {message}"
+    return f"{field}: {message} (given: {given!r})"
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:
+    """The nested model a location points into (scale_out -> ScaleOutEntry)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return model
+        nested = [a for a in (*getattr(field.annotation, "__args__", ()), field.annotation)
+                  if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nested:
+            return model
+        model = nested[0]
+    return model
