@@ -21,7 +21,7 @@ Precision = Literal["bf16", "fp16", "fp8"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
-ORDERS: tuple[str, ...] = ("tp-cp-dp-pp", "tp-dp-cp-pp", "tp-cp-pp-dp", "cp-tp-dp-pp", "tp-pp-cp-dp")
+ORDERS: tuple[str, ...] = ("tp-cp-dp-pp", "tp-cp-pp-dp", "tp-dp-cp-pp")
 DEFAULT_ORDER = "tp-cp-dp-pp"
 
 

@@ -106,7 +106,13 @@ def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
         act += count * activation_bytes(model, n, tp, sp, recompute, moe)
         if recompute == "full":  # the layer being recomputed holds its full activations once
             transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe))
-    rec = fwd if recompute == "full" else 0.0
+    if recompute == "full":
+        rec = fwd
+    elif recompute == "selective":  # Megatron-Core checkpoints the core-attention module: one more flash forward
+        rec = sum(count * ops_time_s([op for op in layer_ops(model, n, ctx.job.seq_len, tp, sp, moe)
+                                      if op.kind == "attention"], dev, prec) for moe, count in _layer_kinds(model))
+    else:
+        rec = 0.0
     return ComputeTerms(fwd, bwd, rec, gemm, act / model.num_layers, transient)
 
 
@@ -187,7 +193,8 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     """Stored activations of one layer for one micro-batch (Korthikanti et al. 2022, section 4).
 
     Generalises ``s b h (34 + 5 a s / h)`` to GQA, any FFN width, SwiGLU and MoE, with flash
-    attention (no ``5 a s^2 b`` score term: selective recomputation is then free):
+    attention (no ``5 a s^2 b`` score term; selective recomputation re-runs the attention core and
+    so drops its output ``2 n a d``):
     layer norms ``4 n h``, attention input ``2 n h``, Q/K/V ``2 n (a + 2g) d``, attention output
     ``2 n a d``, MLP input ``2 n h``, MLP intermediates ``2 n f (1 + ups)``, dropout masks ``2 n h``
     (1 byte each, when the model uses dropout). Tensor-parallel regions divide by ``tp``; with
@@ -197,7 +204,9 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     replicated = ACT_BYTES * n * h * 4 + ACT_BYTES * n * h * 2 + (2 * n * h if model.dropout else 0)
     if recompute == "full":
         return ACT_BYTES * n * h / (tp if sp else 1)
-    sharded = ACT_BYTES * n * (a + 2 * g) * d + ACT_BYTES * n * a * d
+    # Q, K, V and the attention output; selective recomputation re-runs the core attention, so
+    # its output (the out-projection input) is not kept.
+    sharded = ACT_BYTES * n * (a + 2 * g) * d + (0 if recompute == "selective" else ACT_BYTES * n * a * d)
     ups = model.mlp_matrices - 1
     if moe:
         e = model.moe

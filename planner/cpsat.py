@@ -1,12 +1,18 @@
 """The CP-SAT model: knob indices as variables, cost terms through element constraints.
 
-Each knob is an integer variable indexing its domain in the :class:`~planner.space.Space`. Group
-indices (which (tp, cp) pair, which tensor-parallel communicator) are element look-ups on the
-factorization and order; each cost term is an element look-up on its own small table
-(``planner.tables``). Products that the decomposition cannot avoid (micro-batch slots times
-per-micro-batch time, in-flight layers times activation bytes) are multiplication equalities.
-Structural rules enter as allowed-assignment tables on the knobs they concern, memory fit as two
-linear inequalities. Runners-up come from re-solving with the previous optima forbidden.
+Each knob is an integer variable indexing its domain in the :class:`~planner.space.Space`.
+Factorization, interleaving and micro-batch size are chosen together through one variable ``fvm``
+ranging over the (f, v, mb) triples that pass the batch, layer and interleaving rules, so those
+rules cost nothing at search time; ``fv`` is the (f, v) pair it implies. Group indices (which
+(tp, cp) pair, which tensor-parallel communicator) are element look-ups on the factorization and
+order; each cost term is an element look-up on its own small table (``planner.tables``).
+
+Products the decomposition cannot avoid (micro-batch slots times per-micro-batch time, in-flight
+layers times activation bytes, stage share times the overlap window) are multiplication
+equalities. Their linear relaxation is weak, so each is also bounded below by its first factor
+times the least second factor its knobs allow: a valid cut that leaves the optimum unchanged and
+lets the solver prove it quickly. Memory fit is two linear inequalities; runners-up come from
+re-solving with the previous optima forbidden.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from cost.terms import NUM_GRAD_BUCKETS
 from models.errors import SolverError
-from planner.exhaustive import DIMS
+from planner.exhaustive import DIMS, _place
 from planner.tables import SLOT_QUANTUM, Tables
 
 
@@ -31,72 +38,96 @@ class CpSatResult:
     num_branches: int
 
 
-def _flat(table: np.ndarray) -> list[int]:
-    return [int(x) for x in table.ravel()]
-
-
 def _index_expr(vars_: list, shape: tuple[int, ...]):
     """Row-major flat index of a table of ``shape`` from one variable (or constant) per axis."""
     expr, stride = 0, 1
     for var, size in zip(reversed(vars_), reversed(shape)):
-        expr = expr + var * stride if not isinstance(var, int) else expr + var * stride
+        expr = expr + var * stride
         stride *= size
     return expr
 
 
-class _Model:
-    """Builds the CP-SAT model once; ``solve`` can be called repeatedly with exclusions."""
+def _valid_triples(T: Tables) -> np.ndarray:
+    """(f, mb, v) index triples passing the degree, batch, layer and interleaving rules."""
+    ok = (T.ok_fmbv < 0) & (T.ok_f[:, None, None] < 0)
+    return np.argwhere(ok)
 
-    def __init__(self, T: Tables, objective: str = "time"):
+
+class _Model:
+    """Builds the CP-SAT model once; ``solve_cpsat`` re-solves it with exclusions for runners-up."""
+
+    def __init__(self, T: Tables):
         self.T = T
-        m = self.m = cp_model.CpModel()
+        self.m = cp_model.CpModel()
         S = T.space
-        sizes = {"f": len(S.factorizations), "o": len(S.order), "e": len(S.ep), "v": len(S.vp),
-                 "mb": len(S.micro_batch_size), "s": len(S.sequence_parallel), "r": len(S.recompute),
+        triples = _valid_triples(T)
+        if len(triples) == 0:
+            raise SolverError("no (tp, pp, dp, cp, vp, micro-batch) combination passes the structural rules")
+        fv_pairs, fv_of_triple = np.unique(triples[:, [0, 2]], axis=0, return_inverse=True)
+        self.triples, self.fv_pairs = triples, fv_pairs
+        m = self.m
+        self.fvm = m.new_int_var(0, len(triples) - 1, "fvm")
+        self.fv = self._lookup("fv", fv_of_triple.ravel(), [self.fvm])
+        sizes = {"o": len(S.order), "e": len(S.ep), "s": len(S.sequence_parallel), "r": len(S.recompute),
                  "z": len(S.zero_stage), "do": len(S.dp_overlap), "to": len(S.tp_overlap)}
         self.x = {k: m.new_int_var(0, n - 1, k) for k, n in sizes.items()}
+        self.x["f"] = self._lookup("f", triples[:, 0], [self.fvm])
+        self.x["mb"] = self._lookup("mb", triples[:, 1], [self.fvm])
+        self.x["v"] = self._lookup("v", triples[:, 2], [self.fvm])
         self._structure()
+        self._memory()
         self._objective()
 
+    # ---- helpers ---------------------------------------------------------------------------
     def _lookup(self, name: str, table: np.ndarray, axes: list):
         """``target = table[axes...]`` as an element constraint; returns the target variable."""
-        values = _flat(table)
+        values = [int(v) for v in np.asarray(table).ravel()]
         target = self.m.new_int_var(min(values), max(values), name)
-        self.m.add_element(_index_expr(axes, table.shape), values, target)
+        self.m.add_element(_index_expr(axes, np.asarray(table).shape), values, target)
         return target
 
-    def _product(self, name: str, a, b, lo: int, hi: int):
-        target = self.m.new_int_var(lo, hi, name)
+    def _product(self, name: str, a, b, hi: int):
+        target = self.m.new_int_var(0, hi, name)
         self.m.add_multiplication_equality(target, [a, b])
         return target
 
+    def _fvm_table(self, table: np.ndarray) -> np.ndarray:
+        """A (F, MB, V)-indexed table restricted to the valid triples."""
+        t = self.triples
+        return table[t[:, 0], t[:, 1], t[:, 2]]
+
+    def _fv_table(self, table: np.ndarray) -> np.ndarray:
+        """A table whose first two axes are (F, V), restricted to the valid pairs."""
+        return table[self.fv_pairs[:, 0], self.fv_pairs[:, 1]]
+
+    # ---- constraints -------------------------------------------------------------------------
     def _structure(self) -> None:
         T, x, m = self.T, self.x, self.m
         self.tc = self._lookup("tc", T.tc_of_f, [x["f"]])
         self.tpg = self._lookup("tpg", T.tpg_of_fo, [x["f"], x["o"]])
         self.cpg = self._lookup("cpg", T.cpg_of_fo, [x["f"], x["o"]])
         self.epg = self._lookup("epg", T.epg_of_foe, [x["f"], x["o"], x["e"]])
-        m.add_allowed_assignments([x["f"]], [(int(i),) for i in np.flatnonzero(T.ok_f < 0)])
-        m.add_allowed_assignments([x["f"], x["mb"], x["v"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fmbv < 0)])
         m.add_allowed_assignments([x["f"], x["e"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fe < 0)])
         m.add_allowed_assignments([x["e"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_eo < 0)])
-        canon_vars = [x["f"], x["e"], x["s"], x["z"], x["o"], x["do"], x["to"]]
-        m.add_allowed_assignments(canon_vars, [tuple(map(int, t)) for t in np.argwhere(T.canon)])
-        self._memory()
+        # Symmetry breaking (planner.space.canonical), split by the knobs each part concerns.
+        order_ok = T.canon.any(axis=(1, 2, 3, 5, 6))  # (F, O)
+        m.add_allowed_assignments([x["f"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(order_ok)])
+        rest = T.canon.any(axis=4)  # (F, E, S, Z, DO, TO)
+        m.add_allowed_assignments([x["f"], x["e"], x["s"], x["z"], x["do"], x["to"]],
+                                  [tuple(map(int, t)) for t in np.argwhere(rest)])
 
     def _memory(self) -> None:
         T, x = self.T, self.x
-        static = self._lookup("static", T.STATIC, [x["f"], x["v"], x["e"], x["z"]])
-        act = self._lookup("act", T.ACT, [self.tc, x["mb"], x["s"], x["r"]])
-        trans = self._lookup("trans", T.TRANS, [self.tc, x["mb"], x["s"], x["r"]])
+        static = self._lookup("static", self._fv_table(T.STATIC), [self.fv, x["e"], x["z"]])
+        axes4 = [self.tc, x["mb"], x["s"], x["r"]]
+        act = self._lookup("act", T.ACT, axes4)
+        trans = self._lookup("trans", T.TRANS, axes4)
         logits = self._lookup("logits", T.LOGITS, [self.tc, x["mb"]])
-        if1 = self._lookup("if1", T.IF1, [x["f"], x["mb"], x["v"]])
-        if2 = self._lookup("if2", T.IF2, [x["f"], x["mb"], x["v"]])
+        if1 = self._lookup("if1", self._fvm_table(T.IF1), [self.fvm])
+        if2 = self._lookup("if2", self._fvm_table(T.IF2), [self.fvm])
         hi = int(T.ACT.max()) * int(max(T.IF1.max(), T.IF2.max(), 1))
-        a1 = self._product("act_first", act, if1, 0, hi)
-        a2 = self._product("act_last", act, if2, 0, hi)
-        self.m.add(static + a1 + trans <= T.capacity)
-        self.m.add(static + a2 + trans + logits <= T.capacity)
+        self.m.add(static + self._product("act_first", act, if1, hi) + trans <= T.capacity)
+        self.m.add(static + self._product("act_last", act, if2, hi) + trans + logits <= T.capacity)
 
     def _objective(self) -> None:
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
@@ -109,67 +140,144 @@ class _Model:
         layer_hi = int(T.C.max() + T.TPC.max() + T.CPC.max() + T.EPC.max())
         layer = m.new_int_var(0, layer_hi, "layer_time")
         m.add(layer == c + tpc + cpc + epc)
-        u = self._lookup("slots", T.U, [x["f"], x["mb"], x["v"]])
-        frac = self._lookup("frac", T.FRAC, [x["f"], x["v"]])
-        mb_count = self._lookup("microbatches", T.M, [x["f"], x["mb"]])
-        head = self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
-        p2p = self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"]])
-        per_mb = m.new_int_var(0, int(T.H.max() + T.P2P.max()), "per_mb")
-        m.add(per_mb == head + p2p)
-        pipe = self._product("pipeline", u, layer, 0, int(T.U.max()) * layer_hi)
-        extra = self._product("head_p2p", mb_count, per_mb, 0, int(T.M.max()) * int(T.H.max() + T.P2P.max()))
-        dp_exp = self._exposed("dp", T.DPS, T.DPSB, frac, bwd, T.BWD)
-        fsdp_mb = self._exposed("fsdp", T.DPM, T.DPMB, frac, c, T.C)
-        fsdp = self._product("fsdp_total", mb_count, fsdp_mb, 0, int(T.M.max()) * int(T.DPM.max()) * Q)
-        opt = self._lookup("optimizer", T.OPT, [x["f"], x["v"], x["e"], x["z"]])
+        u = self._lookup("slots", self._fvm_table(T.U), [self.fvm])
+        frac = self._lookup("frac", self._fv_table(T.FRAC), [self.fv])
+        mb_count = self._lookup("microbatches", self._fvm_table(T.M[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
+        per_mb_hi = int(T.H.max() + T.P2P.max())
+        per_mb = m.new_int_var(0, per_mb_hi, "per_mb")
+        m.add(per_mb == self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
+              + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"]]))
+        pipe = self._product("pipeline", u, layer, int(T.U.max()) * layer_hi)
+        extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi)
+        xmin, hmin = _factor_minima(T)
+        m.add(pipe >= self._lookup("pipeline_lb", self._fvm_table(T.U * xmin[:, :, None]), [self.fvm]))
+        m.add(extra >= self._lookup("head_lb", self._fvm_table((T.M * hmin)[:, :, None].repeat(T.U.shape[2], 2)),
+                                    [self.fvm]))
+        dp_step, dp_mb = self._dp_traffic()
+        dp_exp = self._exposed("dp", dp_step, frac, bwd, int(T.BWD.max()))
+        fsdp_mb = self._exposed("fsdp", dp_mb, frac, c, int(T.C.max()))
+        fsdp = self._product("fsdp_total", mb_count, fsdp_mb, int(T.M.max()) * int(T.DPM.max()) * Q)
+        opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
         self.objective = pipe + Q * extra + dp_exp + fsdp + Q * opt
         m.minimize(self.objective)
 
-    def _exposed(self, name: str, full: np.ndarray, last: np.ndarray, frac, window_base, window_table):
-        """``exposed >= max(last bucket, traffic - overlap window)`` or the whole traffic without overlap."""
+    def _dp_traffic(self):
+        """Per-step traffic (ZeRO 0-2) and per-micro-batch traffic (ZeRO-3) from one merged table."""
+        T, x, m = self.T, self.x, self.m
+        zero3 = np.array(T.space.zero_stage) == 3
+        merged = np.where(zero3[None, None, None, None, :], T.DPM, T.DPS)  # (F, O, V, E, Z)
+        merged = np.transpose(merged, (0, 2, 1, 3, 4))  # (F, V, O, E, Z)
+        traffic = self._lookup("dp_traffic", self._fv_table(merged), [self.fv, x["o"], x["e"], x["z"]])
+        is3 = self._lookup("zero3", zero3.astype(np.int64), [x["z"]])
+        hi = int(max(T.DPS.max(), T.DPM.max()))
+        step, per_mb = m.new_int_var(0, hi, "dp_step"), m.new_int_var(0, hi, "dp_mb")
+        m.add(step == 0).only_enforce_if(is3)
+        m.add(step == traffic).only_enforce_if(~is3)
+        m.add(per_mb == traffic).only_enforce_if(is3)
+        m.add(per_mb == 0).only_enforce_if(~is3)
+        return step, per_mb
+
+    def _exposed(self, name: str, traffic, frac, window_base, window_hi: int):
+        """``exposed = max(last bucket, traffic - overlap window)``, or all of it without overlap."""
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
-        axes = [x["f"], x["o"], x["v"], x["e"], x["z"]]
-        traffic = self._lookup(f"{name}_traffic", full, axes)
-        bucket = self._lookup(f"{name}_bucket", last, axes)
-        hi_window = int(T.FRAC.max()) * int(window_table.max())
-        window = self._product(f"{name}_window", frac, window_base, 0, hi_window)
-        big = int(full.max()) * Q + hi_window + 1
+        hi_traffic = int(max(T.DPS.max(), T.DPM.max())) * Q
+        hi_window = int(T.FRAC.max()) * window_hi
+        window = self._product(f"{name}_window", frac, window_base, hi_window)
         overlap = self._lookup(f"{name}_overlap_on", np.array(T.space.dp_overlap, dtype=np.int64), [x["do"]])
-        exposed = m.new_int_var(0, int(full.max()) * Q, f"{name}_exposed")
-        m.add(exposed >= Q * bucket)
+        exposed = m.new_int_var(0, hi_traffic, f"{name}_exposed")
+        m.add(NUM_GRAD_BUCKETS * exposed >= Q * traffic)
         m.add(exposed >= Q * traffic - window)
-        m.add(exposed >= Q * traffic - big * overlap)
+        m.add(exposed >= Q * traffic - (hi_traffic + hi_window + 1) * overlap)
         return exposed
+
+    def indices(self, solver: cp_model.CpSolver) -> dict:
+        idx = {k: int(solver.value(v)) for k, v in self.x.items()}
+        return {k: idx[k] for k in DIMS}
+
+
+def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
+    """Per (f, mb): the least layer time X and the least head+p2p time over the other knobs."""
+    tc, tpg, cpg, epg = T.tc_of_f, T.tpg_of_fo, T.cpg_of_fo, T.epg_of_foe
+    X = (_place(T.C[tc], ("f", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
+         + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
+    H = _place(T.H[tpg], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb"))
+    f_ax, mb_ax = DIMS.index("f"), DIMS.index("mb")
+
+    def reduce(arr: np.ndarray) -> np.ndarray:
+        other = tuple(a for a in range(arr.ndim) if a not in (f_ax, mb_ax))
+        return arr.min(axis=other).reshape(arr.shape[f_ax], arr.shape[mb_ax])
+
+    return reduce(X), reduce(H)
+
+
+def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
+    """A feasible layout to start from: the best of a small sub-space of common defaults.
+
+    The sub-space fixes the knobs practitioners start with (Megatron's default rank order, DP
+    overlap on, selective or full recomputation, ZeRO-1 or ZeRO-3) and is scored on the same
+    integer tables; its ``count`` best are upper bounds on the ``count`` best of the whole space,
+    which let CP-SAT prune from the start of each solve.
+    """
+    from planner.exhaustive import restrict, solve_exhaustive
+
+    S = T.space
+    keep = {"o": [0], "do": [S.dp_overlap.index(True)] if True in S.dp_overlap else None,
+            "r": [i for i, r in enumerate(S.recompute) if r in ("selective", "full")] or None,
+            "z": [i for i, z in enumerate(S.zero_stage) if z in (0, 1, 3)] or None}
+    sub = restrict(T, {k: v for k, v in keep.items() if v})
+    best, _ = solve_exhaustive(sub, count - 1)
+    return [(value, sub.unrestrict(idx)) for value, idx in best]
 
 
 def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, workers: int = 0) -> CpSatResult:
     """Optimum (proven, unless ``time_limit_s`` cuts the search) and ``top_k`` runners-up."""
+    start = time.perf_counter()
     model = _Model(T)
     solver = cp_model.CpSolver()
-    solver.parameters.num_workers = workers or 2
-    start = time.perf_counter()
+    # One worker with light presolve: the model is a few dozen element constraints whose expansion
+    # dominates a full presolve; probing buys nothing here (measured in benchmarks/search_speed.py).
+    solver.parameters.num_workers = workers or 1
+    solver.parameters.max_presolve_iterations = 1
+    solver.parameters.cp_model_probing_level = 0
     solutions: list[tuple[int, dict]] = []
     status_name, gap, branches = "UNKNOWN", 0.0, 0
-    keys = list(DIMS)
+    bounds = warm_start(T, top_k + 1)
+    if bounds:
+        for key in DIMS:
+            model.m.add_hint(model.x[key], bounds[0][1][key])
     for k in range(top_k + 1):
         if time_limit_s is not None:
-            solver.parameters.max_time_in_seconds = max(0.05, time_limit_s - (time.perf_counter() - start))
+            left = time_limit_s - (time.perf_counter() - start)
+            if left <= 0:
+                break
+            solver.parameters.max_time_in_seconds = left
+        cutoff = None
+        if k < len(bounds):  # the k-th best of a sub-space bounds the k-th best of the space
+            cutoff = model.m.new_bool_var(f"cutoff_{k}")
+            model.m.add(model.objective <= bounds[k][0]).only_enforce_if(cutoff)
+            model.m.add_assumptions([cutoff])
         status = solver.solve(model.m)
+        model.m.clear_assumptions()
         branches += solver.num_branches
+        if status == cp_model.INFEASIBLE and cutoff is not None and k > 0:
+            status = solver.solve(model.m)  # defensive: never lose a runner-up to a cutoff
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if k == 0:
                 status_name = solver.status_name(status)
             break
-        value = int(round(solver.objective_value))
-        idx = {key: int(solver.value(model.x[key])) for key in keys}
-        solutions.append((value, idx))
+        idx = model.indices(solver)
+        solutions.append((int(round(solver.objective_value)), idx))
+        model.m.clear_hints()
+        for key in DIMS:
+            model.m.add_hint(model.x[key], idx[key])
         if k == 0:
             status_name = solver.status_name(status)
             bound = solver.best_objective_bound
-            gap = 0.0 if status == cp_model.OPTIMAL else max(0.0, (value - bound) / max(1, value))
-        model.m.add_forbidden_assignments([model.x[key] for key in keys], [tuple(idx[key] for key in keys)])
+            gap = 0.0 if status == cp_model.OPTIMAL else max(0.0, (solver.objective_value - bound) / solver.objective_value)
+        keys = [model.x[key] for key in DIMS]
+        model.m.add_forbidden_assignments(keys, [tuple(idx[key] for key in DIMS)])
     wall = time.perf_counter() - start
-    if not solutions and status_name not in ("INFEASIBLE",):
+    if not solutions and status_name != "INFEASIBLE":
         raise SolverError(f"CP-SAT stopped with status {status_name} before finding any layout "
                           f"(time limit {time_limit_s} s); raise --time-limit")
     return CpSatResult(solutions, status_name, gap, wall, branches)

@@ -8,10 +8,11 @@ recompute, ZeRO stage, DP overlap, TP overlap).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from cost.terms import NUM_GRAD_BUCKETS
 from planner.tables import REASON_ORDER, SLOT_QUANTUM, Tables
 
 DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to")
@@ -51,8 +52,8 @@ def score_factorization(T: Tables, i: int, with_objective: bool = True) -> Score
     head = _place(T.H[tpg], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb"))
     do = _place(np.array(T.space.dp_overlap), ("do",))
     dims5 = ("f", "o", "v", "e", "z")
-    dps, dpsb = _place(T.DPS[sl], dims5) * Q, _place(T.DPSB[sl], dims5) * Q
-    dpm, dpmb = _place(T.DPM[sl], dims5) * Q, _place(T.DPMB[sl], dims5) * Q
+    dps, dpm = _place(T.DPS[sl], dims5) * Q, _place(T.DPM[sl], dims5) * Q
+    dpsb, dpmb = -(-dps // NUM_GRAD_BUCKETS), -(-dpm // NUM_GRAD_BUCKETS)  # ceil: the last bucket
     dp_exp = np.where(do, np.maximum(dpsb, dps - FRAC * _place(T.BWD[tc], ("f", "mb", "s", "r"))), dps)
     fsdp = np.where(do, np.maximum(dpmb, dpm - FRAC * _place(T.C[tc], ("f", "mb", "s", "r"))), dpm)
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
@@ -136,3 +137,46 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
             best.append((int(obj.ravel()[k]), (i,) + tuple(int(x) for x in idx[1:])))
     best.sort()
     return [(o, dict(zip(DIMS, idx))) for o, idx in best[: top_k + 1]], considered
+
+
+@dataclass
+class RestrictedTables:
+    """A view of :class:`Tables` with some knob axes cut to chosen indices (for warm starts)."""
+
+    tables: Tables
+    keep: dict
+
+    def unrestrict(self, idx: dict) -> dict:
+        return {k: (self.keep[k][v] if k in self.keep else v) for k, v in idx.items()}
+
+
+def restrict(T: Tables, keep: dict) -> Tables:
+    """A copy of ``T`` whose knob axes in ``keep`` (e.g. ``{"o": [0]}``) hold only those indices.
+
+    Returns a Tables-like object with ``unrestrict`` mapping its indices back to ``T``'s.
+    """
+    import copy
+
+    axes = {  # table attribute -> its knob axes (only knob axes that can be cut are listed)
+        "TPC": (None, "mb", "s", "r", "to"), "CPC": (None, "mb", "s"), "EPC": (None, "mb", "s", "r"),
+        "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r"), "H": (None, "mb", "s"),
+        "P2P": ("f", "o", "mb"), "DPS": ("f", "o", "v", "e", "z"), "DPM": ("f", "o", "v", "e", "z"),
+        "OPT": ("f", "v", "e", "z"), "STATIC": ("f", "v", "e", "z"), "ACT": (None, "mb", "s", "r"),
+        "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
+        "M": ("f", "mb"), "IF1": ("f", "mb", "v"), "IF2": ("f", "mb", "v"), "tpg_of_fo": ("f", "o"),
+        "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
+        "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "canon": ("f", "e", "s", "z", "o", "do", "to"),
+    }
+    space_attr = {"o": "order", "e": "ep", "v": "vp", "mb": "micro_batch_size", "s": "sequence_parallel",
+                  "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap"}
+    sub = copy.copy(T)
+    for name, dims in axes.items():
+        arr = getattr(T, name)
+        for ax, d in enumerate(dims):
+            if d in keep:
+                arr = np.take(arr, keep[d], axis=ax)
+        setattr(sub, name, arr)
+    changes = {space_attr[k]: tuple(getattr(T.space, space_attr[k])[i] for i in v) for k, v in keep.items()}
+    sub.space = replace(T.space, **changes)
+    sub.unrestrict = RestrictedTables(T, keep).unrestrict
+    return sub

@@ -20,8 +20,8 @@ KNOBS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "sequence_paral
          "zero_stage", "order", "dp_overlap", "tp_overlap")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order"}
-MBS_CANDIDATES = (1, 2, 4, 8, 16)
-VP_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+MBS_CANDIDATES = (1, 2, 4, 8)
+VP_CANDIDATES = (1, 2, 4, 8)
 CP_MAX = 32
 
 REASONS = {

@@ -12,6 +12,9 @@ Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (see ``cost.step`` for 
     U[f,mb,v] * X  +  SLOT_QUANTUM * M[f,mb] * (H + P2P)  +  dp_exposed  +  M * fsdp_exposed
     +  SLOT_QUANTUM * OPT
 
+where ``exposed = max(ceil(SLOT_QUANTUM * traffic / NUM_GRAD_BUCKETS), SLOT_QUANTUM * traffic -
+FRAC * window)`` with DP overlap on, ``SLOT_QUANTUM * traffic`` with it off.
+
 with ``X = C + TPC + CPC + EPC`` the per-micro-batch layer time, ``U`` the micro-batch slots
 (including the bubble) times the share of layers on the most loaded stage.
 """
@@ -26,7 +29,7 @@ import numpy as np
 from cost.layout import Layout
 from cost.step import inflight_layers, memory_static_bytes
 from cost.terms import (
-    NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_terms, ep_comm_terms,
+    RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_terms, ep_comm_terms,
     head_terms, layers_on_stage, optimizer_s, p2p_s, tp_comm_terms,
 )
 from planner.space import (
@@ -66,9 +69,7 @@ class Tables:
     H: np.ndarray  # (TPG, MB, S) LM head per micro-batch
     P2P: np.ndarray  # (F, O, MB)
     DPS: np.ndarray  # (F, O, V, E, Z) per-step data-parallel traffic
-    DPSB: np.ndarray  # (F, O, V, E, Z) its last bucket
     DPM: np.ndarray  # (F, O, V, E, Z) per-micro-batch FSDP traffic
-    DPMB: np.ndarray
     OPT: np.ndarray  # (F, V, E, Z)
     # counts (exact integers or SLOT_QUANTUM)
     U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
@@ -127,14 +128,14 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0) -> Ta
     H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
     LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in tc_keys])
     P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in MB] for l in row] for row in probe])
-    DPS, DPSB, DPM, DPMB, OPT, STATIC = _dp_tables(ctx, S, probe)
+    DPS, DPM, OPT, STATIC = _dp_tables(ctx, S, probe)
     U, FRAC, M = _count_tables(ctx, S)
     IF1, IF2 = _inflight(ctx, S)
     ok_f, ok_fmbv, ok_fe, ok_eo, canon = _masks(ctx, S)
     capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
     return Tables(space=space, tc_of_f=tc_of_f, tpg_of_fo=tpg_of_fo, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
-                  C=C, BWD=BWD, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPSB=DPSB, DPM=DPM, DPMB=DPMB,
+                  C=C, BWD=BWD, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM,
                   OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, canon=canon)
 
@@ -166,7 +167,7 @@ def _dp_tables(ctx: Context, S: Space, probe) -> tuple[np.ndarray, ...]:
                     for oi in range(O):
                         terms = dp_terms(ctx, probe[i][oi].with_(vp=v, ep=e, zero_stage=z))
                         dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi] = terms.per_step_s, terms.per_microbatch_s
-    return (_qt(dps), _qt(dps / NUM_GRAD_BUCKETS), _qt(dpm), _qt(dpm / NUM_GRAD_BUCKETS), _qt(opt), _qb(static))
+    return _qt(dps), _qt(dpm), _qt(opt), _qb(static)
 
 
 def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:

@@ -1,0 +1,102 @@
+"""The Plan document: a JSON-ready dict built from a search result or a single evaluation.
+
+Export and report code read this document; nothing here recomputes a cost. Schema
+``clusterplan-plan/1``:
+
+``schema, planner_version, inputs{model, cluster, job}, layout{tp, pp, dp, cp, ep, vp,
+micro_batch_size, sequence_parallel, recompute, zero_stage, order, dp_overlap, tp_overlap,
+num_microbatches}, num_devices, step_time_s, tokens_per_s, mfu, hfu, model_flops_per_s_per_device,
+peak_memory_bytes, device_memory_bytes, fits, overflow_bytes, memory{...}, breakdown{...},
+time_to_train_s, energy_j, cost_usd, runners_up[...], rejections{...}, search{...}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from cost.layout import Job
+from cost.step import Evaluation
+from models.spec import ModelSpec
+from planner.space import REASONS
+from topologies.cluster import Cluster
+
+SCHEMA = "clusterplan-plan/1"
+PLANNER_VERSION = "0.1.0"
+
+
+def layout_dict(ev: Evaluation) -> dict:
+    d = ev.layout.as_dict()
+    d["num_microbatches"] = ev.num_microbatches
+    return d
+
+
+def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
+    """The figures of one evaluated layout (used for the winner and each runner-up)."""
+    breakdown = {k.removesuffix("_s"): v for k, v in asdict(ev.time).items()}
+    memory = {k.removesuffix("_bytes"): v for k, v in asdict(ev.memory).items()}
+    out = {
+        "layout": layout_dict(ev),
+        "num_devices": cluster.num_devices,
+        "step_time_s": ev.step_time_s,
+        "tokens_per_s": ev.tokens_per_s,
+        "mfu": ev.mfu,
+        "hfu": ev.hfu,
+        "model_flops_per_s_per_device": ev.model_flops_per_s_per_device,
+        "peak_memory_bytes": ev.peak_memory_bytes,
+        "device_memory_bytes": ev.capacity_bytes,
+        "fits": ev.fits,
+        "overflow_bytes": ev.overflow_bytes,
+        "memory": memory,
+        "breakdown": breakdown,
+    }
+    out.update(training_totals(ev, job, cluster))
+    return out
+
+
+def training_totals(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
+    """Time, energy and cost to train ``job.tokens_to_train`` tokens (None where unknown)."""
+    if not job.tokens_to_train:
+        return {"time_to_train_s": None, "energy_j": None, "cost_usd": None}
+    seconds = job.tokens_to_train / ev.tokens_per_s
+    dev = cluster.device
+    power_w = None if dev.power_w is None else (dev.power_w + cluster.power_overhead_w_per_device) * cluster.num_devices
+    price = None if dev.price_per_hour_usd is None else dev.price_per_hour_usd * cluster.num_devices
+    return {
+        "time_to_train_s": seconds,
+        "energy_j": None if power_w is None else power_w * seconds,
+        "cost_usd": None if price is None else price * seconds / 3600.0,
+    }
+
+
+def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
+    return {
+        "model": {"name": model.name, "num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                  "num_params": model.num_params, "num_active_params": model.num_active_params},
+        "cluster": {"id": cluster.id, "name": cluster.name, "family": cluster.family,
+                    "device": cluster.device.id, "num_devices": cluster.num_devices,
+                    "devices_per_node": cluster.devices_per_node},
+        "job": asdict(job),
+    }
+
+
+def plan_document(result) -> dict:
+    """The document for a :class:`planner.search.SearchResult`."""
+    doc = {"schema": SCHEMA, "planner_version": PLANNER_VERSION,
+           "inputs": inputs_dict(result.model, result.job, result.cluster)}
+    doc.update(evaluation_dict(result.best, result.job, result.cluster))
+    doc["runners_up"] = [evaluation_dict(ev, result.job, result.cluster) for ev in result.runners_up]
+    doc["rejections"] = dict(result.rejections)
+    doc["rejection_reasons"] = {k: REASONS[k] for k in result.rejections}
+    doc["search"] = {"engine": result.engine, "status": result.status, "gap": result.gap,
+                     "wall_s": result.wall_s, "layouts_considered": result.num_considered,
+                     "layouts_feasible": result.num_feasible}
+    return doc
+
+
+def evaluation_document(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluation) -> dict:
+    """The document for ``clusterplan evaluate`` (one given layout, no search)."""
+    doc = {"schema": SCHEMA, "planner_version": PLANNER_VERSION, "inputs": inputs_dict(model, job, cluster)}
+    doc.update(evaluation_dict(ev, job, cluster))
+    doc["runners_up"] = []
+    doc["rejections"] = {}
+    return doc
