@@ -1,8 +1,10 @@
 """Roofline time of each op on a device: ``max(FLOPs / achieved peak, bytes / achieved bandwidth)``.
 
 Achieved rates are properties of the device (``topologies/data/devices.yaml``): the large-GEMM
-efficiency measured by ml-engineering's MAMF benchmark, a fused-attention efficiency from the
-FlashAttention papers, an achieved fraction of HBM bandwidth, and a fixed per-kernel overhead.
+efficiency measured by ml-engineering's MAMF benchmark (burst clocks), the sustained fraction of it
+under the power-saturated clocks of a long training step (ml-engineering's MSMF vs MAMF), a
+fused-attention efficiency from the FlashAttention papers, an achieved fraction of HBM bandwidth,
+and a fixed per-kernel overhead.
 
 Backward multipliers: a linear layer's backward is two GEMMs (input and weight gradients) of the
 forward's size (Narayanan et al. 2021: "backward costs twice the forward"); a flash-attention
@@ -23,14 +25,14 @@ FP8_CAST_BYTES_PER_ELEMENT = 3.0  # read a 16-bit input, write an 8-bit copy (Tr
 def gemm_rate(device: DeviceSpec, precision: str) -> float:
     """Achieved FLOP/s of a large GEMM in ``precision``."""
     if precision == "fp8" and device.supports("fp8"):
-        return device.peak("fp8") * (device.gemm.large_fp8 or device.gemm.large)
-    return device.peak("bf16" if precision == "fp8" else precision) * device.gemm.large
+        return device.peak("fp8") * (device.gemm.large_fp8 or device.gemm.large) * device.sustained_fraction
+    return device.peak("bf16" if precision == "fp8" else precision) * device.gemm.large * device.sustained_fraction
 
 
 def attention_rate(device: DeviceSpec, precision: str) -> float:
     """Achieved FLOP/s of fused attention; it runs in 16-bit even in FP8 training."""
     dtype = "bf16" if precision == "fp8" else precision
-    return device.peak(dtype) * (device.attention_efficiency or device.gemm.large)
+    return device.peak(dtype) * (device.attention_efficiency or device.gemm.large) * device.sustained_fraction
 
 
 def memory_rate(device: DeviceSpec) -> float:

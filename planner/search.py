@@ -72,7 +72,7 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     start = time.perf_counter()
     ctx = Context(model, job, cluster)
     space = build_space(model, job, cluster, opts.bounds)
-    tables = build_tables(ctx, space, opts.bounds.memory_headroom)
+    tables = build_tables(ctx, space, opts.bounds.memory_headroom, opts.bounds.ignore_memory)
     rejections, feasible = count_rejections(tables)
     considered = feasible + sum(rejections.values())
     if feasible == 0:

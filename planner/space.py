@@ -45,6 +45,7 @@ class Bounds:
     minimum: dict = field(default_factory=dict)
     maximum: dict = field(default_factory=dict)
     memory_headroom: float = 0.0
+    ignore_memory: bool = False  # evaluate layouts that overflow (validation of published layouts)
 
     def allows(self, knob: str, value) -> bool:
         if knob in self.fixed and self.fixed[knob] != value:

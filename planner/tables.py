@@ -98,7 +98,7 @@ def _index(keys: list) -> tuple[dict, list]:
     return pos, list(pos)
 
 
-def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0) -> Tables:
+def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignore_memory: bool = False) -> Tables:
     """Tabulate every term over its own domain (see module docstring)."""
     S = space
     F, O, E = len(S.factorizations), len(S.order), len(S.ep)
@@ -134,6 +134,8 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0) -> Ta
     ok_f, ok_fmbv, ok_fe, ok_eo, canon = _masks(ctx, S)
     capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
+    if ignore_memory:
+        capacity = 2**50
     return Tables(space=space, tc_of_f=tc_of_f, tpg_of_fo=tpg_of_fo, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
                   C=C, BWD=BWD, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM,
                   OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,

@@ -58,6 +58,10 @@ class DeviceSpec(BaseModel):
         ge=0, description="Scale-out (NIC) bandwidth per device per direction."
     )
     gemm: GemmEfficiency = Field(description="Achieved GEMM efficiency by size.")
+    sustained_fraction: float = Field(
+        1.0, gt=0, le=1,
+        description="Sustained (power-saturated clocks) over burst matmul throughput; applies to all compute.",
+    )
     attention_efficiency: float | None = Field(
         None, gt=0, le=1,
         description="Achieved fraction of 16-bit peak for fused (flash) attention, fwd+bwd; None: gemm.large.",

@@ -103,6 +103,12 @@ class CalibrationEntry(_Entry):
     memory_efficiency_source: str = Field(description="Where it was measured.")
     kernel_overhead_s: float = Field(ge=0, le=1e-3, description="Launch + framework overhead per kernel (s).")
     kernel_overhead_source: str = Field(description="Where it comes from.")
+    sustained_fraction: float = Field(
+        1.0, gt=0, le=1, description="Sustained (power-saturated) over burst matmul throughput.")
+    sustained_fraction_source: str = Field("", description="Where it was measured.")
+    attention_efficiency: float | None = Field(
+        None, gt=0, le=1, description="Fused attention fwd+bwd achieved fraction of 16-bit peak.")
+    attention_efficiency_source: str = Field("", description="Where it was measured.")
 
 
 class DeviceEntry(_Entry):
@@ -314,6 +320,8 @@ def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
         scale_up_bytes_per_s=entry.scale_up_gbyte_per_s_per_dir * GBYTE,
         scale_out_bytes_per_s=entry.scale_out_gbit_per_s * GBIT,
         gemm=entry.gemm,
+        sustained_fraction=group.sustained_fraction if group else 1.0,
+        attention_efficiency=group.attention_efficiency if group else None,
         kernel_overhead_s=entry.kernel_overhead_s if entry.kernel_overhead_s is not None else group.kernel_overhead_s,
         sources=list(resolve_sources(entry.sources)), contested=list(entry.contested),
     )
