@@ -17,6 +17,7 @@ from dataclasses import asdict
 from cost.layout import Job
 from cost.step import Evaluation
 from models.spec import ModelSpec
+from planner.explain import explain
 from planner.space import REASONS
 from topologies.cluster import Cluster
 
@@ -90,6 +91,8 @@ def plan_document(result) -> dict:
     doc["search"] = {"engine": result.engine, "status": result.status, "gap": result.gap,
                      "wall_s": result.wall_s, "layouts_considered": result.num_considered,
                      "layouts_feasible": result.num_feasible}
+    doc["explanation"] = explain(result.model, result.job, result.cluster, result.best, result.runners_up,
+                                 result.space)
     return doc
 
 

@@ -12,7 +12,7 @@ from models.errors import InfeasibleError, SpecError
 from models.spec import ModelSpec
 from planner.cpsat import solve_cpsat
 from planner.exhaustive import count_rejections, smallest_memory, solve_exhaustive
-from planner.space import REASONS, Bounds, build_space
+from planner.space import REASONS, Bounds, Space, build_space
 from planner.tables import MEMORY_QUANTUM_BYTES, TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
 from topologies.cluster import Cluster
 
@@ -56,6 +56,7 @@ class SearchResult:
     gap: float
     wall_s: float
     objective_units: list[int]
+    space: Space | None = None
 
 
 def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | None = None) -> SearchResult:
@@ -85,7 +86,7 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
         solutions, status, gap = result.solutions, result.status, result.gap
     evaluations = [evaluate_ctx(ctx, layout_from_indices(space, idx)) for _, idx in solutions]
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible, considered,
-                        opts.engine, status, gap, time.perf_counter() - start, [o for o, _ in solutions])
+                        opts.engine, status, gap, time.perf_counter() - start, [o for o, _ in solutions], space)
 
 
 def objective_seconds(units: int) -> float:

@@ -226,3 +226,29 @@ def validate(path: str | Path | None = None, options: SearchOptions | None = Non
     results = [evaluate_run(run, opts, best) for run in runs]
     return {"file": str(path or bundled_runs_path()), "runs": [r.as_dict() for r in results],
             "summary": summarize(results)}
+
+
+def markdown_report(result: dict) -> str:
+    """The validation table as Markdown (what docs/cost-model.md embeds)."""
+    lines = ["| run | device x count | layout | predicted s | measured s | error | fits |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for r in result["runs"]:
+        if r["reason"]:
+            lines.append(f"| {r['id']} | {r['device']} x {r['count']} | not evaluated: {r['reason']} | | | | |")
+            continue
+        L = r["layout"]
+        lay = (f"tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']} ep{L['ep']} vp{L['vp']} mbs{L['micro_batch_size']} "
+               f"{L['recompute']} z{L['zero_stage']}")
+        meas = f"{r['measured_step_time_s']:.3f}" if r["measured_step_time_s"] else "-"
+        err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
+        lines.append(f"| {r['id']} | {r['device']} x {r['count']} | {lay} | {r['predicted_step_time_s']:.3f} | "
+                     f"{meas} | {err} | {'yes' if r['fits'] else 'NO'} |")
+    s = result["summary"]
+    lines += ["", "| hardware family | runs | median abs error | p90 abs error | max abs error |",
+              "|---|---:|---:|---:|---:|"]
+    rows = [("all", s["overall"])] + sorted(s["by_family"].items())
+    for name, st in rows:
+        if st.get("runs"):
+            lines.append(f"| {name} | {st['runs']} | {st['median_abs_error']:.1%} | {st['p90_abs_error']:.1%} | "
+                         f"{st['max_abs_error']:.1%} |")
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""Why a plan won: the term that separates it from each runner-up, what binds, and sensitivities.
+
+Every figure comes from ``cost.step.evaluate``; nothing is re-derived here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from cost.layout import RECOMPUTE_MODES, Job, Layout
+from cost.step import Evaluation, evaluate, layout_problems
+from models.spec import ModelSpec
+from planner.space import Space
+from topologies.cluster import Cluster
+
+GIB = 2**30
+
+
+def _moves(lay: Layout) -> list[tuple[str, Layout]]:
+    """One step up and down in each knob, keeping tp*pp*dp*cp fixed by trading with dp."""
+    out: list[tuple[str, Layout]] = []
+    for axis in ("tp", "pp", "cp"):
+        d = lay.degree(axis)
+        if lay.dp % 2 == 0:
+            out.append((f"{axis} x2", lay.with_(**{axis: d * 2, "dp": lay.dp // 2})))
+        if d % 2 == 0:
+            out.append((f"{axis} /2", lay.with_(**{axis: d // 2, "dp": lay.dp * 2})))
+    out.append(("mbs x2", lay.with_(micro_batch_size=lay.micro_batch_size * 2)))
+    if lay.micro_batch_size % 2 == 0:
+        out.append(("mbs /2", lay.with_(micro_batch_size=lay.micro_batch_size // 2)))
+    out.append(("vp x2", lay.with_(vp=lay.vp * 2)))
+    if lay.vp % 2 == 0:
+        out.append(("vp /2", lay.with_(vp=lay.vp // 2)))
+    if lay.ep > 1 or lay.dp % 2 == 0:
+        out.append(("ep x2", lay.with_(ep=lay.ep * 2)))
+    if lay.ep % 2 == 0:
+        out.append(("ep /2", lay.with_(ep=lay.ep // 2)))
+    i = RECOMPUTE_MODES.index(lay.recompute)
+    for j in (i - 1, i + 1):
+        if 0 <= j < len(RECOMPUTE_MODES):
+            out.append((f"recompute {RECOMPUTE_MODES[j]}", lay.with_(recompute=RECOMPUTE_MODES[j])))
+    for z in (lay.zero_stage - 1, lay.zero_stage + 1):
+        if 0 <= z <= 3:
+            out.append((f"zero {z}", lay.with_(zero_stage=z)))
+    out.append((f"sp {'off' if lay.sequence_parallel else 'on'}", lay.with_(sequence_parallel=not lay.sequence_parallel)))
+    out.append((f"dp_overlap {'off' if lay.dp_overlap else 'on'}", lay.with_(dp_overlap=not lay.dp_overlap)))
+    out.append((f"tp_overlap {'off' if lay.tp_overlap else 'on'}", lay.with_(tp_overlap=not lay.tp_overlap)))
+    return out
+
+
+def _outside(space: Space | None, lay: Layout) -> str | None:
+    """Why ``lay`` lies outside the searched space, if it does."""
+    if space is None:
+        return None
+    if (lay.tp, lay.pp, lay.dp, lay.cp) not in space.factorizations:
+        return f"tp={lay.tp}, pp={lay.pp}, cp={lay.cp} is outside the searched degrees (bounds or tp/cp caps)"
+    for knob, value in (("ep", lay.ep), ("vp", lay.vp), ("micro_batch_size", lay.micro_batch_size),
+                        ("zero_stage", lay.zero_stage), ("recompute", lay.recompute),
+                        ("sequence_parallel", lay.sequence_parallel), ("dp_overlap", lay.dp_overlap),
+                        ("tp_overlap", lay.tp_overlap)):
+        if value not in getattr(space, knob):
+            return f"{knob}={value} is outside the searched values {list(getattr(space, knob))}"
+    return None
+
+
+def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation,
+                  space: Space | None = None) -> list[dict]:
+    """For each one-step move: the new step time and its change, or why the move is not allowed."""
+    rows = []
+    for name, lay in _moves(best.layout):
+        outside = _outside(space, lay)
+        if outside:
+            rows.append({"move": name, "allowed": False, "reason": outside})
+            continue
+        problems = layout_problems(model, job, cluster, lay)
+        if problems:
+            rows.append({"move": name, "allowed": False, "reason": problems[0][1]})
+            continue
+        ev = evaluate(model, job, cluster, lay)
+        row = {"move": name, "allowed": ev.fits, "step_time_s": ev.step_time_s,
+               "delta": ev.step_time_s / best.step_time_s - 1, "peak_memory_bytes": ev.peak_memory_bytes}
+        if not ev.fits:
+            row["reason"] = (f"needs {ev.peak_memory_bytes / GIB:.1f} GiB of {ev.capacity_bytes / GIB:.1f} GiB")
+        rows.append(row)
+    return rows
+
+
+def binding(best: Evaluation, sens: list[dict]) -> list[str]:
+    """Constraints that stop a faster neighbour: memory, divisibility, batch."""
+    out = []
+    for row in sens:
+        faster = row.get("step_time_s") is not None and row["step_time_s"] < best.step_time_s
+        if faster and not row["allowed"]:
+            out.append(f"memory binds: {row['move']} would be {-row['delta']:.1%} faster but {row['reason']}")
+        elif not row["allowed"] and row.get("step_time_s") is None:
+            out.append(f"{row['move']} is not allowed: {row['reason']}")
+    headroom = 1 - best.peak_memory_bytes / best.capacity_bytes
+    out.append(f"memory headroom of the winner: {headroom:.1%} of {best.capacity_bytes / GIB:.1f} GiB")
+    return out
+
+
+def versus(best: Evaluation, other: Evaluation) -> dict:
+    """The term of the breakdown that differs most between the winner and ``other``."""
+    a, b = asdict(best.time), asdict(other.time)
+    term = max(a, key=lambda k: abs(b[k] - a[k]))
+    diff = {k: v for k, v in asdict(other.layout).items() if asdict(best.layout)[k] != v}
+    return {"layout": other.layout.short(), "changed": diff, "term": term.removesuffix("_s"),
+            "delta_s": b[term] - a[term], "step_time_delta_s": other.step_time_s - best.step_time_s}
+
+
+def explain(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation, runners_up: list[Evaluation],
+            space: Space | None = None) -> dict:
+    """The explanation block of a plan document."""
+    sens = sensitivities(model, job, cluster, best, space)
+    return {"versus_runners_up": [versus(best, ev) for ev in runners_up],
+            "binding": binding(best, sens), "sensitivity": sens}
