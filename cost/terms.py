@@ -351,9 +351,7 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     if layout.dp * layout.cp == 1:
         return DataParallelTerms(0.0, 0.0)
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
-    dense_prof = ctx.cluster.group_profile(_dp_cp_group(layout))
-    edp_group = layout.group("edp") if layout.ep > 1 else None
-    expert_prof = ctx.cluster.group_profile(edp_group) if edp_group and len(edp_group) > 1 else None
+    dense_prof, expert_prof = _dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order)
     g = ctx.job.grad_bytes
 
     def reduce(count: float, prof) -> float:
@@ -375,6 +373,16 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     if layout.zero_stage >= 3:
         per_mb = fsdp(pc.dense, dense_prof) + fsdp(pc.expert, expert_prof)
     return DataParallelTerms(per_step, per_mb)
+
+
+@lru_cache(maxsize=65536)
+def _dp_profiles(ctx: Context, tp: int, pp: int, dp: int, cp: int, ep: int, order: str):
+    """Fabric profiles of the dense (data x context) and expert-data-parallel groups."""
+    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
+    dense = ctx.cluster.group_profile(_dp_cp_group(layout))
+    edp_group = layout.group("edp") if ep > 1 else None
+    expert = ctx.cluster.group_profile(edp_group) if edp_group and len(edp_group) > 1 else None
+    return dense, expert
 
 
 def _dp_cp_group(layout: Layout) -> tuple[int, ...]:

@@ -61,6 +61,11 @@ class _Model:
         self.m = cp_model.CpModel()
         S = T.space
         triples = _valid_triples(T)
+        # Order the (f, mb, v) choices by their lower bound so that the search tries the most
+        # promising first (values are explored in index order).
+        xmin, _ = _factor_minima(T)
+        lb = (T.U * xmin[:, :, None])[triples[:, 0], triples[:, 1], triples[:, 2]]
+        triples = triples[np.argsort(lb, kind="stable")]
         if len(triples) == 0:
             raise SolverError("no (tp, pp, dp, cp, vp, micro-batch) combination passes the structural rules")
         fv_pairs, fv_of_triple = np.unique(triples[:, [0, 2]], axis=0, return_inverse=True)

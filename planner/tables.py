@@ -122,8 +122,9 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     TPC = _qt([[[[[tp_comm_terms(ctx, tp, cp, mb, sp, rc, st, to) for to in TO] for rc in RC] for sp in SP]
                 for mb in MB] for tp, cp, st in tpg_keys])
     CPC = _qt([[[cp_comm_terms(ctx, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for tp, cp, st in cpg_keys])
-    EPC = _qt([[[[ep_comm_terms(ctx, tp, cp, e, mb, sp, rc, st) for rc in RC] for sp in SP] for mb in MB]
-               for tp, cp, e, st in epg_keys])
+    n_dev = ctx.cluster.num_devices  # (e, stride) pairs past the device count are masked by ok_fe
+    EPC = _qt([[[[ep_comm_terms(ctx, tp, cp, e, mb, sp, rc, st) if e * st <= n_dev else 0.0 for rc in RC]
+                 for sp in SP] for mb in MB] for tp, cp, e, st in epg_keys])
     heads = [[[head_terms(ctx, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for tp, cp, st in tpg_keys]
     H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
     LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in tc_keys])
