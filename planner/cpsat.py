@@ -28,6 +28,8 @@ from models.errors import SolverError
 from planner.exhaustive import DIMS, _place
 from planner.tables import SLOT_QUANTUM, Tables
 
+ELEMENT_MAX_ENTRIES = 64
+
 
 @dataclass
 class CpSatResult:
@@ -85,10 +87,19 @@ class _Model:
 
     # ---- helpers ---------------------------------------------------------------------------
     def _lookup(self, name: str, table: np.ndarray, axes: list):
-        """``target = table[axes...]`` as an element constraint; returns the target variable."""
-        values = [int(v) for v in np.asarray(table).ravel()]
-        target = self.m.new_int_var(min(values), max(values), name)
-        self.m.add_element(_index_expr(axes, np.asarray(table).shape), values, target)
+        """``target = table[axes...]``; returns the target variable.
+
+        Small tables are element constraints on a flat index; large ones are allowed-assignment
+        tables over (axes..., target), which CP-SAT presolves much faster than an expanded element
+        (measured: 2x on DeepSeek-V3 / 2048 GPUs, benchmarks/search_speed.py).
+        """
+        table = np.asarray(table)
+        target = self.m.new_int_var(int(table.min()), int(table.max()), name)
+        if table.size <= ELEMENT_MAX_ENTRIES:
+            self.m.add_element(_index_expr(axes, table.shape), [int(v) for v in table.ravel()], target)
+        else:
+            rows = np.concatenate([np.indices(table.shape).reshape(len(axes), -1).T, table.reshape(-1, 1)], axis=1)
+            self.m.add_allowed_assignments(list(axes) + [target], rows.tolist())
         return target
 
     def _product(self, name: str, a, b, hi: int):
