@@ -169,7 +169,7 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
 
 def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
     if key in ints:
-        if not raw.isdigit() or int(raw) <= 0 and key != "zero_stage":
+        if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0 and key != "zero_stage":
             raise SpecError(f"layout.{key}: got {raw!r}; must be a positive integer")
         return int(raw)
     if key in bools:

@@ -30,11 +30,21 @@ LOGIT_BYTES = 6.0  # 16-bit logits kept for backward + fp32 working copy in the 
 
 @dataclass(frozen=True)
 class Context:
-    """The fixed inputs of one planning problem."""
+    """The fixed inputs of one planning problem.
+
+    Every term is cached on (context, knobs); hashing the pydantic model each time would dominate,
+    so the hash is computed once.
+    """
 
     model: ModelSpec
     job: Job
     cluster: Cluster
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.model, self.job, id(self.cluster))))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,18 +205,21 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     Generalises ``s b h (34 + 5 a s / h)`` to GQA, any FFN width, SwiGLU and MoE, with flash
     attention (no ``5 a s^2 b`` score term; selective recomputation re-runs the attention core and
     so drops its output ``2 n a d``):
-    layer norms ``4 n h``, attention input ``2 n h``, Q/K/V ``2 n (a + 2g) d``, attention output
+    layer norms ``4 n h``, attention input ``2 n h``, Q/K/V ``2 n (a + 2g) d`` (MLA: its own
+    query/key and value widths), attention output
     ``2 n a d``, MLP input ``2 n h``, MLP intermediates ``2 n f (1 + ups)``, dropout masks ``2 n h``
     (1 byte each, when the model uses dropout). Tensor-parallel regions divide by ``tp``; with
     sequence parallelism everything does. Full recomputation keeps only the layer input ``2 n h``.
     """
-    h, a, g, d = model.hidden_size, model.num_attention_heads, model.num_kv_heads_resolved, model.head_dim_resolved
-    replicated = ACT_BYTES * n * h * 4 + ACT_BYTES * n * h * 2 + (2 * n * h if model.dropout else 0)
+    h, a, g = model.hidden_size, model.num_attention_heads, model.num_kv_heads_resolved
+    d_qk, d_v = model.attention_dims
+    # layer-norm inputs 2 x 2nh bytes, attention and MLP inputs 2nh each, masks 1 byte x 2nh
+    replicated = ACT_BYTES * n * h * 2 + ACT_BYTES * n * h * 2 + (2 * n * h if model.dropout else 0)
     if recompute == "full":
         return ACT_BYTES * n * h / (tp if sp else 1)
     # Q, K, V and the attention output; selective recomputation re-runs the core attention, so
     # its output (the out-projection input) is not kept.
-    sharded = ACT_BYTES * n * (a + 2 * g) * d + (0 if recompute == "selective" else ACT_BYTES * n * a * d)
+    sharded = ACT_BYTES * n * (a * d_qk + g * d_qk + g * d_v) + (0 if recompute == "selective" else ACT_BYTES * n * a * d_v)
     ups = model.mlp_matrices - 1
     if moe:
         e = model.moe
@@ -273,6 +286,7 @@ def layers_on_stage(num_layers: int, pp: int, vp: int) -> int:
     return math.ceil(num_layers / (pp * vp)) * vp
 
 
+@lru_cache(maxsize=65536)
 def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int) -> ParamCounts:
     """Parameters on the heaviest stage: its layers (MoE layers first, they are the heavier) plus
     the larger of the embedding and the output layer, sharded ``tp`` ways (vocab-parallel)."""
@@ -351,37 +365,42 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     if layout.dp * layout.cp == 1:
         return DataParallelTerms(0.0, 0.0)
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
-    dense_prof, expert_prof = _dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order)
-    g = ctx.job.grad_bytes
+    dense_prof, expert_prof = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order)
+    return dp_traffic(ctx.job.grad_bytes, pc, dense_prof, expert_prof, layout.zero_stage)
 
+
+def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_stage: int) -> DataParallelTerms:
+    """The collectives of :func:`dp_terms` for given parameter counts and group profiles."""
+    if expert_prof is dense_prof:  # ep = 1: experts are reduced with the dense weights, one stream
+        pc = ParamCounts(pc.dense + pc.expert, 0.0)
     def reduce(count: float, prof) -> float:
         if prof is None or count == 0:
             return 0.0
-        if layout.zero_stage == 0:
-            return coll.all_reduce_s(g * count, prof)
-        if layout.zero_stage <= 2:
-            return coll.reduce_scatter_s(g * count, prof) + coll.all_gather_s(WEIGHT_BYTES * count, prof)
+        if zero_stage == 0:
+            return coll.all_reduce_s(grad_bytes * count, prof)
+        if zero_stage <= 2:
+            return coll.reduce_scatter_s(grad_bytes * count, prof) + coll.all_gather_s(WEIGHT_BYTES * count, prof)
         return 0.0
 
     def fsdp(count: float, prof) -> float:
         if prof is None or count == 0:
             return 0.0
-        return 2 * coll.all_gather_s(WEIGHT_BYTES * count, prof) + coll.reduce_scatter_s(g * count, prof)
+        return 2 * coll.all_gather_s(WEIGHT_BYTES * count, prof) + coll.reduce_scatter_s(grad_bytes * count, prof)
 
     per_step = reduce(pc.dense, dense_prof) + reduce(pc.expert, expert_prof)
-    per_mb = 0.0
-    if layout.zero_stage >= 3:
-        per_mb = fsdp(pc.dense, dense_prof) + fsdp(pc.expert, expert_prof)
+    per_mb = fsdp(pc.dense, dense_prof) + fsdp(pc.expert, expert_prof) if zero_stage >= 3 else 0.0
     return DataParallelTerms(per_step, per_mb)
 
 
 @lru_cache(maxsize=65536)
-def _dp_profiles(ctx: Context, tp: int, pp: int, dp: int, cp: int, ep: int, order: str):
+def dp_profiles(ctx: Context, tp: int, pp: int, dp: int, cp: int, ep: int, order: str):
     """Fabric profiles of the dense (data x context) and expert-data-parallel groups."""
     layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
     dense = ctx.cluster.group_profile(_dp_cp_group(layout))
-    edp_group = layout.group("edp") if ep > 1 else None
-    expert = ctx.cluster.group_profile(edp_group) if edp_group and len(edp_group) > 1 else None
+    if ep == 1:  # experts replicated like the dense weights: reduced over the same group
+        return dense, dense
+    edp_group = layout.group("edp")
+    expert = ctx.cluster.group_profile(edp_group) if len(edp_group) > 1 else None
     return dense, expert
 
 

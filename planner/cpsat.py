@@ -29,6 +29,7 @@ from planner.exhaustive import DIMS, _place
 from planner.tables import SLOT_QUANTUM, Tables
 
 ELEMENT_MAX_ENTRIES = 64
+PRESOLVE_RUNNERS_UP = False  # re-solves start from a hint and a tight bound; presolve dominated them
 
 
 @dataclass
@@ -125,6 +126,7 @@ class _Model:
         self.epg = self._lookup("epg", T.epg_of_foe, [x["f"], x["o"], x["e"]])
         m.add_allowed_assignments([x["f"], x["e"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fe < 0)])
         m.add_allowed_assignments([x["e"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_eo < 0)])
+        m.add_allowed_assignments([x["f"], x["s"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fs < 0)])
         # Symmetry breaking (planner.space.canonical), split by the knobs each part concerns.
         order_ok = T.canon.any(axis=(1, 2, 3, 5, 6))  # (F, O)
         m.add_allowed_assignments([x["f"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(order_ok)])
@@ -292,6 +294,8 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
             gap = 0.0 if status == cp_model.OPTIMAL else max(0.0, (solver.objective_value - bound) / solver.objective_value)
         keys = [model.x[key] for key in DIMS]
         model.m.add_forbidden_assignments(keys, [tuple(idx[key] for key in DIMS)])
+        model.m.add(model.objective >= solutions[-1][0])  # valid: the next best is no better
+        solver.parameters.cp_model_presolve = PRESOLVE_RUNNERS_UP
     wall = time.perf_counter() - start
     if not solutions and status_name != "INFEASIBLE":
         raise SolverError(f"CP-SAT stopped with status {status_name} before finding any layout "

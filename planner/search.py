@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -111,7 +112,7 @@ def _infeasible(ctx: Context, tables, rejections: dict[str, int], bounds: Bounds
            f"layout needs is {need_bytes / GIB:.1f} GiB per device ({layout.short()}), "
            f"against {have / GIB:.1f} GiB available ({factor:.1f}x over)")
     hint = (f"use about {devices} or more devices (more pipeline/tensor/ZeRO sharding), a device with at least "
-            f"{need_bytes / GIB:.0f} GiB, or a smaller model/sequence")
+            f"{math.ceil(need_bytes / GIB)} GiB, or a smaller model/sequence")
     return InfeasibleError(msg, rejections, hint)
 
 

@@ -32,6 +32,7 @@ REASONS = {
     "context": "seq_len not divisible by 2 * cp",
     "experts": "ep does not divide the experts or dp",
     "placement": "expert groups laid across pipeline stages",
+    "sequence_parallel": "sequence parallelism without tensor parallelism",
     "memory": "does not fit in device memory",
 }
 
@@ -175,22 +176,36 @@ def placement_ok(ep: int, order: str) -> str | None:
     return None
 
 
+def _representative(domain, preferred):
+    return preferred if preferred in domain else domain[0]
+
+
 def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, order: str,
-              dp_overlap: bool, tp_overlap: bool) -> bool:
+              dp_overlap: bool, tp_overlap: bool, space: "Space | None" = None) -> bool:
     """True for the one representative of layouts that differ only in knobs without effect.
 
-    sequence_parallel and tp_overlap mean nothing at tp=1; ZeRO and DP overlap nothing without
-    data parallelism; orders that differ only in the position of degree-1 axes are the same
-    placement. These are symmetries, not rejections: the duplicates are not counted.
+    tp_overlap means nothing at tp=1; ZeRO and DP overlap nothing without data parallelism; orders
+    that differ only in the position of degree-1 axes are the same placement. These are symmetries,
+    not rejections: the duplicates are not counted. The representative is taken from the values
+    the space (after the user's bounds) still holds, so fixing a knob never empties a class.
     """
-    if tp == 1 and (sp or tp_overlap):
+    orders = space.order if space else ORDERS
+    if tp == 1 and tp_overlap != _representative(space.tp_overlap if space else (False, True), False):
         return False
-    if dp * cp == 1 and (zero != 0 or not dp_overlap):
-        return False
+    if dp * cp == 1:
+        if zero != _representative(space.zero_stage if space else (0, 1, 2, 3), 0):
+            return False
+        if dp_overlap != _representative(space.dp_overlap if space else (True, False), True):
+            return False
     degrees = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
     effective = [a for a in order.split("-") if degrees[a] > 1]
-    first = next(o for o in ORDERS if [a for a in o.split("-") if degrees[a] > 1] == effective)
+    first = next(o for o in orders if [a for a in o.split("-") if degrees[a] > 1] == effective)
     return order == first
+
+
+def sequence_parallel_ok(tp: int, sp: bool) -> str | None:
+    """Sequence parallelism splits the tensor-parallel group's activations: it needs tp > 1."""
+    return "sequence_parallel" if sp and tp == 1 else None
 
 
 def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool, recompute: str,

@@ -28,18 +28,21 @@ import numpy as np
 
 from cost.layout import Layout
 from cost.step import inflight_layers, memory_static_bytes
+from cost.layout import Layout
 from cost.terms import (
-    RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_terms, ep_comm_terms,
-    head_terms, layers_on_stage, optimizer_s, p2p_s, tp_comm_terms,
+    RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
+    head_terms, layers_on_stage, optimizer_s, p2p_s, param_counts, tp_comm_terms,
 )
 from planner.space import (
-    Space, batch_ok, canonical, expert_ok, factor_ok, layout_of, placement_ok,
+    Space, _representative, batch_ok, canonical, expert_ok, factor_ok, layout_of, placement_ok,
+    sequence_parallel_ok,
 )
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
 SLOT_QUANTUM = 1000  # micro-batch slots and stage shares in thousandths
 MEMORY_QUANTUM_BYTES = 2**20  # 1 MiB
-REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement", "memory")
+REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement", "sequence_parallel",
+                "memory")
 
 
 def q_time(seconds: float) -> int:
@@ -88,6 +91,7 @@ class Tables:
     ok_fmbv: np.ndarray  # (F, MB, V)
     ok_fe: np.ndarray  # (F, E)
     ok_eo: np.ndarray  # (E, O)
+    ok_fs: np.ndarray  # (F, S)
     canon: np.ndarray  # (F, E, S, Z, O, DO, TO) bool
 
 
@@ -129,10 +133,10 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
     LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in tc_keys])
     P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in MB] for l in row] for row in probe])
-    DPS, DPM, OPT, STATIC = _dp_tables(ctx, S, probe)
+    DPS, DPM, OPT, STATIC = _dp_tables(ctx, S)
     U, FRAC, M = _count_tables(ctx, S)
     IF1, IF2 = _inflight(ctx, S)
-    ok_f, ok_fmbv, ok_fe, ok_eo, canon = _masks(ctx, S)
+    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, canon = _masks(ctx, S)
     capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
     if ignore_memory:
@@ -140,7 +144,8 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     return Tables(space=space, tc_of_f=tc_of_f, tpg_of_fo=tpg_of_fo, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
                   C=C, BWD=BWD, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM,
                   OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
-                  IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, canon=canon)
+                  IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fs=ok_fs,
+                  canon=canon)
 
 
 def _qt(values) -> np.ndarray:
@@ -151,25 +156,30 @@ def _qb(values) -> np.ndarray:
     return np.ceil(np.asarray(values, dtype=float) / MEMORY_QUANTUM_BYTES).astype(np.int64)
 
 
-def _dp_tables(ctx: Context, S: Space, probe) -> tuple[np.ndarray, ...]:
+def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
+    """Data-parallel traffic, optimizer step and static memory over (f, o, v, e, z)."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
     dps, dpm = np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z))
     opt, static = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
-    L = ctx.model.num_layers
+    L, g = ctx.model.num_layers, ctx.job.grad_bytes
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
-        for vi, v in enumerate(S.vp):
-            if pp * v > L or (v > 1 and pp == 1):
+        for ei, e in enumerate(S.ep):
+            if dp % e:
                 continue
-            for ei, e in enumerate(S.ep):
-                if dp % e:
+            profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o) if dp * cp > 1 else (None, None) for o in S.order]
+            for vi, v in enumerate(S.vp):
+                if pp * v > L or (v > 1 and pp == 1):
                     continue
+                pc = param_counts(ctx.model, tp, pp, v, e)
                 for zi, z in enumerate(S.zero_stage):
-                    base = probe[i][0].with_(vp=v, ep=e, zero_stage=z)
+                    base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z)
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base)
                     static[i, vi, ei, zi] = memory_static_bytes(ctx, base)
-                    for oi in range(O):
-                        terms = dp_terms(ctx, probe[i][oi].with_(vp=v, ep=e, zero_stage=z))
-                        dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi] = terms.per_step_s, terms.per_microbatch_s
+                    for oi, (dense, expert) in enumerate(profiles):
+                        if dense is None:
+                            continue
+                        t = dp_traffic(g, pc, dense, expert, z)
+                        dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi] = t.per_step_s, t.per_microbatch_s
     return _qt(dps), _qt(dpm), _qt(opt), _qb(static)
 
 
@@ -220,14 +230,37 @@ def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
             reason = expert_ok(model, dp, e)
             ok_fe[i, ei] = -1 if reason is None else code[reason]
     ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
-    canon = np.zeros((F, len(S.ep), len(S.sequence_parallel), len(S.zero_stage), len(S.order),
-                      len(S.dp_overlap), len(S.tp_overlap)), bool)
-    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
-        for idx in np.ndindex(canon.shape[1:]):
-            ei, si, zi, oi, doi, toi = idx
-            canon[(i,) + idx] = canonical(tp, pp, dp, cp, S.ep[ei], S.sequence_parallel[si], S.zero_stage[zi],
-                                          S.order[oi], S.dp_overlap[doi], S.tp_overlap[toi])
-    return ok_f, ok_fmbv, ok_fe, ok_eo, canon
+    ok_fs = np.array([[-1 if sequence_parallel_ok(f[0], sp) is None else code["sequence_parallel"]
+                       for sp in S.sequence_parallel] for f in S.factorizations])
+    canon = _canonical_mask(S)
+    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, canon
+
+
+def _canonical_mask(S: Space) -> np.ndarray:
+    """``planner.space.canonical`` over (f, e, s, z, o, do, to), vectorized.
+
+    The order part is evaluated per (f, o); the rest are the same rules as ``canonical``, with the
+    representatives taken from the space's own domains.
+    """
+    facts = np.array(S.factorizations)
+    order_ok = np.array([[_only_order_differs(tp, pp, dp, cp, o, S) for o in S.order]
+                         for tp, pp, dp, cp in S.factorizations])
+    tp1 = facts[:, 0] == 1
+    dp1 = facts[:, 2] * facts[:, 3] == 1
+    to = np.array(S.tp_overlap, bool) != _representative(S.tp_overlap, False)
+    zero = np.array(S.zero_stage) != _representative(S.zero_stage, 0)
+    do = np.array(S.dp_overlap, bool) != _representative(S.dp_overlap, True)
+    tp_bad = tp1[:, None, None, None, None, None, None] & to[None, None, None, None, None, None, :]
+    dp_bad = dp1[:, None, None, None, None, None, None] & (zero[None, None, None, :, None, None, None]
+                                                          | do[None, None, None, None, None, :, None])
+    shape = (len(facts), len(S.ep), len(S.sequence_parallel), len(zero), len(S.order), len(do), len(to))
+    return np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad
+
+
+def _only_order_differs(tp: int, pp: int, dp: int, cp: int, order: str, S: Space) -> bool:
+    """The order part of ``canonical`` alone (the other knobs at their representatives)."""
+    return canonical(tp, pp, dp, cp, 1, False, _representative(S.zero_stage, 0), order,
+                     _representative(S.dp_overlap, True), _representative(S.tp_overlap, False), S)
 
 
 def layout_from_indices(space: Space, idx: dict) -> Layout:

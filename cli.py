@@ -1,0 +1,608 @@
+"""The command line: parse options, load the inputs, call ``planner``, render a report or JSON.
+
+Commands: ``clusterplan plan|evaluate|models|clusters|devices``; ``plan`` is also installed as a
+command of its own (``plan --model gpt --cluster dgx-superpod``). Every figure printed comes from
+the Plan document (``planner.plan``); nothing here computes a cost.
+
+Results go to stdout, errors to stderr as ``error: <message>``. Exit codes (DESIGN.md):
+
+== ===========================================================================
+0  success (``evaluate`` of a layout that does not fit is still a success)
+1  a bug: anything unexpected (``internal error: ...``; CLUSTERPLAN_DEBUG=1 for the traceback)
+2  bad input: usage, unknown name, missing or invalid file, invalid layout or bounds
+3  no layout fits (the message names the shortfall, ``hint:`` what would fix it)
+4  the solver stopped without any layout (raise ``--time-limit``)
+== ===========================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from cost.layout import Job, Layout, parse_layout
+from cost.step import evaluate
+from models.errors import ClusterplanError, InfeasibleError, SpecError
+from models.library import job_defaults, list_models, load_model, resolve_model_id
+from models.spec import ModelSpec
+from planner.plan import PLANNER_VERSION, evaluation_document, plan_document
+from planner.search import ENGINES, SearchOptions, check_layout, plan
+from planner.space import REASONS, parse_bounds
+from topologies.cluster import Cluster
+from topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
+
+EXIT_BUG = 1
+GIB = 2**30
+DEFAULT_TOKENS_PER_STEP = 4 * 2**20
+"""Tokens per optimizer step of the default global batch (about 4M, the GPT-3/Llama range)."""
+FILE_SUFFIXES = (".yaml", ".yml", ".json")
+REPORT_WIDTH = 120
+"""Report width when stdout is not a terminal (a terminal uses its own width)."""
+
+
+# ---- option types ----------------------------------------------------------------------------------
+class TokenCount(click.ParamType):
+    """A token count: ``300e9``, ``300000000000``, ``300B``, ``1.5T``, ``500M``."""
+
+    name = "tokens"
+    SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+    def convert(self, value: Any, param, ctx) -> int:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            match = re.fullmatch(r"\s*([0-9][0-9_.]*(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", str(value), re.I)
+            try:
+                number = float(match.group(1)) * self.SUFFIXES[match.group(2).lower()] if match else math.nan
+            except ValueError:
+                number = math.nan
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{value!r} is not a token count; write e.g. 300e9, 300B or 1.5T", param, ctx)
+        return int(round(number))
+
+
+class Headroom(click.ParamType):
+    """A fraction of device memory kept free: ``10%`` or ``0.1``."""
+
+    name = "fraction"
+
+    def convert(self, value: Any, param, ctx) -> float:
+        text = str(value).strip()
+        percent = text.endswith("%")
+        try:
+            number = float(text.removesuffix("%"))
+        except ValueError:
+            self.fail(f"{value!r} is not a fraction; write e.g. 10% or 0.1", param, ctx)
+        fraction = number / 100 if percent else number
+        if not 0 <= fraction < 1:
+            self.fail(f"{value!r} is out of range; give 0% to 99% (or a fraction 0 to 0.99)", param, ctx)
+        return fraction
+
+
+POSITIVE_INT = click.IntRange(min=1)
+POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
+
+
+# ---- errors and exit codes ---------------------------------------------------------------------------
+def _err(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def guarded(fn: Callable) -> Callable:
+    """Map every exception of a command to its message on stderr and its exit code, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except BrokenPipeError:
+            raise  # `plan ... | head`: click exits quietly
+        except InfeasibleError as err:
+            _err(f"error: {err}")
+            if err.rejections:
+                counts = ", ".join(f"{REASONS.get(k, k)}: {n:,}"
+                                   for k, n in sorted(err.rejections.items(), key=lambda kv: -kv[1]))
+                _err(f"rejected layouts: {counts}")
+            if err.hint:
+                _err(f"hint: {err.hint}")
+            sys.exit(err.exit_code)
+        except ClusterplanError as err:
+            _err(f"error: {err}")
+            sys.exit(err.exit_code)
+        except Exception as err:  # noqa: BLE001 - the last line of defence: a bug, reported as one
+            _err(f"internal error: {type(err).__name__}: {err}")
+            _err("this is a bug in clusterplan: please report it with the command line you ran "
+                 "(CLUSTERPLAN_DEBUG=1 prints the traceback)")
+            if os.environ.get("CLUSTERPLAN_DEBUG") == "1":
+                traceback.print_exc()
+            sys.exit(EXIT_BUG)
+
+    return wrapper
+
+
+# ---- loading the inputs ------------------------------------------------------------------------------
+def _looks_like_file(text: str) -> bool:
+    """``--cluster`` is a file by the rule ``models.library.load_model`` applies to ``--model``: it exists,
+    ends in .yaml/.yml/.json, or contains a path separator."""
+    return Path(text).exists() or Path(text).suffix.lower() in FILE_SUFFIXES or "/" in text or "\\" in text
+
+
+def load_cluster(name_or_path: str, num_devices: int | None, num_nodes: int | None, device: str | None,
+                 scale_out_gbit_per_s: float | None, oversubscription: float | None) -> Cluster:
+    """A preset (sized and overridden by the options) or a cluster file (which carries its own size)."""
+    if not _looks_like_file(name_or_path):
+        return build_cluster(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
+                             scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
+    given = {"--devices": num_devices, "--nodes": num_nodes, "--device": device,
+             "--scale-out-gbit-per-s": scale_out_gbit_per_s, "--oversubscription": oversubscription}
+    clash = [flag for flag, value in given.items() if value is not None]
+    if clash:
+        raise SpecError(f"{', '.join(clash)}: not allowed with a cluster file ({name_or_path}); set num_devices "
+                        "or num_nodes, device, scale_out.nic_gbit_per_s and scale_out.oversubscription "
+                        "in the file instead")
+    return load_cluster_file(name_or_path)
+
+
+def published_defaults(model_arg: str) -> dict[str, Any]:
+    """The job a bundled model was published with; empty for a model file."""
+    if Path(model_arg).exists():
+        return {}
+    try:
+        return job_defaults(resolve_model_id(model_arg))
+    except SpecError:
+        return {}
+
+
+def default_global_batch(seq_len: int) -> int:
+    """The power of two nearest to DEFAULT_TOKENS_PER_STEP / seq_len sequences (at least 1).
+
+    A power of two divides evenly by the data-parallel and micro-batch sizes the search tries.
+    """
+    return 2 ** max(0, round(math.log2(DEFAULT_TOKENS_PER_STEP / seq_len)))
+
+
+def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: int | None,
+              seq_len: int | None, precision: str | None, tokens: int | None) -> tuple[Job, dict[str, str]]:
+    """The job from the options, the model's published setup, then the defaults; and where each came from."""
+    published = published_defaults(model_arg)
+    origin: dict[str, str] = {}
+
+    def pick(key: str, given, fallback):
+        if given is not None:
+            origin[key] = "given"
+            return given
+        if published.get(key) is not None:
+            origin[key] = "published"
+            return published[key]
+        origin[key] = "default"
+        return fallback() if callable(fallback) else fallback
+
+    seq = pick("seq_len", seq_len, model.seq_len)
+    if origin["seq_len"] == "default":
+        origin["seq_len"] = "model"  # the model file's seq_len field (2048 when it has none)
+    batch = pick("global_batch_size", global_batch, lambda: default_global_batch(seq))
+    prec = pick("precision", precision, "bf16")
+    tokens_to_train = pick("tokens_to_train", tokens, 0)
+    if prec == "fp8" and not cluster.device.supports("fp8"):
+        has = ", ".join(sorted(cluster.device.peak_flops_per_s))
+        if origin["precision"] == "given":
+            raise SpecError(f"--precision: fp8 needs a device with FP8 math; {cluster.device.id} has {has}; "
+                            "use --precision bf16, or a device with FP8 (--device, another --cluster)")
+        prec, origin["precision"] = "bf16", f"bf16: published fp8, but {cluster.device.id} has no FP8"
+    return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train), origin
+
+
+# ---- shared options ---------------------------------------------------------------------------------
+def _apply(options: list[Callable]) -> Callable:
+    def decorate(fn):
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+    return decorate
+
+
+PROBLEM_OPTIONS = [
+    click.option("--model", "model_arg", required=True, metavar="ID|FILE",
+                 help="Bundled model id or alias (see `clusterplan models`), or the path of a YAML/JSON "
+                      "model file or of a Hugging Face config.json."),
+    click.option("--cluster", "cluster_arg", required=True, metavar="ID|FILE",
+                 help="Cluster preset id or alias (see `clusterplan clusters`), or the path of a YAML "
+                      "cluster file."),
+    click.option("--devices", "--gpus", "num_devices", type=POSITIVE_INT,
+                 help="Number of accelerators (default: the preset's reference size)."),
+    click.option("--nodes", "num_nodes", type=POSITIVE_INT,
+                 help="Number of nodes (hosts) instead of --devices."),
+    click.option("--device", "device", metavar="ID",
+                 help="Another device of the preset's family, e.g. h200-sxm-141gb on dgx-h100-superpod "
+                      "(see `clusterplan devices`)."),
+    click.option("--scale-out-gbit-per-s", "scale_out_gbit_per_s", type=POSITIVE_FLOAT, metavar="GBIT",
+                 help="NIC bandwidth per device and direction, Gb/s, replacing the preset's."),
+    click.option("--oversubscription", type=click.FloatRange(min=1), metavar="RATIO",
+                 help="Leaf downlink/uplink ratio of a fat-tree preset (1 = non-blocking)."),
+    click.option("--global-batch", "global_batch", type=POSITIVE_INT, metavar="SEQUENCES",
+                 help="Sequences per optimizer step. Default: the model's published batch, else the power "
+                      "of two nearest to 4,194,304 / seq-len (about 4M tokens per step)."),
+    click.option("--seq-len", "seq_len", type=POSITIVE_INT, metavar="TOKENS",
+                 help="Tokens per sequence (default: the model's published training length)."),
+    click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]),
+                 help="Training precision (default: the model's published one, else bf16)."),
+    click.option("--tokens", "tokens", type=TokenCount(), metavar="N",
+                 help="Tokens to train, for time, energy and cost to train: 300e9, 300B, 1.5T "
+                      "(default: the model's published figure, if any)."),
+    click.option("--json", "as_json", is_flag=True, help="Print the Plan document as JSON, nothing else."),
+]
+SEARCH_OPTIONS = [
+    click.option("--top", "top_k", type=click.IntRange(min=0), default=3, show_default=True,
+                 help="Runners-up to report."),
+    click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
+                 help="cpsat: the OR-Tools CP-SAT model; exhaustive: numpy brute force over the same tables."),
+    click.option("--time-limit", "time_limit_s", type=POSITIVE_FLOAT, metavar="SECONDS",
+                 help="Stop CP-SAT after this long and report the best layout found and its gap."),
+    click.option("--fix", multiple=True, metavar="KNOB=VALUE",
+                 help="Hold a knob: tp, pp, dp, cp, ep, vp, mbs, sp, recompute, zero, order, dp_overlap, "
+                      "tp_overlap (repeatable, or comma-separated: --fix tp=8,pp=4)."),
+    click.option("--min", "minimum", multiple=True, metavar="KNOB=VALUE",
+                 help="Lower bound on a numeric knob, e.g. --min dp=4 (repeatable)."),
+    click.option("--max", "maximum", multiple=True, metavar="KNOB=VALUE",
+                 help="Upper bound on a numeric knob, e.g. --max pp=16 (repeatable)."),
+    click.option("--memory-headroom", "memory_headroom", type=Headroom(), default="0%", show_default=True,
+                 help="Share of device memory to keep free: 10% or 0.1."),
+]
+
+
+# ---- commands ----------------------------------------------------------------------------------------
+@click.command("plan")
+@_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
+@guarded
+def plan_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
+                 global_batch, seq_len, precision, tokens, as_json, top_k, engine, time_limit_s, fix, minimum,
+                 maximum, memory_headroom):
+    """Search the parallel layouts of MODEL on CLUSTER and report the fastest that fits.
+
+    \b
+    Example:  plan --model gpt --cluster dgx-superpod
+              plan --model llama3-70b --cluster dgx-h100-superpod --devices 256 --fix tp=8 --top 5
+    """
+    model = load_model(model_arg)
+    cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
+    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens)
+    bounds = parse_bounds(fix, minimum, maximum, memory_headroom)
+    result = plan(model, job, cluster, SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s,
+                                                     bounds=bounds))
+    emit(plan_document(result), cluster, origin, as_json)
+
+
+@click.command("evaluate")
+@click.option("--layout", "layout_text", required=True, metavar="SPEC",
+              help='The layout, e.g. "tp=8,pp=8,dp=16,vp=2,mbs=1,recompute=selective,zero=1,sp=on" '
+                   "(degrees left out are 1, dp takes the devices left over).")
+@_apply(PROBLEM_OPTIONS)
+@guarded
+def evaluate_command(layout_text, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
+                     oversubscription, global_batch, seq_len, precision, tokens, as_json):
+    """Predict step time and memory of one given layout (no search).
+
+    A layout that does not fit in memory is still reported, with how far it overflows (exit 0).
+    """
+    model = load_model(model_arg)
+    cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
+    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens)
+    layout = parse_layout(layout_text, num_devices=cluster.num_devices)
+    check_layout(model, job, cluster, layout)
+    emit(evaluation_document(model, job, cluster, evaluate(model, job, cluster, layout)), cluster, origin, as_json)
+
+
+@click.command("models")
+@click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON.")
+@guarded
+def models_command(as_json):
+    """List the bundled models."""
+    rows = [{**asdict(e), "job_defaults": job_defaults(e.id)} for e in list_models()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = _table("id", "aliases", "name", ("params", "right"), ("active", "right"), ("batch x seq", "right"))
+    for r in rows:
+        d = r["job_defaults"]
+        active = "" if r["num_active_params"] == r["num_params"] else _count(r["num_active_params"])
+        batch = f"{d['global_batch_size'] or '?'} x {d['seq_len']}"
+        table.add_row(r["id"], ", ".join(r["aliases"]), r["name"], _count(r["num_params"]), active, batch)
+    _print_catalogue(table, "pass --model ID (or an alias), or the path of a YAML/JSON file or HF config.json")
+
+
+@click.command("clusters")
+@click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON.")
+@guarded
+def clusters_command(as_json):
+    """List the bundled cluster presets."""
+    rows = [asdict(e) for e in list_clusters()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = _table("id", "aliases", "family", "device", ("devices", "right"), ("per node", "right"))
+    for r in rows:
+        table.add_row(r["id"], ", ".join(r["aliases"]), r["family"], r["device"], f"{r['reference_size']:,}",
+                      str(r["devices_per_node"]))
+    _print_catalogue(table, "pass --cluster ID with --devices N or --nodes N, or the path of a cluster YAML file")
+
+
+@click.command("devices")
+@click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON.")
+@guarded
+def devices_command(as_json):
+    """List the bundled accelerators."""
+    devices = list_devices()
+    if as_json:
+        click.echo(json.dumps([d.model_dump(mode="json") for d in devices], indent=2))
+        return
+    table = _table("id", "family", ("memory", "right"), ("bf16 TFLOP/s", "right"), ("fp8 TFLOP/s", "right"),
+                   ("mem TB/s", "right"), ("power W", "right"), ("$/hour", "right"))
+    for d in devices:
+        fp8 = d.peak_flops_per_s.get("fp8")
+        table.add_row(d.id, d.family, f"{d.memory_bytes / GIB:.1f} GiB {d.memory_kind.upper()}",
+                      f"{d.peak('bf16') / 1e12:,.0f}", "-" if not fp8 else f"{fp8 / 1e12:,.0f}",
+                      f"{d.memory_bytes_per_s / 1e12:,.2f}", "-" if d.power_w is None else f"{d.power_w:.0f}",
+                      "-" if d.price_per_hour_usd is None else f"{d.price_per_hour_usd:.2f}")
+    _print_catalogue(table, "pass --device ID to swap the device of a preset (same family)")
+
+
+@click.group("clusterplan")
+@click.version_option(PLANNER_VERSION, prog_name="clusterplan")
+def main():
+    """Plan parallel layouts (TP, PP, DP, CP, EP, micro-batching, recomputation, ZeRO) for training
+    large models on accelerator clusters, with step time, memory and cost predicted per layout.
+
+    Exit codes: 0 ok, 2 bad input, 3 no layout fits, 4 solver stopped without a layout, 1 a bug.
+    """
+
+
+for _command in (plan_command, evaluate_command, models_command, clusters_command, devices_command):
+    main.add_command(_command)
+
+plan_main = plan_command
+"""The ``plan`` console script: the same command as ``clusterplan plan``."""
+
+
+# ---- output ------------------------------------------------------------------------------------------
+def emit(doc: dict, cluster: Cluster, origin: dict[str, str], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        render_report(doc, cluster, origin, _console())
+
+
+def _console() -> Console:
+    # Created per call so that it writes to the current sys.stdout (tests swap it).
+    options = dict(highlight=False, markup=False, emoji=False, soft_wrap=True)
+    console = Console(**options)
+    return console if console.is_terminal else Console(width=REPORT_WIDTH, **options)
+
+
+def _table(*columns, title: str | None = None) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False, show_edge=False)
+    for column in columns:
+        name, justify = column if isinstance(column, tuple) else (column, "left")
+        table.add_column(name, justify=justify)
+    return table
+
+
+def _print_catalogue(table: Table, footer: str) -> None:
+    console = _console()
+    console.print(table)
+    console.print(footer)
+
+
+MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
+                 "activations": "activations", "working": "working buffers", "reserved": "runtime reserve"}
+TIME_LABELS = {"compute": "compute (forward + backward)", "recompute": "recompute",
+               "tp_comm": "tensor-parallel comm (exposed)", "cp_comm": "context-parallel comm (exposed)",
+               "ep_comm": "expert all-to-all (exposed)", "pp_bubble": "pipeline bubble",
+               "pp_p2p": "pipeline send/recv", "dp_comm": "data-parallel comm (exposed)",
+               "optimizer": "optimizer step"}
+
+
+SHORT_KNOBS = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
+
+
+def render_report(doc: dict, cluster: Cluster, origin: dict[str, str], console: Console) -> None:
+    """The human report of a Plan document (plan or evaluate)."""
+    _header(doc, cluster, origin, console)
+    _figures(doc, console)
+    _memory(doc, console)
+    _time(doc, console)
+    _training(doc, cluster, console)
+    if doc.get("search"):
+        _runners_up(doc, console)
+        _why(doc, console)
+        _rejections(doc, console)
+        _search(doc, console)
+
+
+def _header(doc: dict, cluster: Cluster, origin: dict[str, str], console: Console) -> None:
+    model, job = doc["inputs"]["model"], doc["inputs"]["job"]
+    params = f"{_count(model['num_params'])} parameters"
+    if model["num_active_params"] != model["num_params"]:
+        params += f", {_count(model['num_active_params'])} active"
+    device = cluster.device
+    console.print(f"model    {model['name']} ({params}, {model['num_layers']} layers)")
+    console.print(f"cluster  {cluster.name} ({cluster.id}): {doc['num_devices']:,} x {device.name}, "
+                  f"{device.memory_bytes / GIB:.1f} GiB {device.memory_kind.upper()} each")
+    tokens = job["global_batch_size"] * job["seq_len"]
+    line = (f"job      global batch {job['global_batch_size']:,} sequences x {job['seq_len']:,} tokens "
+            f"= {_count(tokens)} tokens/step, {job['precision']}")
+    if job["tokens_to_train"]:
+        line += f", {_count(job['tokens_to_train'])} tokens to train"
+    console.print(line)
+    names = {"global_batch_size": "global batch", "seq_len": "seq len", "precision": "precision",
+             "tokens_to_train": "tokens to train"}
+    sources = {"published": "the model's published setup", "model": "the model file",
+               "default": "clusterplan's defaults"}
+    for where, source in sources.items():
+        keys = [names[k] for k, v in origin.items() if v == where and (k != "tokens_to_train" or job[k])]
+        if keys:
+            console.print(f"         {', '.join(keys)} from {source} (see --help)")
+    for key, where in origin.items():
+        if where not in ("given", *sources):
+            console.print(f"         {names[key]} {where}")
+    console.print()
+
+
+def _layout_text(layout: dict) -> str:
+    return Layout(**{k: v for k, v in layout.items() if k != "num_microbatches"}).short()
+
+
+def _figures(doc: dict, console: Console) -> None:
+    lay = doc["layout"]
+    label = "best layout" if doc.get("search") else "layout"
+    console.print(f"{label}  {_layout_text(lay)}", style="bold")
+    console.print(f"{'':{len(label)}}  {lay['num_microbatches']:,} micro-batches of {lay['micro_batch_size']} "
+                  f"per pipeline per step, rank order {lay['order']} (innermost first)")
+    console.print(f"step time {doc['step_time_s']:.3f} s   {doc['tokens_per_s']:,.0f} tokens/s   "
+                  f"MFU {doc['mfu']:.1%}   HFU {doc['hfu']:.1%}   "
+                  f"{doc['model_flops_per_s_per_device'] / 1e12:,.0f} model TFLOP/s per device")
+    console.print()
+
+
+def _memory(doc: dict, console: Console) -> None:
+    capacity, peak = doc["device_memory_bytes"], doc["peak_memory_bytes"]
+    table = _table("memory per device (most loaded stage)", ("GiB", "right"), ("% of device", "right"))
+    for key, value in doc["memory"].items():
+        table.add_row(MEMORY_LABELS.get(key, key), _gib(value), f"{value / capacity:.1%}")
+    table.add_row("total", _gib(peak), f"{peak / capacity:.1%}", style="bold")
+    console.print(table)
+    if doc["fits"]:
+        console.print(f"fits: {_gib(peak)} of {_gib(capacity)} GiB ({_gib(capacity - peak)} GiB free)")
+    else:
+        console.print(f"DOES NOT FIT: needs {_gib(peak)} GiB, device has {_gib(capacity)} GiB, "
+                      f"over by {_gib(doc['overflow_bytes'])} GiB", style="bold red")
+    console.print()
+
+
+def _time(doc: dict, console: Console) -> None:
+    step = doc["step_time_s"]
+    table = _table("time per step", ("s", "right"), ("% of step", "right"))
+    for key, value in doc["breakdown"].items():
+        if value:
+            table.add_row(TIME_LABELS.get(key, key), f"{value:.4f}", f"{value / step:.1%}")
+    table.add_row("step time", f"{step:.4f}", "100.0%", style="bold")
+    console.print(table)
+    zero = [TIME_LABELS.get(k, k).split(" (")[0] for k, v in doc["breakdown"].items() if not v]
+    if zero:
+        console.print(f"no time in: {', '.join(zero)}")
+    console.print()
+
+
+def _training(doc: dict, cluster: Cluster, console: Console) -> None:
+    seconds = doc.get("time_to_train_s")
+    if not seconds:
+        console.print("time to train: pass --tokens (e.g. --tokens 300e9) for time, energy and cost to train")
+        console.print()
+        return
+    tokens = doc["inputs"]["job"]["tokens_to_train"]
+    energy = doc.get("energy_j")
+    cost = doc.get("cost_usd")
+    energy_text = "energy n/a (no power figure for the device)" if energy is None else f"{energy / 3.6e9:,.0f} MWh"
+    if cost is None:
+        cost_text = "cost n/a (no price for the device)"
+    else:
+        cost_text = f"${cost:,.0f} at ${cluster.device.price_per_hour_usd:.2f} per device-hour"
+    console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)}, {energy_text}, {cost_text}")
+    console.print()
+
+
+def _runners_up(doc: dict, console: Console) -> None:
+    runners = doc.get("runners_up") or []
+    if not runners:
+        return
+    best = doc["step_time_s"]
+    table = _table(("#", "right"), "runner-up layout", ("step s", "right"), ("MFU", "right"),
+                   ("peak GiB", "right"), ("vs best", "right"))
+    for i, ev in enumerate(runners):
+        delta_ms = (ev["step_time_s"] - best) * 1e3
+        table.add_row(str(i + 2), _layout_text(ev["layout"]), f"{ev['step_time_s']:.3f}", f"{ev['mfu']:.1%}",
+                      _gib(ev["peak_memory_bytes"]), f"{delta_ms:+,.1f} ms")
+    console.print(table)
+    console.print()
+
+
+def _why(doc: dict, console: Console) -> None:
+    explanation = doc.get("explanation") or {}
+    versus = explanation.get("versus_runners_up") or []
+    binding = explanation.get("binding") or []
+    if versus:
+        console.print("runners-up against the best: knobs changed, the time term that changes most, the step")
+        for i, v in enumerate(versus):
+            changed = " ".join(f"{SHORT_KNOBS.get(k, k)}={_knob(x)}" for k, x in v["changed"].items())
+            term = TIME_LABELS.get(v["term"], v["term"]).split(" (")[0]
+            console.print(f"  #{i + 2} {changed}: {term} {v['delta_s'] * 1e3:+,.1f} ms, "
+                          f"step {v['step_time_delta_s'] * 1e3:+,.1f} ms")
+        console.print()
+    if binding:
+        console.print("what binds (one-step moves from the best layout)")
+        for line in binding:
+            console.print(f"  {line}")
+        console.print()
+
+
+def _knob(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def _rejections(doc: dict, console: Console) -> None:
+    rejections = doc.get("rejections") or {}
+    if not rejections:
+        return
+    reasons = doc.get("rejection_reasons") or {}
+    table = _table("rejected layouts by reason", ("count", "right"))
+    for key, count in sorted(rejections.items(), key=lambda kv: -kv[1]):
+        table.add_row(reasons.get(key, REASONS.get(key, key)), f"{count:,}")
+    console.print(table)
+    console.print()
+
+
+def _search(doc: dict, console: Console) -> None:
+    s = doc["search"]
+    gap = "" if s["status"] == "OPTIMAL" else f", gap {s['gap']:.2%}"
+    console.print(f"search: {s['engine']}, {s['status']}{gap}, {s['wall_s']:.2f} s, "
+                  f"{s['layouts_considered']:,} layouts considered, {s['layouts_feasible']:,} valid and fitting")
+
+
+# ---- number formatting (display only) -------------------------------------------------------------------
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / GIB:,.1f}"
+
+
+def _count(n: float) -> str:
+    """1.2e11 -> '120 B'; human units for parameter and token counts."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            value = n / scale
+            return f"{value:,.{0 if value >= 100 else 1}f} {unit}"
+    return f"{n:,.0f}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:,.1f} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 60:.1f} minutes"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""CLI tests: exit codes, stdout/stderr separation, the report, the JSON document and its invariants.
+
+Click >= 8.2 keeps stderr apart in CliRunner (``result.stdout`` / ``result.stderr``; ``mix_stderr``
+is gone), which is what these tests rely on. Searches use small device counts wherever the test is
+about the CLI plumbing; the two headline runs use the command exactly as documented.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+from click.testing import CliRunner
+
+import cli
+from cli import TokenCount, default_global_batch, main, plan_main
+from cost.layout import Layout
+from models.errors import SolverError
+from models.library import list_models
+from topologies.library import list_clusters, list_devices
+
+HEADLINE = ["--model", "gpt", "--cluster", "dgx-superpod"]
+LAYOUT_KEYS = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "sequence_parallel", "recompute",
+               "zero_stage"}
+SMALL_DEVICES = 16  # valid for every preset family (whole 8- or 4-device nodes, a 2x2x4 / 4x4 TPU slice)
+
+TINY_MODEL = """\
+num_layers: 4
+hidden_size: 256
+num_attention_heads: 4
+ffn_hidden_size: 1024
+vocab_size: 32000
+seq_len: 1024
+"""
+HF_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": False,
+}
+
+
+def run(*args: str, command=main, env: dict | None = None):
+    """Invoke the CLI; every invocation must keep tracebacks away from the user."""
+    result = CliRunner(env=env).invoke(command, list(args))
+    assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
+    return result
+
+
+def run_json(*args: str) -> dict:
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def headline_doc() -> dict:
+    return run_json("plan", *HEADLINE)
+
+
+def check_invariants(doc: dict) -> None:
+    """What every reported layout must satisfy (winner and runners-up alike)."""
+    lay = doc["layout"]
+    assert lay["tp"] * lay["pp"] * lay["dp"] * lay["cp"] == doc["num_devices"]
+    assert math.isclose(sum(doc["breakdown"].values()), doc["step_time_s"], rel_tol=1e-9)
+    assert math.isclose(sum(doc["memory"].values()), doc["peak_memory_bytes"], rel_tol=1e-9)
+
+
+# ---- the headline command ------------------------------------------------------------------------------
+def test_plan_headline_report_via_the_plan_entry_point():
+    result = run(*HEADLINE, command=plan_main)
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "step time" in out and "tokens/s" in out and "MFU" in out
+    assert re.search(r"best layout\s+tp=\d+ pp=\d+ dp=\d+", out), out
+    for section in ("memory per device", "time per step", "to train 300 B tokens", "runner-up layout",
+                    "rejected layouts by reason", "search: cpsat"):
+        assert section in out, section
+    assert result.stderr == ""
+
+
+def test_plan_json_has_the_documented_keys(headline_doc):
+    doc = headline_doc
+    assert LAYOUT_KEYS <= set(doc["layout"])
+    for key in ("num_devices", "step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes", "device_memory_bytes",
+                "breakdown", "runners_up", "rejections", "search"):
+        assert key in doc, key
+    assert doc["num_devices"] == 1024 and doc["inputs"]["cluster"]["id"] == "dgx-h100-superpod"
+    assert doc["search"]["engine"] == "cpsat" and len(doc["runners_up"]) == 3
+
+
+def test_plan_json_is_consistent(headline_doc):
+    doc = headline_doc
+    job = doc["inputs"]["job"]
+    check_invariants(doc)
+    assert doc["fits"] and doc["peak_memory_bytes"] <= doc["device_memory_bytes"]
+    assert math.isclose(doc["tokens_per_s"] * doc["step_time_s"], job["global_batch_size"] * job["seq_len"],
+                        rel_tol=1e-9)
+    assert (job["global_batch_size"], job["seq_len"], job["precision"]) == (1536, 2048, "fp16")  # published
+    for runner in doc["runners_up"]:
+        check_invariants(runner)
+        assert runner["fits"] and runner["step_time_s"] >= doc["step_time_s"] * (1 - 1e-4)  # integer quanta
+
+
+# ---- every preset answers -------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", [c.id for c in list_clusters()])
+def test_every_preset_answers(preset):
+    reference = next(c.reference_size for c in list_clusters() if c.id == preset)
+    result = run("plan", "--model", "llama3-8b", "--cluster", preset,
+                 "--devices", str(min(reference, SMALL_DEVICES)))
+    assert result.exit_code in (0, 3), result.stderr
+    if result.exit_code == 0:
+        assert "step time" in result.stdout
+    else:
+        assert result.stdout == ""
+        assert result.stderr.startswith("error: ") and "hint: " in result.stderr
+
+
+# ---- bad input: exit 2, a message on stderr, nothing on stdout ---------------------------------------------
+def _files(tmp_path):
+    (tmp_path / "bad.yaml").write_text("num_layers: 4\nhidden_size: [1, 2\n")
+    (tmp_path / "neg.yaml").write_text(TINY_MODEL.replace("hidden_size: 256", "hidden_size: -64"))
+    (tmp_path / "pod.yaml").write_text("base: dgx-h100-superpod\nnum_nodes: 2\n")
+    return tmp_path
+
+
+BAD_INPUT = {
+    "unknown model": (["plan", "--model", "gtp", "--cluster", "dgx-superpod"], "did you mean gpt3-175b"),
+    "unknown cluster": (["plan", "--model", "gpt", "--cluster", "dgx-superpd"], "unknown cluster 'dgx-superpd'"),
+    "missing model file": (["plan", "--model", "{tmp}/nope.yaml", "--cluster", "dgx-superpod"], "does not exist"),
+    "malformed yaml": (["plan", "--model", "{tmp}/bad.yaml", "--cluster", "dgx-superpod"], "invalid YAML"),
+    "schema violation": (["plan", "--model", "{tmp}/neg.yaml", "--cluster", "dgx-superpod"], "hidden_size"),
+    "missing cluster file": (["plan", "--model", "gpt", "--cluster", "{tmp}/nope.yaml"], "does not exist"),
+    "devices zero": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "0"], "--devices"),
+    "devices negative": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "-8"], "--devices"),
+    "devices not whole nodes": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "12"],
+                                "multiple of 8"),
+    "fix unknown knob": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--fix", "foo=3"],
+                         "unknown knob 'foo'"),
+    "fix without value": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--fix", "tp8"],
+                          "not knob=value"),
+    "bad headroom": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--memory-headroom", "150%"],
+                     "--memory-headroom"),
+    "bad tokens": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--tokens", "lots"], "--tokens"),
+    "fp8 without fp8": (["plan", "--model", "gpt", "--cluster", "dgx-a100-superpod", "--precision", "fp8"],
+                        "fp8"),
+    "device of another family": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--device", "tpu-v4"],
+                                 "cannot run on dgx-h100-superpod"),
+    "sizes with a cluster file": (["plan", "--model", "gpt", "--cluster", "{tmp}/pod.yaml", "--devices", "8"],
+                                  "not allowed with a cluster file"),
+    "missing option": (["plan", "--cluster", "dgx-superpod"], "--model"),
+    "degrees do not multiply": (["evaluate", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "64",
+                                 "--layout", "tp=8,pp=4,dp=4"], "the cluster has 64 devices"),
+    "heads not divisible by tp": (["evaluate", "--model", "llama2-7b", "--cluster", "dgx-superpod", "--devices",
+                                   "64", "--layout", "tp=64"], "not divisible by tp=64"),
+    "bad layout syntax": (["evaluate", "--model", "gpt", "--cluster", "dgx-superpod", "--layout", "tp=8,pp=x"],
+                          "layout.pp"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_exits_2_with_a_message(case, tmp_path):
+    args, expected = BAD_INPUT[case]
+    tmp = _files(tmp_path)
+    result = run(*(a.replace("{tmp}", str(tmp)) for a in args))
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    assert expected in result.stderr
+    assert result.stderr.startswith(("error: ", "Usage: "))
+
+
+# ---- no layout fits: exit 3 with the shortfall --------------------------------------------------------------
+@pytest.mark.parametrize("model", ["llama3-405b", "palm-540b"])
+def test_model_that_fits_nowhere_exits_3(model):
+    result = run("plan", "--model", model, "--cluster", "dgx-superpod", "--devices", "8")
+    assert result.exit_code == 3, result.stderr
+    assert result.stdout == ""
+    assert re.search(r"^error: .*does not fit on 8 x h100-sxm5-80gb.*\d+\.\d GiB per device", result.stderr, re.M)
+    assert "rejected layouts:" in result.stderr and "hint: " in result.stderr
+
+
+# ---- solver stop and bugs: exit 4 and 1 ----------------------------------------------------------------------
+def test_solver_error_exits_4(monkeypatch):
+    def stopped(*args, **kwargs):
+        raise SolverError("CP-SAT stopped with status UNKNOWN before finding any layout; raise --time-limit")
+
+    monkeypatch.setattr(cli, "plan", stopped)
+    result = run("plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "8")
+    assert result.exit_code == 4 and result.stderr.startswith("error: CP-SAT stopped")
+
+
+def test_unexpected_exception_is_reported_as_a_bug(monkeypatch):
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(cli, "plan", broken)
+    result = run("plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "8")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.startswith("internal error: ZeroDivisionError") and "report it" in result.stderr
+    debug = CliRunner(env={"CLUSTERPLAN_DEBUG": "1"}).invoke(
+        main, ["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "8"])
+    assert debug.exit_code == 1 and "Traceback" in debug.stderr
+
+
+# ---- evaluate ----------------------------------------------------------------------------------------------
+def test_evaluate_reports_a_layout_that_does_not_fit():
+    args = ["evaluate", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "8",
+            "--layout", "tp=8,pp=1,dp=1,mbs=1,recompute=full,zero=1,sp=on"]
+    result = run(*args)
+    assert result.exit_code == 0, result.stderr
+    match = re.search(r"DOES NOT FIT: needs ([\d,.]+) GiB, device has ([\d,.]+) GiB, over by ([\d,.]+) GiB",
+                      result.stdout)
+    assert match, result.stdout
+    need, have, over = (float(g.replace(",", "")) for g in match.groups())
+    assert math.isclose(need - have, over, abs_tol=0.11)
+    doc = run_json(*args)
+    assert not doc["fits"] and doc["overflow_bytes"] > 0
+    assert math.isclose(doc["peak_memory_bytes"] - doc["device_memory_bytes"], doc["overflow_bytes"])
+
+
+def test_evaluate_json_of_a_valid_layout():
+    doc = run_json("evaluate", "--model", "llama3-8b", "--cluster", "dgx-superpod", "--devices", "16",
+                   "--layout", "tp=2,pp=1,cp=2,mbs=1,recompute=selective,zero=1,sp=on")
+    check_invariants(doc)
+    assert doc["layout"]["dp"] == 4 and doc["fits"]  # dp takes the devices left over
+    assert doc["runners_up"] == [] and doc["rejections"] == {}
+    job = doc["inputs"]["job"]
+    assert math.isclose(doc["tokens_per_s"] * doc["step_time_s"], job["global_batch_size"] * job["seq_len"],
+                        rel_tol=1e-9)
+
+
+# ---- options --------------------------------------------------------------------------------------------------
+def test_search_options_are_applied():
+    doc = run_json("plan", "--model", "llama3-8b", "--cluster", "dgx-superpod", "--devices", "16",
+                   "--fix", "tp=2", "--max", "cp=2", "--memory-headroom", "10%", "--top", "1",
+                   "--search", "exhaustive", "--global-batch", "64", "--seq-len", "4096", "--tokens", "1e9")
+    assert doc["layout"]["tp"] == 2 and doc["layout"]["cp"] <= 2
+    assert doc["peak_memory_bytes"] <= 0.9 * doc["device_memory_bytes"]
+    assert len(doc["runners_up"]) == 1 and doc["search"]["engine"] == "exhaustive"
+    assert doc["inputs"]["job"]["global_batch_size"] == 64 and doc["inputs"]["job"]["seq_len"] == 4096
+    assert math.isclose(doc["time_to_train_s"], 1e9 / doc["tokens_per_s"])
+
+
+def test_published_fp8_falls_back_to_bf16_on_a_device_without_fp8():
+    args = ["evaluate", "--model", "deepseek-v3", "--cluster", "dgx-a100-superpod", "--devices", "64",
+            "--layout", "tp=8,pp=8,dp=1"]
+    result = run(*args)
+    assert result.exit_code == 0, result.stderr
+    assert "precision bf16: published fp8, but a100-sxm4-80gb has no FP8" in result.stdout
+    assert run_json(*args)["inputs"]["job"]["precision"] == "bf16"
+
+
+def test_model_files_and_cluster_files(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY_MODEL)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(HF_CONFIG))
+    (tmp_path / "pod.yaml").write_text("base: dgx-h100-superpod\nid: lab\nnum_nodes: 2\n"
+                                       "scale_out: {nic_gbit_per_s: 200}\n")
+    doc = run_json("plan", "--model", str(tmp_path / "tiny.yaml"), "--cluster", str(tmp_path / "pod.yaml"))
+    assert doc["num_devices"] == 16 and doc["inputs"]["cluster"]["id"] == "lab"
+    job = doc["inputs"]["job"]
+    assert job["seq_len"] == 1024 and job["global_batch_size"] == default_global_batch(1024) == 4096
+    assert job["precision"] == "bf16" and doc["time_to_train_s"] is None
+    doc = run_json("plan", "--model", str(tmp_path / "hf" / "config.json"), "--cluster", "dgx-superpod",
+                   "--devices", "16")
+    assert doc["inputs"]["model"]["num_layers"] == 32 and doc["inputs"]["job"]["seq_len"] == 8192
+
+
+def test_default_global_batch_is_about_4m_tokens_as_a_power_of_two():
+    assert default_global_batch(2048) == 2048 and default_global_batch(4096) == 1024
+    assert default_global_batch(1000) == 4096 and default_global_batch(2**23) == 1
+    assert default_global_batch(2**30) == 1
+
+
+@pytest.mark.parametrize("text, tokens", [("300e9", 300 * 10**9), ("300B", 300 * 10**9), ("1.5T", 15 * 10**11),
+                                          ("500m", 5 * 10**8), ("2_000_000", 2 * 10**6)])
+def test_token_counts(text, tokens):
+    assert TokenCount().convert(text, None, None) == tokens
+
+
+# ---- catalogues -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command, ids", [
+    ("models", lambda: [m.id for m in list_models()]),
+    ("clusters", lambda: [c.id for c in list_clusters()]),
+    ("devices", lambda: [d.id for d in list_devices()]),
+])
+def test_catalogues_list_every_id(command, ids):
+    result = run(command)
+    assert result.exit_code == 0 and result.stderr == ""
+    for known in ids():
+        assert known in result.stdout, known
+    rows = run_json(command)
+    assert [row["id"] for row in rows] == ids()
+
+
+def test_layout_line_round_trips(headline_doc):
+    lay = {k: v for k, v in headline_doc["layout"].items() if k != "num_microbatches"}
+    assert Layout(**lay).short().startswith(f"tp={lay['tp']} pp={lay['pp']} dp={lay['dp']}")
+
+
+def test_help_and_version():
+    for args in (["--help"], ["plan", "--help"], ["evaluate", "--help"], ["--version"]):
+        result = run(*args)
+        assert result.exit_code == 0 and result.stdout
+    assert "4,194,304" in run("plan", "--help").stdout
