@@ -41,6 +41,7 @@ from models.spec import ModelSpec
 from planner.plan import PLANNER_VERSION, evaluation_document, plan_document
 from planner.search import ENGINES, SearchOptions, check_layout, plan
 from planner.space import REASONS, parse_bounds
+from planner.validate import markdown_report, validate
 from topologies.cluster import Cluster
 from topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
 
@@ -361,6 +362,89 @@ def devices_command(as_json):
     _print_catalogue(table, "pass --device ID to swap the device of a preset (same family)")
 
 
+@click.command("explain")
+@_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
+@guarded
+def explain_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
+                    global_batch, seq_len, precision, tokens, as_json, top_k, engine, time_limit_s, fix, minimum,
+                    maximum, memory_headroom):
+    """Why the best layout won: against each runner-up, what binds, and one step in every knob."""
+    model = load_model(model_arg)
+    cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
+    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens)
+    bounds = parse_bounds(fix, minimum, maximum, memory_headroom)
+    result = plan(model, job, cluster, SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s,
+                                                     bounds=bounds))
+    doc = plan_document(result)
+    if as_json:
+        click.echo(json.dumps(doc["explanation"], indent=2))
+        return
+    console = _console()
+    console.print(f"best: {_layout_text(doc['layout'])}  step {doc['step_time_s']:.3f} s")
+    console.print()
+    _why(doc, console)
+    table = _table("move", ("step time s", "right"), ("change", "right"), ("peak GiB", "right"), "note",
+                   title="one step in each knob")
+    for row in doc["explanation"]["sensitivity"]:
+        step = row.get("step_time_s")
+        table.add_row(row["move"], "-" if step is None else f"{step:.3f}",
+                      "-" if step is None else f"{row['delta']:+.1%}",
+                      "-" if row.get("peak_memory_bytes") is None else _gib(row["peak_memory_bytes"]),
+                      row.get("reason", ""))
+    console.print(table)
+
+
+@click.command("validate")
+@click.argument("file", required=False, metavar="[FILE]")
+@click.option("--json", "as_json", is_flag=True, help="Print {runs, summary} as JSON.")
+@click.option("--markdown", is_flag=True, help="Print the table as Markdown (as in docs/cost-model.md).")
+@click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
+              help="Engine for the unpublished knobs and the best layout per run.")
+@click.option("--no-best", is_flag=True, help="Skip the planner's own best layout per run (faster).")
+@guarded
+def validate_command(file, as_json, markdown, engine, no_best):
+    """Compare predictions with published training runs (format clusterplan-runs/1).
+
+    Each run keeps its published layout; unpublished knobs are chosen by the search. Without FILE,
+    the runs bundled with clusterplan are used.
+    """
+    result = validate(file, SearchOptions(engine=engine, top_k=0), best=not no_best)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    if markdown:
+        click.echo(markdown_report(result))
+        return
+    _validation_report(result, _console())
+
+
+def _validation_report(result: dict, console: Console) -> None:
+    table = _table("run", "hardware", ("predicted s", "right"), ("measured s", "right"), ("error", "right"),
+                   "fits", ("best s", "right"), title=f"validation: {result['file']}")
+    for r in result["runs"]:
+        if r["reason"]:
+            table.add_row(r["id"], f"{r['device']} x {r['count']}", "-", "-", "-", "-", f"not evaluated: {r['reason']}")
+            continue
+        meas = "-" if not r["measured_step_time_s"] else f"{r['measured_step_time_s']:.3f}"
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        best = "-" if r["best_step_time_s"] is None else f"{r['best_step_time_s']:.3f}"
+        table.add_row(r["id"], f"{r['device']} x {r['count']}", f"{r['predicted_step_time_s']:.3f}", meas, err,
+                      "yes" if r["fits"] else "NO", best)
+    console.print(table)
+    s = result["summary"]
+    for name, st in [("all runs", s["overall"])] + sorted(s["by_family"].items()):
+        if st.get("runs"):
+            console.print(f"{name:>16}: {st['runs']} runs, median |error| {st['median_abs_error']:.1%}, "
+                          f"p90 {st['p90_abs_error']:.1%}, max {st['max_abs_error']:.1%}, "
+                          f"{st['fits']}/{st['evaluated']} published layouts fit")
+    if s.get("memory"):
+        m = s["memory"]
+        console.print(f"{'peak memory':>16}: {m['runs']} runs measured, median |error| {m['median_abs_error']:.1%}, "
+                      f"max {m['max_abs_error']:.1%}")
+    if s["not_evaluated"]:
+        console.print(f"{'not evaluated':>16}: {s['not_evaluated']} run(s), reason in the table")
+
+
 @click.group("clusterplan")
 @click.version_option(PLANNER_VERSION, prog_name="clusterplan")
 def main():
@@ -371,7 +455,8 @@ def main():
     """
 
 
-for _command in (plan_command, evaluate_command, models_command, clusters_command, devices_command):
+for _command in (plan_command, evaluate_command, explain_command, validate_command, models_command, clusters_command,
+                 devices_command):
     main.add_command(_command)
 
 plan_main = plan_command

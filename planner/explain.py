@@ -16,8 +16,12 @@ from topologies.cluster import Cluster
 GIB = 2**30
 
 
-def _moves(lay: Layout) -> list[tuple[str, Layout]]:
-    """One step up and down in each knob, keeping tp*pp*dp*cp fixed by trading with dp."""
+def _moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
+    """One step up and down in each knob, keeping tp*pp*dp*cp fixed by trading with dp.
+
+    Knobs that cannot apply (interleaving without a pipeline, expert parallelism on a dense model)
+    are left out rather than reported as blocked.
+    """
     out: list[tuple[str, Layout]] = []
     for axis in ("tp", "pp", "cp"):
         d = lay.degree(axis)
@@ -28,10 +32,11 @@ def _moves(lay: Layout) -> list[tuple[str, Layout]]:
     out.append(("mbs x2", lay.with_(micro_batch_size=lay.micro_batch_size * 2)))
     if lay.micro_batch_size % 2 == 0:
         out.append(("mbs /2", lay.with_(micro_batch_size=lay.micro_batch_size // 2)))
-    out.append(("vp x2", lay.with_(vp=lay.vp * 2)))
+    if lay.pp > 1:
+        out.append(("vp x2", lay.with_(vp=lay.vp * 2)))
     if lay.vp % 2 == 0:
         out.append(("vp /2", lay.with_(vp=lay.vp // 2)))
-    if lay.ep > 1 or lay.dp % 2 == 0:
+    if moe and lay.dp % (lay.ep * 2) == 0:
         out.append(("ep x2", lay.with_(ep=lay.ep * 2)))
     if lay.ep % 2 == 0:
         out.append(("ep /2", lay.with_(ep=lay.ep // 2)))
@@ -67,7 +72,7 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
                   space: Space | None = None) -> list[dict]:
     """For each one-step move: the new step time and its change, or why the move is not allowed."""
     rows = []
-    for name, lay in _moves(best.layout):
+    for name, lay in _moves(best.layout, model.is_moe):
         outside = _outside(space, lay)
         if outside:
             rows.append({"move": name, "allowed": False, "reason": outside})
