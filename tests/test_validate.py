@@ -1,0 +1,127 @@
+"""Validation against published runs: the command works on any clusterplan-runs/1 file, and the
+fidelity of the cost model on the bundled runs does not regress.
+
+The issue's fidelity targets (median |error| <= 10%, 90th percentile <= 25%, no run off by more
+than 2x) are not met yet; ``test_fidelity_targets`` states them and is expected to fail until they
+are (see docs/cost-model.md for the runs that miss and why). The regression bounds below are the
+figures the model reaches today, so a change that makes predictions worse fails the suite.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import cli
+from planner.search import SearchOptions
+from planner.validate import bundled_runs_path, load_runs, validate
+
+REPO = Path(__file__).resolve().parents[1]
+HOLDOUT = REPO / "benchmarks" / "holdout_runs.yaml"
+FAST = SearchOptions(engine="exhaustive", top_k=0)
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return validate(None, FAST, best=False)
+
+
+def test_bundled_runs_are_the_shared_ones():
+    runs = load_runs(bundled_runs_path())
+    assert len(runs) >= 50
+    assert all("id" in r and "measured" in r for r in runs)
+
+
+def test_every_run_is_reported(bundled):
+    ids = [r["id"] for r in bundled["runs"]]
+    assert len(ids) == len(load_runs(bundled_runs_path()))
+    for r in bundled["runs"]:
+        if r["reason"] is None:
+            assert r["predicted_step_time_s"] > 0
+            assert isinstance(r["fits"], bool)
+            assert r["predicted_peak_memory_bytes"] > 0
+    # OPT-175B publishes no batch size: it is reported with its reason, not dropped
+    opt = next(r for r in bundled["runs"] if r["id"] == "opt175b-992gpu")
+    assert "global_batch_size" in opt["reason"]
+
+
+def test_published_layouts_are_held(bundled):
+    runs = {r["id"]: r for r in load_runs(bundled_runs_path())}
+    for r in bundled["runs"]:
+        if r["reason"]:
+            continue
+        published = runs[r["id"]]["layout"]
+        for knob in ("tp", "pp", "dp", "cp", "ep", "vp", "zero_stage", "recompute"):
+            if published.get(knob) is not None:
+                assert r["layout"][knob] == published[knob], (r["id"], knob)
+
+
+def test_regression_bounds(bundled):
+    """Today's figures (docs/cost-model.md): a change that makes them worse fails here."""
+    s = bundled["summary"]["overall"]
+    assert s["median_abs_error"] <= 0.15
+    assert s["p90_abs_error"] <= 0.45
+    assert s["fits"] >= s["evaluated"] - 1  # only DeepSeek-V3's DualPipe layout overflows today
+
+
+@pytest.mark.xfail(reason="issue targets not met yet: see docs/cost-model.md, 'Runs still off'", strict=False)
+def test_fidelity_targets(bundled):
+    s = bundled["summary"]["overall"]
+    assert s["median_abs_error"] <= 0.10
+    assert s["p90_abs_error"] <= 0.25
+    assert s["max_abs_error"] < 1.0  # predicted within 2x: error in (-50%, +100%)
+    assert all(r["error"] is None or -0.5 <= r["error"] <= 1.0 for r in bundled["runs"])
+
+
+def test_unseen_file_with_a_bad_run(tmp_path):
+    doc = yaml.safe_load(HOLDOUT.read_text())
+    bad = dict(doc["runs"][0], id="broken-run")
+    bad["hardware"] = dict(bad["hardware"], cluster="no-such-cluster")
+    doc["runs"] = doc["runs"][:3] + [bad]
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(cli.main, ["validate", str(path), "--json", "--search", "exhaustive", "--no-best"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert len(out["runs"]) == 4
+    broken = out["runs"][-1]
+    assert broken["id"] == "broken-run" and "no-such-cluster" in broken["reason"]
+    assert all(r["predicted_step_time_s"] for r in out["runs"][:3])
+    assert out["summary"]["overall"]["runs"] == 3
+
+
+def test_best_layout_is_never_slower(tmp_path):
+    doc = yaml.safe_load(HOLDOUT.read_text())
+    doc["runs"] = doc["runs"][:4]
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = validate(path, FAST, best=True)
+    for r in out["runs"]:
+        assert r["best_step_time_s"] is not None
+        assert r["best_step_time_s"] <= r["predicted_step_time_s"] * (1 + 1e-9)
+        if r["best_step_time_s"] < r["predicted_step_time_s"]:
+            assert "faster by changing" in r["best_note"]
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("format: something-else\nruns: []\n", "clusterplan-runs/1"),
+    ("format: clusterplan-runs/1\nruns: [1\n", "not valid YAML"),
+    ("format: clusterplan-runs/1\nruns: 7\n", "must be a list"),
+])
+def test_bad_files_exit_2(tmp_path, content, needle):
+    path = tmp_path / "runs.yaml"
+    path.write_text(content)
+    result = CliRunner().invoke(cli.main, ["validate", str(path)])
+    assert result.exit_code == 2
+    assert needle in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_missing_file_exit_2(tmp_path):
+    result = CliRunner().invoke(cli.main, ["validate", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr
