@@ -144,8 +144,17 @@ class _Model:
         if1 = self._lookup("if1", self._fvm_table(T.IF1), [self.fvm])
         if2 = self._lookup("if2", self._fvm_table(T.IF2), [self.fvm])
         hi = int(T.ACT.max()) * int(max(T.IF1.max(), T.IF2.max(), 1))
-        self.m.add(static + self._product("act_first", act, if1, hi) + trans <= T.capacity)
-        self.m.add(static + self._product("act_last", act, if2, hi) + trans + logits <= T.capacity)
+        mem1 = static + self._product("act_first", act, if1, hi) + trans
+        mem2 = static + self._product("act_last", act, if2, hi) + trans + logits
+        self.m.add(mem1 <= T.capacity)
+        self.m.add(mem2 <= T.capacity)
+        self.memories = (mem1, mem2)
+
+    def peak_memory(self):
+        """A variable equal to the peak memory, added on demand (only the tie-break needs it)."""
+        peak = self.m.new_int_var(0, self.T.capacity, "peak_memory")
+        self.m.add_max_equality(peak, list(self.memories))
+        return peak
 
     def _objective(self) -> None:
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
@@ -231,20 +240,43 @@ def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
 def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
     """A feasible layout to start from: the best of a small sub-space of common defaults.
 
-    The sub-space fixes the knobs practitioners start with (Megatron's default rank order, DP
-    overlap on, selective or full recomputation, ZeRO-1 or ZeRO-3) and is scored on the same
+    The sub-space fixes the knobs practitioners start with (DP overlap on, selective or full
+    recomputation, ZeRO-0, 1 or 3) and is scored on the same
     integer tables; its ``count`` best are upper bounds on the ``count`` best of the whole space,
     which let CP-SAT prune from the start of each solve.
     """
     from planner.exhaustive import restrict, solve_exhaustive
 
     S = T.space
-    keep = {"o": [0], "do": [S.dp_overlap.index(True)] if True in S.dp_overlap else None,
+    keep = {"do": [S.dp_overlap.index(True)] if True in S.dp_overlap else None,
             "r": [i for i, r in enumerate(S.recompute) if r in ("selective", "full")] or None,
             "z": [i for i, z in enumerate(S.zero_stage) if z in (0, 1, 3)] or None}
     sub = restrict(T, {k: v for k, v in keep.items() if v})
     best, _ = solve_exhaustive(sub, count - 1)
     return [(value, sub.unrestrict(idx)) for value, idx in best]
+
+
+def _least_memory_tie(model: _Model, solver: cp_model.CpSolver, value: int, status):
+    """Among layouts tied at the optimum, take the one that needs the least memory.
+
+    Re-solves with the objective pinned to ``value`` and peak memory as the objective, then puts
+    the time objective back. Keeps the first solution if the re-solve does not finish.
+    """
+    first = model.indices(solver)
+    pin = model.m.new_bool_var("pin_optimum")
+    model.m.add(model.objective == value).only_enforce_if(pin)
+    model.m.add_assumptions([pin])
+    model.m.clear_hints()
+    for key in DIMS:
+        model.m.add_hint(model.x[key], first[key])
+    model.m.minimize(model.peak_memory())
+    solver.parameters.cp_model_presolve = PRESOLVE_RUNNERS_UP
+    tied = solver.solve(model.m)
+    model.m.clear_assumptions()
+    model.m.minimize(model.objective)
+    if tied != cp_model.OPTIMAL:
+        raise SolverError("CP-SAT lost the pinned optimum while breaking ties by memory")
+    return status
 
 
 def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, workers: int = 0) -> CpSatResult:
@@ -283,8 +315,11 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
             if k == 0:
                 status_name = solver.status_name(status)
             break
+        value = int(round(solver.objective_value))
+        if k == 0 and status == cp_model.OPTIMAL:
+            status = _least_memory_tie(model, solver, value, status)
         idx = model.indices(solver)
-        solutions.append((int(round(solver.objective_value)), idx))
+        solutions.append((value, idx))
         model.m.clear_hints()
         for key in DIMS:
             model.m.add_hint(model.x[key], idx[key])

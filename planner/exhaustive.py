@@ -34,6 +34,7 @@ class Scored:
 
     objective: np.ndarray  # int64, units TIME_QUANTUM_S / SLOT_QUANTUM
     code: np.ndarray  # -1 feasible, else index into REASON_ORDER
+    memory: np.ndarray  # peak memory, MEMORY_QUANTUM_BYTES (ties on the objective go to the least)
     canon: np.ndarray  # bool: representative layouts (others are symmetric duplicates)
 
 
@@ -41,10 +42,10 @@ def score_factorization(T: Tables, i: int, with_objective: bool = True) -> Score
     """Objective, rejection code and canonical mask for every layout with factorization ``i``."""
     sl = slice(i, i + 1)
     tc, tpg, cpg, epg = T.tc_of_f[sl], T.tpg_of_fo[sl], T.cpg_of_fo[sl], T.epg_of_foe[sl]
-    code = _codes(T, sl, tc)
+    code, memory = _codes_and_memory(T, sl, tc)
     canon = _place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to"))
     if not with_objective:
-        return Scored(np.zeros(1, np.int64), code, canon)
+        return Scored(np.zeros(1, np.int64), code, memory, canon)
     Q = SLOT_QUANTUM
     X = (_place(T.C[tc], ("f", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
          + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
@@ -58,7 +59,7 @@ def score_factorization(T: Tables, i: int, with_objective: bool = True) -> Score
     fsdp = np.where(do, np.maximum(dpmb, dpm - FRAC * _place(T.C[tc], ("f", "mb", "s", "r"))), dpm)
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
     objective = U * X + Q * M * head + dp_exp + M * fsdp + opt
-    return Scored(objective, code, canon)
+    return Scored(objective, code, memory, canon)
 
 
 def _codes(T: Tables, sl: slice, tc: np.ndarray) -> np.ndarray:
@@ -123,20 +124,21 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
     considered = 0
     for i in range(len(T.space.factorizations)):
         sc = score_factorization(T, i)
-        shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape)
+        shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape, sc.memory.shape)
         obj = np.broadcast_to(sc.objective, shape)
+        mem = np.broadcast_to(sc.memory, shape)
         ok = np.broadcast_to(sc.code, shape) < 0
         ok &= np.broadcast_to(sc.canon, shape)
         considered += int(np.broadcast_to(sc.canon, shape).sum())
         flat = np.flatnonzero(ok)
         if flat.size == 0:
             continue
-        take = flat[np.argsort(obj.ravel()[flat], kind="stable")[: top_k + 1]]
+        take = flat[np.lexsort((mem.ravel()[flat], obj.ravel()[flat]))[: top_k + 1]]
         for k in take:
             idx = np.unravel_index(k, shape)
-            best.append((int(obj.ravel()[k]), (i,) + tuple(int(x) for x in idx[1:])))
+            best.append((int(obj.ravel()[k]), int(mem.ravel()[k]), (i,) + tuple(int(x) for x in idx[1:])))
     best.sort()
-    return [(o, dict(zip(DIMS, idx))) for o, idx in best[: top_k + 1]], considered
+    return [(o, dict(zip(DIMS, idx))) for o, _, idx in best[: top_k + 1]], considered
 
 
 @dataclass

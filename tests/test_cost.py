@@ -182,23 +182,19 @@ def _act(model=GPT, tp=1, sp=False, recompute="none", moe=False, n=N_TOK):
     return activation_bytes(model, n, tp, sp, recompute, moe)
 
 
-BUG_LAYERNORM = ("cost.terms.activation_bytes counts the two layer-norm inputs as ACT_BYTES*n*h*4 = 8nh bytes; "
-                 "Korthikanti et al. (sec. 4.1) store 2sbh per layer norm, 4sbh for both (the docstring's own "
-                 "'layer norms 4 n h'), so the replicated part is 14 sbh instead of 10 and the total 38 instead of 34")
+# Regression (fixed in f2490e5): the two layer-norm inputs were counted as 8nh bytes instead of
+# Korthikanti's 2 x 2sbh, which gave 38 sbh instead of 34 without parallelism.
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_LAYERNORM)
 def test_activation_no_parallelism_is_34_sbh():
     assert _act() == pytest.approx(34 * SBH, rel=REL)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_LAYERNORM)
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_activation_tensor_parallel_is_10_plus_24_over_t(tp):
     assert _act(tp=tp) == pytest.approx(SBH * (10 + 24 / tp), rel=REL)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_LAYERNORM)
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_activation_tensor_sequence_parallel_is_34_over_t(tp):
     assert _act(tp=tp, sp=True) == pytest.approx(SBH * 34 / tp, rel=REL)
@@ -207,7 +203,7 @@ def test_activation_tensor_sequence_parallel_is_34_over_t(tp):
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_activation_tensor_parallel_shards_24_sbh(tp):
     """The tensor-parallel share (QKV 6, attention output 2, MLP 16 = 24 sbh) divides by t, the
-    rest is replicated (holds with or without the layer-norm bug above)."""
+    rest is replicated."""
     assert _act(tp=1) - _act(tp=tp) == pytest.approx(24 * SBH * (1 - 1 / tp), rel=REL)
 
 
@@ -258,11 +254,9 @@ def test_activation_moe_layer_by_hand():
     assert _act(MOE, moe=True) - _act(MOE, moe=False) == pytest.approx(moe_mlp - dense_mlp, rel=REL)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cost.terms.activation_bytes uses head_dim_resolved (h/a) for Q/K/V and the attention output even "
-    "for MLA, whose per-head widths are model.attention_dims (q/k 192, v 128 for DeepSeek-V3 against "
-    "h/a = 56), as models.ops.attention_ops already uses for FLOPs: MLA activations are underestimated"))
 def test_activation_mla_uses_attention_dims():
+    """MLA stores its own per-head widths (DeepSeek-V3: q/k 192, v 128, not h/a = 56), as the FLOPs
+    in models.ops already do (regression, fixed in f2490e5); selective drops ``2 n a d_v``."""
     m = get_model("deepseek-v3")
     qk, v = m.attention_dims
     dropped = _act(m) - _act(m, recompute="selective")
@@ -569,6 +563,43 @@ def test_zero_shards_experts_over_expert_data_parallel(cluster16, zero):
     assert st.gradients_bytes == pytest.approx(4 * (pc.dense / (4 if on else 1) + pc.expert / (2 if on else 1)), rel=REL)
 
 
+def test_dp_terms_dense_by_hand(cluster16):
+    """ZeRO-0: one all-reduce of the fp32 gradients; ZeRO-1/2: reduce-scatter of the gradients and
+    all-gather of the 16-bit weights; ZeRO-3: per micro-batch, two weight all-gathers (forward and
+    backward) and a gradient reduce-scatter (Rajbhandari et al. 2020, sec. 7)."""
+    from cost.terms import dp_terms
+    ctx = _ctx(cluster16)
+    prof = cluster16.group_profile(range(0, 16, 2))  # tp=2 inside, dp=8 at stride 2
+    P = param_counts(GPT, 2, 1, 1, 1).dense
+    base = Layout(tp=2, dp=8)
+    assert dp_terms(ctx, base.with_(zero_stage=0)).per_step_s == pytest.approx(coll.all_reduce_s(4 * P, prof), rel=REL)
+    rs_ag = coll.reduce_scatter_s(4 * P, prof) + coll.all_gather_s(2 * P, prof)
+    for z in (1, 2):
+        t = dp_terms(ctx, base.with_(zero_stage=z))
+        assert (t.per_step_s, t.per_microbatch_s) == pytest.approx((rs_ag, 0.0), rel=REL)
+    t = dp_terms(ctx, base.with_(zero_stage=3))
+    fsdp = 2 * coll.all_gather_s(2 * P, prof) + coll.reduce_scatter_s(4 * P, prof)
+    assert (t.per_step_s, t.per_microbatch_s) == pytest.approx((0.0, fsdp), rel=REL)
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_dp_terms_reduce_experts_when_ep_is_1(cluster16, zero):
+    """With ep = 1 the expert weights are replicated like the dense ones and reduced with them
+    (regression, fixed in f2490e5: they cost nothing, so ep=1 + ZeRO-3 sharded experts for free)."""
+    from cost.terms import dp_terms
+    ctx = _ctx(cluster16, model=MOE)
+    layout = Layout(tp=1, dp=16, ep=1, zero_stage=zero)
+    pc = param_counts(MOE, 1, 1, 1, 1)
+    prof = cluster16.group_profile(range(16))
+    P = pc.dense + pc.expert
+    t = dp_terms(ctx, layout)
+    if zero == 0:
+        assert t.per_step_s == pytest.approx(coll.all_reduce_s(4 * P, prof), rel=REL)
+    else:
+        fsdp = 2 * coll.all_gather_s(2 * P, prof) + coll.reduce_scatter_s(4 * P, prof)
+        assert t.per_microbatch_s == pytest.approx(fsdp, rel=REL)
+
+
 def test_grad_bytes_follow_the_job(cluster16):
     layout = Layout(tp=2, pp=2, dp=4, zero_stage=0)
     c4 = static_memory(_ctx(cluster16), layout)
@@ -626,10 +657,8 @@ def test_parse_layout_zero_stage_range_is_checked_by_layout_problems(cluster16):
     assert [k for k, _ in problems] == ["zero"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cost.layout._parse_value checks str.isdigit(), which is True for '²' and other Unicode digits "
-    "that int() rejects: 'tp=²' escapes as a bare ValueError instead of a SpecError naming layout.tp"))
 def test_parse_layout_unicode_digit_is_spec_error():
+    """'²'.isdigit() is True but int('²') fails: it must still be a SpecError (fixed in f2490e5)."""
     with pytest.raises(SpecError, match="layout.tp"):
         parse_layout("tp=²")
 
