@@ -279,15 +279,15 @@ def plan_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_o
     Example:  plan --model gpt --cluster dgx-superpod
               plan --model llama3-70b --cluster dgx-h100-superpod --devices 256 --fix tp=8 --top 5
     """
-    result, cluster, origin = _search(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                                      oversubscription, global_batch, seq_len, precision, tokens, top_k, engine,
-                                      time_limit_s, fix, minimum, maximum, memory_headroom)
+    result, cluster, origin = _load_and_search(
+        model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
+        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom)
     emit(plan_document(result), cluster, origin, as_json)
 
 
-def _search(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
-            global_batch, seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum,
-            memory_headroom):
+def _load_and_search(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
+                     global_batch, seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum,
+                     memory_headroom):
     """Load the inputs of ``plan``/``explain`` and run the search: (result, cluster, origin)."""
     model = load_model(model_arg)
     cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
@@ -379,9 +379,9 @@ def explain_command(model_arg, cluster_arg, num_devices, num_nodes, device, scal
                     global_batch, seq_len, precision, tokens, as_json, top_k, engine, time_limit_s, fix, minimum,
                     maximum, memory_headroom):
     """Why the best layout won: against each runner-up, what binds, and one step in every knob."""
-    result, _, _ = _search(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                           oversubscription, global_batch, seq_len, precision, tokens, top_k, engine, time_limit_s,
-                           fix, minimum, maximum, memory_headroom)
+    result, _, _ = _load_and_search(
+        model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
+        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom)
     doc = plan_document(result)
     if as_json:
         click.echo(json.dumps(doc["explanation"], indent=2))
