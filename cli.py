@@ -640,6 +640,10 @@ def _why(doc: dict, console: Console) -> None:
         console.print("runners-up against the best: knobs changed, the time term that changes most, the step")
         for i, v in enumerate(versus):
             changed = " ".join(f"{SHORT_KNOBS.get(k, k)}={_knob(x)}" for k, x in v["changed"].items())
+            if v["term"] == "tie":
+                console.print(f"  #{i + 2} {changed}: same step time, "
+                              f"{v['memory_delta_bytes'] / GIB:+,.1f} GiB peak memory (ties go to the least memory)")
+                continue
             term = TIME_LABELS.get(v["term"], v["term"]).split(" (")[0]
             console.print(f"  #{i + 2} {changed}: {term} {v['delta_s'] * 1e3:+,.1f} ms, "
                           f"step {v['step_time_delta_s'] * 1e3:+,.1f} ms")

@@ -109,8 +109,10 @@ def versus(best: Evaluation, other: Evaluation) -> dict:
     a, b = asdict(best.time), asdict(other.time)
     term = max(a, key=lambda k: abs(b[k] - a[k]))
     diff = {k: v for k, v in asdict(other.layout).items() if asdict(best.layout)[k] != v}
-    return {"layout": other.layout.short(), "changed": diff, "term": term.removesuffix("_s"),
-            "delta_s": b[term] - a[term], "step_time_delta_s": other.step_time_s - best.step_time_s}
+    tie = abs(b[term] - a[term]) < 1e-9  # same time: the winner was chosen for its lower memory
+    return {"layout": other.layout.short(), "changed": diff, "term": "tie" if tie else term.removesuffix("_s"),
+            "delta_s": 0.0 if tie else b[term] - a[term], "step_time_delta_s": other.step_time_s - best.step_time_s,
+            "memory_delta_bytes": other.peak_memory_bytes - best.peak_memory_bytes}
 
 
 def explain(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation, runners_up: list[Evaluation],

@@ -305,3 +305,17 @@ def test_help_and_version():
         result = run(*args)
         assert result.exit_code == 0 and result.stdout
     assert "4,194,304" in run("plan", "--help").stdout
+
+
+def test_explain_reports_sensitivities():
+    result = CliRunner().invoke(cli.main, ["explain", "--model", "llama2-7b", "--cluster", "dgx-superpod",
+                                           "--devices", "16", "--search", "exhaustive"])
+    assert result.exit_code == 0, result.stderr
+    assert "one step in each knob" in result.stdout
+    assert "Traceback" not in result.output
+    data = CliRunner().invoke(cli.main, ["explain", "--model", "llama2-7b", "--cluster", "dgx-superpod",
+                                         "--devices", "16", "--search", "exhaustive", "--json"])
+    doc = json.loads(data.stdout)
+    assert {"versus_runners_up", "binding", "sensitivity"} <= set(doc)
+    for row in doc["sensitivity"]:
+        assert row["allowed"] is False or row["step_time_s"] > 0
