@@ -113,10 +113,19 @@ def resolve_model_id(name: str) -> str:
     return model_id
 
 
+def _aliases() -> set[str]:
+    return {a.lower() for entry in _library().values() for a in entry.get("aliases", [])}
+
+
 def _unknown_model_message(name: str) -> str:
     index = _name_index()
     close = difflib.get_close_matches(name.lower(), list(index), n=5, cutoff=0.6)
-    suggestions = list(dict.fromkeys(index[c] for c in close))[:3]
+    # one suggestion per model, named by the key that matched best (an alias such as "gpt" reads
+    # better than the id it stands for)
+    best: dict[str, str] = {}
+    for c in close:
+        best.setdefault(index[c], c if c in _aliases() else index[c])
+    suggestions = list(best.values())[:3]
     hint = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
     return (
         f"model: unknown model {name!r}; {hint}{_LIST_HINT}, or pass the path of a YAML/JSON "
