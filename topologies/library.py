@@ -265,30 +265,36 @@ def resolve_sources(ids: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(table.get(s, s) for s in ids)
 
 
+def _validated(resource: str, key: str, cls, label: str) -> dict:
+    """Section ``key`` of a bundled YAML file, each entry validated as ``cls``.
+
+    A mapping section keeps its keys; a list section is keyed by each entry's ``id``.
+    """
+    raw = _document(resource)[key]
+    if isinstance(raw, dict):
+        return {k: _validate(cls, v, f"{resource}: {label} {k}") for k, v in raw.items()}
+    entries = [_validate(cls, d, f"{resource}: {d.get('id')}") for d in raw]
+    return {e.id: e for e in entries}
+
+
 @lru_cache(maxsize=1)
 def _calibration() -> dict[str, CalibrationEntry]:
-    raw = _document(DEVICES_RESOURCE[1])["calibration"]
-    return {k: _validate(CalibrationEntry, v, f"devices.yaml: calibration {k}") for k, v in raw.items()}
+    return _validated(DEVICES_RESOURCE[1], "calibration", CalibrationEntry, "calibration")
 
 
 @lru_cache(maxsize=1)
 def _device_entries() -> dict[str, DeviceEntry]:
-    raw = _document(DEVICES_RESOURCE[1])["devices"]
-    entries = [_validate(DeviceEntry, d, f"devices.yaml: {d.get('id')}") for d in raw]
-    return {e.id: e for e in entries}
+    return _validated(DEVICES_RESOURCE[1], "devices", DeviceEntry, "device")
 
 
 @lru_cache(maxsize=1)
 def _links() -> dict[str, LinkEntry]:
-    raw = _document(CLUSTERS_RESOURCE[1])["links"]
-    return {k: _validate(LinkEntry, v, f"clusters.yaml: link {k}") for k, v in raw.items()}
+    return _validated(CLUSTERS_RESOURCE[1], "links", LinkEntry, "link")
 
 
 @lru_cache(maxsize=1)
 def _presets() -> dict[str, PresetEntry]:
-    raw = _document(CLUSTERS_RESOURCE[1])["presets"]
-    entries = [_validate(PresetEntry, p, f"clusters.yaml: {p.get('id')}") for p in raw]
-    return {e.id: e for e in entries}
+    return _validated(CLUSTERS_RESOURCE[1], "presets", PresetEntry, "preset")
 
 
 @lru_cache(maxsize=1)
