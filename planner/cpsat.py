@@ -64,13 +64,14 @@ class _Model:
         self.m = cp_model.CpModel()
         S = T.space
         triples = _valid_triples(T)
-        # Order the (f, mb, v) choices by their lower bound so that the search tries the most
-        # promising first (values are explored in index order).
-        xmin, _ = _factor_minima(T)
-        lb = (T.U * xmin[:, :, None])[triples[:, 0], triples[:, 1], triples[:, 2]]
-        triples = triples[np.argsort(lb, kind="stable")]
         if len(triples) == 0:
             raise SolverError("no (tp, pp, dp, cp, vp, micro-batch) combination passes the structural rules")
+        # Order the (f, mb, v) choices by a lower bound of the whole objective so that the search
+        # tries the most promising first (values are explored in index order); the same bound is
+        # a cut on the objective.
+        lb = _objective_lower_bound(T)[triples[:, 0], triples[:, 1], triples[:, 2]]
+        order = np.argsort(lb, kind="stable")
+        triples, self.triple_lb = triples[order], lb[order]
         fv_pairs, fv_of_triple = np.unique(triples[:, [0, 2]], axis=0, return_inverse=True)
         self.triples, self.fv_pairs = triples, fv_pairs
         m = self.m
@@ -186,6 +187,7 @@ class _Model:
         fsdp = self._product("fsdp_total", mb_count, fsdp_mb, int(T.M.max()) * int(T.DPM.max()) * Q)
         opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
         self.objective = pipe + Q * extra + dp_exp + fsdp + Q * opt
+        m.add(self.objective >= self._lookup("objective_lb", self.triple_lb, [self.fvm]))
         m.minimize(self.objective)
 
     def _dp_traffic(self):
@@ -220,6 +222,29 @@ class _Model:
     def indices(self, solver: cp_model.CpSolver) -> dict:
         idx = {k: int(solver.value(v)) for k, v in self.x.items()}
         return {k: idx[k] for k in DIMS}
+
+
+def _objective_lower_bound(T: Tables) -> np.ndarray:
+    """A lower bound of the objective per (f, mb, v), each term minimised over its other knobs.
+
+    The minimum of a sum is at least the sum of the minima, so this is a valid cut. Exposed data-
+    parallel traffic is at least its last bucket (ZeRO 0-2, per step) or the micro-batch count
+    times its last bucket (ZeRO 3), whatever the overlap window.
+    """
+    Q = SLOT_QUANTUM
+    xmin, hmin = _factor_minima(T)
+    zero3 = np.array(T.space.zero_stage) == 3
+    step_part = -(-Q * T.DPS // NUM_GRAD_BUCKETS)  # (F, O, V, E, Z)
+    mb_part = -(-Q * T.DPM // NUM_GRAD_BUCKETS)
+    step_min = np.where(zero3, np.iinfo(np.int64).max // 4, step_part).min(axis=(1, 3, 4))  # (F, V)
+    mb_min = np.where(~zero3, np.iinfo(np.int64).max // 4, mb_part).min(axis=(1, 3, 4))  # (F, V)
+    dp_min = np.minimum(step_min[:, None, :], T.M[:, :, None] * mb_min[:, None, :])  # (F, MB, V)
+    if not zero3.any():
+        dp_min = np.broadcast_to(step_min[:, None, :], T.U.shape)
+    elif zero3.all():
+        dp_min = T.M[:, :, None] * mb_min[:, None, :]
+    opt_min = Q * T.OPT.min(axis=(2, 3))  # (F, V)
+    return T.U * xmin[:, :, None] + Q * (T.M * hmin)[:, :, None] + dp_min + opt_min[:, None, :]
 
 
 def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
