@@ -135,6 +135,8 @@ BAD_INPUT = {
     "missing cluster file": (["plan", "--model", "gpt", "--cluster", "{tmp}/nope.yaml"], "does not exist"),
     "devices zero": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "0"], "--devices"),
     "devices negative": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "-8"], "--devices"),
+    "devices absurd": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "1000000000"],
+                       "exceeds the largest cluster"),
     "devices not whole nodes": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "12"],
                                 "multiple of 8"),
     "fix unknown knob": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--fix", "foo=3"],

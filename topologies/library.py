@@ -68,6 +68,7 @@ from topologies import builders
 from topologies.cluster import Cluster
 from topologies.devices import DeviceSpec, Dtype, GemmEfficiency
 
+MAX_DEVICES = 262_144  # 2^18: room above today's ~100k-GPU clusters, and a graph that still builds in seconds
 DEVICES_RESOURCE = ("data", "devices.yaml")
 CLUSTERS_RESOURCE = ("data", "clusters.yaml")
 CLUSTER_FILE_FORMAT = "clusterplan-cluster/1"
@@ -476,6 +477,9 @@ def _num_devices(entry: PresetEntry, num_devices: Any, num_nodes: Any) -> int:
                             f"devices per node = {nodes * entry.devices_per_node}; give one of them")
         devices = nodes * entry.devices_per_node
     devices = entry.reference_size if devices is None else devices
+    if devices > MAX_DEVICES:
+        raise SpecError(f"num_devices: {devices:,} exceeds the largest cluster clusterplan models "
+                        f"({MAX_DEVICES:,} devices, above the largest published training clusters); use fewer")
     per_node = entry.devices_per_node
     if entry.family in WHOLE_NODE_FAMILIES and devices % per_node:
         lower = max(per_node, devices // per_node * per_node)
