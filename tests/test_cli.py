@@ -127,7 +127,7 @@ def _files(tmp_path):
 
 
 BAD_INPUT = {
-    "unknown model": (["plan", "--model", "gtp", "--cluster", "dgx-superpod"], "did you mean gpt3-175b"),
+    "unknown model": (["plan", "--model", "gtp", "--cluster", "dgx-superpod"], "did you mean gpt?"),
     "unknown cluster": (["plan", "--model", "gpt", "--cluster", "dgx-superpd"], "unknown cluster 'dgx-superpd'"),
     "missing model file": (["plan", "--model", "{tmp}/nope.yaml", "--cluster", "dgx-superpod"], "does not exist"),
     "malformed yaml": (["plan", "--model", "{tmp}/bad.yaml", "--cluster", "dgx-superpod"], "invalid YAML"),
