@@ -263,12 +263,14 @@ def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
 
 
 def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
-    """A feasible layout to start from: the best of a small sub-space of common defaults.
+    """Feasible layouts to start from: the best of a small sub-space of common defaults, then the
+    best of them improved by coordinate descent.
 
     The sub-space fixes the knobs practitioners start with (DP overlap on, selective or full
-    recomputation, ZeRO-0, 1 or 3) and is scored on the same
-    integer tables; its ``count`` best are upper bounds on the ``count`` best of the whole space,
-    which let CP-SAT prune from the start of each solve.
+    recomputation, ZeRO-0, 1 or 3); its ``count`` best are upper bounds on the ``count`` best of the
+    whole space. The descent then frees one knob at a time (with the factorization) while the
+    others stay where they are, as long as that improves the objective. Everything is scored on
+    the same integer tables; the result only gives CP-SAT an incumbent and cutoffs.
     """
     from planner.exhaustive import restrict, solve_exhaustive
 
@@ -278,7 +280,27 @@ def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
             "z": [i for i, z in enumerate(S.zero_stage) if z in (0, 1, 3)] or None}
     sub = restrict(T, {k: v for k, v in keep.items() if v})
     best, _ = solve_exhaustive(sub, count - 1)
-    return [(value, sub.unrestrict(idx)) for value, idx in best]
+    bounds = [(value, sub.unrestrict(idx)) for value, idx in best]
+    if bounds:
+        bounds[0] = _descend(T, *bounds[0])
+    return bounds
+
+
+def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, dict]:
+    """Coordinate descent: free one knob (and the factorization) at a time, keep improvements."""
+    from planner.exhaustive import restrict, solve_exhaustive
+
+    knobs = [k for k in DIMS if k != "f"]
+    for _ in range(rounds):
+        improved = False
+        for knob in knobs:
+            sub = restrict(T, {k: [idx[k]] for k in knobs if k != knob})
+            found, _ = solve_exhaustive(sub, 0)
+            if found and found[0][0] < value:
+                value, idx, improved = found[0][0], sub.unrestrict(found[0][1]), True
+        if not improved:
+            break
+    return value, idx
 
 
 def _least_memory_tie(model: _Model, solver: cp_model.CpSolver, value: int, status):

@@ -38,9 +38,10 @@ class Scored:
     canon: np.ndarray  # bool: representative layouts (others are symmetric duplicates)
 
 
-def score_factorization(T: Tables, i: int, with_objective: bool = True) -> Scored:
-    """Objective, rejection code and canonical mask for every layout with factorization ``i``."""
-    sl = slice(i, i + 1)
+def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) -> Scored:
+    """Objective, rejection code and canonical mask for every layout with factorization ``i`` (or
+    the factorizations of a slice, along the first axis)."""
+    sl = i if isinstance(i, slice) else slice(i, i + 1)
     tc, tpg, cpg, epg = T.tc_of_f[sl], T.tpg_of_fo[sl], T.cpg_of_fo[sl], T.epg_of_foe[sl]
     code, memory = _codes_and_memory(T, sl, tc)
     canon = _place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to"))
@@ -103,13 +104,25 @@ def smallest_memory(T: Tables) -> tuple[int, dict] | None:
     return best
 
 
+BLOCK_ELEMENTS = 1 << 18  # layouts scored per numpy block: big enough to amortise Python, small in memory
+
+
+def _blocks(T: Tables) -> list[slice]:
+    """Slices of factorizations, each scoring about BLOCK_ELEMENTS layouts at once."""
+    S = T.space
+    per_f = max(1, S.size // max(1, len(S.factorizations)))
+    step = max(1, BLOCK_ELEMENTS // per_f)
+    n = len(S.factorizations)
+    return [slice(a, min(n, a + step)) for a in range(0, n, step)]
+
+
 def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
     """Rejected layouts by first failing reason, and the number of feasible layouts.
 
     Symmetric duplicates (``planner.space.canonical``) are counted once.
     """
     counts = np.zeros(len(REASON_ORDER) + 1, np.int64)
-    for i in range(len(T.space.factorizations)):
+    for i in _blocks(T):
         sc = score_factorization(T, i, with_objective=False)
         weight = sc.canon.sum(axis=(DIMS.index("do"), DIMS.index("to")), keepdims=True)
         code = np.broadcast_to(sc.code, np.broadcast_shapes(sc.code.shape, weight.shape))
@@ -122,7 +135,7 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
     """The ``top_k + 1`` best feasible layouts as ``(objective, indices)``, and layouts scored."""
     best: list[tuple[int, tuple]] = []
     considered = 0
-    for i in range(len(T.space.factorizations)):
+    for i in _blocks(T):
         sc = score_factorization(T, i)
         shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape, sc.memory.shape)
         obj = np.broadcast_to(sc.objective, shape)
@@ -136,7 +149,7 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
         take = flat[np.lexsort((mem.ravel()[flat], obj.ravel()[flat]))[: top_k + 1]]
         for k in take:
             idx = np.unravel_index(k, shape)
-            best.append((int(obj.ravel()[k]), int(mem.ravel()[k]), (i,) + tuple(int(x) for x in idx[1:])))
+            best.append((int(obj.ravel()[k]), int(mem.ravel()[k]), (i.start + int(idx[0]),) + tuple(int(x) for x in idx[1:])))
     best.sort()
     return [(o, dict(zip(DIMS, idx))) for o, _, idx in best[: top_k + 1]], considered
 
