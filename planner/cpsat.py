@@ -149,13 +149,6 @@ class _Model:
         mem2 = static + self._product("act_last", act, if2, hi) + trans + logits
         self.m.add(mem1 <= T.capacity)
         self.m.add(mem2 <= T.capacity)
-        self.memories = (mem1, mem2)
-
-    def peak_memory(self):
-        """A variable equal to the peak memory, added on demand (only the tie-break needs it)."""
-        peak = self.m.new_int_var(0, self.T.capacity, "peak_memory")
-        self.m.add_max_equality(peak, list(self.memories))
-        return peak
 
     def _objective(self) -> None:
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
@@ -303,27 +296,21 @@ def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, di
     return value, idx
 
 
-def _least_memory_tie(model: _Model, solver: cp_model.CpSolver, value: int, status):
-    """Among layouts tied at the optimum, take the one that needs the least memory.
+def _least_memory_tie(T: Tables, value: int, idx: dict) -> dict:
+    """Among layouts tied with the proven optimum, take one that needs less memory.
 
-    Re-solves with the objective pinned to ``value`` and peak memory as the objective, then puts
-    the time objective back. Keeps the first solution if the re-solve does not finish.
+    Ties come from knobs that change memory but not time (ZeRO 1 against 2, a rank order that gives
+    the same groups, overlap options...). The layouts that share the optimum's interleaving,
+    micro-batch and expert degree are scored on the same tables; the least memory among those at
+    the optimal objective wins. Only ties are affected: the objective stays proven optimal.
     """
-    first = model.indices(solver)
-    pin = model.m.new_bool_var("pin_optimum")
-    model.m.add(model.objective == value).only_enforce_if(pin)
-    model.m.add_assumptions([pin])
-    model.m.clear_hints()
-    for key in DIMS:
-        model.m.add_hint(model.x[key], first[key])
-    model.m.minimize(model.peak_memory())
-    solver.parameters.cp_model_presolve = PRESOLVE_RUNNERS_UP
-    tied = solver.solve(model.m)
-    model.m.clear_assumptions()
-    model.m.minimize(model.objective)
-    if tied != cp_model.OPTIMAL:
-        raise SolverError("CP-SAT lost the pinned optimum while breaking ties by memory")
-    return status
+    from planner.exhaustive import restrict, solve_exhaustive
+
+    sub = restrict(T, {k: [idx[k]] for k in ("v", "mb", "e")})
+    found, _ = solve_exhaustive(sub, 0)
+    if not found or found[0][0] != value:
+        return idx
+    return sub.unrestrict(found[0][1])
 
 
 def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, workers: int = 0) -> CpSatResult:
@@ -364,9 +351,9 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
                 status_name = solver.status_name(status)
             break
         value = int(round(solver.objective_value))
-        if k == 0 and status == cp_model.OPTIMAL:
-            status = _least_memory_tie(model, solver, value, status)
         idx = model.indices(solver)
+        if k == 0 and status == cp_model.OPTIMAL:
+            idx = _least_memory_tie(T, value, idx)
         solutions.append((value, idx))
         model.m.clear_hints()
         for key in DIMS:
