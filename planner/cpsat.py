@@ -296,21 +296,18 @@ def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, di
     return value, idx
 
 
-def _least_memory_tie(T: Tables, value: int, idx: dict) -> dict:
-    """Among layouts tied with the proven optimum, take one that needs less memory.
+def _neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
+    """The ``count`` best layouts sharing ``idx``'s interleaving, micro-batch and expert degree.
 
-    Ties come from knobs that change memory but not time (ZeRO 1 against 2, a rank order that gives
-    the same groups, overlap options...). The layouts that share the optimum's interleaving,
-    micro-batch and expert degree are scored on the same tables; the least memory among those at
-    the optimal objective wins. Only ties are affected: the objective stays proven optimal.
+    Scored on the same tables. Used twice: among layouts tied with the proven optimum, the least
+    memory wins (ties come from knobs that change memory but not time: ZeRO 1 against 2, a rank
+    order giving the same groups, ...); and the j-th best here bounds the j-th runner-up.
     """
     from planner.exhaustive import restrict, solve_exhaustive
 
     sub = restrict(T, {k: [idx[k]] for k in ("v", "mb", "e")})
-    found, _ = solve_exhaustive(sub, 0)
-    if not found or found[0][0] != value:
-        return idx
-    return sub.unrestrict(found[0][1])
+    found, _ = solve_exhaustive(sub, count - 1)
+    return [(value, sub.unrestrict(i)) for value, i in found]
 
 
 def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, workers: int = 0) -> CpSatResult:
@@ -353,11 +350,16 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
         value = int(round(solver.objective_value))
         idx = model.indices(solver)
         if k == 0 and status == cp_model.OPTIMAL:
-            idx = _least_memory_tie(T, value, idx)
+            near = _neighbourhood(T, idx, top_k + 1)
+            if near and near[0][0] == value:
+                idx = near[0][1]  # the least memory among the layouts tied at the optimum
+            bounds = [min((b for b in (bounds[j] if j < len(bounds) else None, near[j] if j < len(near) else None)
+                           if b is not None), key=lambda b: b[0]) for j in range(max(len(bounds), len(near)))]
         solutions.append((value, idx))
         model.m.clear_hints()
+        hint = bounds[k + 1][1] if k + 1 < len(bounds) else idx
         for key in DIMS:
-            model.m.add_hint(model.x[key], idx[key])
+            model.m.add_hint(model.x[key], hint[key])
         if k == 0:
             status_name = solver.status_name(status)
             bound = solver.best_objective_bound
