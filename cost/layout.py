@@ -142,6 +142,22 @@ class Job:
         return self.global_batch_size * self.seq_len
 
 
+def misaligned_axis(degrees: dict[str, int], order: str, domain_size: int) -> tuple[str, int] | None:
+    """The first axis whose groups straddle scale-up domains unevenly, with their span; or None.
+
+    With the axes laid out innermost first, the product of the degrees up to an axis is the span of
+    its groups. Unless that span divides the domain size (or is a multiple of it), groups cross
+    domain boundaries unevenly and no single representative group describes the axis (Megatron-LM
+    asks the same of tensor parallelism within a node).
+    """
+    span = 1
+    for axis in order.split("-"):
+        span *= degrees[axis]
+        if domain_size % span and span % domain_size:
+            return axis, span
+    return None
+
+
 def parse_layout(text: str, num_devices: int | None = None) -> Layout:
     """Parse ``"tp=8,pp=8,dp=16,vp=2,mbs=1,recompute=selective,zero=1,sp=on"``.
 

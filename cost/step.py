@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from cost.layout import RECOMPUTE_MODES, Job, Layout
+from cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis
 from cost.terms import (
     NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, dp_terms, head_terms,
     layer_terms, layers_on_stage, optimizer_s, p2p_s, param_counts, static_memory,
@@ -123,7 +123,17 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
         bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
     if layout.sequence_parallel and layout.tp == 1:
         bad("sequence_parallel", "sequence_parallel needs tp > 1")
+    _alignment_problems(layout, cluster.domain_size, bad)
     return problems
+
+
+def _alignment_problems(layout: Layout, domain_size: int, bad) -> None:
+    degrees = {a: layout.degree(a) for a in ("tp", "pp", "dp", "cp")}
+    found = misaligned_axis(degrees, layout.order, domain_size)
+    if found:
+        axis, span = found
+        bad("alignment", f"the {axis} groups (order {layout.order}) span {span} devices, which neither divides "
+            f"nor is a multiple of the {domain_size}-device scale-up domain, so they straddle domains unevenly")
 
 
 def _moe_problems(model: ModelSpec, layout: Layout, bad) -> None:

@@ -128,6 +128,7 @@ class _Model:
         m.add_allowed_assignments([x["f"], x["e"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fe < 0)])
         m.add_allowed_assignments([x["e"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_eo < 0)])
         m.add_allowed_assignments([x["f"], x["s"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fs < 0)])
+        m.add_allowed_assignments([x["f"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fo < 0)])
         # Symmetry breaking (planner.space.canonical), split by the knobs each part concerns.
         order_ok = T.canon.any(axis=(1, 2, 3, 5, 6))  # (F, O)
         m.add_allowed_assignments([x["f"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(order_ok)])

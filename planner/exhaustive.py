@@ -77,7 +77,8 @@ def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray,
     mem1 = static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans
     mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[tc], ("f", "mb"))
     code = np.where(np.maximum(mem1, mem2) > T.capacity, REASON_ORDER.index("memory"), -1)
-    for table, dims in ((T.ok_fs[sl], ("f", "s")), (T.ok_eo, ("e", "o")), (T.ok_fe[sl], ("f", "e")),
+    for table, dims in ((T.ok_fs[sl], ("f", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_eo, ("e", "o")),
+                        (T.ok_fe[sl], ("f", "e")),
                         (T.ok_fmbv[sl], ("f", "mb", "v")), (T.ok_f[sl], ("f",))):
         placed = _place(table, dims)
         code = np.where(placed >= 0, placed, code)
@@ -180,7 +181,7 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
         "M": ("f", "mb"), "IF1": ("f", "mb", "v"), "IF2": ("f", "mb", "v"), "tpg_of_fo": ("f", "o"),
         "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
-        "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fs": ("f", "s"), "canon": ("f", "e", "s", "z", "o", "do", "to"),
+        "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fs": ("f", "s"), "ok_fo": ("f", "o"), "canon": ("f", "e", "s", "z", "o", "do", "to"),
     }
     space_attr = {"o": "order", "e": "ep", "v": "vp", "mb": "micro_batch_size", "s": "sequence_parallel",
                   "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap"}

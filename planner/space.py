@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from cost.layout import DEFAULT_ORDER, ORDERS, RECOMPUTE_MODES, Job, Layout
+from cost.layout import DEFAULT_ORDER, ORDERS, RECOMPUTE_MODES, Job, Layout, misaligned_axis
 from models.errors import SpecError
 from models.spec import ModelSpec
 from topologies.cluster import Cluster
@@ -33,6 +33,7 @@ REASONS = {
     "experts": "ep does not divide the experts or dp",
     "placement": "expert groups laid across pipeline stages",
     "sequence_parallel": "sequence parallelism without tensor parallelism",
+    "alignment": "parallel groups not aligned with the scale-up domains",
     "memory": "does not fit in device memory",
 }
 
@@ -201,6 +202,12 @@ def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, 
     effective = [a for a in order.split("-") if degrees[a] > 1]
     first = next(o for o in orders if [a for a in o.split("-") if degrees[a] > 1] == effective)
     return order == first
+
+
+def alignment_ok(tp: int, pp: int, dp: int, cp: int, order: str, domain_size: int) -> str | None:
+    """Groups must tile the scale-up domains evenly (``cost.layout.misaligned_axis``)."""
+    degrees = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
+    return None if misaligned_axis(degrees, order, domain_size) is None else "alignment"
 
 
 def sequence_parallel_ok(tp: int, sp: bool) -> str | None:

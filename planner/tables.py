@@ -34,15 +34,15 @@ from cost.terms import (
     head_terms, layers_on_stage, optimizer_s, p2p_s, param_counts, tp_comm_terms,
 )
 from planner.space import (
-    Space, _representative, batch_ok, canonical, expert_ok, factor_ok, layout_of, placement_ok,
+    Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, layout_of, placement_ok,
     sequence_parallel_ok,
 )
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
 SLOT_QUANTUM = 1000  # micro-batch slots and stage shares in thousandths
 MEMORY_QUANTUM_BYTES = 2**20  # 1 MiB
-REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement", "sequence_parallel",
-                "memory")
+REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement", "alignment",
+                "sequence_parallel", "memory")
 
 
 def q_time(seconds: float) -> int:
@@ -92,6 +92,7 @@ class Tables:
     ok_fe: np.ndarray  # (F, E)
     ok_eo: np.ndarray  # (E, O)
     ok_fs: np.ndarray  # (F, S)
+    ok_fo: np.ndarray  # (F, O)
     canon: np.ndarray  # (F, E, S, Z, O, DO, TO) bool
 
 
@@ -136,7 +137,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     DPS, DPM, OPT, STATIC = _dp_tables(ctx, S)
     U, FRAC, M = _count_tables(ctx, S)
     IF1, IF2 = _inflight(ctx, S)
-    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, canon = _masks(ctx, S)
+    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, ok_fo, canon = _masks(ctx, S)
     capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
     if ignore_memory:
@@ -145,7 +146,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
                   C=C, BWD=BWD, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM,
                   OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fs=ok_fs,
-                  canon=canon)
+                  ok_fo=ok_fo, canon=canon)
 
 
 def _qt(values) -> np.ndarray:
@@ -232,8 +233,11 @@ def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
     ok_fs = np.array([[-1 if sequence_parallel_ok(f[0], sp) is None else code["sequence_parallel"]
                        for sp in S.sequence_parallel] for f in S.factorizations])
+    domain = ctx.cluster.domain_size
+    ok_fo = np.array([[-1 if alignment_ok(*f, o, domain) is None else code["alignment"] for o in S.order]
+                      for f in S.factorizations])
     canon = _canonical_mask(S)
-    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, canon
+    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, ok_fo, canon
 
 
 def _canonical_mask(S: Space) -> np.ndarray:

@@ -397,3 +397,19 @@ def test_plan_never_worse_than_megatron_default(model_id, preset, n, batch, seq)
     res = plan(model, job, cluster, SearchOptions(engine=engine, top_k=0))
     # 1e-3: the search optimises the quantized objective (see test_integer_objective_matches_float)
     assert res.best.step_time_s <= baseline.step_time_s * (1 + 1e-3), (res.best.layout.short(), default.short())
+
+
+def test_groups_that_straddle_scale_up_domains_are_rejected():
+    from cost.layout import Job, Layout
+    from cost.step import layout_problems
+    from models.library import load_model
+    from planner.search import SearchOptions, plan
+    from topologies.library import build_cluster
+
+    model, cluster = load_model("gpt3-175b"), build_cluster("dgx-h100-superpod", num_devices=96)
+    job = Job(global_batch_size=96, seq_len=2048)
+    result = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0))
+    assert result.rejections.get("alignment", 0) > 0  # tp=6 or tp=3 on 8-GPU nodes
+    assert cluster.domain_size % result.best.layout.tp == 0
+    problems = layout_problems(model, job, cluster, Layout(tp=6, pp=1, dp=16, zero_stage=3))
+    assert [key for key, _ in problems] == ["alignment"]
