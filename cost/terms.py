@@ -73,7 +73,7 @@ def _tokens(ctx: Context, cp: int, mbs: int) -> float:
 def layer_terms(ctx: Context, layout: Layout) -> LayerTerms:
     """Per-micro-batch layer terms; depends on tp, cp, ep, mbs, sp, recompute, placement, tp_overlap."""
     tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
-    c = compute_terms(ctx, tp, cp, mbs, sp, rc)
+    c = compute_terms(ctx, tp, cp, mbs, sp, rc, layout.ep)
     return LayerTerms(
         forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
         tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap),
@@ -104,26 +104,35 @@ def _layer_kinds(model: ModelSpec) -> list[tuple[bool, int]]:
 
 
 @lru_cache(maxsize=65536)
-def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str) -> ComputeTerms:
-    model, dev, prec = ctx.model, ctx.cluster.device, ctx.job.precision
+def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int = 1) -> ComputeTerms:
+    model = ctx.model
     n = _tokens(ctx, cp, mbs)
-    fwd = bwd = gemm = act = transient = 0.0
+    fwd = bwd = gemm = attn = act = transient = 0.0
     for moe, count in _layer_kinds(model):
-        ops = layer_ops(model, n, ctx.job.seq_len, tp, sp, moe)
-        fwd += count * ops_time_s(ops, dev, prec)
-        bwd += count * ops_time_s(ops, dev, prec, backward=True)
-        gemm += count * (gemm_time_s(ops, dev, prec) + gemm_time_s(ops, dev, prec, backward=True))
+        t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None)
+        fwd, bwd, gemm, attn = fwd + count * t[0], bwd + count * t[1], gemm + count * t[2], attn + count * t[3]
         act += count * activation_bytes(model, n, tp, sp, recompute, moe)
         if recompute == "full":  # the layer being recomputed holds its full activations once
             transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe))
-    if recompute == "full":
-        rec = fwd
-    elif recompute == "selective":  # Megatron-Core checkpoints the core-attention module: one more flash forward
-        rec = sum(count * ops_time_s([op for op in layer_ops(model, n, ctx.job.seq_len, tp, sp, moe)
-                                      if op.kind == "attention"], dev, prec) for moe, count in _layer_kinds(model))
-    else:
-        rec = 0.0
+    # full: the whole forward again; selective: Megatron-Core checkpoints the core-attention module,
+    # so one more flash forward
+    rec = {"full": fwd, "selective": attn}.get(recompute, 0.0)
     return ComputeTerms(fwd, bwd, rec, gemm, act / model.num_layers, transient)
+
+
+@lru_cache(maxsize=65536)
+def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
+                local_experts: int | None) -> tuple[float, float, float, float]:
+    """Forward, backward, GEMM (fwd+bwd) and attention-forward time of one layer of a kind."""
+    dev, prec = ctx.cluster.device, ctx.job.precision
+    ops = layer_ops(ctx.model, _tokens(ctx, cp, mbs), ctx.job.seq_len, tp, sp, moe, local_experts)
+    return (ops_time_s(ops, dev, prec), ops_time_s(ops, dev, prec, backward=True),
+            gemm_time_s(ops, dev, prec) + gemm_time_s(ops, dev, prec, backward=True),
+            ops_time_s([op for op in ops if op.kind == "attention"], dev, prec))
+
+
+def _local_experts(model: ModelSpec, ep: int) -> int | None:
+    return None if model.moe is None else max(1, model.moe.num_experts // ep)
 
 
 def _comm_multiplier(recompute: str) -> float:

@@ -73,19 +73,32 @@ def mlp_ops(model: ModelSpec, num_tokens: float, ffn: int, tp: int, name: str = 
     ]
 
 
-def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool) -> list[Op]:
-    """Router, token permutation, routed and shared experts (uniform load: top_k per token)."""
+def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_experts: int | None = None) -> list[Op]:
+    """Router, token permutation, routed and shared experts (uniform load: top_k per token).
+
+    The routed experts run as one grouped GEMM over the ``local_experts`` experts this device holds
+    (``num_experts / ep``): FLOPs follow the routed tokens, but every local expert's weights are
+    read once per pass, which makes few-token experts memory-bound.
+    """
     assert model.moe is not None
     e, h = model.moe, model.hidden_size
     local = num_tokens / tp if sp else num_tokens
     routed = num_tokens * e.top_k
+    experts = e.num_experts if local_experts is None else local_experts
+    ups = model.mlp_matrices - 1
+    ffn = e.expert_ffn_hidden_size
+    up_weights, down_weights = experts * h * ups * ffn / tp, experts * ffn / tp * h
     ops = [
         _gemm("router", local, h, e.num_experts),
         Op("permute", "memory", 0.0, 2 * ACT_BYTES * routed * h / tp),
+        Op("experts_up", "gemm", 2.0 * routed * h * ups * ffn / tp,
+           ACT_BYTES * (routed * h + up_weights + routed * ups * ffn / tp), input_elements=routed * h),
+        Op("experts_act", "memory", 0.0, ACT_BYTES * routed * ffn * (ups + 1) / tp),
+        Op("experts_down", "gemm", 2.0 * routed * ffn / tp * h,
+           ACT_BYTES * (routed * ffn / tp + down_weights + routed * h), input_elements=routed * ffn / tp),
     ]
-    ops += mlp_ops(model, routed, e.expert_ffn_hidden_size, tp, name="experts")
     if e.num_shared_experts:
-        ops += mlp_ops(model, num_tokens, e.num_shared_experts * e.expert_ffn_hidden_size, tp, name="shared")
+        ops += mlp_ops(model, num_tokens, e.num_shared_experts * ffn, tp, name="shared")
     return ops
 
 
@@ -105,11 +118,12 @@ def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool) -> l
     ]
 
 
-def layer_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, sp: bool, moe: bool) -> list[Op]:
+def layer_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, sp: bool, moe: bool,
+              local_experts: int | None = None) -> list[Op]:
     """All forward ops of one dense (``moe=False``) or MoE layer on one device."""
     ops = attention_ops(model, num_tokens, kv_len, tp) + elementwise_ops(model, num_tokens, tp, sp)
     if moe:
-        return ops + moe_ops(model, num_tokens, tp, sp)
+        return ops + moe_ops(model, num_tokens, tp, sp, local_experts)
     return ops + mlp_ops(model, num_tokens, model.ffn_hidden_size, tp)
 
 

@@ -121,7 +121,7 @@ class _Model:
     # ---- constraints -------------------------------------------------------------------------
     def _structure(self) -> None:
         T, x, m = self.T, self.x, self.m
-        self.tc = self._lookup("tc", T.tc_of_f, [x["f"]])
+        self.tc = self._lookup("tc", T.tc_of_fe, [x["f"], x["e"]])
         self.tpg = self._lookup("tpg", T.tpg_of_fo, [x["f"], x["o"]])
         self.cpg = self._lookup("cpg", T.cpg_of_fo, [x["f"], x["o"]])
         self.epg = self._lookup("epg", T.epg_of_foe, [x["f"], x["o"], x["e"]])
@@ -243,8 +243,8 @@ def _objective_lower_bound(T: Tables) -> np.ndarray:
 
 def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
     """Per (f, mb): the least layer time X and the least head+p2p time over the other knobs."""
-    tc, tpg, cpg, epg = T.tc_of_f, T.tpg_of_fo, T.cpg_of_fo, T.epg_of_foe
-    X = (_place(T.C[tc], ("f", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
+    tc, tpg, cpg, epg = T.tc_of_fe, T.tpg_of_fo, T.cpg_of_fo, T.epg_of_foe
+    X = (_place(T.C[tc], ("f", "e", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
          + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
     H = _place(T.H[tpg], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb"))
     f_ax, mb_ax = DIMS.index("f"), DIMS.index("mb")

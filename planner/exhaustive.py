@@ -42,13 +42,13 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     """Objective, rejection code and canonical mask for every layout with factorization ``i`` (or
     the factorizations of a slice, along the first axis)."""
     sl = i if isinstance(i, slice) else slice(i, i + 1)
-    tc, tpg, cpg, epg = T.tc_of_f[sl], T.tpg_of_fo[sl], T.cpg_of_fo[sl], T.epg_of_foe[sl]
+    tc, tpg, cpg, epg = T.tc_of_fe[sl], T.tpg_of_fo[sl], T.cpg_of_fo[sl], T.epg_of_foe[sl]
     code, memory = _codes_and_memory(T, sl, tc)
     canon = _place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to"))
     if not with_objective:
         return Scored(np.zeros(1, np.int64), code, memory, canon)
     Q = SLOT_QUANTUM
-    X = (_place(T.C[tc], ("f", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
+    X = (_place(T.C[tc], ("f", "e", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
          + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
     U, M, FRAC = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
     head = _place(T.H[tpg], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb"))
@@ -56,8 +56,8 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     dims5 = ("f", "o", "v", "e", "z")
     dps, dpm = _place(T.DPS[sl], dims5) * Q, _place(T.DPM[sl], dims5) * Q
     dpsb, dpmb = -(-dps // NUM_GRAD_BUCKETS), -(-dpm // NUM_GRAD_BUCKETS)  # ceil: the last bucket
-    dp_exp = np.where(do, np.maximum(dpsb, dps - FRAC * _place(T.BWD[tc], ("f", "mb", "s", "r"))), dps)
-    fsdp = np.where(do, np.maximum(dpmb, dpm - FRAC * _place(T.C[tc], ("f", "mb", "s", "r"))), dpm)
+    dp_exp = np.where(do, np.maximum(dpsb, dps - FRAC * _place(T.BWD[tc], ("f", "e", "mb", "s", "r"))), dps)
+    fsdp = np.where(do, np.maximum(dpmb, dpm - FRAC * _place(T.C[tc], ("f", "e", "mb", "s", "r"))), dpm)
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
     objective = U * X + Q * M * head + dp_exp + M * fsdp + opt
     return Scored(objective, code, memory, canon)
@@ -72,10 +72,10 @@ def _codes(T: Tables, sl: slice, tc: np.ndarray) -> np.ndarray:
 def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Reason codes and peak memory (MEMORY_QUANTUM_BYTES) of every layout of one factorization."""
     static = _place(T.STATIC[sl], ("f", "v", "e", "z"))
-    act = _place(T.ACT[tc], ("f", "mb", "s", "r"))
-    trans = _place(T.TRANS[tc], ("f", "mb", "s", "r"))
+    act = _place(T.ACT[tc], ("f", "e", "mb", "s", "r"))
+    trans = _place(T.TRANS[tc], ("f", "e", "mb", "s", "r"))
     mem1 = static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans
-    mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[tc], ("f", "mb"))
+    mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[tc], ("f", "e", "mb"))
     code = np.where(np.maximum(mem1, mem2) > T.capacity, REASON_ORDER.index("memory"), -1)
     for table, dims in ((T.ok_fs[sl], ("f", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_eo, ("e", "o")),
                         (T.ok_fe[sl], ("f", "e")),
@@ -91,7 +91,7 @@ def smallest_memory(T: Tables) -> tuple[int, dict] | None:
     mem_code = REASON_ORDER.index("memory")
     for i in range(len(T.space.factorizations)):
         sl = slice(i, i + 1)
-        code, mem = _codes_and_memory(T, sl, T.tc_of_f[sl])
+        code, mem = _codes_and_memory(T, sl, T.tc_of_fe[sl])
         shape = np.broadcast_shapes(code.shape, mem.shape)
         code, mem = np.broadcast_to(code, shape), np.broadcast_to(mem, shape)
         valid = (code < 0) | (code == mem_code)
@@ -174,7 +174,7 @@ def restrict(T: Tables, keep: dict) -> Tables:
     import copy
 
     axes = {  # table attribute -> its knob axes (only knob axes that can be cut are listed)
-        "TPC": (None, "mb", "s", "r", "to"), "CPC": (None, "mb", "s"), "EPC": (None, "mb", "s", "r"),
+        "tc_of_fe": ("f", "e"), "TPC": (None, "mb", "s", "r", "to"), "CPC": (None, "mb", "s"), "EPC": (None, "mb", "s", "r"),
         "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r"), "H": (None, "mb", "s"),
         "P2P": ("f", "o", "mb"), "DPS": ("f", "o", "v", "e", "z"), "DPM": ("f", "o", "v", "e", "z"),
         "OPT": ("f", "v", "e", "z"), "STATIC": ("f", "v", "e", "z"), "ACT": (None, "mb", "s", "r"),
