@@ -139,10 +139,11 @@ class _Model:
     def _memory(self) -> None:
         T, x = self.T, self.x
         static = self._lookup("static", self._fv_table(T.STATIC), [self.fv, x["e"], x["z"]])
-        axes4 = [self.tc, x["mb"], x["s"], x["r"]]
+        ta = self._lookup("ta", T.ta_of_f, [x["f"]])
+        axes4 = [ta, x["mb"], x["s"], x["r"]]
         act = self._lookup("act", T.ACT, axes4)
         trans = self._lookup("trans", T.TRANS, axes4)
-        logits = self._lookup("logits", T.LOGITS, [self.tc, x["mb"]])
+        logits = self._lookup("logits", T.LOGITS, [ta, x["mb"]])
         if1 = self._lookup("if1", self._fvm_table(T.IF1), [self.fvm])
         if2 = self._lookup("if2", self._fvm_table(T.IF2), [self.fvm])
         hi = int(T.ACT.max()) * int(max(T.IF1.max(), T.IF2.max(), 1))

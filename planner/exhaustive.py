@@ -72,10 +72,11 @@ def _codes(T: Tables, sl: slice, tc: np.ndarray) -> np.ndarray:
 def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Reason codes and peak memory (MEMORY_QUANTUM_BYTES) of every layout of one factorization."""
     static = _place(T.STATIC[sl], ("f", "v", "e", "z"))
-    act = _place(T.ACT[tc], ("f", "e", "mb", "s", "r"))
-    trans = _place(T.TRANS[tc], ("f", "e", "mb", "s", "r"))
+    ta = T.ta_of_f[sl]
+    act = _place(T.ACT[ta], ("f", "mb", "s", "r"))
+    trans = _place(T.TRANS[ta], ("f", "mb", "s", "r"))
     mem1 = static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans
-    mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[tc], ("f", "e", "mb"))
+    mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb"))
     code = np.where(np.maximum(mem1, mem2) > T.capacity, REASON_ORDER.index("memory"), -1)
     for table, dims in ((T.ok_fs[sl], ("f", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_eo, ("e", "o")),
                         (T.ok_fe[sl], ("f", "e")),

@@ -59,7 +59,8 @@ class Tables:
 
     space: Space
     # index maps over (f,), (f, o), (f, o, e)
-    tc_of_fe: np.ndarray  # (F, E) -> index of (tp, cp, ep)
+    tc_of_fe: np.ndarray  # (F, E) -> index of (tp, cp, ep): compute
+    ta_of_f: np.ndarray  # (F,) -> index of (tp, cp): activation memory
     tpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, tp_stride)
     cpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, cp_stride)
     epg_of_foe: np.ndarray  # (F, O, E) -> index of (tp, cp, ep, ep_stride)
@@ -80,9 +81,9 @@ class Tables:
     M: np.ndarray  # (F, MB) micro-batches
     # memory (MEMORY_QUANTUM_BYTES)
     STATIC: np.ndarray  # (F, V, E, Z)
-    ACT: np.ndarray  # (TC, MB, S, R) per layer
-    TRANS: np.ndarray  # (TC, MB, S, R)
-    LOGITS: np.ndarray  # (TC, MB)
+    ACT: np.ndarray  # (TA, MB, S, R) per layer
+    TRANS: np.ndarray  # (TA, MB, S, R)
+    LOGITS: np.ndarray  # (TA, MB)
     IF1: np.ndarray  # (F, MB, V) in-flight layers, first stage
     IF2: np.ndarray  # (F, MB, V) last stage
     capacity: int
@@ -110,6 +111,8 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
     tc_pos, tc_keys = _index([(f[0], f[3], e) for f in S.factorizations for e in S.ep])
     tc_of_fe = np.array([[tc_pos[(f[0], f[3], e)] for e in S.ep] for f in S.factorizations])
+    ta_pos, ta_keys = _index([(f[0], f[3]) for f in S.factorizations])  # memory does not depend on ep
+    ta_of_f = np.array([ta_pos[(f[0], f[3])] for f in S.factorizations])
     tpg_pos, tpg_keys = _index([(l.tp, l.cp, l.stride("tp")) for row in probe for l in row])
     tpg_of_fo = np.array([[tpg_pos[(l.tp, l.cp, l.stride("tp"))] for l in row] for row in probe])
     cpg_pos, cpg_keys = _index([(l.tp, l.cp, l.stride("cp")) for row in probe for l in row])
@@ -123,8 +126,9 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
             for tp, cp, e in tc_keys]
     C = _qt([[[[c.forward_s + c.backward_s + c.recompute_s for c in r] for r in s] for s in m] for m in comp])
     BWD = _qt([[[[c.backward_s for c in r] for r in s] for s in m] for m in comp])
-    ACT = _qb([[[[c.act_bytes_per_layer for c in r] for r in s] for s in m] for m in comp])
-    TRANS = _qb([[[[c.act_transient_bytes for c in r] for r in s] for s in m] for m in comp])
+    mem = [[[[compute_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
+    ACT = _qb([[[[c.act_bytes_per_layer for c in r] for r in s] for s in m] for m in mem])
+    TRANS = _qb([[[[c.act_transient_bytes for c in r] for r in s] for s in m] for m in mem])
     TPC = _qt([[[[[tp_comm_terms(ctx, tp, cp, mb, sp, rc, st, to) for to in TO] for rc in RC] for sp in SP]
                 for mb in MB] for tp, cp, st in tpg_keys])
     CPC = _qt([[[cp_comm_terms(ctx, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for tp, cp, st in cpg_keys])
@@ -133,7 +137,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
                  for sp in SP] for mb in MB] for tp, cp, e, st in epg_keys])
     heads = [[[head_terms(ctx, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for tp, cp, st in tpg_keys]
     H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
-    LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp, _ in tc_keys])
+    LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
     P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in MB] for l in row] for row in probe])
     DPS, DPM, OPT, STATIC = _dp_tables(ctx, S)
     U, FRAC, M = _count_tables(ctx, S)
@@ -143,7 +147,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
     if ignore_memory:
         capacity = 2**50
-    return Tables(space=space, tc_of_fe=tc_of_fe, tpg_of_fo=tpg_of_fo, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
+    return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
                   C=C, BWD=BWD, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM,
                   OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fs=ok_fs,
