@@ -123,7 +123,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
         bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
     if layout.sequence_parallel and layout.tp == 1:
         bad("sequence_parallel", "sequence_parallel needs tp > 1")
-    _alignment_problems(layout, cluster.domain_size, bad)
+    _alignment_problems(layout, cluster.occupied_domain_size, bad)
     return problems
 
 

@@ -238,7 +238,7 @@ def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
     ok_fs = np.array([[-1 if sequence_parallel_ok(f[0], sp) is None else code["sequence_parallel"]
                        for sp in S.sequence_parallel] for f in S.factorizations])
-    domain = ctx.cluster.domain_size
+    domain = ctx.cluster.occupied_domain_size
     ok_fo = np.array([[-1 if alignment_ok(*f, o, domain) is None else code["alignment"] for o in S.order]
                       for f in S.factorizations])
     canon = _canonical_mask(S)
