@@ -112,7 +112,10 @@ def guarded(fn: Callable) -> Callable:
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except BrokenPipeError:
-            raise  # `plan ... | head`: click exits quietly
+            # `plan ... | head`: the reader has gone. Point stdout at /dev/null so the interpreter's
+            # final flush does not fail again, and end as a normal pipeline member would.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
         except InfeasibleError as err:
             _err(f"error: {err}")
             if err.rejections:
