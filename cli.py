@@ -42,6 +42,7 @@ from planner.plan import PLANNER_VERSION, evaluation_document, plan_document
 from planner.search import ENGINES, SearchOptions, check_layout, plan
 from planner.space import REASONS, parse_bounds
 from planner.validate import markdown_report, validate
+from planner.whatif import compare, parse_candidate
 from topologies.cluster import Cluster
 from topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
 
@@ -406,6 +407,69 @@ def explain_command(model_arg, cluster_arg, num_devices, num_nodes, device, scal
     console.print(table)
 
 
+@click.command("compare")
+@click.option("--model", "model_arg", required=True, metavar="ID|FILE", help="Bundled model id or alias, or a model file.")
+@click.option("--cluster", "clusters", required=True, multiple=True, metavar="ID[:DEVICES]",
+              help="A candidate cluster, repeatable: a preset id (or file) with an optional device count, "
+                   "e.g. --cluster dgx-h100-superpod:512 --cluster gb200-nvl72:576.")
+@click.option("--global-batch", "global_batch", type=POSITIVE_INT, metavar="SEQUENCES", help="Sequences per step.")
+@click.option("--seq-len", "seq_len", type=POSITIVE_INT, metavar="TOKENS", help="Tokens per sequence.")
+@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), help="Training precision.")
+@click.option("--tokens", "tokens", type=TokenCount(), metavar="N", help="Tokens to train (300e9, 300B, 1.5T).")
+@click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
+              help="Search engine for each candidate.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@guarded
+def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, engine, as_json):
+    """What-if: the best layout of MODEL on each candidate cluster, side by side (step time, MFU,
+    time, energy and cost to train the job's tokens).
+
+    Exits 0 when at least one candidate can run the job; otherwise with the first candidate's code.
+    """
+    model = load_model(model_arg)
+    candidates = [parse_candidate(c) for c in clusters]
+
+    def load(cand):
+        return load_cluster(cand.cluster, cand.num_devices, None, None, None, None)
+
+    def make_job(cluster):
+        return build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens)[0]
+
+    rows = compare(model, candidates, load, make_job, SearchOptions(engine=engine, top_k=0))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        _compare_report(model, rows, _console())
+    if all("error" in r for r in rows):
+        sys.exit(rows[0]["exit_code"])
+
+
+def _compare_report(model: ModelSpec, rows: list[dict], console: Console) -> None:
+    table = _table("cluster", "devices", ("step s", "right"), ("MFU", "right"), ("peak GiB", "right"),
+                   ("to train", "right"), ("energy MWh", "right"), ("cost", "right"), "best layout",
+                   title=f"what-if: {model.name}")
+    errors = []
+    for r in rows:
+        if "error" in r:
+            errors.append(f"{r['cluster']}: {r['error']}")
+            table.add_row(r["cluster"], "-", "-", "-", "-", "-", "-", "-", "no layout (below)")
+            continue
+        train = "-" if r["time_to_train_s"] is None else _duration(r["time_to_train_s"])
+        energy = "-" if r["energy_j"] is None else f"{r['energy_j'] / 3.6e9:,.0f}"
+        cost = "-" if r["cost_usd"] is None else f"${r['cost_usd']:,.0f}"
+        table.add_row(r["cluster"], f"{r['num_devices']:,} x {r['device']}", f"{r['step_time_s']:.3f}",
+                      f"{r['mfu']:.1%}", _gib(r["peak_memory_bytes"]), train, energy, cost, _compact(r["layout"]))
+    console.print(table)
+    for line in errors:
+        console.print(line)
+
+
+def _compact(layout: dict) -> str:
+    """The degrees and micro-batch of a layout, for narrow tables."""
+    parts = [f"{k}{layout[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vp") if layout[k] > 1 or k in ("tp", "pp", "dp")]
+    return " ".join(parts + [f"mbs{layout['micro_batch_size']}", layout["recompute"], f"z{layout['zero_stage']}"])
+
+
 @click.command("validate")
 @click.argument("file", required=False, metavar="[FILE]")
 @click.option("--json", "as_json", is_flag=True, help="Print {runs, summary} as JSON.")
@@ -467,8 +531,8 @@ def main():
     """
 
 
-for _command in (plan_command, evaluate_command, explain_command, validate_command, models_command, clusters_command,
-                 devices_command):
+for _command in (plan_command, evaluate_command, explain_command, compare_command, validate_command, models_command,
+                 clusters_command, devices_command):
     main.add_command(_command)
 
 plan_main = plan_command

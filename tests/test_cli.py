@@ -321,3 +321,25 @@ def test_explain_reports_sensitivities():
     assert {"versus_runners_up", "binding", "sensitivity"} <= set(doc)
     for row in doc["sensitivity"]:
         assert row["allowed"] is False or row["step_time_s"] > 0
+
+
+def test_compare_runs_every_candidate():
+    args = ["compare", "--model", "llama2-7b", "--cluster", "dgx-h100-superpod:16", "--cluster", "mi300x-cluster:16",
+            "--cluster", "groq-rack", "--tokens", "1e12", "--search", "exhaustive"]
+    result = CliRunner().invoke(cli.main, args + ["--json"])
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [r["cluster"] for r in rows] == ["dgx-h100-superpod:16", "mi300x-cluster:16", "groq-rack"]
+    for row in rows[:2]:
+        assert row["num_devices"] == 16 and row["step_time_s"] > 0
+        assert math.isclose(row["time_to_train_s"], 1e12 / row["tokens_per_s"])
+    assert rows[2]["exit_code"] == 3 and "does not fit" in rows[2]["error"]
+    table = CliRunner().invoke(cli.main, args)
+    assert table.exit_code == 0 and "what-if" in table.stdout and "Traceback" not in table.output
+
+
+def test_compare_exit_code_when_nothing_runs():
+    result = CliRunner().invoke(cli.main, ["compare", "--model", "llama3-405b", "--cluster", "dgx-h100-superpod:8"])
+    assert result.exit_code == 3
+    bad = CliRunner().invoke(cli.main, ["compare", "--model", "gpt", "--cluster", "dgx-superpod:abc"])
+    assert bad.exit_code == 2 and "positive device count" in bad.stderr
