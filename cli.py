@@ -43,6 +43,7 @@ from planner.search import ENGINES, SearchOptions, check_layout, plan
 from planner.space import REASONS, parse_bounds
 from planner.validate import markdown_report, validate
 from planner.whatif import compare, parse_candidate
+from planner.export import FORMATS as EXPORT_FORMATS, export
 from topologies.cluster import Cluster
 from topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
 
@@ -470,6 +471,24 @@ def _compact(layout: dict) -> str:
     return " ".join(parts + [f"mbs{layout['micro_batch_size']}", layout["recompute"], f"z{layout['zero_stage']}"])
 
 
+@click.command("export")
+@click.option("--format", "fmt", type=click.Choice(list(EXPORT_FORMATS)), required=True,
+              help="megatron (Megatron-LM/NeMo arguments), deepspeed (config JSON), torchtitan (TOML), "
+                   "maxtext (ici_*/dcn_* overrides).")
+@_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
+@guarded
+def export_command(fmt, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
+                   oversubscription, global_batch, seq_len, precision, tokens, as_json, top_k, engine, time_limit_s,
+                   fix, minimum, maximum, memory_headroom):
+    """Search as plan does, then print the best layout as a launcher config (a starting point to
+    check against your launcher's version)."""
+    result, _, _ = _load_and_search(
+        model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
+        seq_len, precision, tokens, 0, engine, time_limit_s, fix, minimum, maximum, memory_headroom)
+    text = export(plan_document(result), fmt)
+    click.echo(json.dumps({"format": fmt, "config": text}, indent=2) if as_json else text)
+
+
 @click.command("validate")
 @click.argument("file", required=False, metavar="[FILE]")
 @click.option("--json", "as_json", is_flag=True, help="Print {runs, summary} as JSON.")
@@ -531,8 +550,8 @@ def main():
     """
 
 
-for _command in (plan_command, evaluate_command, explain_command, compare_command, validate_command, models_command,
-                 clusters_command, devices_command):
+for _command in (plan_command, evaluate_command, explain_command, compare_command, export_command, validate_command,
+                 models_command, clusters_command, devices_command):
     main.add_command(_command)
 
 plan_main = plan_command

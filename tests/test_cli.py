@@ -343,3 +343,22 @@ def test_compare_exit_code_when_nothing_runs():
     assert result.exit_code == 3
     bad = CliRunner().invoke(cli.main, ["compare", "--model", "gpt", "--cluster", "dgx-superpod:abc"])
     assert bad.exit_code == 2 and "positive device count" in bad.stderr
+
+
+@pytest.mark.parametrize("fmt, needle", [("megatron", "--tensor-model-parallel-size"),
+                                         ("deepspeed", '"train_micro_batch_size_per_gpu"'),
+                                         ("torchtitan", "[parallelism]"), ("maxtext", "ici_tensor_parallelism=")])
+def test_export_formats_follow_the_plan(fmt, needle):
+    common = ["--model", "llama2-7b", "--cluster", "dgx-superpod", "--devices", "16", "--search", "exhaustive"]
+    doc = run_json("plan", *common)
+    result = CliRunner().invoke(cli.main, ["export", "--format", fmt, *common])
+    assert result.exit_code == 0, result.stderr
+    assert needle in result.stdout
+    layout = doc["layout"]
+    if fmt == "megatron":
+        assert f"--tensor-model-parallel-size {layout['tp']}" in result.stdout
+        assert f"--micro-batch-size {layout['micro_batch_size']}" in result.stdout
+    if fmt == "deepspeed":
+        config = json.loads(result.stdout.split("\n", 1)[1])
+        assert config["zero_optimization"]["stage"] == layout["zero_stage"]
+        assert config["train_batch_size"] == doc["inputs"]["job"]["global_batch_size"]
