@@ -42,7 +42,7 @@ from planner.plan import PLANNER_VERSION, evaluation_document, plan_document
 from planner.search import ENGINES, SearchOptions, check_layout, plan
 from planner.space import REASONS, parse_bounds
 from planner.validate import markdown_report, validate
-from planner.whatif import compare, parse_candidate
+from planner.whatif import OBJECTIVES, compare, parse_candidate, rank
 from planner.export import FORMATS as EXPORT_FORMATS, export
 from topologies.cluster import Cluster
 from topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
@@ -419,9 +419,12 @@ def explain_command(model_arg, cluster_arg, num_devices, num_nodes, device, scal
 @click.option("--tokens", "tokens", type=TokenCount(), metavar="N", help="Tokens to train (300e9, 300B, 1.5T).")
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Search engine for each candidate.")
+@click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
+              help="Rank the candidates by step time, by cost to train or by energy to train (the last two need "
+                   "--tokens or a published token count, and a price/power for the device).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @guarded
-def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, engine, as_json):
+def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, engine, objective, as_json):
     """What-if: the best layout of MODEL on each candidate cluster, side by side (step time, MFU,
     time, energy and cost to train the job's tokens).
 
@@ -436,7 +439,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
     def make_job(cluster):
         return build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens)[0]
 
-    rows = compare(model, candidates, load, make_job, SearchOptions(engine=engine, top_k=0))
+    rows = rank(compare(model, candidates, load, make_job, SearchOptions(engine=engine, top_k=0)), objective)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:

@@ -69,3 +69,21 @@ def compare(model: ModelSpec, candidates: list[Candidate], load: Callable[[Candi
         )
         rows.append(row)
     return rows
+
+
+OBJECTIVES = {"time": "step_time_s", "cost": "cost_usd", "energy": "energy_j"}
+
+
+def rank(rows: list[dict], objective: str = "time") -> list[dict]:
+    """Rows sorted by the objective (best first); rows without that figure, then failures, last.
+
+    Within one cluster the search minimises step time, and cost and energy to train follow it
+    (constant price and power per device); across candidates they differ, which is what this ranks.
+    """
+    key = OBJECTIVES[objective]
+
+    def order(row: dict):
+        value = row.get(key)
+        return ("error" in row, value is None, value if value is not None else 0.0)
+
+    return sorted(rows, key=order)

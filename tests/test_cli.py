@@ -362,3 +362,12 @@ def test_export_formats_follow_the_plan(fmt, needle):
         config = json.loads(result.stdout.split("\n", 1)[1])
         assert config["zero_optimization"]["stage"] == layout["zero_stage"]
         assert config["train_batch_size"] == doc["inputs"]["job"]["global_batch_size"]
+
+
+def test_compare_ranks_by_objective():
+    args = ["compare", "--model", "llama2-7b", "--cluster", "dgx-a100-superpod:16", "--cluster", "dgx-h100-superpod:16",
+            "--tokens", "1e12", "--search", "exhaustive", "--json"]
+    by_time = json.loads(CliRunner().invoke(cli.main, args).stdout)
+    assert by_time[0]["step_time_s"] <= by_time[1]["step_time_s"]
+    by_cost = json.loads(CliRunner().invoke(cli.main, args + ["--objective", "cost"]).stdout)
+    assert by_cost[0]["cost_usd"] <= by_cost[1]["cost_usd"]
