@@ -558,7 +558,27 @@ for _command in (plan_command, evaluate_command, explain_command, compare_comman
     main.add_command(_command)
 
 plan_main = plan_command
-"""The ``plan`` console script: the same command as ``clusterplan plan``."""
+"""The ``plan`` command as its own entry point: the same command as ``clusterplan plan``."""
+
+
+def _default_sigpipe() -> None:
+    """Let a closed pipe (``plan ... | head``) end the process quietly, as ``cat`` does."""
+    import signal
+
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
+def run_clusterplan() -> None:
+    """Console script ``clusterplan``."""
+    _default_sigpipe()
+    main()
+
+
+def run_plan() -> None:
+    """Console script ``plan``."""
+    _default_sigpipe()
+    plan_main()
 
 
 # ---- output ------------------------------------------------------------------------------------------
