@@ -405,6 +405,16 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
 def dp_profiles(ctx: Context, tp: int, pp: int, dp: int, cp: int, ep: int, order: str):
     """Fabric profiles of the dense (data x context) and expert-data-parallel groups."""
     layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
+    if cp == 1:  # an arithmetic progression: profile it by (count, stride) without listing ranks
+        stride = layout.stride("dp")
+        dense = ctx.cluster.strided_profile(dp, stride)
+        if ep == 1:
+            return dense, dense
+        return dense, ctx.cluster.strided_profile(dp // ep, stride * ep) if dp // ep > 1 else None
+    inner, outer = sorted((("dp", layout.stride("dp")), ("cp", layout.stride("cp"))), key=lambda a: a[1])
+    if ep == 1 and outer[1] == inner[1] * layout.degree(inner[0]):  # dp and cp adjacent: one progression
+        dense = ctx.cluster.strided_profile(dp * cp, inner[1])
+        return dense, dense
     dense = ctx.cluster.group_profile(_dp_cp_group(layout))
     if ep == 1:  # experts replicated like the dense weights: reduced over the same group
         return dense, dense

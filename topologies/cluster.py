@@ -111,6 +111,10 @@ class Cluster:
         """
         return _group_profile(self, tuple(sorted(ranks)))
 
+    def strided_profile(self, count: int, stride: int) -> GroupProfile:
+        """:meth:`group_profile` of ``0, stride, ..., (count - 1) * stride``, cached by its shape."""
+        return _strided_profile(self, count, stride)
+
 
 def _edge(graph: nx.Graph, u, v) -> dict:
     return graph.edges[u, v]
@@ -255,3 +259,8 @@ def _group_profile(cluster: Cluster, ranks: tuple[int, ...]) -> GroupProfile:
         torus_wraparound=wraps,
     )
 
+
+
+@lru_cache(maxsize=4096)
+def _strided_profile(cluster: Cluster, count: int, stride: int) -> GroupProfile:
+    return _group_profile(cluster, tuple(range(0, count * stride, stride)))
