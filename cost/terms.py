@@ -323,27 +323,28 @@ class StaticMemory:
     optimizer_bytes: float
 
 
-def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
-    """Weights, gradients and Adam states per device, divided per ZeRO stage.
+def owned_params(pc: ParamCounts, layout: Layout, sharded: bool) -> float:
+    """Parameters a device holds state for: all of them, or its ZeRO shard.
 
     Megatron-Core's distributed optimizer shards over the data- and context-parallel ranks;
     expert weights over the expert-data-parallel ranks (``dp * cp / ep``).
     """
+    if not sharded:
+        return pc.dense + pc.expert
+    shard = layout.dp * layout.cp
+    return pc.dense / shard + pc.expert / (shard // layout.ep)
+
+
+def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
+    """Weights, gradients and Adam states per device, divided per ZeRO stage."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
     z = layout.zero_stage
-    shard_dense, shard_expert = layout.dp * layout.cp, layout.dp * layout.cp // layout.ep
-
-    def sharded(count_dense: float, count_expert: float, per_param: float, on: bool) -> float:
-        if not on:
-            return per_param * (count_dense + count_expert)
-        return per_param * (count_dense / shard_dense + count_expert / shard_expert)
-
-    weights = sharded(pc.dense, pc.expert, WEIGHT_BYTES, z >= 3)
+    weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3)
     if z >= 3:  # FSDP keeps the gathered weights of the layer in use and the one prefetched
         per_layer = (pc.dense + pc.expert) / max(1, layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
         weights += 2 * WEIGHT_BYTES * per_layer
-    grads = sharded(pc.dense, pc.expert, ctx.job.grad_bytes, z >= 2)
-    optim = sharded(pc.dense, pc.expert, OPTIMIZER_STATE_BYTES, z >= 1)
+    grads = ctx.job.grad_bytes * owned_params(pc, layout, z >= 2)
+    optim = OPTIMIZER_STATE_BYTES * owned_params(pc, layout, z >= 1)
     return StaticMemory(weights, grads, optim)
 
 
@@ -351,10 +352,7 @@ def optimizer_s(ctx: Context, layout: Layout) -> float:
     """Fused Adam step: memory-bound, per parameter it reads and writes the fp32 master weight and
     both moments (24 B), reads the gradient and writes the 16-bit weight (``grad_bytes + 2``)."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
-    if layout.zero_stage >= 1:
-        count = pc.dense / (layout.dp * layout.cp) + pc.expert / (layout.dp * layout.cp // layout.ep)
-    else:
-        count = pc.dense + pc.expert
+    count = owned_params(pc, layout, layout.zero_stage >= 1)
     dev = ctx.cluster.device
     return count * (24.0 + ctx.job.grad_bytes + WEIGHT_BYTES) / (dev.memory_bytes_per_s * dev.memory_efficiency)
 

@@ -25,7 +25,7 @@ from ortools.sat.python import cp_model
 
 from cost.terms import NUM_GRAD_BUCKETS
 from models.errors import SolverError
-from planner.exhaustive import DIMS, _place
+from planner.exhaustive import DIMS, _place, layer_time
 from planner.tables import SLOT_QUANTUM, Tables
 
 ELEMENT_MAX_ENTRIES = 64
@@ -247,10 +247,8 @@ def _objective_lower_bound(T: Tables) -> np.ndarray:
 
 def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
     """Per (f, mb): the least layer time X and the least head+p2p time over the other knobs."""
-    tc, tpg, cpg, epg = T.tc_of_fe, T.tpg_of_fo, T.cpg_of_fo, T.epg_of_foe
-    X = (_place(T.C[tc], ("f", "e", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
-         + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
-    H = _place(T.H[tpg], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb"))
+    X = layer_time(T, slice(None))
+    H = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb"))
     f_ax, mb_ax = DIMS.index("f"), DIMS.index("mb")
 
     def reduce(arr: np.ndarray) -> np.ndarray:

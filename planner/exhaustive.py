@@ -38,18 +38,24 @@ class Scored:
     canon: np.ndarray  # bool: representative layouts (others are symmetric duplicates)
 
 
+def layer_time(T: Tables, sl: slice) -> np.ndarray:
+    """Per-micro-batch layer time ``X = C + TPC + CPC + EPC`` of the factorizations in ``sl``."""
+    tc, tpg, cpg, epg = T.tc_of_fe[sl], T.tpg_of_fo[sl], T.cpg_of_fo[sl], T.epg_of_foe[sl]
+    return (_place(T.C[tc], ("f", "e", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
+            + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
+
+
 def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) -> Scored:
     """Objective, rejection code and canonical mask for every layout with factorization ``i`` (or
     the factorizations of a slice, along the first axis)."""
     sl = i if isinstance(i, slice) else slice(i, i + 1)
-    tc, tpg, cpg, epg = T.tc_of_fe[sl], T.tpg_of_fo[sl], T.cpg_of_fo[sl], T.epg_of_foe[sl]
+    tc, tpg = T.tc_of_fe[sl], T.tpg_of_fo[sl]
     code, memory = _codes_and_memory(T, sl, tc)
     canon = _place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to"))
     if not with_objective:
         return Scored(np.zeros(1, np.int64), code, memory, canon)
     Q = SLOT_QUANTUM
-    X = (_place(T.C[tc], ("f", "e", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
-         + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
+    X = layer_time(T, sl)
     U, M, FRAC = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
     head = _place(T.H[tpg], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb"))
     do = _place(np.array(T.space.dp_overlap), ("do",))
@@ -63,14 +69,9 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     return Scored(objective, code, memory, canon)
 
 
-def _codes(T: Tables, sl: slice, tc: np.ndarray) -> np.ndarray:
-    """Reason code per layout: the first failing rule in REASON_ORDER, memory last."""
-    code, _ = _codes_and_memory(T, sl, tc)
-    return code
-
-
 def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Reason codes and peak memory (MEMORY_QUANTUM_BYTES) of every layout of one factorization."""
+    """Reason code per layout (the first failing rule in REASON_ORDER, memory last) and peak memory
+    (MEMORY_QUANTUM_BYTES) of every layout of the factorizations in ``sl``."""
     static = _place(T.STATIC[sl], ("f", "v", "e", "z"))
     ta = T.ta_of_f[sl]
     act = _place(T.ACT[ta], ("f", "mb", "s", "r"))

@@ -104,11 +104,16 @@ def binding(best: Evaluation, sens: list[dict]) -> list[str]:
     return out
 
 
+def changed_knobs(base: dict, other: dict) -> dict:
+    """The knobs of layout ``other`` that differ from ``base`` (both as ``Layout.as_dict()``)."""
+    return {k: v for k, v in other.items() if base.get(k) != v}
+
+
 def versus(best: Evaluation, other: Evaluation) -> dict:
     """The term of the breakdown that differs most between the winner and ``other``."""
     a, b = asdict(best.time), asdict(other.time)
     term = max(a, key=lambda k: abs(b[k] - a[k]))
-    diff = {k: v for k, v in asdict(other.layout).items() if asdict(best.layout)[k] != v}
+    diff = changed_knobs(best.layout.as_dict(), other.layout.as_dict())
     tie = abs(b[term] - a[term]) < 1e-9  # same time: the winner was chosen for its lower memory
     return {"layout": other.layout.short(), "changed": diff, "term": "tie" if tie else term.removesuffix("_s"),
             "delta_s": 0.0 if tie else b[term] - a[term], "step_time_delta_s": other.step_time_s - best.step_time_s,

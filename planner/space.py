@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from cost.layout import DEFAULT_ORDER, ORDERS, RECOMPUTE_MODES, Job, Layout, misaligned_axis
+from cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, misaligned_axis
 from models.errors import SpecError
 from models.spec import ModelSpec
 from topologies.cluster import Cluster
@@ -248,5 +248,3 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
     return Bounds(parse(fix, "--fix", False), parse(minimum, "--min", True), parse(maximum, "--max", True),
                   memory_headroom)
 
-
-DEFAULT_PLACEMENT = DEFAULT_ORDER

@@ -45,10 +45,6 @@ REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", 
                 "sequence_parallel", "memory")
 
 
-def q_time(seconds: float) -> int:
-    return int(round(seconds / TIME_QUANTUM_S))
-
-
 def q_bytes_up(num_bytes: float) -> int:
     return int(math.ceil(num_bytes / MEMORY_QUANTUM_BYTES))
 
@@ -140,8 +136,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
     P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in MB] for l in row] for row in probe])
     DPS, DPM, OPT, STATIC = _dp_tables(ctx, S)
-    U, FRAC, M = _count_tables(ctx, S)
-    IF1, IF2 = _inflight(ctx, S)
+    U, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, ok_fo, canon = _masks(ctx, S)
     capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
@@ -190,32 +185,23 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
 
 
 def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
+    """Over (f, mb, v): micro-batch slots x stage share (U), micro-batches (M), stage share (FRAC),
+    and the layers in flight on the first and last pipeline ranks (IF1, IF2)."""
     F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
-    U, M, FRAC = np.zeros((F, MB, V), np.int64), np.zeros((F, MB), np.int64), np.zeros((F, V), np.int64)
+    U, IF1, IF2 = (np.zeros((F, MB, V), np.int64) for _ in range(3))
+    M, FRAC = np.zeros((F, MB), np.int64), np.zeros((F, V), np.int64)
     L, B = ctx.model.num_layers, ctx.job.global_batch_size
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for vi, v in enumerate(S.vp):
             FRAC[i, vi] = round(SLOT_QUANTUM * layers_on_stage(L, pp, v) / L)
         for j, mb in enumerate(S.micro_batch_size):
-            M[i, j] = max(1, B // (dp * mb))
+            M[i, j] = m = max(1, B // (dp * mb))
             for vi, v in enumerate(S.vp):
-                frac = layers_on_stage(L, pp, v) / L
-                U[i, j, vi] = round(SLOT_QUANTUM * (M[i, j] + (pp - 1) / v) * frac)
-    return U, FRAC, M
-
-
-def _inflight(ctx: Context, S: Space) -> tuple[np.ndarray, np.ndarray]:
-    F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
-    IF1, IF2 = np.zeros((F, MB, V), np.int64), np.zeros((F, MB, V), np.int64)
-    L, B = ctx.model.num_layers, ctx.job.global_batch_size
-    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
-        for j, mb in enumerate(S.micro_batch_size):
-            m = max(1, B // (dp * mb))
-            for vi, v in enumerate(S.vp):
+                U[i, j, vi] = round(SLOT_QUANTUM * (m + (pp - 1) / v) * layers_on_stage(L, pp, v) / L)
                 if pp * v <= L:
                     first, last = inflight_layers(L, pp, v, m)
                     IF1[i, j, vi], IF2[i, j, vi] = math.ceil(first), math.ceil(last)
-    return IF1, IF2
+    return U, FRAC, M, IF1, IF2
 
 
 def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:

@@ -18,6 +18,7 @@ import yaml
 from cost.layout import Job
 from models.errors import ClusterplanError, InfeasibleError, SpecError
 from models.library import list_models, load_model, model_from_mapping
+from planner.explain import changed_knobs
 from planner.search import SearchOptions, SearchResult, plan
 from planner.space import Bounds
 from topologies.library import build_cluster
@@ -186,7 +187,7 @@ def _record_best(result: RunResult, model, job: Job, cluster, options: SearchOpt
 
 
 def _why_faster(published: dict, best: dict, published_s: float, best_s: float) -> str:
-    changed = [f"{k} {published.get(k)}->{best.get(k)}" for k in best if published.get(k) != best.get(k)]
+    changed = [f"{k} {published.get(k)}->{v}" for k, v in changed_knobs(published, best).items()]
     return f"{published_s / best_s:.2f}x faster by changing " + ", ".join(changed)
 
 
