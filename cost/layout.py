@@ -12,12 +12,9 @@ Ranks are laid out by ``order``: a permutation of the parallel axes from the fas
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
 
 from models.errors import SpecError
 
-Recompute = Literal["none", "selective", "full"]
-Precision = Literal["bf16", "fp16", "fp8"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")

@@ -94,9 +94,6 @@ class Cluster:
     def num_nodes(self) -> int:
         return -(-self.num_devices // self.devices_per_node)
 
-    def domain_of(self, rank: int) -> int:
-        return self.graph.nodes[rank]["domain"]
-
     def group_profile(self, ranks: Sequence[int]) -> GroupProfile:
         """Read from the graph what bandwidth and latency the group ``ranks`` gets.
 
