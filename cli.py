@@ -270,6 +270,10 @@ SEARCH_OPTIONS = [
                  help="Upper bound on a numeric knob, e.g. --max pp=16 (repeatable)."),
     click.option("--memory-headroom", "memory_headroom", type=Headroom(), default="0%", show_default=True,
                  help="Share of device memory to keep free: 10% or 0.1."),
+    click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
+                 help="What to minimise per step: time; cost (rental price x time, so the same layout as "
+                      "time on one cluster); energy (board power while computing, idle power while waiting "
+                      "on communication or bubbles, plus the host's share)."),
 ]
 
 
@@ -279,8 +283,9 @@ SEARCH_OPTIONS = [
 @guarded
 def plan_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
                  global_batch, seq_len, precision, tokens, as_json, top_k, engine, time_limit_s, fix, minimum,
-                 maximum, memory_headroom):
-    """Search the parallel layouts of MODEL on CLUSTER and report the fastest that fits.
+                 maximum, memory_headroom, objective):
+    """Search the parallel layouts of MODEL on CLUSTER and report the fastest that fits (or the
+    cheapest, or the least energy, with --objective).
 
     \b
     Example:  plan --model gpt --cluster dgx-superpod
@@ -288,20 +293,20 @@ def plan_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_o
     """
     result, cluster, origin = _load_and_search(
         model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
-        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom)
+        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective)
     emit(plan_document(result), cluster, origin, as_json)
 
 
 def _load_and_search(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
                      global_batch, seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum,
-                     memory_headroom):
+                     memory_headroom, objective="time"):
     """Load the inputs of ``plan``/``explain`` and run the search: (result, cluster, origin)."""
     model = load_model(model_arg)
     cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
     job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens)
     bounds = parse_bounds(fix, minimum, maximum, memory_headroom)
     result = plan(model, job, cluster, SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s,
-                                                     bounds=bounds))
+                                                     bounds=bounds, objective=objective))
     return result, cluster, origin
 
 
@@ -384,11 +389,11 @@ def devices_command(as_json):
 @guarded
 def explain_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
                     global_batch, seq_len, precision, tokens, as_json, top_k, engine, time_limit_s, fix, minimum,
-                    maximum, memory_headroom):
+                    maximum, memory_headroom, objective):
     """Why the best layout won: against each runner-up, what binds, and one step in every knob."""
     result, _, _ = _load_and_search(
         model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
-        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom)
+        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective)
     doc = plan_document(result)
     if as_json:
         click.echo(json.dumps(doc["explanation"], indent=2))
@@ -420,8 +425,9 @@ def explain_command(model_arg, cluster_arg, num_devices, num_nodes, device, scal
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Search engine for each candidate.")
 @click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
-              help="Rank the candidates by step time, by cost to train or by energy to train (the last two need "
-                   "--tokens or a published token count, and a price/power for the device).")
+              help="Search each candidate for, and rank the candidates by, step time, rental cost per step or "
+                   "energy per step (the last two need a price/power for the device; candidates without it "
+                   "are searched for time and ranked last).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @guarded
 def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, engine, objective, as_json):
@@ -439,7 +445,8 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
     def make_job(cluster):
         return build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens)[0]
 
-    rows = rank(compare(model, candidates, load, make_job, SearchOptions(engine=engine, top_k=0)), objective)
+    rows = rank(compare(model, candidates, load, make_job, SearchOptions(engine=engine, top_k=0, objective=objective)),
+                objective)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
@@ -482,12 +489,12 @@ def _compact(layout: dict) -> str:
 @guarded
 def export_command(fmt, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
                    oversubscription, global_batch, seq_len, precision, tokens, as_json, top_k, engine, time_limit_s,
-                   fix, minimum, maximum, memory_headroom):
+                   fix, minimum, maximum, memory_headroom, objective):
     """Search as plan does, then print the best layout as a launcher config (a starting point to
     check against your launcher's version)."""
     result, _, _ = _load_and_search(
         model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
-        seq_len, precision, tokens, 0, engine, time_limit_s, fix, minimum, maximum, memory_headroom)
+        seq_len, precision, tokens, 0, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective)
     text = export(plan_document(result), fmt)
     click.echo(json.dumps({"format": fmt, "config": text}, indent=2) if as_json else text)
 
@@ -678,6 +685,13 @@ def _figures(doc: dict, console: Console) -> None:
     console.print(f"step time {doc['step_time_s']:.3f} s   {doc['tokens_per_s']:,.0f} tokens/s   "
                   f"MFU {doc['mfu']:.1%}   HFU {doc['hfu']:.1%}   "
                   f"{doc['model_flops_per_s_per_device'] / 1e12:,.0f} model TFLOP/s per device")
+    per_step = []
+    if doc.get("energy_per_step_j") is not None:
+        per_step.append(f"energy {doc['energy_per_step_j'] / 3.6e6:,.2f} kWh per step")
+    if doc.get("cost_per_step_usd") is not None:
+        per_step.append(f"cost ${doc['cost_per_step_usd']:,.2f} per step")
+    if per_step:
+        console.print("   ".join(per_step))
     console.print()
 
 
@@ -733,12 +747,18 @@ def _runners_up(doc: dict, console: Console) -> None:
     if not runners:
         return
     best = doc["step_time_s"]
-    table = _table(("#", "right"), "runner-up layout", ("step s", "right"), ("MFU", "right"),
-                   ("peak GiB", "right"), ("vs best", "right"))
+    energy = (doc.get("search") or {}).get("objective") == "energy"
+    columns = [("#", "right"), "runner-up layout", ("step s", "right"), ("MFU", "right"), ("peak GiB", "right"),
+               ("vs best", "right")] + ([("kWh/step", "right"), ("energy vs best", "right")] if energy else [])
+    table = _table(*columns)
     for i, ev in enumerate(runners):
         delta_ms = (ev["step_time_s"] - best) * 1e3
-        table.add_row(str(i + 2), _layout_text(ev["layout"]), f"{ev['step_time_s']:.3f}", f"{ev['mfu']:.1%}",
-                      _gib(ev["peak_memory_bytes"]), f"{delta_ms:+,.1f} ms")
+        row = [str(i + 2), _layout_text(ev["layout"]), f"{ev['step_time_s']:.3f}", f"{ev['mfu']:.1%}",
+               _gib(ev["peak_memory_bytes"]), f"{delta_ms:+,.1f} ms"]
+        if energy:
+            row += [f"{ev['energy_per_step_j'] / 3.6e6:,.2f}",
+                    f"{ev['energy_per_step_j'] / doc['energy_per_step_j'] - 1:+.2%}"]
+        table.add_row(*row)
     console.print(table)
     console.print()
 
@@ -747,10 +767,18 @@ def _why(doc: dict, console: Console) -> None:
     explanation = doc.get("explanation") or {}
     versus = explanation.get("versus_runners_up") or []
     binding = explanation.get("binding") or []
+    energy = (doc.get("search") or {}).get("objective") == "energy"
     if versus:
-        console.print("runners-up against the best: knobs changed, the time term that changes most, the step")
+        console.print("runners-up against the best: knobs changed, the time term that changes most, the step"
+                      + (", the energy" if energy else ""))
         for i, v in enumerate(versus):
             changed = " ".join(f"{SHORT_KNOBS.get(k, k)}={_knob(x)}" for k, x in v["changed"].items())
+            if energy:
+                ratio = doc["runners_up"][i]["energy_per_step_j"] / doc["energy_per_step_j"] - 1
+                term = TIME_LABELS.get(v["term"], v["term"]).split(" (")[0]
+                console.print(f"  #{i + 2} {changed}: {term} {v['delta_s'] * 1e3:+,.1f} ms, "
+                              f"step {v['step_time_delta_s'] * 1e3:+,.1f} ms, energy {ratio:+.2%}")
+                continue
             if v["term"] == "tie":
                 console.print(f"  #{i + 2} {changed}: same step time, "
                               f"{v['memory_delta_bytes'] / GIB:+,.1f} GiB peak memory (ties go to the least memory)")
@@ -785,8 +813,14 @@ def _rejections(doc: dict, console: Console) -> None:
 def _search(doc: dict, console: Console) -> None:
     s = doc["search"]
     gap = "" if s["status"] == "OPTIMAL" else f", gap {s['gap']:.2%}"
+    objective = {"time": "least step time", "cost": "least rental cost per step (= least time on one cluster)",
+                 "energy": "least energy per step"}.get(s.get("objective", "time"), s.get("objective"))
     console.print(f"search: {s['engine']}, {s['status']}{gap}, {s['wall_s']:.2f} s, "
-                  f"{s['layouts_considered']:,} layouts considered, {s['layouts_feasible']:,} valid and fitting")
+                  f"{s['layouts_considered']:,} layouts considered, {s['layouts_feasible']:,} valid and fitting; "
+                  f"objective: {objective}")
+    if s.get("objective") == "energy" and not s.get("idle_power_known"):
+        console.print("note: no idle power figure for this device, so energy assumes board power throughout "
+                      "and ranks layouts as time does")
 
 
 # ---- number formatting (display only) -------------------------------------------------------------------

@@ -171,8 +171,8 @@ class _Model:
         mb_count = self._lookup("microbatches", self._fvm_table(T.M[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
         per_mb_hi = int(T.H.max() + T.P2P.max())
         per_mb = m.new_int_var(0, per_mb_hi, "per_mb")
-        m.add(per_mb == self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
-              + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"]]))
+        head = self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
+        m.add(per_mb == head + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"]]))
         pipe = self._product("pipeline", u, layer, int(T.U.max()) * layer_hi)
         extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi)
         xmin, hmin = _factor_minima(T)
@@ -184,7 +184,13 @@ class _Model:
         fsdp_mb = self._exposed("fsdp", dp_mb, frac, c, int(T.C.max()))
         fsdp = self._product("fsdp_total", mb_count, fsdp_mb, int(T.M.max()) * int(T.DPM.max()) * Q)
         opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
-        self.objective = pipe + Q * extra + dp_exp + fsdp + Q * opt
+        self.objective = T.time_weight * (pipe + Q * extra + dp_exp + fsdp + Q * opt)
+        if T.busy_weight:  # energy: the extra power while computing (planner.tables docstring)
+            share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
+            busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
+                                         int(share.max()) * int(T.C.max()))
+            busy_head = self._product("busy_head", mb_count, head, int(T.M.max()) * int(T.H.max()))
+            self.objective += T.busy_weight * (busy_compute + Q * busy_head + Q * opt)
         m.add(self.objective >= self._lookup("objective_lb", self.triple_lb, [self.fvm]))
         m.minimize(self.objective)
 
@@ -242,7 +248,13 @@ def _objective_lower_bound(T: Tables) -> np.ndarray:
     elif zero3.all():
         dp_min = T.M[:, :, None] * mb_min[:, None, :]
     opt_min = Q * T.OPT.min(axis=(2, 3))  # (F, V)
-    return T.U * xmin[:, :, None] + Q * (T.M * hmin)[:, :, None] + dp_min + opt_min[:, None, :]
+    time_lb = T.U * xmin[:, :, None] + Q * (T.M * hmin)[:, :, None] + dp_min + opt_min[:, None, :]
+    if not T.busy_weight:
+        return T.time_weight * time_lb
+    cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9))  # (F, MB)
+    head_min = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9))
+    busy_lb = (T.M * cmin)[:, :, None] * T.FRAC[:, None, :] + Q * (T.M * head_min)[:, :, None] + opt_min[:, None, :]
+    return T.time_weight * time_lb + T.busy_weight * busy_lb
 
 
 def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:

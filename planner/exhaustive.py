@@ -57,7 +57,8 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     Q = SLOT_QUANTUM
     X = layer_time(T, sl)
     U, M, FRAC = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
-    head = _place(T.H[tpg], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb"))
+    lm_head = _place(T.H[tpg], ("f", "o", "mb", "s"))
+    head = lm_head + _place(T.P2P[sl], ("f", "o", "mb"))
     do = _place(np.array(T.space.dp_overlap), ("do",))
     dims5 = ("f", "o", "v", "e", "z")
     dps, dpm = _place(T.DPS[sl], dims5) * Q, _place(T.DPM[sl], dims5) * Q
@@ -66,6 +67,12 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     fsdp = np.where(do, np.maximum(dpmb, dpm - FRAC * _place(T.C[tc], ("f", "e", "mb", "s", "r"))), dpm)
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
     objective = U * X + Q * M * head + dp_exp + M * fsdp + opt
+    if T.busy_weight:  # energy: waiting power over the step plus the extra power while computing
+        compute = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
+        busy = M * FRAC * compute + Q * M * lm_head + opt
+        objective = T.time_weight * objective + T.busy_weight * busy
+    elif T.time_weight != 1:
+        objective = T.time_weight * objective
     return Scored(objective, code, memory, canon)
 
 

@@ -7,13 +7,15 @@ Export and report code read this document; nothing here recomputes a cost. Schem
 micro_batch_size, sequence_parallel, recompute, zero_stage, order, dp_overlap, tp_overlap,
 num_microbatches}, num_devices, step_time_s, tokens_per_s, mfu, hfu, model_flops_per_s_per_device,
 peak_memory_bytes, device_memory_bytes, fits, overflow_bytes, memory{...}, breakdown{...},
-time_to_train_s, energy_j, cost_usd, runners_up[...], rejections{...}, search{...}``.
+energy_per_step_j, cost_per_step_usd, time_to_train_s, energy_j, cost_usd, runners_up[...],
+rejections{...}, search{objective, ...}``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
+from cost.energy import has_idle_power, step_cost_usd, step_energy_j
 from cost.layout import Job
 from cost.step import Evaluation
 from models.spec import ModelSpec
@@ -49,6 +51,8 @@ def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
         "overflow_bytes": ev.overflow_bytes,
         "memory": memory,
         "breakdown": breakdown,
+        "energy_per_step_j": step_energy_j(cluster, ev.time),
+        "cost_per_step_usd": step_cost_usd(cluster, ev.step_time_s),
     }
     out.update(training_totals(ev, job, cluster))
     return out
@@ -58,14 +62,12 @@ def training_totals(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
     """Time, energy and cost to train ``job.tokens_to_train`` tokens (None where unknown)."""
     if not job.tokens_to_train:
         return {"time_to_train_s": None, "energy_j": None, "cost_usd": None}
-    seconds = job.tokens_to_train / ev.tokens_per_s
-    dev = cluster.device
-    power_w = None if dev.power_w is None else (dev.power_w + cluster.power_overhead_w_per_device) * cluster.num_devices
-    price = None if dev.price_per_hour_usd is None else dev.price_per_hour_usd * cluster.num_devices
+    steps = job.tokens_to_train / job.tokens_per_step
+    energy, cost = step_energy_j(cluster, ev.time), step_cost_usd(cluster, ev.step_time_s)
     return {
-        "time_to_train_s": seconds,
-        "energy_j": None if power_w is None else power_w * seconds,
-        "cost_usd": None if price is None else price * seconds / 3600.0,
+        "time_to_train_s": steps * ev.step_time_s,
+        "energy_j": None if energy is None else steps * energy,
+        "cost_usd": None if cost is None else steps * cost,
     }
 
 
@@ -88,7 +90,8 @@ def plan_document(result) -> dict:
     doc["runners_up"] = [evaluation_dict(ev, result.job, result.cluster) for ev in result.runners_up]
     doc["rejections"] = dict(result.rejections)
     doc["rejection_reasons"] = {k: REASONS[k] for k in result.rejections}
-    doc["search"] = {"engine": result.engine, "status": result.status, "gap": result.gap,
+    doc["search"] = {"objective": result.objective, "idle_power_known": has_idle_power(result.cluster),
+                     "engine": result.engine, "status": result.status, "gap": result.gap,
                      "wall_s": result.wall_s, "layouts_considered": result.num_considered,
                      "layouts_feasible": result.num_feasible}
     doc["explanation"] = explain(result.model, result.job, result.cluster, result.best, result.runners_up,

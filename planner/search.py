@@ -6,6 +6,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from cost.energy import OBJECTIVES, objective_weights
 from cost.layout import Job, Layout
 from cost.step import Evaluation, evaluate_ctx, layout_problems
 from cost.terms import Context
@@ -23,17 +24,21 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """How to search: engine, runners-up, time limit (s), user bounds, solver threads."""
+    """How to search: engine, runners-up, time limit (s), user bounds, solver threads, and what to
+    minimise (``time`` per step, rental ``cost`` or ``energy`` per step: ``cost.energy``)."""
 
     engine: str = "cpsat"
     top_k: int = 3
     time_limit_s: float | None = None
     bounds: Bounds = field(default_factory=Bounds)
     workers: int = 0
+    objective: str = "time"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise SpecError(f"--search: got {self.engine!r}; allowed: {', '.join(ENGINES)}")
+        if self.objective not in OBJECTIVES:
+            raise SpecError(f"--objective: got {self.objective!r}; allowed: {', '.join(OBJECTIVES)}")
         if self.top_k < 0:
             raise SpecError(f"--top: got {self.top_k}; must be >= 0")
         if self.time_limit_s is not None and self.time_limit_s <= 0:
@@ -58,10 +63,12 @@ class SearchResult:
     wall_s: float
     objective_units: list[int]
     space: Space | None = None
+    objective: str = "time"
 
 
 def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | None = None) -> SearchResult:
-    """Search the layout space for the fastest layout that fits.
+    """Search the layout space for the layout that fits and minimises ``options.objective`` (step
+    time by default; ties at the optimum go to the least memory).
 
     Raises
     ------
@@ -73,8 +80,9 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     opts = options or SearchOptions()
     start = time.perf_counter()
     ctx = Context(model, job, cluster)
+    weights = objective_weights(cluster, opts.objective)
     space = build_space(model, job, cluster, opts.bounds)
-    tables = build_tables(ctx, space, opts.bounds.memory_headroom, opts.bounds.ignore_memory)
+    tables = build_tables(ctx, space, opts.bounds.memory_headroom, opts.bounds.ignore_memory, weights)
     rejections, feasible = count_rejections(tables)
     considered = feasible + sum(rejections.values())
     if feasible == 0:
@@ -87,12 +95,18 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
         solutions, status, gap = result.solutions, result.status, result.gap
     evaluations = [evaluate_ctx(ctx, layout_from_indices(space, idx)) for _, idx in solutions]
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible, considered,
-                        opts.engine, status, gap, time.perf_counter() - start, [o for o, _ in solutions], space)
+                        opts.engine, status, gap, time.perf_counter() - start, [o for o, _ in solutions], space,
+                        opts.objective)
 
 
 def objective_seconds(units: int) -> float:
-    """Convert the integer objective back to seconds."""
+    """Convert the integer objective of a time (or cost) search back to seconds."""
     return units * TIME_QUANTUM_S / SLOT_QUANTUM
+
+
+def objective_joules(units: int, num_devices: int) -> float:
+    """Convert the integer objective of an energy search (watt x time units per device) to joules."""
+    return objective_seconds(units) * num_devices
 
 
 def _infeasible(ctx: Context, tables, rejections: dict[str, int], bounds: Bounds) -> InfeasibleError:

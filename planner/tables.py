@@ -17,6 +17,10 @@ FRAC * window)`` with DP overlap on, ``SLOT_QUANTUM * traffic`` with it off.
 
 with ``X = C + TPC + CPC + EPC`` the per-micro-batch layer time, ``U`` the micro-batch slots
 (including the bubble) times the share of layers on the most loaded stage.
+
+For ``--objective energy`` the searched objective is ``time_weight * (the above) + busy_weight *
+(M * FRAC * C + SLOT_QUANTUM * (M * H + OPT))``: waiting power over the whole step plus the extra
+power while computing (``cost.energy``). For time and cost the weights are ``(1, 0)``.
 """
 
 from __future__ import annotations
@@ -91,6 +95,9 @@ class Tables:
     ok_fs: np.ndarray  # (F, S)
     ok_fo: np.ndarray  # (F, O)
     canon: np.ndarray  # (F, E, S, Z, O, DO, TO) bool
+    # objective = time_weight * step time + busy_weight * busy time (cost.energy.objective_weights)
+    time_weight: int = 1
+    busy_weight: int = 0
 
 
 def _index(keys: list) -> tuple[dict, list]:
@@ -100,8 +107,10 @@ def _index(keys: list) -> tuple[dict, list]:
     return pos, list(pos)
 
 
-def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignore_memory: bool = False) -> Tables:
-    """Tabulate every term over its own domain (see module docstring)."""
+def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignore_memory: bool = False,
+                 weights: tuple[int, int] = (1, 0)) -> Tables:
+    """Tabulate every term over its own domain (see module docstring); ``weights`` are the
+    objective's ``(time_weight, busy_weight)``."""
     S = space
     F, O, E = len(S.factorizations), len(S.order), len(S.ep)
     probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
@@ -146,7 +155,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
                   C=C, BWD=BWD, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM,
                   OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fs=ok_fs,
-                  ok_fo=ok_fo, canon=canon)
+                  ok_fo=ok_fo, canon=canon, time_weight=int(weights[0]), busy_weight=int(weights[1]))
 
 
 def _qt(values) -> np.ndarray:

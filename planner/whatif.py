@@ -7,8 +7,10 @@ A candidate that cannot run the job says why and does not stop the others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
+
+from cost.energy import objective_available
 
 from cost.layout import Job
 from models.errors import ClusterplanError, SpecError
@@ -47,7 +49,9 @@ def compare(model: ModelSpec, candidates: list[Candidate], load: Callable[[Candi
     """One row per candidate: the best layout's figures, or the reason it has none.
 
     ``load`` builds a candidate's cluster and ``make_job`` the job for it (the precision may fall
-    back to bf16 on a device without FP8), so that the CLI's own loading rules apply.
+    back to bf16 on a device without FP8), so that the CLI's own loading rules apply. Each search
+    minimises ``options.objective`` where the candidate's device has the figure it needs (a price,
+    a power), else step time; such a row is ranked after those that have the figure.
     """
     rows = []
     for cand in candidates:
@@ -55,7 +59,8 @@ def compare(model: ModelSpec, candidates: list[Candidate], load: Callable[[Candi
         try:
             cluster = load(cand)
             job = make_job(cluster)
-            doc = plan_document(plan(model, job, cluster, options))
+            usable = objective_available(cluster, options.objective)
+            doc = plan_document(plan(model, job, cluster, options if usable else replace(options, objective="time")))
         except ClusterplanError as err:
             row.update(error=str(err).splitlines()[0], exit_code=err.exit_code)
             rows.append(row)
@@ -65,20 +70,21 @@ def compare(model: ModelSpec, candidates: list[Candidate], load: Callable[[Candi
             layout=doc["layout"], step_time_s=doc["step_time_s"], tokens_per_s=doc["tokens_per_s"],
             mfu=doc["mfu"], peak_memory_bytes=doc["peak_memory_bytes"],
             device_memory_bytes=doc["device_memory_bytes"], time_to_train_s=doc["time_to_train_s"],
+            energy_per_step_j=doc["energy_per_step_j"], cost_per_step_usd=doc["cost_per_step_usd"],
             energy_j=doc["energy_j"], cost_usd=doc["cost_usd"], search=doc["search"],
         )
         rows.append(row)
     return rows
 
 
-OBJECTIVES = {"time": "step_time_s", "cost": "cost_usd", "energy": "energy_j"}
+OBJECTIVES = {"time": "step_time_s", "cost": "cost_per_step_usd", "energy": "energy_per_step_j"}
 
 
 def rank(rows: list[dict], objective: str = "time") -> list[dict]:
     """Rows sorted by the objective (best first); rows without that figure, then failures, last.
 
-    Within one cluster the search minimises step time, and cost and energy to train follow it
-    (constant price and power per device); across candidates they differ, which is what this ranks.
+    Every candidate runs the same job (same tokens per step), so per-step figures rank the
+    candidates as the figures to train would, and need no token count.
     """
     key = OBJECTIVES[objective]
 

@@ -372,3 +372,20 @@ def test_compare_ranks_by_objective():
     assert by_time[0]["step_time_s"] <= by_time[1]["step_time_s"]
     by_cost = json.loads(CliRunner().invoke(cli.main, args + ["--objective", "cost"]).stdout)
     assert by_cost[0]["cost_usd"] <= by_cost[1]["cost_usd"]
+
+
+def test_plan_objective_energy_and_its_errors():
+    common = ["plan", "--model", "llama2-7b", "--cluster", "dgx-h100-superpod", "--devices", "64"]
+    by_time, by_energy = run_json(*common), run_json(*common, "--objective", "energy")
+    assert by_time["search"]["objective"] == "time" and by_energy["search"]["objective"] == "energy"
+    assert by_energy["energy_per_step_j"] <= by_time["energy_per_step_j"] * (1 + 1e-6)
+    assert by_energy["step_time_s"] >= by_time["step_time_s"] * (1 - 1e-6)
+    for ev in by_energy["runners_up"]:
+        assert ev["energy_per_step_j"] >= by_energy["energy_per_step_j"] * (1 - 1e-6)
+    report = run(*common, "--objective", "energy", "--top", "1")
+    assert report.exit_code == 0 and "objective: least energy per step" in report.stdout
+    assert "kWh per step" in report.stdout
+    bad = run("plan", "--model", "llama2-7b", "--cluster", "gaudi2-cluster", "--devices", "16", "--objective", "cost")
+    assert bad.exit_code == 2 and "--objective cost: device gaudi2 has no price_per_hour_usd" in bad.stderr
+    unknown = run(*common, "--objective", "carbon")
+    assert unknown.exit_code == 2 and "carbon" in unknown.stderr

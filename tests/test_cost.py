@@ -680,3 +680,19 @@ def test_layout_problems_name_each_rule(cluster16):
         job_k = Job(global_batch_size=64, seq_len=2056) if key == "context" else job
         keys = [k for k, _ in layout_problems(model, job_k, cluster16, layout)]
         assert key in keys, (key, keys)
+
+
+def test_step_energy_is_idle_power_over_the_step_plus_board_power_while_computing():
+    """E = N * ((P_idle + P_host) * T + (P_board - P_idle) * T_busy), by hand for one H100 layout."""
+    from cost.energy import busy_s, step_energy_j, step_cost_usd
+
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    model = get_model("gpt3-1.3b")
+    ev = evaluate(model, Job(global_batch_size=512, seq_len=2048), cluster, Layout(tp=2, pp=2, dp=16, vp=2))
+    t = ev.time
+    busy = t.compute_s + t.recompute_s + t.optimizer_s
+    assert busy_s(t) == pytest.approx(busy)
+    assert 0 < busy < t.total_s
+    by_hand = 64 * ((70.0 + 575.0) * t.total_s + (700.0 - 70.0) * busy)  # devices.yaml, clusters.yaml
+    assert step_energy_j(cluster, t) == pytest.approx(by_hand)
+    assert step_cost_usd(cluster, t.total_s) == pytest.approx(3.24 * 64 * t.total_s / 3600)

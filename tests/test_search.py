@@ -413,3 +413,71 @@ def test_groups_that_straddle_scale_up_domains_are_rejected():
     assert cluster.domain_size % result.best.layout.tp == 0
     problems = layout_problems(model, job, cluster, Layout(tp=6, pp=1, dp=16, zero_stage=3))
     assert [key for key, _ in problems] == ["alignment"]
+
+
+# ---- objectives: energy and cost -------------------------------------------------------------------
+ENERGY_SEEDS = [s for s in range(NUM_RANDOM) if random_instance(s)[2].device.idle_power_w is not None][:8]
+
+
+@pytest.mark.parametrize("seed", ENERGY_SEEDS)
+def test_cpsat_equals_exhaustive_for_the_energy_objective(seed):
+    """The weighted objective (idle power over the step + extra power while computing) has the same
+    optimum and runners-up in both engines, and the integer objective is the float energy."""
+    from cost.energy import objective_weights, step_energy_j
+    from planner.search import objective_joules
+
+    model, job, cluster, bounds = random_instance(seed)
+    try:
+        space = build_space(model, job, cluster, bounds)
+    except SpecError:
+        return
+    weights = objective_weights(cluster, "energy")
+    assert weights[1] > 0  # a device with an idle figure below its board power
+    T = build_tables(Context(model, job, cluster), space, bounds.memory_headroom, bounds.ignore_memory, weights)
+    exhaustive, _ = solve_exhaustive(T, 2)
+    if not exhaustive:
+        return
+    cpsat = solve_cpsat(T, top_k=2)
+    assert [o for o, _ in cpsat.solutions] == [o for o, _ in exhaustive]
+    for value, idx in cpsat.solutions:
+        assert _score(T, idx) == (value, -1, True)
+        ev = evaluate(model, job, cluster, layout_from_indices(T.space, idx))
+        joules = step_energy_j(cluster, ev.time)
+        assert objective_joules(value, cluster.num_devices) == pytest.approx(joules, rel=2e-3)
+
+
+def test_energy_objective_trades_time_for_energy():
+    """The least-energy layout uses no more energy, and takes no less time, than the fastest; here
+    (GPT-3 175B on 1,024 H100) they differ, so the objective is not time under another name."""
+    from cost.energy import step_energy_j
+
+    model = get_model("gpt3-175b")
+    cluster = build_cluster("dgx-h100-superpod", num_devices=1024)
+    job = Job(global_batch_size=1536, seq_len=2048)
+    fast = plan(model, job, cluster, SearchOptions(top_k=0))
+    green = plan(model, job, cluster, SearchOptions(top_k=0, objective="energy"))
+    e_fast, e_green = step_energy_j(cluster, fast.best.time), step_energy_j(cluster, green.best.time)
+    assert e_green <= e_fast * (1 + 1e-6)
+    assert green.best.step_time_s >= fast.best.step_time_s * (1 - 1e-6)
+    assert green.best.layout != fast.best.layout
+    assert green.objective == "energy"
+
+
+def test_cost_objective_ranks_like_time_on_one_cluster():
+    model, cluster = get_model("gpt3-1.3b"), build_cluster("dgx-h100-superpod", num_devices=64)
+    job = Job(global_batch_size=512, seq_len=2048)
+    by_time = plan(model, job, cluster, SearchOptions(top_k=2))
+    by_cost = plan(model, job, cluster, SearchOptions(top_k=2, objective="cost"))
+    assert by_cost.objective_units == by_time.objective_units
+
+
+@pytest.mark.parametrize("objective, preset, field", [("energy", "tpu-v5p-pod", "power_w"),
+                                                       ("cost", "gaudi2-cluster", "price_per_hour_usd")])
+def test_objective_without_its_figure_is_a_clear_error(objective, preset, field):
+    cluster = build_cluster(preset)
+    assert getattr(cluster.device, field) is None
+    model = get_model("gpt3-1.3b")
+    with pytest.raises(SpecError, match=rf"--objective {objective}: device {cluster.device.id} has no {field}"):
+        plan(model, Job(global_batch_size=512, seq_len=2048), cluster, SearchOptions(objective=objective))
+    with pytest.raises(SpecError, match="--objective"):
+        SearchOptions(objective="carbon")

@@ -50,6 +50,11 @@ class DeviceSpec(BaseModel):
         gt=0, le=1, description="Achieved fraction of memory bandwidth for streaming kernels."
     )
     power_w: float | None = Field(None, gt=0, description="Board power (TDP) in watts.")
+    idle_power_w: float | None = Field(
+        None, gt=0,
+        description="Power of an idle device holding no work (watts); drawn while it waits on communication "
+                    "or a pipeline bubble. None: unknown (energy then assumes power_w throughout).",
+    )
     price_per_hour_usd: float | None = Field(None, gt=0, description="Indicative cloud price per device-hour.")
     scale_up_bytes_per_s: float = Field(
         ge=0, description="Scale-up (NVLink/ICI/xGMI/...) bandwidth per device per direction."

@@ -131,6 +131,7 @@ class DeviceEntry(_Entry):
     scale_up_gbyte_per_s_per_dir: float = Field(ge=0)
     scale_out_gbit_per_s: float = Field(ge=0)
     power_w: float | None = Field(None, gt=0)
+    idle_power_w: float | None = Field(None, gt=0)
     price_per_hour_usd: float | None = Field(None, gt=0)
     gemm: GemmEfficiency
     sources: list[str] = Field(default_factory=list)
@@ -317,13 +318,16 @@ def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
         if group is None:
             raise SpecError(f"{where}: calibration: unknown group {entry.calibration!r}; "
                             f"allowed: {', '.join(_calibration())}")
+    if entry.idle_power_w is not None and (entry.power_w is None or entry.idle_power_w > entry.power_w):
+        raise SpecError(f"{where}: idle_power_w: got {entry.idle_power_w:g} W; must not exceed power_w "
+                        f"({entry.power_w} W), and needs it")
     return DeviceSpec(
         id=entry.id, name=entry.name, vendor=entry.vendor, family=entry.family,
         peak_flops_per_s={k: v * 1e12 for k, v in entry.peak_tflops.items()},
         memory_kind=entry.memory_kind, memory_bytes=entry.memory_bytes,
         memory_bytes_per_s=entry.memory_gbyte_per_s * GBYTE,
         memory_efficiency=entry.memory_efficiency or group.memory_efficiency,
-        power_w=entry.power_w, price_per_hour_usd=entry.price_per_hour_usd,
+        power_w=entry.power_w, idle_power_w=entry.idle_power_w, price_per_hour_usd=entry.price_per_hour_usd,
         scale_up_bytes_per_s=entry.scale_up_gbyte_per_s_per_dir * GBYTE,
         scale_out_bytes_per_s=entry.scale_out_gbit_per_s * GBIT,
         gemm=entry.gemm,

@@ -1,0 +1,87 @@
+"""Energy and cost of a step: what the ``--objective`` of the search weighs.
+
+A device draws its board power (``power_w``) while it computes: sustained matmuls run at power-
+saturated clocks (ml-engineering MSMF measurements, ``devices.yaml: mleng_bench``), and the
+optimizer step streams HBM. While it waits on exposed communication or a pipeline bubble it draws
+its idle power (``idle_power_w``, public nvidia-smi logs); this is a lower bound for the waiting
+phases, since NCCL kernels and link traffic draw more than an idle board. The host (CPUs, NICs,
+switches, fans) adds the cluster's ``power_overhead_w_per_device`` for the whole step. So, per
+device::
+
+    E = (P_idle + P_host) * T_step + (P_board - P_idle) * T_busy,    T_busy = compute + recompute + optimizer
+
+On one cluster, layouts with the same step time can differ in energy (recomputation burns power for
+no progress; a bubble does not), which is what ``--objective energy`` trades. Rental cost is the
+price per device-hour times the step time, so ``--objective cost`` ranks layouts exactly as time
+does on one cluster; it differs across clusters (``clusterplan compare``).
+"""
+
+from __future__ import annotations
+
+from models.errors import SpecError
+from topologies.cluster import Cluster
+
+OBJECTIVES: tuple[str, ...] = ("time", "cost", "energy")
+
+
+def busy_s(time) -> float:
+    """Seconds of a step the device spends computing (a :class:`cost.step.TimeBreakdown`)."""
+    return time.compute_s + time.recompute_s + time.optimizer_s
+
+
+def has_idle_power(cluster: Cluster) -> bool:
+    return cluster.device.idle_power_w is not None
+
+
+def power_w(cluster: Cluster) -> tuple[float, float] | None:
+    """``(waiting, busy - waiting)`` power per device in watts, host share included; None when the
+    device has no board power figure. Without an idle figure the device draws board power throughout."""
+    dev = cluster.device
+    if dev.power_w is None:
+        return None
+    idle = dev.power_w if dev.idle_power_w is None else min(dev.idle_power_w, dev.power_w)
+    return idle + cluster.power_overhead_w_per_device, dev.power_w - idle
+
+
+def step_energy_j(cluster: Cluster, time) -> float | None:
+    """Energy of one step on the whole cluster (joules), or None without a power figure."""
+    watts = power_w(cluster)
+    if watts is None:
+        return None
+    waiting, extra = watts
+    return cluster.num_devices * (waiting * time.total_s + extra * busy_s(time))
+
+
+def step_cost_usd(cluster: Cluster, step_s: float) -> float | None:
+    """Rental cost of one step (all devices for its duration), or None without a price."""
+    price = cluster.device.price_per_hour_usd
+    return None if price is None else price * cluster.num_devices * step_s / 3600.0
+
+
+def objective_available(cluster: Cluster, objective: str) -> bool:
+    """Whether the device has the figure ``objective`` needs (a price for cost, a power for energy)."""
+    dev = cluster.device
+    return {"cost": dev.price_per_hour_usd is not None, "energy": dev.power_w is not None}.get(objective, True)
+
+
+def objective_weights(cluster: Cluster, objective: str) -> tuple[int, int]:
+    """Integer weights ``(a, b)`` of the search objective ``a * T_step + b * T_busy``.
+
+    time and cost: ``(1, 0)`` (cost is proportional to time on one cluster). energy: the waiting
+    and the extra busy power per device in whole watts. Raises :class:`SpecError` when the device
+    lacks the figure the objective needs.
+    """
+    if objective not in OBJECTIVES:
+        raise SpecError(f"--objective: got {objective!r}; allowed: {', '.join(OBJECTIVES)}")
+    dev = cluster.device
+    if objective == "cost" and dev.price_per_hour_usd is None:
+        raise SpecError(f"--objective cost: device {dev.id} has no price_per_hour_usd in the catalogue; "
+                        "use --objective time or a cluster file whose device has a price")
+    if objective != "energy":
+        return 1, 0
+    watts = power_w(cluster)
+    if watts is None:
+        raise SpecError(f"--objective energy: device {dev.id} has no power_w in the catalogue; "
+                        "use --objective time or a cluster file whose device has a power figure")
+    waiting, extra = watts
+    return max(1, round(waiting)), round(extra)
