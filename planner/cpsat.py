@@ -13,6 +13,14 @@ equalities. Their linear relaxation is weak, so each is also bounded below by it
 times the least second factor its knobs allow: a valid cut that leaves the optimum unchanged and
 lets the solver prove it quickly. Memory fit is two linear inequalities; runners-up come from
 re-solving with the previous optima forbidden.
+
+The objective itself is bounded below per (f, mb, v) triple and expert degree by a memory-aware
+bound (``_objective_lower_bound``): the terms minimised separately over the placement and overlap
+knobs, over only the (sp, recompute, ZeRO) choices whose memory fits. Memory is what rules out the
+fastest layouts, so this bound is within about 1% of the optimum on the benchmark problems; the
+triples whose bound exceeds a known upper bound (from the warm start) are left out of the model,
+and (triple, ep) pairs that cannot fit are forbidden. This took DeepSeek-V3 on 2,048 H800 from
+15 s to 2.2 s of CP-SAT time for the optimum and 3 runners-up (benchmarks/search_speed.py).
 """
 
 from __future__ import annotations
@@ -60,7 +68,10 @@ def _valid_triples(T: Tables) -> np.ndarray:
 class _Model:
     """Builds the CP-SAT model once; ``solve_cpsat`` re-solves it with exclusions for runners-up."""
 
-    def __init__(self, T: Tables):
+    def __init__(self, T: Tables, cap: int | None = None):
+        """``cap``: a known upper bound on every objective the caller wants (the k-th best of a
+        sub-space bounds the k-th best of the space); (f, mb, v) triples whose lower bound exceeds
+        it cannot hold any of them and are left out of the model."""
         self.T = T
         self.m = cp_model.CpModel()
         self.table_rows = 0
@@ -71,9 +82,18 @@ class _Model:
         # Order the (f, mb, v) choices by a lower bound of the whole objective so that the search
         # tries the most promising first (values are explored in index order); the same bound is
         # a cut on the objective.
-        lb = _objective_lower_bound(T)[triples[:, 0], triples[:, 1], triples[:, 2]]
+        lb_e = _objective_lower_bound(T)[triples[:, 0], triples[:, 1], triples[:, 2]]  # (triples, E)
+        lb = lb_e.min(axis=1)
+        keep = lb < UNREACHABLE  # a triple whose every completion overflows memory holds no solution
+        if cap is not None:
+            keep &= lb <= cap
+        if not keep.any():
+            keep[:] = True  # nothing fits: let the solver report it (count_rejections already has)
+            lb_e = np.minimum(lb_e, 0)
+            lb = lb_e.min(axis=1)
+        triples, lb_e, lb = triples[keep], lb_e[keep], lb[keep]
         order = np.argsort(lb, kind="stable")
-        triples, self.triple_lb = triples[order], lb[order]
+        triples, self.triple_lb, self.triple_e_lb = triples[order], lb[order], lb_e[order]
         fv_pairs, fv_of_triple = np.unique(triples[:, [0, 2]], axis=0, return_inverse=True)
         self.triples, self.fv_pairs = triples, fv_pairs
         m = self.m
@@ -192,6 +212,9 @@ class _Model:
             busy_head = self._product("busy_head", mb_count, head, int(T.M.max()) * int(T.H.max()))
             self.objective += T.busy_weight * (busy_compute + Q * busy_head + Q * opt)
         m.add(self.objective >= self._lookup("objective_lb", self.triple_lb, [self.fvm]))
+        # A (triple, ep) pair whose every completion overflows memory is excluded outright.
+        pairs = np.argwhere(self.triple_e_lb < UNREACHABLE)
+        m.add_allowed_assignments([self.fvm, x["e"]], pairs.tolist())
         m.minimize(self.objective)
 
     def _dp_traffic(self):
@@ -228,33 +251,69 @@ class _Model:
         return {k: idx[k] for k in DIMS}
 
 
-def _objective_lower_bound(T: Tables) -> np.ndarray:
-    """A lower bound of the objective per (f, mb, v), each term minimised over its other knobs.
+UNREACHABLE = np.iinfo(np.int64).max // 4  # lower bound of a (triple, ep) with no layout that fits
 
-    The minimum of a sum is at least the sum of the minima, so this is a valid cut. Exposed data-
-    parallel traffic is at least its last bucket (ZeRO 0-2, per step) or the micro-batch count
-    times its last bucket (ZeRO 3), whatever the overlap window.
+
+def _objective_lower_bound(T: Tables) -> np.ndarray:
+    """A lower bound of the objective per (f, mb, v, e); UNREACHABLE where no layout fits.
+
+    Over the knobs left free (sequence parallelism, recomputation, ZeRO stage) only the
+    combinations whose memory fits are kept; the order, DP overlap and TP overlap are minimised
+    term by term. The minimum of a sum is at least the sum of the minima, so this is a valid cut,
+    and it is tight enough that CP-SAT's proof mostly happens at the root (memory is what rules out
+    the fastest layouts). Exposed data-parallel traffic is at least its last bucket (ZeRO 0-2, per
+    step) or the micro-batch count times its last bucket (ZeRO 3), whatever the overlap window.
+    For the energy objective the busy part is bounded by its plain minima.
     """
     Q = SLOT_QUANTUM
-    xmin, hmin = _factor_minima(T)
-    zero3 = np.array(T.space.zero_stage) == 3
-    step_part = -(-Q * T.DPS // NUM_GRAD_BUCKETS)  # (F, O, V, E, Z)
-    mb_part = -(-Q * T.DPM // NUM_GRAD_BUCKETS)
-    step_min = np.where(zero3, np.iinfo(np.int64).max // 4, step_part).min(axis=(1, 3, 4))  # (F, V)
-    mb_min = np.where(~zero3, np.iinfo(np.int64).max // 4, mb_part).min(axis=(1, 3, 4))  # (F, V)
-    dp_min = np.minimum(step_min[:, None, :], T.M[:, :, None] * mb_min[:, None, :])  # (F, MB, V)
-    if not zero3.any():
-        dp_min = np.broadcast_to(step_min[:, None, :], T.U.shape)
-    elif zero3.all():
-        dp_min = T.M[:, :, None] * mb_min[:, None, :]
-    opt_min = Q * T.OPT.min(axis=(2, 3))  # (F, V)
-    time_lb = T.U * xmin[:, :, None] + Q * (T.M * hmin)[:, :, None] + dp_min + opt_min[:, None, :]
-    if not T.busy_weight:
-        return T.time_weight * time_lb
-    cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9))  # (F, MB)
-    head_min = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9))
-    busy_lb = (T.M * cmin)[:, :, None] * T.FRAC[:, None, :] + Q * (T.M * head_min)[:, :, None] + opt_min[:, None, :]
-    return T.time_weight * time_lb + T.busy_weight * busy_lb
+    axis = {d: k for k, d in enumerate(DIMS)}
+    placed = (_place(T.ok_fo, ("f", "o")) < 0) & (_place(T.ok_eo, ("e", "o")) < 0)  # orders allowed
+
+    def min_over_orders(arr: np.ndarray, *more: str) -> np.ndarray:
+        arr = np.where(placed, arr, UNREACHABLE)
+        return arr.min(axis=(axis["o"], *(axis[d] for d in more)), keepdims=True)
+
+    X = min_over_orders(layer_time(T, slice(None)), "to")
+    H = min_over_orders(_place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb")))
+    U, M = _place(T.U, ("f", "mb", "v")), _place(T.M, ("f", "mb"))
+    zero3 = _place(np.array(T.space.zero_stage) == 3, ("z",))
+    dims5 = ("f", "o", "v", "e", "z")
+    # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
+    # window (this stage's backward, or whole compute for ZeRO-3 gathers) cannot hide.
+    frac = _place(T.FRAC, ("f", "v"))
+    bwd = _place(T.BWD[T.tc_of_fe], ("f", "e", "mb", "s", "r"))
+    comp = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r"))
+    step_tr = Q * min_over_orders(_place(T.DPS, dims5))
+    mb_tr = Q * min_over_orders(_place(T.DPM, dims5))
+    step_part = np.maximum(-(-step_tr // NUM_GRAD_BUCKETS), step_tr - frac * bwd)
+    mb_part = np.maximum(-(-mb_tr // NUM_GRAD_BUCKETS), mb_tr - frac * comp)
+    dp = np.where(zero3, M * mb_part, step_part)
+    opt = Q * _place(T.OPT, ("f", "v", "e", "z"))
+    total = U * X + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1)
+    ok = _memory_fits(T) & (_place(T.ok_fs, ("f", "s")) < 0) & (_place(T.ok_fe, ("f", "e")) < 0)
+    ok &= (X < UNREACHABLE) & (H < UNREACHABLE)
+    total = np.where(ok, total, UNREACHABLE).min(axis=(axis["s"], axis["r"], axis["z"]))
+    lb = total.reshape(total.shape[0], total.shape[2], total.shape[3], total.shape[4])  # (F, E, V, MB)
+    lb = np.transpose(lb, (0, 3, 2, 1))  # (F, MB, V, E)
+    if T.busy_weight:
+        xmin, hmin = _factor_minima(T)
+        cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9))  # (F, MB)
+        head_min = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9))
+        opt_min = Q * T.OPT.min(axis=(2, 3))  # (F, V)
+        busy = (T.M * cmin)[:, :, None] * T.FRAC[:, None, :] + Q * (T.M * head_min)[:, :, None] + opt_min[:, None, :]
+        return np.where(lb < UNREACHABLE, T.time_weight * lb + T.busy_weight * busy[:, :, :, None], UNREACHABLE)
+    return np.where(lb < UNREACHABLE, T.time_weight * lb, UNREACHABLE)
+
+
+def _memory_fits(T: Tables) -> np.ndarray:
+    """Whether the peak memory fits, over (f, e, v, mb, s, r, z) (placed on DIMS)."""
+    ta = T.ta_of_f
+    static = _place(T.STATIC, ("f", "v", "e", "z"))
+    act = _place(T.ACT[ta], ("f", "mb", "s", "r"))
+    trans = _place(T.TRANS[ta], ("f", "mb", "s", "r"))
+    mem1 = static + act * _place(T.IF1, ("f", "mb", "v")) + trans
+    mem2 = static + act * _place(T.IF2, ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb"))
+    return np.maximum(mem1, mem2) <= T.capacity
 
 
 def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
@@ -328,7 +387,8 @@ def _neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
 def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, workers: int = 0) -> CpSatResult:
     """Optimum (proven, unless ``time_limit_s`` cuts the search) and ``top_k`` runners-up."""
     start = time.perf_counter()
-    model = _Model(T)
+    bounds = warm_start(T, top_k + 1)
+    model = _Model(T, cap=bounds[top_k][0] if len(bounds) > top_k else None)
     solver = cp_model.CpSolver()
     # One worker with light presolve: the model is a few dozen element constraints whose expansion
     # dominates a full presolve; probing buys nothing here (measured in benchmarks/search_speed.py).
@@ -341,7 +401,6 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
     solver.parameters.cp_model_presolve = model.table_rows <= PRESOLVE_MAX_TABLE_ROWS
     solutions: list[tuple[int, dict]] = []
     status_name, gap, branches = "UNKNOWN", 0.0, 0
-    bounds = warm_start(T, top_k + 1)
     if bounds:
         for key in DIMS:
             model.m.add_hint(model.x[key], bounds[0][1][key])
