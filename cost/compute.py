@@ -10,7 +10,8 @@ Backward multipliers: a linear layer's backward is two GEMMs (input and weight g
 forward's size (Narayanan et al. 2021: "backward costs twice the forward"); a flash-attention
 backward runs five matmuls against the forward's two (Dao 2023, FlashAttention-2 section 3.1),
 i.e. 2.5x the forward FLOPs; element-wise backward passes read the saved input and the incoming
-gradient and write one gradient, about twice the forward bytes.
+gradient and write one gradient, about twice the forward bytes. An op may carry its own factor
+(the unfused attention's softmax and dropout, ``models.ops.unfused_attention_ops``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from models.ops import Op
 from topologies.devices import DeviceSpec
 
-BACKWARD_FACTOR = {"gemm": 2.0, "attention": 2.5, "memory": 2.0}
+BACKWARD_FACTOR = {"gemm": 2.0, "attention": 2.5, "bmm": 2.0, "memory": 2.0}
 FP8_CAST_BYTES_PER_ELEMENT = 3.0  # read a 16-bit input, write an 8-bit copy (Transformer Engine cast)
 
 
@@ -41,12 +42,14 @@ def memory_rate(device: DeviceSpec) -> float:
 
 def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False) -> float:
     """Seconds for ``op`` (its backward when ``backward``) on one device."""
-    factor = BACKWARD_FACTOR[op.kind] if backward else 1.0
+    factor = (op.backward_factor or BACKWARD_FACTOR[op.kind]) if backward else 1.0
     mem_s = op.bytes * factor / memory_rate(device)
     if op.kind == "memory":
         compute_s = 0.0
     elif op.kind == "attention":
         compute_s = op.flops * op.causal_fraction * factor / attention_rate(device, precision)
+    elif op.kind == "bmm":  # unfused attention's batched GEMMs: cuBLAS, 16-bit even in FP8 training
+        compute_s = op.flops * factor / gemm_rate(device, "bf16" if precision == "fp8" else precision)
     else:
         compute_s = op.flops * factor / gemm_rate(device, precision)
         if precision == "fp8" and device.supports("fp8"):

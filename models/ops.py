@@ -17,8 +17,9 @@ from typing import Literal
 
 from models.spec import ModelSpec
 
-OpKind = Literal["gemm", "attention", "memory"]
+OpKind = Literal["gemm", "attention", "bmm", "memory"]
 ACT_BYTES = 2  # 16-bit activations
+ATTENTION_KINDS: tuple[str, ...] = ("flash", "unfused")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,8 @@ class Op:
     bytes: float
     input_elements: float = 0.0  # activations fed to a GEMM (what FP8 must cast)
     causal_fraction: float = 1.0  # share of ``flops`` a causal fused kernel executes
+    core: bool = False  # part of the core attention (what selective recomputation re-runs)
+    backward_factor: float = 0.0  # backward over forward work; 0: the kind's default (cost.compute)
 
 
 def _gemm(name: str, m: float, k: float, n: float) -> Op:
@@ -39,26 +42,54 @@ def _gemm(name: str, m: float, k: float, n: float) -> Op:
     return Op(name, "gemm", flops, data, input_elements=m * k)
 
 
-def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int) -> list[Op]:
-    """QKV projection, fused attention core, output projection.
+def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, attention: str = "flash") -> list[Op]:
+    """QKV projection, attention core, output projection.
 
     The attention core counts ``4 * n * kv_len * a * d`` FLOPs (scores and values, no causal
-    halving: the PaLM/MFU convention); a causal flash kernel skips the masked half, which
-    ``causal_fraction`` records for timing.
+    halving: the PaLM/MFU convention). ``attention="flash"``: one fused kernel that never writes
+    the scores and skips the masked half (``causal_fraction``). ``"unfused"``: the pre-FlashAttention
+    path (:func:`unfused_attention_ops`).
     """
     h, a = model.hidden_size, model.num_attention_heads
     d = model.head_dim_resolved
     out_params = a * (model.mla.v_head_dim if model.mla else d) * h
     qkv_params = model.attention_params - out_params
     qk, v = model.attention_dims
-    core_flops = 2.0 * num_tokens * kv_len * a * (qk + v) / tp
     g = model.num_kv_heads_resolved
-    core_bytes = ACT_BYTES * num_tokens * (2 * a + 2 * g) * d / tp
-    return [
-        _gemm("qkv", num_tokens, h, qkv_params / h / tp),
-        Op("attention", "attention", core_flops, core_bytes, causal_fraction=0.5),
-        _gemm("attn_out", num_tokens, out_params / h / tp, h),
+    if attention == "unfused":
+        core = unfused_attention_ops(model, num_tokens, kv_len, tp)
+    else:
+        core_flops = 2.0 * num_tokens * kv_len * a * (qk + v) / tp
+        core_bytes = ACT_BYTES * num_tokens * (2 * a + 2 * g) * d / tp
+        core = [Op("attention", "attention", core_flops, core_bytes, causal_fraction=0.5, core=True)]
+    return [_gemm("qkv", num_tokens, h, qkv_params / h / tp), *core,
+            _gemm("attn_out", num_tokens, out_params / h / tp, h)]
+
+
+def unfused_attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int) -> list[Op]:
+    """Megatron-LM's core attention before FlashAttention (Narayanan et al. 2021; Korthikanti et al.
+    2022, section 4.1, Figure 5): ``Q K^T`` as a batched GEMM whose ``a n kv_len`` scores are written
+    to memory, a fused scale + mask + softmax kernel (read the scores, write the probabilities),
+    attention dropout where the model has it (read, write, and a 1-byte mask), and the batched GEMM
+    with ``V`` that reads the probabilities back. The full square of scores is computed (no causal
+    skipping). Backward: two batched GEMMs per forward one (their bytes twice: the score gradient
+    is written once and read twice); the softmax backward reads the probabilities and their
+    gradient and writes one gradient (3 passes against the forward's 2); the dropout backward
+    reads a gradient and the mask and writes one gradient (as many bytes as its forward).
+    """
+    a, g = model.num_attention_heads, model.num_kv_heads_resolved
+    qk, v = model.attention_dims
+    scores = ACT_BYTES * num_tokens * kv_len * a / tp
+    q, k = ACT_BYTES * num_tokens * a * qk / tp, ACT_BYTES * kv_len * g * qk / tp
+    vals, out = ACT_BYTES * kv_len * g * v / tp, ACT_BYTES * num_tokens * a * v / tp
+    ops = [
+        Op("scores", "bmm", 2.0 * num_tokens * kv_len * a * qk / tp, q + k + scores, core=True),
+        Op("softmax", "memory", 0.0, 2 * scores, core=True, backward_factor=1.5),
     ]
+    if model.dropout:
+        ops.append(Op("attention_dropout", "memory", 0.0, 2.5 * scores, core=True, backward_factor=1.0))
+    ops.append(Op("context", "bmm", 2.0 * num_tokens * kv_len * a * v / tp, scores + vals + out, core=True))
+    return ops
 
 
 def mlp_ops(model: ModelSpec, num_tokens: float, ffn: int, tp: int, name: str = "mlp") -> list[Op]:
@@ -119,9 +150,9 @@ def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool) -> l
 
 
 def layer_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, sp: bool, moe: bool,
-              local_experts: int | None = None) -> list[Op]:
+              local_experts: int | None = None, attention: str = "flash") -> list[Op]:
     """All forward ops of one dense (``moe=False``) or MoE layer on one device."""
-    ops = attention_ops(model, num_tokens, kv_len, tp) + elementwise_ops(model, num_tokens, tp, sp)
+    ops = attention_ops(model, num_tokens, kv_len, tp, attention) + elementwise_ops(model, num_tokens, tp, sp)
     if moe:
         return ops + moe_ops(model, num_tokens, tp, sp, local_experts)
     return ops + mlp_ops(model, num_tokens, model.ffn_hidden_size, tp)

@@ -144,7 +144,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     if not run.get("global_batch_size"):
         raise SpecError("global_batch_size is not published")
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
-              precision=str(run.get("precision") or "bf16"))
+              precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or "flash"))
     fixed = _bounds(run)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
     try:
