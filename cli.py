@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cost.layout import Job, Layout, parse_layout
+from models.ops import ATTENTION_KINDS
 from cost.step import evaluate
 from models.errors import ClusterplanError, InfeasibleError, SpecError
 from models.library import job_defaults, list_models, load_model, resolve_model_id
@@ -185,7 +186,8 @@ def default_global_batch(seq_len: int) -> int:
 
 
 def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: int | None,
-              seq_len: int | None, precision: str | None, tokens: int | None) -> tuple[Job, dict[str, str]]:
+              seq_len: int | None, precision: str | None, tokens: int | None,
+              attention: str = "flash") -> tuple[Job, dict[str, str]]:
     """The job from the options, the model's published setup, then the defaults; and where each came from."""
     published = published_defaults(model_arg)
     origin: dict[str, str] = {}
@@ -212,7 +214,8 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
             raise SpecError(f"--precision: fp8 needs a device with FP8 math; {cluster.device.id} has {has}; "
                             "use --precision bf16, or a device with FP8 (--device, another --cluster)")
         prec, origin["precision"] = "bf16", f"bf16: published fp8, but {cluster.device.id} has no FP8"
-    return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train), origin
+    return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
+               attention=attention), origin
 
 
 # ---- shared options ---------------------------------------------------------------------------------
@@ -252,6 +255,10 @@ PROBLEM_OPTIONS = [
     click.option("--tokens", "tokens", type=TokenCount(), metavar="N",
                  help="Tokens to train, for time, energy and cost to train: 300e9, 300B, 1.5T "
                       "(default: the model's published figure, if any)."),
+    click.option("--attention", type=click.Choice(list(ATTENTION_KINDS)), default="flash", show_default=True,
+                 help="Attention kernel: flash (fused, FlashAttention-style) or unfused (scores written to "
+                      "memory, separate softmax and dropout: stacks from before FlashAttention, e.g. "
+                      "Megatron-LM 2021)."),
     click.option("--json", "as_json", is_flag=True, help="Print the Plan document as JSON, nothing else."),
 ]
 SEARCH_OPTIONS = [
@@ -282,7 +289,7 @@ SEARCH_OPTIONS = [
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def plan_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
-                 global_batch, seq_len, precision, tokens, as_json, top_k, engine, time_limit_s, fix, minimum,
+                 global_batch, seq_len, precision, tokens, attention, as_json, top_k, engine, time_limit_s, fix, minimum,
                  maximum, memory_headroom, objective):
     """Search the parallel layouts of MODEL on CLUSTER and report the fastest that fits (or the
     cheapest, or the least energy, with --objective).
@@ -293,17 +300,17 @@ def plan_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_o
     """
     result, cluster, origin = _load_and_search(
         model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
-        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective)
+        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective, attention)
     emit(plan_document(result), cluster, origin, as_json)
 
 
 def _load_and_search(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
                      global_batch, seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum,
-                     memory_headroom, objective="time"):
+                     memory_headroom, objective="time", attention="flash"):
     """Load the inputs of ``plan``/``explain`` and run the search: (result, cluster, origin)."""
     model = load_model(model_arg)
     cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
-    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens)
+    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention)
     bounds = parse_bounds(fix, minimum, maximum, memory_headroom)
     result = plan(model, job, cluster, SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s,
                                                      bounds=bounds, objective=objective))
@@ -317,14 +324,14 @@ def _load_and_search(model_arg, cluster_arg, num_devices, num_nodes, device, sca
 @_apply(PROBLEM_OPTIONS)
 @guarded
 def evaluate_command(layout_text, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                     oversubscription, global_batch, seq_len, precision, tokens, as_json):
+                     oversubscription, global_batch, seq_len, precision, tokens, attention, as_json):
     """Predict step time and memory of one given layout (no search).
 
     A layout that does not fit in memory is still reported, with how far it overflows (exit 0).
     """
     model = load_model(model_arg)
     cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
-    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens)
+    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention)
     layout = parse_layout(layout_text, num_devices=cluster.num_devices)
     check_layout(model, job, cluster, layout)
     emit(evaluation_document(model, job, cluster, evaluate(model, job, cluster, layout)), cluster, origin, as_json)
@@ -388,18 +395,20 @@ def devices_command(as_json):
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def explain_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
-                    global_batch, seq_len, precision, tokens, as_json, top_k, engine, time_limit_s, fix, minimum,
+                    global_batch, seq_len, precision, tokens, attention, as_json, top_k, engine, time_limit_s, fix, minimum,
                     maximum, memory_headroom, objective):
     """Why the best layout won: against each runner-up, what binds, and one step in every knob."""
     result, _, _ = _load_and_search(
         model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
-        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective)
+        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective, attention)
     doc = plan_document(result)
     if as_json:
         click.echo(json.dumps(doc["explanation"], indent=2))
         return
     console = _console()
     console.print(f"best: {_layout_text(doc['layout'])}  step {doc['step_time_s']:.3f} s")
+    if doc["explanation"].get("placement"):
+        console.print(f"on the torus: {'; '.join(doc['explanation']['placement'])}")
     console.print()
     _why(doc, console)
     table = _table("move", ("step time s", "right"), ("change", "right"), ("peak GiB", "right"), "note",
@@ -488,13 +497,13 @@ def _compact(layout: dict) -> str:
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def export_command(fmt, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                   oversubscription, global_batch, seq_len, precision, tokens, as_json, top_k, engine, time_limit_s,
+                   oversubscription, global_batch, seq_len, precision, tokens, attention, as_json, top_k, engine, time_limit_s,
                    fix, minimum, maximum, memory_headroom, objective):
     """Search as plan does, then print the best layout as a launcher config (a starting point to
     check against your launcher's version)."""
     result, _, _ = _load_and_search(
         model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
-        seq_len, precision, tokens, 0, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective)
+        seq_len, precision, tokens, 0, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective, attention)
     text = export(plan_document(result), fmt)
     click.echo(json.dumps({"format": fmt, "config": text}, indent=2) if as_json else text)
 
@@ -655,6 +664,8 @@ def _header(doc: dict, cluster: Cluster, origin: dict[str, str], console: Consol
     tokens = job["global_batch_size"] * job["seq_len"]
     line = (f"job      global batch {job['global_batch_size']:,} sequences x {job['seq_len']:,} tokens "
             f"= {_count(tokens)} tokens/step, {job['precision']}")
+    if job.get("attention", "flash") != "flash":
+        line += f", {job['attention']} attention"
     if job["tokens_to_train"]:
         line += f", {_count(job['tokens_to_train'])} tokens to train"
     console.print(line)
@@ -682,6 +693,9 @@ def _figures(doc: dict, console: Console) -> None:
     console.print(f"{label}  {_layout_text(lay)}", style="bold")
     console.print(f"{'':{len(label)}}  {lay['num_microbatches']:,} micro-batches of {lay['micro_batch_size']} "
                   f"per pipeline per step, rank order {lay['order']} (innermost first)")
+    torus = (doc.get("explanation") or {}).get("placement")
+    if torus:  # which torus axes each parallel axis uses under the order's traversal
+        console.print(f"{'':{len(label)}}  on the torus: {'; '.join(torus)}")
     console.print(f"step time {doc['step_time_s']:.3f} s   {doc['tokens_per_s']:,.0f} tokens/s   "
                   f"MFU {doc['mfu']:.1%}   HFU {doc['hfu']:.1%}   "
                   f"{doc['model_flops_per_s_per_device'] / 1e12:,.0f} model TFLOP/s per device")

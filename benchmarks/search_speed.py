@@ -48,6 +48,8 @@ CASES = (
     Case("megatron-1t", "megatron-1t", "dgx-h100-superpod", 16384, 3072, 2048, "bf16",
          "batch from the model's job defaults; bf16 instead of its published fp16 (same peak, same search)"),
     Case("deepseek-v3", "deepseek-v3", "hgx-h800", 2048, 15360, 4096, "fp8", "batch from the model's job defaults"),
+    Case("llama2-70b-tpu", "llama2-70b", "tpu-v5p-pod", 1024, 1024, 4096, "bf16",
+         "one 8x8x16 slice; batch from the model's job defaults; the order also picks the torus traversal"),
 )
 
 # The child: everything a `clusterplan plan` call does, minus printing. It writes one JSON line.

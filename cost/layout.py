@@ -7,6 +7,13 @@ Ranks are laid out by ``order``: a permutation of the parallel axes from the fas
 (innermost, adjacent device ids) to the slowest, in Megatron-Core's notation
 (``"tp-cp-ep-dp-pp"`` is its default). Expert parallelism is carved out of the data-parallel axis
 (Megatron-Core), so ``ep`` divides ``dp`` and sits directly inside it.
+
+On a TPU torus the order may end in ``@`` and a traversal: the torus axes from the fastest- to the
+slowest-varying as consecutive ranks are laid on a slice's chips (``"tp-cp-dp-pp@xzy"``: ranks walk
+x first, then z, then y). Without it ranks follow the device ids, row-major over the torus
+coordinates (``@zyx`` in 3D, ``@yx`` in 2D).
+Strides, groups and every rule on the order read the parallel part only; which chips a group lands
+on is the cluster's question (``topologies.cluster.Cluster.placed``).
 """
 
 from __future__ import annotations
@@ -14,12 +21,31 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from models.errors import SpecError
+from models.ops import ATTENTION_KINDS
+from topologies.cluster import TORUS_AXES
 
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 ORDERS: tuple[str, ...] = ("tp-cp-dp-pp", "tp-cp-pp-dp", "tp-dp-cp-pp")
 DEFAULT_ORDER = "tp-cp-dp-pp"
+TRAVERSAL_SEP = "@"
+
+
+def split_order(order: str) -> tuple[str, str]:
+    """``"tp-cp-dp-pp@xzy"`` -> ``("tp-cp-dp-pp", "xzy")``; ``""`` for the default traversal."""
+    axes, _, traversal = order.partition(TRAVERSAL_SEP)
+    return axes, traversal
+
+
+def join_order(axes: str, traversal: str) -> str:
+    """The order string of a parallel order and a traversal ("" for device-id order)."""
+    return f"{axes}{TRAVERSAL_SEP}{traversal}" if traversal else axes
+
+
+def order_axes(order: str) -> list[str]:
+    """The parallel axes of ``order``, innermost first."""
+    return split_order(order)[0].split("-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +61,8 @@ class Layout:
     sequence_parallel : Megatron sequence parallelism inside the tensor-parallel group.
     recompute : activation recomputation, none | selective (attention core) | full (whole layer).
     zero_stage : 0 plain data parallel, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP).
-    order : rank order from innermost to outermost axis, e.g. ``"tp-cp-dp-pp"``.
+    order : rank order from innermost to outermost axis, e.g. ``"tp-cp-dp-pp"``, with an optional
+        torus traversal after ``@`` (module docstring).
     dp_overlap : overlap the gradient reduction (and ZeRO-3 gathers) with compute.
     tp_overlap : overlap tensor-parallel collectives with the GEMMs (Transformer Engine style).
     """
@@ -61,10 +88,15 @@ class Layout:
     def degree(self, axis: str) -> int:
         return getattr(self, axis)
 
+    @property
+    def traversal(self) -> str:
+        """Torus axes, fastest first, that ranks walk on a slice ("" for device-id order)."""
+        return split_order(self.order)[1]
+
     def stride(self, axis: str) -> int:
-        """Distance in device ids between neighbours along ``axis`` under ``order``."""
+        """Distance in ranks between neighbours along ``axis`` under ``order``."""
         stride = 1
-        for name in self.order.split("-"):
+        for name in order_axes(self.order):
             if name == axis:
                 return stride
             stride *= self.degree(name)
@@ -116,6 +148,9 @@ class Job:
     tokens_to_train : total tokens, for time, cost and energy to train.
     grad_bytes : bytes per gradient element kept for the optimizer (4: fp32 main grads, the
         Megatron-LM default for 16-bit training).
+    attention : flash (a fused kernel, FlashAttention and its successors: the default) or unfused
+        (scores written to memory, softmax and dropout as separate kernels: training stacks from
+        before FlashAttention, e.g. Megatron-LM 2021; ``models.ops.unfused_attention_ops``).
     """
 
     global_batch_size: int
@@ -123,6 +158,7 @@ class Job:
     precision: str = "bf16"
     tokens_to_train: float = 0.0
     grad_bytes: int = 4
+    attention: str = "flash"
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "seq_len"):
@@ -133,6 +169,8 @@ class Job:
             raise SpecError(f"job.precision: got {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
         if self.tokens_to_train < 0:
             raise SpecError(f"job.tokens_to_train: got {self.tokens_to_train}; must be >= 0")
+        if self.attention not in ATTENTION_KINDS:
+            raise SpecError(f"job.attention: got {self.attention!r}; allowed: {', '.join(ATTENTION_KINDS)}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -148,7 +186,7 @@ def misaligned_axis(degrees: dict[str, int], order: str, domain_size: int) -> tu
     asks the same of tensor parallelism within a node).
     """
     span = 1
-    for axis in order.split("-"):
+    for axis in order_axes(order):
         span *= degrees[axis]
         if domain_size % span and span % domain_size:
             return axis, span
@@ -194,8 +232,19 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
             raise SpecError(f"layout.recompute: got {raw!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
         return raw
     if key == "order":
-        if sorted(raw.split("-")) != sorted(AXES):
-            raise SpecError(f"layout.order: got {raw!r}; a permutation of tp-cp-dp-pp, e.g. {DEFAULT_ORDER}")
-        return raw
+        return _parse_order(raw)
     allowed = "tp, pp, dp, cp, ep, vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap"
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
+
+
+def _parse_order(raw: str) -> str:
+    """Check the syntax of an order; whether its traversal suits the cluster is checked against it
+    (``cost.step.layout_problems``, ``planner.space.build_space``)."""
+    axes, traversal = split_order(raw)
+    if sorted(axes.split("-")) != sorted(AXES):
+        raise SpecError(f"layout.order: got {raw!r}; a permutation of tp-cp-dp-pp, e.g. {DEFAULT_ORDER}, "
+                        "optionally with a torus traversal such as @xzy")
+    if TRAVERSAL_SEP in raw and (len(traversal) not in (2, 3) or sorted(traversal) != sorted(TORUS_AXES[: len(traversal)])):
+        raise SpecError(f"layout.order: got {raw!r}; after @ come the torus axes, fastest first, each once: "
+                        "a permutation of xy (2D tori) or xyz (3D), e.g. tp-cp-dp-pp@xzy")
+    return raw

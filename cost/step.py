@@ -124,6 +124,9 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if layout.sequence_parallel and layout.tp == 1:
         bad("sequence_parallel", "sequence_parallel needs tp > 1")
     _alignment_problems(layout, cluster.occupied_domain_size, bad)
+    traversal_problem = cluster.traversal_problem(layout.traversal)
+    if traversal_problem:
+        bad("traversal", f"order={layout.order}: {traversal_problem}")
     return problems
 
 
@@ -189,6 +192,7 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
 
 
 def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
+    ctx = ctx.placed(layout.order)
     lt = layer_terms(ctx, layout)
     frac = layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp) / ctx.model.num_layers
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,

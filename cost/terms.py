@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from cost import collectives as coll
 from cost.compute import gemm_time_s, ops_time_s
-from cost.layout import Job, Layout
+from cost.layout import Job, Layout, split_order
 from models.ops import ACT_BYTES, head_ops, layer_ops
 from models.spec import ModelSpec
 from topologies.cluster import Cluster
@@ -34,6 +34,10 @@ class Context:
 
     Every term is cached on (context, knobs); hashing the pydantic model each time would dominate,
     so the hash is computed once.
+
+    The context also fixes the placement: terms that take a stride ask ``cluster`` as given, so
+    their caller passes ``placed(layout.order)``; terms that take a layout or an order place it
+    themselves. Compute and memory ignore placement and are cached on the unplaced context.
     """
 
     model: ModelSpec
@@ -42,9 +46,31 @@ class Context:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash((self.model, self.job, id(self.cluster))))
+        # the same problem with ranks as device ids (see placed)
+        base = self if self.cluster.base is None else Context(self.model, self.job, self.cluster.base)
+        object.__setattr__(self, "_base", base)
 
     def __hash__(self) -> int:
         return self._hash
+
+    def placed(self, order: str) -> "Context":
+        """This problem with ranks laid on the chips as ``order``'s torus traversal says (itself for
+        the default traversal). Fabric questions then answer for that placement; memory and compute
+        do not depend on it. One object per traversal, so the term caches hit."""
+        traversal = split_order(order)[1]
+        if traversal == self.cluster.traversal:
+            return self
+        return _placed_context(self._base, traversal)
+
+
+@lru_cache(maxsize=64)
+def _placed_context(base: Context, traversal: str) -> Context:
+    cluster = base.cluster.placed(traversal)
+    if cluster is base.cluster:
+        return base
+    ctx = Context(base.model, base.job, cluster)
+    object.__setattr__(ctx, "_base", base)
+    return ctx
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +98,9 @@ def _tokens(ctx: Context, cp: int, mbs: int) -> float:
 
 def layer_terms(ctx: Context, layout: Layout) -> LayerTerms:
     """Per-micro-batch layer terms; depends on tp, cp, ep, mbs, sp, recompute, placement, tp_overlap."""
+    ctx = ctx.placed(layout.order)
     tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
-    c = compute_terms(ctx, tp, cp, mbs, sp, rc, layout.ep)
+    c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep)
     return LayerTerms(
         forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
         tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap),
@@ -111,9 +138,9 @@ def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
     for moe, count in _layer_kinds(model):
         t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None)
         fwd, bwd, gemm, attn = fwd + count * t[0], bwd + count * t[1], gemm + count * t[2], attn + count * t[3]
-        act += count * activation_bytes(model, n, tp, sp, recompute, moe)
+        act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n))
         if recompute == "full":  # the layer being recomputed holds its full activations once
-            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe))
+            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n)))
     # full: the whole forward again; selective: Megatron-Core checkpoints the core-attention module,
     # so one more flash forward
     rec = {"full": fwd, "selective": attn}.get(recompute, 0.0)
@@ -125,10 +152,10 @@ def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
                 local_experts: int | None) -> tuple[float, float, float, float]:
     """Forward, backward, GEMM (fwd+bwd) and attention-forward time of one layer of a kind."""
     dev, prec = ctx.cluster.device, ctx.job.precision
-    ops = layer_ops(ctx.model, _tokens(ctx, cp, mbs), ctx.job.seq_len, tp, sp, moe, local_experts)
+    ops = layer_ops(ctx.model, _tokens(ctx, cp, mbs), ctx.job.seq_len, tp, sp, moe, local_experts, ctx.job.attention)
     return (ops_time_s(ops, dev, prec), ops_time_s(ops, dev, prec, backward=True),
             gemm_time_s(ops, dev, prec) + gemm_time_s(ops, dev, prec, backward=True),
-            ops_time_s([op for op in ops if op.kind == "attention"], dev, prec))
+            ops_time_s([op for op in ops if op.core], dev, prec))
 
 
 def _local_experts(model: ModelSpec, ep: int) -> int | None:
@@ -151,7 +178,7 @@ def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
     per_layer = _tp_comm_s(n, ctx.model.hidden_size, prof, sp) * _comm_multiplier(recompute)
     total = ctx.model.num_layers * per_layer
     if overlap:
-        total = max(0.0, total - compute_terms(ctx, tp, cp, mbs, sp, recompute).gemm_s)
+        total = max(0.0, total - compute_terms(ctx._base, tp, cp, mbs, sp, recompute).gemm_s)
     return total
 
 
@@ -195,7 +222,7 @@ def _cp_comm_s(ctx: Context, n: float, tp: int, cp: int, prof, ops) -> float:
     model = ctx.model
     kv_bytes = ACT_BYTES * n * 2 * model.num_kv_heads_resolved * model.head_dim_resolved / tp
     step_s = coll.p2p_s(kv_bytes, prof)
-    attn = [op for op in ops if op.kind == "attention"]
+    attn = [op for op in ops if op.core]
     attn_fwd = ops_time_s(attn, ctx.cluster.device, ctx.job.precision) / cp
     attn_bwd = ops_time_s(attn, ctx.cluster.device, ctx.job.precision, backward=True) / cp
     return (cp - 1) * (max(0.0, step_s - attn_fwd) + max(0.0, 2 * step_s - attn_bwd))
@@ -208,12 +235,23 @@ def _ep_comm_s(ctx: Context, n: float, tp: int, prof, sp: bool) -> float:
     return 4 * coll.all_to_all_s(size, prof)
 
 
-def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: str, moe: bool) -> float:
+def _score_elements(ctx: Context, n: float) -> float:
+    """Attention scores of one layer over all heads (``a n s``; each device holds ``1/tp``); 0 with
+    flash attention, which never materialises them."""
+    if ctx.job.attention != "unfused":
+        return 0.0
+    return ctx.model.num_attention_heads * n * ctx.job.seq_len
+
+
+def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: str, moe: bool,
+                     score_elements: float = 0.0) -> float:
     """Stored activations of one layer for one micro-batch (Korthikanti et al. 2022, section 4).
 
-    Generalises ``s b h (34 + 5 a s / h)`` to GQA, any FFN width, SwiGLU and MoE, with flash
-    attention (no ``5 a s^2 b`` score term; selective recomputation re-runs the attention core and
-    so drops its output ``2 n a d``):
+    Generalises ``s b h (34 + 5 a s / h)`` to GQA, any FFN width, SwiGLU and MoE. With flash
+    attention there is no ``5 a s^2 b`` score term; with unfused attention (``score_elements`` > 0)
+    the softmax output is kept (2 bytes per score) and, with dropout, its mask and output (1 + 2
+    bytes): Korthikanti's ``5 a s^2 b``. Selective recomputation re-runs the attention core and so
+    drops the scores and its output ``2 n a d``:
     layer norms ``4 n h``, attention input ``2 n h``, Q/K/V ``2 n (a + 2g) d`` (MLA: its own
     query/key and value widths), attention output
     ``2 n a d``, MLP input ``2 n h``, MLP intermediates ``2 n f (1 + ups)``, dropout masks ``2 n h``
@@ -229,6 +267,8 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     # Q, K, V and the attention output; selective recomputation re-runs the core attention, so
     # its output (the out-projection input) is not kept.
     sharded = ACT_BYTES * n * (a * d_qk + g * d_qk + g * d_v) + (0 if recompute == "selective" else ACT_BYTES * n * a * d_v)
+    if recompute != "selective":  # softmax output, and dropout mask and output (heads split by tp)
+        sharded += score_elements * (ACT_BYTES + (3 if model.dropout else 0))
     ups = model.mlp_matrices - 1
     if moe:
         e = model.moe
@@ -275,7 +315,7 @@ def p2p_s(ctx: Context, layout: Layout) -> float:
     if layout.pp == 1:
         return 0.0
     stride = layout.stride("pp")
-    prof = ctx.cluster.group_profile((0, stride))
+    prof = ctx.placed(layout.order).cluster.group_profile((0, stride))
     size = ACT_BYTES * _tokens(ctx, layout.cp, layout.micro_batch_size) * ctx.model.hidden_size / layout.tp
     return 2 * coll.p2p_s(size, prof)
 
@@ -403,6 +443,7 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
 def dp_profiles(ctx: Context, tp: int, pp: int, dp: int, cp: int, ep: int, order: str):
     """Fabric profiles of the dense (data x context) and expert-data-parallel groups."""
     layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
+    ctx = ctx.placed(order)
     if cp == 1:  # an arithmetic progression: profile it by (count, stride) without listing ranks
         stride = layout.stride("dp")
         dense = ctx.cluster.strided_profile(dp, stride)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from cost.layout import RECOMPUTE_MODES, Job, Layout
+from cost.layout import RECOMPUTE_MODES, Job, Layout, order_axes, split_order
 from cost.step import Evaluation, evaluate, layout_problems
 from models.spec import ModelSpec
 from planner.space import Space
@@ -50,6 +50,8 @@ def _moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
     out.append((f"sp {'off' if lay.sequence_parallel else 'on'}", lay.with_(sequence_parallel=not lay.sequence_parallel)))
     out.append((f"dp_overlap {'off' if lay.dp_overlap else 'on'}", lay.with_(dp_overlap=not lay.dp_overlap)))
     out.append((f"tp_overlap {'off' if lay.tp_overlap else 'on'}", lay.with_(tp_overlap=not lay.tp_overlap)))
+    if lay.traversal:
+        out.append(("default torus traversal", lay.with_(order=split_order(lay.order)[0])))
     return out
 
 
@@ -120,9 +122,41 @@ def versus(best: Evaluation, other: Evaluation) -> dict:
             "memory_delta_bytes": other.peak_memory_bytes - best.peak_memory_bytes}
 
 
+def placement(cluster: Cluster, layout: Layout) -> list[str]:
+    """Which torus axes each parallel axis of degree > 1 uses, innermost first; empty off a torus.
+
+    Each entry reads like ``"dp: x (4, wraparound) x z (2 of 8)"``: the torus axes one group spans
+    in its slice, its extent on each (``of`` the axis length when it covers only part), whether it
+    closes the axis's ring, and the slices it spans over the data-center network.
+
+    Examples
+    --------
+    >>> from topologies.library import build_cluster
+    >>> placement(build_cluster("tpu-v5p-pod", num_devices=128), Layout(tp=4, dp=32, order="tp-cp-dp-pp@xyz"))
+    ['tp: x (4, wraparound)', 'dp: y (4, wraparound) x z (8, wraparound)']
+    """
+    if cluster.torus_shape is None:
+        return []
+    placed = cluster.placed(layout.traversal)
+    axes = [a for a in order_axes(layout.order) if layout.degree(a) > 1]
+    if layout.ep > 1:
+        axes.insert(axes.index("dp"), "ep")
+    out = []
+    for axis in axes:
+        ranks = layout.group(axis)
+        parts = [f"{name} ({extent}{'' if extent == length else f' of {length}'}{', wraparound' if wraps else ''})"
+                 for name, extent, length, wraps in placed.torus_span(ranks)]
+        slices = len({d // cluster.domain_size for d in placed.devices(ranks)})
+        if slices > 1:
+            parts.append(f"{slices} slices over DCN")
+        out.append(f"{axis}: {' x '.join(parts)}")
+    return out
+
+
 def explain(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation, runners_up: list[Evaluation],
             space: Space | None = None) -> dict:
     """The explanation block of a plan document."""
     sens = sensitivities(model, job, cluster, best, space)
     return {"versus_runners_up": [versus(best, ev) for ev in runners_up],
-            "binding": binding(best, sens), "sensitivity": sens}
+            "binding": binding(best, sens), "sensitivity": sens,
+            "placement": placement(cluster, best.layout)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, misaligned_axis
+from cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
 from models.errors import SpecError
 from models.spec import ModelSpec
 from topologies.cluster import Cluster
@@ -120,12 +120,33 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         sequence_parallel=pick("sequence_parallel", (False, True)),
         recompute=pick("recompute", RECOMPUTE_MODES),
         zero_stage=pick("zero_stage", (0, 1, 2, 3)),
-        order=pick("order", ORDERS),
+        order=_orders(cluster, b),
         dp_overlap=pick("dp_overlap", (True, False)),
         tp_overlap=pick("tp_overlap", (False, True)),
     )
     _check_nonempty(space, b)
     return space
+
+
+def _orders(cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:
+    """Rank orders times the cluster's distinct torus traversals, the device-id traversal first.
+
+    A fixed order without ``@`` holds the rank order and leaves the traversal free; with it, both
+    (checked against the cluster, and written without the suffix when it is the default).
+    """
+    orders = ORDERS
+    if cluster.torus_shape is not None:
+        orders = tuple(join_order(o, t) for t in ("",) + cluster.traversals()[1:] for o in ORDERS)
+    fixed = bounds.fixed.get("order")
+    if fixed is None:
+        return orders
+    axes, traversal = split_order(fixed)
+    if "@" not in fixed:
+        return tuple(o for o in orders if split_order(o)[0] == axes) or (fixed,)
+    problem = cluster.traversal_problem(traversal)
+    if problem:
+        raise SpecError(f"--fix order: got {fixed!r}; {problem} (allowed, e.g.: {', '.join(orders[:6])})")
+    return (join_order(axes, "" if traversal == cluster.default_traversal else traversal),)
 
 
 def _check_nonempty(space: Space, bounds: Bounds) -> None:
@@ -171,7 +192,7 @@ def expert_ok(model: ModelSpec, dp: int, ep: int) -> str | None:
 
 def placement_ok(ep: int, order: str) -> str | None:
     """Expert groups are carved from data parallelism; with pp inside dp they would straddle stages."""
-    axes = order.split("-")
+    axes = order_axes(order)
     if ep > 1 and axes.index("pp") < axes.index("dp"):
         return "placement"
     return None
@@ -186,9 +207,10 @@ def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, 
     """True for the one representative of layouts that differ only in knobs without effect.
 
     tp_overlap means nothing at tp=1; ZeRO and DP overlap nothing without data parallelism; orders
-    that differ only in the position of degree-1 axes are the same placement. These are symmetries,
-    not rejections: the duplicates are not counted. The representative is taken from the values
-    the space (after the user's bounds) still holds, so fixing a knob never empties a class.
+    that differ only in the position of degree-1 axes are the same placement (under one torus
+    traversal: across traversals see :func:`traversal_duplicates`). These are symmetries, not
+    rejections: the duplicates are not counted. The representative is taken from the values the
+    space (after the user's bounds) still holds, so fixing a knob never empties a class.
     """
     orders = space.order if space else ORDERS
     if tp == 1 and tp_overlap != _representative(space.tp_overlap if space else (False, True), False):
@@ -199,9 +221,29 @@ def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, 
         if dp_overlap != _representative(space.dp_overlap if space else (True, False), True):
             return False
     degrees = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
-    effective = [a for a in order.split("-") if degrees[a] > 1]
-    first = next(o for o in orders if [a for a in o.split("-") if degrees[a] > 1] == effective)
+    effective = [a for a in order_axes(order) if degrees[a] > 1]
+    traversal = split_order(order)[1]
+    first = next((o for o in orders if split_order(o)[1] == traversal
+                  and [a for a in order_axes(o) if degrees[a] > 1] == effective), order)
     return order == first
+
+
+def traversal_duplicates(orders: tuple[str, ...], keep: list[bool], fingerprints: list) -> list[bool]:
+    """Which orders of one factorization repeat an earlier order under another torus traversal.
+
+    ``fingerprints[k]`` is everything order ``k`` changes for this factorization (its cost terms
+    and rejection codes, from ``planner.tables``): an order whose fingerprint an earlier order
+    under a different traversal already has (both representatives by :func:`canonical`) changes
+    nothing, so it counts once, like the orders of :func:`canonical`. The default traversal comes
+    first in the space, so ties keep it.
+    """
+    out = [False] * len(orders)
+    for k, (order, fp) in enumerate(zip(orders, fingerprints)):
+        if not keep[k]:
+            continue
+        traversal = split_order(order)[1]
+        out[k] = any(keep[j] and fingerprints[j] == fp and split_order(orders[j])[1] != traversal for j in range(k))
+    return out
 
 
 def alignment_ok(tp: int, pp: int, dp: int, cp: int, order: str, domain_size: int) -> str | None:
@@ -237,7 +279,7 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
                 key = KNOB_ALIASES.get(part.split("=")[0].strip(), part.split("=")[0].strip())
                 if key not in KNOBS:
                     raise SpecError(f"{flag}: unknown knob {key!r}; allowed: {', '.join(KNOBS)}")
-                value = getattr(parse_layout(part), key)
+                value = getattr(parse_layout(f"{key}={part.split('=', 1)[1]}"), key)  # knob aliases too
                 if numeric_only and not isinstance(value, int) or isinstance(value, bool) and numeric_only:
                     raise SpecError(f"{flag}: {key} is not numeric; use --fix for it")
                 out[key] = value

@@ -30,16 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost.layout import Layout
+from cost.layout import Layout, split_order
 from cost.step import inflight_layers, memory_static_bytes
-from cost.layout import Layout
 from cost.terms import (
     RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
     head_terms, layers_on_stage, optimizer_s, p2p_s, param_counts, tp_comm_terms,
 )
 from planner.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, layout_of, placement_ok,
-    sequence_parallel_ok,
+    sequence_parallel_ok, traversal_duplicates,
 )
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
@@ -61,9 +60,9 @@ class Tables:
     # index maps over (f,), (f, o), (f, o, e)
     tc_of_fe: np.ndarray  # (F, E) -> index of (tp, cp, ep): compute
     ta_of_f: np.ndarray  # (F,) -> index of (tp, cp): activation memory
-    tpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, tp_stride)
-    cpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, cp_stride)
-    epg_of_foe: np.ndarray  # (F, O, E) -> index of (tp, cp, ep, ep_stride)
+    tpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, tp_stride, devices)
+    cpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, cp_stride, devices)
+    epg_of_foe: np.ndarray  # (F, O, E) -> index of (tp, cp, ep, ep_stride, devices)
     # time tables (TIME_QUANTUM_S)
     C: np.ndarray  # (TC, MB, S, R) compute fwd+bwd+recompute, all layers, one micro-batch; TC = (tp, cp, ep)
     BWD: np.ndarray  # (TC, MB, S, R) backward compute only
@@ -107,6 +106,45 @@ def _index(keys: list) -> tuple[dict, list]:
     return pos, list(pos)
 
 
+def _group_index(keys: np.ndarray, placed: list[Context]) -> tuple[np.ndarray, list, list[Context]]:
+    """Index a group key per (f, o[, e]) (an object array); each key keeps the placed context of
+    the order it first appears under, which its terms are computed in."""
+    pos: dict = {}
+    key_ctx: list[Context] = []
+    index = np.empty(keys.shape, dtype=np.int64)
+    for at, key in np.ndenumerate(keys):
+        if key not in pos:
+            pos[key] = len(pos)
+            key_ctx.append(placed[at[1]])
+        index[at] = pos[key]
+    return index, list(pos), key_ctx
+
+
+def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[Context]) -> tuple[np.ndarray, ...]:
+    """Keys of the tensor-, context- and expert-parallel communicators over (f, o) and (f, o, e).
+
+    A key is what the term depends on: the degrees, the stride and, on a torus, the devices the
+    group lands on under the order's traversal (so traversals that put a group on the same chips
+    share one table row). Elsewhere ranks are devices and the stride says it all.
+    """
+    torus, n_dev = ctx.cluster.torus_shape is not None, ctx.cluster.num_devices
+
+    def where(c: Context, count: int, stride: int):
+        return c.cluster.devices(range(0, count * stride, stride)) if torus and count * stride <= n_dev else None
+
+    F, O, E = len(probe), len(S.order), len(S.ep)
+    tp_keys, cp_keys = np.empty((F, O), object), np.empty((F, O), object)
+    ep_keys = np.empty((F, O, E), object)
+    for i, row in enumerate(probe):
+        for j, (l, c) in enumerate(zip(row, placed)):
+            tp_keys[i, j] = (l.tp, l.cp, l.stride("tp"), where(c, l.tp, l.stride("tp")))
+            cp_keys[i, j] = (l.tp, l.cp, l.stride("cp"), where(c, min(l.cp, 2), l.stride("cp")))
+            for k, e in enumerate(S.ep):
+                st = l.stride("dp") if e > 1 else 0
+                ep_keys[i, j, k] = (l.tp, l.cp, e, st, where(c, e, st) if e > 1 else None)
+    return (*_group_index(tp_keys, placed), *_group_index(cp_keys, placed), *_group_index(ep_keys, placed))
+
+
 def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignore_memory: bool = False,
                  weights: tuple[int, int] = (1, 0)) -> Tables:
     """Tabulate every term over its own domain (see module docstring); ``weights`` are the
@@ -114,17 +152,13 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     S = space
     F, O, E = len(S.factorizations), len(S.order), len(S.ep)
     probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
+    placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     tc_pos, tc_keys = _index([(f[0], f[3], e) for f in S.factorizations for e in S.ep])
     tc_of_fe = np.array([[tc_pos[(f[0], f[3], e)] for e in S.ep] for f in S.factorizations])
     ta_pos, ta_keys = _index([(f[0], f[3]) for f in S.factorizations])  # memory does not depend on ep
     ta_of_f = np.array([ta_pos[(f[0], f[3])] for f in S.factorizations])
-    tpg_pos, tpg_keys = _index([(l.tp, l.cp, l.stride("tp")) for row in probe for l in row])
-    tpg_of_fo = np.array([[tpg_pos[(l.tp, l.cp, l.stride("tp"))] for l in row] for row in probe])
-    cpg_pos, cpg_keys = _index([(l.tp, l.cp, l.stride("cp")) for row in probe for l in row])
-    cpg_of_fo = np.array([[cpg_pos[(l.tp, l.cp, l.stride("cp"))] for l in row] for row in probe])
-    ep_key = lambda l, e: (l.tp, l.cp, e, l.stride("dp") if e > 1 else 0)
-    epg_pos, epg_keys = _index([ep_key(l, e) for row in probe for l in row for e in S.ep])
-    epg_of_foe = np.array([[[epg_pos[ep_key(l, e)] for e in S.ep] for l in row] for row in probe])
+    tpg_of_fo, tpg_keys, tpg_ctx, cpg_of_fo, cpg_keys, cpg_ctx, epg_of_foe, epg_keys, epg_ctx = _group_keys(
+        ctx, S, probe, placed)
 
     MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
     comp = [[[[compute_terms(ctx, tp, cp, mb, sp, rc, e) for rc in RC] for sp in SP] for mb in MB]
@@ -134,19 +168,28 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     mem = [[[[compute_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
     ACT = _qb([[[[c.act_bytes_per_layer for c in r] for r in s] for s in m] for m in mem])
     TRANS = _qb([[[[c.act_transient_bytes for c in r] for r in s] for s in m] for m in mem])
-    TPC = _qt([[[[[tp_comm_terms(ctx, tp, cp, mb, sp, rc, st, to) for to in TO] for rc in RC] for sp in SP]
-                for mb in MB] for tp, cp, st in tpg_keys])
-    CPC = _qt([[[cp_comm_terms(ctx, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for tp, cp, st in cpg_keys])
+    TPC = _qt([[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to) for to in TO] for rc in RC] for sp in SP]
+                for mb in MB] for (tp, cp, st, _), c in zip(tpg_keys, tpg_ctx)])
+    CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB]
+               for (tp, cp, st, _), c in zip(cpg_keys, cpg_ctx)])
     n_dev = ctx.cluster.num_devices  # (e, stride) pairs past the device count are masked by ok_fe
-    EPC = _qt([[[[ep_comm_terms(ctx, tp, cp, e, mb, sp, rc, st) if e * st <= n_dev else 0.0 for rc in RC]
-                 for sp in SP] for mb in MB] for tp, cp, e, st in epg_keys])
-    heads = [[[head_terms(ctx, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for tp, cp, st in tpg_keys]
+    EPC = _qt([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, st) if e * st <= n_dev else 0.0 for rc in RC]
+                 for sp in SP] for mb in MB] for (tp, cp, e, st, _), c in zip(epg_keys, epg_ctx)])
+    heads = [[[head_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for (tp, cp, st, _), c in zip(tpg_keys, tpg_ctx)]
     H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
     LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
     P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in MB] for l in row] for row in probe])
     DPS, DPM, OPT, STATIC = _dp_tables(ctx, S)
     U, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
-    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, ok_fo, canon = _masks(ctx, S)
+    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, ok_fo = _masks(ctx, S)
+    order_ok = _order_representatives(S)
+    if len({split_order(o)[1] for o in S.order}) > 1:  # torus traversals that change nothing count once
+        rows = lambda i, j: (TPC[tpg_of_fo[i, j]].tobytes(), H[tpg_of_fo[i, j]].tobytes(), CPC[cpg_of_fo[i, j]].tobytes(),
+                             EPC[epg_of_foe[i, j]].tobytes(), P2P[i, j].tobytes(), DPS[i, j].tobytes(),
+                             DPM[i, j].tobytes(), int(ok_fo[i, j]), ok_eo[:, j].tobytes())
+        for i in range(F):
+            order_ok[i] &= ~np.array(traversal_duplicates(S.order, list(order_ok[i]), [rows(i, j) for j in range(O)]))
+    canon = _canonical_mask(S, order_ok)
     capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
     if ignore_memory:
@@ -177,6 +220,10 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
             if dp % e:
                 continue
             profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o) if dp * cp > 1 else (None, None) for o in S.order]
+            # Orders whose groups get the same fabric profiles (torus traversals, often) share the
+            # traffic: ``first[oi]`` is the first order with oi's profiles.
+            seen: dict = {}
+            first = [seen.setdefault((d, x, x is d), oi) for oi, (d, x) in enumerate(profiles)]
             for vi, v in enumerate(S.vp):
                 if pp * v > L or (v > 1 and pp == 1):
                     continue
@@ -187,6 +234,9 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                     static[i, vi, ei, zi] = memory_static_bytes(ctx, base)
                     for oi, (dense, expert) in enumerate(profiles):
                         if dense is None:
+                            continue
+                        if first[oi] != oi:
+                            dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi] = dps[i, first[oi], vi, ei, zi], dpm[i, first[oi], vi, ei, zi]
                             continue
                         t = dp_traffic(g, pc, dense, expert, z)
                         dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi] = t.per_step_s, t.per_microbatch_s
@@ -236,19 +286,23 @@ def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     domain = ctx.cluster.occupied_domain_size
     ok_fo = np.array([[-1 if alignment_ok(*f, o, domain) is None else code["alignment"] for o in S.order]
                       for f in S.factorizations])
-    canon = _canonical_mask(S)
-    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, ok_fo, canon
+    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, ok_fo
 
 
-def _canonical_mask(S: Space) -> np.ndarray:
+def _order_representatives(S: Space) -> np.ndarray:
+    """The order part of ``planner.space.canonical`` per (f, o)."""
+    return np.array([[_only_order_differs(tp, pp, dp, cp, o, S) for o in S.order]
+                     for tp, pp, dp, cp in S.factorizations], dtype=bool).reshape(len(S.factorizations), len(S.order))
+
+
+def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
     """``planner.space.canonical`` over (f, e, s, z, o, do, to), vectorized.
 
-    The order part is evaluated per (f, o); the rest are the same rules as ``canonical``, with the
+    The order part ``order_ok`` is evaluated per (f, o) (``canonical``, then
+    ``traversal_duplicates``); the rest are the same rules as ``canonical``, with the
     representatives taken from the space's own domains.
     """
     facts = np.array(S.factorizations)
-    order_ok = np.array([[_only_order_differs(tp, pp, dp, cp, o, S) for o in S.order]
-                         for tp, pp, dp, cp in S.factorizations])
     tp1 = facts[:, 0] == 1
     dp1 = facts[:, 2] * facts[:, 3] == 1
     to = np.array(S.tp_overlap, bool) != _representative(S.tp_overlap, False)

@@ -389,3 +389,14 @@ def test_plan_objective_energy_and_its_errors():
     assert bad.exit_code == 2 and "--objective cost: device gaudi2 has no price_per_hour_usd" in bad.stderr
     unknown = run(*common, "--objective", "carbon")
     assert unknown.exit_code == 2 and "carbon" in unknown.stderr
+
+
+def test_plan_on_a_torus_says_which_torus_axes_each_axis_uses():
+    args = ["plan", "--model", "llama2-7b", "--cluster", "tpu-v5p-pod", "--devices", "128", "--global-batch", "256",
+            "--seq-len", "4096", "--search", "exhaustive", "--top", "1"]
+    result = run(*args)
+    assert result.exit_code == 0, result.stderr
+    assert "order=tp-cp-dp-pp@yzx" in result.stdout
+    assert "on the torus: tp: y (4, wraparound); dp: x (4, wraparound) x z (8, wraparound)" in result.stdout
+    bad = run(*args[:9], "--fix", "order=tp-cp-dp-pp@xy")
+    assert bad.exit_code == 2 and "--fix order" in bad.stderr and "x, y, z" in bad.stderr

@@ -221,6 +221,57 @@ def test_activation_full_recompute_keeps_layer_input(tp):
         assert _act(tp=tp, sp=True, recompute="full") == pytest.approx(2 * SBH / tp, rel=REL)
 
 
+# Unfused attention (Megatron-LM before FlashAttention) stores the scores: Korthikanti's full
+# ``s b h (34 + 5 a s / h)``, ``s b h (10 + 24/t + 5 a s / (h t))`` with tensor parallelism.
+SCORES = GPT.num_attention_heads * N_TOK * S
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_unfused_activation_is_korthikanti_with_the_5as_over_h_term(tp):
+    a, h = GPT.num_attention_heads, GPT.hidden_size
+    unfused = activation_bytes(GPT, N_TOK, tp, False, "none", False, SCORES)
+    assert unfused == pytest.approx(SBH * (10 + 24 / tp + 5 * a * S / (h * tp)), rel=REL)
+    with_sp = activation_bytes(GPT, N_TOK, tp, True, "none", False, SCORES)
+    assert with_sp == pytest.approx(SBH / tp * (34 + 5 * a * S / h), rel=REL)
+    # selective recomputation exists to drop exactly that term (and the attention output)
+    assert activation_bytes(GPT, N_TOK, tp, True, "selective", False, SCORES) == pytest.approx(
+        _act(tp=tp, sp=True, recompute="selective"), rel=REL)
+
+
+def test_unfused_attention_ops_count_the_score_passes():
+    """Scores written by Q K^T, read and written by the softmax, read/written (+1-byte mask) by
+    dropout, read by the context GEMM: 6.5 passes of ``2 a n s`` bytes forward, 9.5 backward; the
+    two batched GEMMs carry the core FLOPs of the flash op, without causal skipping."""
+    from models.ops import attention_ops
+
+    n, tp = N_TOK, 2
+    flash = {op.name: op for op in attention_ops(GPT, n, S, tp)}
+    unfused = {op.name: op for op in attention_ops(GPT, n, S, tp, "unfused")}
+    assert set(unfused) == {"qkv", "scores", "softmax", "attention_dropout", "context", "attn_out"}
+    score_bytes = 2 * GPT.num_attention_heads * n * S / tp
+    assert unfused["scores"].flops + unfused["context"].flops == pytest.approx(flash["attention"].flops, rel=REL)
+    assert unfused["softmax"].bytes == pytest.approx(2 * score_bytes, rel=REL)
+    assert unfused["attention_dropout"].bytes == pytest.approx(2.5 * score_bytes, rel=REL)
+    assert all(op.core for name, op in unfused.items() if name not in ("qkv", "attn_out"))
+    dev = build_cluster("dgx-a100-superpod", num_devices=8).device
+    rate = memory_rate(dev)
+    fwd = op_time_s(unfused["softmax"], dev, "bf16")
+    bwd = op_time_s(unfused["softmax"], dev, "bf16", backward=True)
+    assert fwd == pytest.approx(2 * score_bytes / rate + dev.kernel_overhead_s, rel=REL)
+    assert bwd == pytest.approx(3 * score_bytes / rate + dev.kernel_overhead_s, rel=REL)
+
+
+def test_unfused_attention_is_slower_and_needs_more_memory():
+    cluster = build_cluster("dgx-a100-superpod", num_devices=32)
+    layout = Layout(tp=1, pp=1, dp=32, micro_batch_size=4, recompute="none", zero_stage=1)
+    flash = evaluate(GPT, Job(global_batch_size=256, seq_len=2048), cluster, layout)
+    unfused = evaluate(GPT, Job(global_batch_size=256, seq_len=2048, attention="unfused"), cluster, layout)
+    assert unfused.time.compute_s > flash.time.compute_s
+    assert unfused.memory.activations_bytes > flash.memory.activations_bytes
+    with pytest.raises(SpecError, match="job.attention"):
+        Job(global_batch_size=8, seq_len=2048, attention="paged")
+
+
 @pytest.mark.parametrize("tp,sp", [(1, False), (4, False), (4, True)])
 def test_activation_selective_drops_attention_output(tp, sp):
     """Docstring: selective recomputation re-runs the attention core and so drops its output
@@ -642,12 +693,49 @@ def test_parse_layout_fills_dp_from_device_count():
     ("recompute=some", ["layout.recompute", "selective"]),
     ("order=tp-dp-pp", ["layout.order", "permutation"]),
     ("order=tp-cp-dp-ep", ["layout.order"]),
+    ("order=tp-cp-dp-pp@xxz", ["layout.order", "'tp-cp-dp-pp@xxz'", "torus axes", "xyz"]),
+    ("order=tp-cp-dp-pp@", ["layout.order", "torus axes"]),
+    ("order=tp-cp-dp-pp@xw", ["layout.order", "xy"]),
 ])
 def test_parse_layout_errors_name_the_key(text, names):
     with pytest.raises(SpecError) as err:
         parse_layout(text)
     for name in names:
         assert name in str(err.value)
+
+
+def test_order_with_a_torus_traversal_reads_only_the_parallel_part():
+    l = parse_layout("tp=4,order=tp-cp-dp-pp@xzy", num_devices=128)
+    assert l.order == "tp-cp-dp-pp@xzy" and l.traversal == "xzy"
+    assert (l.stride("tp"), l.stride("dp")) == (1, 4) and l.group("dp")[:2] == (0, 4)
+    assert parse_layout("order=tp-dp-cp-pp@yx").traversal == "yx" and Layout().traversal == ""
+    assert "order=tp-cp-dp-pp@xzy" in l.short()
+
+
+def test_torus_traversal_changes_communication_not_memory():
+    """tp=4 on a 4x4x8 slice: on the whole x ring (``@xyz``) rather than half of z, its
+    collectives get twice the bandwidth; memory and compute do not depend on placement."""
+    cluster = build_cluster("tpu-v5p-pod", num_devices=128)
+    ctx = _ctx(cluster, batch=256)
+    rows = Layout(tp=4, dp=32, micro_batch_size=2)
+    ring = rows.with_(order="tp-cp-dp-pp@xyz")
+    a, b = evaluate_ctx(ctx, rows), evaluate_ctx(ctx, ring)
+    assert b.time.tp_comm_s < a.time.tp_comm_s
+    # (compute_s holds the LM head, whose logits gather is tensor-parallel traffic too)
+    assert b.memory == a.memory and b.time.recompute_s == a.time.recompute_s
+    # the same terms through the placed context, by hand
+    placed = ctx.placed(ring.order)
+    assert placed is ctx.placed("tp-dp-cp-pp@xyz") and placed.cluster is cluster.placed("xyz")
+    assert ctx.placed("tp-cp-dp-pp@zyx") is ctx and placed.placed("tp-cp-dp-pp") is ctx
+    prof = cluster.placed("xyz").group_profile(range(4))
+    size = 2 * 2 * 2048 * GPT.hidden_size
+    expected = GPT.num_layers * 4 * coll.all_reduce_s(size, prof) * a.num_microbatches
+    assert b.time.tp_comm_s == pytest.approx(expected, rel=REL)
+    # a traversal that is not the cluster's is a structural problem (and an error when placed)
+    assert [k for k, _ in layout_problems(GPT, ctx.job, cluster, rows.with_(order="tp-cp-dp-pp@xy"))] == ["traversal"]
+    gpus = build_cluster("dgx-h100-superpod", num_devices=16)
+    problems = layout_problems(GPT, ctx.job, gpus, Layout(tp=8, dp=2, order="tp-cp-dp-pp@xyz"))
+    assert [k for k, _ in problems] == ["traversal"] and "not a torus" in problems[0][1]
 
 
 def test_parse_layout_zero_stage_range_is_checked_by_layout_problems(cluster16):

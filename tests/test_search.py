@@ -100,7 +100,22 @@ def _assert_same_search(cp: SearchResult, ex: SearchResult) -> None:
 # ---- cross-check: CP-SAT equals brute force --------------------------------------------------------
 @pytest.mark.parametrize("seed", range(NUM_RANDOM))
 def test_cpsat_equals_exhaustive_on_random_instances(seed):
-    model, job, cluster, bounds = random_instance(seed)
+    _check_engines_agree(*random_instance(seed))
+
+
+TORI = [("tpu-v5p-pod", 128), ("tpu-v5e-pod", 32), ("tpu-v5p-pod", 64)]  # 3, 2 and 1 distinct traversals
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3, 4, 6])  # 9, 6 (none fits), 3, 2 and 9 orders
+def test_cpsat_equals_exhaustive_on_tpu_tori(seed):
+    """The same cross-check where the order also picks the torus traversal (and traversals that
+    change nothing count once, in both engines alike)."""
+    model, job, _, bounds = random_instance(1000 + seed)
+    cluster = build_cluster(*TORI[seed % len(TORI)])
+    _check_engines_agree(model, job, cluster, bounds)
+
+
+def _check_engines_agree(model, job, cluster, bounds) -> None:
     try:
         T = _tables(model, job, cluster, bounds)
     except SpecError:
@@ -481,3 +496,50 @@ def test_objective_without_its_figure_is_a_clear_error(objective, preset, field)
         plan(model, Job(global_batch_size=512, seq_len=2048), cluster, SearchOptions(objective=objective))
     with pytest.raises(SpecError, match="--objective"):
         SearchOptions(objective="carbon")
+
+
+# ---- placement on TPU tori: which torus axes each parallel axis uses --------------------------------
+def test_search_picks_a_torus_traversal_when_faster():
+    """On a 4x4x8 v5p slice device ids put tp=4 on half of z; laid along y (or x) it gets the
+    whole wraparound ring, twice the bandwidth, and the search takes it."""
+    from planner.explain import placement
+
+    model, job = get_model("llama2-7b"), Job(global_batch_size=256, seq_len=4096)
+    cluster = build_cluster("tpu-v5p-pod", num_devices=128)
+    free = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=2))
+    rows = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0,
+                                                   bounds=Bounds(fixed={"order": "tp-cp-dp-pp@zyx"})))
+    assert rows.best.layout.traversal == "" and free.best.layout.traversal != ""
+    assert free.best.step_time_s < rows.best.step_time_s
+    check_invariants(free)
+    lines = placement(cluster, free.best.layout)
+    assert lines[0].startswith("tp: ") and lines[0].endswith("(4, wraparound)"), lines
+    # the runners-up are not the winner under a congruent traversal
+    assert len({ev.layout.short() for ev in [free.best, *free.runners_up]}) == 3
+
+
+def test_order_domain_off_and_on_a_torus():
+    """Without a torus the orders are the three rank orders and the space is exactly what it was
+    before traversals (sizes from the commit before them); on 4x4x8 each order comes with the
+    three distinct traversals, and a fixed order without @ leaves the traversal free."""
+    from cost.layout import ORDERS
+    from planner.space import parse_bounds
+
+    model, job = get_model("llama2-7b"), Job(global_batch_size=128, seq_len=4096)
+    for cluster_id, n, size in [("dgx-h100-superpod", 64, 331776), ("gb200-nvl72", 72, 866304),
+                                ("mi300x-cluster", 32, 239616)]:
+        space = build_space(model, job, build_cluster(cluster_id, num_devices=n))
+        assert space.order == ORDERS and space.size == size
+    tpu = build_cluster("tpu-v5p-pod", num_devices=128)
+    assert build_space(model, job, tpu).order == tuple(
+        o + t for t in ("", "@yzx", "@yxz") for o in ORDERS)
+    fixed = lambda order, cluster=tpu: build_space(model, job, cluster, parse_bounds((f"order={order}",))).order
+    assert fixed("tp-cp-dp-pp") == ("tp-cp-dp-pp", "tp-cp-dp-pp@yzx", "tp-cp-dp-pp@yxz")
+    assert fixed("tp-cp-dp-pp@zyx") == ("tp-cp-dp-pp",)
+    assert fixed("tp-cp-dp-pp@xzy") == ("tp-cp-dp-pp@xzy",)  # congruent to @yzx, kept as asked
+    with pytest.raises(SpecError) as err:
+        fixed("tp-cp-dp-pp@xyz", build_cluster("dgx-h100-superpod", num_devices=16))
+    for words in ("--fix order", "'tp-cp-dp-pp@xyz'", "not a torus", "tp-cp-dp-pp, tp-cp-pp-dp, tp-dp-cp-pp"):
+        assert words in str(err.value)
+    with pytest.raises(SpecError, match="x, y, z of the 4x4x8 slice"):
+        fixed("tp-cp-dp-pp@yx")

@@ -212,6 +212,66 @@ def test_tpu_slice_shapes_and_multislice():
     assert dcn.num_domains == 2 and dcn.inter_bytes_per_s == pytest.approx(25e9 / 8)
 
 
+# ---- torus traversals: which torus axes a group of ranks lands on -------------------------------
+@pytest.mark.parametrize("preset_id,num_devices", [("tpu-v5p-pod", 128), ("tpu-v5e-pod", 512), ("tpu-v4-pod", 8),
+                                                   ("tpu-v5e-pod", 32)])
+def test_every_traversal_maps_ranks_onto_chips_one_to_one(preset_id, num_devices):
+    """Each traversal is a bijection of ranks onto devices that keeps every rank in its slice."""
+    import itertools
+
+    c = build_cluster(preset_id, num_devices=num_devices)
+    ranks = list(range(c.num_devices))
+    assert c.placed("") is c and c.placed(c.default_traversal) is c
+    for t in map("".join, itertools.permutations(c.torus_axis_names)):
+        placed = c.placed(t)
+        mapping = placed.rank_to_device.tolist() if placed is not c else ranks
+        assert sorted(mapping) == ranks, t
+        assert all(d // c.domain_size == r // c.domain_size for r, d in enumerate(mapping)), t
+        assert c.placed(t) is placed  # one view per traversal: cost caches key on it
+    # the fastest axis of the traversal is walked first: ranks 0..3 of x-first are chips along x
+    if c.torus_shape == (4, 4, 8):
+        coords = [c.graph.nodes[d]["coord"] for d in c.placed("xyz").devices(range(4))]
+        assert coords == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0)]
+
+
+def test_tp4_on_the_full_x_ring_gets_twice_a_z_stretch():
+    """On a 4x4x8 v5p slice (every axis wraps: whole 4x4x4 cubes) device ids put ranks 0-3 on half
+    of z, a line: one ICI link's worth. Laid along x they close the 4-chip ring and drive both of
+    its links: 2 x 100 GB/s x 0.9 achieved (How to Scale Your Model, pt 3)."""
+    c = build_cluster("tpu-v5p-pod", num_devices=128)
+    assert c.torus_shape == (4, 4, 8)
+    link = 100e9 * 0.9
+    on_z, on_x = c.group_profile(range(4)), c.placed("xyz").group_profile(range(4))
+    assert on_z.intra_bytes_per_s == pytest.approx(link) and not on_z.torus_wraparound
+    assert on_x.intra_bytes_per_s == pytest.approx(2 * link) and on_x.torus_wraparound
+    assert c.torus_span(range(4)) == [("z", 4, 8, False)]
+    assert c.placed("xyz").torus_span(range(4)) == [("x", 4, 4, True)]
+    # tp=16 row-major: the whole z ring (2 links) and a y line (1);
+    # x-first: the two whole 4-rings x and y (2 + 2)
+    assert c.group_profile(range(16)).intra_bytes_per_s == pytest.approx(3 * link)
+    assert c.placed("xyz").group_profile(range(16)).intra_bytes_per_s == pytest.approx(4 * link)
+
+
+def test_congruent_traversals_are_kept_once():
+    assert build_cluster("tpu-v5p-pod", num_devices=64).traversals() == ("zyx",)  # 4x4x4: all alike
+    assert build_cluster("tpu-v5p-pod", num_devices=128).traversals() == ("zyx", "yzx", "yxz")  # 4x4x8
+    assert build_cluster("tpu-v5e-pod").traversals() == ("yx",)  # 16x16
+    assert build_cluster("tpu-v5e-pod", num_devices=32).traversals() == ("yx", "xy")  # 4x8, no wraparound
+    assert build_cluster("dgx-h100-superpod", num_devices=16).traversals() == ("",)
+
+
+@pytest.mark.parametrize("preset_id,traversal,words", [
+    ("tpu-v5p-pod", "xy", ["'xy'", "x, y, z", "4x4x8", "@zyx"]),
+    ("tpu-v5e-pod", "xyz", ["'xyz'", "x, y", "@yx"]),
+    ("dgx-h100-superpod", "xyz", ["'xyz'", "not a torus"]),
+])
+def test_a_traversal_must_fit_the_cluster(preset_id, traversal, words):
+    c = build_cluster(preset_id, num_devices=128 if preset_id == "tpu-v5p-pod" else 16)
+    with pytest.raises(SpecError) as err:
+        c.placed(traversal)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
 def test_gb200_nvl72_domain_and_scale_out():
     c = build_cluster("gb200-nvl72", num_devices=144)
     assert c.num_domains == 2 and c.devices_per_node == 4

@@ -22,20 +22,30 @@ The fabric question every collective asks is :meth:`Cluster.group_profile`: for 
 device ranks, how many domains does it span, how many members per domain, and what per-device
 bandwidth and per-hop latency does it get inside a domain and across domains, as read from the
 edges that group's traffic uses.
+
+Ranks are device ids, except on a torus laid out under another traversal: :meth:`Cluster.placed`
+returns a view whose ranks are laid on the chips of each slice with the torus axes varying in the
+traversal's order (fastest first) instead of row-major, so the same rank groups land on other
+torus axes. The view shares the graph and asks it about the chips its ranks map to.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+import math
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Sequence
 
 import networkx as nx
+import numpy as np
 
+from models.errors import SpecError
 from topologies.devices import DeviceSpec
 
 SCALE_UP_LEVELS = frozenset({"nvlink", "xgmi", "ici_x", "ici_y", "ici_z", "roce_scaleup", "wafer", "c2c"})
 SCALE_OUT_LEVELS = frozenset({"nic", "leaf", "spine", "core", "dcn", "host"})
+TORUS_AXES = "xyz"  # coord index 0, 1, 2; device ids are row-major, so the last axis varies fastest
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,13 @@ class Cluster:
     in_network_reduction: tuple[str, ...] = ()
     power_overhead_w_per_device: float = 0.0
     weight_streaming: bool = False
+    traversal: str = ""
+    """Torus axes, fastest first, along which ranks are laid on each slice's chips; "" for device
+    ids as built (row-major over ``coord``). Set only on the views :meth:`placed` returns."""
+    base: "Cluster | None" = field(default=None, repr=False)
+    """The cluster a :meth:`placed` view was made from (None on a cluster as built)."""
+    rank_to_device: np.ndarray | None = field(default=None, repr=False)
+    """Device id of each rank in a :meth:`placed` view."""
 
     @property
     def occupied_domain_size(self) -> int:
@@ -94,6 +111,106 @@ class Cluster:
     def num_nodes(self) -> int:
         return -(-self.num_devices // self.devices_per_node)
 
+    @property
+    def physical(self) -> "Cluster":
+        """The cluster as built: ranks are device ids."""
+        return self.base or self
+
+    @property
+    def torus_axis_names(self) -> str:
+        """Names of the torus axes (``"xyz"`` for a 3D torus), "" for other fabrics."""
+        return TORUS_AXES[: len(self.torus_shape)] if self.torus_shape else ""
+
+    @property
+    def default_traversal(self) -> str:
+        """Row-major device ids: the last torus axis varies fastest (``"zyx"`` in 3D, ``"yx"`` in 2D)."""
+        return self.torus_axis_names[::-1]
+
+    def traversals(self) -> tuple[str, ...]:
+        """One traversal of each class that gives different groups, the default first.
+
+        Two traversals meeting the same sequence of axis lengths, wraparound flags and link
+        bandwidths lay every rank group on congruent chips, so only the first of each class is kept
+        (on a 4x4x4 cube every traversal is the default one; on 4x4x8 three classes remain).
+        Axes of length 1 carry nothing and are left out of the comparison.
+        """
+        seen, out = set(), []
+        for t in map("".join, itertools.permutations(self.default_traversal)):
+            key = tuple(self._torus_axis_facts(a) for a in t if self.torus_shape[TORUS_AXES.index(a)] > 1)
+            if key not in seen:
+                seen.add(key)
+                out.append(t)
+        return tuple(out)
+
+    def _torus_axis_facts(self, axis: str) -> tuple[int, bool, float]:
+        """(length, wraps, achieved link bandwidth) of one torus axis, read from device 0's edges."""
+        base = self.physical
+        edges = [d for d in base.graph.adj[0].values() if d["level"] == f"ici_{axis}"]
+        return (base.torus_shape[TORUS_AXES.index(axis)], any(d.get("wraparound") for d in edges),
+                max((_achieved(d) for d in edges), default=0.0))
+
+    def traversal_problem(self, traversal: str) -> str | None:
+        """Why ``traversal`` cannot lay ranks on this cluster, or None ("" is always fine)."""
+        if not traversal:
+            return None
+        if self.torus_shape is None:
+            return f"{self.id} is not a torus, so the order takes no @ suffix"
+        axes = self.torus_axis_names
+        if sorted(traversal) != sorted(axes):
+            shape = "x".join(map(str, self.torus_shape))
+            return (f"the @ suffix must list the torus axes {', '.join(axes)} of the {shape} slice, each once, "
+                    f"fastest first (default @{self.default_traversal})")
+        return None
+
+    def placed(self, traversal: str) -> "Cluster":
+        """This cluster with ranks laid on each slice's chips along ``traversal`` (fastest first).
+
+        ``""`` or the default traversal return the cluster as built. Within a slice, rank ``q`` is
+        decomposed in mixed radix over the torus lengths in the traversal's order and mapped to the
+        row-major chip id of that coordinate; ranks of later slices stay in their slice.
+
+        Raises
+        ------
+        SpecError
+            When ``traversal`` is not a permutation of this cluster's torus axes.
+
+        Examples
+        --------
+        >>> from topologies.library import build_cluster
+        >>> c = build_cluster("tpu-v5p-pod", num_devices=128)  # 4x4x8
+        >>> c.placed("xyz").rank_to_device[:5].tolist()  # x fastest: ranks 0-3 walk the x axis
+        [0, 32, 64, 96, 8]
+        """
+        problem = self.traversal_problem(traversal)
+        if problem:
+            raise SpecError(f"order: got traversal {traversal!r}; {problem}")
+        if traversal in ("", self.default_traversal):
+            return self.physical
+        return _placed(self.physical, traversal)
+
+    def devices(self, ranks: Sequence[int]) -> tuple[int, ...]:
+        """Device ids of ``ranks``, sorted."""
+        if self.rank_to_device is None:
+            return tuple(sorted(ranks))
+        return tuple(sorted(self.rank_to_device[np.asarray(ranks, dtype=np.int64)].tolist()))
+
+    def torus_span(self, ranks: Sequence[int]) -> list[tuple[str, int, int, bool]]:
+        """The torus axes a group spans inside its slice: ``(axis, extent, length, wraps)`` each,
+        ``wraps`` when the group closes the axis's ring (what :attr:`GroupProfile.torus_wraparound`
+        counts). Empty on other fabrics."""
+        if self.torus_shape is None:
+            return []
+        base, devices = self.physical, self.devices(ranks)
+        first = [d for d in devices if base.graph.nodes[d]["domain"] == base.graph.nodes[devices[0]]["domain"]]
+        coords = [base.graph.nodes[d]["coord"] for d in first]
+        out = []
+        for ax, name in enumerate(self.torus_axis_names):
+            extent = len({c[ax] for c in coords})
+            if extent > 1:
+                length, wraps, _ = self._torus_axis_facts(name)
+                out.append((name, extent, length, wraps and extent == length and extent > 2))
+        return out
+
     def group_profile(self, ranks: Sequence[int]) -> GroupProfile:
         """Read from the graph what bandwidth and latency the group ``ranks`` gets.
 
@@ -106,7 +223,7 @@ class Cluster:
         -------
         GroupProfile
         """
-        return _group_profile(self, tuple(sorted(ranks)))
+        return _group_profile(self.physical, self.devices(ranks))
 
     def strided_profile(self, count: int, stride: int) -> GroupProfile:
         """:meth:`group_profile` of ``0, stride, ..., (count - 1) * stride``, cached by its shape."""
@@ -260,4 +377,21 @@ def _group_profile(cluster: Cluster, ranks: tuple[int, ...]) -> GroupProfile:
 
 @lru_cache(maxsize=4096)
 def _strided_profile(cluster: Cluster, count: int, stride: int) -> GroupProfile:
-    return _group_profile(cluster, tuple(range(0, count * stride, stride)))
+    ranks = range(0, count * stride, stride)
+    return _group_profile(cluster.physical, tuple(ranks) if cluster.base is None else cluster.devices(ranks))
+
+
+@lru_cache(maxsize=64)
+def _placed(cluster: Cluster, traversal: str) -> Cluster:
+    """The :meth:`Cluster.placed` view, one object per (cluster, traversal): cost caches key on it."""
+    shape, size = cluster.torus_shape, cluster.domain_size
+    rank = np.arange(size)
+    device = np.zeros(size, dtype=np.int64)
+    for axis in traversal:  # fastest first: peel one mixed-radix digit per axis
+        ax = TORUS_AXES.index(axis)
+        device += (rank % shape[ax]) * math.prod(shape[ax + 1:])
+        rank //= shape[ax]
+    ranks = np.arange(cluster.num_devices)
+    mapping = (ranks // size) * size + device[ranks % size]
+    mapping.setflags(write=False)
+    return replace(cluster, traversal=traversal, base=cluster, rank_to_device=mapping)
