@@ -388,7 +388,8 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
     """Optimum (proven, unless ``time_limit_s`` cuts the search) and ``top_k`` runners-up."""
     start = time.perf_counter()
     bounds = warm_start(T, top_k + 1)
-    model = _Model(T, cap=bounds[top_k][0] if len(bounds) > top_k else None)
+    cap = bounds[top_k][0] if len(bounds) > top_k else None
+    model = _Model(T, cap=cap)
     solver = cp_model.CpSolver()
     # One worker with light presolve: the model is a few dozen element constraints whose expansion
     # dominates a full presolve; probing buys nothing here (measured in benchmarks/search_speed.py).
@@ -433,6 +434,9 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
             bounds = [min((b for b in (bounds[j] if j < len(bounds) else None, near[j] if j < len(near) else None)
                            if b is not None), key=lambda b: b[0]) for j in range(max(len(bounds), len(near)))]
         solutions.append((value, idx))
+        if k == 0 and top_k > 0 and len(bounds) > top_k and (cap is None or bounds[top_k][0] < cap):
+            cap = bounds[top_k][0]  # the neighbourhood tightened the bound: re-solve on a smaller model
+            model = _Model(T, cap=cap)
         model.m.clear_hints()
         hint = bounds[k + 1][1] if k + 1 < len(bounds) else idx
         for key in DIMS:
