@@ -134,7 +134,8 @@ def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_expert
 
 
 def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool) -> list[Op]:
-    """Two norms, two residual adds, rotary embedding: memory-bound passes over ``h``.
+    """Two norms, two residual adds (Megatron's fused bias-dropout-add, with its masks when the model
+    uses dropout), rotary embedding: memory-bound passes over ``h``.
 
     Without sequence parallelism these run replicated on the full ``num_tokens`` on every
     tensor-parallel rank; with it each rank handles ``1/tp`` of the tokens (Korthikanti et al.).
@@ -142,11 +143,14 @@ def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool) -> l
     h = model.hidden_size
     local = num_tokens / tp if sp else num_tokens
     d, a, g = model.head_dim_resolved, model.num_attention_heads, model.num_kv_heads_resolved
-    return [
+    ops = [
         Op("norms", "memory", 0.0, ACT_BYTES * local * h * 4),  # 2 x (read h, write h)
         Op("residuals", "memory", 0.0, ACT_BYTES * local * h * 6),  # 2 x (read 2h, write h)
         Op("rotary", "memory", 0.0, ACT_BYTES * num_tokens * (a + g) * d * 2 / tp),
     ]
+    if model.dropout:  # the fused bias-dropout-add kernels also write a 1-byte mask each; backward reads it
+        ops.append(Op("dropout_masks", "memory", 0.0, 2 * local * h, backward_factor=1.0))
+    return ops
 
 
 def layer_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, sp: bool, moe: bool,

@@ -63,15 +63,18 @@ def test_published_layouts_are_held(bundled):
 def test_regression_bounds(bundled):
     """Today's figures (docs/cost-model.md): a change that makes them worse fails here."""
     s = bundled["summary"]["overall"]
-    assert s["median_abs_error"] <= 0.15
     assert s["p90_abs_error"] <= 0.45
     assert s["fits"] >= s["evaluated"] - 1  # only DeepSeek-V3's DualPipe layout overflows today
 
 
+def test_fidelity_target_median(bundled):
+    """Issue 3's median target: |step-time error| <= 10% on the bundled runs (8.6% today)."""
+    assert bundled["summary"]["overall"]["median_abs_error"] <= 0.10
+
+
 @pytest.mark.xfail(reason="issue targets not met yet: see docs/cost-model.md, 'Runs still off'", strict=False)
-def test_fidelity_targets(bundled):
+def test_fidelity_targets_tail(bundled):
     s = bundled["summary"]["overall"]
-    assert s["median_abs_error"] <= 0.10
     assert s["p90_abs_error"] <= 0.25
     assert s["max_abs_error"] < 1.0  # predicted within 2x: error in (-50%, +100%)
     assert all(r["error"] is None or -0.5 <= r["error"] <= 1.0 for r in bundled["runs"])
