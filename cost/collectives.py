@@ -105,6 +105,24 @@ def all_to_all_s(size_bytes: float, p: GroupProfile) -> float:
     return max(intra, inter) + latency
 
 
+def hierarchical_all_to_all_s(size_bytes: float, remote_bytes: float, p: GroupProfile) -> float:
+    """All-to-all that crosses the fabric once per destination domain (DeepEP's internode kernels:
+    a token goes over RDMA once to each node holding any of its experts, and is forwarded to those
+    experts' devices over the scale-up links there).
+
+    ``size_bytes``: what the rank sends in all (every copy); ``remote_bytes``: what leaves its
+    domain after deduplication. Both phases run at once; the slower sets the time.
+    """
+    k = p.num_ranks
+    if k <= 1 or size_bytes <= 0:
+        return 0.0
+    kl = p.ranks_per_domain
+    intra = _phase_time(size_bytes * (kl - 1) / kl, p.intra_bytes_per_s)
+    inter = _phase_time(remote_bytes, p.inter_bytes_per_s)
+    latency = (kl - 1) * p.intra_latency_s + (p.num_domains - 1) * p.inter_latency_s
+    return max(intra, inter) + latency
+
+
 def p2p_s(size_bytes: float, p: GroupProfile) -> float:
     """Point-to-point send of ``size_bytes`` between the two ranks of ``p``."""
     if p.num_ranks <= 1 or size_bytes <= 0:

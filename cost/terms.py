@@ -229,10 +229,33 @@ def _cp_comm_s(ctx: Context, n: float, tp: int, cp: int, prof, ops) -> float:
 
 
 def _ep_comm_s(ctx: Context, n: float, tp: int, prof, sp: bool) -> float:
-    """Dispatch and combine all-to-alls of the routed tokens, forward and backward (4 in all)."""
+    """Dispatch and combine all-to-alls of the routed tokens, forward and backward (4 in all).
+
+    Inside one scale-up domain a flat all-to-all of every routed copy. Across domains, hierarchical
+    dispatch (DeepEP, used by DeepSeek-V3, Megatron-Core's flex dispatcher and NeMo Automodel):
+    each token crosses the fabric once per remote node holding any of its experts
+    (:func:`remote_nodes_per_token`), and combine returns one reduced copy per node.
+    """
     e = ctx.model.moe
-    size = ACT_BYTES * n * e.top_k * ctx.model.hidden_size / tp
-    return 4 * coll.all_to_all_s(size, prof)
+    token_bytes = ACT_BYTES * n * ctx.model.hidden_size / tp
+    size = token_bytes * e.top_k
+    if prof.num_domains <= 1:
+        return 4 * coll.all_to_all_s(size, prof)
+    remote = token_bytes * remote_nodes_per_token(e.num_experts, e.top_k, prof.num_domains, e.max_nodes_per_token)
+    return 4 * coll.hierarchical_all_to_all_s(size, remote, prof)
+
+
+def remote_nodes_per_token(num_experts: int, top_k: int, num_nodes: int, max_nodes: int | None = None) -> float:
+    """Expected number of other nodes a token's ``top_k`` experts lie on, with the experts spread
+    evenly over ``num_nodes`` nodes and chosen uniformly (the uniform-load assumption); with
+    node-limited routing they are chosen among the experts of ``max_nodes`` nodes (DeepSeek-V3,
+    section 3.2)."""
+    per_node = num_experts / num_nodes
+    candidates = num_nodes if max_nodes is None else min(max_nodes, num_nodes)
+    pool = candidates * per_node
+    k = min(top_k, int(pool))
+    miss = math.prod((pool - per_node - i) / (pool - i) for i in range(k)) if pool - per_node >= k else 0.0
+    return candidates * (1.0 - miss) * (num_nodes - 1) / num_nodes
 
 
 def _score_elements(ctx: Context, n: float) -> float:

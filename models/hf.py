@@ -193,6 +193,8 @@ def _deepseek_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "num_shared_experts": cfg.get("n_shared_experts") or 0,
         "num_dense_layers": cfg.get("first_k_dense_replace") or 0,
     }
+    if (cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):  # group-limited routing, groups = nodes
+        fields["moe"]["max_nodes_per_token"] = cfg["topk_group"]
     fields["mla"] = {
         "q_lora_rank": cfg.get("q_lora_rank") or 0,  # null: queries are not compressed (V2-Lite)
         "kv_lora_rank": _require(cfg, "kv_lora_rank"),

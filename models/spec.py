@@ -27,6 +27,11 @@ class MoESpec(BaseModel):
     num_dense_layers: int = Field(
         0, ge=0, description="Leading layers that use a dense MLP instead of experts."
     )
+    max_nodes_per_token: int | None = Field(
+        None, gt=0,
+        description="Node-limited routing: each token's experts lie on at most this many nodes "
+                    "(DeepSeek-V3: 4, section 3.2; config.json topk_group). None: unlimited.",
+    )
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> "MoESpec":

@@ -784,3 +784,44 @@ def test_step_energy_is_idle_power_over_the_step_plus_board_power_while_computin
     by_hand = 64 * ((70.0 + 575.0) * t.total_s + (700.0 - 70.0) * busy)  # devices.yaml, clusters.yaml
     assert step_energy_j(cluster, t) == pytest.approx(by_hand)
     assert step_cost_usd(cluster, t.total_s) == pytest.approx(3.24 * 64 * t.total_s / 3600)
+
+
+def test_hierarchical_all_to_all_crosses_the_fabric_once_per_node():
+    """DeepEP-style dispatch: the NIC carries only the deduplicated bytes; inside the domain every
+    copy except the rank's own goes over the scale-up links; the slower side sets the time."""
+    k, n, Wi, We, ai, ae = 32, 4, 300e9, 50e9, 2e-6, 5e-6
+    kl = k // n
+    remote = SIZE / 3
+    expected = max(SIZE * (kl - 1) / kl / Wi, remote / We) + (kl - 1) * ai + (n - 1) * ae
+    assert coll.hierarchical_all_to_all_s(SIZE, remote, profile(k, n, Wi, We, ai, ae)) == pytest.approx(expected, rel=REL)
+
+
+def test_remote_nodes_per_token_by_hand():
+    """Uniform top-k over experts spread evenly over nodes: E[nodes hit] = N (1 - C(E - E/N, k) / C(E, k)),
+    times (N-1)/N for the remote ones; node-limited routing draws from M nodes' experts only."""
+    from math import comb
+
+    from cost.terms import remote_nodes_per_token
+
+    E, k, N = 256, 8, 8
+    hit = N * (1 - comb(E - E // N, k) / comb(E, k))
+    assert remote_nodes_per_token(E, k, N) == pytest.approx(hit * (N - 1) / N, rel=1e-12)
+    M = 4
+    hit_m = M * (1 - comb(M * E // N - E // N, k) / comb(M * E // N, k))
+    assert remote_nodes_per_token(E, k, N, M) == pytest.approx(hit_m * (N - 1) / N, rel=1e-12)
+    assert remote_nodes_per_token(E, k, N, M) < remote_nodes_per_token(E, k, N) < k
+    assert remote_nodes_per_token(8, 2, 1) == 0.0  # one node: nothing crosses the fabric
+
+
+def test_deepseek_v3_all_to_all_halves_with_node_limited_routing():
+    """DeepSeek-V3 routes each token to at most 4 nodes (section 3.2): on 8 nodes the InfiniBand
+    bytes fall to about 3.2 remote nodes per token, from 7 of 8 copies under a flat all-to-all."""
+    model = get_model("deepseek-v3")
+    assert model.moe.max_nodes_per_token == 4
+    cluster = build_cluster("hgx-h800", num_devices=2048)
+    job = Job(global_batch_size=15360, seq_len=4096, precision="fp8")
+    layout = Layout(tp=1, pp=16, dp=128, ep=64, micro_batch_size=1, recompute="selective")
+    limited = evaluate(model, job, cluster, layout).time.ep_comm_s
+    free = evaluate(model.model_copy(update={"moe": model.moe.model_copy(update={"max_nodes_per_token": None})}),
+                    job, cluster, layout).time.ep_comm_s
+    assert 0 < limited < 0.75 * free
