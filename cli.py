@@ -269,8 +269,9 @@ SEARCH_OPTIONS = [
     click.option("--time-limit", "time_limit_s", type=POSITIVE_FLOAT, metavar="SECONDS",
                  help="Stop CP-SAT after this long and report the best layout found and its gap."),
     click.option("--fix", multiple=True, metavar="KNOB=VALUE",
-                 help="Hold a knob: tp, pp, dp, cp, ep, vp, mbs, sp, recompute, zero, order, dp_overlap, "
-                      "tp_overlap (repeatable, or comma-separated: --fix tp=8,pp=4)."),
+                 help="Hold a knob: tp, pp, dp, cp, ep, etp (1: whole experts, ep carved from tp*cp*dp; or "
+                      "tp), vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap (repeatable, or "
+                      "comma-separated: --fix tp=8,pp=4)."),
     click.option("--min", "minimum", multiple=True, metavar="KNOB=VALUE",
                  help="Lower bound on a numeric knob, e.g. --min dp=4 (repeatable)."),
     click.option("--max", "maximum", multiple=True, metavar="KNOB=VALUE",

@@ -55,7 +55,12 @@ class Layout:
     Attributes
     ----------
     tp, pp, dp, cp : tensor, pipeline, data and context parallel degrees.
-    ep : expert-parallel degree, carved from ``dp`` (must divide it); 1 for dense models.
+    ep : expert-parallel degree; 1 for dense models. With ``expert_tp`` (Megatron-Core's default
+        expert tensor parallelism = tp) experts are sharded over the tensor-parallel group like the
+        dense MLP and ``ep`` is carved from ``dp`` (must divide it). Without it (expert tensor
+        parallelism 1, Megatron-Core's "MoE parallel folding") each expert is whole on its rank and
+        ``ep`` is carved from ``tp * cp * dp``: the expert group is the first ``ep`` ranks of that
+        block (a multiple of ``tp * cp``), and MoE layers need no tensor-parallel collectives.
     vp : virtual pipeline stages per rank (interleaved 1F1B when > 1).
     micro_batch_size : sequences per micro-batch per data-parallel rank.
     sequence_parallel : Megatron sequence parallelism inside the tensor-parallel group.
@@ -65,6 +70,7 @@ class Layout:
         torus traversal after ``@`` (module docstring).
     dp_overlap : overlap the gradient reduction (and ZeRO-3 gathers) with compute.
     tp_overlap : overlap tensor-parallel collectives with the GEMMs (Transformer Engine style).
+    expert_tp : experts sharded over the tensor-parallel group (True) or whole (False, ``etp=1``).
     """
 
     tp: int = 1
@@ -80,6 +86,7 @@ class Layout:
     order: str = DEFAULT_ORDER
     dp_overlap: bool = True
     tp_overlap: bool = False
+    expert_tp: bool = True
 
     @property
     def num_devices(self) -> int:
@@ -106,8 +113,19 @@ class Layout:
         """Device ids of the ``axis`` communicator that contains device ``base`` (0 by default).
 
         ``ep`` groups are the first ``ep`` members of the data-parallel group; ``edp`` (the
-        data-parallel group of expert weights) takes every ``ep``-th member.
+        data-parallel group of expert weights) takes every ``ep``-th member. Folded (``expert_tp``
+        off): the ``ep`` group is the tensor- and context-parallel block times the first
+        ``ep / (tp * cp)`` data-parallel ranks; ``edp`` takes every ``ep / (tp * cp)``-th
+        data-parallel rank.
         """
+        if axis in ("ep", "edp") and not self.expert_tp:
+            inner = self.tp * self.cp
+            step = max(1, self.ep // inner)
+            dp = self.group("dp", base)
+            if axis == "edp":
+                return dp[::step]
+            block = sorted(t + c for t in self.group("tp") for c in self.group("cp"))
+            return tuple(sorted(d + b for d in dp[:step] for b in block))
         if axis == "ep":
             return self.group("dp", base)[: self.ep]
         if axis == "edp":
@@ -127,6 +145,8 @@ class Layout:
             parts.append(f"cp={self.cp}")
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
+            if not self.expert_tp:
+                parts.append("etp=1")
         if self.vp > 1:
             parts.append(f"vp={self.vp}")
         parts += [f"mbs={self.micro_batch_size}", f"sp={'on' if self.sequence_parallel else 'off'}",
@@ -201,8 +221,8 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
     """
     aliases = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                "micro_batch": "micro_batch_size", "recomp": "recompute"}
-    ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage"}
-    bools = {"sequence_parallel", "dp_overlap", "tp_overlap"}
+    ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "etp"}
+    bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp"}
     values: dict[str, object] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
@@ -210,6 +230,12 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
         key, raw = (x.strip() for x in item.split("=", 1))
         key = aliases.get(key, key)
         values[key] = _parse_value(key, raw, ints, bools)
+    if "etp" in values:  # expert tensor parallelism: 1 (folded) or the dense tp
+        etp = values.pop("etp")
+        if etp != 1 and "tp" in values and etp != values["tp"]:
+            raise SpecError(f"layout.etp: got {etp}; allowed: 1 (experts whole, ep carved from tp x cp x dp) "
+                            f"or tp ({values['tp']}: experts sharded like the dense MLP)")
+        values["expert_tp"] = etp != 1
     if "dp" not in values and num_devices:
         rest = 1
         for k in ("tp", "pp", "cp"):
@@ -233,7 +259,7 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         return raw
     if key == "order":
         return _parse_order(raw)
-    allowed = "tp, pp, dp, cp, ep, vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap"
+    allowed = "tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap"
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

@@ -146,8 +146,17 @@ def _moe_problems(model: ModelSpec, layout: Layout, bad) -> None:
         bad("experts", f"ep={layout.ep} needs an MoE model; {model.name} is dense")
     elif model.moe.num_experts % layout.ep:
         bad("experts", f"num_experts={model.moe.num_experts} is not divisible by ep={layout.ep}")
-    elif layout.dp % layout.ep:
-        bad("experts", f"ep={layout.ep} must divide dp={layout.dp} (expert parallelism is carved from data parallelism)")
+    elif layout.expert_tp and layout.dp % layout.ep:
+        bad("experts", f"ep={layout.ep} must divide dp={layout.dp} (expert parallelism is carved from data parallelism; "
+                       "etp=1 carves it from tp x cp x dp)")
+    elif not layout.expert_tp:
+        inner = layout.tp * layout.cp
+        if layout.ep % inner or layout.dp % (layout.ep // inner):
+            bad("experts", f"with etp=1, ep={layout.ep} must be a multiple of tp*cp={inner} and ep/(tp*cp) must "
+                           f"divide dp={layout.dp} (the expert group is the tp x cp block times part of dp)")
+        elif layout.tp > 1 and not layout.sequence_parallel:
+            bad("experts", "etp=1 with tp > 1 needs sequence parallelism (each rank dispatches its own tokens; "
+                           "Megatron-Core requires it for MoE with tensor parallelism)")
 
 
 def num_microbatches(job: Job, layout: Layout) -> int:
@@ -250,7 +259,7 @@ def _static_parts(ctx: Context, layout: Layout) -> tuple[float, float, float]:
     weights at a time, double-buffered.
     """
     if ctx.cluster.weight_streaming:
-        pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
+        pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
         per_layer = (pc.dense + pc.expert) / ctx.model.num_layers
         return 2 * WEIGHT_BYTES * per_layer, 0.0, 0.0
     static = static_memory(ctx, layout)

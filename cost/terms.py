@@ -100,18 +100,20 @@ def layer_terms(ctx: Context, layout: Layout) -> LayerTerms:
     """Per-micro-batch layer terms; depends on tp, cp, ep, mbs, sp, recompute, placement, tp_overlap."""
     ctx = ctx.placed(layout.order)
     tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
-    c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep)
+    c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep, layout.expert_tp)
     return LayerTerms(
         forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
-        tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap),
+        tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap,
+                                layout.expert_tp or layout.ep == 1),
         cp_comm_s=cp_comm_terms(ctx, tp, cp, mbs, sp, layout.stride("cp")),
-        ep_comm_s=ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_stride(layout)),
+        ep_comm_s=ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_ranks(layout)),
         act_bytes_per_layer=c.act_bytes_per_layer, act_transient_bytes=c.act_transient_bytes,
     )
 
 
-def ep_stride(layout: Layout) -> int:
-    return layout.stride("dp") if layout.ep > 1 else 0
+def ep_ranks(layout: Layout) -> tuple[int, ...]:
+    """The expert-parallel group of rank 0 (empty without expert parallelism)."""
+    return layout.group("ep") if layout.ep > 1 else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +133,13 @@ def _layer_kinds(model: ModelSpec) -> list[tuple[bool, int]]:
 
 
 @lru_cache(maxsize=65536)
-def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int = 1) -> ComputeTerms:
+def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int = 1,
+                  expert_tp: bool = True) -> ComputeTerms:
     model = ctx.model
     n = _tokens(ctx, cp, mbs)
     fwd = bwd = gemm = attn = act = transient = 0.0
     for moe, count in _layer_kinds(model):
-        t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None)
+        t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None, expert_tp)
         fwd, bwd, gemm, attn = fwd + count * t[0], bwd + count * t[1], gemm + count * t[2], attn + count * t[3]
         act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n))
         if recompute == "full":  # the layer being recomputed holds its full activations once
@@ -149,10 +152,11 @@ def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
 
 @lru_cache(maxsize=65536)
 def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
-                local_experts: int | None) -> tuple[float, float, float, float]:
+                local_experts: int | None, expert_tp: bool = True) -> tuple[float, float, float, float]:
     """Forward, backward, GEMM (fwd+bwd) and attention-forward time of one layer of a kind."""
     dev, prec = ctx.cluster.device, ctx.job.precision
-    ops = layer_ops(ctx.model, _tokens(ctx, cp, mbs), ctx.job.seq_len, tp, sp, moe, local_experts, ctx.job.attention)
+    ops = layer_ops(ctx.model, _tokens(ctx, cp, mbs), ctx.job.seq_len, tp, sp, moe, local_experts, ctx.job.attention,
+                    expert_tp)
     return (ops_time_s(ops, dev, prec), ops_time_s(ops, dev, prec, backward=True),
             gemm_time_s(ops, dev, prec) + gemm_time_s(ops, dev, prec, backward=True),
             ops_time_s([op for op in ops if op.core], dev, prec))
@@ -169,14 +173,20 @@ def _comm_multiplier(recompute: str) -> float:
 
 @lru_cache(maxsize=65536)
 def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, stride: int,
-                  overlap: bool) -> float:
-    """Exposed tensor-parallel traffic of all layers, one micro-batch."""
+                  overlap: bool, moe_tp: bool = True) -> float:
+    """Exposed tensor-parallel traffic of all layers, one micro-batch.
+
+    Each layer has two collectives around attention and two around the MLP (forward and
+    backward). ``moe_tp=False`` (folded experts): MoE layers keep their tokens sequence-sharded
+    through dispatch, experts and combine, so only their attention collectives remain.
+    """
     if tp == 1:
         return 0.0
     prof = ctx.cluster.group_profile(range(0, tp * stride, stride))
     n = _tokens(ctx, cp, mbs)
     per_layer = _tp_comm_s(n, ctx.model.hidden_size, prof, sp) * _comm_multiplier(recompute)
-    total = ctx.model.num_layers * per_layer
+    mlp_layers = ctx.model.num_layers if moe_tp else ctx.model.num_dense_layers
+    total = per_layer * (ctx.model.num_layers + mlp_layers) / 2
     if overlap:
         total = max(0.0, total - compute_terms(ctx._base, tp, cp, mbs, sp, recompute).gemm_s)
     return total
@@ -196,11 +206,13 @@ def cp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: in
 
 
 @lru_cache(maxsize=65536)
-def ep_comm_terms(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str, stride: int) -> float:
+def ep_comm_terms(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
+                  ranks: tuple[int, ...]) -> float:
+    """Exposed all-to-all traffic of all MoE layers, one micro-batch, over the expert group ``ranks``."""
     if ep == 1 or ctx.model.moe is None:
         return 0.0
     n = _tokens(ctx, cp, mbs)
-    prof = ctx.cluster.group_profile(range(0, ep * stride, stride))
+    prof = ctx.cluster.group_profile(ranks)
     return ctx.model.num_moe_layers * _ep_comm_s(ctx, n, tp, prof, sp) * _comm_multiplier(recompute)
 
 
@@ -359,9 +371,10 @@ def layers_on_stage(num_layers: int, pp: int, vp: int) -> int:
 
 
 @lru_cache(maxsize=65536)
-def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int) -> ParamCounts:
+def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp: bool = True) -> ParamCounts:
     """Parameters on the heaviest stage: its layers (MoE layers first, they are the heavier) plus
-    the larger of the embedding and the output layer, sharded ``tp`` ways (vocab-parallel)."""
+    the larger of the embedding and the output layer, sharded ``tp`` ways (vocab-parallel). Routed
+    experts: ``num_experts / ep`` of them, split ``tp`` ways unless folded (whole experts)."""
     n_stage = layers_on_stage(model.num_layers, pp, vp)
     n_moe = min(n_stage, model.num_moe_layers)
     n_dense = n_stage - n_moe
@@ -371,7 +384,7 @@ def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int) -> ParamC
     if n_moe:
         e = model.moe
         dense += n_moe * (model.hidden_size * e.num_experts + e.num_shared_experts * model.expert_params / tp)
-        expert = n_moe * e.num_experts / ep * model.expert_params / tp
+        expert = n_moe * e.num_experts / ep * model.expert_params / (tp if expert_tp else 1)
     if pp == 1:
         dense += (model.embedding_params + model.output_params) / tp
     else:
@@ -390,17 +403,17 @@ def owned_params(pc: ParamCounts, layout: Layout, sharded: bool) -> float:
     """Parameters a device holds state for: all of them, or its ZeRO shard.
 
     Megatron-Core's distributed optimizer shards over the data- and context-parallel ranks;
-    expert weights over the expert-data-parallel ranks (``dp * cp / ep``).
+    expert weights over the expert-data-parallel ranks (``dp * cp / ep``; folded ``tp * cp * dp / ep``).
     """
     if not sharded:
         return pc.dense + pc.expert
     shard = layout.dp * layout.cp
-    return pc.dense / shard + pc.expert / (shard // layout.ep)
+    return pc.dense / shard + pc.expert / (shard * (1 if layout.expert_tp else layout.tp) // layout.ep)
 
 
 def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
     """Weights, gradients and Adam states per device, divided per ZeRO stage."""
-    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
     z = layout.zero_stage
     weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3)
     if z >= 3:  # FSDP keeps the gathered weights of the layer in use and the one prefetched
@@ -414,7 +427,7 @@ def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
 def optimizer_s(ctx: Context, layout: Layout) -> float:
     """Fused Adam step: memory-bound, per parameter it reads and writes the fp32 master weight and
     both moments (24 B), reads the gradient and writes the 16-bit weight (``grad_bytes + 2``)."""
-    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
     count = owned_params(pc, layout, layout.zero_stage >= 1)
     dev = ctx.cluster.device
     return count * (24.0 + ctx.job.grad_bytes + WEIGHT_BYTES) / (dev.memory_bytes_per_s * dev.memory_efficiency)
@@ -434,8 +447,9 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     and backward) and gradient reduce-scatter (Rajbhandari et al. 2020, section 7)."""
     if layout.dp * layout.cp == 1:
         return DataParallelTerms(0.0, 0.0)
-    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep)
-    dense_prof, expert_prof = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order)
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
+    dense_prof, expert_prof = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order,
+                                          layout.expert_tp)
     return dp_traffic(ctx.job.grad_bytes, pc, dense_prof, expert_prof, layout.zero_stage)
 
 
@@ -463,10 +477,14 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
 
 
 @lru_cache(maxsize=65536)
-def dp_profiles(ctx: Context, tp: int, pp: int, dp: int, cp: int, ep: int, order: str):
+def dp_profiles(ctx: Context, tp: int, pp: int, dp: int, cp: int, ep: int, order: str, expert_tp: bool = True):
     """Fabric profiles of the dense (data x context) and expert-data-parallel groups."""
-    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
+    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order, expert_tp=expert_tp)
     ctx = ctx.placed(order)
+    if ep > 1 and not expert_tp:  # folded: every (ep / (tp cp))-th data-parallel rank holds the same experts
+        dense = dp_profiles(ctx._base, tp, pp, dp, cp, 1, order)[0]
+        step = max(1, ep // (tp * cp))
+        return dense, ctx.cluster.strided_profile(dp // step, layout.stride("dp") * step) if dp // step > 1 else None
     if cp == 1:  # an arithmetic progression: profile it by (count, stride) without listing ranks
         stride = layout.stride("dp")
         dense = ctx.cluster.strided_profile(dp, stride)

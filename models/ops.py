@@ -104,12 +104,16 @@ def mlp_ops(model: ModelSpec, num_tokens: float, ffn: int, tp: int, name: str = 
     ]
 
 
-def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_experts: int | None = None) -> list[Op]:
+def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_experts: int | None = None,
+            expert_tp: bool = True) -> list[Op]:
     """Router, token permutation, routed and shared experts (uniform load: top_k per token).
 
     The routed experts run as one grouped GEMM over the ``local_experts`` experts this device holds
     (``num_experts / ep``): FLOPs follow the routed tokens, but every local expert's weights are
-    read once per pass, which makes few-token experts memory-bound.
+    read once per pass, which makes few-token experts memory-bound. With ``expert_tp`` each expert
+    is split ``tp`` ways and sees all ``n top_k`` routed tokens; folded (no expert tensor
+    parallelism) each rank routes its ``n / tp`` sequence-parallel tokens to whole experts: the
+    same FLOPs and activation bytes, ``tp`` times the weights.
     """
     assert model.moe is not None
     e, h = model.moe, model.hidden_size
@@ -118,7 +122,8 @@ def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_expert
     experts = e.num_experts if local_experts is None else local_experts
     ups = model.mlp_matrices - 1
     ffn = e.expert_ffn_hidden_size
-    up_weights, down_weights = experts * h * ups * ffn / tp, experts * ffn / tp * h
+    shards = tp if expert_tp else 1
+    up_weights, down_weights = experts * h * ups * ffn / shards, experts * ffn / shards * h
     ops = [
         _gemm("router", local, h, e.num_experts),
         Op("permute", "memory", 0.0, 2 * ACT_BYTES * routed * h / tp),
@@ -154,11 +159,11 @@ def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool) -> l
 
 
 def layer_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, sp: bool, moe: bool,
-              local_experts: int | None = None, attention: str = "flash") -> list[Op]:
+              local_experts: int | None = None, attention: str = "flash", expert_tp: bool = True) -> list[Op]:
     """All forward ops of one dense (``moe=False``) or MoE layer on one device."""
     ops = attention_ops(model, num_tokens, kv_len, tp, attention) + elementwise_ops(model, num_tokens, tp, sp)
     if moe:
-        return ops + moe_ops(model, num_tokens, tp, sp, local_experts)
+        return ops + moe_ops(model, num_tokens, tp, sp, local_experts, expert_tp)
     return ops + mlp_ops(model, num_tokens, model.ffn_hidden_size, tp)
 
 

@@ -73,6 +73,7 @@ class _Model:
         sub-space bounds the k-th best of the space); (f, mb, v) triples whose lower bound exceeds
         it cannot hold any of them and are left out of the model."""
         self.T = T
+        self.cap = cap
         self.m = cp_model.CpModel()
         self.table_rows = 0
         S = T.space
@@ -146,11 +147,12 @@ class _Model:
         T, x, m = self.T, self.x, self.m
         self.tc = self._lookup("tc", T.tc_of_fe, [x["f"], x["e"]])
         self.tpg = self._lookup("tpg", T.tpg_of_fo, [x["f"], x["o"]])
+        self.tpc = self._lookup("tpc", T.tpc_of_foe, [x["f"], x["o"], x["e"]])
         self.cpg = self._lookup("cpg", T.cpg_of_fo, [x["f"], x["o"]])
         self.epg = self._lookup("epg", T.epg_of_foe, [x["f"], x["o"], x["e"]])
         m.add_allowed_assignments([x["f"], x["e"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fe < 0)])
         m.add_allowed_assignments([x["e"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_eo < 0)])
-        m.add_allowed_assignments([x["f"], x["s"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fs < 0)])
+        m.add_allowed_assignments([x["f"], x["e"], x["s"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fes < 0)])
         m.add_allowed_assignments([x["f"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fo < 0)])
         # Symmetry breaking (planner.space.canonical), split by the knobs each part concerns.
         order_ok = T.canon.any(axis=(1, 2, 3, 5, 6))  # (F, O)
@@ -180,7 +182,7 @@ class _Model:
         axes4 = [self.tc, x["mb"], x["s"], x["r"]]
         c = self._lookup("compute", T.C, axes4)
         bwd = self._lookup("backward", T.BWD, axes4)
-        tpc = self._lookup("tp_comm", T.TPC, [self.tpg, x["mb"], x["s"], x["r"], x["to"]])
+        tpc = self._lookup("tp_comm", T.TPC, [self.tpc, x["mb"], x["s"], x["r"], x["to"]])
         cpc = self._lookup("cp_comm", T.CPC, [self.cpg, x["mb"], x["s"]])
         epc = self._lookup("ep_comm", T.EPC, [self.epg, x["mb"], x["s"], x["r"]])
         layer_hi = int(T.C.max() + T.TPC.max() + T.CPC.max() + T.EPC.max())
@@ -212,8 +214,12 @@ class _Model:
             busy_head = self._product("busy_head", mb_count, head, int(T.M.max()) * int(T.H.max()))
             self.objective += T.busy_weight * (busy_compute + Q * busy_head + Q * opt)
         m.add(self.objective >= self._lookup("objective_lb", self.triple_lb, [self.fvm]))
-        # A (triple, ep) pair whose every completion overflows memory is excluded outright.
-        pairs = np.argwhere(self.triple_e_lb < UNREACHABLE)
+        # A (triple, ep) pair whose every completion overflows memory, or whose bound exceeds the cap,
+        # is excluded outright.
+        limit = UNREACHABLE if self.cap is None else min(UNREACHABLE, self.cap + 1)
+        pairs = np.argwhere(self.triple_e_lb < limit)
+        if len(pairs) == 0:
+            pairs = np.argwhere(self.triple_e_lb < UNREACHABLE)
         m.add_allowed_assignments([self.fvm, x["e"]], pairs.tolist())
         m.minimize(self.objective)
 
@@ -290,7 +296,7 @@ def _objective_lower_bound(T: Tables) -> np.ndarray:
     dp = np.where(zero3, M * mb_part, step_part)
     opt = Q * _place(T.OPT, ("f", "v", "e", "z"))
     total = U * X + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1)
-    ok = _memory_fits(T) & (_place(T.ok_fs, ("f", "s")) < 0) & (_place(T.ok_fe, ("f", "e")) < 0)
+    ok = _memory_fits(T) & (_place(T.ok_fes, ("f", "e", "s")) < 0) & (_place(T.ok_fe, ("f", "e")) < 0)
     ok &= (X < UNREACHABLE) & (H < UNREACHABLE)
     total = np.where(ok, total, UNREACHABLE).min(axis=(axis["s"], axis["r"], axis["z"]))
     lb = total.reshape(total.shape[0], total.shape[2], total.shape[3], total.shape[4])  # (F, E, V, MB)
@@ -371,7 +377,7 @@ def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, di
 
 
 def _neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
-    """The ``count`` best layouts sharing ``idx``'s interleaving, micro-batch and expert degree.
+    """The ``count`` best layouts sharing ``idx``'s micro-batch size.
 
     Scored on the same tables. Used twice: among layouts tied with the proven optimum, the least
     memory wins (ties come from knobs that change memory but not time: ZeRO 1 against 2, a rank
@@ -379,7 +385,7 @@ def _neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
     """
     from planner.exhaustive import restrict, solve_exhaustive
 
-    sub = restrict(T, {k: [idx[k]] for k in ("v", "mb", "e")})
+    sub = restrict(T, {"mb": [idx["mb"]]})  # a fifth of the space or less: tight runner-up bounds, cheaply
     found, _ = solve_exhaustive(sub, count - 1)
     return [(value, sub.unrestrict(i)) for value, i in found]
 

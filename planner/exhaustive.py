@@ -40,8 +40,8 @@ class Scored:
 
 def layer_time(T: Tables, sl: slice) -> np.ndarray:
     """Per-micro-batch layer time ``X = C + TPC + CPC + EPC`` of the factorizations in ``sl``."""
-    tc, tpg, cpg, epg = T.tc_of_fe[sl], T.tpg_of_fo[sl], T.cpg_of_fo[sl], T.epg_of_foe[sl]
-    return (_place(T.C[tc], ("f", "e", "mb", "s", "r")) + _place(T.TPC[tpg], ("f", "o", "mb", "s", "r", "to"))
+    tc, tpc, cpg, epg = T.tc_of_fe[sl], T.tpc_of_foe[sl], T.cpg_of_fo[sl], T.epg_of_foe[sl]
+    return (_place(T.C[tc], ("f", "e", "mb", "s", "r")) + _place(T.TPC[tpc], ("f", "o", "e", "mb", "s", "r", "to"))
             + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
 
 
@@ -86,7 +86,7 @@ def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray,
     mem1 = static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans
     mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb"))
     code = np.where(np.maximum(mem1, mem2) > T.capacity, REASON_ORDER.index("memory"), -1)
-    for table, dims in ((T.ok_fs[sl], ("f", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_eo, ("e", "o")),
+    for table, dims in ((T.ok_fes[sl], ("f", "e", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_eo, ("e", "o")),
                         (T.ok_fe[sl], ("f", "e")),
                         (T.ok_fmbv[sl], ("f", "mb", "v")), (T.ok_f[sl], ("f",))):
         placed = _place(table, dims)
@@ -186,11 +186,12 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "tc_of_fe": ("f", "e"), "TPC": (None, "mb", "s", "r", "to"), "CPC": (None, "mb", "s"), "EPC": (None, "mb", "s", "r"),
         "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r"), "H": (None, "mb", "s"),
         "P2P": ("f", "o", "mb"), "DPS": ("f", "o", "v", "e", "z"), "DPM": ("f", "o", "v", "e", "z"),
+        "tpc_of_foe": ("f", "o", "e"),
         "OPT": ("f", "v", "e", "z"), "STATIC": ("f", "v", "e", "z"), "ACT": (None, "mb", "s", "r"),
         "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
         "M": ("f", "mb"), "IF1": ("f", "mb", "v"), "IF2": ("f", "mb", "v"), "tpg_of_fo": ("f", "o"),
         "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
-        "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fs": ("f", "s"), "ok_fo": ("f", "o"), "canon": ("f", "e", "s", "z", "o", "do", "to"),
+        "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"), "canon": ("f", "e", "s", "z", "o", "do", "to"),
     }
     space_attr = {"o": "order", "e": "ep", "v": "vp", "mb": "micro_batch_size", "s": "sequence_parallel",
                   "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap"}
@@ -202,6 +203,8 @@ def restrict(T: Tables, keep: dict) -> Tables:
                 arr = np.take(arr, keep[d], axis=ax)
         setattr(sub, name, arr)
     changes = {space_attr[k]: tuple(getattr(T.space, space_attr[k])[i] for i in v) for k, v in keep.items()}
+    if "e" in keep:  # the expert axis holds (ep, expert_tp) pairs
+        changes["expert_tp"] = tuple(T.space.expert_tp[i] for i in keep["e"])
     sub.space = replace(T.space, **changes)
     sub.unrestrict = RestrictedTables(T, keep).unrestrict
     return sub

@@ -40,6 +40,8 @@ def _moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
         out.append(("ep x2", lay.with_(ep=lay.ep * 2)))
     if lay.ep % 2 == 0:
         out.append(("ep /2", lay.with_(ep=lay.ep // 2)))
+    if moe and lay.ep > 1 and lay.tp * lay.cp > 1:  # expert tensor parallelism: tp <-> 1 (MoE parallel folding)
+        out.append(("etp 1" if lay.expert_tp else f"etp {lay.tp}", lay.with_(expert_tp=not lay.expert_tp)))
     i = RECOMPUTE_MODES.index(lay.recompute)
     for j in (i - 1, i + 1):
         if 0 <= j < len(RECOMPUTE_MODES):
@@ -61,6 +63,8 @@ def _outside(space: Space | None, lay: Layout) -> str | None:
         return None
     if (lay.tp, lay.pp, lay.dp, lay.cp) not in space.factorizations:
         return f"tp={lay.tp}, pp={lay.pp}, cp={lay.cp} is outside the searched degrees (bounds or tp/cp caps)"
+    if lay.ep > 1 and (lay.ep, lay.expert_tp) not in zip(space.ep, space.expert_tp):
+        return f"ep={lay.ep} with etp={'tp' if lay.expert_tp else 1} is outside the searched expert layouts"
     for knob, value in (("ep", lay.ep), ("vp", lay.vp), ("micro_batch_size", lay.micro_batch_size),
                         ("zero_stage", lay.zero_stage), ("recompute", lay.recompute),
                         ("sequence_parallel", lay.sequence_parallel), ("dp_overlap", lay.dp_overlap),

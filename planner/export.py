@@ -32,6 +32,8 @@ def megatron_args(doc: dict) -> str:
     notes = []
     if L["ep"] > 1:
         args.append(f"--expert-model-parallel-size {L['ep']}")
+        if not L.get("expert_tp", True):
+            args.append("--expert-tensor-parallel-size 1")
     if L["vp"] > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {model['num_layers'] // (L['pp'] * L['vp'])}")
     if L["sequence_parallel"]:
@@ -112,7 +114,9 @@ def torchtitan_toml(doc: dict) -> str:
         lines.insert(0, f"# ZeRO-{L['zero_stage']} has no torchtitan equivalent: plain replication is written "
                         "(FSDP shards everything, ZeRO-3)")
     if L["ep"] > 1 or L["vp"] > 1:
-        lines.insert(0, f"# set expert parallel {L['ep']} / virtual stages {L['vp']} as your torchtitan version names them")
+        etp = "" if L.get("expert_tp", True) else ", expert tensor parallel 1"
+        lines.insert(0, f"# set expert parallel {L['ep']}{etp} / virtual stages {L['vp']} as your torchtitan version "
+                        "names them")
     return "\n".join(lines)
 
 

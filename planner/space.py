@@ -16,10 +16,10 @@ from models.errors import SpecError
 from models.spec import ModelSpec
 from topologies.cluster import Cluster
 
-KNOBS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "sequence_parallel", "recompute",
+KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
          "zero_stage", "order", "dp_overlap", "tp_overlap")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
-                "placement": "order"}
+                "placement": "order", "expert_tp": "etp"}
 MBS_CANDIDATES = (1, 2, 4, 8)
 VP_CANDIDATES = (1, 2, 4, 8)
 CP_MAX = 32
@@ -30,7 +30,7 @@ REASONS = {
     "layers": "pp * vp exceeds the number of layers",
     "interleave": "interleaving needs pp > 1 and micro-batches divisible by pp",
     "context": "seq_len not divisible by 2 * cp",
-    "experts": "ep does not divide the experts or dp",
+    "experts": "ep does not divide the experts or dp (with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
     "placement": "expert groups laid across pipeline stages",
     "sequence_parallel": "sequence parallelism without tensor parallelism",
     "alignment": "parallel groups not aligned with the scale-up domains",
@@ -65,6 +65,7 @@ class Space:
 
     factorizations: tuple[tuple[int, int, int, int], ...]
     ep: tuple[int, ...]
+    expert_tp: tuple[bool, ...]  # one per ep entry: the expert axis holds (ep, expert_tp) pairs
     vp: tuple[int, ...]
     micro_batch_size: tuple[int, ...]
     sequence_parallel: tuple[bool, ...]
@@ -81,6 +82,10 @@ class Space:
                      "order", "dp_overlap", "tp_overlap"):
             n *= len(getattr(self, name))
         return n
+
+    def expert(self, e: int) -> tuple[int, bool]:
+        """The ``(ep, expert_tp)`` pair at index ``e`` of the expert axis."""
+        return self.ep[e], self.expert_tp[e]
 
 
 def divisors(n: int) -> list[int]:
@@ -111,10 +116,15 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
             values = tuple(values) + (fixed,)
         return tuple(v for v in values if b.allows(knob, v))
 
+    # The expert axis: every ep with experts sharded like the dense MLP, then every ep > 1 folded
+    # (expert tensor parallelism 1, Megatron-Core's MoE parallel folding).
     ep_values = (1,) if model.moe is None else tuple(divisors(model.moe.num_experts))
+    experts = [(e, True) for e in pick("ep", ep_values)] + [(e, False) for e in pick("ep", ep_values) if e > 1]
+    experts = [(e, t) for e, t in experts if "expert_tp" not in b.fixed or b.fixed["expert_tp"] == t or e == 1]
     space = Space(
         factorizations=tuple(facts),
-        ep=pick("ep", ep_values),
+        ep=tuple(e for e, _ in experts),
+        expert_tp=tuple(t for _, t in experts),
         vp=pick("vp", VP_CANDIDATES),
         micro_batch_size=pick("micro_batch_size", MBS_CANDIDATES),
         sequence_parallel=pick("sequence_parallel", (False, True)),
@@ -182,12 +192,22 @@ def batch_ok(model: ModelSpec, job: Job, pp: int, dp: int, mbs: int, vp: int) ->
     return None
 
 
-def expert_ok(model: ModelSpec, dp: int, ep: int) -> str | None:
+def expert_ok(model: ModelSpec, tp: int, dp: int, cp: int, ep: int, expert_tp: bool = True) -> str | None:
+    """ep divides the experts and is carved from dp, or (folded) from the tp x cp block and dp."""
     if ep == 1:
         return None
-    if model.moe is None or model.moe.num_experts % ep or dp % ep:
+    if model.moe is None or model.moe.num_experts % ep:
         return "experts"
-    return None
+    if expert_tp:
+        return "experts" if dp % ep else None
+    inner = tp * cp
+    return "experts" if ep % inner or dp % (ep // inner) else None
+
+
+def folding_ok(tp: int, ep: int, expert_tp: bool, sp: bool) -> str | None:
+    """Folded experts with tensor parallelism need sequence parallelism (each rank dispatches its
+    own tokens; Megatron-Core requires sp for MoE with tp > 1)."""
+    return "experts" if ep > 1 and not expert_tp and tp > 1 and not sp else None
 
 
 def placement_ok(ep: int, order: str) -> str | None:
@@ -203,7 +223,7 @@ def _representative(domain, preferred):
 
 
 def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, order: str,
-              dp_overlap: bool, tp_overlap: bool, space: "Space | None" = None) -> bool:
+              dp_overlap: bool, tp_overlap: bool, space: "Space | None" = None, expert_tp: bool = True) -> bool:
     """True for the one representative of layouts that differ only in knobs without effect.
 
     tp_overlap means nothing at tp=1; ZeRO and DP overlap nothing without data parallelism; orders
@@ -214,6 +234,8 @@ def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, 
     """
     orders = space.order if space else ORDERS
     if tp == 1 and tp_overlap != _representative(space.tp_overlap if space else (False, True), False):
+        return False
+    if not expert_tp and tp * cp == 1:  # folding over a block of one rank: the unfolded layout
         return False
     if dp * cp == 1:
         if zero != _representative(space.zero_stage if space else (0, 1, 2, 3), 0):
@@ -258,11 +280,11 @@ def sequence_parallel_ok(tp: int, sp: bool) -> str | None:
 
 
 def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool, recompute: str,
-              zero: int, order: str, dp_overlap: bool, tp_overlap: bool) -> Layout:
+              zero: int, order: str, dp_overlap: bool, tp_overlap: bool, expert_tp: bool = True) -> Layout:
     tp, pp, dp, cp = f
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, micro_batch_size=mbs, sequence_parallel=sp,
                   recompute=recompute, zero_stage=zero, order=order, dp_overlap=dp_overlap,
-                  tp_overlap=tp_overlap)
+                  tp_overlap=tp_overlap, expert_tp=expert_tp)
 
 
 def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maximum: tuple[str, ...] = (),
@@ -279,6 +301,11 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
                 key = KNOB_ALIASES.get(part.split("=")[0].strip(), part.split("=")[0].strip())
                 if key not in KNOBS:
                     raise SpecError(f"{flag}: unknown knob {key!r}; allowed: {', '.join(KNOBS)}")
+                if key == "etp":  # expert tensor parallelism: 1 (folded) or tp, held as Layout.expert_tp
+                    if numeric_only:
+                        raise SpecError(f"{flag}: etp takes 1 or tp; use --fix etp=1 (folded) or --fix etp=<tp>")
+                    out["expert_tp"] = parse_layout(part.strip()).expert_tp
+                    continue
                 value = getattr(parse_layout(f"{key}={part.split('=', 1)[1]}"), key)  # knob aliases too
                 if numeric_only and not isinstance(value, int) or isinstance(value, bool) and numeric_only:
                     raise SpecError(f"{flag}: {key} is not numeric; use --fix for it")

@@ -37,8 +37,8 @@ from cost.terms import (
     head_terms, layers_on_stage, optimizer_s, p2p_s, param_counts, tp_comm_terms,
 )
 from planner.space import (
-    Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, layout_of, placement_ok,
-    sequence_parallel_ok, traversal_duplicates,
+    Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
+    placement_ok, sequence_parallel_ok, traversal_duplicates,
 )
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
@@ -58,15 +58,16 @@ class Tables:
 
     space: Space
     # index maps over (f,), (f, o), (f, o, e)
-    tc_of_fe: np.ndarray  # (F, E) -> index of (tp, cp, ep): compute
+    tc_of_fe: np.ndarray  # (F, E) -> index of (tp, cp, ep, expert_tp): compute
     ta_of_f: np.ndarray  # (F,) -> index of (tp, cp): activation memory
-    tpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, tp_stride, devices)
+    tpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, tp_stride, devices): LM head
+    tpc_of_foe: np.ndarray  # (F, O, E) -> index of (tp group, whether MoE layers have TP comm): layer TP comm
     cpg_of_fo: np.ndarray  # (F, O) -> index of (tp, cp, cp_stride, devices)
-    epg_of_foe: np.ndarray  # (F, O, E) -> index of (tp, cp, ep, ep_stride, devices)
+    epg_of_foe: np.ndarray  # (F, O, E) -> index of (tp, cp, ep, expert group ranks or devices)
     # time tables (TIME_QUANTUM_S)
-    C: np.ndarray  # (TC, MB, S, R) compute fwd+bwd+recompute, all layers, one micro-batch; TC = (tp, cp, ep)
+    C: np.ndarray  # (TC, MB, S, R) compute fwd+bwd+recompute, all layers, one micro-batch; TC = (tp, cp, ep, etp)
     BWD: np.ndarray  # (TC, MB, S, R) backward compute only
-    TPC: np.ndarray  # (TPG, MB, S, R, TO)
+    TPC: np.ndarray  # (TPC, MB, S, R, TO)
     CPC: np.ndarray  # (CPG, MB, S)
     EPC: np.ndarray  # (EPG, MB, S, R)
     H: np.ndarray  # (TPG, MB, S) LM head per micro-batch
@@ -91,7 +92,7 @@ class Tables:
     ok_fmbv: np.ndarray  # (F, MB, V)
     ok_fe: np.ndarray  # (F, E)
     ok_eo: np.ndarray  # (E, O)
-    ok_fs: np.ndarray  # (F, S)
+    ok_fes: np.ndarray  # (F, E, S): sequence parallelism needs tp > 1; folded experts with tp > 1 need it
     ok_fo: np.ndarray  # (F, O)
     canon: np.ndarray  # (F, E, S, Z, O, DO, TO) bool
     # objective = time_weight * step time + busy_weight * busy time (cost.energy.objective_weights)
@@ -134,15 +135,19 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
 
     F, O, E = len(probe), len(S.order), len(S.ep)
     tp_keys, cp_keys = np.empty((F, O), object), np.empty((F, O), object)
-    ep_keys = np.empty((F, O, E), object)
+    tpc_keys, ep_keys = np.empty((F, O, E), object), np.empty((F, O, E), object)
     for i, row in enumerate(probe):
         for j, (l, c) in enumerate(zip(row, placed)):
             tp_keys[i, j] = (l.tp, l.cp, l.stride("tp"), where(c, l.tp, l.stride("tp")))
             cp_keys[i, j] = (l.tp, l.cp, l.stride("cp"), where(c, min(l.cp, 2), l.stride("cp")))
-            for k, e in enumerate(S.ep):
-                st = l.stride("dp") if e > 1 else 0
-                ep_keys[i, j, k] = (l.tp, l.cp, e, st, where(c, e, st) if e > 1 else None)
-    return (*_group_index(tp_keys, placed), *_group_index(cp_keys, placed), *_group_index(ep_keys, placed))
+            for k, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
+                tpc_keys[i, j, k] = tp_keys[i, j] + (et or e == 1,)
+                ranks = ()
+                if e > 1 and expert_ok(ctx.model, l.tp, l.dp, l.cp, e, et) is None:
+                    ranks = l.with_(ep=e, expert_tp=et).group("ep")
+                ep_keys[i, j, k] = (l.tp, l.cp, e, c.cluster.devices(ranks) if torus and ranks else ranks)
+    return (*_group_index(tp_keys, placed), *_group_index(tpc_keys, placed), *_group_index(cp_keys, placed),
+            *_group_index(ep_keys, placed))
 
 
 def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignore_memory: bool = False,
@@ -153,38 +158,39 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     F, O, E = len(S.factorizations), len(S.order), len(S.ep)
     probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
-    tc_pos, tc_keys = _index([(f[0], f[3], e) for f in S.factorizations for e in S.ep])
-    tc_of_fe = np.array([[tc_pos[(f[0], f[3], e)] for e in S.ep] for f in S.factorizations])
+    experts = list(zip(S.ep, S.expert_tp))
+    tc_pos, tc_keys = _index([(f[0], f[3], e, et) for f in S.factorizations for e, et in experts])
+    tc_of_fe = np.array([[tc_pos[(f[0], f[3], e, et)] for e, et in experts] for f in S.factorizations])
     ta_pos, ta_keys = _index([(f[0], f[3]) for f in S.factorizations])  # memory does not depend on ep
     ta_of_f = np.array([ta_pos[(f[0], f[3])] for f in S.factorizations])
-    tpg_of_fo, tpg_keys, tpg_ctx, cpg_of_fo, cpg_keys, cpg_ctx, epg_of_foe, epg_keys, epg_ctx = _group_keys(
-        ctx, S, probe, placed)
+    (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
+     epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
 
     MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
-    comp = [[[[compute_terms(ctx, tp, cp, mb, sp, rc, e) for rc in RC] for sp in SP] for mb in MB]
-            for tp, cp, e in tc_keys]
+    comp = [[[[compute_terms(ctx, tp, cp, mb, sp, rc, e, et) for rc in RC] for sp in SP] for mb in MB]
+            for tp, cp, e, et in tc_keys]
     C = _qt([[[[c.forward_s + c.backward_s + c.recompute_s for c in r] for r in s] for s in m] for m in comp])
     BWD = _qt([[[[c.backward_s for c in r] for r in s] for s in m] for m in comp])
     mem = [[[[compute_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
     ACT = _qb([[[[c.act_bytes_per_layer for c in r] for r in s] for s in m] for m in mem])
     TRANS = _qb([[[[c.act_transient_bytes for c in r] for r in s] for s in m] for m in mem])
-    TPC = _qt([[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to) for to in TO] for rc in RC] for sp in SP]
-                for mb in MB] for (tp, cp, st, _), c in zip(tpg_keys, tpg_ctx)])
+    TPC = _qt([[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp) for to in TO] for rc in RC] for sp in SP]
+                for mb in MB] for (tp, cp, st, _, moe_tp), c in zip(tpc_keys, tpc_ctx)])
     CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB]
                for (tp, cp, st, _), c in zip(cpg_keys, cpg_ctx)])
-    n_dev = ctx.cluster.num_devices  # (e, stride) pairs past the device count are masked by ok_fe
-    EPC = _qt([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, st) if e * st <= n_dev else 0.0 for rc in RC]
-                 for sp in SP] for mb in MB] for (tp, cp, e, st, _), c in zip(epg_keys, epg_ctx)])
+    # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
+    EPC = _qt([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, _ranks(c, group)) if group else 0.0 for rc in RC]
+                 for sp in SP] for mb in MB] for (tp, cp, e, group), c in zip(epg_keys, epg_ctx)])
     heads = [[[head_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for (tp, cp, st, _), c in zip(tpg_keys, tpg_ctx)]
     H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
     LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
     P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in MB] for l in row] for row in probe])
     DPS, DPM, OPT, STATIC = _dp_tables(ctx, S)
     U, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
-    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, ok_fo = _masks(ctx, S)
+    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
     order_ok = _order_representatives(S)
     if len({split_order(o)[1] for o in S.order}) > 1:  # torus traversals that change nothing count once
-        rows = lambda i, j: (TPC[tpg_of_fo[i, j]].tobytes(), H[tpg_of_fo[i, j]].tobytes(), CPC[cpg_of_fo[i, j]].tobytes(),
+        rows = lambda i, j: (TPC[tpc_of_foe[i, j]].tobytes(), H[tpg_of_fo[i, j]].tobytes(), CPC[cpg_of_fo[i, j]].tobytes(),
                              EPC[epg_of_foe[i, j]].tobytes(), P2P[i, j].tobytes(), DPS[i, j].tobytes(),
                              DPM[i, j].tobytes(), int(ok_fo[i, j]), ok_eo[:, j].tobytes())
         for i in range(F):
@@ -194,10 +200,11 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
     if ignore_memory:
         capacity = 2**50
-    return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
+    return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe,
+                  cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
                   C=C, BWD=BWD, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM,
                   OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
-                  IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fs=ok_fs,
+                  IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fes=ok_fes,
                   ok_fo=ok_fo, canon=canon, time_weight=int(weights[0]), busy_weight=int(weights[1]))
 
 
@@ -216,10 +223,10 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     opt, static = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
     L, g = ctx.model.num_layers, ctx.job.grad_bytes
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
-        for ei, e in enumerate(S.ep):
-            if dp % e:
+        for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
+            if expert_ok(ctx.model, tp, dp, cp, e, et) is not None:
                 continue
-            profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o) if dp * cp > 1 else (None, None) for o in S.order]
+            profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o, et) if dp * cp > 1 else (None, None) for o in S.order]
             # Orders whose groups get the same fabric profiles (torus traversals, often) share the
             # traffic: ``first[oi]`` is the first order with oi's profiles.
             seen: dict = {}
@@ -227,9 +234,9 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
             for vi, v in enumerate(S.vp):
                 if pp * v > L or (v > 1 and pp == 1):
                     continue
-                pc = param_counts(ctx.model, tp, pp, v, e)
+                pc = param_counts(ctx.model, tp, pp, v, e, et)
                 for zi, z in enumerate(S.zero_stage):
-                    base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z)
+                    base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et)
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base)
                     static[i, vi, ei, zi] = memory_static_bytes(ctx, base)
                     for oi, (dense, expert) in enumerate(profiles):
@@ -277,16 +284,30 @@ def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
             for vi, v in enumerate(S.vp):
                 reason = batch_ok(model, job, pp, dp, mb, v)
                 ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
-        for ei, e in enumerate(S.ep):
-            reason = expert_ok(model, dp, e)
+        for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
+            reason = expert_ok(model, tp, dp, cp, e, et)
             ok_fe[i, ei] = -1 if reason is None else code[reason]
     ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
-    ok_fs = np.array([[-1 if sequence_parallel_ok(f[0], sp) is None else code["sequence_parallel"]
-                       for sp in S.sequence_parallel] for f in S.factorizations])
+    ok_fes = np.array([[[_sp_code(code, f[0], e, et, sp) for sp in S.sequence_parallel]
+                        for e, et in zip(S.ep, S.expert_tp)] for f in S.factorizations]).reshape(
+        len(S.factorizations), len(S.ep), len(S.sequence_parallel))
     domain = ctx.cluster.occupied_domain_size
     ok_fo = np.array([[-1 if alignment_ok(*f, o, domain) is None else code["alignment"] for o in S.order]
                       for f in S.factorizations])
-    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fs, ok_fo
+    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo
+
+
+def _sp_code(code: dict, tp: int, ep: int, expert_tp: bool, sp: bool) -> int:
+    reason = sequence_parallel_ok(tp, sp) or folding_ok(tp, ep, expert_tp, sp)
+    return -1 if reason is None else code[reason]
+
+
+def _ranks(ctx: Context, group) -> tuple[int, ...]:
+    """The ranks of an expert-group key's devices (keys hold devices on a torus, ranks elsewhere)."""
+    if not group or ctx.cluster.rank_to_device is None:
+        return tuple(group)
+    inverse = {int(d): r for r, d in enumerate(ctx.cluster.rank_to_device)}
+    return tuple(sorted(inverse[d] for d in group))
 
 
 def _order_representatives(S: Space) -> np.ndarray:
@@ -311,8 +332,11 @@ def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
     tp_bad = tp1[:, None, None, None, None, None, None] & to[None, None, None, None, None, None, :]
     dp_bad = dp1[:, None, None, None, None, None, None] & (zero[None, None, None, :, None, None, None]
                                                           | do[None, None, None, None, None, :, None])
+    block1 = facts[:, 0] * facts[:, 3] == 1  # folding over a one-rank tp x cp block changes nothing
+    folded = ~np.array(S.expert_tp, bool)
+    fold_bad = block1[:, None, None, None, None, None, None] & folded[None, :, None, None, None, None, None]
     shape = (len(facts), len(S.ep), len(S.sequence_parallel), len(zero), len(S.order), len(do), len(to))
-    return np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad
+    return np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad & ~fold_bad
 
 
 def _only_order_differs(tp: int, pp: int, dp: int, cp: int, order: str, S: Space) -> bool:
@@ -326,4 +350,4 @@ def layout_from_indices(space: Space, idx: dict) -> Layout:
     S = space
     return layout_of(S.factorizations[idx["f"]], S.ep[idx["e"]], S.vp[idx["v"]], S.micro_batch_size[idx["mb"]],
                      S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],
-                     S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]])
+                     S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]], S.expert_tp[idx["e"]])

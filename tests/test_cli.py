@@ -400,3 +400,13 @@ def test_plan_on_a_torus_says_which_torus_axes_each_axis_uses():
     assert "on the torus: tp: y (4, wraparound); dp: x (4, wraparound) x z (8, wraparound)" in result.stdout
     bad = run(*args[:9], "--fix", "order=tp-cp-dp-pp@xy")
     assert bad.exit_code == 2 and "--fix order" in bad.stderr and "x, y, z" in bad.stderr
+
+
+def test_etp_on_the_command_line():
+    common = ["--model", "mixtral", "--cluster", "dgx-h100-superpod", "--devices", "64"]
+    doc = run_json("plan", *common, "--fix", "tp=4,ep=8,sp=on,etp=1", "--top", "0")
+    assert doc["layout"]["expert_tp"] is False and doc["layout"]["ep"] == 8
+    export = run("export", "--format", "megatron", *common, "--fix", "tp=4,ep=8,sp=on,etp=1")
+    assert export.exit_code == 0 and "--expert-tensor-parallel-size 1" in export.stdout
+    bad = run("evaluate", *common, "--layout", "tp=4,dp=16,ep=2,etp=1,sp=on")
+    assert bad.exit_code == 2 and "etp=1" in bad.stderr

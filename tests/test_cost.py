@@ -825,3 +825,60 @@ def test_deepseek_v3_all_to_all_halves_with_node_limited_routing():
     free = evaluate(model.model_copy(update={"moe": model.moe.model_copy(update={"max_nodes_per_token": None})}),
                     job, cluster, layout).time.ep_comm_s
     assert 0 < limited < 0.75 * free
+
+
+# ---- MoE parallel folding (expert tensor parallelism 1, ep carved from tp x cp x dp) ------------------
+def test_folded_expert_group_is_the_tp_block_times_part_of_dp():
+    folded = parse_layout("tp=2,dp=8,ep=8,etp=1,sp=on")
+    assert not folded.expert_tp and "etp=1" in folded.short()
+    assert folded.group("ep") == tuple(range(8))  # tp ranks {0,1} x dp ranks {0,2,4,6}
+    assert folded.group("edp") == (0, 8)  # tp*dp/ep = 2 replicas of each expert
+    plain = Layout(tp=2, dp=8, ep=4)
+    assert plain.group("ep") == (0, 2, 4, 6) and plain.group("edp") == (0, 8)
+    assert parse_layout("tp=4,ep=4,etp=4").expert_tp
+    with pytest.raises(SpecError, match="layout.etp"):
+        parse_layout("tp=4,ep=4,etp=2")
+
+
+def test_folded_experts_are_whole_and_shard_over_tp_times_dp():
+    """Folded: each rank holds E/ep whole experts (not split tp ways); ZeRO shards them over the
+    tp*cp*dp/ep ranks that hold the same experts."""
+    from cost.terms import owned_params
+
+    model = get_model("mixtral-8x7b")
+    plain = param_counts(model, 4, 1, 1, 8, True)
+    folded = param_counts(model, 4, 1, 1, 8, False)
+    assert folded.dense == pytest.approx(plain.dense, rel=REL)
+    assert folded.expert == pytest.approx(4 * plain.expert, rel=REL)
+    lay = Layout(tp=4, dp=16, ep=8, expert_tp=False, sequence_parallel=True)
+    assert owned_params(folded, lay, True) == pytest.approx(folded.dense / 16 + folded.expert / (4 * 16 // 8), rel=REL)
+
+
+def test_folding_drops_the_mlp_tensor_parallel_collectives_of_moe_layers():
+    """An all-MoE model (Mixtral): with folded experts only the attention's two collectives per layer
+    remain, half of the four; the compute FLOPs are the same."""
+    model = get_model("mixtral-8x7b")
+    assert model.num_dense_layers == 0
+    ctx = Context(model, Job(global_batch_size=64, seq_len=4096), build_cluster("dgx-h100-superpod", num_devices=64))
+    full = tp_comm_terms(ctx, 4, 1, 1, True, "none", 1, False, True)
+    folded = tp_comm_terms(ctx, 4, 1, 1, True, "none", 1, False, False)
+    assert folded == pytest.approx(full / 2, rel=REL)
+
+
+def test_folded_expert_all_to_all_stays_in_the_node():
+    """tp=4, ep=8 on 8-GPU nodes: folded, the expert group is 8 adjacent GPUs (NVLink only); carved
+    from dp alone it strides 4 and spans 4 nodes (InfiniBand). With Mixtral's long sequences the
+    saved traffic outweighs reading whole experts, so folding is faster here (with short ones it
+    is not: whole experts cost weight reads and larger expert gradients)."""
+    model = get_model("mixtral-8x7b")
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    job = Job(global_batch_size=128, seq_len=32768)
+    plain = evaluate(model, job, cluster, Layout(tp=4, dp=16, ep=8, sequence_parallel=True))
+    folded = evaluate(model, job, cluster, Layout(tp=4, dp=16, ep=8, sequence_parallel=True, expert_tp=False))
+    assert cluster.group_profile(Layout(tp=4, dp=16, ep=8, expert_tp=False).group("ep")).num_domains == 1
+    assert cluster.group_profile(Layout(tp=4, dp=16, ep=8).group("ep")).num_domains == 4
+    assert folded.time.ep_comm_s < plain.time.ep_comm_s
+    assert folded.time.tp_comm_s == pytest.approx(plain.time.tp_comm_s / 2, rel=1e-6)
+    assert folded.step_time_s < plain.step_time_s
+    problems = layout_problems(model, job, cluster, Layout(tp=4, dp=16, ep=8, expert_tp=False))
+    assert any("sequence parallelism" in msg for _, msg in problems)

@@ -543,3 +543,28 @@ def test_order_domain_off_and_on_a_torus():
         assert words in str(err.value)
     with pytest.raises(SpecError, match="x, y, z of the 4x4x8 slice"):
         fixed("tp-cp-dp-pp@yx")
+
+
+# ---- MoE parallel folding in the search ------------------------------------------------------------
+def test_expert_axis_holds_folded_pairs_and_the_search_can_pick_them():
+    model = get_model("mixtral-8x7b")
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    job = Job(global_batch_size=128, seq_len=32768)
+    space = build_space(model, job, cluster, Bounds())
+    pairs = list(zip(space.ep, space.expert_tp))
+    assert (8, True) in pairs and (8, False) in pairs and (1, False) not in pairs
+    fixed = Bounds(fixed={"tp": 4, "ep": 8, "sequence_parallel": True})
+    res = {e: plan(model, job, cluster, SearchOptions(engine=e, top_k=2, bounds=fixed)) for e in ("cpsat", "exhaustive")}
+    _assert_same_search(res["cpsat"], res["exhaustive"])
+    assert not res["cpsat"].best.layout.expert_tp  # folded keeps the all-to-all inside a node here
+    only_tp = plan(model, job, cluster, SearchOptions(top_k=0, bounds=Bounds(fixed={**fixed.fixed, "expert_tp": True})))
+    assert only_tp.best.layout.expert_tp and only_tp.best.step_time_s > res["cpsat"].best.step_time_s
+
+
+def test_fix_etp_parses_to_expert_tp():
+    from planner.space import parse_bounds
+
+    assert parse_bounds(("etp=1",)).fixed == {"expert_tp": False}
+    assert parse_bounds(("tp=4,etp=4",)).fixed == {"tp": 4, "expert_tp": True}
+    with pytest.raises(SpecError, match="etp"):
+        parse_bounds((), ("etp=1",))
