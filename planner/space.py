@@ -304,7 +304,9 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
                 if key == "etp":  # expert tensor parallelism: 1 (folded) or tp, held as Layout.expert_tp
                     if numeric_only:
                         raise SpecError(f"{flag}: etp takes 1 or tp; use --fix etp=1 (folded) or --fix etp=<tp>")
-                    out["expert_tp"] = parse_layout(part.strip()).expert_tp
+                    etp = parse_layout(f"ep=1,{part.strip()}")  # checks the value is a positive integer
+                    out["expert_tp"] = etp.expert_tp
+                    out["_etp"] = int(part.split("=", 1)[1])
                     continue
                 value = getattr(parse_layout(f"{key}={part.split('=', 1)[1]}"), key)  # knob aliases too
                 if numeric_only and not isinstance(value, int) or isinstance(value, bool) and numeric_only:
@@ -314,6 +316,10 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
 
     if not 0 <= memory_headroom < 1:
         raise SpecError(f"--memory-headroom: got {memory_headroom:.0%}; allowed: 0% to 99%")
-    return Bounds(parse(fix, "--fix", False), parse(minimum, "--min", True), parse(maximum, "--max", True),
-                  memory_headroom)
+    fixed = parse(fix, "--fix", False)
+    etp = fixed.pop("_etp", None)
+    if etp is not None and etp != 1 and fixed.get("tp") != etp:
+        raise SpecError(f"--fix etp={etp}: allowed 1 (whole experts, ep carved from tp*cp*dp) or the tp degree; "
+                        f"fix tp too (--fix tp={etp},etp={etp}) or use etp=1")
+    return Bounds(fixed, parse(minimum, "--min", True), parse(maximum, "--max", True), memory_headroom)
 

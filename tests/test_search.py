@@ -568,3 +568,7 @@ def test_fix_etp_parses_to_expert_tp():
     assert parse_bounds(("tp=4,etp=4",)).fixed == {"tp": 4, "expert_tp": True}
     with pytest.raises(SpecError, match="etp"):
         parse_bounds((), ("etp=1",))
+    with pytest.raises(SpecError, match="--fix etp=4"):
+        parse_bounds(("etp=4",))
+    with pytest.raises(SpecError, match="etp"):
+        parse_bounds(("etp=0",))
