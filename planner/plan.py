@@ -19,7 +19,7 @@ from cost.energy import has_idle_power, step_cost_usd, step_energy_j
 from cost.layout import Job
 from cost.step import Evaluation
 from models.spec import ModelSpec
-from planner.explain import explain
+from planner.explain import explain, placement
 from planner.space import REASONS
 from topologies.cluster import Cluster
 
@@ -105,4 +105,7 @@ def evaluation_document(model: ModelSpec, job: Job, cluster: Cluster, ev: Evalua
     doc.update(evaluation_dict(ev, job, cluster))
     doc["runners_up"] = []
     doc["rejections"] = {}
+    torus = placement(cluster, ev.layout)
+    if torus:
+        doc["explanation"] = {"placement": torus}
     return doc

@@ -410,3 +410,9 @@ def test_etp_on_the_command_line():
     assert export.exit_code == 0 and "--expert-tensor-parallel-size 1" in export.stdout
     bad = run("evaluate", *common, "--layout", "tp=4,dp=16,ep=2,etp=1,sp=on")
     assert bad.exit_code == 2 and "etp=1" in bad.stderr
+
+
+def test_evaluate_reports_the_torus_placement():
+    result = run("evaluate", "--model", "llama2-7b", "--cluster", "tpu-v5p-pod", "--devices", "128",
+                 "--layout", "tp=4,dp=32,order=tp-cp-dp-pp@xyz")
+    assert result.exit_code == 0 and "on the torus: tp: x (4, wraparound)" in result.stdout
