@@ -34,12 +34,15 @@ class Op:
     causal_fraction: float = 1.0  # share of ``flops`` a causal fused kernel executes
     core: bool = False  # part of the core attention (what selective recomputation re-runs)
     backward_factor: float = 0.0  # backward over forward work; 0: the kind's default (cost.compute)
+    rows: float = 0.0  # GEMM output rows (M) of one group; 0: unknown (no tile quantization)
+    cols: float = 0.0  # GEMM output columns (N) of one group
+    groups: int = 1  # independent GEMMs of that shape in one launch (grouped experts, batched heads)
 
 
 def _gemm(name: str, m: float, k: float, n: float) -> Op:
     flops = 2.0 * m * k * n
     data = ACT_BYTES * (m * k + k * n + m * n)
-    return Op(name, "gemm", flops, data, input_elements=m * k)
+    return Op(name, "gemm", flops, data, input_elements=m * k, rows=m, cols=n)
 
 
 def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, attention: str = "flash") -> list[Op]:
@@ -82,13 +85,16 @@ def unfused_attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp
     scores = ACT_BYTES * num_tokens * kv_len * a / tp
     q, k = ACT_BYTES * num_tokens * a * qk / tp, ACT_BYTES * kv_len * g * qk / tp
     vals, out = ACT_BYTES * kv_len * g * v / tp, ACT_BYTES * num_tokens * a * v / tp
+    heads = max(1, round(a / tp))
     ops = [
-        Op("scores", "bmm", 2.0 * num_tokens * kv_len * a * qk / tp, q + k + scores, core=True),
+        Op("scores", "bmm", 2.0 * num_tokens * kv_len * a * qk / tp, q + k + scores, core=True,
+           rows=num_tokens, cols=kv_len, groups=heads),
         Op("softmax", "memory", 0.0, 2 * scores, core=True, backward_factor=1.5),
     ]
     if model.dropout:
         ops.append(Op("attention_dropout", "memory", 0.0, 2.5 * scores, core=True, backward_factor=1.0))
-    ops.append(Op("context", "bmm", 2.0 * num_tokens * kv_len * a * v / tp, scores + vals + out, core=True))
+    ops.append(Op("context", "bmm", 2.0 * num_tokens * kv_len * a * v / tp, scores + vals + out, core=True,
+                  rows=num_tokens, cols=v, groups=heads))
     return ops
 
 
@@ -124,14 +130,17 @@ def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_expert
     ffn = e.expert_ffn_hidden_size
     shards = tp if expert_tp else 1
     up_weights, down_weights = experts * h * ups * ffn / shards, experts * ffn / shards * h
+    per_expert = routed / experts / (1 if expert_tp else tp)  # rows of each expert's GEMM on this rank
     ops = [
         _gemm("router", local, h, e.num_experts),
         Op("permute", "memory", 0.0, 2 * ACT_BYTES * routed * h / tp),
         Op("experts_up", "gemm", 2.0 * routed * h * ups * ffn / tp,
-           ACT_BYTES * (routed * h + up_weights + routed * ups * ffn / tp), input_elements=routed * h),
+           ACT_BYTES * (routed * h + up_weights + routed * ups * ffn / tp), input_elements=routed * h,
+           rows=per_expert, cols=ups * ffn / shards, groups=max(1, round(experts))),
         Op("experts_act", "memory", 0.0, ACT_BYTES * routed * ffn * (ups + 1) / tp),
         Op("experts_down", "gemm", 2.0 * routed * ffn / tp * h,
-           ACT_BYTES * (routed * ffn / tp + down_weights + routed * h), input_elements=routed * ffn / tp),
+           ACT_BYTES * (routed * ffn / tp + down_weights + routed * h), input_elements=routed * ffn / tp,
+           rows=per_expert, cols=h, groups=max(1, round(experts))),
     ]
     if e.num_shared_experts:
         ops += mlp_ops(model, num_tokens, e.num_shared_experts * ffn, tp, name="shared")

@@ -20,8 +20,8 @@ class GemmEfficiency(BaseModel):
     """Achieved fraction of dense peak for large matrix multiplies.
 
     ``large`` is the maximum achievable matmul FLOP/s (MAMF, ml-engineering) divided by the dense
-    peak. Smaller GEMMs pay the device's fixed ``kernel_overhead_s`` on top, so their efficiency
-    falls with size without a separate curve.
+    peak. Smaller GEMMs lose to tile and wave quantization (``cost.compute.wave_efficiency``, from
+    ``sm_count``) and pay the device's fixed ``kernel_overhead_s`` on top.
     """
 
     model_config = _FROZEN
@@ -29,6 +29,15 @@ class GemmEfficiency(BaseModel):
     large: float = Field(gt=0, le=1, description="Fraction of peak for large bf16/fp16 GEMMs (MAMF / peak).")
     large_fp8: float | None = Field(None, gt=0, le=1, description="Same for FP8 GEMMs, if measured.")
     source: str = Field(description="Where the efficiency was measured.")
+    sm_count: int | None = Field(
+        None, gt=0,
+        description="Streaming multiprocessors that run GEMM output tiles in waves (NVIDIA); None: no "
+                    "tile/wave quantization is modelled for this device.",
+    )
+    mamf_shape: tuple[int, int, int] | None = Field(
+        None, description="M, N, K of the GEMM whose FLOP/s is ``large`` (its own wave efficiency is "
+                          "divided out, so that ``large`` is not charged twice); None: taken as 1.",
+    )
 
 
 class DeviceSpec(BaseModel):
