@@ -68,7 +68,7 @@ def test_regression_bounds(bundled):
 
 
 def test_fidelity_target_median(bundled):
-    """Issue 3's median target: |step-time error| <= 10% on the bundled runs (8.6% today)."""
+    """Issue 3's median target: |step-time error| <= 10% on the bundled runs (6.0% today)."""
     assert bundled["summary"]["overall"]["median_abs_error"] <= 0.10
 
 
