@@ -179,8 +179,9 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB]
                for (tp, cp, st, _), c in zip(cpg_keys, cpg_ctx)])
     # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
-    EPC = _qt([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, _ranks(c, group)) if group else 0.0 for rc in RC]
-                 for sp in SP] for mb in MB] for (tp, cp, e, group), c in zip(epg_keys, epg_ctx)])
+    ep_ranks = [_ranks(c, group) for (_, _, _, group), c in zip(epg_keys, epg_ctx)]
+    EPC = _qt([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks) if ranks else 0.0 for rc in RC]
+                 for sp in SP] for mb in MB] for (tp, cp, e, _), c, ranks in zip(epg_keys, epg_ctx, ep_ranks)])
     heads = [[[head_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for (tp, cp, st, _), c in zip(tpg_keys, tpg_ctx)]
     H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
     LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
@@ -306,8 +307,22 @@ def _ranks(ctx: Context, group) -> tuple[int, ...]:
     """The ranks of an expert-group key's devices (keys hold devices on a torus, ranks elsewhere)."""
     if not group or ctx.cluster.rank_to_device is None:
         return tuple(group)
-    inverse = {int(d): r for r, d in enumerate(ctx.cluster.rank_to_device)}
-    return tuple(sorted(inverse[d] for d in group))
+    inverse = _device_to_rank(ctx.cluster)
+    return tuple(sorted(int(inverse[d]) for d in group))
+
+
+_INVERSES: dict[int, tuple[object, np.ndarray]] = {}
+
+
+def _device_to_rank(cluster) -> np.ndarray:
+    """The inverse of a placed cluster view's rank-to-device map, computed once per view (the
+    entry holds the view itself, so an id reused by another object never hits)."""
+    entry = _INVERSES.get(id(cluster))
+    if entry is None or entry[0] is not cluster:
+        inverse = np.empty_like(cluster.rank_to_device)
+        inverse[cluster.rank_to_device] = np.arange(len(cluster.rank_to_device))
+        entry = _INVERSES[id(cluster)] = (cluster, inverse)
+    return entry[1]
 
 
 def _order_representatives(S: Space) -> np.ndarray:
