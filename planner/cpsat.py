@@ -37,6 +37,7 @@ from planner.exhaustive import DIMS, _place, layer_time
 from planner.tables import SLOT_QUANTUM, Tables
 
 ELEMENT_MAX_ENTRIES = 64
+OBJECTIVE_LIMIT = 2**59  # objective units: 5.8e7 s of step time at weight 1; eight such terms fit in 2^62
 PRESOLVE_MAX_TABLE_ROWS = 100_000
 PRESOLVE_RUNNERS_UP = False  # re-solves start from a hint and a tight bound; presolve dominated them
 
@@ -128,7 +129,11 @@ class _Model:
             self.table_rows += len(rows)
         return target
 
-    def _product(self, name: str, a, b, hi: int):
+    def _product(self, name: str, a, b, hi: int, weight: int = 1):
+        """``a * b``; ``weight`` is its coefficient in the objective. The table maxima multiply to
+        bounds that can overflow CP-SAT's 64-bit sums under energy weights; any product above
+        OBJECTIVE_LIMIT / weight would belong to a step of days, so the domain stops there."""
+        hi = min(hi, OBJECTIVE_LIMIT // max(1, weight))
         target = self.m.new_int_var(0, hi, name)
         self.m.add_multiplication_equality(target, [a, b])
         return target
@@ -195,8 +200,9 @@ class _Model:
         per_mb = m.new_int_var(0, per_mb_hi, "per_mb")
         head = self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
         m.add(per_mb == head + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"]]))
-        pipe = self._product("pipeline", u, layer, int(T.U.max()) * layer_hi)
-        extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi)
+        tw, bw = T.time_weight, T.busy_weight
+        pipe = self._product("pipeline", u, layer, int(T.U.max()) * layer_hi, tw)
+        extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi, tw * Q)
         xmin, hmin = _factor_minima(T)
         m.add(pipe >= self._lookup("pipeline_lb", self._fvm_table(T.U * xmin[:, :, None]), [self.fvm]))
         m.add(extra >= self._lookup("head_lb", self._fvm_table((T.M * hmin)[:, :, None].repeat(T.U.shape[2], 2)),
@@ -204,14 +210,14 @@ class _Model:
         dp_step, dp_mb = self._dp_traffic()
         dp_exp = self._exposed("dp", dp_step, frac, bwd, int(T.BWD.max()))
         fsdp_mb = self._exposed("fsdp", dp_mb, frac, c, int(T.C.max()))
-        fsdp = self._product("fsdp_total", mb_count, fsdp_mb, int(T.M.max()) * int(T.DPM.max()) * Q)
+        fsdp = self._product("fsdp_total", mb_count, fsdp_mb, int(T.M.max()) * int(T.DPM.max()) * Q, tw)
         opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
         self.objective = T.time_weight * (pipe + Q * extra + dp_exp + fsdp + Q * opt)
         if T.busy_weight:  # energy: the extra power while computing (planner.tables docstring)
             share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
-                                         int(share.max()) * int(T.C.max()))
-            busy_head = self._product("busy_head", mb_count, head, int(T.M.max()) * int(T.H.max()))
+                                         int(share.max()) * int(T.C.max()), bw)
+            busy_head = self._product("busy_head", mb_count, head, int(T.M.max()) * int(T.H.max()), bw * Q)
             self.objective += T.busy_weight * (busy_compute + Q * busy_head + Q * opt)
         m.add(self.objective >= self._lookup("objective_lb", self.triple_lb, [self.fvm]))
         # A (triple, ep) pair whose every completion overflows memory, or whose bound exceeds the cap,
