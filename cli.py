@@ -1,8 +1,8 @@
 """The command line: parse options, load the inputs, call ``planner``, render a report or JSON.
 
-Commands: ``clusterplan plan|evaluate|models|clusters|devices``; ``plan`` is also installed as a
-command of its own (``plan --model gpt --cluster dgx-superpod``). Every figure printed comes from
-the Plan document (``planner.plan``); nothing here computes a cost.
+Commands: ``clusterplan plan|evaluate|explain|compare|sweep|export|validate|models|clusters|devices``;
+``plan`` is also installed as a command of its own (``plan --model gpt --cluster dgx-superpod``).
+Every figure printed comes from the Plan document (``planner.plan``); nothing here computes a cost.
 
 Results go to stdout, errors to stderr as ``error: <message>``. Exit codes (DESIGN.md):
 
@@ -43,7 +43,9 @@ from planner.plan import PLANNER_VERSION, evaluation_document, plan_document
 from planner.search import ENGINES, SearchOptions, check_layout, plan
 from planner.space import REASONS, parse_bounds
 from planner.validate import markdown_report, validate
-from planner.whatif import OBJECTIVES, compare, parse_candidate, rank
+from planner.chart import check_chart_path, compare_chart, sweep_chart
+from planner.whatif import (OBJECTIVES, SWEEP_KNOBS, check_sweep_options, compare, csv_text, parse_candidate,
+                            parse_over, rank, sweep)
 from planner.export import FORMATS as EXPORT_FORMATS, export
 from topologies.cluster import Cluster
 from topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
@@ -227,7 +229,7 @@ def _apply(options: list[Callable]) -> Callable:
     return decorate
 
 
-PROBLEM_OPTIONS = [
+INPUT_OPTIONS = [
     click.option("--model", "model_arg", required=True, metavar="ID|FILE",
                  help="Bundled model id or alias (see `clusterplan models`), or the path of a YAML/JSON "
                       "model file or of a Hugging Face config.json."),
@@ -259,11 +261,13 @@ PROBLEM_OPTIONS = [
                  help="Attention kernel: flash (fused, FlashAttention-style) or unfused (scores written to "
                       "memory, separate softmax and dropout: stacks from before FlashAttention, e.g. "
                       "Megatron-LM 2021)."),
+]
+PROBLEM_OPTIONS = INPUT_OPTIONS + [
     click.option("--json", "as_json", is_flag=True, help="Print the Plan document as JSON, nothing else."),
 ]
-SEARCH_OPTIONS = [
-    click.option("--top", "top_k", type=click.IntRange(min=0), default=3, show_default=True,
-                 help="Runners-up to report."),
+TOP_OPTION = click.option("--top", "top_k", type=click.IntRange(min=0), default=3, show_default=True,
+                          help="Runners-up to report.")
+ENGINE_OPTIONS = [
     click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
                  help="cpsat: the OR-Tools CP-SAT model; exhaustive: numpy brute force over the same tables."),
     click.option("--time-limit", "time_limit_s", type=POSITIVE_FLOAT, metavar="SECONDS",
@@ -282,6 +286,15 @@ SEARCH_OPTIONS = [
                  help="What to minimise per step: time; cost (rental price x time, so the same layout as "
                       "time on one cluster); energy (board power while computing, idle power while waiting "
                       "on communication or bubbles, plus the host's share)."),
+]
+SEARCH_OPTIONS = [TOP_OPTION] + ENGINE_OPTIONS
+WHATIF_OUTPUT_OPTIONS = [
+    click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON."),
+    click.option("--csv", "csv_path", metavar="FILE",
+                 help="Also write the rows as CSV to FILE (- for stdout, instead of the table)."),
+    click.option("--chart", "chart_path", metavar="FILE.png",
+                 help="Also draw the rows as a chart (.png, .svg or .pdf; needs matplotlib: "
+                      "pip install 'clusterplan[chart]')."),
 ]
 
 
@@ -438,14 +451,20 @@ def explain_command(model_arg, cluster_arg, num_devices, num_nodes, device, scal
               help="Search each candidate for, and rank the candidates by, step time, rental cost per step or "
                    "energy per step (the last two need a price/power for the device; candidates without it "
                    "are searched for time and ranked last).")
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@_apply(WHATIF_OUTPUT_OPTIONS)
 @guarded
-def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, engine, objective, as_json):
+def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, engine, objective, as_json,
+                    csv_path, chart_path):
     """What-if: the best layout of MODEL on each candidate cluster, side by side (step time, MFU,
     time, energy and cost to train the job's tokens).
 
+    \b
+    Example:  clusterplan compare --model llama3-70b --cluster dgx-h100-superpod:512 \\
+                --cluster gb200-nvl72:576 --tokens 15T --csv compare.csv --chart compare.png
+
     Exits 0 when at least one candidate can run the job; otherwise with the first candidate's code.
     """
+    _check_outputs(as_json, csv_path, chart_path)
     model = load_model(model_arg)
     candidates = [parse_candidate(c) for c in clusters]
 
@@ -457,28 +476,115 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
 
     rows = rank(compare(model, candidates, load, make_job, SearchOptions(engine=engine, top_k=0, objective=objective)),
                 objective)
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-    else:
-        _compare_report(model, rows, _console())
+    title = f"what-if: {model.name}"
+    _whatif_output(rows, "cluster", title, as_json, csv_path, chart_path,
+                   lambda path: compare_chart(rows, path, f"{model.name}: what-if across clusters"))
     if all("error" in r for r in rows):
         sys.exit(rows[0]["exit_code"])
 
 
-def _compare_report(model: ModelSpec, rows: list[dict], console: Console) -> None:
-    table = _table("cluster", "devices", ("step s", "right"), ("MFU", "right"), ("peak GiB", "right"),
-                   ("to train", "right"), ("energy MWh", "right"), ("cost", "right"), "best layout",
-                   title=f"what-if: {model.name}")
+@click.command("sweep")
+@click.option("--over", "over", required=True, metavar="KNOB=V1,V2,...",
+              help="The knob to sweep and its values, one search per value: "
+                   + ", ".join([*SWEEP_KNOBS, "gpus (= devices)"])
+                   + ", e.g. --over devices=256,512,1024 or --over scale-out-gbit-per-s=100,200,400. The other "
+                     "options apply to every point; the swept knob's own option must not be given too.")
+@_apply(INPUT_OPTIONS + ENGINE_OPTIONS + WHATIF_OUTPUT_OPTIONS)
+@guarded
+def sweep_command(over, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
+                  oversubscription, global_batch, seq_len, precision, tokens, attention, engine, time_limit_s, fix,
+                  minimum, maximum, memory_headroom, objective, as_json, csv_path, chart_path):
+    """What-if: the best layout of MODEL on CLUSTER at each value of one knob (size, link speed,
+    oversubscription, batch, sequence length, device, precision), one row per value: step time,
+    MFU, time, energy and cost to train the job's tokens.
+
+    \b
+    Example:  clusterplan sweep --model llama3-70b --cluster dgx-h100-superpod \\
+                --over devices=256,512,1024 --tokens 15T --csv sweep.csv --chart sweep.png
+
+    Each point is built as `plan` would build it with that option set, and searched for
+    --objective (for time where the device lacks the price or power it needs). A point that cannot
+    run (no layout fits, a size the fabric cannot take, an unknown device) says why in its row.
+    Exits 0 when at least one point ran; otherwise with the first point's code.
+    """
+    study = parse_over(over)
+    given = dict(num_devices=num_devices, num_nodes=num_nodes, device=device, global_batch=global_batch,
+                 scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription, seq_len=seq_len,
+                 precision=precision)
+    check_sweep_options(study, given, _looks_like_file(cluster_arg))
+    _check_outputs(as_json, csv_path, chart_path)
+    model = load_model(model_arg)
+    options = SearchOptions(engine=engine, top_k=0, time_limit_s=time_limit_s, objective=objective,
+                            bounds=parse_bounds(fix, minimum, maximum, memory_headroom))
+
+    def build(value):
+        p = {**given, study.spec.param: value}
+        cluster = load_cluster(cluster_arg, p["num_devices"], p["num_nodes"], p["device"], p["scale_out_gbit_per_s"],
+                               p["oversubscription"])
+        job, _ = build_job(model_arg, model, cluster, p["global_batch"], p["seq_len"], p["precision"], tokens,
+                           attention)
+        return cluster, job
+
+    rows = sweep(model, study, build, options)
+    title = f"what-if: {model.name} on {cluster_arg}, over {study.knob}"
+    _whatif_output(rows, "point", title, as_json, csv_path, chart_path,
+                   lambda path: sweep_chart(rows, path, f"{model.name} on {cluster_arg}: sweep over {study.knob}",
+                                            study.spec.axis_label))
+    if all("error" in r for r in rows):
+        sys.exit(rows[0]["exit_code"])
+
+
+def _check_outputs(as_json: bool, csv_path: str | None, chart_path: str | None) -> None:
+    """Refuse output options that cannot work before any search runs."""
+    if csv_path == "-" and as_json:
+        raise SpecError("--csv -: stdout already carries the --json rows; write the CSV to a file (--csv rows.csv)")
+    if csv_path and csv_path != "-" and not Path(csv_path).parent.is_dir():
+        raise SpecError(f"--csv: folder {str(Path(csv_path).parent)!r} does not exist; create it or write elsewhere")
+    if chart_path:
+        check_chart_path(chart_path)
+
+
+def _whatif_output(rows: list[dict], label: str, title: str, as_json: bool, csv_path: str | None,
+                   chart_path: str | None, draw: Callable[[str], None]) -> None:
+    """The rows on stdout (table, JSON, or CSV with --csv -), then any files, each with a line on stderr."""
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    elif csv_path != "-":
+        _whatif_table(rows, label, title, _console())
+    if csv_path == "-":
+        click.echo(csv_text(rows, label), nl=False)
+    elif csv_path:
+        try:
+            Path(csv_path).write_text(csv_text(rows, label), encoding="utf-8")
+        except OSError as err:
+            raise SpecError(f"--csv: cannot write {csv_path}: {err.strerror or err}") from None
+        _err(f"wrote {csv_path}")
+    if chart_path:
+        draw(chart_path)
+        _err(f"wrote {chart_path}")
+
+
+def _whatif_table(rows: list[dict], label: str, title: str, console: Console) -> None:
+    """One line per row, failures below the table. ``label`` is the key naming each row (``cluster``,
+    or ``point`` of a sweep, where the column shows the value under the knob's name)."""
+    header = rows[0]["knob"] if label == "point" and rows else label
+    table = _table(header, "devices", ("step s", "right"), ("MFU", "right"), ("peak GiB", "right"),
+                   ("to train", "right"), ("energy MWh", "right"), ("cost", "right"), "best layout", title=title)
+    table.columns[0].overflow = "fold"  # a candidate's name is never cut short
+
+    def name(r: dict) -> str:
+        return r[label].split("=", 1)[1] if label == "point" else r[label]
+
     errors = []
     for r in rows:
         if "error" in r:
-            errors.append(f"{r['cluster']}: {r['error']}")
-            table.add_row(r["cluster"], "-", "-", "-", "-", "-", "-", "-", "no layout (below)")
+            errors.append(f"{r[label]}: {r['error']}")
+            table.add_row(name(r), "-", "-", "-", "-", "-", "-", "-", "no layout (below)")
             continue
         train = "-" if r["time_to_train_s"] is None else _duration(r["time_to_train_s"])
         energy = "-" if r["energy_j"] is None else f"{r['energy_j'] / 3.6e9:,.0f}"
         cost = "-" if r["cost_usd"] is None else f"${r['cost_usd']:,.0f}"
-        table.add_row(r["cluster"], f"{r['num_devices']:,} x {r['device']}", f"{r['step_time_s']:.3f}",
+        table.add_row(name(r), f"{r['num_devices']:,} x {r['device']}", f"{r['step_time_s']:.3f}",
                       f"{r['mfu']:.1%}", _gib(r["peak_memory_bytes"]), train, energy, cost, _compact(r["layout"]))
     console.print(table)
     for line in errors:
@@ -494,7 +600,8 @@ def _compact(layout: dict) -> str:
 @click.command("export")
 @click.option("--format", "fmt", type=click.Choice(list(EXPORT_FORMATS)), required=True,
               help="megatron (Megatron-LM/NeMo arguments), deepspeed (config JSON), torchtitan (TOML), "
-                   "maxtext (ici_*/dcn_* overrides).")
+                   "maxtext (ici_*/dcn_* overrides), slurm (an sbatch script: srun torchrun pretrain_gpt.py with "
+                   "the Megatron arguments; GPU clusters only).")
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def export_command(fmt, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
@@ -570,8 +677,8 @@ def main():
     """
 
 
-for _command in (plan_command, evaluate_command, explain_command, compare_command, export_command, validate_command,
-                 models_command, clusters_command, devices_command):
+for _command in (plan_command, evaluate_command, explain_command, compare_command, sweep_command, export_command,
+                 validate_command, models_command, clusters_command, devices_command):
     main.add_command(_command)
 
 plan_main = plan_command

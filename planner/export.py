@@ -1,5 +1,5 @@
 """Launcher configs from a Plan document: Megatron-LM arguments, a DeepSpeed config, a torchtitan
-TOML fragment and MaxText overrides.
+TOML fragment, MaxText overrides and a Slurm batch script that starts Megatron-LM with torchrun.
 
 Export code formats the plan; it never recomputes a cost. Flag and key names follow each
 launcher's documentation (Megatron-LM ``megatron/training/arguments.py``, DeepSpeed config JSON,
@@ -11,8 +11,15 @@ comment rather than dropped silently.
 from __future__ import annotations
 
 import json
+import re
 
-FORMATS = ("megatron", "deepspeed", "torchtitan", "maxtext")
+from models.errors import SpecError
+
+FORMATS = ("megatron", "deepspeed", "torchtitan", "maxtext", "slurm")
+TORCHRUN_FAMILIES = ("nvswitch", "nvlink-domain", "xgmi", "gaudi")
+"""Cluster families whose devices PyTorch drives, one process per device: torchrun can start them.
+TPU slices run under XLA/JAX launchers, Cerebras and Groq under their own compilers and runtimes."""
+RDZV_PORT = 29500  # torchrun's default master port
 
 
 def _job(doc: dict) -> dict:
@@ -21,6 +28,17 @@ def _job(doc: dict) -> dict:
 
 def megatron_args(doc: dict) -> str:
     """Megatron-LM / NeMo (Megatron-Core) command-line arguments for the plan's layout."""
+    args, notes = _megatron_args_and_notes(doc)
+    return "\n".join(_megatron_header(doc, notes) + [" \\\n".join(args)])
+
+
+def _megatron_header(doc: dict, notes: list[str]) -> list[str]:
+    return [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
+            f"predicted {doc['step_time_s']:.3f} s/step"] + [f"# note: {n}" for n in notes]
+
+
+def _megatron_args_and_notes(doc: dict) -> tuple[list[str], list[str]]:
+    """The arguments (one ``--flag value`` per item) and the notes on what they cannot say."""
     L, job = doc["layout"], _job(doc)
     model = doc["inputs"]["model"]
     args = [
@@ -58,9 +76,7 @@ def megatron_args(doc: dict) -> str:
     if L["order"] != "tp-cp-dp-pp":
         notes.append(f"rank order {L['order']}: Megatron-Core's default is tp-cp-ep-dp-pp; set it where your "
                      "version allows (e.g. ProcessGroupCollection / --use-tp-pp-dp-mapping)")
-    header = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
-              f"predicted {doc['step_time_s']:.3f} s/step"] + [f"# note: {n}" for n in notes]
-    return "\n".join(header + [" \\\n".join(args)])
+    return args, notes
 
 
 def deepspeed_config(doc: dict) -> str:
@@ -139,7 +155,75 @@ def maxtext_overrides(doc: dict) -> str:
     return "\n".join([note] + [f"{k}={v}" for k, v in pairs])
 
 
+FAMILY_NOTES = {
+    "nvlink-domain": "an NVLink domain spans several nodes: allocate each domain's nodes together (on Slurm with "
+                     "the topology/block plugin, --segment)",
+    "xgmi": "AMD GPUs: run a ROCm build of Megatron-LM (e.g. AMD's rocm/megatron-lm image) and check its launch "
+            "notes for the environment it expects",
+    "gaudi": "Intel Gaudi: run Intel's Megatron-DeepSpeed fork for HPUs and request the accelerators as your Slurm "
+             "site names them (the gres may not be gpu); CUDA_DEVICE_MAX_CONNECTIONS does not apply",
+}
+
+
+def slurm_script(doc: dict) -> str:
+    """An sbatch script: one torchrun per node (``srun``), which starts one Megatron-LM process per device.
+
+    Raises
+    ------
+    SpecError
+        A cluster torchrun does not drive (TPU, Cerebras, Groq), or one that is not whole nodes.
+    """
+    cluster = doc["inputs"]["cluster"]
+    per_node, num_devices = cluster["devices_per_node"], doc["num_devices"]
+    _check_torchrun(cluster, num_devices)
+    args, notes = _megatron_args_and_notes(doc)
+    notes = [*notes, *([FAMILY_NOTES[cluster["family"]]] if cluster["family"] in FAMILY_NOTES else [])]
+    header = ["#!/bin/bash", *_megatron_header(doc, notes),
+              f"# layout: {_layout_line(doc['layout'])}",
+              "# A starting point: add your data, tokenizer, model-shape, optimizer and checkpoint arguments.",
+              f"#SBATCH --job-name={_job_name(doc['inputs']['model']['name'])}",
+              f"#SBATCH --nodes={num_devices // per_node}",
+              "#SBATCH --ntasks-per-node=1",  # one torchrun per node; it forks the per-device ranks
+              f"#SBATCH --gpus-per-node={per_node}",
+              "#SBATCH --exclusive",
+              ""]
+    body = ["set -euo pipefail",
+            "# Megatron-LM: one hardware queue keeps the TP/SP collectives in the order they were issued",
+            "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            "export MASTER_ADDR",
+            ""]
+    launch = ["srun torchrun", '--nnodes "$SLURM_NNODES"', f"--nproc-per-node {per_node}",
+              '--rdzv-id "$SLURM_JOB_ID"', "--rdzv-backend c10d", f'--rdzv-endpoint "$MASTER_ADDR:{RDZV_PORT}"',
+              "pretrain_gpt.py", *args]
+    return "\n".join(header + body + [" \\\n  ".join(launch)])
+
+
+def _check_torchrun(cluster: dict, num_devices: int) -> None:
+    if cluster["family"] not in TORCHRUN_FAMILIES:
+        raise SpecError(f"--format slurm: {cluster['id']} is a {cluster['family']} cluster ({cluster['device']}), "
+                        f"which torchrun does not launch; the slurm format is for {', '.join(TORCHRUN_FAMILIES)} "
+                        "clusters (for a TPU slice use --format maxtext)")
+    if num_devices % cluster["devices_per_node"]:
+        raise SpecError(f"--format slurm: {num_devices} devices are not whole {cluster['devices_per_node']}-device "
+                        "nodes; use a multiple of the node size")
+
+
+def _layout_line(layout: dict) -> str:
+    """The layout in the words of ``plan``'s report: ``tp=8 pp=4 dp=32 mbs=1 recompute=none zero=1``."""
+    always = ("tp", "pp", "dp")
+    degrees = [f"{k}={layout[k]}" for k in (*always, "cp", "ep", "vp") if k in always or layout[k] > 1]
+    sp = "on" if layout["sequence_parallel"] else "off"
+    return " ".join(degrees + [f"mbs={layout['micro_batch_size']}", f"sp={sp}", f"recompute={layout['recompute']}",
+                               f"zero={layout['zero_stage']}"])
+
+
+def _job_name(model_name: str) -> str:
+    """A Slurm-safe job name: ``Llama 3 70B`` -> ``llama-3-70b``."""
+    return re.sub(r"[^a-z0-9._-]+", "-", model_name.lower()).strip("-") or "clusterplan"
+
+
 def export(doc: dict, fmt: str) -> str:
     """The config for ``fmt`` (one of :data:`FORMATS`)."""
     return {"megatron": megatron_args, "deepspeed": deepspeed_config, "torchtitan": torchtitan_toml,
-            "maxtext": maxtext_overrides}[fmt](doc)
+            "maxtext": maxtext_overrides, "slurm": slurm_script}[fmt](doc)

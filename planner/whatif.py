@@ -1,23 +1,31 @@
-"""What-if studies: one model and job planned on several clusters or sizes, side by side.
+"""What-if studies: one model and job planned on several clusters, sizes, link speeds or jobs.
 
-Each row is a full search (``planner.search.plan``) on one candidate cluster; the figures come
-from its Plan document, so time, cost and energy to train follow from the same cost model.
-A candidate that cannot run the job says why and does not stop the others.
+Each row is a full search (``planner.search.plan``) on one point: a candidate cluster
+(``compare``) or one value of a swept knob (``sweep``). The figures come from the point's Plan
+document, so time, cost and energy to train follow from the same cost model. A point that cannot
+run the job says why in its row and does not stop the others.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 from cost.energy import objective_available
 
-from cost.layout import Job
+from cost.layout import Job, Layout
 from models.errors import ClusterplanError, SpecError
 from models.spec import ModelSpec
 from planner.plan import plan_document
 from planner.search import SearchOptions, plan
 from topologies.cluster import Cluster
+
+GIB = 2**30
+SECONDS_PER_DAY = 86400
+JOULES_PER_MWH = 3.6e9
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,29 @@ def parse_candidate(text: str) -> Candidate:
     return Candidate(name, int(size))
 
 
+def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], options: SearchOptions) -> dict:
+    """The best layout's figures for one (cluster, job), or the error that stopped it.
+
+    ``build`` makes the point's cluster and job, so that its errors (an unknown device, a size the
+    fabric cannot take) land in the row too. The search minimises ``options.objective`` where the
+    device has the figure it needs (a price, a power), else step time.
+    """
+    try:
+        cluster, job = build()
+        usable = objective_available(cluster, options.objective)
+        doc = plan_document(plan(model, job, cluster, options if usable else replace(options, objective="time")))
+    except ClusterplanError as err:
+        return {"error": str(err).splitlines()[0], "exit_code": err.exit_code}
+    return dict(
+        device=cluster.device.id, num_devices=cluster.num_devices, precision=job.precision,
+        layout=doc["layout"], step_time_s=doc["step_time_s"], tokens_per_s=doc["tokens_per_s"],
+        mfu=doc["mfu"], peak_memory_bytes=doc["peak_memory_bytes"],
+        device_memory_bytes=doc["device_memory_bytes"], time_to_train_s=doc["time_to_train_s"],
+        energy_per_step_j=doc["energy_per_step_j"], cost_per_step_usd=doc["cost_per_step_usd"],
+        energy_j=doc["energy_j"], cost_usd=doc["cost_usd"], search=doc["search"],
+    )
+
+
 def compare(model: ModelSpec, candidates: list[Candidate], load: Callable[[Candidate], Cluster],
             make_job: Callable[[Cluster], Job], options: SearchOptions) -> list[dict]:
     """One row per candidate: the best layout's figures, or the reason it has none.
@@ -53,28 +84,14 @@ def compare(model: ModelSpec, candidates: list[Candidate], load: Callable[[Candi
     minimises ``options.objective`` where the candidate's device has the figure it needs (a price,
     a power), else step time; such a row is ranked after those that have the figure.
     """
-    rows = []
-    for cand in candidates:
-        row: dict = {"cluster": cand.label}
-        try:
+
+    def builder(cand: Candidate) -> Callable[[], tuple[Cluster, Job]]:
+        def build():
             cluster = load(cand)
-            job = make_job(cluster)
-            usable = objective_available(cluster, options.objective)
-            doc = plan_document(plan(model, job, cluster, options if usable else replace(options, objective="time")))
-        except ClusterplanError as err:
-            row.update(error=str(err).splitlines()[0], exit_code=err.exit_code)
-            rows.append(row)
-            continue
-        row.update(
-            device=cluster.device.id, num_devices=cluster.num_devices, precision=job.precision,
-            layout=doc["layout"], step_time_s=doc["step_time_s"], tokens_per_s=doc["tokens_per_s"],
-            mfu=doc["mfu"], peak_memory_bytes=doc["peak_memory_bytes"],
-            device_memory_bytes=doc["device_memory_bytes"], time_to_train_s=doc["time_to_train_s"],
-            energy_per_step_j=doc["energy_per_step_j"], cost_per_step_usd=doc["cost_per_step_usd"],
-            energy_j=doc["energy_j"], cost_usd=doc["cost_usd"], search=doc["search"],
-        )
-        rows.append(row)
-    return rows
+            return cluster, make_job(cluster)
+        return build
+
+    return [{"cluster": cand.label, **point_row(model, builder(cand), options)} for cand in candidates]
 
 
 OBJECTIVES = {"time": "step_time_s", "cost": "cost_per_step_usd", "energy": "energy_per_step_j"}
@@ -93,3 +110,186 @@ def rank(rows: list[dict], objective: str = "time") -> list[dict]:
         return ("error" in row, value is None, value if value is not None else 0.0)
 
     return sorted(rows, key=order)
+
+
+# ---- sweeps --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    """A knob ``sweep --over`` can vary: the ``plan`` option it stands for and its values' type."""
+
+    option: str
+    """The ``plan`` option (``--devices``) whose value each point sets."""
+    param: str
+    """The keyword that option fills (``num_devices``)."""
+    kind: str
+    """``int`` (positive), ``float`` (positive), ``ratio`` (>= 1), ``choice`` or ``name``."""
+    axis_label: str
+    """The knob on a chart's axis, with its unit."""
+    choices: tuple[str, ...] = ()
+    clashes: tuple[str, ...] = ()
+    """Other params that set the same thing (a size by devices or by nodes)."""
+
+    @property
+    def cluster_level(self) -> bool:
+        return self.param in ("num_devices", "num_nodes", "device", "scale_out_gbit_per_s", "oversubscription")
+
+
+SWEEP_KNOBS: dict[str, Knob] = {
+    "devices": Knob(option="--devices", param="num_devices", kind="int", axis_label="devices",
+                    clashes=("num_nodes",)),
+    "nodes": Knob(option="--nodes", param="num_nodes", kind="int", axis_label="nodes", clashes=("num_devices",)),
+    "scale-out-gbit-per-s": Knob(option="--scale-out-gbit-per-s", param="scale_out_gbit_per_s", kind="float",
+                                 axis_label="scale-out NIC per device (Gbit/s)"),
+    "oversubscription": Knob(option="--oversubscription", param="oversubscription", kind="ratio",
+                             axis_label="leaf oversubscription (downlink : uplink)"),
+    "global-batch": Knob(option="--global-batch", param="global_batch", kind="int",
+                         axis_label="global batch (sequences)"),
+    "seq-len": Knob(option="--seq-len", param="seq_len", kind="int", axis_label="sequence length (tokens)"),
+    "device": Knob(option="--device", param="device", kind="name", axis_label="device"),
+    "precision": Knob(option="--precision", param="precision", kind="choice", axis_label="precision",
+                      choices=("bf16", "fp16", "fp8")),
+}
+KNOB_ALIASES = {"gpus": "devices"}
+NUMERIC_KINDS = ("int", "float", "ratio")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One knob and the values it takes, in the order given."""
+
+    knob: str
+    values: tuple[Any, ...]
+
+    @property
+    def spec(self) -> Knob:
+        return SWEEP_KNOBS[self.knob]
+
+    def label(self, value: Any) -> str:
+        return f"{self.knob}={value:g}" if isinstance(value, float) else f"{self.knob}={value}"
+
+
+def parse_over(text: str) -> Sweep:
+    """``KNOB=V1,V2,...`` as a :class:`Sweep`; raise :class:`SpecError` naming what is wrong.
+
+    Examples
+    --------
+    >>> parse_over("gpus=256,512")
+    Sweep(knob='devices', values=(256, 512))
+    >>> parse_over("scale-out-gbit-per-s=200,400.5").values
+    (200.0, 400.5)
+    """
+    allowed = ", ".join([*SWEEP_KNOBS, *(f"{a} (= {k})" for a, k in KNOB_ALIASES.items())])
+    name, sep, rest = (part.strip() for part in text.partition("="))
+    if not sep:
+        raise SpecError(f"--over: {text!r} is not KNOB=V1,V2,... (e.g. devices=256,512,1024); knobs: {allowed}")
+    key = name.lower().replace("_", "-")
+    key = KNOB_ALIASES.get(key, key)
+    if key not in SWEEP_KNOBS:
+        raise SpecError(f"--over: unknown knob {name!r}; allowed: {allowed}")
+    raw = [v.strip() for v in rest.split(",")]
+    if not rest or any(not v for v in raw):
+        raise SpecError(f"--over {key}: give a comma-separated list of values with none empty "
+                        f"(e.g. {key}={_example(SWEEP_KNOBS[key])}; given: {rest!r})")
+    values = tuple(_knob_value(key, SWEEP_KNOBS[key], v) for v in raw)
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise SpecError(f"--over {key}: {v} is given twice; list each value once")
+        seen.add(v)
+    return Sweep(key, values)
+
+
+def _example(knob: Knob) -> str:
+    return {"int": "256,512", "float": "200,400", "ratio": "1,2", "choice": ",".join(knob.choices),
+            "name": "h100-sxm5-80gb,h200-sxm-141gb"}[knob.kind]
+
+
+def _knob_value(key: str, knob: Knob, raw: str) -> Any:
+    if knob.kind == "name":
+        return raw
+    if knob.kind == "choice":
+        if raw.lower() not in knob.choices:
+            raise SpecError(f"--over {key}: {raw!r} is not allowed; allowed: {', '.join(knob.choices)}")
+        return raw.lower()
+    need = {"int": "a positive whole number", "float": "a positive number", "ratio": "a number >= 1"}[knob.kind]
+    try:
+        number = int(raw) if knob.kind == "int" else float(raw)
+    except ValueError:
+        number = None
+    low_ok = number is not None and math.isfinite(number) and (number >= 1 if knob.kind == "ratio" else number > 0)
+    if not low_ok:
+        raise SpecError(f"--over {key}: {raw!r} is not {need} (e.g. {key}={_example(knob)})")
+    return number
+
+
+def check_sweep_options(sweep: Sweep, given: dict[str, Any], cluster_is_file: bool) -> None:
+    """Refuse a swept knob that the command line also sets, or a cluster knob with a cluster file.
+
+    ``given`` maps each ``plan`` option's keyword (``num_devices``) to its value (None if unset).
+    """
+    knob = sweep.spec
+    for param in (knob.param, *knob.clashes):
+        if given.get(param) is not None:
+            flag = next(k.option for k in SWEEP_KNOBS.values() if k.param == param)
+            raise SpecError(f"--over {sweep.knob}: {flag} {given[param]} is also given; the sweep sets "
+                            f"{'the size' if knob.clashes else knob.option} at each point, so drop {flag}")
+    if cluster_is_file and knob.cluster_level:
+        raise SpecError(f"--over {sweep.knob}: a cluster file carries its own {knob.option.lstrip('-')}; sweep "
+                        "a preset (--cluster ID), or sweep global-batch, seq-len or precision")
+
+
+def sweep(model: ModelSpec, study: Sweep, build: Callable[[Any], tuple[Cluster, Job]],
+          options: SearchOptions) -> list[dict]:
+    """One row per value of the swept knob, in the order given.
+
+    ``build(value)`` makes the cluster and job of one point, as ``plan`` would with that option
+    set. Rows carry ``point`` (``devices=512``), ``knob`` and ``value`` before the figures.
+    """
+    rows = []
+    for value in study.values:
+        head = {"point": study.label(value), "knob": study.knob, "value": value}
+        rows.append({**head, **point_row(model, lambda value=value: build(value), options)})
+    return rows
+
+
+# ---- CSV -----------------------------------------------------------------------------------------------
+CSV_COLUMNS = ("device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib",
+               "time_to_train_days", "energy_mwh", "cost_usd", "layout", "error")
+
+
+def layout_string(layout: dict) -> str:
+    """The layout as ``evaluate --layout`` takes it: ``tp=8,pp=4,dp=32,mbs=1,sp=on,recompute=none,zero=1``."""
+    return Layout(**{k: v for k, v in layout.items() if k != "num_microbatches"}).short().replace(" ", ",")
+
+
+def csv_text(rows: list[dict], label: str) -> str:
+    """The rows as CSV: ``label`` (``cluster`` or ``point``) then :data:`CSV_COLUMNS`.
+
+    Figures are in display units (GiB, days, MWh); a cell without a figure is empty.
+    """
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow((label, *CSV_COLUMNS))
+    for row in rows:
+        writer.writerow([row[label], *(_cell(v) for v in _csv_values(row))])
+    return out.getvalue()
+
+
+def _csv_values(row: dict) -> list:
+    if "error" in row:
+        return [None] * (len(CSV_COLUMNS) - 1) + [row["error"]]
+
+    def scaled(key: str, unit: float):
+        return None if row[key] is None else row[key] / unit
+
+    return [row["device"], row["num_devices"], row["precision"], row["step_time_s"], row["tokens_per_s"], row["mfu"],
+            row["peak_memory_bytes"] / GIB, scaled("time_to_train_s", SECONDS_PER_DAY),
+            scaled("energy_j", JOULES_PER_MWH), row["cost_usd"], layout_string(row["layout"]), None]
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(round(value, 6))  # sub-micro digits of a model prediction are noise
+    return value

@@ -7,9 +7,12 @@ about the CLI plumbing; the two headline runs use the command exactly as documen
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import re
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -416,3 +419,135 @@ def test_evaluate_reports_the_torus_placement():
     result = run("evaluate", "--model", "llama2-7b", "--cluster", "tpu-v5p-pod", "--devices", "128",
                  "--layout", "tp=4,dp=32,order=tp-cp-dp-pp@xyz")
     assert result.exit_code == 0 and "on the torus: tp: x (4, wraparound)" in result.stdout
+
+
+# ---- sweep, CSV and charts, the Slurm export ---------------------------------------------------------------
+SWEEP = ["sweep", "--model", "llama2-7b", "--cluster", "dgx-h100-superpod", "--search", "exhaustive"]
+
+
+def test_sweep_over_devices_gives_a_row_per_value():
+    result = run(*SWEEP, "--over", "gpus=16,32", "--tokens", "1e12", "--json")
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [(r["point"], r["knob"], r["value"], r["num_devices"]) for r in rows] == [
+        ("devices=16", "devices", 16, 16), ("devices=32", "devices", 32, 32)]
+    for row in rows:
+        lay = row["layout"]
+        assert lay["tp"] * lay["pp"] * lay["dp"] * lay["cp"] == row["num_devices"]
+        assert math.isclose(row["time_to_train_s"], 1e12 / row["tokens_per_s"])
+    assert rows[1]["step_time_s"] < rows[0]["step_time_s"]
+    table = run(*SWEEP, "--over", "devices=16,32")
+    assert table.exit_code == 0 and "what-if: Llama 2 7B on dgx-h100-superpod, over devices" in table.stdout
+
+
+def test_sweep_keeps_going_past_a_failing_point():
+    result = run(*SWEEP, "--devices", "16", "--over", "device=tpu-v4,h200-sxm-141gb,nope", "--json")
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [r["value"] for r in rows] == ["tpu-v4", "h200-sxm-141gb", "nope"]  # the order given, not ranked
+    assert rows[0]["exit_code"] == 2 and "cannot run on dgx-h100-superpod" in rows[0]["error"]
+    assert rows[1]["device"] == "h200-sxm-141gb" and rows[1]["step_time_s"] > 0
+    assert "unknown device 'nope'" in rows[2]["error"]
+    small = run("sweep", "--model", "llama3-405b", "--cluster", "dgx-h100-superpod", "--over", "devices=8,12")
+    assert small.exit_code == 3  # nothing ran: the first point's code (8 devices do not fit 405B)
+    assert "multiple of 8" in small.stdout and "does not fit" in small.stdout
+
+
+def test_sweep_and_compare_write_csv(tmp_path):
+    path = tmp_path / "sweep.csv"
+    result = run(*SWEEP, "--over", "seq-len=1024,2048", "--devices", "16", "--csv", str(path))
+    assert result.exit_code == 0 and result.stderr == f"wrote {path}\n"
+    assert "what-if" in result.stdout  # the table still goes to stdout
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["point", "device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu",
+                             "peak_memory_gib", "time_to_train_days", "energy_mwh", "cost_usd", "layout", "error"]
+    assert [r["point"] for r in rows] == ["seq-len=1024", "seq-len=2048"]
+    for row in rows:
+        assert row["num_devices"] == "16" and float(row["step_time_s"]) > 0 and row["error"] == ""
+        assert cli.parse_layout(row["layout"], num_devices=16).tp >= 1  # the layout reads back as evaluate takes it
+    stdout = run("compare", "--model", "llama2-7b", "--cluster", "dgx-h100-superpod:16", "--cluster", "groq-rack",
+                 "--search", "exhaustive", "--csv", "-")
+    assert stdout.exit_code == 0 and "what-if" not in stdout.stdout
+    rows = list(csv.DictReader(io.StringIO(stdout.stdout)))
+    assert [r["cluster"] for r in rows] == ["dgx-h100-superpod:16", "groq-rack"]
+    assert rows[0]["error"] == "" and "does not fit" in rows[1]["error"] and rows[1]["step_time_s"] == ""
+
+
+def test_chart_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "sweep.png"
+    result = run(*SWEEP, "--over", "devices=16,32,12", "--chart", str(path))
+    assert result.exit_code == 0, result.stderr
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {path}" in result.stderr
+    bars = tmp_path / "compare.png"
+    compare = run("compare", "--model", "llama2-7b", "--cluster", "dgx-h100-superpod:16", "--cluster", "groq-rack",
+                  "--search", "exhaustive", "--tokens", "1T", "--chart", str(bars))
+    assert compare.exit_code == 0 and bars.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_chart_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    result = run(*SWEEP, "--over", "devices=16", "--chart", str(tmp_path / "x.png"))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "install matplotlib (pip install 'clusterplan[chart]')" in result.stderr
+
+
+BAD_OVER = {
+    "unknown knob": (["--over", "tp=1,2"], "unknown knob 'tp'; allowed: devices, nodes, scale-out-gbit-per-s"),
+    "no values": (["--over", "devices="], "--over devices: give a comma-separated list"),
+    "empty value": (["--over", "devices=16,,32"], "--over devices: give a comma-separated list"),
+    "not a number": (["--over", "scale-out-gbit-per-s=200,fast"], "'fast' is not a positive number"),
+    "not a whole number": (["--over", "devices=16.5"], "'16.5' is not a positive whole number"),
+    "bad precision": (["--over", "precision=fp4"], "allowed: bf16, fp16, fp8"),
+    "no equals sign": (["--over", "devices"], "is not KNOB=V1,V2,..."),
+    "also given": (["--over", "devices=16,32", "--devices", "64"], "--devices 64 is also given"),
+    "size given as nodes": (["--over", "devices=16,32", "--nodes", "2"], "--nodes 2 is also given"),
+    "csv to stdout with json": (["--over", "devices=16", "--json", "--csv", "-"], "--csv -"),
+    "chart format": (["--over", "devices=16", "--chart", "sweep.txt"], "allowed: .png, .svg, .pdf"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_OVER))
+def test_sweep_bad_input_exits_2(case):
+    args, expected = BAD_OVER[case]
+    if case == "chart format":
+        pytest.importorskip("matplotlib")
+    result = run(*SWEEP, *args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert result.stdout == "" and result.stderr.startswith("error: ")
+    assert expected in result.stderr
+
+
+def test_sweep_of_a_cluster_knob_with_a_cluster_file(tmp_path):
+    (tmp_path / "pod.yaml").write_text("base: dgx-h100-superpod\nnum_nodes: 2\n")
+    result = run("sweep", "--model", "llama2-7b", "--cluster", str(tmp_path / "pod.yaml"), "--over", "nodes=2,4")
+    assert result.exit_code == 2 and "a cluster file carries its own nodes" in result.stderr
+    ok = run("sweep", "--model", "llama2-7b", "--cluster", str(tmp_path / "pod.yaml"), "--over", "global-batch=256,512",
+             "--search", "exhaustive", "--json")
+    assert ok.exit_code == 0 and [r["num_devices"] for r in json.loads(ok.stdout)] == [16, 16]
+
+
+def test_slurm_export():
+    common = ["--model", "llama2-7b", "--cluster", "dgx-h100-superpod", "--devices", "32", "--search", "exhaustive"]
+    doc = run_json("plan", *common, "--top", "0")
+    result = run("export", "--format", "slurm", *common)
+    assert result.exit_code == 0, result.stderr
+    script = result.stdout
+    assert script.startswith("#!/bin/bash\n")
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive",
+                 "#SBATCH --job-name=llama-2-7b", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+                 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'):
+        assert line in script.splitlines(), line
+    launch = re.sub(r" \\\n\s*", " ", script.split("srun ", 1)[1])
+    assert launch.startswith('torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-id "$SLURM_JOB_ID" '
+                             '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py ')
+    assert f"--tensor-model-parallel-size {doc['layout']['tp']}" in launch
+    assert f"predicted {doc['step_time_s']:.3f} s/step" in script
+    lines = script.splitlines()
+    first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    assert all(i < first_command for i, line in enumerate(lines) if line.startswith("#SBATCH"))  # sbatch reads them
+    tpu = run("export", "--format", "slurm", "--model", "llama2-7b", "--cluster", "tpu-v5p-pod", "--devices", "16",
+              "--search", "exhaustive")
+    assert tpu.exit_code == 2 and tpu.stdout == ""
+    assert "tpu-torus cluster (tpu-v5p), which torchrun does not launch" in tpu.stderr

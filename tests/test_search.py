@@ -572,3 +572,16 @@ def test_fix_etp_parses_to_expert_tp():
         parse_bounds(("etp=4",))
     with pytest.raises(SpecError, match="etp"):
         parse_bounds(("etp=0",))
+
+
+def test_energy_without_an_idle_figure_ranks_as_time_and_does_not_overflow():
+    """Gaudi2 has a board power but no idle figure: energy is board power x time, so the search
+    returns the fastest layout. DeepSeek-V3's tables are large enough that 64-bit bounds overflowed
+    before the weights were reduced and product domains capped (CP-SAT said MODEL_INVALID)."""
+    model, cluster = get_model("deepseek-v3"), build_cluster("gaudi2-cluster")
+    assert cluster.device.idle_power_w is None and cluster.device.power_w
+    job = Job(**{k: v for k, v in job_defaults("deepseek-v3").items() if k != "tokens_to_train"})
+    by_energy = plan(model, job, cluster, SearchOptions(top_k=0, objective="energy"))
+    by_time = plan(model, job, cluster, SearchOptions(top_k=0))
+    assert by_energy.status == "OPTIMAL"
+    assert by_energy.best.step_time_s == pytest.approx(by_time.best.step_time_s, rel=1e-9)

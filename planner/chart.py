@@ -1,0 +1,116 @@
+"""Charts of what-if rows (``compare``, ``sweep``), drawn with matplotlib.
+
+matplotlib is an optional extra (``pip install 'clusterplan[chart]'``): it is imported only when a
+chart is asked for, with the Agg backend (no display needed). The charts read the rows that
+``planner.whatif`` builds; nothing here computes a figure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from models.errors import SpecError
+
+INSTALL_HINT = "install matplotlib (pip install 'clusterplan[chart]')"
+CHART_SUFFIXES = (".png", ".svg", ".pdf")
+SECONDS_PER_DAY = 86400
+TIME_COLOR, MFU_COLOR = "tab:blue", "tab:orange"
+
+
+def check_chart_path(path: str) -> None:
+    """Fail before any search: matplotlib missing, a format it will not write, or no such folder."""
+    _pyplot()
+    target = Path(path)
+    if target.suffix.lower() not in CHART_SUFFIXES:
+        raise SpecError(f"--chart: {path!r} has no chart extension; allowed: {', '.join(CHART_SUFFIXES)} "
+                        "(e.g. --chart sweep.png)")
+    if not target.parent.is_dir():
+        raise SpecError(f"--chart: folder {str(target.parent)!r} does not exist; create it or write elsewhere")
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise SpecError(f"--chart: {INSTALL_HINT}") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _left_metric(rows: list[dict]) -> tuple[str, str, float]:
+    """Time to train in days when every row that ran has a token count, else step time in s."""
+    ran = [r for r in rows if "error" not in r]
+    if ran and all(r["time_to_train_s"] is not None for r in ran):
+        return "time_to_train_s", "time to train (days)", SECONDS_PER_DAY
+    return "step_time_s", "step time (s)", 1.0
+
+
+def sweep_chart(rows: list[dict], path: str, title: str, xlabel: str) -> None:
+    """x: the swept value (categorical unless every value is a number); left: time, right: MFU."""
+    plt = _pyplot()
+    key, ylabel, unit = _left_metric(rows)
+    numeric = all(isinstance(r["value"], (int, float)) for r in rows)
+    positions = [r["value"] for r in rows] if numeric else list(range(len(rows)))
+    ran = [(x, r) for x, r in zip(positions, rows) if "error" not in r]
+    if numeric:
+        ran.sort(key=lambda point: point[0])  # the line runs along x, whatever order the values came in
+    fig, ax = plt.subplots(figsize=(8, 4.8), layout="constrained")
+    ax.plot([x for x, _ in ran], [r[key] / unit for _, r in ran], "o-", color=TIME_COLOR)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.yaxis.label.set_color(TIME_COLOR)
+    ax.set_ylim(bottom=0)
+    if numeric and min(positions) > 0 and max(positions) / min(positions) >= 4:
+        ax.set_xscale("log", base=2)  # sizes and rates in doublings: equal spacing per doubling
+    ax.set_xticks(positions, [_tick(r["value"]) for r in rows])
+    ax.minorticks_off()
+    _mfu_axis(ax, ran, "s--")
+    _mark_failures(ax, [(x, r) for x, r in zip(positions, rows) if "error" in r])
+    _save(plt, fig, path)
+
+
+def compare_chart(rows: list[dict], path: str, title: str) -> None:
+    """A bar per candidate (time to train, else step time) with its MFU as a marker on the right axis."""
+    plt = _pyplot()
+    key, ylabel, unit = _left_metric(rows)
+    positions = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(rows) + 2), 4.8), layout="constrained")
+    heights = [0.0 if "error" in r else r[key] / unit for r in rows]
+    ax.bar(positions, heights, color=TIME_COLOR, alpha=0.8)
+    ax.set(ylabel=ylabel, title=title)
+    ax.yaxis.label.set_color(TIME_COLOR)
+    ax.set_xticks(positions, [r["cluster"] for r in rows], rotation=20, ha="right")
+    _mfu_axis(ax, [(x, r) for x, r in zip(positions, rows) if "error" not in r], "s")
+    _mark_failures(ax, [(x, r) for x, r in zip(positions, rows) if "error" in r])
+    _save(plt, fig, path)
+
+
+def _mfu_axis(ax, ran: list[tuple[Any, dict]], style: str) -> None:
+    """MFU in percent on the right axis, from 0 with room above the highest point."""
+    mfu = ax.twinx()
+    percent = [r["mfu"] * 100 for _, r in ran]
+    mfu.plot([x for x, _ in ran], percent, style, color=MFU_COLOR)
+    mfu.set_ylabel("MFU (%)", color=MFU_COLOR)
+    mfu.set_ylim(0, min(100.0, 1.25 * max(percent, default=80.0)))
+
+
+def _mark_failures(ax, failed: list[tuple[Any, dict]]) -> None:
+    """A point without a layout gets a label at the foot of the axis, not a gap nobody explains."""
+    for x, _ in failed:
+        ax.annotate("no layout", (x, 0), xycoords=("data", "axes fraction"), xytext=(0, 4),
+                    textcoords="offset points", ha="center", color="tab:red", fontsize=8)
+
+
+def _tick(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _save(plt, fig, path: str) -> None:
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as err:
+        raise SpecError(f"--chart: cannot write {path}: {err.strerror or err}") from None
+    finally:
+        plt.close(fig)
