@@ -84,7 +84,7 @@ class _Model:
         # Order the (f, mb, v) choices by a lower bound of the whole objective so that the search
         # tries the most promising first (values are explored in index order); the same bound is
         # a cut on the objective.
-        lb_e = _objective_lower_bound(T)[triples[:, 0], triples[:, 1], triples[:, 2]]  # (triples, E)
+        lb_e = _cached_lower_bound(T)[triples[:, 0], triples[:, 1], triples[:, 2]]  # (triples, E)
         lb = lb_e.min(axis=1)
         keep = lb < UNREACHABLE  # a triple whose every completion overflows memory holds no solution
         if cap is not None:
@@ -94,6 +94,8 @@ class _Model:
             lb_e = np.minimum(lb_e, 0)
             lb = lb_e.min(axis=1)
         triples, lb_e, lb = triples[keep], lb_e[keep], lb[keep]
+        self.f_keep = np.zeros(len(T.space.factorizations), dtype=bool)
+        self.f_keep[triples[:, 0]] = True
         order = np.argsort(lb, kind="stable")
         triples, self.triple_lb, self.triple_e_lb = triples[order], lb[order], lb_e[order]
         fv_pairs, fv_of_triple = np.unique(triples[:, [0, 2]], axis=0, return_inverse=True)
@@ -125,6 +127,8 @@ class _Model:
             self.m.add_element(_index_expr(axes, table.shape), [int(v) for v in table.ravel()], target)
         else:
             rows = np.concatenate([np.indices(table.shape).reshape(len(axes), -1).T, table.reshape(-1, 1)], axis=1)
+            if axes and axes[0] is getattr(self, "x", {}).get("f"):  # dropped factorizations cannot occur
+                rows = rows[self.f_keep[rows[:, 0]]]
             self.m.add_allowed_assignments(list(axes) + [target], rows.tolist())
             self.table_rows += len(rows)
         return target
@@ -155,16 +159,20 @@ class _Model:
         self.tpc = self._lookup("tpc", T.tpc_of_foe, [x["f"], x["o"], x["e"]])
         self.cpg = self._lookup("cpg", T.cpg_of_fo, [x["f"], x["o"]])
         self.epg = self._lookup("epg", T.epg_of_foe, [x["f"], x["o"], x["e"]])
-        m.add_allowed_assignments([x["f"], x["e"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fe < 0)])
-        m.add_allowed_assignments([x["e"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_eo < 0)])
-        m.add_allowed_assignments([x["f"], x["e"], x["s"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fes < 0)])
-        m.add_allowed_assignments([x["f"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(T.ok_fo < 0)])
+        m.add_allowed_assignments([x["f"], x["e"]], self._f_rows(T.ok_fe < 0))
+        m.add_allowed_assignments([x["e"], x["o"]], np.argwhere(T.ok_eo < 0).tolist())
+        m.add_allowed_assignments([x["f"], x["e"], x["s"]], self._f_rows(T.ok_fes < 0))
+        m.add_allowed_assignments([x["f"], x["o"]], self._f_rows(T.ok_fo < 0))
         # Symmetry breaking (planner.space.canonical), split by the knobs each part concerns.
         order_ok = T.canon.any(axis=(1, 2, 3, 5, 6))  # (F, O)
-        m.add_allowed_assignments([x["f"], x["o"]], [tuple(map(int, t)) for t in np.argwhere(order_ok)])
+        m.add_allowed_assignments([x["f"], x["o"]], self._f_rows(order_ok))
         rest = T.canon.any(axis=4)  # (F, E, S, Z, DO, TO)
-        m.add_allowed_assignments([x["f"], x["e"], x["s"], x["z"], x["do"], x["to"]],
-                                  [tuple(map(int, t)) for t in np.argwhere(rest)])
+        m.add_allowed_assignments([x["f"], x["e"], x["s"], x["z"], x["do"], x["to"]], self._f_rows(rest))
+
+    def _f_rows(self, mask: np.ndarray) -> list:
+        """The index tuples where ``mask`` (first axis: factorization) holds, for the factorizations
+        the model keeps (the others cannot be chosen, so their rows only cost loading time)."""
+        return np.argwhere(mask & self.f_keep.reshape((-1,) + (1,) * (mask.ndim - 1))).tolist()
 
     def _memory(self) -> None:
         T, x = self.T, self.x
@@ -264,6 +272,15 @@ class _Model:
 
 
 UNREACHABLE = np.iinfo(np.int64).max // 4  # lower bound of a (triple, ep) with no layout that fits
+
+
+def _cached_lower_bound(T: Tables) -> np.ndarray:
+    """:func:`_objective_lower_bound`, computed once per tables (the model is built twice)."""
+    cached = getattr(T, "_lower_bound", None)
+    if cached is None:
+        cached = _objective_lower_bound(T)
+        object.__setattr__(T, "_lower_bound", cached)
+    return cached
 
 
 def _objective_lower_bound(T: Tables) -> np.ndarray:

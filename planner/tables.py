@@ -158,9 +158,14 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     F, O, E = len(S.factorizations), len(S.order), len(S.ep)
     probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
+    # Compute per (tp, cp, ep, expert_tp); a (factorization, expert layout) that breaks the expert
+    # rules (masked by ok_fe) points at its ep=1 row instead, so its terms are never computed.
     experts = list(zip(S.ep, S.expert_tp))
-    tc_pos, tc_keys = _index([(f[0], f[3], e, et) for f in S.factorizations for e, et in experts])
-    tc_of_fe = np.array([[tc_pos[(f[0], f[3], e, et)] for e, et in experts] for f in S.factorizations])
+    def tc_key(f, e, et):
+        valid = expert_ok(ctx.model, f[0], f[2], f[3], e, et) is None
+        return (f[0], f[3], e, et) if valid else (f[0], f[3], 1, True)
+    tc_pos, tc_keys = _index([tc_key(f, e, et) for f in S.factorizations for e, et in experts])
+    tc_of_fe = np.array([[tc_pos[tc_key(f, e, et)] for e, et in experts] for f in S.factorizations])
     ta_pos, ta_keys = _index([(f[0], f[3]) for f in S.factorizations])  # memory does not depend on ep
     ta_of_f = np.array([ta_pos[(f[0], f[3])] for f in S.factorizations])
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
