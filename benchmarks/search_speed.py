@@ -50,6 +50,8 @@ CASES = (
     Case("deepseek-v3", "deepseek-v3", "hgx-h800", 2048, 15360, 4096, "fp8", "batch from the model's job defaults"),
     Case("llama2-70b-tpu", "llama2-70b", "tpu-v5p-pod", 1024, 1024, 4096, "bf16",
          "one 8x8x16 slice; batch from the model's job defaults; the order also picks the torus traversal"),
+    Case("deepseek-v3-nvl72", "deepseek-v3", "gb200-nvl72", 576, 15360, 4096, "fp8",
+         "one SU of 8 NVL72 racks; 72-GPU NVLink domains allow tp up to 72, so many factorizations"),
 )
 
 # The child: everything a `clusterplan plan` call does, minus printing. It writes one JSON line.

@@ -294,38 +294,10 @@ def _objective_lower_bound(T: Tables) -> np.ndarray:
     step) or the micro-batch count times its last bucket (ZeRO 3), whatever the overlap window.
     For the energy objective the busy part is bounded by its plain minima.
     """
-    Q = SLOT_QUANTUM
-    axis = {d: k for k, d in enumerate(DIMS)}
-    placed = (_place(T.ok_fo, ("f", "o")) < 0) & (_place(T.ok_eo, ("e", "o")) < 0)  # orders allowed
-
-    def min_over_orders(arr: np.ndarray, *more: str) -> np.ndarray:
-        arr = np.where(placed, arr, UNREACHABLE)
-        return arr.min(axis=(axis["o"], *(axis[d] for d in more)), keepdims=True)
-
-    X = min_over_orders(layer_time(T, slice(None)), "to")
-    H = min_over_orders(_place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb")))
-    U, M = _place(T.U, ("f", "mb", "v")), _place(T.M, ("f", "mb"))
-    zero3 = _place(np.array(T.space.zero_stage) == 3, ("z",))
-    dims5 = ("f", "o", "v", "e", "z")
-    # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
-    # window (this stage's backward, or whole compute for ZeRO-3 gathers) cannot hide.
-    frac = _place(T.FRAC, ("f", "v"))
-    bwd = _place(T.BWD[T.tc_of_fe], ("f", "e", "mb", "s", "r"))
-    comp = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r"))
-    step_tr = Q * min_over_orders(_place(T.DPS, dims5))
-    mb_tr = Q * min_over_orders(_place(T.DPM, dims5))
-    step_part = np.maximum(-(-step_tr // NUM_GRAD_BUCKETS), step_tr - frac * bwd)
-    mb_part = np.maximum(-(-mb_tr // NUM_GRAD_BUCKETS), mb_tr - frac * comp)
-    dp = np.where(zero3, M * mb_part, step_part)
-    opt = Q * _place(T.OPT, ("f", "v", "e", "z"))
-    total = U * X + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1)
-    ok = _memory_fits(T) & (_place(T.ok_fes, ("f", "e", "s")) < 0) & (_place(T.ok_fe, ("f", "e")) < 0)
-    ok &= (X < UNREACHABLE) & (H < UNREACHABLE)
-    total = np.where(ok, total, UNREACHABLE).min(axis=(axis["s"], axis["r"], axis["z"]))
-    lb = total.reshape(total.shape[0], total.shape[2], total.shape[3], total.shape[4])  # (F, E, V, MB)
+    lb = np.concatenate([_lower_bound_block(T, sl) for sl in _f_blocks(T)], axis=0)  # (F, E, V, MB)
     lb = np.transpose(lb, (0, 3, 2, 1))  # (F, MB, V, E)
     if T.busy_weight:
-        xmin, hmin = _factor_minima(T)
+        Q = SLOT_QUANTUM
         cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9))  # (F, MB)
         head_min = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9))
         opt_min = Q * T.OPT.min(axis=(2, 3))  # (F, V)
@@ -334,14 +306,59 @@ def _objective_lower_bound(T: Tables) -> np.ndarray:
     return np.where(lb < UNREACHABLE, T.time_weight * lb, UNREACHABLE)
 
 
-def _memory_fits(T: Tables) -> np.ndarray:
+LB_BLOCK_ELEMENTS = 1 << 19  # (f, e, v, mb, s, r, z) cells per block: bounded memory on large spaces
+
+
+def _f_blocks(T: Tables) -> list[slice]:
+    S = T.space
+    per_f = len(S.ep) * len(S.vp) * len(S.micro_batch_size) * len(S.sequence_parallel) * len(S.recompute) * len(S.zero_stage)
+    step = max(1, LB_BLOCK_ELEMENTS // max(1, per_f))
+    n = len(S.factorizations)
+    return [slice(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
+    """:func:`_objective_lower_bound`'s time part for the factorizations in ``sl``: (f, e, v, mb)."""
+    Q = SLOT_QUANTUM
+    axis = {d: k for k, d in enumerate(DIMS)}
+    placed = (_place(T.ok_fo[sl], ("f", "o")) < 0) & (_place(T.ok_eo, ("e", "o")) < 0)  # orders allowed
+
+    def min_over_orders(arr: np.ndarray, *more: str) -> np.ndarray:
+        arr = np.where(placed, arr, UNREACHABLE)
+        return arr.min(axis=(axis["o"], *(axis[d] for d in more)), keepdims=True)
+
+    X = min_over_orders(layer_time(T, sl), "to")
+    H = min_over_orders(_place(T.H[T.tpg_of_fo[sl]], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb")))
+    U, M = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb"))
+    zero3 = _place(np.array(T.space.zero_stage) == 3, ("z",))
+    dims5 = ("f", "o", "v", "e", "z")
+    # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
+    # window (this stage's backward, or whole compute for ZeRO-3 gathers) cannot hide.
+    frac = _place(T.FRAC[sl], ("f", "v"))
+    tc = T.tc_of_fe[sl]
+    bwd = _place(T.BWD[tc], ("f", "e", "mb", "s", "r"))
+    comp = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
+    step_tr = Q * min_over_orders(_place(T.DPS[sl], dims5))
+    mb_tr = Q * min_over_orders(_place(T.DPM[sl], dims5))
+    step_part = np.maximum(-(-step_tr // NUM_GRAD_BUCKETS), step_tr - frac * bwd)
+    mb_part = np.maximum(-(-mb_tr // NUM_GRAD_BUCKETS), mb_tr - frac * comp)
+    dp = np.where(zero3, M * mb_part, step_part)
+    opt = Q * _place(T.OPT[sl], ("f", "v", "e", "z"))
+    total = U * X + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1)
+    ok = _memory_fits(T, sl) & (_place(T.ok_fes[sl], ("f", "e", "s")) < 0) & (_place(T.ok_fe[sl], ("f", "e")) < 0)
+    ok &= (X < UNREACHABLE) & (H < UNREACHABLE)
+    total = np.where(ok, total, UNREACHABLE).min(axis=(axis["s"], axis["r"], axis["z"]))
+    return total.reshape(total.shape[0], total.shape[2], total.shape[3], total.shape[4])
+
+
+def _memory_fits(T: Tables, sl: slice = slice(None)) -> np.ndarray:
     """Whether the peak memory fits, over (f, e, v, mb, s, r, z) (placed on DIMS)."""
-    ta = T.ta_of_f
-    static = _place(T.STATIC, ("f", "v", "e", "z"))
+    ta = T.ta_of_f[sl]
+    static = _place(T.STATIC[sl], ("f", "v", "e", "z"))
     act = _place(T.ACT[ta], ("f", "mb", "s", "r"))
     trans = _place(T.TRANS[ta], ("f", "mb", "s", "r"))
-    mem1 = static + act * _place(T.IF1, ("f", "mb", "v")) + trans
-    mem2 = static + act * _place(T.IF2, ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb"))
+    mem1 = static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans
+    mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb"))
     return np.maximum(mem1, mem2) <= T.capacity
 
 
