@@ -155,18 +155,12 @@ def _looks_like_file(text: str) -> bool:
 
 def load_cluster(name_or_path: str, num_devices: int | None, num_nodes: int | None, device: str | None,
                  scale_out_gbit_per_s: float | None, oversubscription: float | None) -> Cluster:
-    """A preset (sized and overridden by the options) or a cluster file (which carries its own size)."""
+    """A preset or a cluster file, sized and overridden by the options (which win over the file)."""
     if not _looks_like_file(name_or_path):
         return build_cluster(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
                              scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
-    given = {"--devices": num_devices, "--nodes": num_nodes, "--device": device,
-             "--scale-out-gbit-per-s": scale_out_gbit_per_s, "--oversubscription": oversubscription}
-    clash = [flag for flag, value in given.items() if value is not None]
-    if clash:
-        raise SpecError(f"{', '.join(clash)}: not allowed with a cluster file ({name_or_path}); set num_devices "
-                        "or num_nodes, device, scale_out.nic_gbit_per_s and scale_out.oversubscription "
-                        "in the file instead")
-    return load_cluster_file(name_or_path)
+    return load_cluster_file(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
+                             scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
 
 
 def published_defaults(model_arg: str) -> dict[str, Any]:
@@ -237,7 +231,8 @@ INPUT_OPTIONS = [
                  help="Cluster preset id or alias (see `clusterplan clusters`), or the path of a YAML "
                       "cluster file."),
     click.option("--devices", "--gpus", "num_devices", type=POSITIVE_INT,
-                 help="Number of accelerators (default: the preset's reference size)."),
+                 help="Number of accelerators (default: the preset's reference size, or the cluster file's "
+                      "size; these options override a cluster file's values)."),
     click.option("--nodes", "num_nodes", type=POSITIVE_INT,
                  help="Number of nodes (hosts) instead of --devices."),
     click.option("--device", "device", metavar="ID",
@@ -511,7 +506,7 @@ def sweep_command(over, model_arg, cluster_arg, num_devices, num_nodes, device, 
     given = dict(num_devices=num_devices, num_nodes=num_nodes, device=device, global_batch=global_batch,
                  scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription, seq_len=seq_len,
                  precision=precision)
-    check_sweep_options(study, given, _looks_like_file(cluster_arg))
+    check_sweep_options(study, given)
     _check_outputs(as_json, csv_path, chart_path)
     model = load_model(model_arg)
     options = SearchOptions(engine=engine, top_k=0, time_limit_s=time_limit_s, objective=objective,

@@ -129,10 +129,6 @@ class Knob:
     clashes: tuple[str, ...] = ()
     """Other params that set the same thing (a size by devices or by nodes)."""
 
-    @property
-    def cluster_level(self) -> bool:
-        return self.param in ("num_devices", "num_nodes", "device", "scale_out_gbit_per_s", "oversubscription")
-
 
 SWEEP_KNOBS: dict[str, Knob] = {
     "devices": Knob(option="--devices", param="num_devices", kind="int", axis_label="devices",
@@ -222,8 +218,9 @@ def _knob_value(key: str, knob: Knob, raw: str) -> Any:
     return number
 
 
-def check_sweep_options(sweep: Sweep, given: dict[str, Any], cluster_is_file: bool) -> None:
-    """Refuse a swept knob that the command line also sets, or a cluster knob with a cluster file.
+def check_sweep_options(sweep: Sweep, given: dict[str, Any]) -> None:
+    """Refuse a swept knob that the command line also sets (a cluster file takes the swept knob
+    like a preset does: the command line's value wins over the file's).
 
     ``given`` maps each ``plan`` option's keyword (``num_devices``) to its value (None if unset).
     """
@@ -233,9 +230,6 @@ def check_sweep_options(sweep: Sweep, given: dict[str, Any], cluster_is_file: bo
             flag = next(k.option for k in SWEEP_KNOBS.values() if k.param == param)
             raise SpecError(f"--over {sweep.knob}: {flag} {given[param]} is also given; the sweep sets "
                             f"{'the size' if knob.clashes else knob.option} at each point, so drop {flag}")
-    if cluster_is_file and knob.cluster_level:
-        raise SpecError(f"--over {sweep.knob}: a cluster file carries its own {knob.option.lstrip('-')}; sweep "
-                        "a preset (--cluster ID), or sweep global-batch, seq-len or precision")
 
 
 def sweep(model: ModelSpec, study: Sweep, build: Callable[[Any], tuple[Cluster, Job]],

@@ -153,8 +153,8 @@ BAD_INPUT = {
                         "fp8"),
     "device of another family": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--device", "tpu-v4"],
                                  "cannot run on dgx-h100-superpod"),
-    "sizes with a cluster file": (["plan", "--model", "gpt", "--cluster", "{tmp}/pod.yaml", "--devices", "8"],
-                                  "not allowed with a cluster file"),
+    "size a cluster file cannot take": (["plan", "--model", "gpt", "--cluster", "{tmp}/pod.yaml", "--devices", "12"],
+                                        "whole 8-device nodes"),
     "missing option": (["plan", "--cluster", "dgx-superpod"], "--model"),
     "degrees do not multiply": (["evaluate", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "64",
                                  "--layout", "tp=8,pp=4,dp=4"], "the cluster has 64 devices"),
@@ -521,8 +521,9 @@ def test_sweep_bad_input_exits_2(case):
 
 def test_sweep_of_a_cluster_knob_with_a_cluster_file(tmp_path):
     (tmp_path / "pod.yaml").write_text("base: dgx-h100-superpod\nnum_nodes: 2\n")
-    result = run("sweep", "--model", "llama2-7b", "--cluster", str(tmp_path / "pod.yaml"), "--over", "nodes=2,4")
-    assert result.exit_code == 2 and "a cluster file carries its own nodes" in result.stderr
+    result = run("sweep", "--model", "llama2-7b", "--cluster", str(tmp_path / "pod.yaml"), "--over", "nodes=2,4",
+                 "--search", "exhaustive", "--json")
+    assert result.exit_code == 0 and [r["num_devices"] for r in json.loads(result.stdout)] == [16, 32]
     ok = run("sweep", "--model", "llama2-7b", "--cluster", str(tmp_path / "pod.yaml"), "--over", "global-batch=256,512",
              "--search", "exhaustive", "--json")
     assert ok.exit_code == 0 and [r["num_devices"] for r in json.loads(ok.stdout)] == [16, 16]
@@ -551,3 +552,15 @@ def test_slurm_export():
               "--search", "exhaustive")
     assert tpu.exit_code == 2 and tpu.stdout == ""
     assert "tpu-torus cluster (tpu-v5p), which torchrun does not launch" in tpu.stderr
+
+
+def test_command_line_overrides_a_cluster_file(tmp_path):
+    (tmp_path / "pod.yaml").write_text("base: dgx-h100-superpod\nnum_nodes: 2\n")
+    pod = str(tmp_path / "pod.yaml")
+    doc = run_json("plan", "--model", "llama2-7b", "--cluster", pod, "--devices", "32", "--device", "h200-sxm-141gb",
+                   "--top", "0", "--search", "exhaustive")
+    assert doc["num_devices"] == 32 and doc["inputs"]["cluster"]["device"] == "h200-sxm-141gb"
+    assert run_json("plan", "--model", "llama2-7b", "--cluster", pod, "--top", "0", "--search", "exhaustive")["num_devices"] == 16
+    (tmp_path / "tpu.yaml").write_text("base: tpu-v5p-pod\nnum_devices: 64\n")
+    bad = run("plan", "--model", "llama2-7b", "--cluster", str(tmp_path / "tpu.yaml"), "--oversubscription", "2")
+    assert bad.exit_code == 2 and "no switched fat-tree" in bad.stderr

@@ -577,8 +577,14 @@ def assemble_cluster(entry: PresetEntry, device: DeviceSpec, num_devices: int,
 
 
 # ---- cluster files ---------------------------------------------------------------------------------
-def load_cluster_file(path: str | Path) -> Cluster:
+def load_cluster_file(path: str | Path, num_devices: int | None = None, num_nodes: int | None = None,
+                      device: str | None = None, scale_out_gbit_per_s: float | None = None,
+                      oversubscription: float | None = None) -> Cluster:
     """Build a cluster from a YAML/JSON cluster file (format in the module docstring).
+
+    The keyword arguments are the command line's overrides: a size (``num_devices`` or
+    ``num_nodes``) replaces the file's, ``device`` its device (a catalogue id), and the NIC rate
+    and oversubscription go into its ``scale_out`` block.
 
     Raises
     ------
@@ -593,7 +599,18 @@ def load_cluster_file(path: str | Path) -> Cluster:
     if fmt != CLUSTER_FILE_FORMAT:
         raise SpecError(f"{where}: format: expected {CLUSTER_FILE_FORMAT!r} (given: {fmt!r})")
     links = {**_links(), **_user_links(data.pop("links", None) or {}, where)}
-    num_devices, num_nodes = data.pop("num_devices", None), data.pop("num_nodes", None)
+    file_devices, file_nodes = data.pop("num_devices", None), data.pop("num_nodes", None)
+    if num_devices is None and num_nodes is None:
+        num_devices, num_nodes = file_devices, file_nodes
+    if device is not None:
+        data["device"] = device
+    if scale_out_gbit_per_s is not None or oversubscription is not None:
+        scale_out = dict(data.get("scale_out") or {})
+        if scale_out_gbit_per_s is not None:
+            scale_out["nic_gbit_per_s"] = scale_out_gbit_per_s
+        if oversubscription is not None:
+            scale_out["oversubscription"] = oversubscription
+        data["scale_out"] = scale_out
     device = _file_device(data.pop("device", None), where)
     merged = _merge_base(data, where)
     if device is not None:
@@ -604,6 +621,7 @@ def load_cluster_file(path: str | Path) -> Cluster:
     if "reference_size" not in merged:
         merged["reference_size"] = _reference_size(num_devices, num_nodes, merged.get("devices_per_node"), where)
     entry = _validate(PresetEntry, merged, where)
+    _oversubscription(entry, oversubscription)  # the command line's value, checked as for a preset
     device = device or load_device(entry.device)
     return assemble_cluster(entry, device, _num_devices(entry, num_devices, num_nodes), links)
 
