@@ -106,10 +106,6 @@ def objective_seconds(units: int) -> float:
     return units * TIME_QUANTUM_S / SLOT_QUANTUM
 
 
-def objective_joules(units: int, num_devices: int) -> float:
-    """Convert the integer objective of an energy search (watt x time units per device) to joules."""
-    return objective_seconds(units) * num_devices
-
 
 def _infeasible(ctx: Context, tables, rejections: dict[str, int], bounds: Bounds) -> InfeasibleError:
     cluster, model = ctx.cluster, ctx.model

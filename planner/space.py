@@ -83,10 +83,6 @@ class Space:
             n *= len(getattr(self, name))
         return n
 
-    def expert(self, e: int) -> tuple[int, bool]:
-        """The ``(ep, expert_tp)`` pair at index ``e`` of the expert axis."""
-        return self.ep[e], self.expert_tp[e]
-
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
