@@ -61,7 +61,8 @@ class SearchResult:
     status: str
     gap: float
     wall_s: float
-    objective_units: list[int]
+    objective_units: list[int]  # the integer objective: time in 1e-10 s (objective_seconds); energy in
+    # (watts / gcd of the weights) x 1e-10 s per device
     space: Space | None = None
     objective: str = "time"
 
