@@ -253,9 +253,10 @@ INPUT_OPTIONS = [
                  help="Tokens to train, for time, energy and cost to train: 300e9, 300B, 1.5T "
                       "(default: the model's published figure, if any)."),
     click.option("--attention", type=click.Choice(list(ATTENTION_KINDS)), default="flash", show_default=True,
-                 help="Attention kernel: flash (fused, FlashAttention-style) or unfused (scores written to "
-                      "memory, separate softmax and dropout: stacks from before FlashAttention, e.g. "
-                      "Megatron-LM 2021)."),
+                 help="Attention kernel: flash (fused, the device's best: FlashAttention-3/cuDNN on Hopper), "
+                      "flash2 (FlashAttention-2 kernels, e.g. PyTorch SDPA: slower on Hopper) or unfused "
+                      "(scores written to memory, separate softmax and dropout: stacks from before "
+                      "FlashAttention, e.g. Megatron-LM 2021)."),
 ]
 PROBLEM_OPTIONS = INPUT_OPTIONS + [
     click.option("--json", "as_json", is_flag=True, help="Print the Plan document as JSON, nothing else."),

@@ -33,10 +33,12 @@ def gemm_rate(device: DeviceSpec, precision: str) -> float:
     return device.peak("bf16" if precision == "fp8" else precision) * device.gemm.large * device.sustained_fraction
 
 
-def attention_rate(device: DeviceSpec, precision: str) -> float:
-    """Achieved FLOP/s of fused attention; it runs in 16-bit even in FP8 training."""
+def attention_rate(device: DeviceSpec, precision: str, variant: str = "") -> float:
+    """Achieved FLOP/s of fused attention; it runs in 16-bit even in FP8 training. ``variant="fa2"``:
+    FlashAttention-2 kernels, slower where the device has a figure for them (Hopper)."""
     dtype = "bf16" if precision == "fp8" else precision
-    return device.peak(dtype) * (device.attention_efficiency or device.gemm.large) * device.sustained_fraction
+    eff = (device.attention_efficiency_fa2 if variant == "fa2" else None) or device.attention_efficiency
+    return device.peak(dtype) * (eff or device.gemm.large) * device.sustained_fraction
 
 
 def memory_rate(device: DeviceSpec) -> float:
@@ -78,7 +80,7 @@ def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False
     if op.kind == "memory":
         compute_s = 0.0
     elif op.kind == "attention":
-        compute_s = op.flops * op.causal_fraction * factor / attention_rate(device, precision)
+        compute_s = op.flops * op.causal_fraction * factor / attention_rate(device, precision, op.variant)
     elif op.kind == "bmm":  # unfused attention's batched GEMMs: cuBLAS, 16-bit even in FP8 training
         compute_s = op.flops * factor / gemm_rate(device, "bf16" if precision == "fp8" else precision)
         compute_s /= _shape_efficiency(op, device)

@@ -168,9 +168,11 @@ class Job:
     tokens_to_train : total tokens, for time, cost and energy to train.
     grad_bytes : bytes per gradient element kept for the optimizer (4: fp32 main grads, the
         Megatron-LM default for 16-bit training).
-    attention : flash (a fused kernel, FlashAttention and its successors: the default) or unfused
-        (scores written to memory, softmax and dropout as separate kernels: training stacks from
-        before FlashAttention, e.g. Megatron-LM 2021; ``models.ops.unfused_attention_ops``).
+    attention : flash (a fused kernel at the device's best: FlashAttention-3 / cuDNN on Hopper; the
+        default), flash2 (FlashAttention-2 kernels, e.g. PyTorch SDPA's flash backend: 35% of peak
+        on H100) or unfused (scores written to memory, softmax and dropout as separate kernels:
+        training stacks from before FlashAttention, e.g. Megatron-LM 2021;
+        ``models.ops.unfused_attention_ops``).
     """
 
     global_batch_size: int

@@ -19,7 +19,7 @@ from models.spec import ModelSpec
 
 OpKind = Literal["gemm", "attention", "bmm", "memory"]
 ACT_BYTES = 2  # 16-bit activations
-ATTENTION_KINDS: tuple[str, ...] = ("flash", "unfused")
+ATTENTION_KINDS: tuple[str, ...] = ("flash", "flash2", "unfused")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,7 @@ class Op:
     rows: float = 0.0  # GEMM output rows (M) of one group; 0: unknown (no tile quantization)
     cols: float = 0.0  # GEMM output columns (N) of one group
     groups: int = 1  # independent GEMMs of that shape in one launch (grouped experts, batched heads)
+    variant: str = ""  # kernel variant of a fused attention op: "" (the device's best) or "fa2"
 
 
 def _gemm(name: str, m: float, k: float, n: float) -> Op:
@@ -50,8 +51,9 @@ def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, a
 
     The attention core counts ``4 * n * kv_len * a * d`` FLOPs (scores and values, no causal
     halving: the PaLM/MFU convention). ``attention="flash"``: one fused kernel that never writes
-    the scores and skips the masked half (``causal_fraction``). ``"unfused"``: the pre-FlashAttention
-    path (:func:`unfused_attention_ops`).
+    the scores and skips the masked half (``causal_fraction``), at the device's best attention
+    efficiency; ``"flash2"``: the same with FlashAttention-2 kernels (slower on Hopper); ``"unfused"``:
+    the pre-FlashAttention path (:func:`unfused_attention_ops`).
     """
     h, a = model.hidden_size, model.num_attention_heads
     d = model.head_dim_resolved
@@ -64,7 +66,8 @@ def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, a
     else:
         core_flops = 2.0 * num_tokens * kv_len * a * (qk + v) / tp
         core_bytes = ACT_BYTES * num_tokens * (2 * a + 2 * g) * d / tp
-        core = [Op("attention", "attention", core_flops, core_bytes, causal_fraction=0.5, core=True)]
+        core = [Op("attention", "attention", core_flops, core_bytes, causal_fraction=0.5, core=True,
+                   variant="fa2" if attention == "flash2" else "")]
     return [_gemm("qkv", num_tokens, h, qkv_params / h / tp), *core,
             _gemm("attn_out", num_tokens, out_params / h / tp, h)]
 

@@ -80,6 +80,11 @@ class DeviceSpec(BaseModel):
         None, gt=0, le=1,
         description="Achieved fraction of 16-bit peak for fused (flash) attention, fwd+bwd; None: gemm.large.",
     )
+    attention_efficiency_fa2: float | None = Field(
+        None, gt=0, le=1,
+        description="Fused attention with FlashAttention-2 kernels (``--attention flash2``) where they trail "
+                    "the family's best kernel; None: the same as attention_efficiency.",
+    )
     kernel_overhead_s: float = Field(
         ge=0, description="Fixed launch/framework overhead per kernel on this device (seconds)."
     )

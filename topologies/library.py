@@ -110,6 +110,9 @@ class CalibrationEntry(_Entry):
     attention_efficiency: float | None = Field(
         None, gt=0, le=1, description="Fused attention fwd+bwd achieved fraction of 16-bit peak.")
     attention_efficiency_source: str = Field("", description="Where it was measured.")
+    attention_efficiency_fa2: float | None = Field(
+        None, gt=0, le=1, description="The same for FlashAttention-2 kernels where they trail the family's best.")
+    attention_efficiency_fa2_source: str = Field("", description="Where it was measured.")
 
 
 class DeviceEntry(_Entry):
@@ -333,6 +336,7 @@ def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
         gemm=entry.gemm,
         sustained_fraction=group.sustained_fraction if group else 1.0,
         attention_efficiency=group.attention_efficiency if group else None,
+        attention_efficiency_fa2=group.attention_efficiency_fa2 if group else None,
         kernel_overhead_s=entry.kernel_overhead_s if entry.kernel_overhead_s is not None else group.kernel_overhead_s,
         sources=list(resolve_sources(entry.sources)), contested=list(entry.contested),
     )
