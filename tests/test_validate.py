@@ -63,7 +63,7 @@ def test_published_layouts_are_held(bundled):
 def test_regression_bounds(bundled):
     """Today's figures (docs/cost-model.md): a change that makes them worse fails here."""
     s = bundled["summary"]["overall"]
-    assert s["p90_abs_error"] <= 0.45
+    assert s["p90_abs_error"] <= 0.35  # 32.1% today
     assert s["fits"] >= s["evaluated"] - 1  # only DeepSeek-V3's DualPipe layout overflows today
 
 
