@@ -298,9 +298,7 @@ WHATIF_OUTPUT_OPTIONS = [
 @click.command("plan")
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
-def plan_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
-                 global_batch, seq_len, precision, tokens, attention, as_json, top_k, engine, time_limit_s, fix, minimum,
-                 maximum, memory_headroom, objective):
+def plan_command(as_json, **options):
     """Search the parallel layouts of MODEL on CLUSTER and report the fastest that fits (or the
     cheapest, or the least energy, with --objective).
 
@@ -308,16 +306,15 @@ def plan_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_o
     Example:  plan --model gpt --cluster dgx-superpod
               plan --model llama3-70b --cluster dgx-h100-superpod --devices 256 --fix tp=8 --top 5
     """
-    result, cluster, origin = _load_and_search(
-        model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
-        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective, attention)
+    result, cluster, origin = _load_and_search(**options)
     emit(plan_document(result), cluster, origin, as_json)
 
 
-def _load_and_search(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
-                     global_batch, seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum,
-                     memory_headroom, objective="time", attention="flash"):
-    """Load the inputs of ``plan``/``explain`` and run the search: (result, cluster, origin)."""
+def _load_and_search(*, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
+                     oversubscription, global_batch, seq_len, precision, tokens, attention, top_k, engine,
+                     time_limit_s, fix, minimum, maximum, memory_headroom, objective):
+    """Load the inputs of ``plan``/``explain``/``export`` (their options, by name) and run the search:
+    (result, cluster, origin)."""
     model = load_model(model_arg)
     cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
     job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention)
@@ -404,13 +401,9 @@ def devices_command(as_json):
 @click.command("explain")
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
-def explain_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
-                    global_batch, seq_len, precision, tokens, attention, as_json, top_k, engine, time_limit_s, fix, minimum,
-                    maximum, memory_headroom, objective):
+def explain_command(as_json, **options):
     """Why the best layout won: against each runner-up, what binds, and one step in every knob."""
-    result, _, _ = _load_and_search(
-        model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
-        seq_len, precision, tokens, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective, attention)
+    result, _, _ = _load_and_search(**options)
     doc = plan_document(result)
     if as_json:
         click.echo(json.dumps(doc["explanation"], indent=2))
@@ -600,14 +593,10 @@ def _compact(layout: dict) -> str:
                    "the Megatron arguments; GPU clusters only).")
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
-def export_command(fmt, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                   oversubscription, global_batch, seq_len, precision, tokens, attention, as_json, top_k, engine, time_limit_s,
-                   fix, minimum, maximum, memory_headroom, objective):
+def export_command(fmt, as_json, **options):
     """Search as plan does, then print the best layout as a launcher config (a starting point to
     check against your launcher's version)."""
-    result, _, _ = _load_and_search(
-        model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription, global_batch,
-        seq_len, precision, tokens, 0, engine, time_limit_s, fix, minimum, maximum, memory_headroom, objective, attention)
+    result, _, _ = _load_and_search(**{**options, "top_k": 0})  # the config needs the winner only
     text = export(plan_document(result), fmt)
     click.echo(json.dumps({"format": fmt, "config": text}, indent=2) if as_json else text)
 
