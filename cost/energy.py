@@ -58,10 +58,14 @@ def step_cost_usd(cluster: Cluster, step_s: float) -> float | None:
     return None if price is None else price * cluster.num_devices * step_s / 3600.0
 
 
+# The device figure each objective needs (time needs none), and how the error names it.
+_NEEDS = {"cost": ("price_per_hour_usd", "a price"), "energy": ("power_w", "a power figure")}
+
+
 def objective_available(cluster: Cluster, objective: str) -> bool:
     """Whether the device has the figure ``objective`` needs (a price for cost, a power for energy)."""
-    dev = cluster.device
-    return {"cost": dev.price_per_hour_usd is not None, "energy": dev.power_w is not None}.get(objective, True)
+    need = _NEEDS.get(objective)
+    return need is None or getattr(cluster.device, need[0]) is not None
 
 
 def objective_weights(cluster: Cluster, objective: str) -> tuple[int, int]:
@@ -73,15 +77,11 @@ def objective_weights(cluster: Cluster, objective: str) -> tuple[int, int]:
     """
     if objective not in OBJECTIVES:
         raise SpecError(f"--objective: got {objective!r}; allowed: {', '.join(OBJECTIVES)}")
-    dev = cluster.device
-    if objective == "cost" and dev.price_per_hour_usd is None:
-        raise SpecError(f"--objective cost: device {dev.id} has no price_per_hour_usd in the catalogue; "
-                        "use --objective time or a cluster file whose device has a price")
+    if not objective_available(cluster, objective):
+        field, what = _NEEDS[objective]
+        raise SpecError(f"--objective {objective}: device {cluster.device.id} has no {field} in the catalogue; "
+                        f"use --objective time or a cluster file whose device has {what}")
     if objective != "energy":
         return 1, 0
-    watts = power_w(cluster)
-    if watts is None:
-        raise SpecError(f"--objective energy: device {dev.id} has no power_w in the catalogue; "
-                        "use --objective time or a cluster file whose device has a power figure")
-    waiting, extra = watts
+    waiting, extra = power_w(cluster)
     return max(1, round(waiting)), round(extra)

@@ -54,21 +54,19 @@ def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
         "energy_per_step_j": step_energy_j(cluster, ev.time),
         "cost_per_step_usd": step_cost_usd(cluster, ev.step_time_s),
     }
-    out.update(training_totals(ev, job, cluster))
+    out.update(training_totals(out, job))
     return out
 
 
-def training_totals(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
-    """Time, energy and cost to train ``job.tokens_to_train`` tokens (None where unknown)."""
+def training_totals(figures: dict, job: Job) -> dict:
+    """Time, energy and cost to train ``job.tokens_to_train`` tokens from the per-step ``figures``
+    (None where unknown)."""
     if not job.tokens_to_train:
         return {"time_to_train_s": None, "energy_j": None, "cost_usd": None}
     steps = job.tokens_to_train / job.tokens_per_step
-    energy, cost = step_energy_j(cluster, ev.time), step_cost_usd(cluster, ev.step_time_s)
-    return {
-        "time_to_train_s": steps * ev.step_time_s,
-        "energy_j": None if energy is None else steps * energy,
-        "cost_usd": None if cost is None else steps * cost,
-    }
+    scale = lambda value: None if value is None else steps * value
+    return {"time_to_train_s": scale(figures["step_time_s"]), "energy_j": scale(figures["energy_per_step_j"]),
+            "cost_usd": scale(figures["cost_per_step_usd"])}
 
 
 def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
