@@ -84,7 +84,7 @@ class _Model:
         # Order the (f, mb, v) choices by a lower bound of the whole objective so that the search
         # tries the most promising first (values are explored in index order); the same bound is
         # a cut on the objective.
-        lb_e = _cached_lower_bound(T)[triples[:, 0], triples[:, 1], triples[:, 2]]  # (triples, E)
+        lb_e = _once(T, _objective_lower_bound)[triples[:, 0], triples[:, 1], triples[:, 2]]  # (triples, E)
         lb = lb_e.min(axis=1)
         keep = lb < UNREACHABLE  # a triple whose every completion overflows memory holds no solution
         if cap is not None:
@@ -211,7 +211,7 @@ class _Model:
         tw, bw = T.time_weight, T.busy_weight
         pipe = self._product("pipeline", u, layer, int(T.U.max()) * layer_hi, tw)
         extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi, tw * Q)
-        xmin, hmin = _factor_minima(T)
+        xmin, hmin = _once(T, _factor_minima)
         m.add(pipe >= self._lookup("pipeline_lb", self._fvm_table(T.U * xmin[:, :, None]), [self.fvm]))
         m.add(extra >= self._lookup("head_lb", self._fvm_table((T.M * hmin)[:, :, None].repeat(T.U.shape[2], 2)),
                                     [self.fvm]))
@@ -274,13 +274,12 @@ class _Model:
 UNREACHABLE = np.iinfo(np.int64).max // 4  # lower bound of a (triple, ep) with no layout that fits
 
 
-def _cached_lower_bound(T: Tables) -> np.ndarray:
-    """:func:`_objective_lower_bound`, computed once per tables (the model is built twice)."""
-    cached = getattr(T, "_lower_bound", None)
-    if cached is None:
-        cached = _objective_lower_bound(T)
-        object.__setattr__(T, "_lower_bound", cached)
-    return cached
+def _once(T: Tables, fn):
+    """``fn(T)``, computed once per tables: the model is built twice (optimum, then runners-up)."""
+    cache = T.__dict__.setdefault("_derived", {})
+    if fn.__name__ not in cache:
+        cache[fn.__name__] = fn(T)
+    return cache[fn.__name__]
 
 
 def _objective_lower_bound(T: Tables) -> np.ndarray:

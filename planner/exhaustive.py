@@ -196,6 +196,7 @@ def restrict(T: Tables, keep: dict) -> Tables:
     space_attr = {"o": "order", "e": "ep", "v": "vp", "mb": "micro_batch_size", "s": "sequence_parallel",
                   "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap"}
     sub = copy.copy(T)
+    sub.__dict__.pop("_derived", None)  # values derived from T's full axes (planner.cpsat._once)
     for name, dims in axes.items():
         arr = getattr(T, name)
         for ax, d in enumerate(dims):
