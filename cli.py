@@ -777,7 +777,7 @@ def _header(doc: dict, cluster: Cluster, origin: dict[str, str], console: Consol
 
 
 def _layout_text(layout: dict) -> str:
-    return Layout(**{k: v for k, v in layout.items() if k != "num_microbatches"}).short()
+    return Layout.from_dict(layout).short()
 
 
 def _figures(doc: dict, console: Console) -> None:

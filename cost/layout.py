@@ -136,6 +136,11 @@ class Layout:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Layout":
+        """The layout of a Plan document's ``layout`` block (which adds ``num_microbatches``)."""
+        return cls(**{k: v for k, v in d.items() if k != "num_microbatches"})
+
     def with_(self, **changes) -> "Layout":
         return replace(self, **changes)
 

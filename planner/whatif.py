@@ -253,7 +253,7 @@ CSV_COLUMNS = ("device", "num_devices", "precision", "step_time_s", "tokens_per_
 
 def layout_string(layout: dict) -> str:
     """The layout as ``evaluate --layout`` takes it: ``tp=8,pp=4,dp=32,mbs=1,sp=on,recompute=none,zero=1``."""
-    return Layout(**{k: v for k, v in layout.items() if k != "num_microbatches"}).short().replace(" ", ",")
+    return Layout.from_dict(layout).short().replace(" ", ",")
 
 
 def csv_text(rows: list[dict], label: str) -> str:
