@@ -655,8 +655,9 @@ def _validation_report(result: dict, console: Console) -> None:
 @click.group("clusterplan")
 @click.version_option(PLANNER_VERSION, prog_name="clusterplan")
 def main():
-    """Plan parallel layouts (TP, PP, DP, CP, EP, micro-batching, recomputation, ZeRO) for training
-    large models on accelerator clusters, with step time, memory and cost predicted per layout.
+    """Plan parallel layouts (TP, PP, DP, CP, EP, micro-batching, recomputation, ZeRO, placement on the
+    fabric) for training large models on accelerator clusters, with step time, memory, energy and
+    cost predicted per layout.
 
     Exit codes: 0 ok, 2 bad input, 3 no layout fits, 4 solver stopped without a layout, 1 a bug.
     """
