@@ -33,7 +33,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from cost.layout import Job, Layout, parse_layout
+from cost.framework import FRAMEWORKS, default_framework, framework_defaults, load_profile, resolve_name as resolve_framework
+from cost.layout import Job, Layout, given_keys, parse_layout
 from models.ops import ATTENTION_KINDS
 from cost.step import evaluate
 from models.errors import ClusterplanError, InfeasibleError, SpecError
@@ -183,8 +184,11 @@ def default_global_batch(seq_len: int) -> int:
 
 def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: int | None,
               seq_len: int | None, precision: str | None, tokens: int | None,
-              attention: str = "flash") -> tuple[Job, dict[str, str]]:
-    """The job from the options, the model's published setup, then the defaults; and where each came from."""
+              attention: str | None = None, framework: str | None = None) -> tuple[Job, dict[str, str]]:
+    """The job from the options, the model's published setup, then the defaults; and where each came from.
+
+    The framework defaults to maxtext on TPU and megatron elsewhere; the attention kernel and the
+    gradient dtype to that framework's (its profile's ``semantics``)."""
     published = published_defaults(model_arg)
     origin: dict[str, str] = {}
 
@@ -210,9 +214,17 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
             raise SpecError(f"--precision: fp8 needs a device with FP8 math; {cluster.device.id} has {has}; "
                             "use --precision bf16, or a device with FP8 (--device, another --cluster)")
         prec, origin["precision"] = "bf16", f"bf16: published fp8, but {cluster.device.id} has no FP8"
+    fw = resolve_framework(framework) if framework else default_framework(cluster.platform)
+    prof = load_profile(fw)
+    if cluster.platform not in prof.platforms:
+        raise SpecError(f"--framework: {fw} does not run on {cluster.platform.upper()} ({cluster.device.id}); it runs on "
+                        f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
+    attention = attention or prof.at(None).attention
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
-               attention=attention), origin
+               attention=attention, framework=fw, grad_bytes=prof.grad_bytes), origin
 
+
+FRAMEWORK_NAMES = FRAMEWORKS + ("nemo", "megatron-bridge", "megatron-lm", "megatron-core")
 
 # ---- shared options ---------------------------------------------------------------------------------
 def _apply(options: list[Callable]) -> Callable:
@@ -252,8 +264,13 @@ INPUT_OPTIONS = [
     click.option("--tokens", "tokens", type=TokenCount(), metavar="N",
                  help="Tokens to train, for time, energy and cost to train: 300e9, 300B, 1.5T "
                       "(default: the model's published figure, if any)."),
-    click.option("--attention", type=click.Choice(list(ATTENTION_KINDS)), default="flash", show_default=True,
-                 help="Attention kernel: flash (fused, the device's best: FlashAttention-3/cuDNN on Hopper), "
+    click.option("--framework", "framework", type=click.Choice(list(FRAMEWORK_NAMES), case_sensitive=False),
+                 help="The training framework whose profile the plan must run under: megatron (also nemo, "
+                      "megatron-bridge), torchtitan, deepspeed, maxtext. Default: maxtext on TPU, megatron "
+                      "elsewhere. The search offers only the knobs and combinations it has, and prices "
+                      "overlap by its mechanism (see docs/frameworks.md)."),
+    click.option("--attention", type=click.Choice(list(ATTENTION_KINDS)), default=None,
+                 help="Attention kernel (default: the framework's): flash (fused, the device's best: FlashAttention-3/cuDNN on Hopper), "
                       "flash2 (FlashAttention-2 kernels, e.g. PyTorch SDPA: slower on Hopper) or unfused "
                       "(scores written to memory, separate softmax and dropout: stacks from before "
                       "FlashAttention, e.g. Megatron-LM 2021)."),
@@ -311,13 +328,13 @@ def plan_command(as_json, **options):
 
 
 def _load_and_search(*, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                     oversubscription, global_batch, seq_len, precision, tokens, attention, top_k, engine,
+                     oversubscription, global_batch, seq_len, precision, tokens, attention, framework, top_k, engine,
                      time_limit_s, fix, minimum, maximum, memory_headroom, objective):
     """Load the inputs of ``plan``/``explain``/``export`` (their options, by name) and run the search:
     (result, cluster, origin)."""
     model = load_model(model_arg)
     cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
-    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention)
+    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention, framework)
     bounds = parse_bounds(fix, minimum, maximum, memory_headroom)
     result = plan(model, job, cluster, SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s,
                                                      bounds=bounds, objective=objective))
@@ -327,19 +344,21 @@ def _load_and_search(*, model_arg, cluster_arg, num_devices, num_nodes, device, 
 @click.command("evaluate")
 @click.option("--layout", "layout_text", required=True, metavar="SPEC",
               help='The layout, e.g. "tp=8,pp=8,dp=16,vp=2,mbs=1,recompute=selective,zero=1,sp=on" '
-                   "(degrees left out are 1, dp takes the devices left over).")
+                   "(degrees left out are 1, dp takes the devices left over; zero, recompute and overlap "
+                   "left out take a value the framework offers).")
 @_apply(PROBLEM_OPTIONS)
 @guarded
 def evaluate_command(layout_text, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                     oversubscription, global_batch, seq_len, precision, tokens, attention, as_json):
+                     oversubscription, global_batch, seq_len, precision, tokens, framework, attention, as_json):
     """Predict step time and memory of one given layout (no search).
 
     A layout that does not fit in memory is still reported, with how far it overflows (exit 0).
     """
     model = load_model(model_arg)
     cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
-    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention)
+    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention, framework)
     layout = parse_layout(layout_text, num_devices=cluster.num_devices)
+    layout = framework_defaults(layout, given_keys(layout_text), job.profile, cluster.device.family)
     check_layout(model, job, cluster, layout)
     emit(evaluation_document(model, job, cluster, evaluate(model, job, cluster, layout)), cluster, origin, as_json)
 
@@ -434,6 +453,8 @@ def explain_command(as_json, **options):
 @click.option("--seq-len", "seq_len", type=POSITIVE_INT, metavar="TOKENS", help="Tokens per sequence.")
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), help="Training precision.")
 @click.option("--tokens", "tokens", type=TokenCount(), metavar="N", help="Tokens to train (300e9, 300B, 1.5T).")
+@click.option("--framework", "framework", type=click.Choice(list(FRAMEWORK_NAMES), case_sensitive=False),
+              help="Training framework for every candidate (default: maxtext on TPU, megatron elsewhere).")
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Search engine for each candidate.")
 @click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
@@ -442,8 +463,8 @@ def explain_command(as_json, **options):
                    "are searched for time and ranked last).")
 @_apply(WHATIF_OUTPUT_OPTIONS)
 @guarded
-def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, engine, objective, as_json,
-                    csv_path, chart_path):
+def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, framework, engine, objective,
+                    as_json, csv_path, chart_path):
     """What-if: the best layout of MODEL on each candidate cluster, side by side (step time, MFU,
     time, energy and cost to train the job's tokens).
 
@@ -461,7 +482,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
         return load_cluster(cand.cluster, cand.num_devices, None, None, None, None)
 
     def make_job(cluster):
-        return build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens)[0]
+        return build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, None, framework)[0]
 
     rows = rank(compare(model, candidates, load, make_job, SearchOptions(engine=engine, top_k=0, objective=objective)),
                 objective)
@@ -481,7 +502,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
 @_apply(INPUT_OPTIONS + ENGINE_OPTIONS + WHATIF_OUTPUT_OPTIONS)
 @guarded
 def sweep_command(over, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                  oversubscription, global_batch, seq_len, precision, tokens, attention, engine, time_limit_s, fix,
+                  oversubscription, global_batch, seq_len, precision, tokens, framework, attention, engine, time_limit_s, fix,
                   minimum, maximum, memory_headroom, objective, as_json, csv_path, chart_path):
     """What-if: the best layout of MODEL on CLUSTER at each value of one knob (size, link speed,
     oversubscription, batch, sequence length, device, precision), one row per value: step time,
@@ -511,7 +532,7 @@ def sweep_command(over, model_arg, cluster_arg, num_devices, num_nodes, device, 
         cluster = load_cluster(cluster_arg, p["num_devices"], p["num_nodes"], p["device"], p["scale_out_gbit_per_s"],
                                p["oversubscription"])
         job, _ = build_job(model_arg, model, cluster, p["global_batch"], p["seq_len"], p["precision"], tokens,
-                           attention)
+                           attention, framework)
         return cluster, job
 
     rows = sweep(model, study, build, options)
@@ -763,6 +784,10 @@ def _header(doc: dict, cluster: Cluster, origin: dict[str, str], console: Consol
     if job["tokens_to_train"]:
         line += f", {_count(job['tokens_to_train'])} tokens to train"
     console.print(line)
+    fw = doc["inputs"].get("framework")
+    if fw:
+        console.print(f"framework {fw['name']}, {fw['version']}{' as of ' + fw['date'] if fw.get('as_of') else ''}: "
+                      "only what it can run is searched (--framework to change)")
     names = {"global_batch_size": "global batch", "seq_len": "seq len", "precision": "precision",
              "tokens_to_train": "tokens to train"}
     sources = {"published": "the model's published setup", "model": "the model file",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from cost.framework import FRAMEWORKS, ProfileAt, load_profile, parse_date
 from models.errors import SpecError
 from models.ops import ATTENTION_KINDS
 from topologies.cluster import TORUS_AXES
@@ -156,6 +157,10 @@ class Layout:
             parts.append(f"vp={self.vp}")
         parts += [f"mbs={self.micro_batch_size}", f"sp={'on' if self.sequence_parallel else 'off'}",
                   f"recompute={self.recompute}", f"zero={self.zero_stage}"]
+        if self.tp_overlap and self.tp > 1:
+            parts.append("tp_overlap=on")
+        if not self.dp_overlap and self.dp * self.cp > 1:
+            parts.append("dp_overlap=off")
         if self.order != DEFAULT_ORDER:
             parts.append(f"order={self.order}")
         return " ".join(parts)
@@ -178,6 +183,10 @@ class Job:
         on H100) or unfused (scores written to memory, softmax and dropout as separate kernels:
         training stacks from before FlashAttention, e.g. Megatron-LM 2021;
         ``models.ops.unfused_attention_ops``).
+    framework : the framework profile that runs the job (``cost.framework``: megatron, torchtitan,
+        deepspeed, maxtext); the search offers only what it can run, overlap is priced by its mechanism.
+    framework_date : the framework release, ``YYYY-MM`` ("" = the profile's own, newest release); a
+        feature released later is not offered.
     """
 
     global_batch_size: int
@@ -186,6 +195,8 @@ class Job:
     tokens_to_train: float = 0.0
     grad_bytes: int = 4
     attention: str = "flash"
+    framework: str = "megatron"
+    framework_date: str = ""
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "seq_len"):
@@ -198,6 +209,15 @@ class Job:
             raise SpecError(f"job.tokens_to_train: got {self.tokens_to_train}; must be >= 0")
         if self.attention not in ATTENTION_KINDS:
             raise SpecError(f"job.attention: got {self.attention!r}; allowed: {', '.join(ATTENTION_KINDS)}")
+        if self.framework not in FRAMEWORKS:
+            raise SpecError(f"job.framework: got {self.framework!r}; allowed: {', '.join(FRAMEWORKS)}")
+        if self.framework_date:
+            parse_date(self.framework_date, "job.framework_date")
+
+    @property
+    def profile(self) -> ProfileAt:
+        """The framework profile at the job's release date."""
+        return load_profile(self.framework).at(self.framework_date or None)
 
     @property
     def tokens_per_step(self) -> int:
@@ -218,6 +238,14 @@ def misaligned_axis(degrees: dict[str, int], order: str, domain_size: int) -> tu
         if domain_size % span and span % domain_size:
             return axis, span
     return None
+
+
+def given_keys(text: str) -> set[str]:
+    """The Layout fields a layout string sets (``"tp=8,zero=1"`` -> ``{"tp", "zero_stage"}``)."""
+    aliases = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
+               "micro_batch": "micro_batch_size", "recomp": "recompute", "etp": "expert_tp"}
+    keys = {p.split("=", 1)[0].strip() for p in text.split(",") if "=" in p}
+    return {aliases.get(k, k) for k in keys}
 
 
 def parse_layout(text: str, num_devices: int | None = None) -> Layout:

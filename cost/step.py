@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from cost.framework import framework_domains, framework_refusal
 from cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis
 from cost.terms import (
-    NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, dp_terms, head_terms,
-    layer_terms, layers_on_stage, optimizer_s, p2p_s, param_counts, static_memory,
+    NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, compute_terms, dp_terms, head_terms,
+    layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s, param_counts,
+    static_memory,
 )
 
 from models.ops import model_flops_per_token
@@ -124,10 +126,33 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if layout.sequence_parallel and layout.tp == 1:
         bad("sequence_parallel", "sequence_parallel needs tp > 1")
     _alignment_problems(layout, cluster.occupied_domain_size, bad)
+    _framework_problems(job, cluster, layout, bad)
     traversal_problem = cluster.traversal_problem(layout.traversal)
     if traversal_problem:
         bad("traversal", f"order={layout.order}: {traversal_problem}")
     return problems
+
+
+def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
+    """Knobs the job's framework does not offer at its date, and combinations it refuses."""
+    prof = job.profile
+    name = prof.profile.describe(prof.date)
+    offered = framework_domains(prof, cluster.device.family)
+    values = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vp": layout.vp, "ep": layout.ep,
+              "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
+              "zero_stage": layout.zero_stage, "dp_overlap": layout.dp_overlap,
+              "tp_overlap": layout.tp_overlap and layout.tp > 1}
+    invalid = {"zero_stage": layout.zero_stage not in (0, 1, 2, 3), "recompute": layout.recompute not in RECOMPUTE_MODES}
+    for knob, allowed in offered.items():
+        if values[knob] not in allowed and not invalid.get(knob):
+            bad("framework", f"{knob}={values[knob]}: {name} does not offer it "
+                             f"(allowed: {', '.join(str(v) for v in allowed)})")
+    if not layout.expert_tp and layout.ep > 1 and not prof.has("etp1"):
+        bad("framework", f"etp=1: {name} has no expert tensor parallelism 1")
+    refusal = framework_refusal(prof, layout.tp, layout.pp, layout.cp, layout.ep, layout.vp, layout.zero_stage,
+                                layout.recompute, layout.sequence_parallel)
+    if refusal and not any(invalid.values()):
+        bad("framework", f"{name}: {refusal}")
 
 
 def _alignment_problems(layout: Layout, domain_size: int, bad) -> None:
@@ -208,8 +233,13 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
                       layout.stride("tp"))
     stage_s = frac * lt.total_s
     dp = dp_terms(ctx, layout)
-    dp_exposed = m * _exposed(dp.per_microbatch_s, frac * (lt.forward_s + lt.backward_s + lt.recompute_s), layout.dp_overlap)
-    dp_exposed += _exposed(dp.per_step_s, frac * lt.backward_s, layout.dp_overlap)
+    c = compute_terms(ctx._base, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
+                      layout.recompute, layout.ep, layout.expert_tp)
+    share = overlap_share(ctx, "dp")
+    to = layout.tp_overlap and layout.tp > 1
+    dp_exposed = m * _exposed(dp.per_microbatch_s, frac * c.fsdp_window_s(to, layout.cp), layout.dp_overlap, share)
+    dp_exposed += _exposed(dp.per_step_s, frac * c.dp_window_s(to, layout.cp), layout.dp_overlap, share)
+    dp_exposed += dp.blocking_s
     return TimeBreakdown(
         compute_s=m * (frac * (lt.forward_s + lt.backward_s) + head.time_s),
         recompute_s=m * frac * lt.recompute_s,
@@ -223,14 +253,14 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     )
 
 
-def _exposed(comm_s: float, window_s: float, overlap: bool) -> float:
-    """Communication left after overlapping with ``window_s`` of compute.
-
-    Bucketed overlap can hide all but the last bucket (PyTorch DDP / Megatron-Core DDP).
-    """
+def _exposed(comm_s: float, window_s: float, overlap: bool, share: float) -> float:
+    """Time ``comm_s`` of data-parallel traffic adds to the step when overlapped with ``window_s``
+    of compute (``cost.terms.overlapped_exposed_s``, the compute slowed by the ``share`` of SMs the
+    NCCL kernels take); the last of the bucketed reductions cannot overlap at all (PyTorch DDP,
+    Megatron-Core DDP)."""
     if not overlap:
         return comm_s
-    return max(comm_s / NUM_GRAD_BUCKETS, comm_s - window_s)
+    return max(comm_s / NUM_GRAD_BUCKETS, overlapped_exposed_s(comm_s, window_s, share))
 
 
 def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:

@@ -26,6 +26,11 @@ WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the w
 NUM_GRAD_BUCKETS = 8  # the last of the bucketed gradient reductions cannot overlap (PyTorch DDP, Megatron DDP)
 RUNTIME_RESERVE_BYTES = 1.0 * 2**30  # CUDA context, cuBLAS workspace, NCCL buffers (see docs/cost-model.md)
 LOGIT_BYTES = 6.0  # 16-bit logits kept for backward + fp32 working copy in the loss
+# Overlapped communication is not free: its kernels occupy SMs (one CTA per NCCL channel, or the
+# SMs a userbuffers kernel is launched on) that the compute it overlaps loses. Where a device has
+# no SM figure, or a framework profile gives no SM count (TPU DMA engines, graph-compiled
+# machines), this share is assumed: a placeholder, reported as unvalidated (docs/cost-model.md).
+UNMEASURED_OVERLAP_SHARE = 0.10
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,23 @@ class ComputeTerms:
     gemm_s: float  # forward + backward GEMM time, what TP overlap can hide behind
     act_bytes_per_layer: float
     act_transient_bytes: float
+    gemm_bwd_s: float = 0.0  # backward GEMMs alone
+    attn_s: float = 0.0  # attention core, forward + backward: what the context-parallel ring hides behind
+
+    def dp_window_s(self, tp_overlap: bool, cp: int) -> float:
+        """The backward compute left to hide one gradient reduction behind, per micro-batch.
+
+        One stretch of compute hides one stream of communication in this model: with TP overlap the
+        GEMMs are TP's window, with context parallelism the attention core is the ring's. So no
+        second of compute is counted twice, and more compute never makes a layout faster.
+        """
+        bwd_attn = self.attn_s * 2.5 / 3.5  # the backward share of fwd + bwd attention (5 vs 2 matmuls)
+        return max(0.0, self.backward_s - (self.gemm_bwd_s if tp_overlap else 0.0) - (bwd_attn if cp > 1 else 0.0))
+
+    def fsdp_window_s(self, tp_overlap: bool, cp: int) -> float:
+        """The compute left to hide per-micro-batch ZeRO-2/3 traffic behind (see :meth:`dp_window_s`)."""
+        whole = self.forward_s + self.backward_s + self.recompute_s
+        return max(0.0, whole - (self.gemm_s if tp_overlap else 0.0) - (self.attn_s if cp > 1 else 0.0))
 
 
 def _layer_kinds(model: ModelSpec) -> list[tuple[bool, int]]:
@@ -137,29 +159,33 @@ def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
                   expert_tp: bool = True) -> ComputeTerms:
     model = ctx.model
     n = _tokens(ctx, cp, mbs)
-    fwd = bwd = gemm = attn = act = transient = 0.0
+    fwd = bwd = gemm = attn = act = transient = gemm_bwd = attn_both = 0.0
     for moe, count in _layer_kinds(model):
         t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None, expert_tp)
         fwd, bwd, gemm, attn = fwd + count * t[0], bwd + count * t[1], gemm + count * t[2], attn + count * t[3]
+        gemm_bwd, attn_both = gemm_bwd + count * t[4], attn_both + count * t[5]
         act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n))
         if recompute == "full":  # the layer being recomputed holds its full activations once
             transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n)))
     # full: the whole forward again; selective: Megatron-Core checkpoints the core-attention module,
     # so one more flash forward
     rec = {"full": fwd, "selective": attn}.get(recompute, 0.0)
-    return ComputeTerms(fwd, bwd, rec, gemm, act / model.num_layers, transient)
+    return ComputeTerms(fwd, bwd, rec, gemm, act / model.num_layers, transient, gemm_bwd, attn_both)
 
 
 @lru_cache(maxsize=65536)
 def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
-                local_experts: int | None, expert_tp: bool = True) -> tuple[float, float, float, float]:
-    """Forward, backward, GEMM (fwd+bwd) and attention-forward time of one layer of a kind."""
+                local_experts: int | None, expert_tp: bool = True) -> tuple[float, ...]:
+    """Forward, backward, GEMM (fwd+bwd), attention-forward, backward-GEMM and attention (fwd+bwd)
+    time of one layer of a kind."""
     dev, prec = ctx.cluster.device, ctx.job.precision
     ops = layer_ops(ctx.model, _tokens(ctx, cp, mbs), ctx.job.seq_len, tp, sp, moe, local_experts, ctx.job.attention,
                     expert_tp)
+    core = [op for op in ops if op.core]
+    gemm_bwd = gemm_time_s(ops, dev, prec, backward=True)
     return (ops_time_s(ops, dev, prec), ops_time_s(ops, dev, prec, backward=True),
-            gemm_time_s(ops, dev, prec) + gemm_time_s(ops, dev, prec, backward=True),
-            ops_time_s([op for op in ops if op.core], dev, prec))
+            gemm_time_s(ops, dev, prec) + gemm_bwd, ops_time_s(core, dev, prec), gemm_bwd,
+            ops_time_s(core, dev, prec) + ops_time_s(core, dev, prec, backward=True))
 
 
 def _local_experts(model: ModelSpec, ep: int) -> int | None:
@@ -188,8 +214,31 @@ def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
     mlp_layers = ctx.model.num_layers if moe_tp else ctx.model.num_dense_layers
     total = per_layer * (ctx.model.num_layers + mlp_layers) / 2
     if overlap:
-        total = max(0.0, total - compute_terms(ctx._base, tp, cp, mbs, sp, recompute).gemm_s)
+        window = compute_terms(ctx._base, tp, cp, mbs, sp, recompute).gemm_s
+        total = overlapped_exposed_s(total, window, overlap_share(ctx, "tp"))
     return total
+
+
+def overlap_share(ctx: Context, stream: str) -> float:
+    """Share of the device's compute that an overlapped ``stream`` (tp, dp or ep) takes from the
+    compute it hides behind: its kernels' SMs over the device's SMs (the framework profile's
+    ``overlap`` figures: TE userbuffers' SM count, NCCL channels), else the unmeasured placeholder."""
+    sms = getattr(ctx.job.profile.profile, f"{stream}_comm_sms", None)
+    count = ctx.cluster.device.gemm.sm_count
+    if sms and count:
+        return min(1.0, sms / count)
+    return UNMEASURED_OVERLAP_SHARE
+
+
+def overlapped_exposed_s(comm_s: float, window_s: float, share: float) -> float:
+    """Time a step gains from ``comm_s`` of communication overlapped with ``window_s`` of compute.
+
+    While they run together the compute runs at ``1 - share`` of its speed. If the compute is the
+    longer, it ends ``share * comm_s`` late; otherwise the communication sets the end, ``comm_s -
+    window_s`` after the compute would have. So the cost is ``max(share * comm_s, comm_s -
+    window_s)``: never zero, and never less when the window shrinks or the traffic grows.
+    """
+    return max(share * comm_s, comm_s - window_s)
 
 
 @lru_cache(maxsize=65536)
@@ -230,14 +279,16 @@ def _tp_comm_s(n: float, h: int, prof, sp: bool) -> float:
 def _cp_comm_s(ctx: Context, n: float, tp: int, cp: int, prof, ops) -> float:
     """Ring attention: ``cp - 1`` key/value block passes forward, twice that backward (K, V and
     their gradients), each hidden behind the attention compute of the block already present
-    (Liu et al. 2023, Ring Attention; Megatron-Core context parallelism)."""
+    (Liu et al. 2023, Ring Attention; Megatron-Core context parallelism), at the price of the SMs
+    its kernels take (:func:`overlapped_exposed_s`)."""
     model = ctx.model
     kv_bytes = ACT_BYTES * n * 2 * model.num_kv_heads_resolved * model.head_dim_resolved / tp
     step_s = coll.p2p_s(kv_bytes, prof)
     attn = [op for op in ops if op.core]
     attn_fwd = ops_time_s(attn, ctx.cluster.device, ctx.job.precision) / cp
     attn_bwd = ops_time_s(attn, ctx.cluster.device, ctx.job.precision, backward=True) / cp
-    return (cp - 1) * (max(0.0, step_s - attn_fwd) + max(0.0, 2 * step_s - attn_bwd))
+    share = overlap_share(ctx, "dp")  # the ring's sends are NCCL point-to-point kernels
+    return (cp - 1) * (overlapped_exposed_s(step_s, attn_fwd, share) + overlapped_exposed_s(2 * step_s, attn_bwd, share))
 
 
 def _ep_comm_s(ctx: Context, n: float, tp: int, prof, sp: bool) -> float:
@@ -435,45 +486,63 @@ def optimizer_s(ctx: Context, layout: Layout) -> float:
 
 @dataclass(frozen=True, slots=True)
 class DataParallelTerms:
-    """Data-parallel traffic: per step (ZeRO 0-2) and per micro-batch (ZeRO-3 gathers)."""
+    """Data-parallel traffic: per step, overlappable (ZeRO 0-1: the gradient reduction and weight
+    gather), per micro-batch (ZeRO-2 reduce-scatters, ZeRO-3 gathers) and per step, not
+    overlapped (ZeRO-2's weight all-gather after the optimizer step)."""
 
     per_step_s: float
     per_microbatch_s: float
+    blocking_s: float = 0.0
 
 
 def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
-    """Gradient reduction (all-reduce for ZeRO-0, reduce-scatter + all-gather of the updated
-    16-bit weights for ZeRO-1/2) and, for ZeRO-3, the per-micro-batch weight all-gathers (forward
-    and backward) and gradient reduce-scatter (Rajbhandari et al. 2020, section 7)."""
+    """The data-parallel collectives of ``layout`` under the job's framework (:func:`dp_traffic`)."""
     if layout.dp * layout.cp == 1:
         return DataParallelTerms(0.0, 0.0)
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
     dense_prof, expert_prof = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order,
                                           layout.expert_tp)
-    return dp_traffic(ctx.job.grad_bytes, pc, dense_prof, expert_prof, layout.zero_stage)
+    return dp_traffic(ctx.job.grad_bytes, pc, dense_prof, expert_prof, layout.zero_stage,
+                      ctx.job.profile.profile.zero2_param_gather)
 
 
-def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_stage: int) -> DataParallelTerms:
-    """The collectives of :func:`dp_terms` for given parameter counts and group profiles."""
+def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_stage: int,
+               zero2_param_gather: str | None = "per_step") -> DataParallelTerms:
+    """The collectives of :func:`dp_terms` for given parameter counts and group profiles.
+
+    - ZeRO-0 (DDP): one all-reduce of the gradients per step.
+    - ZeRO-1 (Megatron-Core's distributed optimizer, DeepSpeed ZeRO-1): gradients accumulate in a
+      full buffer over the micro-batches, then one reduce-scatter, the optimizer step on the
+      shard, and an all-gather of the updated 16-bit weights per step.
+    - ZeRO-2 (DeepSpeed ZeRO-2, FSDP2 without resharding after forward): gradients are kept only
+      as shards, so every micro-batch's backward reduce-scatters them. DeepSpeed then all-gathers
+      the updated weights once after the step, outside any backward (``per_step``); FSDP2 gathers
+      them at every micro-batch's forward (``per_microbatch``).
+    - ZeRO-3 (FSDP, DeepSpeed ZeRO-3): weights all-gathered in forward and again in backward, and
+      gradients reduce-scattered, every micro-batch (Rajbhandari et al. 2020, section 7).
+    """
     if expert_prof is dense_prof:  # ep = 1: experts are reduced with the dense weights, one stream
         pc = ParamCounts(pc.dense + pc.expert, 0.0)
-    def reduce(count: float, prof) -> float:
-        if prof is None or count == 0:
-            return 0.0
-        if zero_stage == 0:
-            return coll.all_reduce_s(grad_bytes * count, prof)
-        if zero_stage <= 2:
-            return coll.reduce_scatter_s(grad_bytes * count, prof) + coll.all_gather_s(WEIGHT_BYTES * count, prof)
-        return 0.0
 
-    def fsdp(count: float, prof) -> float:
-        if prof is None or count == 0:
-            return 0.0
-        return 2 * coll.all_gather_s(WEIGHT_BYTES * count, prof) + coll.reduce_scatter_s(grad_bytes * count, prof)
+    def over(fn) -> float:
+        return sum(fn(count, prof) for count, prof in ((pc.dense, dense_prof), (pc.expert, expert_prof))
+                   if prof is not None and count)
 
-    per_step = reduce(pc.dense, dense_prof) + reduce(pc.expert, expert_prof)
-    per_mb = fsdp(pc.dense, dense_prof) + fsdp(pc.expert, expert_prof) if zero_stage >= 3 else 0.0
-    return DataParallelTerms(per_step, per_mb)
+    def rs(count, prof):
+        return coll.reduce_scatter_s(grad_bytes * count, prof)
+
+    def ag(count, prof):
+        return coll.all_gather_s(WEIGHT_BYTES * count, prof)
+
+    if zero_stage == 0:
+        return DataParallelTerms(over(lambda c, p: coll.all_reduce_s(grad_bytes * c, p)), 0.0)
+    if zero_stage == 1:
+        return DataParallelTerms(over(rs) + over(ag), 0.0)
+    if zero_stage == 2:
+        if zero2_param_gather == "per_microbatch":
+            return DataParallelTerms(0.0, over(rs) + over(ag))
+        return DataParallelTerms(0.0, over(rs), over(ag))
+    return DataParallelTerms(0.0, 2 * over(ag) + over(rs))
 
 
 @lru_cache(maxsize=65536)

@@ -33,8 +33,8 @@ from ortools.sat.python import cp_model
 
 from cost.terms import NUM_GRAD_BUCKETS
 from models.errors import SolverError
-from planner.exhaustive import DIMS, _place, layer_time
-from planner.tables import SLOT_QUANTUM, Tables
+from planner.exhaustive import DIMS, _place, layer_time, overlapped
+from planner.tables import SHARE_PARTS, SLOT_QUANTUM, Tables
 
 ELEMENT_MAX_ENTRIES = 64
 OBJECTIVE_LIMIT = 2**59  # objective units: 5.8e7 s of step time at weight 1; eight such terms fit in 2^62
@@ -194,7 +194,9 @@ class _Model:
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
         axes4 = [self.tc, x["mb"], x["s"], x["r"]]
         c = self._lookup("compute", T.C, axes4)
-        bwd = self._lookup("backward", T.BWD, axes4)
+        axes5 = axes4 + [x["to"]]
+        bwd = self._lookup("dp_window", T.BWD, axes5)
+        fw = self._lookup("fsdp_window", T.FW, axes5)
         tpc = self._lookup("tp_comm", T.TPC, [self.tpc, x["mb"], x["s"], x["r"], x["to"]])
         cpc = self._lookup("cp_comm", T.CPC, [self.cpg, x["mb"], x["s"]])
         epc = self._lookup("ep_comm", T.EPC, [self.epg, x["mb"], x["s"], x["r"]])
@@ -217,10 +219,12 @@ class _Model:
                                     [self.fvm]))
         dp_step, dp_mb = self._dp_traffic()
         dp_exp = self._exposed("dp", dp_step, frac, bwd, int(T.BWD.max()))
-        fsdp_mb = self._exposed("fsdp", dp_mb, frac, c, int(T.C.max()))
+        fsdp_mb = self._exposed("fsdp", dp_mb, frac, fw, int(T.FW.max()))
         fsdp = self._product("fsdp_total", mb_count, fsdp_mb, int(T.M.max()) * int(T.DPM.max()) * Q, tw)
         opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
-        self.objective = T.time_weight * (pipe + Q * extra + dp_exp + fsdp + Q * opt)
+        blocking = self._lookup("dp_blocking", self._fv_table(np.transpose(T.DPX, (0, 2, 1, 3, 4))),
+                                [self.fv, x["o"], x["e"], x["z"]])
+        self.objective = T.time_weight * (pipe + Q * extra + dp_exp + fsdp + Q * opt + Q * blocking)
         if T.busy_weight:  # energy: the extra power while computing (planner.tables docstring)
             share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
@@ -238,23 +242,15 @@ class _Model:
         m.minimize(self.objective)
 
     def _dp_traffic(self):
-        """Per-step traffic (ZeRO 0-2) and per-micro-batch traffic (ZeRO-3) from one merged table."""
-        T, x, m = self.T, self.x, self.m
-        zero3 = np.array(T.space.zero_stage) == 3
-        merged = np.where(zero3[None, None, None, None, :], T.DPM, T.DPS)  # (F, O, V, E, Z)
-        merged = np.transpose(merged, (0, 2, 1, 3, 4))  # (F, V, O, E, Z)
-        traffic = self._lookup("dp_traffic", self._fv_table(merged), [self.fv, x["o"], x["e"], x["z"]])
-        is3 = self._lookup("zero3", zero3.astype(np.int64), [x["z"]])
-        hi = int(max(T.DPS.max(), T.DPM.max()))
-        step, per_mb = m.new_int_var(0, hi, "dp_step"), m.new_int_var(0, hi, "dp_mb")
-        m.add(step == 0).only_enforce_if(is3)
-        m.add(step == traffic).only_enforce_if(~is3)
-        m.add(per_mb == traffic).only_enforce_if(is3)
-        m.add(per_mb == 0).only_enforce_if(~is3)
+        """Per-step overlappable traffic (ZeRO 0-1) and per-micro-batch traffic (ZeRO 2-3)."""
+        T, x = self.T, self.x
+        axes = [self.fv, x["o"], x["e"], x["z"]]
+        step = self._lookup("dp_step", self._fv_table(np.transpose(T.DPS, (0, 2, 1, 3, 4))), axes)
+        per_mb = self._lookup("dp_mb", self._fv_table(np.transpose(T.DPM, (0, 2, 1, 3, 4))), axes)
         return step, per_mb
 
     def _exposed(self, name: str, traffic, frac, window_base, window_hi: int):
-        """``exposed = max(last bucket, traffic - overlap window)``, or all of it without overlap."""
+        """``exposed = max(last bucket, slowdown, traffic - overlap window)``, or all of it without overlap."""
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
         hi_traffic = int(max(T.DPS.max(), T.DPM.max())) * Q
         hi_window = int(T.FRAC.max()) * window_hi
@@ -262,6 +258,7 @@ class _Model:
         overlap = self._lookup(f"{name}_overlap_on", np.array(T.space.dp_overlap, dtype=np.int64), [x["do"]])
         exposed = m.new_int_var(0, hi_traffic, f"{name}_exposed")
         m.add(NUM_GRAD_BUCKETS * exposed >= Q * traffic)
+        m.add(SHARE_PARTS * exposed >= T.dp_share * Q * traffic)  # the SMs the NCCL kernels take
         m.add(exposed >= Q * traffic - window)
         m.add(exposed >= Q * traffic - (hi_traffic + hi_window + 1) * overlap)
         return exposed
@@ -329,19 +326,18 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     X = min_over_orders(layer_time(T, sl), "to")
     H = min_over_orders(_place(T.H[T.tpg_of_fo[sl]], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb")))
     U, M = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb"))
-    zero3 = _place(np.array(T.space.zero_stage) == 3, ("z",))
     dims5 = ("f", "o", "v", "e", "z")
     # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
     # window (this stage's backward, or whole compute for ZeRO-3 gathers) cannot hide.
     frac = _place(T.FRAC[sl], ("f", "v"))
     tc = T.tc_of_fe[sl]
-    bwd = _place(T.BWD[tc], ("f", "e", "mb", "s", "r"))
-    comp = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
+    window_dims = ("f", "e", "mb", "s", "r", "to")
+    bwd = _place(T.BWD[tc], window_dims).max(axis=axis["to"], keepdims=True)
+    comp = _place(T.FW[tc], window_dims).max(axis=axis["to"], keepdims=True)
     step_tr = Q * min_over_orders(_place(T.DPS[sl], dims5))
     mb_tr = Q * min_over_orders(_place(T.DPM[sl], dims5))
-    step_part = np.maximum(-(-step_tr // NUM_GRAD_BUCKETS), step_tr - frac * bwd)
-    mb_part = np.maximum(-(-mb_tr // NUM_GRAD_BUCKETS), mb_tr - frac * comp)
-    dp = np.where(zero3, M * mb_part, step_part)
+    dp = overlapped(T, step_tr, frac * bwd) + M * overlapped(T, mb_tr, frac * comp)
+    dp = dp + Q * min_over_orders(_place(T.DPX[sl], dims5))
     opt = Q * _place(T.OPT[sl], ("f", "v", "e", "z"))
     total = U * X + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1)
     ok = _memory_fits(T, sl) & (_place(T.ok_fes[sl], ("f", "e", "s")) < 0) & (_place(T.ok_fe[sl], ("f", "e")) < 0)

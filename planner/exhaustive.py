@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from cost.terms import NUM_GRAD_BUCKETS
-from planner.tables import REASON_ORDER, SLOT_QUANTUM, Tables
+from planner.tables import REASON_ORDER, SHARE_PARTS, SLOT_QUANTUM, Tables
 
 DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to")
 
@@ -62,11 +62,11 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     do = _place(np.array(T.space.dp_overlap), ("do",))
     dims5 = ("f", "o", "v", "e", "z")
     dps, dpm = _place(T.DPS[sl], dims5) * Q, _place(T.DPM[sl], dims5) * Q
-    dpsb, dpmb = -(-dps // NUM_GRAD_BUCKETS), -(-dpm // NUM_GRAD_BUCKETS)  # ceil: the last bucket
-    dp_exp = np.where(do, np.maximum(dpsb, dps - FRAC * _place(T.BWD[tc], ("f", "e", "mb", "s", "r"))), dps)
-    fsdp = np.where(do, np.maximum(dpmb, dpm - FRAC * _place(T.C[tc], ("f", "e", "mb", "s", "r"))), dpm)
+    window_dims = ("f", "e", "mb", "s", "r", "to")
+    dp_exp = np.where(do, overlapped(T, dps, FRAC * _place(T.BWD[tc], window_dims)), dps)
+    fsdp = np.where(do, overlapped(T, dpm, FRAC * _place(T.FW[tc], window_dims)), dpm)
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
-    objective = U * X + Q * M * head + dp_exp + M * fsdp + opt
+    objective = U * X + Q * M * head + dp_exp + M * fsdp + opt + _place(T.DPX[sl], dims5) * Q
     if T.busy_weight:  # energy: waiting power over the step plus the extra power while computing
         compute = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
         busy = M * FRAC * compute + Q * M * lm_head + opt
@@ -74,6 +74,14 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     elif T.time_weight != 1:
         objective = T.time_weight * objective
     return Scored(objective, code, memory, canon)
+
+
+def overlapped(T: Tables, traffic: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """Exposed data-parallel traffic with overlap on, in objective units (``planner.tables``): the
+    last bucket, the compute slowed by the SMs the NCCL kernels take, or what the window cannot hide."""
+    last_bucket = -(-traffic // NUM_GRAD_BUCKETS)
+    slowdown = -(-traffic * T.dp_share // SHARE_PARTS)
+    return np.maximum(np.maximum(last_bucket, slowdown), traffic - window)
 
 
 def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -184,8 +192,9 @@ def restrict(T: Tables, keep: dict) -> Tables:
 
     axes = {  # table attribute -> its knob axes (only knob axes that can be cut are listed)
         "tc_of_fe": ("f", "e"), "TPC": (None, "mb", "s", "r", "to"), "CPC": (None, "mb", "s"), "EPC": (None, "mb", "s", "r"),
-        "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r"), "H": (None, "mb", "s"),
-        "P2P": ("f", "o", "mb"), "DPS": ("f", "o", "v", "e", "z"), "DPM": ("f", "o", "v", "e", "z"),
+        "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r", "to"), "FW": (None, "mb", "s", "r", "to"),
+        "H": (None, "mb", "s"), "P2P": ("f", "o", "mb"), "DPS": ("f", "o", "v", "e", "z"),
+        "DPM": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
         "tpc_of_foe": ("f", "o", "e"),
         "OPT": ("f", "v", "e", "z"), "STATIC": ("f", "v", "e", "z"), "ACT": (None, "mb", "s", "r"),
         "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),

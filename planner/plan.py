@@ -77,7 +77,15 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
                     "device": cluster.device.id, "num_devices": cluster.num_devices,
                     "devices_per_node": cluster.devices_per_node},
         "job": asdict(job),
+        "framework": framework_dict(job),
     }
+
+
+def framework_dict(job: Job) -> dict:
+    """The framework profile the plan runs under: id, name, version, and the date it is taken at."""
+    prof = job.profile
+    return {"id": prof.profile.id, "name": prof.profile.name, "version": prof.profile.version,
+            "date": prof.date, "as_of": prof.date != prof.profile.date}
 
 
 def plan_document(result) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from cost.framework import framework_domains, framework_refusal
 from cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
 from models.errors import SpecError
 from models.spec import ModelSpec
@@ -48,6 +49,8 @@ class Bounds:
     maximum: dict = field(default_factory=dict)
     memory_headroom: float = 0.0
     ignore_memory: bool = False  # evaluate layouts that overflow (validation of published layouts)
+    # fixed values the framework profile lacks are kept (validation: the run used them) instead of refused
+    allow_unavailable: bool = False
 
     def allows(self, knob: str, value) -> bool:
         if knob in self.fixed and self.fixed[knob] != value:
@@ -74,6 +77,7 @@ class Space:
     order: tuple[str, ...]
     dp_overlap: tuple[bool, ...]
     tp_overlap: tuple[bool, ...]
+    framework_rules: bool = True  # apply the profile's combination rules (off: validation of published layouts)
 
     @property
     def size(self) -> int:
@@ -96,10 +100,16 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     """
     b = bounds or Bounds()
     n = cluster.num_devices
+    prof = job.profile
+    offered = framework_domains(prof, cluster.device.family)
+    _check_fixed_offered(prof, offered, b)
     tp_max = min(max(cluster.domain_size, 8), model.num_attention_heads)
+    pp_max = model.num_layers if "pp" not in offered or b.allow_unavailable and "pp" in b.fixed else 1
+    tp_max = tp_max if "tp" not in offered or b.allow_unavailable and "tp" in b.fixed else 1
+    cp_max = CP_MAX if "cp" not in offered or b.allow_unavailable and "cp" in b.fixed else 1
     facts = []
     for tp, pp, cp in itertools.product(divisors(n), repeat=3):
-        if n % (tp * pp * cp) or tp > tp_max or pp > model.num_layers or cp > CP_MAX:
+        if n % (tp * pp * cp) or tp > tp_max or pp > pp_max or cp > cp_max:
             continue
         dp = n // (tp * pp * cp)
         if all(b.allows(k, v) for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp))):
@@ -107,6 +117,8 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     facts.sort()
 
     def pick(knob: str, values) -> tuple:
+        if knob in offered and not (b.allow_unavailable and knob in b.fixed):
+            values = tuple(v for v in values if v in offered[knob])
         fixed = b.fixed.get(knob)
         if fixed is not None and fixed not in values:
             values = tuple(values) + (fixed,)
@@ -115,7 +127,8 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     # The expert axis: every ep with experts sharded like the dense MLP, then every ep > 1 folded
     # (expert tensor parallelism 1, Megatron-Core's MoE parallel folding).
     ep_values = (1,) if model.moe is None else tuple(divisors(model.moe.num_experts))
-    experts = [(e, True) for e in pick("ep", ep_values)] + [(e, False) for e in pick("ep", ep_values) if e > 1]
+    fold = prof.has("etp1") or b.allow_unavailable and b.fixed.get("expert_tp") is False
+    experts = [(e, True) for e in pick("ep", ep_values)] + [(e, False) for e in pick("ep", ep_values) if e > 1 and fold]
     experts = [(e, t) for e, t in experts if "expert_tp" not in b.fixed or b.fixed["expert_tp"] == t or e == 1]
     space = Space(
         factorizations=tuple(facts),
@@ -129,9 +142,24 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         order=_orders(cluster, b),
         dp_overlap=pick("dp_overlap", (True, False)),
         tp_overlap=pick("tp_overlap", (False, True)),
+        framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b)
     return space
+
+
+def _check_fixed_offered(prof, offered: dict[str, tuple], bounds: Bounds) -> None:
+    """A --fix value the framework does not offer is bad input, named with the framework."""
+    if bounds.allow_unavailable:
+        return
+    name = prof.profile.describe(prof.date)
+    for knob, value in bounds.fixed.items():
+        if knob in offered and value not in offered[knob]:
+            allowed = ", ".join(str(v) for v in offered[knob])
+            raise SpecError(f"--fix {knob}={value}: {name} does not offer it (allowed: {allowed}); "
+                            "pick another --framework or drop the --fix")
+    if bounds.fixed.get("expert_tp") is False and not prof.has("etp1"):
+        raise SpecError(f"--fix etp=1: {name} has no expert tensor parallelism 1 (MoE parallel folding)")
 
 
 def _orders(cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:

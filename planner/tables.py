@@ -12,8 +12,11 @@ Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (see ``cost.step`` for 
     U[f,mb,v] * X  +  SLOT_QUANTUM * M[f,mb] * (H + P2P)  +  dp_exposed  +  M * fsdp_exposed
     +  SLOT_QUANTUM * OPT
 
-where ``exposed = max(ceil(SLOT_QUANTUM * traffic / NUM_GRAD_BUCKETS), SLOT_QUANTUM * traffic -
-FRAC * window)`` with DP overlap on, ``SLOT_QUANTUM * traffic`` with it off.
+    +  SLOT_QUANTUM * DPX
+
+where ``exposed = max(ceil(SLOT_QUANTUM * traffic / NUM_GRAD_BUCKETS), ceil(SLOT_QUANTUM * traffic *
+dp_share / SHARE_PARTS), SLOT_QUANTUM * traffic - FRAC * window)`` with DP overlap on (the window is
+BWD per step, FW per micro-batch), ``SLOT_QUANTUM * traffic`` with it off.
 
 with ``X = C + TPC + CPC + EPC`` the per-micro-batch layer time, ``U`` the micro-batch slots
 (including the bubble) times the share of layers on the most loaded stage.
@@ -30,11 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost.framework import framework_refusal
 from cost.layout import Layout, split_order
 from cost.step import inflight_layers, memory_static_bytes
 from cost.terms import (
     RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
-    head_terms, layers_on_stage, optimizer_s, p2p_s, param_counts, tp_comm_terms,
+    head_terms, layers_on_stage, optimizer_s, overlap_share, p2p_s, param_counts, tp_comm_terms,
 )
 from planner.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
@@ -43,6 +47,7 @@ from planner.space import (
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
 SLOT_QUANTUM = 1000  # micro-batch slots and stage shares in thousandths
+SHARE_PARTS = 1000  # the overlap share of compute in thousandths (rounded up: never cheaper than the floats)
 MEMORY_QUANTUM_BYTES = 2**20  # 1 MiB
 REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement", "alignment",
                 "sequence_parallel", "memory")
@@ -66,7 +71,8 @@ class Tables:
     epg_of_foe: np.ndarray  # (F, O, E) -> index of (tp, cp, ep, expert group ranks or devices)
     # time tables (TIME_QUANTUM_S)
     C: np.ndarray  # (TC, MB, S, R) compute fwd+bwd+recompute, all layers, one micro-batch; TC = (tp, cp, ep, etp)
-    BWD: np.ndarray  # (TC, MB, S, R) backward compute only
+    BWD: np.ndarray  # (TC, MB, S, R, TO) backward compute left to hide the per-step DP traffic behind
+    FW: np.ndarray  # (TC, MB, S, R, TO) compute left to hide per-micro-batch ZeRO-2/3 traffic behind
     TPC: np.ndarray  # (TPC, MB, S, R, TO)
     CPC: np.ndarray  # (CPG, MB, S)
     EPC: np.ndarray  # (EPG, MB, S, R)
@@ -74,6 +80,7 @@ class Tables:
     P2P: np.ndarray  # (F, O, MB)
     DPS: np.ndarray  # (F, O, V, E, Z) per-step data-parallel traffic
     DPM: np.ndarray  # (F, O, V, E, Z) per-micro-batch FSDP traffic
+    DPX: np.ndarray  # (F, O, V, E, Z) per-step traffic that is never overlapped (ZeRO-2's weight gather)
     OPT: np.ndarray  # (F, V, E, Z)
     # counts (exact integers or SLOT_QUANTUM)
     U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
@@ -98,6 +105,8 @@ class Tables:
     # objective = time_weight * step time + busy_weight * busy time (cost.energy.objective_weights)
     time_weight: int = 1
     busy_weight: int = 0
+    # the share of compute overlapped DP traffic takes (cost.terms.overlap_share), as SHARE_PARTS ths
+    dp_share: int = 0
 
 
 def _index(keys: list) -> tuple[dict, list]:
@@ -175,7 +184,10 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     comp = [[[[compute_terms(ctx, tp, cp, mb, sp, rc, e, et) for rc in RC] for sp in SP] for mb in MB]
             for tp, cp, e, et in tc_keys]
     C = _qt([[[[c.forward_s + c.backward_s + c.recompute_s for c in r] for r in s] for s in m] for m in comp])
-    BWD = _qt([[[[c.backward_s for c in r] for r in s] for s in m] for m in comp])
+    BWD = _qt([[[[[c.dp_window_s(to and tp > 1, cp) for to in TO] for c in r] for r in s] for s in m]
+               for m, (tp, cp, _, _) in zip(comp, tc_keys)])
+    FW = _qt([[[[[c.fsdp_window_s(to and tp > 1, cp) for to in TO] for c in r] for r in s] for s in m]
+              for m, (tp, cp, _, _) in zip(comp, tc_keys)])
     mem = [[[[compute_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
     ACT = _qb([[[[c.act_bytes_per_layer for c in r] for r in s] for s in m] for m in mem])
     TRANS = _qb([[[[c.act_transient_bytes for c in r] for r in s] for s in m] for m in mem])
@@ -191,27 +203,28 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
     LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
     P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in MB] for l in row] for row in probe])
-    DPS, DPM, OPT, STATIC = _dp_tables(ctx, S)
+    DPS, DPM, DPX, OPT, STATIC = _dp_tables(ctx, S)
     U, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
     order_ok = _order_representatives(S)
     if len({split_order(o)[1] for o in S.order}) > 1:  # torus traversals that change nothing count once
         rows = lambda i, j: (TPC[tpc_of_foe[i, j]].tobytes(), H[tpg_of_fo[i, j]].tobytes(), CPC[cpg_of_fo[i, j]].tobytes(),
                              EPC[epg_of_foe[i, j]].tobytes(), P2P[i, j].tobytes(), DPS[i, j].tobytes(),
-                             DPM[i, j].tobytes(), int(ok_fo[i, j]), ok_eo[:, j].tobytes())
+                             DPM[i, j].tobytes(), DPX[i, j].tobytes(), int(ok_fo[i, j]), ok_eo[:, j].tobytes())
         for i in range(F):
             order_ok[i] &= ~np.array(traversal_duplicates(S.order, list(order_ok[i]), [rows(i, j) for j in range(O)]))
-    canon = _canonical_mask(S, order_ok)
+    canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, None, None]
     capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
     if ignore_memory:
         capacity = 2**50
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe,
                   cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
-                  C=C, BWD=BWD, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM,
+                  C=C, BWD=BWD, FW=FW, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM, DPX=DPX,
                   OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fes=ok_fes,
-                  ok_fo=ok_fo, canon=canon, time_weight=int(weights[0]), busy_weight=int(weights[1]))
+                  ok_fo=ok_fo, canon=canon, time_weight=int(weights[0]), busy_weight=int(weights[1]),
+                  dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))))
 
 
 def _qt(values) -> np.ndarray:
@@ -225,7 +238,8 @@ def _qb(values) -> np.ndarray:
 def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     """Data-parallel traffic, optimizer step and static memory over (f, o, v, e, z)."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
-    dps, dpm = np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z))
+    dps, dpm, dpx = np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z))
+    gather = ctx.job.profile.profile.zero2_param_gather
     opt, static = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
     L, g = ctx.model.num_layers, ctx.job.grad_bytes
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
@@ -248,12 +262,13 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                     for oi, (dense, expert) in enumerate(profiles):
                         if dense is None:
                             continue
+                        at, src = (i, oi, vi, ei, zi), (i, first[oi], vi, ei, zi)
                         if first[oi] != oi:
-                            dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi] = dps[i, first[oi], vi, ei, zi], dpm[i, first[oi], vi, ei, zi]
+                            dps[at], dpm[at], dpx[at] = dps[src], dpm[src], dpx[src]
                             continue
-                        t = dp_traffic(g, pc, dense, expert, z)
-                        dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi] = t.per_step_s, t.per_microbatch_s
-    return _qt(dps), _qt(dpm), _qt(opt), _qb(static)
+                        t = dp_traffic(g, pc, dense, expert, z, gather)
+                        dps[at], dpm[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.blocking_s
+    return _qt(dps), _qt(dpm), _qt(dpx), _qt(opt), _qb(static)
 
 
 def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
@@ -357,6 +372,22 @@ def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
     fold_bad = block1[:, None, None, None, None, None, None] & folded[None, :, None, None, None, None, None]
     shape = (len(facts), len(S.ep), len(S.sequence_parallel), len(zero), len(S.order), len(do), len(to))
     return np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad & ~fold_bad
+
+
+def _framework_mask(ctx: Context, S: Space) -> np.ndarray:
+    """(f, e, s, z): combinations the job's framework can run (``planner.space.framework_refusal``).
+    Layouts it cannot run are outside the space, like knobs it does not have: not counted as rejected."""
+    shape = (len(S.factorizations), len(S.ep), len(S.sequence_parallel), len(S.zero_stage))
+    if not S.framework_rules:
+        return np.ones(shape, bool)
+    prof = ctx.job.profile
+    out = np.empty(shape, bool)
+    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+        for ei, e in enumerate(S.ep):
+            for si, sp in enumerate(S.sequence_parallel):
+                for zi, z in enumerate(S.zero_stage):
+                    out[i, ei, si, zi] = framework_refusal(prof, tp, pp, cp, e, 1, z, "none", sp) is None
+    return out
 
 
 def _only_order_differs(tp: int, pp: int, dp: int, cp: int, order: str, S: Space) -> bool:

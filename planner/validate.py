@@ -8,6 +8,7 @@ be evaluated says why and does not stop the others.
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 from importlib import resources
@@ -15,15 +16,30 @@ from pathlib import Path
 
 import yaml
 
+from cost.framework import default_framework, load_profile, parse_date, resolve_name as resolve_framework
 from cost.layout import Job
+from cost.step import layout_problems
 from models.errors import ClusterplanError, InfeasibleError, SpecError
 from models.library import list_models, load_model, model_from_mapping
 from planner.explain import changed_knobs
 from planner.search import SearchOptions, SearchResult, plan
-from planner.space import Bounds
+from planner.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds
+
+SPACE_CANDIDATES = {"vp": VP_CANDIDATES, "micro_batch_size": MBS_CANDIDATES}
 from topologies.library import build_cluster
 
 FORMAT = "clusterplan-runs/1"
+# The one rule that sets a run's framework when the run has no ``framework`` field (RUNS_FORMAT.md):
+# the first keyword found in the run's id, else in its source, names it; none: the platform's
+# default (megatron on GPUs, maxtext on TPUs). Its date is the run's ``framework.date``, else the
+# last month of the latest year the source names (the newest code that year could run; capped at
+# the profile's own release), else the profile's release.
+FRAMEWORK_KEYWORDS: tuple[tuple[str, str], ...] = (
+    ("torchtitan", "torchtitan"), ("automodel", "torchtitan"), ("llmfoundry", "torchtitan"),
+    ("llm-foundry", "torchtitan"), ("maxtext", "maxtext"), ("deepspeed", "deepspeed"), ("zero3", "deepspeed"),
+    ("zero-3", "deepspeed"), ("bloom", "deepspeed"), ("neox", "deepspeed"), ("megatron", "megatron"),
+    ("mbridge", "megatron"), ("nemo", "megatron"),
+)
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vp", "sequence_parallel", "zero_stage", "recompute")
 GIB = 2**30
 
@@ -51,6 +67,10 @@ class RunResult:
     best_layout: dict | None = None
     best_step_time_s: float | None = None
     best_note: str | None = None
+    framework: str = ""  # profile id @ date, and where it came from
+    framework_problems: list[str] = field(default_factory=list)  # published knobs the profile lacks
+    group: str | None = None
+    zero_stage: int | None = None
     notes: list[str] = field(default_factory=list)
     reason: str | None = None
 
@@ -106,16 +126,40 @@ def _bundled_twin(fields: dict):
     return None
 
 
-def _bounds(run: dict) -> Bounds:
+def _bounds(run: dict, prof) -> Bounds:
+    """The published knobs, held; the rest are searched within what the run's framework offers.
+
+    Overlap, when the run does not say (``layout.tp_overlap`` / ``layout.dp_overlap``), follows one
+    rule for every run: data-parallel overlap where the framework has it at the run's date, TP
+    overlap off (it is opt-in in every framework profile). Published values the framework profile
+    lacks are kept: the run used them."""
     layout = dict(run.get("layout") or {})
-    fixed = {k: layout[k] for k in LAYOUT_KEYS if layout.get(k) is not None}
-    # The format has no field for communication overlap: assume the frameworks' defaults, the same for
-    # every run (Megatron-LM and torch FSDP overlap the data-parallel traffic; TP overlap is opt-in).
-    fixed.setdefault("dp_overlap", True)
+    fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap") if layout.get(k) is not None}
+    fixed.setdefault("dp_overlap", prof.has("dp_overlap"))
     fixed.setdefault("tp_overlap", False)
     if run.get("micro_batch_size") is not None:
         fixed["micro_batch_size"] = run["micro_batch_size"]
-    return Bounds(fixed=fixed)
+    return Bounds(fixed=fixed, allow_unavailable=True)
+
+
+def run_framework(run: dict, platform: str) -> tuple[str, str, str]:
+    """``(profile id, YYYY-MM, origin)`` of a run: its ``framework`` field, else the rule of
+    :data:`FRAMEWORK_KEYWORDS`."""
+    raw = run.get("framework")
+    given = raw if isinstance(raw, dict) else ({"name": raw} if raw else {})
+    if given.get("name"):
+        fw, origin = resolve_framework(str(given["name"])), "run"
+    else:
+        text_id, text_src = str(run.get("id", "")).lower(), str(run.get("source", "")).lower()
+        fw = next((f for text in (text_id, text_src) for key, f in FRAMEWORK_KEYWORDS if key in text), None)
+        origin = "inferred from the run's id or source" if fw else "inferred: platform default"
+        fw = fw or default_framework(platform)
+    prof = load_profile(fw)
+    date = parse_date(given.get("date"), f"run {run.get('id')}: framework.date")
+    if date is None:
+        years = [int(y) for y in re.findall(r"\b(20[0-3]\d)\b", str(run.get("source", "")))]
+        date = min(f"{max(years)}-12", prof.date) if years else prof.date
+    return fw, date, origin
 
 
 def evaluate_run(run: dict, options: SearchOptions, best: bool = True) -> RunResult:
@@ -143,9 +187,16 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     result.family = cluster.device.family
     if not run.get("global_batch_size"):
         raise SpecError("global_batch_size is not published")
+    fw, date, origin = run_framework(run, cluster.platform)
+    prof = load_profile(fw).at(date)
+    result.framework = f"{fw}@{date} ({origin})"
+    result.group = run.get("group")
+    if "dropout" not in (run.get("model") or {}):  # the framework's default dropout
+        model = model.model_copy(update={"dropout": prof.profile.dropout > 0})
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
-              precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or "flash"))
-    fixed = _bounds(run)
+              precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or prof.attention),
+              framework=fw, framework_date=date, grad_bytes=prof.profile.grad_bytes)
+    fixed = _bounds(run, prof)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
     try:
         res = plan(model, job, cluster, opts)
@@ -153,6 +204,8 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
         ignore = Bounds(fixed=fixed.fixed, ignore_memory=True)
         res = plan(model, job, cluster, SearchOptions(engine=options.engine, top_k=0, bounds=ignore))
     _record(result, res)
+    result.framework_problems = [msg for key, msg in layout_problems(model, job, cluster, res.best.layout)
+                                 if key == "framework"]
     if best:
         _record_best(result, model, job, cluster, options)
 
@@ -163,6 +216,7 @@ def _record(result: RunResult, res: SearchResult) -> None:
     result.fits = ev.fits
     result.predicted_peak_memory_bytes = ev.peak_memory_bytes
     result.layout = ev.layout.as_dict()
+    result.zero_stage = ev.layout.zero_stage
     result.mfu = ev.mfu
     result.breakdown = {k: v for k, v in ev.time.__dict__.items()}
     if result.measured_step_time_s:
@@ -179,6 +233,15 @@ def _record_best(result: RunResult, model, job: Job, cluster, options: SearchOpt
         result.best_note = f"no free search result: {str(err).splitlines()[0]}"
         return
     ev = res.best
+    if result.predicted_step_time_s and ev.step_time_s > result.predicted_step_time_s and result.fits:
+        # The published layout is outside the searched candidates (e.g. vp=3 against 1, 2, 4, 8) or
+        # uses knobs the framework profile lacks: it is then the best layout known.
+        outside = [f"{k}={v}" for k, v in (result.layout or {}).items()
+                   if k in SPACE_CANDIDATES and v not in SPACE_CANDIDATES[k]] + result.framework_problems
+        result.best_layout, result.best_step_time_s = result.layout, result.predicted_step_time_s
+        result.best_note = ("the published layout is faster than any the search offers"
+                            + (f" ({'; '.join(outside)})" if outside else ""))
+        return
     result.best_layout = ev.layout.as_dict()
     result.best_step_time_s = ev.step_time_s
     if result.predicted_step_time_s and ev.step_time_s < result.predicted_step_time_s:
@@ -191,8 +254,10 @@ def _why_faster(published: dict, best: dict, published_s: float, best_s: float) 
     return f"{published_s / best_s:.2f}x faster by changing " + ", ".join(changed)
 
 
-def summarize(results: list[RunResult]) -> dict:
-    """Median, 90th percentile and max |error| overall and by hardware family."""
+def summarize(results: list[RunResult], groups: dict[str, list[str]] | None = None) -> dict:
+    """Median, 90th percentile and max |error| overall, by hardware family and by framework; the
+    signed error of the ZeRO-3/FSDP runs; pairwise order agreement inside groups of runs of one job;
+    and the planner's best against each published layout."""
     def stats(rows: list[RunResult]) -> dict:
         errors = sorted(abs(r.error) for r in rows if r.error is not None)
         if not errors:
@@ -204,12 +269,64 @@ def summarize(results: list[RunResult]) -> dict:
 
     evaluated = [r for r in results if r.reason is None]
     families = sorted({r.family for r in evaluated})
+    frameworks = sorted({r.framework.split("@")[0] for r in evaluated})
     mem = sorted(abs(r.memory_error) for r in evaluated if r.memory_error is not None)
     summary = {"overall": stats(evaluated), "by_family": {f: stats([r for r in evaluated if r.family == f]) for f in families},
+               "by_framework": {f: stats([r for r in evaluated if r.framework.split("@")[0] == f]) for f in frameworks},
                "not_evaluated": len(results) - len(evaluated)}
+    zero3 = [r.error for r in evaluated if r.zero_stage == 3 and r.error is not None]
+    if zero3:
+        summary["zero3"] = {"runs": len(zero3), "median_signed_error": statistics.median(zero3)}
     if mem:
         summary["memory"] = {"runs": len(mem), "median_abs_error": statistics.median(mem), "max_abs_error": mem[-1]}
+    summary["ranking"] = ranking(results, groups or {})
+    ratios = sorted((r.predicted_step_time_s / r.best_step_time_s, r.id) for r in evaluated
+                    if r.best_step_time_s and r.predicted_step_time_s)
+    if ratios:
+        summary["best_vs_published"] = {
+            "runs": len(ratios), "median_speedup": statistics.median(x for x, _ in ratios),
+            "max_speedup": ratios[-1][0], "above_1_3": [i for x, i in ratios if x > 1.3]}
     return summary
+
+
+def run_groups(runs: list[dict], extra: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+    """Group name -> run ids: each run's ``group`` field, plus groups listed by id (``extra``)."""
+    out: dict[str, list[str]] = {}
+    for run in runs:
+        if run.get("group"):
+            out.setdefault(str(run["group"]), []).append(str(run.get("id")))
+    for name, ids in (extra or {}).items():
+        out.setdefault(str(name), []).extend(str(i) for i in ids)
+    return out
+
+
+def ranking(results: list[RunResult], groups: dict[str, list[str]]) -> dict:
+    """Pairwise order agreement inside each group: a pair agrees when the predicted cost per step
+    (step time x devices: the inverse of throughput per device, so runs at different sizes of one
+    job compare too) orders the two runs as the measurement does. Measured ties are skipped."""
+    by_id = {r.id: r for r in results}
+    rows, agreed, pairs = [], 0, 0
+    for name, ids in sorted(groups.items()):
+        members = [by_id[i] for i in ids if i in by_id and by_id[i].reason is None and by_id[i].measured_step_time_s]
+        g_pairs = g_agreed = 0
+        wrong = []
+        for a in range(len(members)):
+            for b in range(a + 1, len(members)):
+                x, y = members[a], members[b]
+                mx, my = x.measured_step_time_s * x.count, y.measured_step_time_s * y.count
+                px, py = x.predicted_step_time_s * x.count, y.predicted_step_time_s * y.count
+                if mx == my:
+                    continue
+                g_pairs += 1
+                if (mx < my) == (px < py):
+                    g_agreed += 1
+                else:
+                    wrong.append(f"{x.id} vs {y.id}")
+        if g_pairs:
+            rows.append({"group": name, "runs": len(members), "pairs": g_pairs, "agreed": g_agreed, "wrong": wrong})
+        pairs, agreed = pairs + g_pairs, agreed + g_agreed
+    return {"groups": len(rows), "pairs": pairs, "agreed": agreed,
+            "agreement": agreed / pairs if pairs else None, "by_group": rows}
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -220,13 +337,44 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def bundled_sweeps_path() -> Path:
+    """Published layout sweeps (groups of runs of one job), bundled for the ranking measure."""
+    return Path(str(resources.files("planner") / "data" / "sweeps.yaml"))
+
+
 def validate(path: str | Path | None = None, options: SearchOptions | None = None, best: bool = True) -> dict:
-    """Evaluate every run of ``path`` (the bundled runs by default); ``{"runs": [...], "summary": {...}}``."""
+    """Evaluate every run of ``path`` (the bundled runs by default); ``{"runs": [...], "summary": {...}}``.
+
+    Without ``path`` the bundled layout sweeps are evaluated too, under ``"sweeps"``: their runs
+    count for the ranking measure, and have a step-time summary of their own (the bundled runs'
+    summary stays the one the project's targets are stated on)."""
     opts = options or SearchOptions()
-    runs = load_runs(path or bundled_runs_path())
+    main_path = path or bundled_runs_path()
+    runs, extra = load_runs_and_groups(main_path)
     results = [evaluate_run(run, opts, best) for run in runs]
-    return {"file": str(path or bundled_runs_path()), "runs": [r.as_dict() for r in results],
-            "summary": summarize(results)}
+    out = {"file": str(main_path), "runs": [r.as_dict() for r in results]}
+    groups = run_groups(runs, extra)
+    sweep_results: list[RunResult] = []
+    if path is None and bundled_sweeps_path().is_file():
+        sweep_runs, sweep_extra = load_runs_and_groups(bundled_sweeps_path())
+        sweep_results = [evaluate_run(run, opts, best=False) for run in sweep_runs]
+        for name, ids in run_groups(sweep_runs, sweep_extra).items():
+            groups.setdefault(name, []).extend(ids)
+        out["sweeps"] = {"file": str(bundled_sweeps_path()), "runs": [r.as_dict() for r in sweep_results],
+                         "summary": summarize(sweep_results)}
+    out["summary"] = summarize(results)
+    out["summary"]["ranking"] = ranking(results + sweep_results, groups)
+    return out
+
+
+def load_runs_and_groups(path: str | Path) -> tuple[list[dict], dict[str, list[str]]]:
+    """The runs of a file and its ``groups_of_bundled_runs`` (groups named by run id)."""
+    runs = load_runs(path)
+    doc = yaml.safe_load(Path(path).read_text())
+    extra = doc.get("groups_of_bundled_runs") or {}
+    if not isinstance(extra, dict):
+        raise SpecError(f"validate FILE: {path}: groups_of_bundled_runs must map a group name to run ids")
+    return runs, extra
 
 
 def markdown_report(result: dict) -> str:

@@ -396,12 +396,13 @@ def test_plan_objective_energy_and_its_errors():
 
 def test_plan_on_a_torus_says_which_torus_axes_each_axis_uses():
     args = ["plan", "--model", "llama2-7b", "--cluster", "tpu-v5p-pod", "--devices", "128", "--global-batch", "256",
-            "--seq-len", "4096", "--search", "exhaustive", "--top", "1"]
+            "--seq-len", "4096", "--search", "exhaustive", "--top", "1", "--fix", "tp=4"]
     result = run(*args)
     assert result.exit_code == 0, result.stderr
     assert "order=tp-cp-dp-pp@yzx" in result.stdout
     assert "on the torus: tp: y (4, wraparound); dp: x (4, wraparound) x z (8, wraparound)" in result.stdout
     bad = run(*args[:9], "--fix", "order=tp-cp-dp-pp@xy")
+    assert "framework MaxText" in result.stdout
     assert bad.exit_code == 2 and "--fix order" in bad.stderr and "x, y, z" in bad.stderr
 
 

@@ -103,11 +103,14 @@ def test_best_layout_is_never_slower(tmp_path):
     path = tmp_path / "runs.yaml"
     path.write_text(yaml.safe_dump(doc))
     out = validate(path, FAST, best=True)
+    checked = 0
     for r in out["runs"]:
         assert r["best_step_time_s"] is not None
+        checked += 1
         assert r["best_step_time_s"] <= r["predicted_step_time_s"] * (1 + 1e-9)
         if r["best_step_time_s"] < r["predicted_step_time_s"]:
             assert "faster by changing" in r["best_note"]
+    assert checked == 4
 
 
 @pytest.mark.parametrize("content, needle", [

@@ -99,6 +99,11 @@ class Cluster:
     """Device id of each rank in a :meth:`placed` view."""
 
     @property
+    def platform(self) -> str:
+        """``tpu`` for Google TPU pods, ``gpu`` for the rest (what a framework profile runs on)."""
+        return "tpu" if self.device.family.startswith("google-tpu") else "gpu"
+
+    @property
     def occupied_domain_size(self) -> int:
         """Devices per scale-up domain as used: a cluster smaller than one domain fills only part of it."""
         return min(self.domain_size, self.num_devices)

@@ -1,0 +1,249 @@
+"""Framework profiles: what a training framework can run, and how it runs it.
+
+A profile (``cost/data/frameworks/<id>.yaml``, format ``clusterplan-framework/1``) says which knobs
+and combinations a framework offers and since which release (``features``, ``rules``), which
+communication it overlaps and with how many SMs (``overlap``), and its defaults and memory semantics
+(``semantics``). The search offers only what the profile can run at the job's framework date; the
+cost terms read the overlap and semantics figures; the report and exports name the profile.
+
+A feature is available at a date when its ``since`` month is not after that date; ``since: null``
+means the framework never offered it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+import yaml
+
+from models.errors import SpecError
+
+FORMAT = "clusterplan-framework/1"
+FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext")
+FEATURES: tuple[str, ...] = (
+    "tp", "pp", "vp", "cp", "ep", "etp1", "sequence_parallel", "recompute_selective", "recompute_full",
+    "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "flash_attention",
+)
+RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "zero_stage_in", "recompute_in", "sequence_parallel")
+_DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+# Device families by architecture, for profiles that name an architecture (tp_overlap_families)
+ARCHITECTURE_OF_FAMILY = {"nvidia-b200": "nvidia-blackwell", "nvidia-gb200": "nvidia-blackwell",
+                          "nvidia-b300": "nvidia-blackwell", "nvidia-gb300": "nvidia-blackwell"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A combination the framework refuses: every condition in ``when`` holds."""
+
+    id: str
+    message: str
+    source: str
+    when: tuple[tuple[str, object], ...]
+
+    def refuses(self, tp: int, pp: int, cp: int, ep: int, vp: int, zero_stage: int, recompute: str,
+                sequence_parallel: bool) -> bool:
+        values = {"pp_min": pp, "tp_min": tp, "cp_min": cp, "ep_min": ep, "vp_min": vp}
+        for key, want in self.when:
+            if key in values and values[key] < want:
+                return False
+            if key == "zero_stage_in" and zero_stage not in want:
+                return False
+            if key == "recompute_in" and recompute not in want:
+                return False
+            if key == "sequence_parallel" and sequence_parallel != want:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One framework profile, as of ``date`` (a job may ask for an earlier release)."""
+
+    id: str
+    name: str
+    version: str
+    date: str
+    aliases: tuple[str, ...]
+    platforms: tuple[str, ...]
+    since: dict = field(hash=False)  # feature -> "YYYY-MM" or None
+    feature_sources: dict = field(hash=False)
+    rules: tuple[Rule, ...] = ()
+    sequence_parallel_with_tp: bool = False
+    tp_overlap_families: tuple[str, ...] = ()
+    grad_bytes: int = 4
+    zero2_param_gather: str | None = "per_step"
+    dropout: float = 0.0
+    attention: str = "flash"
+    tp_comm_sms: int | None = None
+    dp_comm_sms: int | None = None
+    ep_comm_sms: int | None = None
+    sources: dict = field(default_factory=dict, hash=False)
+    notes: tuple[str, ...] = ()
+
+    def has(self, feature: str, date: str | None = None) -> bool:
+        """Whether ``feature`` exists at ``date`` (default: the profile's own release)."""
+        since = self.since.get(feature)
+        return since is not None and since <= (date or self.date)
+
+    def at(self, date: str | None) -> "ProfileAt":
+        return ProfileAt(self, date or self.date)
+
+    def describe(self, date: str | None = None) -> str:
+        when = f" as of {date}" if date and date != self.date else ""
+        return f"{self.name}, {self.version}{when}"
+
+
+@dataclass(frozen=True)
+class ProfileAt:
+    """A profile at one release date: what the search and the cost terms ask."""
+
+    profile: Profile
+    date: str
+
+    def has(self, feature: str) -> bool:
+        return self.profile.has(feature, self.date)
+
+    def zero_stages(self) -> tuple[int, ...]:
+        return tuple(z for z in (0, 1, 2, 3) if self.has(f"zero{z}"))
+
+    def recompute_modes(self) -> tuple[str, ...]:
+        return tuple(r for r in ("none", "selective", "full") if r == "none" or self.has(f"recompute_{r}"))
+
+    def tp_overlap_on(self, family: str) -> bool:
+        """TP overlap exists here and works on this device family."""
+        fams = self.profile.tp_overlap_families
+        arch = ARCHITECTURE_OF_FAMILY.get(family, family)
+        return self.has("tp_overlap") and (not fams or family in fams or arch in fams)
+
+    @property
+    def attention(self) -> str:
+        return self.profile.attention if self.has("flash_attention") else "unfused"
+
+
+def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
+    """The values of each knob the framework profile (at its date) does not offer in full: a knob
+    missing here is unrestricted. A degree the framework lacks is held at 1."""
+    out: dict[str, tuple] = {}
+    for knob in ("tp", "pp", "cp", "vp", "ep"):
+        if not prof.has(knob):
+            out[knob] = (1,)
+    if not prof.has("sequence_parallel"):
+        out["sequence_parallel"] = (False,)
+    out["recompute"] = prof.recompute_modes()
+    out["zero_stage"] = prof.zero_stages()
+    if not prof.has("dp_overlap"):
+        out["dp_overlap"] = (False,)
+    if not prof.tp_overlap_on(family):
+        out["tp_overlap"] = (False,)
+    return out
+
+
+def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
+                      sp: bool) -> str | None:
+    """The message of the first profile rule that refuses this combination, or None. Frameworks
+    whose TP always shards the sequence (torchtitan) refuse tp > 1 without sequence parallelism."""
+    if prof.profile.sequence_parallel_with_tp and tp > 1 and not sp:
+        return f"{prof.profile.id} shards the sequence whenever tp > 1 (sequence parallelism is always on)"
+    for rule in prof.profile.rules:
+        if rule.refuses(tp, pp, cp, ep, vp, zero, recompute, sp):
+            return rule.message
+    return None
+
+
+def framework_defaults(layout, given: set[str], prof: ProfileAt, family: str):
+    """``layout`` with the knobs the user did not give (``given``: Layout field names) moved to a
+    value the framework offers: ZeRO to its lowest sharding stage from 1 up (MaxText: its fsdp axis),
+    recomputation to the first mode it has among selective, full, none, overlap off where it has none."""
+    offered = framework_domains(prof, family)
+    changes = {}
+    if "zero_stage" not in given and layout.zero_stage not in offered["zero_stage"]:
+        stages = offered["zero_stage"]
+        changes["zero_stage"] = next((z for z in stages if z >= 1), stages[0])
+    if "recompute" not in given and layout.recompute not in offered["recompute"]:
+        changes["recompute"] = next(r for r in ("selective", "full", "none") if r in offered["recompute"])
+    if "dp_overlap" not in given and "dp_overlap" in offered:
+        changes["dp_overlap"] = False
+    if "sequence_parallel" not in given and prof.profile.sequence_parallel_with_tp and layout.tp > 1:
+        changes["sequence_parallel"] = True
+    return layout.with_(**changes) if changes else layout
+
+
+def _load_text(framework_id: str) -> str:
+    path = resources.files("cost") / "data" / "frameworks" / f"{framework_id}.yaml"
+    return path.read_text()
+
+
+def resolve_name(name: str) -> str:
+    """The profile id for a name or alias (``nemo`` -> ``megatron``); :class:`SpecError` if unknown."""
+    key = str(name).strip().lower()
+    for fid in FRAMEWORKS:
+        if key == fid or key in load_profile(fid).aliases:
+            return fid
+    allowed = ", ".join(FRAMEWORKS)
+    raise SpecError(f"framework: got {name!r}; allowed: {allowed} (NeMo and Megatron-Bridge are megatron)")
+
+
+@lru_cache(maxsize=None)
+def load_profile(framework_id: str) -> Profile:
+    """Read and check one profile file."""
+    if framework_id not in FRAMEWORKS:
+        raise SpecError(f"framework: got {framework_id!r}; allowed: {', '.join(FRAMEWORKS)}")
+    doc = yaml.safe_load(_load_text(framework_id))
+    where = f"framework profile {framework_id}"
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise SpecError(f"{where}: format must be {FORMAT!r}")
+    sources = doc.get("sources") or {}
+    features = doc.get("features") or {}
+    since, feature_sources = {}, {}
+    for name in FEATURES:
+        entry = features.get(name)
+        if not isinstance(entry, dict) or "since" not in entry:
+            raise SpecError(f"{where}: features.{name} needs a 'since' (YYYY-MM or null)")
+        value = entry["since"]
+        if value is not None and not _DATE.match(str(value)):
+            raise SpecError(f"{where}: features.{name}.since: got {value!r}; expected YYYY-MM or null")
+        since[name] = None if value is None else str(value)
+        feature_sources[name] = entry.get("source")
+    rules = []
+    for raw in doc.get("rules") or []:
+        when = raw.get("when") or {}
+        unknown = set(when) - set(RULE_KEYS)
+        if unknown:
+            raise SpecError(f"{where}: rule {raw.get('id')}: unknown condition(s) {sorted(unknown)}; allowed: {RULE_KEYS}")
+        frozen = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in when.items())
+        rules.append(Rule(str(raw.get("id")), str(raw.get("message", "")), str(raw.get("source", "")), frozen))
+    req = doc.get("requires") or {}
+    sem = doc.get("semantics") or {}
+    ov = doc.get("overlap") or {}
+    date = str(doc.get("date"))
+    if not _DATE.match(date):
+        raise SpecError(f"{where}: date: got {date!r}; expected YYYY-MM")
+    return Profile(
+        id=framework_id, name=str(doc.get("name")), version=str(doc.get("version")), date=date,
+        aliases=tuple(str(a).lower() for a in doc.get("aliases") or ()),
+        platforms=tuple(doc.get("platforms") or ("gpu",)), since=since, feature_sources=feature_sources,
+        rules=tuple(rules), sequence_parallel_with_tp=bool(req.get("sequence_parallel_with_tp", False)),
+        tp_overlap_families=tuple(req.get("tp_overlap_families") or ()),
+        grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
+        dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
+        tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
+        sources=sources, notes=tuple(doc.get("notes") or ()),
+    )
+
+
+def default_framework(platform: str) -> str:
+    """``maxtext`` on TPU, ``megatron`` elsewhere (DESIGN.md)."""
+    return "maxtext" if platform == "tpu" else "megatron"
+
+
+def parse_date(value: str | None, where: str = "framework date") -> str | None:
+    """``"2021-04"`` or ``"2021-04-12"`` -> ``"2021-04"``; None stays None."""
+    if value is None:
+        return None
+    text = str(value).strip()[:7]
+    if not _DATE.match(text):
+        raise SpecError(f"{where}: got {value!r}; expected YYYY-MM (the month of the framework release)")
+    return text
