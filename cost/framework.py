@@ -27,7 +27,8 @@ FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "cp", "ep", "etp1", "sequence_parallel", "recompute_selective", "recompute_full",
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "flash_attention",
 )
-RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "zero_stage_in", "recompute_in", "sequence_parallel")
+RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "zero_stage_in", "recompute_in", "sequence_parallel",
+             "tp_overlap")
 _DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 # Device families by architecture, for profiles that name an architecture (tp_overlap_families)
 ARCHITECTURE_OF_FAMILY = {"nvidia-b200": "nvidia-blackwell", "nvidia-gb200": "nvidia-blackwell",
@@ -44,7 +45,7 @@ class Rule:
     when: tuple[tuple[str, object], ...]
 
     def refuses(self, tp: int, pp: int, cp: int, ep: int, vp: int, zero_stage: int, recompute: str,
-                sequence_parallel: bool) -> bool:
+                sequence_parallel: bool, tp_overlap: bool = False) -> bool:
         values = {"pp_min": pp, "tp_min": tp, "cp_min": cp, "ep_min": ep, "vp_min": vp}
         for key, want in self.when:
             if key in values and values[key] < want:
@@ -54,6 +55,8 @@ class Rule:
             if key == "recompute_in" and recompute not in want:
                 return False
             if key == "sequence_parallel" and sequence_parallel != want:
+                return False
+            if key == "tp_overlap" and tp_overlap != want:
                 return False
         return True
 
@@ -142,13 +145,13 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
 
 
 def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
-                      sp: bool) -> str | None:
+                      sp: bool, tp_overlap: bool = False) -> str | None:
     """The message of the first profile rule that refuses this combination, or None. Frameworks
     whose TP always shards the sequence (torchtitan) refuse tp > 1 without sequence parallelism."""
     if prof.profile.sequence_parallel_with_tp and tp > 1 and not sp:
         return f"{prof.profile.id} shards the sequence whenever tp > 1 (sequence parallelism is always on)"
     for rule in prof.profile.rules:
-        if rule.refuses(tp, pp, cp, ep, vp, zero, recompute, sp):
+        if rule.refuses(tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap and tp > 1):
             return rule.message
     return None
 

@@ -150,7 +150,7 @@ def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None
     if not layout.expert_tp and layout.ep > 1 and not prof.has("etp1"):
         bad("framework", f"etp=1: {name} has no expert tensor parallelism 1")
     refusal = framework_refusal(prof, layout.tp, layout.pp, layout.cp, layout.ep, layout.vp, layout.zero_stage,
-                                layout.recompute, layout.sequence_parallel)
+                                layout.recompute, layout.sequence_parallel, layout.tp_overlap)
     if refusal and not any(invalid.values()):
         bad("framework", f"{name}: {refusal}")
 

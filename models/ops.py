@@ -195,6 +195,14 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     ``N`` counts the active parameters that take part in matrix multiplies (input embedding
     lookup excluded, LM head included); the attention term counts scores and values, forward
     and backward, without causal halving.
+
+    A causal fused kernel executes only half of that attention term (``Op.causal_fraction``), so
+    attention earns model FLOPs at twice its executed rate. MFU stays under the device's matmul
+    ceiling (``DeviceSpec.matmul_ceiling``) only while the kernel's executed efficiency is at most
+    half the MAMF fraction: ``cost.compute`` assumes exactly that where no fused-attention figure
+    was measured; a measured faster kernel (FlashAttention-3 on Hopper, 0.54 against 0.803 / 2)
+    can lift MFU above the ceiling at long sequences. (Megatron-LM since 2025, NeMo and MaxText
+    halve the causal term instead.)
     """
     n_matmul = model.num_active_params - model.embedding_params
     if model.tied_embeddings:

@@ -213,7 +213,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
                              DPM[i, j].tobytes(), DPX[i, j].tobytes(), int(ok_fo[i, j]), ok_eo[:, j].tobytes())
         for i in range(F):
             order_ok[i] &= ~np.array(traversal_duplicates(S.order, list(order_ok[i]), [rows(i, j) for j in range(O)]))
-    canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, None, None]
+    canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, None, :]
     capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
     if ignore_memory:
@@ -375,9 +375,9 @@ def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
 
 
 def _framework_mask(ctx: Context, S: Space) -> np.ndarray:
-    """(f, e, s, z): combinations the job's framework can run (``planner.space.framework_refusal``).
+    """(f, e, s, z, to): combinations the job's framework can run (``cost.framework.framework_refusal``).
     Layouts it cannot run are outside the space, like knobs it does not have: not counted as rejected."""
-    shape = (len(S.factorizations), len(S.ep), len(S.sequence_parallel), len(S.zero_stage))
+    shape = (len(S.factorizations), len(S.ep), len(S.sequence_parallel), len(S.zero_stage), len(S.tp_overlap))
     if not S.framework_rules:
         return np.ones(shape, bool)
     prof = ctx.job.profile
@@ -386,7 +386,8 @@ def _framework_mask(ctx: Context, S: Space) -> np.ndarray:
         for ei, e in enumerate(S.ep):
             for si, sp in enumerate(S.sequence_parallel):
                 for zi, z in enumerate(S.zero_stage):
-                    out[i, ei, si, zi] = framework_refusal(prof, tp, pp, cp, e, 1, z, "none", sp) is None
+                    for ti, to in enumerate(S.tp_overlap):
+                        out[i, ei, si, zi, ti] = framework_refusal(prof, tp, pp, cp, e, 1, z, "none", sp, to) is None
     return out
 
 

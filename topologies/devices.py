@@ -28,7 +28,13 @@ class GemmEfficiency(BaseModel):
 
     large: float = Field(gt=0, le=1, description="Fraction of peak for large bf16/fp16 GEMMs (MAMF / peak).")
     large_fp8: float | None = Field(None, gt=0, le=1, description="Same for FP8 GEMMs, if measured.")
-    source: str = Field(description="Where the efficiency was measured.")
+    source: str = Field(description="Where the efficiency was measured (or borrowed from).")
+    measured: bool = Field(
+        False,
+        description="True only where a cited benchmark measured ``large`` on this very device (ml-engineering's "
+                    "MAMF table or another named GEMM benchmark); False where the figure is borrowed from "
+                    "another part or is a placeholder.",
+    )
     sm_count: int | None = Field(
         None, gt=0,
         description="Streaming multiprocessors that run GEMM output tiles in waves (NVIDIA); None: no "
@@ -78,7 +84,8 @@ class DeviceSpec(BaseModel):
     )
     attention_efficiency: float | None = Field(
         None, gt=0, le=1,
-        description="Achieved fraction of 16-bit peak for fused (flash) attention, fwd+bwd; None: gemm.large.",
+        description="Achieved fraction of 16-bit peak for fused (flash) attention, fwd+bwd; None: not measured "
+                    "(cost.compute then assumes a fixed share of gemm.large, UNMEASURED_ATTENTION_OVER_MAMF).",
     )
     attention_efficiency_fa2: float | None = Field(
         None, gt=0, le=1,
@@ -101,3 +108,36 @@ class DeviceSpec(BaseModel):
 
     def supports(self, dtype: str) -> bool:
         return bool(self.peak_flops_per_s.get(dtype))
+
+    def gemm_flops_per_s(self, precision: str) -> float:
+        """Achieved FLOP/s of a large GEMM in ``precision``: dense peak x MAMF fraction x sustained fraction.
+
+        FP8 uses the FP8 peak and ``gemm.large_fp8`` (``gemm.large`` where FP8 was not measured); a
+        device without FP8 math runs an FP8 job's GEMMs in bf16.
+        """
+        if precision == "fp8" and self.supports("fp8"):
+            rate = self.peak("fp8") * (self.gemm.large_fp8 or self.gemm.large)
+        else:
+            rate = self.peak("bf16" if precision == "fp8" else precision) * self.gemm.large
+        return rate * self.sustained_fraction
+
+    def matmul_ceiling(self, precision: str) -> float:
+        """The best fraction of the bf16 (16-bit) dense peak this device can reach in ``precision``.
+
+        The large-GEMM rate (:meth:`gemm_flops_per_s`) over ``peak("bf16")``, the denominator of MFU: no
+        layout's MFU can exceed it. At most 1 for 16-bit precisions; FP8 on a device with FP8 math can
+        exceed 1 (its peak is twice the bf16 one).
+        """
+        return self.gemm_flops_per_s(precision) / self.peak("bf16")
+
+    @property
+    def efficiency_validated(self) -> bool:
+        """Whether the matmul efficiency (``gemm.large``) was measured on this very device."""
+        return self.gemm.measured
+
+    @property
+    def efficiency_note(self) -> str:
+        """One line on where the matmul ceiling comes from, for reports."""
+        if self.gemm.measured:
+            return f"measured: {self.gemm.source}"
+        return f"unvalidated: no measured matmul ceiling for {self.name}; {self.gemm.source}"
