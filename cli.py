@@ -698,7 +698,10 @@ def _ranking_lines(rk: dict, console: Console) -> None:
     if not rk.get("pairs"):
         return
     console.print(f"{'ranking':>22}: {rk['agreed']} of {rk['pairs']} pairs ordered as measured "
-                  f"({rk['agreement']:.1%}) in {rk['groups']} groups of runs of one job")
+                  f"({rk['agreement']:.1%}) in {rk['groups']} groups of runs of one job; {rk['ties']} pairs measured "
+                  f"within {rk['tie_threshold']:.0%} of each other are ties, not counted")
+    console.print(f"{'':>22}  by source: " + ", ".join(f"{k} {v['agreed']}/{v['pairs']}"
+                                                       for k, v in rk["by_source"].items()))
     for g in rk["by_group"]:
         if g["wrong"]:
             console.print(f"{'':>22}  {g['group']}: {g['agreed']}/{g['pairs']}; wrong: {'; '.join(g['wrong'][:3])}"

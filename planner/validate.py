@@ -300,12 +300,18 @@ def run_groups(runs: list[dict], extra: dict[str, list[str]] | None = None) -> d
     return out
 
 
+# Two measurements of one job closer than this are a tie: the spread of repeated measurements of one
+# configuration (BigScience's tr11 prequel lists DP8/TP4/PP12/MBS2 twice, 110.48 and 113.54 s: 2.8%).
+RANKING_TIE = 0.03
+
+
 def ranking(results: list[RunResult], groups: dict[str, list[str]]) -> dict:
     """Pairwise order agreement inside each group: a pair agrees when the predicted cost per step
     (step time x devices: the inverse of throughput per device, so runs at different sizes of one
-    job compare too) orders the two runs as the measurement does. Measured ties are skipped."""
+    job compare too) orders the two runs as the measurement does. Pairs measured within
+    :data:`RANKING_TIE` of each other are ties and skipped (counted in ``ties``)."""
     by_id = {r.id: r for r in results}
-    rows, agreed, pairs = [], 0, 0
+    rows, agreed, pairs, ties = [], 0, 0, 0
     for name, ids in sorted(groups.items()):
         members = [by_id[i] for i in ids if i in by_id and by_id[i].reason is None and by_id[i].measured_step_time_s]
         g_pairs = g_agreed = 0
@@ -315,7 +321,8 @@ def ranking(results: list[RunResult], groups: dict[str, list[str]]) -> dict:
                 x, y = members[a], members[b]
                 mx, my = x.measured_step_time_s * x.count, y.measured_step_time_s * y.count
                 px, py = x.predicted_step_time_s * x.count, y.predicted_step_time_s * y.count
-                if mx == my:
+                if abs(mx - my) <= RANKING_TIE * min(mx, my):
+                    ties += 1
                     continue
                 g_pairs += 1
                 if (mx < my) == (px < py):
@@ -325,8 +332,14 @@ def ranking(results: list[RunResult], groups: dict[str, list[str]]) -> dict:
         if g_pairs:
             rows.append({"group": name, "runs": len(members), "pairs": g_pairs, "agreed": g_agreed, "wrong": wrong})
         pairs, agreed = pairs + g_pairs, agreed + g_agreed
-    return {"groups": len(rows), "pairs": pairs, "agreed": agreed,
-            "agreement": agreed / pairs if pairs else None, "by_group": rows}
+    by_source: dict[str, list[int]] = {}
+    for row in rows:
+        key = row["group"].split("-")[0]
+        tally = by_source.setdefault(key, [0, 0])
+        tally[0], tally[1] = tally[0] + row["agreed"], tally[1] + row["pairs"]
+    return {"groups": len(rows), "pairs": pairs, "agreed": agreed, "ties": ties, "tie_threshold": RANKING_TIE,
+            "agreement": agreed / pairs if pairs else None, "by_group": rows,
+            "by_source": {k: {"agreed": a, "pairs": n} for k, (a, n) in sorted(by_source.items())}}
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:

@@ -1,0 +1,128 @@
+"""Laws the cost model must obey for every layout, checked as properties (hypothesis).
+
+- More work never makes a layout faster: widening the FFN, or adding layers' worth of hidden
+  size, never lowers the predicted step time, under every overlap setting (TP overlap, DP overlap,
+  context parallelism's ring) and every framework. Overlap budget counted twice broke this once
+  (issue 8: 6 of 11,304 fuzzed comparisons).
+- No overlap is free: with overlap on, the exposed communication is at least the share of compute
+  its kernels take.
+- More scale-out bandwidth never makes a layout slower.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cost.layout import Job, Layout
+from cost.step import evaluate, layout_problems
+from cost.terms import overlapped_exposed_s
+from models.spec import ModelSpec
+from topologies.library import build_cluster
+
+CLUSTERS = {"h100": build_cluster("dgx-h100-superpod", num_devices=32),
+            "a100": build_cluster("dgx-a100-superpod", num_devices=32),
+            # slow NICs and PCIe-class scale-up put TP and DP traffic beyond their compute windows,
+            # where counting one stretch of compute for two streams would show
+            "a100-slow": build_cluster("dgx-a100-superpod", num_devices=32, scale_out_gbit_per_s=10)}
+FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+
+
+def _model(ffn: int, hidden: int = 2048, layers: int = 8) -> ModelSpec:
+    return ModelSpec(name="law", num_layers=layers, hidden_size=hidden, num_attention_heads=16, num_kv_heads=16,
+                     ffn_hidden_size=ffn, vocab_size=32000, ffn_activation="swiglu", seq_len=4096)
+
+
+layouts = st.builds(
+    lambda tp, pp, cp, mbs, sp, rc, zero, do, to, order: (tp, pp, cp, mbs, sp, rc, zero, do, to, order),
+    st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]),
+    st.sampled_from([1, 2]), st.booleans(), st.sampled_from(["none", "selective", "full"]),
+    st.sampled_from([0, 1, 2, 3]), st.booleans(), st.booleans(),
+    st.sampled_from(["tp-cp-dp-pp", "tp-cp-pp-dp", "tp-dp-cp-pp"]))
+
+
+def _layout(knobs) -> Layout:
+    tp, pp, cp, mbs, sp, rc, zero, do, to, order = knobs
+    dp = 32 // (tp * pp * cp)
+    return Layout(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=mbs, sequence_parallel=sp and tp > 1, recompute=rc,
+                  zero_stage=zero, order=order, dp_overlap=do, tp_overlap=to)
+
+
+def _structural(model, job, cluster, layout) -> list:
+    return [p for p in layout_problems(model, job, cluster, layout) if p[0] != "framework"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(knobs=layouts, base_ffn=st.sampled_from([1024, 2048, 5504, 8192]), extra=st.sampled_from([64, 512, 4096]),
+       hidden=st.sampled_from([512, 1024, 2048]), batch=st.sampled_from([0, 64, 512]),
+       cluster=st.sampled_from(sorted(CLUSTERS)), framework=st.sampled_from(FRAMEWORKS))
+def test_more_flops_never_faster(knobs, base_ffn, extra, hidden, batch, cluster, framework):
+    c = CLUSTERS[cluster]
+    layout = _layout(knobs)
+    if layout.num_devices != 32:
+        return
+    batch = batch or layout.dp * layout.micro_batch_size  # 0: one micro-batch per step, the rarest regime
+    job = Job(global_batch_size=batch, seq_len=4096, framework=framework)
+    small, big = _model(base_ffn, hidden), _model(base_ffn + extra, hidden)
+    if _structural(small, job, c, layout):
+        return
+    t_small = evaluate(small, job, c, layout).step_time_s
+    t_big = evaluate(big, job, c, layout).step_time_s
+    assert t_big >= t_small * (1 - 1e-12), (layout.short(), t_small, t_big)
+
+
+@settings(max_examples=100, deadline=None)
+@given(comm=st.floats(1e-6, 10.0), window=st.floats(0.0, 10.0), extra=st.floats(0.0, 5.0),
+       share=st.floats(0.01, 0.5))
+def test_overlap_is_never_free_and_never_rewards_less_compute(comm, window, extra, share):
+    exposed = overlapped_exposed_s(comm, window, share)
+    assert exposed >= share * comm > 0
+    assert exposed <= comm
+    # a wider window lowers the exposed time by at most what it adds
+    assert overlapped_exposed_s(comm, window + extra, share) >= exposed - extra - 1e-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(knobs=layouts, gbit=st.sampled_from([100, 200, 400]))
+def test_more_scale_out_bandwidth_never_slower(knobs, gbit):
+    layout = _layout(knobs)
+    model, job = _model(8192), Job(global_batch_size=64, seq_len=4096)
+    slow = build_cluster("dgx-h100-superpod", num_devices=32, scale_out_gbit_per_s=gbit)
+    fast = build_cluster("dgx-h100-superpod", num_devices=32, scale_out_gbit_per_s=2 * gbit)
+    if layout.num_devices != 32 or _structural(model, job, slow, layout):
+        return
+    assert evaluate(model, job, fast, layout).step_time_s <= evaluate(model, job, slow, layout).step_time_s * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_overlap_settings_all_cost_something(framework):
+    """TP overlap on a layout with TP traffic: cheaper than exposed, dearer than nothing."""
+    model, c = _model(8192), CLUSTERS["h100"]
+    job = Job(global_batch_size=64, seq_len=4096, framework=framework)
+    base = Layout(tp=8, pp=1, dp=4, micro_batch_size=1, sequence_parallel=True, recompute="none", zero_stage=1)
+    off = evaluate(model, job, c, base.with_(tp_overlap=False)).time.tp_comm_s
+    on = evaluate(model, job, c, base.with_(tp_overlap=True)).time.tp_comm_s
+    assert 0 < on < off
+
+
+@settings(max_examples=200, deadline=None)
+@given(knobs=layouts, ffn=st.sampled_from([1024, 5504, 14336]), hidden=st.sampled_from([512, 2048, 4096]),
+       cluster=st.sampled_from(sorted(CLUSTERS)))
+def test_one_stretch_of_compute_hides_one_stream(knobs, ffn, hidden, cluster):
+    """The overlap windows are disjoint: the GEMMs TP overlap hides behind, the attention core the
+    context-parallel ring hides behind and the DP window together never exceed the compute they are
+    cut from. This is what makes more compute never faster whatever overlaps are on."""
+    from cost.terms import Context, compute_terms
+    layout = _layout(knobs)
+    if layout.num_devices != 32:
+        return
+    model, job = _model(ffn, hidden), Job(global_batch_size=64, seq_len=4096)
+    c = compute_terms(Context(model, job, CLUSTERS[cluster]), layout.tp, layout.cp, layout.micro_batch_size,
+                      layout.sequence_parallel, layout.recompute)
+    to, cp = layout.tp_overlap and layout.tp > 1, layout.cp
+    tp_window = c.gemm_bwd_s if to else 0.0
+    cp_window = c.attn_s * 2.5 / 3.5 if cp > 1 else 0.0
+    assert tp_window + cp_window + c.dp_window_s(to, cp) <= c.backward_s * (1 + 1e-12)
+    whole = c.forward_s + c.backward_s + c.recompute_s
+    assert (c.gemm_s if to else 0.0) + (c.attn_s if cp > 1 else 0.0) + c.fsdp_window_s(to, cp) <= whole * (1 + 1e-12)
