@@ -47,7 +47,7 @@ from planner.validate import markdown_report, validate
 from planner.chart import check_chart_path, compare_chart, sweep_chart
 from planner.whatif import (OBJECTIVES, SWEEP_KNOBS, check_sweep_options, compare, csv_text, parse_candidate,
                             parse_over, rank, sweep)
-from planner.export import FORMATS as EXPORT_FORMATS, export
+from planner.export import FORMATS as EXPORT_FORMATS, export, export_framework
 from topologies.cluster import Cluster
 from topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
 
@@ -615,9 +615,12 @@ def _compact(layout: dict) -> str:
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def export_command(fmt, as_json, **options):
-    """Search as plan does, then print the best layout as a launcher config (a starting point to
+    """Search as plan does, under the format's framework (megatron and slurm: megatron, deepspeed,
+    torchtitan, maxtext), then print the best layout as a launcher config (a starting point to
     check against your launcher's version)."""
-    result, _, _ = _load_and_search(**{**options, "top_k": 0})  # the config needs the winner only
+    framework = export_framework(fmt, resolve_framework(options["framework"]) if options["framework"] else None)
+    # the config needs the winner only, searched under the format's framework
+    result, _, _ = _load_and_search(**{**options, "top_k": 0, "framework": framework})
     text = export(plan_document(result), fmt)
     click.echo(json.dumps({"format": fmt, "config": text}, indent=2) if as_json else text)
 

@@ -77,6 +77,7 @@ class Evaluation:
     model_flops_per_s_per_device: float
     mfu: float
     hfu: float
+    mfu_palm_count: float = 0.0  # attention counted over the full square (PaLM's count)
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -221,8 +222,9 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
     peak16 = cluster.device.peak("bf16")
     recompute_share = time.recompute_s / max(1e-30, time.compute_s)
     mfu = flops_per_device / peak16
+    palm = model_flops_per_token(model, job.seq_len, causal=False) * tokens_per_s / cluster.num_devices / peak16
     return Evaluation(layout, m, step, time, memory, cluster.device.memory_bytes, tokens_per_s,
-                      flops_per_device, mfu, mfu * (1 + recompute_share))
+                      flops_per_device, mfu, mfu * (1 + recompute_share), palm)
 
 
 def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:

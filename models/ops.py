@@ -189,27 +189,25 @@ def head_ops(model: ModelSpec, num_tokens: float, tp: int) -> list[Op]:
     ]
 
 
-def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """Training FLOPs per token for MFU: ``6 N + 12 L s a d`` (PaLM, Chowdhery et al. 2022, app. B).
+def model_flops_per_token(model: ModelSpec, seq_len: int, causal: bool = True) -> float:
+    """Training FLOPs per token for MFU: ``6 N + 12 L s a d`` (PaLM, Chowdhery et al. 2022, app. B),
+    with the attention term halved for causal attention (``causal``, the default).
 
     ``N`` counts the active parameters that take part in matrix multiplies (input embedding
-    lookup excluded, LM head included); the attention term counts scores and values, forward
-    and backward, without causal halving.
-
-    A causal fused kernel executes only half of that attention term (``Op.causal_fraction``), so
-    attention earns model FLOPs at twice its executed rate. MFU stays under the device's matmul
-    ceiling (``DeviceSpec.matmul_ceiling``) only while the kernel's executed efficiency is at most
-    half the MAMF fraction: ``cost.compute`` assumes exactly that where no fused-attention figure
-    was measured; a measured faster kernel (FlashAttention-3 on Hopper, 0.54 against 0.803 / 2)
-    can lift MFU above the ceiling at long sequences. (Megatron-LM since 2025, NeMo and MaxText
-    halve the causal term instead.)
+    lookup excluded, LM head included); the attention term counts scores and values, forward and
+    backward. A causal kernel executes only the lower half of the score matrix
+    (``Op.causal_fraction``): counting the full square (the PaLM count, ``causal=False``) credits
+    FLOPs no kernel runs, and with a fast attention kernel (FlashAttention-3 on Hopper) MFU could
+    then exceed the device's matmul ceiling. clusterplan's MFU counts the executed half, as
+    Megatron-LM (since March 2025), NeMo and MaxText do; the PaLM count is reported beside it
+    (``mfu_palm_count``) for comparison with figures published that way (PaLM, Narayanan et al. 2021).
     """
     n_matmul = model.num_active_params - model.embedding_params
     if model.tied_embeddings:
         n_matmul += model.embedding_params  # the tied matrix still does the LM-head GEMM
     qk, v = model.attention_dims
     attention = 6.0 * model.num_layers * seq_len * model.num_attention_heads * (qk + v)
-    return 6.0 * n_matmul + attention
+    return 6.0 * n_matmul + attention * (0.5 if causal else 1.0)
 
 
 def megatron_flops_per_iteration(model: ModelSpec, batch: int, seq_len: int, recompute: bool) -> float:

@@ -105,8 +105,10 @@ def deepspeed_config(doc: dict) -> str:
 def torchtitan_toml(doc: dict) -> str:
     """A torchtitan job-config fragment (TOML)."""
     L, job = doc["layout"], _job(doc)
-    shard = L["dp"] if L["zero_stage"] == 3 else 1
-    replicate = 1 if L["zero_stage"] == 3 else L["dp"]
+    # FSDP2 shards (zero 2 and 3; zero 2 is reshard_after_forward off: weights stay gathered from
+    # forward to backward); zero 0 is plain replication. torchtitan has no ZeRO-1 (its profile).
+    shard = L["dp"] if L["zero_stage"] in (2, 3) else 1
+    replicate = 1 if L["zero_stage"] in (2, 3) else L["dp"]
     lines = [
         "[training]",
         f"local_batch_size = {L['micro_batch_size']}",
@@ -120,15 +122,15 @@ def torchtitan_toml(doc: dict) -> str:
         f"pipeline_parallel_degree = {L['pp']}",
         f"context_parallel_degree = {L['cp']}",
         f"enable_async_tensor_parallel = {'true' if L['tp_overlap'] else 'false'}",
+        f'fsdp_reshard_after_forward = "{"never" if L["zero_stage"] == 2 else "default"}"',
         "",
         "[activation_checkpoint]",
         f'mode = "{L["recompute"]}"',
     ]
     if job["precision"] == "fp8":
         lines += ["", "[model]", 'converters = ["float8"]']
-    if L["zero_stage"] in (1, 2):
-        lines.insert(0, f"# ZeRO-{L['zero_stage']} has no torchtitan equivalent: plain replication is written "
-                        "(FSDP shards everything, ZeRO-3)")
+    if L["zero_stage"] == 1:  # only from a plan searched under another framework's profile
+        lines.insert(0, "# ZeRO-1 has no torchtitan equivalent: plain replication is written")
     if L["ep"] > 1 or L["vp"] > 1:
         etp = "" if L.get("expert_tp", True) else ", expert tensor parallel 1"
         lines.insert(0, f"# set expert parallel {L['ep']}{etp} / virtual stages {L['vp']} as your torchtitan version "
@@ -223,7 +225,27 @@ def _job_name(model_name: str) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", model_name.lower()).strip("-") or "clusterplan"
 
 
+FRAMEWORK_OF_FORMAT = {"megatron": "megatron", "slurm": "megatron", "deepspeed": "deepspeed",
+                       "torchtitan": "torchtitan", "maxtext": "maxtext"}
+"""The framework profile a format's plan must be searched under (the slurm script runs Megatron)."""
+
+
+def export_framework(fmt: str, given: str | None) -> str:
+    """The framework to search under for ``fmt``; :class:`SpecError` when ``--framework`` names another
+    (a plan searched for one framework may use knobs the other lacks: search again under it)."""
+    want = FRAMEWORK_OF_FORMAT[fmt]
+    if given and given != want:
+        raise SpecError(f"export --format {fmt}: the config is for {want}, but --framework {given} was given; "
+                        f"drop --framework (the plan is then searched under {want}) or use --framework {want}")
+    return want
+
+
 def export(doc: dict, fmt: str) -> str:
-    """The config for ``fmt`` (one of :data:`FORMATS`)."""
+    """The config for ``fmt`` (one of :data:`FORMATS`); the plan must have been searched under the
+    format's framework (:func:`export_framework`)."""
+    fw = (doc["inputs"].get("framework") or {}).get("id")
+    if fw and fw != FRAMEWORK_OF_FORMAT[fmt]:
+        raise SpecError(f"export --format {fmt}: this plan was searched under {fw}; a {fmt} config needs a plan "
+                        f"searched under {FRAMEWORK_OF_FORMAT[fmt]}")
     return {"megatron": megatron_args, "deepspeed": deepspeed_config, "torchtitan": torchtitan_toml,
             "maxtext": maxtext_overrides, "slurm": slurm_script}[fmt](doc)

@@ -43,6 +43,7 @@ def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
         "step_time_s": ev.step_time_s,
         "tokens_per_s": ev.tokens_per_s,
         "mfu": ev.mfu,
+        "mfu_palm_count": ev.mfu_palm_count,
         "hfu": ev.hfu,
         "model_flops_per_s_per_device": ev.model_flops_per_s_per_device,
         "peak_memory_bytes": ev.peak_memory_bytes,

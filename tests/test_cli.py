@@ -552,7 +552,8 @@ def test_slurm_export():
     tpu = run("export", "--format", "slurm", "--model", "llama2-7b", "--cluster", "tpu-v5p-pod", "--devices", "16",
               "--search", "exhaustive")
     assert tpu.exit_code == 2 and tpu.stdout == ""
-    assert "tpu-torus cluster (tpu-v5p), which torchrun does not launch" in tpu.stderr
+    # refused before any search: the script runs Megatron, whose profile runs on GPUs only
+    assert "megatron does not run on TPU" in tpu.stderr and "--framework maxtext" in tpu.stderr
 
 
 def test_command_line_overrides_a_cluster_file(tmp_path):

@@ -126,7 +126,8 @@ def test_model_flops_per_token_mha_untied():
     m, s = GPT, 2048
     L, a, d, h, V = m.num_layers, m.num_attention_heads, m.head_dim_resolved, m.hidden_size, m.vocab_size
     n_matmul = m.num_params - V * h
-    assert model_flops_per_token(m, s) == pytest.approx(6 * n_matmul + 12 * L * s * a * d, rel=REL)
+    assert model_flops_per_token(m, s, causal=False) == pytest.approx(6 * n_matmul + 12 * L * s * a * d, rel=REL)
+    assert model_flops_per_token(m, s) == pytest.approx(6 * n_matmul + 6 * L * s * a * d, rel=REL)  # causal half
 
 
 def test_model_flops_per_token_tied_counts_lm_head():
@@ -134,16 +135,17 @@ def test_model_flops_per_token_tied_counts_lm_head():
     m, s = get_model("gpt3-1.3b"), 2048
     assert m.tied_embeddings
     expected = 6 * m.num_params + 12 * m.num_layers * s * m.num_attention_heads * m.head_dim_resolved
-    assert model_flops_per_token(m, s) == pytest.approx(expected, rel=REL)
+    assert model_flops_per_token(m, s, causal=False) == pytest.approx(expected, rel=REL)
 
 
 def test_model_flops_per_token_agrees_with_op_sum():
-    """Per token, 3x the op FLOPs equal ``6N + 12Lsh`` minus the norm weights, which do no GEMM."""
+    """Per token, 3x the op FLOPs equal ``6N + 12Lsh`` (PaLM count: ops carry the full square and a
+    causal fraction) minus the norm weights, which do no GEMM."""
     m, s, n = GPT, 2048, 2048
     per_token = 3 * (m.num_layers * _model_flops(layer_ops(m, n, s, 1, False, False))
                      + _model_flops(head_ops(m, n, 1))) / n
     norms = m.num_layers * m.norm_params_per_layer + m.hidden_size
-    assert model_flops_per_token(m, s) - per_token == pytest.approx(6 * norms, rel=1e-6)
+    assert model_flops_per_token(m, s, causal=False) - per_token == pytest.approx(6 * norms, rel=1e-6)
 
 
 # ---- cost/compute.py: roofline ---------------------------------------------------------------------
