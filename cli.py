@@ -822,10 +822,6 @@ def _header(doc: dict, cluster: Cluster, origin: dict[str, str], console: Consol
     if job["tokens_to_train"]:
         line += f", {_count(job['tokens_to_train'])} tokens to train"
     console.print(line)
-    fw = doc["inputs"].get("framework")
-    if fw:
-        console.print(f"framework {fw['name']}, {fw['version']}{' as of ' + fw['date'] if fw.get('as_of') else ''}: "
-                      "only what it can run is searched (--framework to change)")
     names = {"global_batch_size": "global batch", "seq_len": "seq len", "precision": "precision",
              "tokens_to_train": "tokens to train"}
     sources = {"published": "the model's published setup", "model": "the model file",
@@ -837,6 +833,13 @@ def _header(doc: dict, cluster: Cluster, origin: dict[str, str], console: Consol
     for key, where in origin.items():
         if where not in ("given", *sources):
             console.print(f"         {names[key]} {where}")
+    fw = doc["inputs"].get("framework")
+    if fw:
+        when = f" as of {fw['date']}" if fw.get("as_of") else ""
+        console.print(f"framework {fw['id']} ({fw['version']}{when}): the search offers only what it runs "
+                      "(--framework to change)")
+    for line in doc["inputs"].get("caveats", {}).get("unvalidated", []):
+        console.print(f"         {line}")
     console.print()
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from cost.compute import UNMEASURED_ATTENTION_OVER_MAMF
 from cost.energy import has_idle_power, step_cost_usd, step_energy_j
 from cost.layout import Job
 from cost.step import Evaluation
+from cost.terms import UNMEASURED_OVERLAP_SHARE
 from models.spec import ModelSpec
 from planner.explain import explain, placement
 from planner.space import REASONS
@@ -79,7 +81,23 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
                     "devices_per_node": cluster.devices_per_node},
         "job": asdict(job),
         "framework": framework_dict(job),
+        "caveats": caveats(job, cluster),
     }
+
+
+def caveats(job: Job, cluster: Cluster) -> dict:
+    """Where the prediction rests on a placeholder rather than a measurement of this hardware or
+    framework: ``unvalidated`` lines, printed by every report and carried in the JSON, and the
+    device's matmul ceiling (no MFU can exceed it)."""
+    dev, prof = cluster.device, job.profile.profile
+    lines = [] if dev.efficiency_validated else [dev.efficiency_note]
+    if dev.attention_efficiency is None:
+        lines.append(f"unvalidated: no measured fused-attention efficiency for {dev.name}; attention runs at "
+                     f"{UNMEASURED_ATTENTION_OVER_MAMF:.0%} of the matmul efficiency (assumed, docs/cost-model.md)")
+    if not dev.gemm.sm_count or not prof.dp_comm_sms:
+        lines.append(f"unvalidated: overlapped communication on {dev.name} under {prof.id} is charged an assumed "
+                     f"{UNMEASURED_OVERLAP_SHARE:.0%} of the compute it overlaps (no SM-count figure)")
+    return {"matmul_ceiling": dev.matmul_ceiling(job.precision), "unvalidated": lines}
 
 
 def framework_dict(job: Job) -> dict:

@@ -402,7 +402,7 @@ def test_plan_on_a_torus_says_which_torus_axes_each_axis_uses():
     assert "order=tp-cp-dp-pp@yzx" in result.stdout
     assert "on the torus: tp: y (4, wraparound); dp: x (4, wraparound) x z (8, wraparound)" in result.stdout
     bad = run(*args[:9], "--fix", "order=tp-cp-dp-pp@xy")
-    assert "framework MaxText" in result.stdout
+    assert "framework maxtext" in result.stdout
     assert bad.exit_code == 2 and "--fix order" in bad.stderr and "x, y, z" in bad.stderr
 
 
@@ -566,3 +566,16 @@ def test_command_line_overrides_a_cluster_file(tmp_path):
     (tmp_path / "tpu.yaml").write_text("base: tpu-v5p-pod\nnum_devices: 64\n")
     bad = run("plan", "--model", "llama2-7b", "--cluster", str(tmp_path / "tpu.yaml"), "--oversubscription", "2")
     assert bad.exit_code == 2 and "no switched fat-tree" in bad.stderr
+
+
+def test_placeholder_figures_are_labelled_unvalidated_in_report_and_json():
+    """A device whose matmul or attention efficiency is a placeholder says so in every plan on it."""
+    args = ["--model", "llama2-7b", "--cluster", "tpu-v4-pod", "--devices", "64", "--top", "0"]
+    report = run("plan", *args)
+    assert report.exit_code == 0, report.stderr
+    assert "unvalidated: no measured matmul ceiling for" in report.stdout
+    doc = run_json("plan", *args)
+    assert any(line.startswith("unvalidated:") for line in doc["inputs"]["caveats"]["unvalidated"])
+    assert doc["mfu"] <= doc["inputs"]["caveats"]["matmul_ceiling"]
+    h100 = run_json("plan", "--model", "llama2-7b", "--cluster", "dgx-h100-superpod", "--devices", "16", "--top", "0")
+    assert not any("matmul ceiling" in line for line in h100["inputs"]["caveats"]["unvalidated"])
