@@ -80,6 +80,9 @@ class Profile:
     zero2_param_gather: str | None = "per_step"
     dropout: float = 0.0
     attention: str = "flash"
+    logit_bytes: float = 6.0  # bytes per logit held by the loss at its peak (semantics.logit_bytes)
+    fsdp_with_pp: str = "sharded"  # "unsharded": FSDP keeps params and grads gathered with pp > 1 (torchtitan)
+    selective_recompute: str = "attention_core"  # or "op_sac": torchtitan's per-op selective checkpointing
     tp_comm_sms: int | None = None
     dp_comm_sms: int | None = None
     ep_comm_sms: int | None = None
@@ -232,6 +235,8 @@ def load_profile(framework_id: str) -> Profile:
         tp_overlap_families=tuple(req.get("tp_overlap_families") or ()),
         grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
         dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
+        logit_bytes=float(sem.get("logit_bytes", 6.0)), fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
+        selective_recompute=str(sem.get("selective_recompute", "attention_core")),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         sources=sources, notes=tuple(doc.get("notes") or ()),
     )

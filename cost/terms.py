@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost import collectives as coll
-from cost.compute import gemm_time_s, ops_time_s
+from cost.compute import gemm_time_s, op_time_s, ops_time_s
 from cost.layout import Job, Layout, split_order
 from models.ops import ACT_BYTES, head_ops, layer_ops
 from models.spec import ModelSpec
@@ -25,7 +25,8 @@ OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhand
 WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
 NUM_GRAD_BUCKETS = 8  # the last of the bucketed gradient reductions cannot overlap (PyTorch DDP, Megatron DDP)
 RUNTIME_RESERVE_BYTES = 1.0 * 2**30  # CUDA context, cuBLAS workspace, NCCL buffers (see docs/cost-model.md)
-LOGIT_BYTES = 6.0  # 16-bit logits kept for backward + fp32 working copy in the loss
+# Bytes per logit held by the loss: the framework's (semantics.logit_bytes: Megatron's fused
+# vocab-parallel cross-entropy 6, torchtitan's fp32 cross-entropy 10).
 # Overlapped communication is not free: its kernels occupy SMs (one CTA per NCCL channel, or the
 # SMs a userbuffers kernel is launched on) that the compute it overlaps loses. Where a device has
 # no SM figure, or a framework profile gives no SM count (TPU DMA engines, graph-compiled
@@ -159,17 +160,24 @@ def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
                   expert_tp: bool = True) -> ComputeTerms:
     model = ctx.model
     n = _tokens(ctx, cp, mbs)
-    fwd = bwd = gemm = attn = act = transient = gemm_bwd = attn_both = 0.0
+    fwd = bwd = gemm = attn = act = transient = gemm_bwd = attn_both = sac_rec = 0.0
     for moe, count in _layer_kinds(model):
         t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None, expert_tp)
         fwd, bwd, gemm, attn = fwd + count * t[0], bwd + count * t[1], gemm + count * t[2], attn + count * t[3]
         gemm_bwd, attn_both = gemm_bwd + count * t[4], attn_both + count * t[5]
-        act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n))
+        op_sac = recompute == "selective" and ctx.job.profile.profile.selective_recompute == "op_sac" and not moe
+        if op_sac:
+            act += count * op_sac_activation_bytes(model, n, tp, sp)
+            sac_rec += count * t[6]
+            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n)))
+        else:
+            act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n))
+            sac_rec += count * t[3]
         if recompute == "full":  # the layer being recomputed holds its full activations once
             transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n)))
     # full: the whole forward again; selective: Megatron-Core checkpoints the core-attention module,
-    # so one more flash forward
-    rec = {"full": fwd, "selective": attn}.get(recompute, 0.0)
+    # so one more flash forward; torchtitan's per-op SAC re-runs what it does not save (op_sac_*)
+    rec = {"full": fwd, "selective": sac_rec}.get(recompute, 0.0)
     return ComputeTerms(fwd, bwd, rec, gemm, act / model.num_layers, transient, gemm_bwd, attn_both)
 
 
@@ -185,7 +193,47 @@ def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
     gemm_bwd = gemm_time_s(ops, dev, prec, backward=True)
     return (ops_time_s(ops, dev, prec), ops_time_s(ops, dev, prec, backward=True),
             gemm_time_s(ops, dev, prec) + gemm_bwd, ops_time_s(core, dev, prec), gemm_bwd,
-            ops_time_s(core, dev, prec) + ops_time_s(core, dev, prec, backward=True))
+            ops_time_s(core, dev, prec) + ops_time_s(core, dev, prec, backward=True),
+            sum(share * op_time_s(op, dev, prec) for op in ops if (share := op_sac_recomputed_share(ctx.model, op))))
+
+
+def op_sac_recomputed_share(model: ModelSpec, op) -> float:
+    """The share of a forward op that torchtitan's per-op selective checkpointing re-runs in backward.
+
+    Its policy (torchtitan distributed/activation_checkpoint.py) saves the outputs of matmuls, SDPA
+    and reduce-scatters, except every second matmul of a layer. A Llama-style layer runs wq, wk, wv,
+    wo, w1, w3, w2: wk, wo and w3 (gelu: fc2) are recomputed, and so is every element-wise op
+    (norms, residual adds, rotary, the activation)."""
+    if op.kind == "memory" and not op.core:
+        return 1.0
+    d_qk, d_v = model.attention_dims
+    a, g = model.num_attention_heads, model.num_kv_heads_resolved
+    if op.name == "qkv":
+        return g * d_qk / (a * d_qk + g * d_qk + g * d_v)
+    if op.name == "attn_out":
+        return 1.0
+    if op.name == "mlp_up" and model.mlp_matrices == 3:
+        return 0.5  # w3 of w1 and w3
+    if op.name == "mlp_down" and model.mlp_matrices == 2:
+        return 1.0  # fc1 is the 5th matmul (saved), fc2 the 6th (recomputed)
+    return 0.0
+
+
+def op_sac_activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool) -> float:
+    """Stored activations of one dense layer under torchtitan's per-op selective checkpointing
+    (:func:`op_sac_recomputed_share`): the layer input ``2nh``, Q ``2n a d``, V ``2n g d``, the SDPA
+    output ``2n a d`` (and its fp32 log-sum-exp), the first up projection ``2nf`` and the down
+    projection's output ``2nh`` (swiglu; gelu keeps fc1's ``2nf`` and recomputes fc2), plus the two
+    reduce-scatter outputs ``2 x 2nh`` under tensor parallelism. Tensor-parallel regions divide by
+    ``tp``; torchtitan's TP always shards the sequence."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    d_qk, d_v = model.attention_dims
+    a, g = model.num_attention_heads, model.num_kv_heads_resolved
+    sharded = ACT_BYTES * n * (a * d_qk + g * d_v + a * d_v + f) + 4.0 * n * a  # + fp32 log-sum-exp
+    if model.mlp_matrices == 3:
+        sharded += ACT_BYTES * n * h  # w2's output (saved: the 7th matmul)
+    replicated = ACT_BYTES * n * h * (1 + (2 if tp > 1 else 0))
+    return (replicated + sharded) / tp if sp or tp == 1 else replicated + sharded / tp
 
 
 def _local_experts(model: ModelSpec, ep: int) -> int | None:
@@ -388,7 +436,7 @@ def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: in
         prof = ctx.cluster.group_profile(range(0, tp * tp_stride, tp_stride))
         size = ACT_BYTES * n * ctx.model.hidden_size
         t += 2 * (coll.all_gather_s(size, prof) if sp else coll.all_reduce_s(size, prof))
-    return HeadTerms(t, LOGIT_BYTES * n * ctx.model.vocab_size / tp)
+    return HeadTerms(t, ctx.job.profile.profile.logit_bytes * n * ctx.model.vocab_size / tp)
 
 
 def p2p_s(ctx: Context, layout: Layout) -> float:
@@ -462,10 +510,22 @@ def owned_params(pc: ParamCounts, layout: Layout, sharded: bool) -> float:
     return pc.dense / shard + pc.expert / (shard * (1 if layout.expert_tp else layout.tp) // layout.ep)
 
 
+def effective_zero_stage(ctx: Context, zero: int, pp: int) -> int:
+    """The ZeRO stage whose memory and traffic a layout really has under the job's framework.
+
+    torchtitan with pipeline parallelism keeps FSDP's parameters gathered through all micro-batches
+    and accumulates gradients unsharded until the last one (``semantics.fsdp_with_pp: unsharded``):
+    ZeRO-1's memory and traffic, whatever sharding was asked for.
+    """
+    if zero >= 2 and pp > 1 and ctx.job.profile.profile.fsdp_with_pp == "unsharded":
+        return 1
+    return zero
+
+
 def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
     """Weights, gradients and Adam states per device, divided per ZeRO stage."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
-    z = layout.zero_stage
+    z = effective_zero_stage(ctx, layout.zero_stage, layout.pp)
     weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3)
     if z >= 3:  # FSDP keeps the gathered weights of the layer in use and the one prefetched
         per_layer = (pc.dense + pc.expert) / max(1, layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
@@ -502,8 +562,8 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
     dense_prof, expert_prof = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order,
                                           layout.expert_tp)
-    return dp_traffic(ctx.job.grad_bytes, pc, dense_prof, expert_prof, layout.zero_stage,
-                      ctx.job.profile.profile.zero2_param_gather)
+    return dp_traffic(ctx.job.grad_bytes, pc, dense_prof, expert_prof,
+                      effective_zero_stage(ctx, layout.zero_stage, layout.pp), ctx.job.profile.profile.zero2_param_gather)
 
 
 def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_stage: int,

@@ -38,7 +38,7 @@ from cost.layout import Layout, split_order
 from cost.step import inflight_layers, memory_static_bytes
 from cost.terms import (
     RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
-    head_terms, layers_on_stage, optimizer_s, overlap_share, p2p_s, param_counts, tp_comm_terms,
+    effective_zero_stage, head_terms, layers_on_stage, optimizer_s, overlap_share, p2p_s, param_counts, tp_comm_terms,
 )
 from planner.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
@@ -266,7 +266,7 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                         if first[oi] != oi:
                             dps[at], dpm[at], dpx[at] = dps[src], dpm[src], dpx[src]
                             continue
-                        t = dp_traffic(g, pc, dense, expert, z, gather)
+                        t = dp_traffic(g, pc, dense, expert, effective_zero_stage(ctx, z, pp), gather)
                         dps[at], dpm[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.blocking_s
     return _qt(dps), _qt(dpm), _qt(dpx), _qt(opt), _qb(static)
 

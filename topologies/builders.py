@@ -17,7 +17,10 @@ They share these conventions:
 Families: :func:`build_nvswitch` (DGX/HGX nodes on a rail-optimized fat-tree),
 :func:`build_nvlink_domain` (GB200 NVL72 racks), :func:`build_tpu_torus` (TPU slices),
 :func:`build_gaudi` and :func:`build_xgmi` (direct all-to-all nodes), :func:`build_cerebras` and
-:func:`build_groq` (SRAM-only machines).
+:func:`build_groq` (SRAM-only machines), :func:`build_grid` (2D/3D grids of directly linked chips,
+mesh or torus per axis: Tesla Dojo training tiles, Tenstorrent Galaxy, AWS Trn2 UltraServers) and
+:func:`build_pods` (small fully linked nodes under a virtual switch per pod and one above:
+Graphcore Bow Pods, SambaNova racks).
 """
 
 from __future__ import annotations
@@ -82,6 +85,22 @@ class Torus:
     dcn_bytes_per_s: float
     """Data-center network bandwidth per chip (its share of the host NIC), one direction."""
     dcn_link: Link
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grid:
+    """One domain's grid of directly linked chips and its links (SI)."""
+
+    shape: tuple[int, ...]
+    """The full grid of one domain, slowest axis first; device ids are row-major over it."""
+    wraparound: tuple[bool, ...]
+    """Per axis: a wraparound link closes the axis into a ring when the grid spans the whole axis
+    (a torus axis); False: a line (a mesh axis, e.g. Dojo tiles, Tenstorrent Galaxy)."""
+    link_bytes_per_s: tuple[float, ...]
+    """Per axis: nominal bandwidth of ONE link of that axis, one direction."""
+    link: Link
+    fabric: str = ""
+    """Vendor name of the links (edge attribute ``fabric``: neuronlink, ethernet, dojo)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -456,3 +475,121 @@ def build_groq(device: DeviceSpec, num_devices: int, *, devices_per_node: int, l
             graph.add_edge(f"dragonfly/rack{k}", "dragonfly/global",
                            **_edge(global_bytes_per_s * chips, link, "spine", link.switch_hop_latency_s))
     return Fabric(graph=graph, domain_size=devices_per_node)
+
+
+# ---- (g) grids of directly linked chips: 2D meshes (Dojo, Tenstorrent) and tori (Trainium2) ------------
+def _grid_sub_shape(num_chips: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The part of a grid ``num_chips`` fill: whole trailing axes with a partial leading one when
+    they divide it (a trn2 instance is 1x4x4 of the 4x4x4 UltraServer), else the most square
+    rectangle that fits, axes ordered as ``shape``; None when none fits."""
+    for lead in range(len(shape)):
+        rest = math.prod(shape[lead + 1:])
+        if num_chips % rest == 0 and num_chips // rest <= shape[lead]:
+            return (1,) * lead + (num_chips // rest,) + tuple(shape[lead + 1:])
+    best = None
+    for dims in itertools.product(*(range(1, d + 1) for d in shape)):
+        if math.prod(dims) == num_chips and (best is None or max(dims) < max(best)):
+            best = dims
+    return best
+
+
+def grid_layout(num_chips: int, shape: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+    """(number of domains, the grid each occupies): part of one grid up to a whole one, beyond
+    that whole grids (domains joined by the scale-out network).
+
+    Raises
+    ------
+    SpecError
+        When ``num_chips`` neither fits one grid nor is a multiple of a whole grid.
+
+    Examples
+    --------
+    >>> grid_layout(16, (4, 4, 4)), grid_layout(128, (4, 4, 4)), grid_layout(16, (5, 5))
+    ((1, (1, 4, 4)), (2, (4, 4, 4)), (1, (4, 4)))
+    """
+    full = math.prod(shape)
+    if num_chips <= full:
+        sub = _grid_sub_shape(num_chips, shape)
+        if sub is not None:
+            return 1, sub
+    elif num_chips % full == 0:
+        return num_chips // full, tuple(shape)
+    fits = [n for n in range(1, full + 1) if _grid_sub_shape(n, shape)]
+    raise SpecError(
+        f"num_devices: {num_chips} chips do not form a {'x'.join(map(str, shape))} grid: use part of one grid "
+        f"({', '.join(map(str, fits[-6:]))}, ...) or a multiple of {full} (whole grids, e.g. {2 * full})"
+    )
+
+
+def build_grid(device: DeviceSpec, num_devices: int, *, grid: Grid, devices_per_node: int,
+               fat_tree: FatTree) -> Fabric:
+    """Chips on a 2D/3D grid of direct links, one grid per domain; the grid's devices carry
+    ``coord`` and their links the levels ``ici_x``/``ici_y``/``ici_z`` (axis 0, 1, 2), as TPU tori
+    do, so :meth:`Cluster.group_profile` prices a group on the axes it spans: an axis that wraps
+    gives a ring both of the device's links on it, a mesh axis (no wraparound) one link's worth,
+    half the bandwidth of the torus ring of the same length. Domains (and, inside a domain, the
+    hosts' NICs) join a rail-optimized fat-tree (EFA, TTPoE or Ethernet).
+
+    Examples
+    --------
+    >>> from topologies.library import build_cluster
+    >>> c = build_cluster("tenstorrent-galaxy", num_devices=32)
+    >>> c.torus_shape, c.graph.edges[0, 1]["level"], c.graph.edges[0, 1]["wraparound"]
+    ((4, 8), 'ici_y', False)
+    """
+    num_domains, shape = grid_layout(num_devices, grid.shape)
+    size = math.prod(shape)
+    wraps = tuple(w and d == full and d > 2 for w, d, full in zip(grid.wraparound, shape, grid.shape))
+    graph = nx.Graph()
+    _add_devices(graph, num_devices, size)
+    strides = [math.prod(shape[ax + 1:]) for ax in range(len(shape))]
+    coords = list(itertools.product(*(range(d) for d in shape)))
+    for k in range(num_domains):
+        base = k * size
+        graph.add_nodes_from((base + i, {"coord": c}) for i, c in enumerate(coords))
+        edges = []
+        for i, c in enumerate(coords):
+            for ax, length in enumerate(shape):
+                step = 1 if c[ax] + 1 < length else (1 - length if wraps[ax] else 0)
+                if step == 0:
+                    continue
+                attrs = _edge(grid.link_bytes_per_s[ax], grid.link, f"ici_{'xyz'[ax]}", wraparound=wraps[ax],
+                              fabric=grid.fabric)
+                edges.append((base + i, base + i + step * strides[ax], attrs))
+        graph.add_edges_from(edges)
+    _add_fat_tree(graph, num_devices, devices_per_node, fat_tree)
+    return Fabric(graph=graph, domain_size=size, torus_shape=shape, in_network_reduction=_tags(None, fat_tree))
+
+
+# ---- (h) pods: small fully linked nodes under per-pod and global virtual switches ------------------------
+def build_pods(device: DeviceSpec, num_devices: int, *, devices_per_node: int, link: Link | None,
+               pod_link: Link, nodes_per_pod: int, pod_bytes_per_s: float, global_bytes_per_s: float) -> Fabric:
+    """Nodes of ``devices_per_node`` chips fully linked to each other (the device's scale-up rate
+    shared over its peers: Graphcore's in-machine IPU-Links), one virtual switch per pod carrying
+    each device's ``pod_bytes_per_s`` (IPU-Links between machines of a Bow Pod, a rack's fabric)
+    and one above the pods carrying ``global_bytes_per_s`` per device (GW-Links), so traffic
+    between pods is limited by the uplink/downlink ratio of the pod switch. A device without a
+    published scale-up rate (``scale_up_bytes_per_s == 0``) is its own domain and reaches every
+    other device through the pod switch.
+    """
+    scale_up = device.scale_up_bytes_per_s > 0
+    if scale_up and link is None:
+        raise SpecError(f"scale_up_link: device {device.id} has a scale-up rate, so the preset needs a link class")
+    domain = devices_per_node if scale_up else 1
+    graph = nx.Graph()
+    _add_devices(graph, num_devices, domain)
+    if scale_up and devices_per_node > 1:
+        pair = device.scale_up_bytes_per_s / (devices_per_node - 1)
+        _add_full_mesh(graph, num_devices, devices_per_node, pair, link, "c2c")
+    pod_size = devices_per_node * nodes_per_pod
+    num_pods = -(-num_devices // pod_size)
+    graph.add_nodes_from((f"pod/{k}", _switch("leaf")) for k in range(num_pods))
+    graph.add_edges_from((r, f"pod/{r // pod_size}", _edge(pod_bytes_per_s, pod_link, "nic"))
+                         for r in range(num_devices))
+    if num_pods > 1:
+        graph.add_node("pods/global", **_switch("spine"))
+        for k in range(num_pods):
+            chips = min(pod_size, num_devices - k * pod_size)
+            graph.add_edge(f"pod/{k}", "pods/global",
+                           **_edge(global_bytes_per_s * chips, pod_link, "spine", pod_link.switch_hop_latency_s))
+    return Fabric(graph=graph, domain_size=domain)

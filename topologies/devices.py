@@ -46,6 +46,22 @@ class GemmEfficiency(BaseModel):
     )
 
 
+class MemoryTier(BaseModel):
+    """One memory tier beyond the device's primary memory (``memory_bytes``), in SI units.
+
+    Streaming memory (Graphcore DDR behind the IPU's SRAM), DRAM behind a dataflow chip's HBM
+    (SambaNova SN40L DDR), HBM on interface processors (Tesla Dojo DIPs). Recorded for the cost
+    model to price; nothing reads it yet.
+    """
+
+    model_config = _FROZEN
+
+    name: str = Field(description="Tier name, e.g. ddr, streaming, dip_hbm.")
+    capacity_bytes: float = Field(gt=0, description="Capacity per device (bytes).")
+    bytes_per_s: float | None = Field(None, gt=0, description="Bandwidth per device (bytes/s); None: not published.")
+    source: str = Field("", description="Where the figures come from.")
+
+
 class DeviceSpec(BaseModel):
     """One accelerator, in SI base units."""
 
@@ -95,6 +111,8 @@ class DeviceSpec(BaseModel):
     kernel_overhead_s: float = Field(
         ge=0, description="Fixed launch/framework overhead per kernel on this device (seconds)."
     )
+    memory_tiers: tuple[MemoryTier, ...] = Field(
+        (), description="Memory tiers beyond ``memory_bytes`` (slower, larger), fastest first; empty for most devices.")
     sources: list[str] = Field(default_factory=list, description="Sources of the figures.")
     contested: list[str] = Field(default_factory=list, description="Figures sources disagree on.")
 

@@ -66,7 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from models.errors import SpecError
 from topologies import builders
 from topologies.cluster import Cluster
-from topologies.devices import DeviceSpec, Dtype, GemmEfficiency
+from topologies.devices import DeviceSpec, Dtype, GemmEfficiency, MemoryTier
 
 MAX_DEVICES = 262_144  # 2^18: room above today's ~100k-GPU clusters, and a graph that still builds in seconds
 DEVICES_RESOURCE = ("data", "devices.yaml")
@@ -75,9 +75,9 @@ CLUSTER_FILE_FORMAT = "clusterplan-cluster/1"
 _DEVICE_HINT = "run `clusterplan devices` to list the bundled devices"
 _CLUSTER_HINT = "run `clusterplan clusters` to list the bundled cluster presets"
 
-Family = Literal["nvswitch", "nvlink-domain", "gaudi", "xgmi", "tpu-torus", "cerebras", "groq"]
-FAT_TREE_FAMILIES = frozenset({"nvswitch", "nvlink-domain", "gaudi", "xgmi"})
-WHOLE_NODE_FAMILIES = FAT_TREE_FAMILIES | {"groq"}
+Family = Literal["nvswitch", "nvlink-domain", "gaudi", "xgmi", "tpu-torus", "cerebras", "groq", "grid", "pods"]
+FAT_TREE_FAMILIES = frozenset({"nvswitch", "nvlink-domain", "gaudi", "xgmi", "grid"})
+WHOLE_NODE_FAMILIES = (FAT_TREE_FAMILIES - {"grid"}) | {"groq", "pods"}
 GBIT = 1e9 / 8  # bytes/s per Gb/s
 GBYTE = 1e9
 US = 1e-6
@@ -89,6 +89,8 @@ _REQUIRED = {
     "tpu-torus": ("torus", "scale_out"),
     "cerebras": ("scale_out",),
     "groq": ("scale_up_link", "scale_out"),
+    "grid": ("grid", "scale_out"),
+    "pods": ("scale_out",),
 }
 
 
@@ -115,6 +117,28 @@ class CalibrationEntry(_Entry):
     attention_efficiency_fa2_source: str = Field("", description="Where it was measured.")
 
 
+class MemoryTierEntry(_Entry):
+    """One memory tier beyond the device's primary memory (devices.yaml ``memory_tiers``)."""
+
+    name: str = Field(min_length=1)
+    capacity_gb: float | None = Field(None, gt=0)
+    capacity_gib: float | None = Field(None, gt=0)
+    gbyte_per_s: float | None = Field(None, gt=0, description="Bandwidth per device, 1e9 B/s; null: not published.")
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _one_capacity(self) -> MemoryTierEntry:
+        if (self.capacity_gb is None) == (self.capacity_gib is None):
+            raise ValueError("give exactly one of capacity_gb, capacity_gib")
+        return self
+
+    def to_spec(self) -> MemoryTier:
+        capacity = self.capacity_gib * 2**30 if self.capacity_gib is not None else self.capacity_gb * 1e9
+        return MemoryTier(name=self.name, capacity_bytes=capacity,
+                          bytes_per_s=None if self.gbyte_per_s is None else self.gbyte_per_s * GBYTE,
+                          source=self.source)
+
+
 class DeviceEntry(_Entry):
     """One device of devices.yaml (or inline in a cluster file)."""
 
@@ -137,6 +161,7 @@ class DeviceEntry(_Entry):
     idle_power_w: float | None = Field(None, gt=0)
     price_per_hour_usd: float | None = Field(None, gt=0)
     gemm: GemmEfficiency
+    memory_tiers: list[MemoryTierEntry] = Field(default_factory=list, description="Tiers beyond the primary memory.")
     sources: list[str] = Field(default_factory=list)
     contested: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
@@ -183,6 +208,28 @@ class ScaleOutEntry(_Entry):
     leaves_per_su: int | None = Field(None, gt=0)
     sharp: bool = False
     sharp_nir_fraction: float | None = Field(None, gt=0, le=1)
+    global_gbit_per_s: float | None = Field(
+        None, gt=0, description="pods family: per-device rate between pods (null: nic_gbit_per_s).")
+
+
+class GridEntry(_Entry):
+    """A 2D/3D grid of directly linked chips (mesh or torus per axis), one grid per domain."""
+
+    shape: list[int] = Field(min_length=2, max_length=3, description="Full grid, slowest axis first (x, y[, z]).")
+    wraparound: list[bool] = Field(description="Per axis: a wraparound link closes the axis when the grid spans it.")
+    link_share: list[float] = Field(
+        description="Per axis: fraction of the device's scale-up bandwidth carried by ONE link of that axis.")
+    link: str
+    fabric: str = Field(description="Vendor name of the chip-to-chip links (edge attribute).")
+
+    @model_validator(mode="after")
+    def _per_axis(self) -> GridEntry:
+        n = len(self.shape)
+        if len(self.wraparound) != n or len(self.link_share) != n:
+            raise ValueError(f"wraparound and link_share need one entry per axis of shape {self.shape}")
+        if any(d < 1 for d in self.shape) or any(not 0 < f <= 1 for f in self.link_share):
+            raise ValueError("shape entries must be >= 1 and link_share entries in (0, 1]")
+        return self
 
 
 class TorusEntry(_Entry):
@@ -212,6 +259,7 @@ class PresetEntry(_Entry):
     nvls_nir_fraction: float | None = Field(None, gt=0, le=1)
     scale_out: ScaleOutEntry | None = None
     torus: TorusEntry | None = None
+    grid: GridEntry | None = None
     power_overhead_w_per_device: float = Field(0.0, ge=0)
     sources: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
@@ -222,7 +270,7 @@ class PresetEntry(_Entry):
         so = self.scale_out
         if self.family in FAT_TREE_FAMILIES and so is not None:
             missing += [f"scale_out.{k}" for k in ("nodes_per_su", "switch_radix") if getattr(so, k) is None]
-        if self.family == "groq" and so is not None and so.nodes_per_su is None:
+        if self.family in ("groq", "pods") and so is not None and so.nodes_per_su is None:
             missing.append("scale_out.nodes_per_su")
         if missing:
             raise ValueError(f"family {self.family} needs {', '.join(missing)}")
@@ -333,7 +381,7 @@ def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
         power_w=entry.power_w, idle_power_w=entry.idle_power_w, price_per_hour_usd=entry.price_per_hour_usd,
         scale_up_bytes_per_s=entry.scale_up_gbyte_per_s_per_dir * GBYTE,
         scale_out_bytes_per_s=entry.scale_out_gbit_per_s * GBIT,
-        gemm=entry.gemm,
+        gemm=entry.gemm, memory_tiers=tuple(t.to_spec() for t in entry.memory_tiers),
         sustained_fraction=group.sustained_fraction if group else 1.0,
         attention_efficiency=group.attention_efficiency if group else None,
         attention_efficiency_fa2=group.attention_efficiency_fa2 if group else None,
@@ -496,6 +544,8 @@ def _num_devices(entry: PresetEntry, num_devices: Any, num_nodes: Any) -> int:
                         f"(e.g. {lower} or {lower + per_node}), or give num_nodes")
     if entry.family == "tpu-torus":
         builders.tpu_slice_layout(devices, tuple(entry.torus.max_slice_shape))
+    if entry.family == "grid":
+        builders.grid_layout(devices, tuple(entry.grid.shape))
     return devices
 
 
@@ -538,6 +588,15 @@ def _torus(entry: PresetEntry, links: Mapping[str, LinkEntry]) -> builders.Torus
     )
 
 
+def _grid(entry: PresetEntry, device: DeviceSpec, links: Mapping[str, LinkEntry]) -> builders.Grid:
+    g = entry.grid
+    return builders.Grid(
+        shape=tuple(g.shape), wraparound=tuple(g.wraparound),
+        link_bytes_per_s=tuple(f * device.scale_up_bytes_per_s for f in g.link_share),
+        link=_link(links, g.link, f"{entry.id}: grid.link"), fabric=g.fabric,
+    )
+
+
 def _fabric(entry: PresetEntry, device: DeviceSpec, n: int, links: Mapping[str, LinkEntry]) -> builders.Fabric:
     """Call the family's builder with SI parameters."""
     family, per_node = entry.family, entry.devices_per_node
@@ -554,7 +613,15 @@ def _fabric(entry: PresetEntry, device: DeviceSpec, n: int, links: Mapping[str, 
         return build(device, n, devices_per_node=per_node, link=up, fat_tree=_fat_tree(entry, links))
     if family == "tpu-torus":
         return builders.build_tpu_torus(device, n, torus=_torus(entry, links))
+    if family == "grid":
+        return builders.build_grid(device, n, grid=_grid(entry, device, links), devices_per_node=per_node,
+                                   fat_tree=_fat_tree(entry, links))
     so = entry.scale_out
+    if family == "pods":
+        return builders.build_pods(device, n, devices_per_node=per_node, link=up,
+                                   pod_link=_link(links, so.link, f"{entry.id}: scale_out.link"),
+                                   nodes_per_pod=so.nodes_per_su, pod_bytes_per_s=so.nic_gbit_per_s * GBIT,
+                                   global_bytes_per_s=(so.global_gbit_per_s or so.nic_gbit_per_s) * GBIT)
     if family == "cerebras":
         return builders.build_cerebras(device, n, io_bytes_per_s=so.nic_gbit_per_s * GBIT,
                                        link=_link(links, so.link, f"{entry.id}: scale_out.link"),
