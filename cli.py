@@ -663,10 +663,15 @@ def _validation_report(result: dict, console: Console) -> None:
                       f"{r['predicted_step_time_s']:.3f}", meas, err, "yes" if r["fits"] else "NO", best)
     console.print(table)
     _validation_summary(result["summary"], console)
-    if result.get("sweeps"):
-        sw = result["sweeps"]
-        console.print(f"\nlayout sweeps ({sw['file']}), step time, for the ranking measure:")
-        _step_time_lines([("sweep runs", sw["summary"]["overall"])], console)
+    for key in ("sweeps", "memory", "families"):
+        part = result.get(key)
+        if not part:
+            continue
+        ps = part["summary"]
+        console.print(f"\n{key} ({part['file']}): {part['what']}")
+        rows = [("all runs", ps["overall"])] + (sorted(ps["by_family"].items()) if key == "families" else [])
+        _step_time_lines(rows, console)
+        _memory_lines(ps, console)
     _ranking_lines(result["summary"].get("ranking") or {}, console)
 
 
@@ -684,10 +689,7 @@ def _validation_summary(s: dict, console: Console) -> None:
     if s.get("zero3"):
         z = s["zero3"]
         console.print(f"{'ZeRO-3 / FSDP runs':>22}: {z['runs']} runs, median signed error {z['median_signed_error']:+.1%}")
-    if s.get("memory"):
-        m = s["memory"]
-        console.print(f"{'peak memory':>22}: {m['runs']} runs measured, median |error| {m['median_abs_error']:.1%}, "
-                      f"max {m['max_abs_error']:.1%}")
+    _memory_lines(s, console)
     if s.get("best_vs_published"):
         b = s["best_vs_published"]
         above = f"; above 1.3x: {', '.join(b['above_1_3'])}" if b["above_1_3"] else ""
@@ -695,6 +697,17 @@ def _validation_summary(s: dict, console: Console) -> None:
                       f"(max {b['max_speedup']:.2f}x) faster than the published layout, {b['runs']} runs{above}")
     if s["not_evaluated"]:
         console.print(f"{'not evaluated':>22}: {s['not_evaluated']} run(s), reason in the table")
+
+
+def _memory_lines(s: dict, console: Console) -> None:
+    if s.get("memory"):
+        m = s["memory"]
+        console.print(f"{'peak memory':>22}: {m['runs']} runs measured, median |error| {m['median_abs_error']:.1%}, "
+                      f"p90 {m['p90_abs_error']:.1%}, max {m['max_abs_error']:.1%}")
+    if s.get("fit_facts"):
+        f = s["fit_facts"]
+        wrong = f"; wrong: {', '.join(f['wrong'])}" if f["wrong"] else ""
+        console.print(f"{'fit / OOM facts':>22}: {f['agreed']} of {f['facts']} reproduced{wrong}")
 
 
 def _ranking_lines(rk: dict, console: Console) -> None:

@@ -61,6 +61,7 @@ class RunResult:
     predicted_peak_memory_bytes: float | None = None
     measured_peak_memory_bytes: float | None = None
     memory_error: float | None = None
+    measured_fits: bool | None = None  # a published fit/OOM fact (measured.fits)
     layout: dict | None = None
     mfu: float | None = None
     breakdown: dict | None = None
@@ -181,6 +182,8 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     result.measured_step_time_s = measured.get("step_time_s")
     if measured.get("peak_memory_gib") is not None:
         result.measured_peak_memory_bytes = measured["peak_memory_gib"] * GIB
+    if measured.get("fits") is not None:
+        result.measured_fits = bool(measured["fits"])
     model = _model(run, result.notes)
     cluster = build_cluster(hw["cluster"], num_devices=hw.get("count"), device=hw.get("device"),
                             scale_out_gbit_per_s=hw.get("scale_out_gbit_per_s_per_device"))
@@ -278,7 +281,12 @@ def summarize(results: list[RunResult], groups: dict[str, list[str]] | None = No
     if zero3:
         summary["zero3"] = {"runs": len(zero3), "median_signed_error": statistics.median(zero3)}
     if mem:
-        summary["memory"] = {"runs": len(mem), "median_abs_error": statistics.median(mem), "max_abs_error": mem[-1]}
+        summary["memory"] = {"runs": len(mem), "median_abs_error": statistics.median(mem),
+                             "p90_abs_error": _percentile(mem, 0.9), "max_abs_error": mem[-1]}
+    facts = [r for r in evaluated if r.measured_fits is not None]
+    if facts:
+        summary["fit_facts"] = {"facts": len(facts), "agreed": sum(1 for r in facts if r.fits == r.measured_fits),
+                                "wrong": [r.id for r in facts if r.fits != r.measured_fits]}
     summary["ranking"] = ranking(results, groups or {})
     ratios = sorted((r.predicted_step_time_s / r.best_step_time_s, r.id) for r in evaluated
                     if r.best_step_time_s and r.predicted_step_time_s)
@@ -350,33 +358,49 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+BUNDLED_EXTRAS = {
+    "sweeps": ("sweeps.yaml", "published layout sweeps: groups of runs of one job, for the ranking measure"),
+    "memory": ("memory_runs.yaml", "measured peak memory per device and published fit/OOM facts"),
+    "families": ("family_runs.yaml", "runs beyond NVIDIA A100/H100, for the per-family error"),
+}
+
+
+def bundled_data_path(name: str) -> Path:
+    return Path(str(resources.files("planner") / "data" / name))
+
+
 def bundled_sweeps_path() -> Path:
     """Published layout sweeps (groups of runs of one job), bundled for the ranking measure."""
-    return Path(str(resources.files("planner") / "data" / "sweeps.yaml"))
+    return bundled_data_path(BUNDLED_EXTRAS["sweeps"][0])
 
 
 def validate(path: str | Path | None = None, options: SearchOptions | None = None, best: bool = True) -> dict:
     """Evaluate every run of ``path`` (the bundled runs by default); ``{"runs": [...], "summary": {...}}``.
 
-    Without ``path`` the bundled layout sweeps are evaluated too, under ``"sweeps"``: their runs
-    count for the ranking measure, and have a step-time summary of their own (the bundled runs'
-    summary stays the one the project's targets are stated on)."""
+    Without ``path`` the other bundled files are evaluated too, each under its own key with its own
+    summary (:data:`BUNDLED_EXTRAS`): layout sweeps (their runs count for the ranking measure),
+    memory ground truth and runs beyond A100/H100. The bundled runs' summary stays the one the
+    project's step-time targets are stated on."""
     opts = options or SearchOptions()
     main_path = path or bundled_runs_path()
     runs, extra = load_runs_and_groups(main_path)
     results = [evaluate_run(run, opts, best) for run in runs]
     out = {"file": str(main_path), "runs": [r.as_dict() for r in results]}
     groups = run_groups(runs, extra)
-    sweep_results: list[RunResult] = []
-    if path is None and bundled_sweeps_path().is_file():
-        sweep_runs, sweep_extra = load_runs_and_groups(bundled_sweeps_path())
-        sweep_results = [evaluate_run(run, opts, best=False) for run in sweep_runs]
-        for name, ids in run_groups(sweep_runs, sweep_extra).items():
-            groups.setdefault(name, []).extend(ids)
-        out["sweeps"] = {"file": str(bundled_sweeps_path()), "runs": [r.as_dict() for r in sweep_results],
-                         "summary": summarize(sweep_results)}
+    ranked = list(results)
+    for key, (name, what) in BUNDLED_EXTRAS.items():
+        file = bundled_data_path(name)
+        if path is not None or not file.is_file():
+            continue
+        extra_runs, extra_groups = load_runs_and_groups(file)
+        extra_results = [evaluate_run(run, opts, best=False) for run in extra_runs]
+        for g, ids in run_groups(extra_runs, extra_groups).items():
+            groups.setdefault(g, []).extend(ids)
+        ranked += extra_results
+        out[key] = {"file": str(file), "what": what, "runs": [r.as_dict() for r in extra_results],
+                    "summary": summarize(extra_results)}
     out["summary"] = summarize(results)
-    out["summary"]["ranking"] = ranking(results + sweep_results, groups)
+    out["summary"]["ranking"] = ranking(ranked, groups)
     return out
 
 
@@ -391,26 +415,49 @@ def load_runs_and_groups(path: str | Path) -> tuple[list[dict], dict[str, list[s
 
 
 def markdown_report(result: dict) -> str:
-    """The validation table as Markdown (what docs/cost-model.md embeds)."""
-    lines = ["| run | device x count | layout | predicted s | measured s | error | fits |",
-             "|---|---|---|---:|---:|---:|---|"]
+    """The validation tables as Markdown (what docs/cost-model.md embeds): runs, families,
+    frameworks, the ZeRO-3 signed error, the planner's best against the published layouts, and
+    ranking agreement by source."""
+    lines = ["| run | device x count | framework | layout | predicted s | measured s | error | fits |",
+             "|---|---|---|---|---:|---:|---:|---|"]
     for r in result["runs"]:
         if r["reason"]:
-            lines.append(f"| {r['id']} | {r['device']} x {r['count']} | not evaluated: {r['reason']} | | | | |")
+            lines.append(f"| {r['id']} | {r['device']} x {r['count']} | | not evaluated: {r['reason']} | | | | |")
             continue
         L = r["layout"]
         lay = (f"tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']} ep{L['ep']} vp{L['vp']} mbs{L['micro_batch_size']} "
-               f"{L['recompute']} z{L['zero_stage']}")
+               f"{L['recompute']} z{L['zero_stage']}" + (" tpo" if L.get("tp_overlap") and L["tp"] > 1 else ""))
         meas = f"{r['measured_step_time_s']:.3f}" if r["measured_step_time_s"] else "-"
         err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
-        lines.append(f"| {r['id']} | {r['device']} x {r['count']} | {lay} | {r['predicted_step_time_s']:.3f} | "
-                     f"{meas} | {err} | {'yes' if r['fits'] else 'NO'} |")
+        lines.append(f"| {r['id']} | {r['device']} x {r['count']} | {r['framework'].split(' ')[0]} | {lay} | "
+                     f"{r['predicted_step_time_s']:.3f} | {meas} | {err} | {'yes' if r['fits'] else 'NO'} |")
     s = result["summary"]
-    lines += ["", "| hardware family | runs | median abs error | p90 abs error | max abs error |",
+    lines += ["", "| hardware family or framework | runs | median abs error | p90 abs error | max abs error |",
               "|---|---:|---:|---:|---:|"]
-    rows = [("all", s["overall"])] + sorted(s["by_family"].items())
+    rows = ([("all", s["overall"])] + sorted(s["by_family"].items())
+            + [(f"framework {k}", v) for k, v in sorted(s.get("by_framework", {}).items())])
     for name, st in rows:
         if st.get("runs"):
             lines.append(f"| {name} | {st['runs']} | {st['median_abs_error']:.1%} | {st['p90_abs_error']:.1%} | "
                          f"{st['max_abs_error']:.1%} |")
+    lines.append("")
+    if s.get("zero3"):
+        lines.append(f"- ZeRO-3 / FSDP runs: {s['zero3']['runs']}, median signed error "
+                     f"{s['zero3']['median_signed_error']:+.1%}")
+    if s.get("memory"):
+        lines.append(f"- peak memory: {s['memory']['runs']} runs measured, median |error| "
+                     f"{s['memory']['median_abs_error']:.1%}, max {s['memory']['max_abs_error']:.1%}")
+    if s.get("best_vs_published"):
+        b = s["best_vs_published"]
+        lines.append(f"- planner's best against the published layout: median {b['median_speedup']:.2f}x, max "
+                     f"{b['max_speedup']:.2f}x over {b['runs']} runs; above 1.3x: {', '.join(b['above_1_3']) or 'none'}")
+    rk = s.get("ranking") or {}
+    if rk.get("pairs"):
+        lines.append(f"- ranking: {rk['agreed']} of {rk['pairs']} pairs ordered as measured ({rk['agreement']:.1%}) in "
+                     f"{rk['groups']} groups; {rk['ties']} pairs within {rk['tie_threshold']:.0%} are ties; by source: "
+                     + ", ".join(f"{k} {v['agreed']}/{v['pairs']}" for k, v in rk["by_source"].items()))
+    if result.get("sweeps"):
+        st = result["sweeps"]["summary"]["overall"]
+        lines.append(f"- layout sweeps (`planner/data/sweeps.yaml`): {st['runs']} runs, median |error| "
+                     f"{st['median_abs_error']:.1%}, p90 {st['p90_abs_error']:.1%}")
     return "\n".join(lines)

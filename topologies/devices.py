@@ -47,11 +47,12 @@ class GemmEfficiency(BaseModel):
 
 
 class MemoryTier(BaseModel):
-    """One memory tier beyond the device's primary memory (``memory_bytes``), in SI units.
+    """One memory tier besides the device's primary memory (``memory_bytes``, the fit check's), SI units.
 
-    Streaming memory (Graphcore DDR behind the IPU's SRAM), DRAM behind a dataflow chip's HBM
-    (SambaNova SN40L DDR), HBM on interface processors (Tesla Dojo DIPs). Recorded for the cost
-    model to price; nothing reads it yet.
+    Slower, larger tiers: streaming memory (Graphcore DDR behind the IPU's SRAM), DDR behind a
+    dataflow chip's HBM (SambaNova SN40L), HBM on interface processors (Tesla Dojo DIPs); or the
+    on-chip SRAM of a DRAM device (Tenstorrent, SN40L). Recorded for the cost model to price;
+    nothing reads it yet.
     """
 
     model_config = _FROZEN
@@ -112,7 +113,7 @@ class DeviceSpec(BaseModel):
         ge=0, description="Fixed launch/framework overhead per kernel on this device (seconds)."
     )
     memory_tiers: tuple[MemoryTier, ...] = Field(
-        (), description="Memory tiers beyond ``memory_bytes`` (slower, larger), fastest first; empty for most devices.")
+        (), description="Memory tiers besides ``memory_bytes`` (see MemoryTier); empty for most devices.")
     sources: list[str] = Field(default_factory=list, description="Sources of the figures.")
     contested: list[str] = Field(default_factory=list, description="Figures sources disagree on.")
 

@@ -13,7 +13,10 @@ Sizes
 Gaudi, MI300X and Groq presets need whole nodes (a multiple of ``devices_per_node``: 8, or 4 for
 a GB200 tray). TPU presets need a slice shape (v4/v5p: 4, 8, 16, 32 or whole 4x4x4 cubes such as
 64 -> 4x4x4; v5e/v6e: 1, 4, 8, ... 256 -> 16x16) or, beyond the largest slice, equal slices joined
-over DCN. Cerebras takes any number of CS-3 systems. ``num_nodes`` counts hosts (TPU: 4 or 8 chips).
+over DCN. Cerebras takes any number of CS-3 systems. Grid presets (Trn2, Tenstorrent Galaxy, Dojo)
+take part of one grid (a rectangle, e.g. 16 -> one 1x4x4 trn2 instance or 4x4 of a 5x5 Dojo tile)
+or whole grids (64-chip UltraServers, 32-chip Galaxies, 25-chip tiles); pods presets (Graphcore,
+SambaNova) whole nodes. ``num_nodes`` counts hosts (TPU: 4 or 8 chips).
 
 Cluster files (``load_cluster_file``)
 -------------------------------------
@@ -29,10 +32,14 @@ with ``base:`` and override any preset key (mappings merge key by key), or give 
     scale_out: {nic_gbit_per_s: 200, oversubscription: 2}
 
 Without ``base`` the preset keys are required: ``family`` (nvswitch | nvlink-domain | gaudi | xgmi |
-tpu-torus | cerebras | groq), ``device``, ``devices_per_node``, ``scale_up_link`` (a link class),
-``scale_out`` (``nic_gbit_per_s``, ``link``, ``nodes_per_su``, ``switch_radix``,
-``oversubscription``, ``leaves_per_su``, ``sharp``, ``sharp_nir_fraction``), ``torus`` for TPUs,
-``domain_size`` for NVLink domains. New link classes go under ``links:`` as
+tpu-torus | cerebras | groq | grid | pods), ``device``, ``devices_per_node``, ``scale_up_link`` (a link
+class), ``scale_out`` (``nic_gbit_per_s``, ``link``, ``nodes_per_su``, ``switch_radix``,
+``oversubscription``, ``leaves_per_su``, ``sharp``, ``sharp_nir_fraction``, and for pods
+``global_gbit_per_s``), ``torus`` for TPUs, ``grid`` for grids (``shape``, ``wraparound``,
+``link_share``, ``link``, ``fabric``: one domain's 2D/3D grid of direct chip-to-chip links, a mesh
+axis where ``wraparound`` is false), ``domain_size`` for NVLink domains. A device may list
+``memory_tiers`` (``name``, ``capacity_gb``/``capacity_gib``, ``gbyte_per_s``, ``source``): tiers
+besides its primary memory, carried into ``DeviceSpec.memory_tiers`` in SI units. New link classes go under ``links:`` as
 ``name: {achieved_fraction, latency_us, switch_hop_us, source}``; the bundled ones (``ib_ndr``,
 ``nvlink4_nvswitch``, ...) are listed in ``data/clusters.yaml``. An inline device needs the
 devices.yaml keys plus ``calibration`` (a bundled group such as ``nvidia-hopper``) or both
