@@ -48,6 +48,7 @@ from planner.chart import check_chart_path, compare_chart, sweep_chart
 from planner.whatif import (OBJECTIVES, SWEEP_KNOBS, check_sweep_options, compare, csv_text, parse_candidate,
                             parse_over, rank, sweep)
 from planner.export import FORMATS as EXPORT_FORMATS, export, export_framework
+from planner.fit import fewest_devices, fit_hint, smallest_device
 from topologies.cluster import Cluster
 from topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
 
@@ -336,9 +337,43 @@ def _load_and_search(*, model_arg, cluster_arg, num_devices, num_nodes, device, 
     cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
     job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention, framework)
     bounds = parse_bounds(fix, minimum, maximum, memory_headroom)
-    result = plan(model, job, cluster, SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s,
-                                                     bounds=bounds, objective=objective))
+    try:
+        result = plan(model, job, cluster, SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s,
+                                                         bounds=bounds, objective=objective))
+    except InfeasibleError as err:
+        raise _with_fit_hint(err, model_arg, model, cluster_arg, cluster, device, scale_out_gbit_per_s,
+                             oversubscription, global_batch, seq_len, precision, tokens, attention, framework,
+                             bounds) from None
     return result, cluster, origin
+
+
+HINT_CHECKS = 12
+
+
+def _fit_inputs(model_arg, model, cluster_arg, device, scale_out_gbit_per_s, oversubscription, global_batch,
+                seq_len, precision, tokens, attention, framework):
+    """The job and cluster builders of ``fit`` and of the exit-3 hint: the same options at any size
+    (or with any device)."""
+    def make_cluster(n: int, dev: str | None = device):
+        return load_cluster(cluster_arg, n, None, dev, scale_out_gbit_per_s, oversubscription)
+
+    def make_job(c: Cluster):
+        return build_job(model_arg, model, c, global_batch, seq_len, precision, tokens, attention, framework)[0]
+    return make_cluster, make_job
+
+
+def _with_fit_hint(err: InfeasibleError, model_arg, model, cluster_arg, cluster, device, scale_out_gbit_per_s,
+                   oversubscription, global_batch, seq_len, precision, tokens, attention, framework, bounds):
+    """The exit-3 error with a device count found by search (``planner.fit``), so that its number works."""
+    make_cluster, make_job = _fit_inputs(model_arg, model, cluster_arg, device, scale_out_gbit_per_s,
+                                         oversubscription, global_batch, seq_len, precision, tokens, attention,
+                                         framework)
+    step = cluster.devices_per_node
+    # a bounded search (HINT_CHECKS sizes): an exit-3 hint should come back in seconds
+    answer = fewest_devices(model, make_job, make_cluster, step, bounds, start=cluster.num_devices + step,
+                            max_checks=HINT_CHECKS)
+    command = f"clusterplan fit --model {model_arg} --cluster {cluster_arg}"
+    return fit_hint(err, answer, command)
 
 
 @click.command("evaluate")
@@ -621,8 +656,62 @@ def export_command(fmt, as_json, **options):
     framework = export_framework(fmt, resolve_framework(options["framework"]) if options["framework"] else None)
     # the config needs the winner only, searched under the format's framework
     result, _, _ = _load_and_search(**{**options, "top_k": 0, "framework": framework})
-    text = export(plan_document(result), fmt)
+    text = export(plan_document(result), fmt, model=result.model)
     click.echo(json.dumps({"format": fmt, "config": text}, indent=2) if as_json else text)
+
+
+@click.command("fit")
+@_apply(INPUT_OPTIONS)
+@click.option("--memory-headroom", "memory_headroom", type=Headroom(), default="0%", show_default=True,
+              help="Share of device memory to keep free: 10% or 0.1.")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+@guarded
+def fit_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
+                global_batch, seq_len, precision, tokens, framework, attention, memory_headroom, as_json):
+    """The fewest devices on which some layout of MODEL fits CLUSTER (or, with --devices or --nodes,
+    the device of the preset's family with the least memory on which one fits at that size), found
+    by search, with the best layout there.
+
+    \b
+    Example:  clusterplan fit --model llama3-405b --cluster dgx-h100-superpod
+              clusterplan fit --model llama3-405b --cluster dgx-h100-superpod --devices 64
+    """
+    model = load_model(model_arg)
+    bounds = parse_bounds((), (), (), memory_headroom)
+    make_cluster, make_job = _fit_inputs(model_arg, model, cluster_arg, device, scale_out_gbit_per_s,
+                                         oversubscription, global_batch, seq_len, precision, tokens, attention,
+                                         framework)
+    if num_devices or num_nodes:
+        here = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
+        family = [d.id for d in list_devices()]
+        answer = smallest_device(model, make_job, lambda dev: make_cluster(here.num_devices, dev), family, bounds)
+        question = f"the smallest device for {model.name} on {here.num_devices:,} devices of {cluster_arg}"
+    else:
+        base = load_cluster(cluster_arg, None, None, device, scale_out_gbit_per_s, oversubscription)
+        answer = fewest_devices(model, make_job, make_cluster, base.devices_per_node, bounds)
+        question = f"the fewest devices for {model.name} on {cluster_arg}"
+    if answer.num_devices is None:
+        tried = "" if answer.devices_tried is not None else \
+            f" (sizes tried: {', '.join(f'{n:,}' for n, _ in answer.checked)})"
+        raise InfeasibleError(f"{question}: {answer.reason}{tried}")
+    cluster = make_cluster(answer.num_devices, answer.device)
+    result = plan(model, make_job(cluster), cluster, SearchOptions(top_k=0, bounds=bounds))
+    doc = {"question": question, "num_devices": answer.num_devices, "device": answer.device,
+           "checked": [{"num_devices": n, "fits": ok} for n, ok in answer.checked],
+           "plan": plan_document(result)}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    best = result.best
+    click.echo(f"{question}: {answer.num_devices:,} x {answer.device}")
+    click.echo(f"  best layout there: {best.layout.short()}, step {best.step_time_s:.3f} s, "
+               f"peak {best.peak_memory_bytes / GIB:.1f} of {best.capacity_bytes / GIB:.1f} GiB")
+    if answer.devices_tried is not None:
+        click.echo("  devices checked, least memory first: " + ", ".join(
+            f"{d} {'fits' if ok else 'no'}" for d, (_, ok) in zip(answer.devices_tried, answer.checked)))
+    else:
+        click.echo("  sizes checked (found by search, as plan searches): "
+                   + ", ".join(f"{n:,} {'fits' if ok else 'no'}" for n, ok in answer.checked))
 
 
 @click.command("validate")
@@ -736,7 +825,7 @@ def main():
 
 
 for _command in (plan_command, evaluate_command, explain_command, compare_command, sweep_command, export_command,
-                 validate_command, models_command, clusters_command, devices_command):
+                 fit_command, validate_command, models_command, clusters_command, devices_command):
     main.add_command(_command)
 
 plan_main = plan_command

@@ -99,7 +99,7 @@ class Profile:
 
     def describe(self, date: str | None = None) -> str:
         when = f" as of {date}" if date and date != self.date else ""
-        return f"{self.name}, {self.version}{when}"
+        return f"{self.id} ({self.version}{when})"
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,17 @@ def _blocks(T: Tables) -> list[slice]:
     return [slice(a, min(n, a + step)) for a in range(0, n, step)]
 
 
+def any_feasible(T: Tables) -> bool:
+    """Whether some layout passes every rule and fits (``count_rejections``' test, stopping at the
+    first block that has one)."""
+    for i in _blocks(T):
+        sc = score_factorization(T, i, with_objective=False)
+        shape = np.broadcast_shapes(sc.code.shape, sc.canon.shape)
+        if (np.broadcast_to(sc.code, shape) < 0)[np.broadcast_to(sc.canon, shape)].any():
+            return True
+    return False
+
+
 def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
     """Rejected layouts by first failing reason, and the number of feasible layouts.
 

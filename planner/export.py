@@ -1,24 +1,42 @@
 """Launcher configs from a Plan document: Megatron-LM arguments, a DeepSpeed config, a torchtitan
-TOML fragment, MaxText overrides and a Slurm batch script that starts Megatron-LM with torchrun.
+TOML job config, MaxText overrides and a Slurm batch script that starts Megatron-LM with torchrun.
 
-Export code formats the plan; it never recomputes a cost. Flag and key names follow each
-launcher's documentation (Megatron-LM ``megatron/training/arguments.py``, DeepSpeed config JSON,
-torchtitan ``job_config``, MaxText ``base.yml``); versions differ, so the output is a starting
-point to check against the launcher you run. Knobs a launcher cannot express are stated in a
-comment rather than dropped silently.
+Each format is written for one pinned launcher release (:data:`PINNED`) and is checked against that
+release's own parser and validator by ``tests/test_launchers.py`` (``tests/launchers/``): Megatron's
+``parse_args`` + ``validate_args``, DeepSpeed's ``DeepSpeedConfig``, torchtitan's ``ConfigManager``
+and ``ParallelDims``, MaxText's ``pyconfig.initialize`` with its packaged ``base.yml``, and torchrun's
+own argument parser for the Slurm script. Every format carries the model shape (layers, width,
+heads, query groups, FFN, vocabulary, experts, latent attention), so the launcher builds the model
+the plan was costed for.
+
+Export code formats the plan; it never recomputes a cost. Knobs a launcher cannot express are
+stated in a comment (or a ``_comment`` key in JSON) rather than dropped silently; a plan that the
+pinned launcher would refuse is refused here with :class:`SpecError` and a hint.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+from fractions import Fraction
 
+from cost.layout import order_axes
 from models.errors import SpecError
 
 FORMATS = ("megatron", "deepspeed", "torchtitan", "maxtext", "slurm")
+PINNED = {
+    "megatron": "Megatron-Core 0.19.2 (PyPI megatron-core==0.19.2, megatron/training/arguments.py)",
+    "deepspeed": "DeepSpeed 0.19.8 (PyPI deepspeed==0.19.8)",
+    "torchtitan": "torchtitan 0.2.2 (PyPI torchtitan==0.2.2, TOML job config via --job.config_file)",
+    "maxtext": "MaxText 0.2.5 (PyPI maxtext==0.2.5, src/maxtext/configs/base.yml)",
+    "slurm": "Megatron-Core 0.19.2 pretrain_gpt.py under torchrun (PyTorch 2.13)",
+}
+"""The launcher release each format is written for and tested against (tests/launchers/README.md)."""
 TORCHRUN_FAMILIES = ("nvswitch", "nvlink-domain", "xgmi", "gaudi")
 """Cluster families whose devices PyTorch drives, one process per device: torchrun can start them.
 TPU slices run under XLA/JAX launchers, Cerebras and Groq under their own compilers and runtimes."""
+GPU_FAMILIES = ("nvswitch", "nvlink-domain", "xgmi")
 RDZV_PORT = 29500  # torchrun's default master port
 
 
@@ -26,34 +44,176 @@ def _job(doc: dict) -> dict:
     return doc["inputs"]["job"]
 
 
-def megatron_args(doc: dict) -> str:
-    """Megatron-LM / NeMo (Megatron-Core) command-line arguments for the plan's layout."""
-    args, notes = _megatron_args_and_notes(doc)
-    return "\n".join(_megatron_header(doc, notes) + [" \\\n".join(args)])
+# ---- the model shape ------------------------------------------------------------------------------
+def model_spec(doc: dict, model=None):
+    """The :class:`models.spec.ModelSpec` the plan was made for.
+
+    The Plan document records the model's name and size only; the shape comes from ``model`` when
+    the caller has it (``export(doc, fmt, model=result.model)``), else from the bundled catalogue,
+    matched on name, layers, width and parameter count.
+
+    Raises
+    ------
+    SpecError
+        A model that is not bundled, when no ``model`` is given.
+    """
+    from models.library import get_model, list_models
+    from models.spec import ModelSpec
+
+    info = doc["inputs"]["model"]
+    if model is not None:
+        return model
+    if isinstance(info.get("spec"), dict):
+        return ModelSpec(**info["spec"])
+    for entry in list_models():
+        if entry.name == info["name"]:
+            spec = get_model(entry.id)
+            if (spec.num_layers, spec.hidden_size, spec.num_params) == (
+                    info["num_layers"], info["hidden_size"], info["num_params"]):
+                return spec
+    raise SpecError(f"export: the plan is for {info['name']!r}, which is not a bundled model, and the plan "
+                    "document does not carry its shape (heads, FFN, vocabulary); export it from the process "
+                    "that planned it: planner.export.export(doc, fmt, model=result.model)")
 
 
-def _megatron_header(doc: dict, notes: list[str]) -> list[str]:
-    return [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
-            f"predicted {doc['step_time_s']:.3f} s/step"] + [f"# note: {n}" for n in notes]
+def _rope(model) -> bool:
+    """SwiGLU models in the catalogue (Llama, Mixtral, DeepSeek, PaLM) use rotary positions and
+    RMSNorm without biases; GELU models (GPT-3, Megatron/MT-NLG) learned positions and LayerNorm.
+    The model spec records the MLP only, so the other two follow from it (stated in the header)."""
+    return model.ffn_activation == "swiglu"
 
 
-def _megatron_args_and_notes(doc: dict) -> tuple[list[str], list[str]]:
-    """The arguments (one ``--flag value`` per item) and the notes on what they cannot say."""
+def _moe_layer_pattern(model) -> str:
+    dense, moe = model.moe.num_dense_layers, model.num_layers - model.moe.num_dense_layers
+    return f"([0]*{dense}+[1]*{moe})" if dense else "1"
+
+
+# ---- Megatron-Core ---------------------------------------------------------------------------------
+def megatron_args(doc: dict, model=None) -> str:
+    """Megatron-LM / NeMo (Megatron-Core) command-line arguments for the plan's layout and model."""
+    args, notes, env = _megatron_args_and_notes(doc, model_spec(doc, model))
+    return "\n".join(_megatron_header(doc, notes, env) + [" \\\n".join(args)])
+
+
+def _megatron_header(doc: dict, notes: list[str], env: dict[str, str]) -> list[str]:
+    lines = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
+             f"predicted {doc['step_time_s']:.3f} s/step",
+             f"# for {PINNED['megatron']}; add your data (--data-path or --mock-data), optimizer and "
+             "checkpoint arguments"]
+    lines += [f"# environment: export {k}={v}" for k, v in env.items()]
+    return lines + [f"# note: {n}" for n in notes]
+
+
+def cuda_arch(device: str) -> int | None:
+    """The CUDA compute-capability major of a device id (8 Ampere, 9 Hopper, 10 Blackwell); None for
+    a device CUDA does not drive."""
+    d = device.lower()
+    if re.match(r"g?b[0-9]{3}", d):
+        return 10
+    if re.match(r"g?h[0-9]{3}", d):
+        return 9
+    if re.match(r"a[0-9]{2,3}\b|a[0-9]{3}-", d):
+        return 8
+    return None
+
+
+def _needs_single_connection(doc: dict) -> bool:
+    """Megatron-Core (validate_args) requires CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor or context
+    parallelism before Blackwell, except under FSDP (which refuses it)."""
+    L, cluster = doc["layout"], doc["inputs"]["cluster"]
+    arch = cuda_arch(cluster["device"])
+    if arch is None and cluster["family"] == "xgmi":
+        arch = 9  # ROCm reports MI300-class GPUs (gfx94x) as major 9: Megatron applies the same rule
+    return (L["tp"] > 1 or L["cp"] > 1) and L["zero_stage"] != 3 and arch is not None and arch < 10
+
+
+def pipeline_layout(num_layers: int, pp: int, vp: int) -> str | None:
+    """Megatron's ``--pipeline-model-parallel-layout`` for ``num_layers`` over ``pp * vp`` stages when
+    they do not divide evenly: no stage holds more than ``ceil(L / (pp vp))`` layers (what the cost
+    model charges), the embedding (E) opens the first stage and the loss (L) closes the last. None
+    when the split is even (plain flags say it)."""
+    stages = pp * vp
+    if num_layers % stages == 0:
+        return None
+    q, r = divmod(num_layers, stages)
+    if q == 0:
+        raise SpecError(f"export: {num_layers} layers cannot fill {stages} pipeline stages")
+    counts = [q] + [q + 1] * r + [q] * (stages - 1 - r)
+    parts = [f"t*{c}" if c > 1 else "t" for c in counts]
+    parts[0], parts[-1] = "E" + parts[0], parts[-1] + "L"
+    return "|".join(parts)
+
+
+def _megatron_model_args(model, seq_len: int) -> tuple[list[str], list[str]]:
+    """Model-shape arguments (what validate_args and the GPT model builder need) and their notes."""
+    args = [f"--num-layers {model.num_layers}", f"--hidden-size {model.hidden_size}",
+            f"--num-attention-heads {model.num_attention_heads}",
+            f"--ffn-hidden-size {model.ffn_hidden_size}",
+            f"--max-position-embeddings {max(seq_len, model.seq_len)}",
+            "--tokenizer-type NullTokenizer", f"--vocab-size {model.vocab_size}"]
+    notes = ["NullTokenizer keeps the model's vocabulary size; for real data use your tokenizer "
+             "(e.g. --tokenizer-type HuggingFaceTokenizer --tokenizer-model PATH)"]
+    kv = model.num_kv_heads_resolved
+    if kv != model.num_attention_heads and model.mla is None:
+        args += ["--group-query-attention", f"--num-query-groups {kv}"]
+    if model.head_dim is not None and model.mla is None and \
+            model.head_dim * model.num_attention_heads != model.hidden_size:
+        args.append(f"--kv-channels {model.head_dim}")
+    if _rope(model):
+        args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
+        notes.append("SwiGLU model: RMSNorm, rotary positions and no linear biases (Llama-style) are assumed")
+    else:
+        args.append("--position-embedding-type learned_absolute")
+        notes.append("GELU model: LayerNorm and learned absolute positions (GPT-style) are assumed")
+    if not model.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not model.dropout:
+        args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
+    if model.mla is not None:
+        m = model.mla
+        args += ["--multi-latent-attention", f"--kv-lora-rank {m.kv_lora_rank}",
+                 f"--qk-head-dim {m.qk_nope_head_dim}", f"--qk-pos-emb-head-dim {m.qk_rope_head_dim}",
+                 f"--v-head-dim {m.v_head_dim}"]
+        if m.q_lora_rank:
+            args.append(f"--q-lora-rank {m.q_lora_rank}")
+    if model.moe is not None:
+        moe = model.moe
+        args += [f"--num-experts {moe.num_experts}", f"--moe-router-topk {moe.top_k}",
+                 f"--moe-ffn-hidden-size {moe.expert_ffn_hidden_size}", "--moe-grouped-gemm",
+                 "--moe-token-dispatcher-type alltoall"]
+        if moe.num_shared_experts:
+            args.append(f"--moe-shared-expert-intermediate-size {moe.num_shared_experts * moe.expert_ffn_hidden_size}")
+        if moe.num_dense_layers:
+            args.append(f"--moe-layer-freq '{_moe_layer_pattern(model)}'")
+        if moe.max_nodes_per_token:
+            notes.append(f"node-limited routing ({moe.max_nodes_per_token} nodes per token): set "
+                         "--moe-router-num-groups / --moe-router-group-topk to your expert placement")
+    return args, notes
+
+
+def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], dict[str, str]]:
+    """The arguments (one ``--flag value`` per item), the notes on what they cannot say, and the
+    environment the launch needs."""
     L, job = doc["layout"], _job(doc)
-    model = doc["inputs"]["model"]
+    model_args, notes = _megatron_model_args(model, job["seq_len"])
     args = [
         f"--tensor-model-parallel-size {L['tp']}", f"--pipeline-model-parallel-size {L['pp']}",
         f"--context-parallel-size {L['cp']}", f"--micro-batch-size {L['micro_batch_size']}",
         f"--global-batch-size {job['global_batch_size']}", f"--seq-length {job['seq_len']}",
-        f"--num-layers {model['num_layers']}", f"--hidden-size {model['hidden_size']}",
+        *model_args,
     ]
-    notes = []
     if L["ep"] > 1:
         args.append(f"--expert-model-parallel-size {L['ep']}")
         if not L.get("expert_tp", True):
             args.append("--expert-tensor-parallel-size 1")
-    if L["vp"] > 1:
-        args.append(f"--num-layers-per-virtual-pipeline-stage {model['num_layers'] // (L['pp'] * L['vp'])}")
+    layout = pipeline_layout(model.num_layers, L["pp"], L["vp"]) if L["pp"] > 1 else None
+    if layout is not None:
+        args.append(f"--pipeline-model-parallel-layout '{layout}'")
+        notes.append(f"{model.num_layers} layers do not split evenly over {L['pp'] * L['vp']} pipeline stages: "
+                     "the layout string gives each stage at most "
+                     f"{math.ceil(model.num_layers / (L['pp'] * L['vp']))} layers")
+    elif L["vp"] > 1:
+        args.append(f"--num-layers-per-virtual-pipeline-stage {model.num_layers // (L['pp'] * L['vp'])}")
     if L["sequence_parallel"]:
         args.append("--sequence-parallel")
     if L["recompute"] == "selective":
@@ -65,8 +225,14 @@ def _megatron_args_and_notes(doc: dict) -> tuple[list[str], list[str]]:
         if L["zero_stage"] == 2:
             notes.append("ZeRO-2: the distributed optimizer shards optimizer states and reduce-scatters gradients")
     elif L["zero_stage"] == 3:
-        args.append("--use-torch-fsdp2")
-        notes.append("ZeRO-3 runs as PyTorch FSDP2 in Megatron-Core")
+        if model.tied_embeddings:  # FSDP2 in Megatron-Core asserts untied embeddings
+            args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+                     "--ckpt-format fsdp_dtensor"]
+            notes.append("ZeRO-3 runs as Megatron-FSDP (optim_grads_params); Megatron's FSDP2 path needs untied "
+                         "embeddings")
+        else:
+            args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
+            notes.append("ZeRO-3 runs as PyTorch FSDP2 in Megatron-Core (CUDA_DEVICE_MAX_CONNECTIONS must stay unset)")
     if L["dp_overlap"]:
         args += ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if L["zero_stage"] in (1, 2) else [])
     if L["tp_overlap"]:
@@ -76,14 +242,54 @@ def _megatron_args_and_notes(doc: dict) -> tuple[list[str], list[str]]:
     if L["order"] != "tp-cp-dp-pp":
         notes.append(f"rank order {L['order']}: Megatron-Core's default is tp-cp-ep-dp-pp; set it where your "
                      "version allows (e.g. ProcessGroupCollection / --use-tp-pp-dp-mapping)")
-    return args, notes
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if _needs_single_connection(doc) else {}
+    return args, notes, env
 
 
-def deepspeed_config(doc: dict) -> str:
-    """A DeepSpeed config JSON; pipeline and tensor parallelism go to Megatron-DeepSpeed's arguments."""
+# ---- DeepSpeed -------------------------------------------------------------------------------------
+def deepspeed_config(doc: dict, model=None) -> str:
+    """A DeepSpeed config JSON. Tensor and pipeline parallelism and the model shape are Megatron-
+    DeepSpeed's arguments: they go in the ``_comment`` key, which DeepSpeed ignores."""
     L, job = doc["layout"], _job(doc)
-    gas = doc["layout"]["num_microbatches"]
+    model = model_spec(doc, model)
+    if L["pp"] > 1 and L["zero_stage"] >= 2:
+        raise SpecError(f"--format deepspeed: ZeRO-{L['zero_stage']} with pipeline parallelism (pp={L['pp']}): "
+                        "DeepSpeed's PipelineEngine refuses it ('ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                        "parallelism'); plan under --framework deepspeed, or fix zero=1 or pp=1")
+    gas = L["num_microbatches"]
+    mds = [f"--tensor-model-parallel-size {L['tp']}", f"--pipeline-model-parallel-size {L['pp']}",
+           f"--num-layers {model.num_layers}", f"--hidden-size {model.hidden_size}",
+           f"--num-attention-heads {model.num_attention_heads}", f"--ffn-hidden-size {model.ffn_hidden_size}",
+           f"--seq-length {job['seq_len']}", f"--max-position-embeddings {max(job['seq_len'], model.seq_len)}",
+           f"--micro-batch-size {L['micro_batch_size']}", f"--global-batch-size {job['global_batch_size']}",
+           f"--zero-stage {L['zero_stage']}"]
+    if model.num_kv_heads_resolved != model.num_attention_heads:
+        mds.append(f"--num-key-value-heads {model.num_kv_heads_resolved}")
+    if _rope(model):
+        mds += ["--swiglu", "--normalization rmsnorm", "--use-rotary-position-embeddings", "--disable-bias-linear"]
+    if not model.tied_embeddings:
+        mds.append("--untie-embeddings-and-output-weights")
+    if model.moe is not None:
+        mds += [f"--num-experts {model.moe.num_experts}", f"--topk {model.moe.top_k}",
+                f"--moe-expert-parallel-size {L['ep']}"]
+    if L["sequence_parallel"]:
+        mds.append("--sequence-parallel")
+    if L["recompute"] != "none":
+        mds.append(f"--recompute-granularity {L['recompute']}")
+    comment = [f"for {PINNED['deepspeed']}; {doc['inputs']['model']['name']} on {doc['num_devices']} x "
+               f"{doc['inputs']['cluster']['device']}, predicted {doc['step_time_s']:.3f} s/step",
+               "Megatron-DeepSpeed arguments: " + " ".join(mds) + " --deepspeed --deepspeed_config ds_config.json"]
+    if L["cp"] > 1:
+        comment.append(f"context parallel {L['cp']}: DeepSpeed has no ring context parallelism (Ulysses is "
+                       "--ds-sequence-parallel-size, a different scheme)")
+    if job["precision"] == "fp8":
+        comment.append("fp8: DeepSpeed's config has no fp8 training switch; bf16 is written (FP8 comes from "
+                       "Transformer Engine layers in the model code)")
+    if model.mla is not None:
+        comment.append("multi-latent attention: Megatron-DeepSpeed has no MLA; the shape above is the MHA "
+                       "approximation")
     config = {
+        "_comment": comment,
         "train_batch_size": job["global_batch_size"],
         "train_micro_batch_size_per_gpu": L["micro_batch_size"],
         "gradient_accumulation_steps": gas,
@@ -95,25 +301,106 @@ def deepspeed_config(doc: dict) -> str:
         "activation_checkpointing": {"partition_activations": bool(L["sequence_parallel"]),
                                      "contiguous_memory_optimization": L["recompute"] == "full"},
     }
-    # JSON has no comments: the model-parallel degrees go to Megatron-DeepSpeed's own arguments.
-    head = (f"// Megatron-DeepSpeed: --tensor-model-parallel-size {L['tp']} --pipeline-model-parallel-size "
-            f"{L['pp']} (context parallel {L['cp']}, expert parallel {L['ep']}, recompute {L['recompute']}); "
-            "delete this line before use")
-    return head + "\n" + json.dumps(config, indent=2)
+    return json.dumps(config, indent=2)
 
 
-def torchtitan_toml(doc: dict) -> str:
-    """A torchtitan job-config fragment (TOML)."""
+# ---- torchtitan ------------------------------------------------------------------------------------
+def shape_key(model) -> tuple[int, ...]:
+    """(layers, hidden, heads, kv heads, FFN, routed experts, vocabulary): what tells bundled
+    models apart (Llama 2 7B and Llama 3 8B share a trunk)."""
+    return (model.num_layers, model.hidden_size, model.num_attention_heads, model.num_kv_heads_resolved,
+            model.ffn_hidden_size, model.moe.num_experts if model.moe else 0, model.vocab_size)
+
+
+TORCHTITAN_FLAVORS = {
+    # (name, flavor): shape_key -- torchtitan 0.2.2 torchtitan/models/*/__init__.py (vocabulary from
+    # the tokenizer the flavor is trained with; MLA models count kv heads as query heads)
+    ("llama3", "8B"): (32, 4096, 32, 8, 14336, 0, 128256),
+    ("llama3", "70B"): (80, 8192, 64, 8, 28672, 0, 128256),
+    ("llama3", "405B"): (126, 16384, 128, 8, 53248, 0, 128256),
+    ("deepseek_v3", "16B"): (27, 2048, 16, 16, 10944, 64, 102400),
+    ("deepseek_v3", "236B"): (60, 5120, 128, 128, 12288, 160, 102400),
+    ("deepseek_v3", "671B"): (61, 7168, 128, 128, 18432, 256, 129280),
+}
+"""Model definitions torchtitan 0.2.2 ships, by shape."""
+
+
+def torchtitan_flavor(model) -> tuple[str, str]:
+    """torchtitan's (model.name, model.flavor) with the plan's shape; :class:`SpecError` when
+    torchtitan 0.2.2 defines no such model."""
+    key = shape_key(model)
+    for flavor, shape in TORCHTITAN_FLAVORS.items():
+        if shape == key:
+            return flavor
+    known = ", ".join(f"{n} {f}" for n, f in TORCHTITAN_FLAVORS)
+    raise SpecError(f"--format torchtitan: torchtitan 0.2.2 has no model definition of {model.name}'s shape "
+                    f"({model.num_layers} layers x {model.hidden_size}); it defines {known} (plus qwen3, llama4, "
+                    "gpt_oss). Register a TrainSpec for it (experimental.custom_import) or use --format megatron")
+
+
+def _torchtitan_pipeline(num_layers: int, pp: int, vp: int) -> tuple[str, list[list[str]] | None]:
+    """The schedule, and the modules of each of the ``pp * vp`` stages when torchtitan's own split
+    (one stage per rank for 1F1B, two for Interleaved1F1B) does not give that many: then no stage
+    holds more than ``ceil(L / (pp vp))`` layers, the embedding opens the first and norm + output
+    close the last."""
+    if vp == 1:
+        return "1F1B", None
+    if vp == 2:
+        return "Interleaved1F1B", None
+    stages = pp * vp
+    q, r = divmod(num_layers, stages)
+    if q == 0:
+        raise SpecError(f"--format torchtitan: {num_layers} layers cannot fill {stages} pipeline stages")
+    counts = [q] + [q + 1] * r + [q] * (stages - 1 - r)
+    parts, first = [], 0
+    for count in counts:
+        parts.append([f"layers.{i}" for i in range(first, first + count)])
+        first += count
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return "Interleaved1F1B", parts
+
+
+def torchtitan_toml(doc: dict, model=None) -> str:
+    """A torchtitan 0.2.2 job config (TOML, for ``--job.config_file``)."""
     L, job = doc["layout"], _job(doc)
+    model = model_spec(doc, model)
+    name, flavor = torchtitan_flavor(model)
     # FSDP2 shards (zero 2 and 3; zero 2 is reshard_after_forward off: weights stay gathered from
     # forward to backward); zero 0 is plain replication. torchtitan has no ZeRO-1 (its profile).
-    shard = L["dp"] if L["zero_stage"] in (2, 3) else 1
-    replicate = 1 if L["zero_stage"] in (2, 3) else L["dp"]
-    lines = [
+    sharded = L["zero_stage"] in (2, 3)
+    shard, replicate = (L["dp"], 1) if sharded else (1, L["dp"])
+    mbs, gbs, dp = L["micro_batch_size"], job["global_batch_size"], L["dp"]
+    # torchtitan: gradient accumulation = global / (local x dp); with a pipeline the local batch is
+    # cut into local / pipeline_parallel_microbatch_size micro-batches instead.
+    local = gbs // dp if L["pp"] > 1 else mbs
+    head = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
+            f"predicted {doc['step_time_s']:.3f} s/step",
+            f"# for {PINNED['torchtitan']}: torchrun ... -m torchtitan.train --job.config_file this.toml",
+            "# (torchtitan 0.3 configures jobs in Python config registries instead: --module/--config)"]
+    if L["zero_stage"] == 1:  # only from a plan searched under another framework's profile
+        head.append("# ZeRO-1 has no torchtitan equivalent: plain replication is written")
+    if job["precision"] == "fp16":
+        head.append("# fp16: torchtitan trains in bf16 mixed precision (no fp16 loss scaling); bfloat16 is written")
+    if L["vp"] > 1:
+        head.append(f"# {L['vp']} virtual stages per rank: Interleaved1F1B")
+    lines = head + [
+        "[job]",
+        f'description = "clusterplan: {doc["inputs"]["model"]["name"]}, {_layout_line(L)}"',
+        "",
+        "[model]",
+        f'name = "{name}"',
+        f'flavor = "{flavor}"',
+    ]
+    if job["precision"] == "fp8":
+        lines.append('converters = ["quantize.linear.float8"]')
+    lines += [
+        "",
         "[training]",
-        f"local_batch_size = {L['micro_batch_size']}",
-        f"global_batch_size = {job['global_batch_size']}",
+        f"local_batch_size = {local}",
+        f"global_batch_size = {gbs}",
         f"seq_len = {job['seq_len']}",
+        'mixed_precision_param = "bfloat16"',
         "",
         "[parallelism]",
         f"data_parallel_replicate_degree = {replicate}",
@@ -121,42 +408,150 @@ def torchtitan_toml(doc: dict) -> str:
         f"tensor_parallel_degree = {L['tp']}",
         f"pipeline_parallel_degree = {L['pp']}",
         f"context_parallel_degree = {L['cp']}",
+        f"expert_parallel_degree = {L['ep']}",
+        f"expert_tensor_parallel_degree = {L['tp'] if L.get('expert_tp', True) else 1}",
         f"enable_async_tensor_parallel = {'true' if L['tp_overlap'] else 'false'}",
         f'fsdp_reshard_after_forward = "{"never" if L["zero_stage"] == 2 else "default"}"',
-        "",
-        "[activation_checkpoint]",
-        f'mode = "{L["recompute"]}"',
     ]
-    if job["precision"] == "fp8":
-        lines += ["", "[model]", 'converters = ["float8"]']
-    if L["zero_stage"] == 1:  # only from a plan searched under another framework's profile
-        lines.insert(0, "# ZeRO-1 has no torchtitan equivalent: plain replication is written")
-    if L["ep"] > 1 or L["vp"] > 1:
-        etp = "" if L.get("expert_tp", True) else ", expert tensor parallel 1"
-        lines.insert(0, f"# set expert parallel {L['ep']}{etp} / virtual stages {L['vp']} as your torchtitan version "
-                        "names them")
+    if L["pp"] > 1:
+        schedule, parts = _torchtitan_pipeline(model.num_layers, L["pp"], L["vp"])
+        lines += [f'pipeline_parallel_schedule = "{schedule}"', f"pipeline_parallel_microbatch_size = {mbs}"]
+        if parts is not None:
+            lines.append(f"module_fqns_per_model_part = {json.dumps(parts)}")
+    lines += ["", "[activation_checkpoint]", f'mode = "{L["recompute"]}"']
+    if L["tp_overlap"] or job["precision"] == "fp8":  # async TP only takes effect compiled
+        lines += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
     return "\n".join(lines)
 
 
-def maxtext_overrides(doc: dict) -> str:
-    """MaxText ``key=value`` overrides: parallelism inside a slice (ici_*) and across (dcn_*)."""
+# ---- MaxText ---------------------------------------------------------------------------------------
+MAXTEXT_MODELS = {
+    # shape_key: MaxText 0.2.5 configs/models/<name>.yml
+    (32, 4096, 32, 8, 14336, 0, 128256): "llama3-8b",
+    (80, 8192, 64, 8, 28672, 0, 128256): "llama3-70b",
+    (126, 16384, 128, 8, 53248, 0, 128256): "llama3.1-405b",
+    (32, 4096, 32, 32, 11008, 0, 32000): "llama2-7b",
+    (40, 5120, 40, 40, 13824, 0, 32000): "llama2-13b",
+    (80, 8192, 64, 8, 28672, 0, 32000): "llama2-70b",
+    (32, 4096, 32, 8, 14336, 8, 32000): "mixtral-8x7b",
+    (61, 7168, 128, 128, 18432, 256, 129280): "deepseek3-671b",
+    (96, 12288, 96, 96, 49152, 0, 50257): "gpt3-175b",
+}
+
+
+def maxtext_model(model) -> list[tuple[str, object]]:
+    """``model_name`` when MaxText ships the model, else the explicit shape (dense SwiGLU only)."""
+    name = MAXTEXT_MODELS.get(shape_key(model))
+    if name:
+        return [("model_name", name)]
+    if model.moe is not None or model.mla is not None or not _rope(model):
+        raise SpecError(f"--format maxtext: MaxText 0.2.5 ships no config of {model.name}'s shape and clusterplan "
+                        "writes explicit shapes for dense SwiGLU models only; add a configs/models/<name>.yml and "
+                        "pass model_name=<name>")
+    return [("decoder_block", "llama2"), ("base_emb_dim", model.hidden_size),
+            ("base_num_query_heads", model.num_attention_heads), ("base_num_kv_heads", model.num_kv_heads_resolved),
+            ("base_mlp_dim", model.ffn_hidden_size), ("base_num_decoder_layers", model.num_layers),
+            ("head_dim", model.head_dim_resolved), ("vocab_size", model.vocab_size),
+            ("mlp_activations", '["silu","linear"]'), ("enable_dropout", str(model.dropout).lower()),
+            ("logits_via_embedding", str(model.tied_embeddings).lower())]
+
+
+MAXTEXT_AXES = ("data", "fsdp", "tensor", "context", "pipeline", "expert")
+
+
+def maxtext_mesh(doc: dict) -> tuple[dict[str, int], dict[str, int], int]:
+    """(ici degrees, dcn degrees, devices per slice). A slice is a TPU pod slice (the whole job) or,
+    on GPUs, a node: ICI takes the innermost axes of the plan's rank order up to the slice size,
+    DCN the rest."""
+    L, cluster = doc["layout"], doc["inputs"]["cluster"]
+    if L["ep"] > 1 and not L.get("expert_tp", True):
+        raise SpecError("--format maxtext: MaxText has no expert-tensor-parallel folding (etp=1); plan under "
+                        "--framework maxtext")
+    zero3 = L["zero_stage"] == 3
+    dp_rest = L["dp"] // L["ep"]
+    degrees = {"tensor": L["tp"], "context": L["cp"], "pipeline": L["pp"], "expert": L["ep"],
+               "data": 1 if zero3 else dp_rest, "fsdp": dp_rest if zero3 else 1}
+    per_slice = doc["num_devices"] if cluster["family"] not in GPU_FAMILIES else cluster["devices_per_node"]
+    if doc["num_devices"] % per_slice:
+        raise SpecError(f"--format maxtext: {doc['num_devices']} devices are not whole {per_slice}-device slices")
+    by_axis = {"tp": ["tensor"], "cp": ["context"], "dp": ["expert", "data", "fsdp"], "pp": ["pipeline"]}
+    order = [a for k in order_axes(L["order"]) for a in by_axis[k]]
+    ici, dcn, room = {}, {}, per_slice
+    for axis in order:
+        g = math.gcd(degrees[axis], room)
+        ici[axis], dcn[axis] = g, degrees[axis] // g
+        room //= g
+    if room != 1:
+        raise SpecError(f"--format maxtext: the layout's degrees do not fill a {per_slice}-device slice with whole "
+                        "axes (ici product must equal the devices per slice)")
+    return ici, dcn, per_slice
+
+
+def maxtext_batch(gbs: int, devices: int, accumulation: int) -> str:
+    """``per_device_batch_size`` such that MaxText's ``int(devices * per_device) * accumulation`` is
+    ``gbs`` exactly: the exact decimal where there is one, else the nearest float above the
+    fraction (e.g. 2048 over 6144 devices: 1/3 is written 0.3333333333333333, whose product with
+    6144 is 2048.0, where 0.333333 gives 2047)."""
+    if gbs % accumulation:
+        raise SpecError(f"--format maxtext: global batch {gbs} is not {accumulation} accumulation steps")
+    target = gbs // accumulation
+    exact = Fraction(target, devices)
+    candidate = float(exact)
+    for _ in range(4):
+        if int(devices * candidate) == target and abs(Fraction(candidate) - exact) < Fraction(1, 10 ** 12):
+            return repr(candidate) if exact.denominator != 1 else str(exact.numerator)
+        candidate = math.nextafter(candidate, math.inf)
+    raise SpecError(f"--format maxtext: per_device_batch_size {exact} cannot be written so that MaxText trains "
+                    f"{gbs} sequences; choose a global batch that is a multiple of {exact.denominator}")
+
+
+def maxtext_overrides(doc: dict, model=None) -> str:
+    """MaxText 0.2.5 ``key=value`` overrides for ``train.py base.yml ...``: the model, the mesh
+    (ici_* inside a slice, dcn_* across slices, every axis written so no -1 default fills in), the
+    batch and the pipeline."""
     L, job = doc["layout"], _job(doc)
-    fsdp = L["dp"] if L["zero_stage"] == 3 else 1
-    data = 1 if L["zero_stage"] == 3 else L["dp"]
+    model = model_spec(doc, model)
+    family = doc["inputs"]["cluster"]["family"]
+    if family not in GPU_FAMILIES and family != "tpu-torus":
+        raise SpecError(f"--format maxtext: MaxText runs on TPUs and GPUs, not {family}")
+    ici, dcn, per_slice = maxtext_mesh(doc)
+    stages = L["pp"] * L["vp"]
+    if L["pp"] > 1 and model.num_layers % stages:
+        raise SpecError(f"--format maxtext: MaxText pipelines need the layers to divide evenly: {model.num_layers} "
+                        f"layers over {L['pp']} stages x {L['vp']} repeats; fix pp to a divisor of "
+                        f"{model.num_layers} (e.g. --fix pp=...) or plan under another framework")
+    if L["pp"] > 1 and L["num_microbatches"] % stages:
+        raise SpecError(f"--format maxtext: MaxText needs the pipeline micro-batches to be a multiple of the stages: "
+                        f"{L['num_microbatches']} micro-batches over {L['pp']} stages x {L['vp']} repeats; change "
+                        "the global batch or fix pp")
+    accumulation = L["num_microbatches"] if L["pp"] == 1 else 1
     # MaxText names what it saves: 'minimal' recomputes least (the nearest to none/selective here),
     # 'full' recomputes everything.
     remat = "full" if L["recompute"] == "full" else "minimal"
-    per_device = job["global_batch_size"] / doc["num_devices"]  # MaxText: global = per_device x devices
-    pairs = [
-        ("ici_data_parallelism", data), ("ici_fsdp_parallelism", fsdp), ("ici_tensor_parallelism", L["tp"]),
-        ("ici_context_parallelism", L["cp"]), ("ici_pipeline_parallelism", L["pp"]),
-        ("ici_expert_parallelism", L["ep"]), ("per_device_batch_size", f"{per_device:g}"),
-        ("max_target_length", job["seq_len"]), ("remat_policy", remat),
-    ]
-    note = "# everything is placed on ICI; move the outermost degrees to dcn_* when the job spans slices"
-    return "\n".join([note] + [f"{k}={v}" for k, v in pairs])
+    pairs: list[tuple[str, object]] = [*maxtext_model(model),
+                                       ("hardware", "tpu" if family == "tpu-torus" else "gpu")]
+    names = {"pipeline": "pipeline"}
+    for axis in MAXTEXT_AXES:
+        pairs.append((f"ici_{names.get(axis, axis)}_parallelism", ici[axis]))
+    for axis in MAXTEXT_AXES:
+        pairs.append((f"dcn_{names.get(axis, axis)}_parallelism", dcn[axis]))
+    pairs += [("per_device_batch_size", maxtext_batch(job["global_batch_size"], doc["num_devices"], accumulation)),
+              ("gradient_accumulation_steps", accumulation), ("max_target_length", job["seq_len"]),
+              ("remat_policy", remat)]
+    if L["pp"] > 1:
+        pairs += [("num_layers_per_pipeline_stage", model.num_layers // stages),
+                  ("num_pipeline_repeats", L["vp"]), ("num_pipeline_microbatches", L["num_microbatches"])]
+    if job["precision"] == "fp8":
+        pairs.append(("quantization", "fp8"))
+    slices = doc["num_devices"] // per_slice
+    head = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
+            f"predicted {doc['step_time_s']:.3f} s/step",
+            f"# for {PINNED['maxtext']}: python -m maxtext.trainers.pre_train.train <base.yml> run_name=... <these>",
+            f"# {slices} slice(s) of {per_slice} devices: ici_* inside a slice, dcn_* across"]
+    return "\n".join(head + [f"{k}={v}" for k, v in pairs])
 
 
+# ---- Slurm -----------------------------------------------------------------------------------------
 FAMILY_NOTES = {
     "nvlink-domain": "an NVLink domain spans several nodes: allocate each domain's nodes together (on Slurm with "
                      "the topology/block plugin, --segment)",
@@ -167,7 +562,7 @@ FAMILY_NOTES = {
 }
 
 
-def slurm_script(doc: dict) -> str:
+def slurm_script(doc: dict, model=None) -> str:
     """An sbatch script: one torchrun per node (``srun``), which starts one Megatron-LM process per device.
 
     Raises
@@ -178,23 +573,28 @@ def slurm_script(doc: dict) -> str:
     cluster = doc["inputs"]["cluster"]
     per_node, num_devices = cluster["devices_per_node"], doc["num_devices"]
     _check_torchrun(cluster, num_devices)
-    args, notes = _megatron_args_and_notes(doc)
+    args, notes, env = _megatron_args_and_notes(doc, model_spec(doc, model))
     notes = [*notes, *([FAMILY_NOTES[cluster["family"]]] if cluster["family"] in FAMILY_NOTES else [])]
-    header = ["#!/bin/bash", *_megatron_header(doc, notes),
+    header = ["#!/bin/bash", *_megatron_header(doc, notes, {}),
               f"# layout: {_layout_line(doc['layout'])}",
-              "# A starting point: add your data, tokenizer, model-shape, optimizer and checkpoint arguments.",
               f"#SBATCH --job-name={_job_name(doc['inputs']['model']['name'])}",
               f"#SBATCH --nodes={num_devices // per_node}",
               "#SBATCH --ntasks-per-node=1",  # one torchrun per node; it forks the per-device ranks
               f"#SBATCH --gpus-per-node={per_node}",
               "#SBATCH --exclusive",
               ""]
-    body = ["set -euo pipefail",
-            "# Megatron-LM: one hardware queue keeps the TP/SP collectives in the order they were issued",
-            "export CUDA_DEVICE_MAX_CONNECTIONS=1",
-            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            "export MASTER_ADDR",
-            ""]
+    body = ["set -euo pipefail"]
+    for key, value in env.items():
+        body += ["# Megatron-Core with tensor/context parallelism before Blackwell: one hardware queue keeps "
+                 "the collectives in the order they were issued (validate_args checks it)",
+                 f"export {key}={value}"]
+    body += ["# the first host of the allocation hosts the rendezvous (no pipe: a long host list must not",
+             "# end the script through SIGPIPE under pipefail)",
+             'mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+             'if [ "${#hosts[@]}" -eq 0 ]; then echo "error: no hosts in SLURM_JOB_NODELIST" >&2; exit 1; fi',
+             'MASTER_ADDR="${hosts[0]}"',
+             "export MASTER_ADDR",
+             ""]
     launch = ["srun torchrun", '--nnodes "$SLURM_NNODES"', f"--nproc-per-node {per_node}",
               '--rdzv-id "$SLURM_JOB_ID"', "--rdzv-backend c10d", f'--rdzv-endpoint "$MASTER_ADDR:{RDZV_PORT}"',
               "pretrain_gpt.py", *args]
@@ -240,12 +640,13 @@ def export_framework(fmt: str, given: str | None) -> str:
     return want
 
 
-def export(doc: dict, fmt: str) -> str:
+def export(doc: dict, fmt: str, model=None) -> str:
     """The config for ``fmt`` (one of :data:`FORMATS`); the plan must have been searched under the
-    format's framework (:func:`export_framework`)."""
+    format's framework (:func:`export_framework`). ``model`` is the plan's
+    :class:`models.spec.ModelSpec` (needed for a model that is not bundled: :func:`model_spec`)."""
     fw = (doc["inputs"].get("framework") or {}).get("id")
     if fw and fw != FRAMEWORK_OF_FORMAT[fmt]:
         raise SpecError(f"export --format {fmt}: this plan was searched under {fw}; a {fmt} config needs a plan "
                         f"searched under {FRAMEWORK_OF_FORMAT[fmt]}")
     return {"megatron": megatron_args, "deepspeed": deepspeed_config, "torchtitan": torchtitan_toml,
-            "maxtext": maxtext_overrides, "slurm": slurm_script}[fmt](doc)
+            "maxtext": maxtext_overrides, "slurm": slurm_script}[fmt](doc, model)

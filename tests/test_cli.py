@@ -353,8 +353,10 @@ def test_compare_exit_code_when_nothing_runs():
                                          ("deepspeed", '"train_micro_batch_size_per_gpu"'),
                                          ("torchtitan", "[parallelism]"), ("maxtext", "ici_tensor_parallelism=")])
 def test_export_formats_follow_the_plan(fmt, needle):
-    common = ["--model", "llama2-7b", "--cluster", "dgx-superpod", "--devices", "16", "--search", "exhaustive"]
-    doc = run_json("plan", *common)
+    common = ["--model", "llama3-8b", "--cluster", "dgx-superpod", "--devices", "16", "--search", "exhaustive"]
+    # export searches under the format's framework: compare with the plan under that framework
+    from planner.export import FRAMEWORK_OF_FORMAT
+    doc = run_json("plan", *common, "--framework", FRAMEWORK_OF_FORMAT[fmt])
     result = CliRunner().invoke(cli.main, ["export", "--format", fmt, *common])
     assert result.exit_code == 0, result.stderr
     assert needle in result.stdout
@@ -363,7 +365,7 @@ def test_export_formats_follow_the_plan(fmt, needle):
         assert f"--tensor-model-parallel-size {layout['tp']}" in result.stdout
         assert f"--micro-batch-size {layout['micro_batch_size']}" in result.stdout
     if fmt == "deepspeed":
-        config = json.loads(result.stdout.split("\n", 1)[1])
+        config = json.loads(result.stdout)  # strict JSON: the notes are a "_comment" key
         assert config["zero_optimization"]["stage"] == layout["zero_stage"]
         assert config["train_batch_size"] == doc["inputs"]["job"]["global_batch_size"]
 
@@ -538,9 +540,13 @@ def test_slurm_export():
     script = result.stdout
     assert script.startswith("#!/bin/bash\n")
     for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive",
-                 "#SBATCH --job-name=llama-2-7b", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
-                 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'):
+                 "#SBATCH --job-name=llama-2-7b", "set -euo pipefail",
+                 'mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")', 'MASTER_ADDR="${hosts[0]}"'):
         assert line in script.splitlines(), line
+    assert "| head" not in script  # a pipe into head ends the script through SIGPIPE under pipefail
+    # CUDA_DEVICE_MAX_CONNECTIONS=1 only where Megatron's TP/CP overlap needs it (FSDP2 refuses it)
+    needs = doc["layout"]["tp"] > 1 or doc["layout"]["cp"] > 1
+    assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in script.splitlines()) == needs
     launch = re.sub(r" \\\n\s*", " ", script.split("srun ", 1)[1])
     assert launch.startswith('torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-id "$SLURM_JOB_ID" '
                              '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" pretrain_gpt.py ')

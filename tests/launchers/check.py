@@ -1,0 +1,281 @@
+"""Run one launcher's own parser/validator on a clusterplan export. Runs INSIDE the launcher
+virtual environment (tests/launchers/requirements.txt), never in clusterplan's own.
+
+    python check.py FORMAT EXPORT_FILE META_JSON
+
+FORMAT: megatron | slurm | deepspeed | torchtitan | maxtext. META_JSON describes the plan the
+export came from (world size, layout, model shape, CUDA arch): what the launcher's view of the
+config is compared against once the launcher has accepted it. Prints one JSON line
+{"ok": true, ...facts the launcher derived...}; an exception (the launcher's refusal) exits non-zero
+with its message on stderr.
+
+Everything that needs a GPU or a cluster is supplied the way the launcher itself allows on CPU:
+Megatron reads WORLD_SIZE/RANK from the environment and asks the GPU's arch (patched to the
+plan's device); DeepSpeed gets a real one-process gloo group and a Megatron-style mpu that reports
+the plan's data-parallel size (Megatron-DeepSpeed passes its mpu the same way); MaxText targets the
+plan's topology through its AOT options (compile_topology / compile_topology_num_slices, or
+internal_compile_num_devices); the Slurm script runs under bash with stub scontrol/srun on PATH and
+the recorded torchrun command line goes through torchrun's own parser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _fail(message: str) -> None:
+    raise SystemExit(f"check failed: {message}")
+
+
+def _expect(label: str, got, want) -> None:
+    if got != want:
+        _fail(f"{label}: launcher has {got!r}, plan has {want!r}")
+
+
+# ---- Megatron-Core ---------------------------------------------------------------------------------
+def megatron_argv(text: str) -> tuple[list[str], dict[str, str]]:
+    """The arguments and ``# environment: export K=V`` lines of a megatron export."""
+    env, body = {}, []
+    for line in text.splitlines():
+        if line.startswith("# environment: export "):
+            key, _, value = line.removeprefix("# environment: export ").partition("=")
+            env[key] = value
+        elif not line.startswith("#"):
+            body.append(line)
+    return shlex.split(" ".join(body).replace("\\ ", " ")), env
+
+
+def check_megatron_argv(argv: list[str], env: dict[str, str], meta: dict) -> dict:
+    os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    os.environ.update({"WORLD_SIZE": str(meta["world_size"]), "RANK": "0", "LOCAL_RANK": "0", **env})
+    import torch
+
+    arch = meta.get("cuda_arch") or 9
+    torch.cuda.get_device_capability = lambda *a, **k: (arch, 0)  # the plan's GPU, on a CPU machine
+    import megatron.training.arguments as arguments
+    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    arguments.get_device_arch_version = lambda: arch
+    sys.argv = ["pretrain_gpt.py", *argv]
+    args = arguments.parse_args()
+    arguments.validate_args(args)
+    calc = ConstantNumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
+                                             args.data_parallel_size, False, 0)
+    layout = args.pipeline_model_parallel_layout
+    if layout is not None:
+        if isinstance(layout, str):
+            layout = PipelineParallelLayerLayout(layout, args.pipeline_model_parallel_size)
+        layout.validate_layer_layout(args.num_layers, args.mtp_num_layers)
+        most = max(len([x for x in stage if x.name == "decoder"]) for rank in layout.layout for stage in rank)
+        _expect("layers on the fullest stage", most, meta["layers_per_stage_max"])
+    m, L = meta["model"], meta["layout"]
+    _expect("num_layers", args.num_layers, m["num_layers"])
+    _expect("hidden_size", args.hidden_size, m["hidden_size"])
+    _expect("num_attention_heads", args.num_attention_heads, m["num_attention_heads"])
+    _expect("ffn_hidden_size", args.ffn_hidden_size, m["ffn_hidden_size"])
+    _expect("padded-free vocab_size", args.vocab_size, m["vocab_size"])
+    _expect("num_experts", args.num_experts, m["num_experts"])
+    if not m["mla"]:
+        groups = args.num_query_groups if args.group_query_attention else args.num_attention_heads
+        _expect("query groups", groups, m["num_kv_heads"])
+    _expect("data_parallel_size", args.data_parallel_size, L["dp"])
+    _expect("expert_model_parallel_size", args.expert_model_parallel_size, L["ep"])
+    _expect("micro-batches", calc.get(), L["num_microbatches"])
+    _expect("virtual pipeline", args.virtual_pipeline_model_parallel_size or 1, L["vp"])
+    return {"dp": args.data_parallel_size, "microbatches": calc.get(),
+            "vp": args.virtual_pipeline_model_parallel_size, "layout": str(args.pipeline_model_parallel_layout)}
+
+
+def check_megatron(text: str, meta: dict) -> dict:
+    argv, env = megatron_argv(text)
+    return check_megatron_argv(argv, env, meta)
+
+
+def check_slurm(text: str, meta: dict) -> dict:
+    """bash -n, then the script itself under stub scontrol/srun with a host list far past 4 KiB;
+    the torchrun line srun receives goes through torchrun's parser, its script arguments through
+    Megatron's."""
+    nodes = meta["world_size"] // meta["devices_per_node"]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        script = tmp / "job.sbatch"
+        script.write_text(text)
+        subprocess.run(["bash", "-n", str(script)], check=True)
+        bin_dir = tmp / "bin"
+        bin_dir.mkdir()
+        hosts = max(nodes, 600)  # 600 x 24-char names: ~15 KiB, well past a pipe buffer's first write
+        (bin_dir / "scontrol").write_text(
+            "#!/bin/bash\n[ \"$1 $2\" = 'show hostnames' ] || exit 2\n"
+            f"for i in $(seq 1 {hosts}); do printf 'gpu-node-rack%04d-a%05d\\n' $((i/32)) $i; done\n")
+        (bin_dir / "srun").write_text(
+            "#!/bin/bash\npython3 -c 'import json,os,sys; json.dump({\"argv\": sys.argv[1:], "
+            "\"env\": {k: os.environ.get(k) for k in (\"CUDA_DEVICE_MAX_CONNECTIONS\", \"MASTER_ADDR\")}}, "
+            f"open(\"{tmp}/srun.json\", \"w\"))' \"$@\"\n")
+        for stub in ("scontrol", "srun"):
+            (bin_dir / stub).chmod(0o755)
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-node[1-9999]",
+               "SLURM_NNODES": str(nodes), "SLURM_JOB_ID": "4242"}
+        env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            _fail(f"the script exited {done.returncode}: {done.stderr.strip()}")
+        record = json.loads((tmp / "srun.json").read_text())
+    argv = record["argv"]
+    if not argv or argv[0] != "torchrun":
+        _fail(f"srun did not start torchrun: {argv[:3]}")
+    from torch.distributed.run import get_args_parser
+
+    targs = get_args_parser().parse_args(argv[1:])
+    _expect("torchrun --nnodes", targs.nnodes, str(nodes))
+    _expect("torchrun --nproc-per-node", str(targs.nproc_per_node), str(meta["devices_per_node"]))
+    _expect("MASTER_ADDR", record["env"]["MASTER_ADDR"], "gpu-node-rack0000-a00001")
+    _expect("rdzv endpoint", targs.rdzv_endpoint, "gpu-node-rack0000-a00001:29500")
+    _expect("training script", targs.training_script, "pretrain_gpt.py")
+    env = {k: v for k, v in record["env"].items() if k == "CUDA_DEVICE_MAX_CONNECTIONS" and v is not None}
+    facts = check_megatron_argv(targs.training_script_args, env, meta)
+    return {**facts, "CUDA_DEVICE_MAX_CONNECTIONS": env.get("CUDA_DEVICE_MAX_CONNECTIONS")}
+
+
+# ---- DeepSpeed -------------------------------------------------------------------------------------
+def check_deepspeed(text: str, meta: dict) -> dict:
+    config = json.loads(text)  # strict JSON: no comment lines
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+                       "LOCAL_RANK": "0"})
+    import deepspeed
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    deepspeed.init_distributed(dist_backend="gloo")  # a real one-process group
+    L = meta["layout"]
+
+    class MPU:  # what Megatron-DeepSpeed hands deepspeed.initialize: the plan's model-parallel groups
+        def get_data_parallel_world_size(self):
+            return L["dp"]
+
+        def get_model_parallel_world_size(self):
+            return L["tp"]
+
+        def get_pipeline_model_parallel_world_size(self):
+            return L["pp"]
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(config, f)
+    cfg = DeepSpeedConfig(f.name, mpu=MPU())
+    _expect("train_batch_size", cfg.train_batch_size, meta["global_batch_size"])
+    _expect("micro batch", cfg.train_micro_batch_size_per_gpu, L["micro_batch_size"])
+    _expect("gradient accumulation", cfg.gradient_accumulation_steps, L["num_microbatches"])
+    _expect("zero stage", int(cfg.zero_optimization_stage), L["zero_stage"])
+    if L["pp"] > 1 and cfg.zero_optimization_stage >= 2:  # PipelineEngine's own assertion
+        _fail("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism")
+    return {"world_size": cfg.world_size, "zero": int(cfg.zero_optimization_stage)}
+
+
+# ---- torchtitan ------------------------------------------------------------------------------------
+def check_torchtitan(text: str, meta: dict) -> dict:
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(text)
+    cfg = ConfigManager().parse_args(["--job.config_file", f.name])
+    p, t = cfg.parallelism, cfg.training
+    dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                        ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree,
+                        world_size=meta["world_size"])
+    spec = get_train_spec(cfg.model.name)
+    args = spec.model_args[cfg.model.flavor]
+    m, L = meta["model"], meta["layout"]
+    _expect("n_layers", args.n_layers, m["num_layers"])
+    _expect("dim", args.dim, m["hidden_size"])
+    _expect("n_heads", args.n_heads, m["num_attention_heads"])
+    _expect("n_kv_heads", getattr(args, "n_kv_heads", None) or m["num_kv_heads"], m["num_kv_heads"])
+    _expect("vocab_size", getattr(args, "vocab_size", m["vocab_size"]) if m["mla"] else m["vocab_size"],
+            m["vocab_size"])
+    experts = getattr(getattr(args, "moe_args", None), "num_experts", 0) if m["num_experts"] else 0
+    _expect("experts", experts, m["num_experts"] or 0)
+    # the trainer's batch arithmetic (torchtitan/trainer.py)
+    dp_degree = dims.dp_replicate * dims.dp_shard
+    _expect("global batch", t.global_batch_size, meta["global_batch_size"])
+    if t.global_batch_size % (t.local_batch_size * dp_degree):
+        _fail("global_batch_size is not a multiple of local_batch_size x dp degree")
+    accumulation = t.global_batch_size // (t.local_batch_size * dp_degree)
+    if dims.pp > 1:
+        if t.local_batch_size % p.pipeline_parallel_microbatch_size:
+            _fail("local_batch_size is not a multiple of pipeline_parallel_microbatch_size")
+        micro = t.local_batch_size // p.pipeline_parallel_microbatch_size
+        stages_per_rank = 1 if p.pipeline_parallel_schedule in ("1F1B", "GPipe") else 2
+        if p.module_fqns_per_model_part:
+            parts = p.module_fqns_per_model_part
+            stages = len(parts)
+            layers = [x for part in parts for x in part if x.startswith("layers.")]
+            _expect("layers in the stages", layers, [f"layers.{i}" for i in range(m["num_layers"])])
+            _expect("layers on the fullest stage", max(sum(x.startswith("layers.") for x in part) for part in parts),
+                    meta["layers_per_stage_max"])
+        else:
+            stages = dims.pp * stages_per_rank
+            generate_llm_fqn_per_model_part(stages, m["num_layers"], 1, 1)  # torchtitan's own split
+        _expect("pipeline stages", stages, L["pp"] * L["vp"])
+    else:
+        micro = accumulation
+    _expect("micro-batches", micro * (accumulation if dims.pp > 1 else 1), L["num_microbatches"])
+    return {"model": f"{cfg.model.name} {cfg.model.flavor}", "accumulation": accumulation,
+            "fsdp": dims.fsdp_enabled, "ep": dims.ep}
+
+
+# ---- MaxText ---------------------------------------------------------------------------------------
+def check_maxtext(text: str, meta: dict) -> dict:
+    from maxtext.configs import pyconfig
+    from maxtext.utils import max_utils
+
+    base = Path(pyconfig.__file__).with_name("base.yml")  # the base.yml packaged with the release
+    overrides = [line for line in text.splitlines() if line and not line.startswith("#")]
+    per_slice, slices = meta["maxtext_devices_per_slice"], meta["world_size"] // meta["maxtext_devices_per_slice"]
+    target = meta.get("maxtext_compile_topology")
+    aot = ([f"compile_topology={target}", f"compile_topology_num_slices={slices}"] if target else
+           ["internal_compile=true", f"internal_compile_num_devices={meta['world_size']}", f"num_slices={slices}"])
+    cfg = pyconfig.initialize(["train.py", str(base), "run_name=clusterplan-check", "skip_jax_distributed_system=true",
+                               *overrides, *aot])
+    devices = cfg.num_target_devices
+    _expect("devices", devices, meta["world_size"])
+    ici = max_utils.fill_unspecified_mesh_axes(list(cfg.ici_parallelism), devices // cfg.num_slices, "ICI")
+    dcn = max_utils.fill_unspecified_mesh_axes(list(cfg.dcn_parallelism), cfg.num_slices, "DCN")
+    _expect("global batch", cfg.global_batch_size_to_train_on, meta["global_batch_size"])
+    m = meta["model"]
+    _expect("decoder layers", cfg.base_num_decoder_layers, m["num_layers"])
+    _expect("emb dim", cfg.base_emb_dim, m["hidden_size"])
+    _expect("query heads", cfg.base_num_query_heads, m["num_attention_heads"])
+    _expect("experts", cfg.num_experts if m["num_experts"] else 0, m["num_experts"] or 0)
+    _expect("kv heads", cfg.base_num_kv_heads, m["num_kv_heads"])
+    _expect("mlp dim", cfg.base_mlp_dim, m["ffn_hidden_size"])
+    if m["vocab_size"] != 50257:  # GPT-3's 50257 is padded to 50304 in MaxText's gpt3 configs
+        _expect("vocabulary", cfg.vocab_size, m["vocab_size"])
+    return {"ici": dict(zip(cfg.mesh_axes, ici)), "dcn": dict(zip(cfg.mesh_axes, dcn)), "slices": cfg.num_slices,
+            "per_device_batch_size": cfg.per_device_batch_size}
+
+
+CHECKS = {"megatron": check_megatron, "slurm": check_slurm, "deepspeed": check_deepspeed,
+          "torchtitan": check_torchtitan, "maxtext": check_maxtext}
+
+
+def main() -> None:
+    fmt, export_file, meta_file = sys.argv[1:4]
+    facts = CHECKS[fmt](Path(export_file).read_text(), json.loads(Path(meta_file).read_text()))
+    print(json.dumps({"ok": True, **facts}, default=str))
+
+
+if __name__ == "__main__":
+    main()

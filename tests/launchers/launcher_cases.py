@@ -1,0 +1,103 @@
+"""The launcher matrix: plans (clusterplan CLI options) and the formats each is exported to.
+
+Shared by tests/test_launchers.py and by hand: ``python tests/launchers/launcher_cases.py OUTDIR`` writes
+every export and its meta JSON (what check.py compares the launcher's view against).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+# id: (CLI options, formats). The plan for each format is searched under that format's framework
+# (planner.export.FRAMEWORK_OF_FORMAT), as `clusterplan export` does.
+CASES = {
+    "llama3-8b-h100x64": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64"],
+                          ["megatron", "slurm", "deepspeed", "torchtitan", "maxtext"]),
+    "llama3-70b-h100x1024": (["--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "1024"],
+                             ["megatron", "slurm", "deepspeed", "torchtitan", "maxtext"]),
+    "llama3-70b-pp3-uneven": (["--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "768",
+                               "--fix", "pp=3"], ["megatron", "slurm", "torchtitan"]),
+    "mixtral-8x7b-h100x256": (["--model", "mixtral-8x7b", "--cluster", "dgx-h100-superpod", "--devices", "256",
+                               "--global-batch", "512", "--seq-len", "4096"],
+                              ["megatron", "slurm", "deepspeed", "maxtext"]),
+    "deepseek-v3-h800x2048": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048"],
+                              ["megatron", "slurm", "torchtitan"]),
+    "deepseek-v3-pp4-uneven": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048",
+                                "--fix", "pp=4"], ["megatron", "slurm"]),
+    "llama3-8b-fsdp-h100x128": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "128",
+                                 "--fix", "zero=3", "--fix", "tp=1", "--fix", "pp=1"], ["torchtitan", "megatron"]),
+    "llama3-8b-long-cp": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "256",
+                           "--seq-len", "131072", "--global-batch", "64", "--min", "cp=2"],
+                          ["megatron", "slurm", "torchtitan", "maxtext"]),
+    # 3072 sequences on 6144 chips of one v5p pod slice (pp must divide 126 layers and the micro-batches)
+    "llama3-405b-tpu-v5p": (["--model", "llama3-405b", "--cluster", "tpu-v5p-pod", "--devices", "6144",
+                             "--global-batch", "3072"], ["maxtext"]),
+    "llama3-405b-gb200-nvl72": (["--model", "llama3-405b", "--cluster", "gb200-nvl72", "--devices", "576"],
+                                ["megatron", "slurm", "torchtitan"]),
+}
+
+MAXTEXT_TOPOLOGY = {"h100-sxm5-80gb": "a3", "tpu-v5p": "v5p-{cores}"}
+"""MaxText's AOT target per device (utils/accelerator_to_spec_map.py); others use internal_compile."""
+
+
+def meta_for(doc: dict, model) -> dict:
+    """What check.py compares the launcher's view against."""
+    from planner.export import cuda_arch, maxtext_mesh
+
+    L, cluster = doc["layout"], doc["inputs"]["cluster"]
+    meta = {"world_size": doc["num_devices"], "devices_per_node": cluster["devices_per_node"],
+            "global_batch_size": doc["inputs"]["job"]["global_batch_size"], "layout": L,
+            "cuda_arch": cuda_arch(cluster["device"]),
+            "layers_per_stage_max": math.ceil(model.num_layers / (L["pp"] * L["vp"])),
+            "model": {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                      "num_attention_heads": model.num_attention_heads, "num_kv_heads": model.num_kv_heads_resolved,
+                      "ffn_hidden_size": model.ffn_hidden_size, "vocab_size": model.vocab_size,
+                      "num_experts": model.moe.num_experts if model.moe else None, "mla": model.mla is not None}}
+    if doc["inputs"]["framework"]["id"] == "maxtext":
+        _, _, per_slice = maxtext_mesh(doc)
+        meta["maxtext_devices_per_slice"] = per_slice
+        topo = MAXTEXT_TOPOLOGY.get(cluster["device"])
+        if topo:
+            meta["maxtext_compile_topology"] = topo.format(cores=2 * per_slice)
+    return meta
+
+
+def plan_doc(options: list[str], framework: str) -> dict:
+    """The Plan document of ``clusterplan plan OPTIONS --framework F --json`` (in process)."""
+    from click.testing import CliRunner
+
+    from cli import main as clusterplan
+
+    result = CliRunner().invoke(clusterplan, ["plan", *options, "--framework", framework, "--json", "--top", "0"])
+    if result.exit_code != 0:
+        raise RuntimeError(f"plan {' '.join(options)} --framework {framework}: exit {result.exit_code}: "
+                           f"{result.output}")
+    return json.loads(result.output)
+
+
+def write_case(case: str, fmt: str, out: Path) -> tuple[Path, Path]:
+    from planner.export import FRAMEWORK_OF_FORMAT, export, model_spec
+
+    options, _ = CASES[case]
+    doc = plan_doc(options, FRAMEWORK_OF_FORMAT[fmt])
+    model = model_spec(doc)
+    text = export(doc, fmt)
+    suffix = {"deepspeed": ".json", "torchtitan": ".toml", "slurm": ".sbatch"}.get(fmt, ".txt")
+    export_file, meta_file = out / f"{case}.{fmt}{suffix}", out / f"{case}.{fmt}.meta.json"
+    export_file.write_text(text)
+    meta_file.write_text(json.dumps(meta_for(doc, model), indent=1))
+    return export_file, meta_file
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    for case, (_, formats) in CASES.items():
+        for fmt in formats:
+            try:
+                print(*write_case(case, fmt, out))
+            except Exception as e:  # noqa: BLE001 -- a report for a person
+                print(f"{case} {fmt}: {type(e).__name__}: {e}")

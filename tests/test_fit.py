@@ -1,0 +1,90 @@
+"""``clusterplan fit``: the fewest devices on which some layout fits, found by search; and the exit-3
+hint, whose number must be a size on which ``plan`` then succeeds (issue 9)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from cli import build_job, main
+from models.errors import SpecError
+from models.library import get_model, list_models
+from planner.fit import fewest_devices, layouts_fit
+from planner.search import SearchOptions, plan
+from topologies.library import build_cluster, list_clusters
+
+PRESETS = [c.id for c in list_clusters()]
+MODELS = [m.id for m in list_models()]
+
+
+def _builders(model_id: str, preset: str):
+    model = get_model(model_id)
+
+    def make_cluster(n: int):
+        return build_cluster(preset, num_devices=n)
+
+    def make_job(cluster):
+        return build_job(model_id, model, cluster, None, None, None, None)[0]
+    return model, make_cluster, make_job
+
+
+@pytest.mark.parametrize("model_id", MODELS)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_fit_answers_for_every_model_on_every_preset(preset, model_id):
+    """An answer (or a reason) for every pair; the answer is a size plan runs on, and the accepted
+    size below it that was checked does not fit."""
+    model, make_cluster, make_job = _builders(model_id, preset)
+    reference = build_cluster(preset)
+    step = reference.devices_per_node
+    # up to four times the preset's reference size: "none fits up to N" is an answer too
+    answer = fewest_devices(model, make_job, make_cluster, step, max_devices=4 * reference.num_devices)
+    if answer.num_devices is None:
+        assert answer.reason and answer.checked
+        return
+    cluster = make_cluster(answer.num_devices)
+    assert layouts_fit(model, make_job(cluster), cluster)
+    assert all(not ok for n, ok in answer.checked if n < answer.num_devices), answer.checked
+    # every size the fabric accepts below the answer, down to the last one checked, was checked
+    checked = {n for n, _ in answer.checked}
+    below = max([n for n in checked if n < answer.num_devices], default=0)
+    for m in range(below + step, answer.num_devices, step):
+        if m not in checked:
+            with pytest.raises(SpecError):
+                make_cluster(m)
+
+
+RUN = CliRunner()
+
+
+@pytest.mark.parametrize("model_id,preset,devices", [
+    ("llama3-405b", "dgx-h100-superpod", 8), ("gpt3-175b", "dgx-a100-superpod", 16),
+    ("llama3-70b", "dgx-a100-superpod", 8), ("deepseek-v3", "dgx-h100-superpod", 64),
+])
+def test_exit_3_hint_names_a_size_plan_runs_on(model_id, preset, devices):
+    args = ["plan", "--model", model_id, "--cluster", preset, "--top", "0"]
+    fail = RUN.invoke(main, [*args, "--devices", str(devices)])
+    assert fail.exit_code == 3, fail.output
+    found = re.search(r"some layout fits on ([\d,]+) x", fail.stderr)
+    assert found, fail.stderr
+    n = int(found.group(1).replace(",", ""))
+    ok = RUN.invoke(main, [*args, "--devices", str(n)])
+    assert ok.exit_code == 0, ok.stderr
+
+
+def test_fit_command_and_smallest_device():
+    out = RUN.invoke(main, ["fit", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--json"])
+    assert out.exit_code == 0, out.stderr
+    import json
+    doc = json.loads(out.stdout)
+    n = doc["num_devices"]
+    assert doc["plan"]["fits"] and doc["plan"]["num_devices"] == n
+    assert any(not c["fits"] for c in doc["checked"]) or n == 8
+    # at a fixed size: the smallest device of the family on which a layout fits
+    dev = RUN.invoke(main, ["fit", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "16"])
+    assert dev.exit_code == 0, dev.stderr
+    assert "the smallest device" in dev.stdout and "devices checked, least memory first" in dev.stdout
+    # 8 GPUs: Adam states alone (16 B x 70 B / 8 = 140 GB) exceed every Hopper part: exit 3, devices named
+    none = RUN.invoke(main, ["fit", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "8"])
+    assert none.exit_code == 3 and "h200-sxm-141gb" in none.stderr
