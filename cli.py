@@ -940,7 +940,10 @@ def _header(doc: dict, cluster: Cluster, origin: dict[str, str], console: Consol
         when = f" as of {fw['date']}" if fw.get("as_of") else ""
         console.print(f"framework {fw['id']} ({fw['version']}{when}): the search offers only what it runs "
                       "(--framework to change)")
-    for line in doc["inputs"].get("caveats", {}).get("unvalidated", []):
+    caveats = doc["inputs"].get("caveats", {})
+    if caveats.get("validated_error"):
+        console.print(f"         {caveats['validated_error']['line']}")
+    for line in caveats.get("unvalidated", []):
         console.print(f"         {line}")
     console.print()
 

@@ -13,7 +13,11 @@ rejections{...}, search{objective, ...}``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict
+from importlib import resources
+
+import yaml
 
 from cost.compute import UNMEASURED_ATTENTION_OVER_MAMF
 from cost.energy import has_idle_power, step_cost_usd, step_energy_j
@@ -91,13 +95,35 @@ def caveats(job: Job, cluster: Cluster) -> dict:
     device's matmul ceiling (no MFU can exceed it)."""
     dev, prof = cluster.device, job.profile.profile
     lines = [] if dev.efficiency_validated else [dev.efficiency_note]
+    validated = family_error(dev.family)
+    if validated is None:
+        lines.append(f"unvalidated: no published run on this hardware ({dev.family}) in clusterplan's validation data")
     if dev.attention_efficiency is None:
         lines.append(f"unvalidated: no measured fused-attention efficiency for {dev.name}; attention runs at "
                      f"{UNMEASURED_ATTENTION_OVER_MAMF:.0%} of the matmul efficiency (assumed, docs/cost-model.md)")
     if not dev.gemm.sm_count or not prof.dp_comm_sms:
         lines.append(f"unvalidated: overlapped communication on {dev.name} under {prof.id} is charged an assumed "
                      f"{UNMEASURED_OVERLAP_SHARE:.0%} of the compute it overlaps (no SM-count figure)")
-    return {"matmul_ceiling": dev.matmul_ceiling(job.precision), "unvalidated": lines}
+    return {"matmul_ceiling": dev.matmul_ceiling(job.precision), "unvalidated": lines,
+            "validated_error": validated}
+
+
+@functools.lru_cache(maxsize=1)
+def _family_errors() -> dict:
+    path = resources.files("planner") / "data" / "validated_error.yaml"
+    return (yaml.safe_load(path.read_text()) or {}).get("families", {})
+
+
+def family_error(family: str) -> dict | None:
+    """The validated step-time error of a hardware family: ``{runs, median_abs_error, p90_abs_error,
+    line}`` from ``planner/data/validated_error.yaml`` (written by ``benchmarks/update_docs.py``
+    from ``clusterplan validate``), or None where no published run of the family was evaluated."""
+    entry = _family_errors().get(family)
+    if not entry:
+        return None
+    line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {entry['runs']} published runs "
+            f"on {family} (p90 {entry['p90_abs_error']:.0%}; clusterplan validate)")
+    return {**entry, "line": line}
 
 
 def framework_dict(job: Job) -> dict:

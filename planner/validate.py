@@ -404,6 +404,26 @@ def validate(path: str | Path | None = None, options: SearchOptions | None = Non
     return out
 
 
+STEP_TIME_FILES = ("runs.yaml", "sweeps.yaml", "family_runs.yaml")
+
+
+def error_by_family(options: SearchOptions | None = None) -> dict[str, dict]:
+    """Per hardware family: runs, median and p90 |step-time error| over every bundled published run
+    with a measured step time (:data:`STEP_TIME_FILES`), rounded to 0.1%: what
+    ``planner/data/validated_error.yaml`` holds (``benchmarks/update_docs.py`` writes it; a test
+    recomputes it)."""
+    opts = options or SearchOptions(engine="exhaustive", top_k=0)
+    results: list[RunResult] = []
+    for name in STEP_TIME_FILES:
+        results += [evaluate_run(run, opts, best=False) for run in load_runs(bundled_data_path(name))]
+    out = {}
+    for family in sorted({r.family for r in results if r.error is not None}):
+        errors = sorted(abs(r.error) for r in results if r.family == family and r.error is not None)
+        out[family] = {"runs": len(errors), "median_abs_error": round(statistics.median(errors), 3),
+                       "p90_abs_error": round(_percentile(errors, 0.9), 3)}
+    return out
+
+
 def load_runs_and_groups(path: str | Path) -> tuple[list[dict], dict[str, list[str]]]:
     """The runs of a file and its ``groups_of_bundled_runs`` (groups named by run id)."""
     runs = load_runs(path)

@@ -72,7 +72,16 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
         device_memory_bytes=doc["device_memory_bytes"], time_to_train_s=doc["time_to_train_s"],
         energy_per_step_j=doc["energy_per_step_j"], cost_per_step_usd=doc["cost_per_step_usd"],
         energy_j=doc["energy_j"], cost_usd=doc["cost_usd"], search=doc["search"],
+        validated_error=_validated(doc),
     )
+
+
+def _validated(doc: dict) -> str:
+    """The family's validated error for a row: ``median 5% over 25 runs``, or ``unvalidated``."""
+    entry = doc["inputs"]["caveats"].get("validated_error")
+    if not entry:
+        return "unvalidated: no published run on this hardware"
+    return f"median {entry['median_abs_error']:.0%} over {entry['runs']} runs"
 
 
 def compare(model: ModelSpec, candidates: list[Candidate], load: Callable[[Candidate], Cluster],
@@ -248,7 +257,7 @@ def sweep(model: ModelSpec, study: Sweep, build: Callable[[Any], tuple[Cluster, 
 
 # ---- CSV -----------------------------------------------------------------------------------------------
 CSV_COLUMNS = ("device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib",
-               "time_to_train_days", "energy_mwh", "cost_usd", "layout", "error")
+               "time_to_train_days", "energy_mwh", "cost_usd", "layout", "validated_error", "error")
 
 
 def layout_string(layout: dict) -> str:
@@ -278,7 +287,8 @@ def _csv_values(row: dict) -> list:
 
     return [row["device"], row["num_devices"], row["precision"], row["step_time_s"], row["tokens_per_s"], row["mfu"],
             row["peak_memory_bytes"] / GIB, scaled("time_to_train_s", SECONDS_PER_DAY),
-            scaled("energy_j", JOULES_PER_MWH), row["cost_usd"], layout_string(row["layout"]), None]
+            scaled("energy_j", JOULES_PER_MWH), row["cost_usd"], layout_string(row["layout"]),
+            row.get("validated_error"), None]
 
 
 def _cell(value: Any) -> Any:

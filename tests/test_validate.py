@@ -147,3 +147,14 @@ def test_missing_file_exit_2(tmp_path):
     result = CliRunner().invoke(cli.main, ["validate", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2
     assert "does not exist" in result.stderr
+
+
+def test_validated_error_file_is_what_validate_measures():
+    """planner/data/validated_error.yaml (what every plan reports as its family's validated error)
+    is the figure `clusterplan validate` measures today: regenerate it with
+    `python benchmarks/update_docs.py` when the model or the data change."""
+    from importlib import resources
+
+    from planner.validate import error_by_family
+    stored = yaml.safe_load((resources.files("planner") / "data" / "validated_error.yaml").read_text())["families"]
+    assert stored == error_by_family()
