@@ -61,6 +61,36 @@ REPORT_WIDTH = 120
 """Report width when stdout is not a terminal (a terminal uses its own width)."""
 
 
+class _Errors:
+    """Usage errors as the README's ``error: <message>`` (exit 2), not click's Usage/Error block."""
+
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.UsageError as err:
+            where = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
+            _err(f"error: {err.format_message()}{where}")
+            sys.exit(2)
+        except click.exceptions.ClickException as err:
+            _err(f"error: {err.format_message()}")
+            sys.exit(err.exit_code)
+        except click.exceptions.Abort:
+            _err("error: aborted")
+            sys.exit(1)
+        if isinstance(rv, int) and rv:  # click.exceptions.Exit with standalone_mode off
+            sys.exit(rv)
+        return rv
+
+
+class Group(_Errors, click.Group):
+    pass
+
+
+class Command(_Errors, click.Command):
+    pass
+
+
 # ---- option types ----------------------------------------------------------------------------------
 class TokenCount(click.ParamType):
     """A token count: ``300e9``, ``300000000000``, ``300B``, ``1.5T``, ``500M``."""
@@ -100,8 +130,29 @@ class Headroom(click.ParamType):
         return fraction
 
 
-POSITIVE_INT = click.IntRange(min=1)
-POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
+class BoundedNumber(click.ParamType):
+    """A positive, finite number no larger than ``maximum``: beyond it the arithmetic of the cost
+    model and the search (64-bit integers after quantization) cannot hold it, so it is bad input."""
+
+    def __init__(self, kind: type, maximum: float, unit: str = ""):
+        self.kind, self.maximum, self.unit = kind, maximum, unit
+        self.name = "integer" if kind is int else "number"
+
+    def convert(self, value: Any, param, ctx):
+        try:
+            number = self.kind(str(value).strip()) if not isinstance(value, (int, float)) else self.kind(value)
+        except (ValueError, OverflowError):
+            self.fail(f"{value!r} is not a{'n integer' if self.kind is int else ' number'}", param, ctx)
+        if isinstance(number, float) and not math.isfinite(number):
+            self.fail(f"{value!r} is not finite; give a positive number up to {self.maximum:g}{self.unit}", param, ctx)
+        if not 0 < number <= self.maximum:
+            most = f"{self.maximum:,}" if self.kind is int else f"{self.maximum:g}"
+            self.fail(f"{value!r} is out of range; allowed: more than 0 and at most {most}{self.unit}", param, ctx)
+        return number
+
+
+POSITIVE_INT = BoundedNumber(int, 2**31 - 1)  # devices, nodes, sequences, tokens per sequence
+POSITIVE_FLOAT = BoundedNumber(float, 1e6)  # Gb/s per device (a petabit), seconds of solver time
 
 
 # ---- errors and exit codes ---------------------------------------------------------------------------
@@ -313,7 +364,7 @@ WHATIF_OUTPUT_OPTIONS = [
 
 
 # ---- commands ----------------------------------------------------------------------------------------
-@click.command("plan")
+@click.command("plan", cls=Command)
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def plan_command(as_json, **options):
@@ -813,7 +864,7 @@ def _ranking_lines(rk: dict, console: Console) -> None:
                           + (" ..." if len(g["wrong"]) > 3 else ""))
 
 
-@click.group("clusterplan")
+@click.group("clusterplan", cls=Group)
 @click.version_option(PLANNER_VERSION, prog_name="clusterplan")
 def main():
     """Plan parallel layouts (TP, PP, DP, CP, EP, micro-batching, recomputation, ZeRO, placement on the

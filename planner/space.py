@@ -311,6 +311,13 @@ def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool
                   tp_overlap=tp_overlap, expert_tp=expert_tp)
 
 
+def _once(out: dict, key: str, value, flag: str) -> None:
+    """A knob given twice in one option with different values is ambiguous: bad input."""
+    if key in out and out[key] != value:
+        raise SpecError(f"{flag}: {key} is given twice ({out[key]} and {value}); give it once")
+    out[key] = value
+
+
 def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maximum: tuple[str, ...] = (),
                  memory_headroom: float = 0.0) -> Bounds:
     """Parse ``--fix tp=8``, ``--min dp=4``, ``--max pp=16`` options into :class:`Bounds`."""
@@ -325,17 +332,21 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
                 key = KNOB_ALIASES.get(part.split("=")[0].strip(), part.split("=")[0].strip())
                 if key not in KNOBS:
                     raise SpecError(f"{flag}: unknown knob {key!r}; allowed: {', '.join(KNOBS)}")
+                raw = part.split("=", 1)[1].strip()
                 if key == "etp":  # expert tensor parallelism: 1 (folded) or tp, held as Layout.expert_tp
                     if numeric_only:
                         raise SpecError(f"{flag}: etp takes 1 or tp; use --fix etp=1 (folded) or --fix etp=<tp>")
-                    etp = parse_layout(f"ep=1,{part.strip()}")  # checks the value is a positive integer
-                    out["expert_tp"] = etp.expert_tp
-                    out["_etp"] = int(part.split("=", 1)[1])
+                    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+                        raise SpecError(f"{flag} etp={raw}: expert tensor parallelism is a degree: 1 (whole experts, "
+                                        "ep carved from tp x cp x dp) or the tp degree")
+                    etp = parse_layout(f"ep=1,etp={raw}")
+                    _once(out, "expert_tp", etp.expert_tp, flag)
+                    out["_etp"] = int(raw)
                     continue
-                value = getattr(parse_layout(f"{key}={part.split('=', 1)[1]}"), key)  # knob aliases too
+                value = getattr(parse_layout(f"{key}={raw}"), key)  # knob aliases too
                 if numeric_only and not isinstance(value, int) or isinstance(value, bool) and numeric_only:
                     raise SpecError(f"{flag}: {key} is not numeric; use --fix for it")
-                out[key] = value
+                _once(out, key, value, flag)
         return out
 
     if not 0 <= memory_headroom < 1:

@@ -464,7 +464,7 @@ def test_sweep_and_compare_write_csv(tmp_path):
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["point", "device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu",
-                             "peak_memory_gib", "time_to_train_days", "energy_mwh", "cost_usd", "layout", "error"]
+                             "peak_memory_gib", "time_to_train_days", "energy_mwh", "cost_usd", "layout", "validated_error", "error"]
     assert [r["point"] for r in rows] == ["seq-len=1024", "seq-len=2048"]
     for row in rows:
         assert row["num_devices"] == "16" and float(row["step_time_s"]) > 0 and row["error"] == ""
@@ -585,3 +585,23 @@ def test_placeholder_figures_are_labelled_unvalidated_in_report_and_json():
     assert doc["mfu"] <= doc["inputs"]["caveats"]["matmul_ceiling"]
     h100 = run_json("plan", "--model", "llama2-7b", "--cluster", "dgx-h100-superpod", "--devices", "16", "--top", "0")
     assert not any("matmul ceiling" in line for line in h100["inputs"]["caveats"]["unvalidated"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--global-batch", "99999999999999999999"], ["--global-batch", "at most 2,147,483,647"]),
+    (["--scale-out-gbit-per-s", "1e300"], ["--scale-out-gbit-per-s", "at most 1e+06"]),
+    (["--scale-out-gbit-per-s", "inf"], ["not finite"]),
+    (["--time-limit", "nan"], ["--time-limit", "not finite"]),
+    (["--fix", "expert_tp=on"], ["etp=on", "1 (whole experts"]),
+    (["--fix", "tp=2", "--fix", "tp=4"], ["tp is given twice (2 and 4)"]),
+    (["--fix", "zero=7"], ["zero_stage=7", "allowed: 0, 1, 2, 3"]),
+    (["--bogus"], ["No such option '--bogus'"]),
+])
+def test_bad_values_are_bad_input_with_the_field_named(args, words):
+    """Issue 12's reproducers: exit 2 with `error: <message>` naming the field, never a traceback
+    (formerly exit 1 or click's Usage block)."""
+    result = run("plan", "--model", "gpt3-1.3b", "--cluster", "dgx-h100-superpod", "--devices", "16", *args)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+    for w in words:
+        assert w in result.stderr, (w, result.stderr)
