@@ -462,19 +462,26 @@ def build_groq(device: DeviceSpec, num_devices: int, *, devices_per_node: int, l
     _add_devices(graph, num_devices, devices_per_node)
     pair_bytes_per_s = device.scale_up_bytes_per_s / max(1, devices_per_node - 1)
     _add_full_mesh(graph, num_devices, devices_per_node, pair_bytes_per_s, link, "c2c")
-    rack_size = devices_per_node * nodes_per_rack
-    num_racks = -(-num_devices // rack_size)
-    graph.add_nodes_from((f"dragonfly/rack{k}", _switch("leaf")) for k in range(num_racks))
-    graph.add_edges_from(
-        (r, f"dragonfly/rack{r // rack_size}", _edge(global_bytes_per_s, link, "nic")) for r in range(num_devices)
-    )
-    if num_racks > 1:
-        graph.add_node("dragonfly/global", **_switch("spine"))
-        for k in range(num_racks):
-            chips = min(rack_size, num_devices - k * rack_size)
-            graph.add_edge(f"dragonfly/rack{k}", "dragonfly/global",
-                           **_edge(global_bytes_per_s * chips, link, "spine", link.switch_hop_latency_s))
+    _groups_under_one_switch(graph, num_devices, devices_per_node * nodes_per_rack, "dragonfly/rack", "dragonfly/global",
+                             global_bytes_per_s, global_bytes_per_s, link)
     return Fabric(graph=graph, domain_size=devices_per_node)
+
+
+def _groups_under_one_switch(graph, num_devices: int, group_size: int, group_prefix: str, top: str,
+                             member_bytes_per_s: float, global_bytes_per_s: float, link) -> None:
+    """Each run of ``group_size`` chips hangs off its own leaf switch (``member_bytes_per_s`` per
+    chip); with more than one group, the leaves join at one global switch whose links carry
+    ``global_bytes_per_s`` per chip of the group (Groq's dragonfly racks, Graphcore/SambaNova pods)."""
+    num_groups = -(-num_devices // group_size)
+    graph.add_nodes_from((f"{group_prefix}{k}", _switch("leaf")) for k in range(num_groups))
+    graph.add_edges_from((r, f"{group_prefix}{r // group_size}", _edge(member_bytes_per_s, link, "nic"))
+                         for r in range(num_devices))
+    if num_groups > 1:
+        graph.add_node(top, **_switch("spine"))
+        for k in range(num_groups):
+            chips = min(group_size, num_devices - k * group_size)
+            graph.add_edge(f"{group_prefix}{k}", top,
+                           **_edge(global_bytes_per_s * chips, link, "spine", link.switch_hop_latency_s))
 
 
 # ---- (g) grids of directly linked chips: 2D meshes (Dojo, Tenstorrent) and tori (Trainium2) ------------
@@ -581,15 +588,6 @@ def build_pods(device: DeviceSpec, num_devices: int, *, devices_per_node: int, l
     if scale_up and devices_per_node > 1:
         pair = device.scale_up_bytes_per_s / (devices_per_node - 1)
         _add_full_mesh(graph, num_devices, devices_per_node, pair, link, "c2c")
-    pod_size = devices_per_node * nodes_per_pod
-    num_pods = -(-num_devices // pod_size)
-    graph.add_nodes_from((f"pod/{k}", _switch("leaf")) for k in range(num_pods))
-    graph.add_edges_from((r, f"pod/{r // pod_size}", _edge(pod_bytes_per_s, pod_link, "nic"))
-                         for r in range(num_devices))
-    if num_pods > 1:
-        graph.add_node("pods/global", **_switch("spine"))
-        for k in range(num_pods):
-            chips = min(pod_size, num_devices - k * pod_size)
-            graph.add_edge(f"pod/{k}", "pods/global",
-                           **_edge(global_bytes_per_s * chips, pod_link, "spine", pod_link.switch_hop_latency_s))
+    _groups_under_one_switch(graph, num_devices, devices_per_node * nodes_per_pod, "pod/", "pods/global",
+                             pod_bytes_per_s, global_bytes_per_s, pod_link)
     return Fabric(graph=graph, domain_size=domain)
