@@ -1037,6 +1037,12 @@ def _memory(doc: dict, console: Console) -> None:
     else:
         console.print(f"DOES NOT FIT: needs {_gib(peak)} GiB, device has {_gib(capacity)} GiB, "
                       f"over by {_gib(doc['overflow_bytes'])} GiB", style="bold red")
+    stages = doc.get("stage_memory_bytes")
+    if stages:
+        console.print(f"per stage: first {_gib(stages['first_stage'])} GiB (most micro-batches in flight), "
+                      f"last {_gib(stages['last_stage'])} GiB (one micro-batch and the logits)")
+    console.print("memory is what the process allocates; PyTorch's caching allocator reserves more "
+                  "(keep a --memory-headroom for it)")
     console.print()
 
 

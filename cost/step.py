@@ -78,6 +78,7 @@ class Evaluation:
     mfu: float
     hfu: float
     mfu_palm_count: float = 0.0  # attention counted over the full square (PaLM's count)
+    stage_memory_bytes: tuple[float, float] | None = None  # (first, last) pipeline stage, with pp > 1
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -224,7 +225,8 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
     mfu = flops_per_device / peak16
     palm = model_flops_per_token(model, job.seq_len, causal=False) * tokens_per_s / cluster.num_devices / peak16
     return Evaluation(layout, m, step, time, memory, cluster.device.memory_bytes, tokens_per_s,
-                      flops_per_device, mfu, mfu * (1 + recompute_share), palm)
+                      flops_per_device, mfu, mfu * (1 + recompute_share), palm,
+                      stage_memory(ctx, layout, m) if layout.pp > 1 else None)
 
 
 def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
@@ -282,6 +284,19 @@ def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
     weights, grads, optim = _static_parts(ctx, layout)
     reserve = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
     return MemoryBreakdown(weights, grads, optim, activations, working, reserve)
+
+
+def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
+    """Peak bytes on the first and on the last pipeline stage: the first holds the most in-flight
+    micro-batches (1F1B warm-up), the last one micro-batch plus the logits. Both hold the most
+    loaded stage's weights (an upper bound for the lighter one)."""
+    lt = layer_terms(ctx, layout)
+    head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
+                      layout.stride("tp"))
+    first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m)
+    base = memory_static_bytes(ctx, layout) + lt.act_transient_bytes
+    base += RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
+    return base + lt.act_bytes_per_layer * first, base + lt.act_bytes_per_layer * last + head.logits_bytes
 
 
 def _static_parts(ctx: Context, layout: Layout) -> tuple[float, float, float]:

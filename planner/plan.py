@@ -53,6 +53,8 @@ def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
         "hfu": ev.hfu,
         "model_flops_per_s_per_device": ev.model_flops_per_s_per_device,
         "peak_memory_bytes": ev.peak_memory_bytes,
+        "stage_memory_bytes": None if ev.stage_memory_bytes is None else
+        {"first_stage": ev.stage_memory_bytes[0], "last_stage": ev.stage_memory_bytes[1]},
         "device_memory_bytes": ev.capacity_bytes,
         "fits": ev.fits,
         "overflow_bytes": ev.overflow_bytes,
@@ -95,6 +97,11 @@ def caveats(job: Job, cluster: Cluster) -> dict:
     device's matmul ceiling (no MFU can exceed it)."""
     dev, prof = cluster.device, job.profile.profile
     lines = [] if dev.efficiency_validated else [dev.efficiency_note]
+    if dev.family in NO_PUBLISHED_TRAINING:
+        lines.append(f"unvalidated: no training run on {dev.name} has been published; this plan is hypothetical")
+    if cluster.platform == "gpu" and dev.vendor.lower() not in GPU_FRAMEWORK_VENDORS:
+        lines.append(f"unvalidated: {dev.vendor}'s own software stack runs {dev.name}; no profile describes it, so the "
+                     f"search used {prof.id}'s as a stand-in")
     validated = family_error(dev.family)
     if validated is None:
         lines.append(f"unvalidated: no published run on this hardware ({dev.family}) in clusterplan's validation data")
@@ -124,6 +131,10 @@ def family_error(family: str) -> dict | None:
     line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {entry['runs']} published runs "
             f"on {family} (p90 {entry['p90_abs_error']:.0%}; clusterplan validate)")
     return {**entry, "line": line}
+
+
+NO_PUBLISHED_TRAINING = ("groq-lpu",)  # Groq publishes inference only (issue 10)
+GPU_FRAMEWORK_VENDORS = ("nvidia", "amd", "intel")  # vendors whose parts Megatron/torchtitan/DeepSpeed run on
 
 
 def framework_dict(job: Job) -> dict:

@@ -605,3 +605,13 @@ def test_bad_values_are_bad_input_with_the_field_named(args, words):
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
     for w in words:
         assert w in result.stderr, (w, result.stderr)
+
+
+def test_hardware_without_published_training_or_framework_says_so():
+    groq = run("plan", "--model", "gpt3-1.3b", "--cluster", "groq-rack", "--top", "0")
+    assert "no training run on" in groq.stdout + groq.stderr or groq.exit_code == 3
+    trn = run_json("plan", "--model", "llama3-8b", "--cluster", "trn2-cluster", "--devices", "64", "--top", "0")
+    assert any("software stack" in line for line in trn["inputs"]["caveats"]["unvalidated"])
+    h100 = run_json("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "16", "--top", "0")
+    assert not any("software stack" in line for line in h100["inputs"]["caveats"]["unvalidated"])
+    assert h100["inputs"]["caveats"]["validated_error"]["runs"] > 0

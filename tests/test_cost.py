@@ -942,3 +942,15 @@ def test_flash2_attention_is_slower_on_hopper_only():
         fa2 = next(op for op in attention_ops(GPT, n, n, 1, "flash2") if op.kind == "attention")
         t = lambda op: op_time_s(op, dev, "bf16") - dev.kernel_overhead_s
         assert t(fa2) / t(best) == pytest.approx(ratio, rel=1e-6), preset
+
+
+def test_stage_memory_first_and_last(cluster16):
+    """With pp > 1 both stages are reported and the peak is the larger of the two."""
+    job = Job(global_batch_size=64, seq_len=2048)
+    ev = evaluate(GPT, job, cluster16, Layout(tp=2, pp=4, dp=2, micro_batch_size=1, sequence_parallel=True,
+                                               recompute="none", zero_stage=1))
+    first, last = ev.stage_memory_bytes
+    assert max(first, last) == pytest.approx(ev.peak_memory_bytes, rel=1e-9)
+    assert first != last
+    flat = evaluate(GPT, job, cluster16, Layout(tp=2, pp=1, dp=8, micro_batch_size=1, zero_stage=1))
+    assert flat.stage_memory_bytes is None
