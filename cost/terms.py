@@ -134,6 +134,7 @@ class ComputeTerms:
     act_transient_bytes: float
     gemm_bwd_s: float = 0.0  # backward GEMMs alone
     attn_s: float = 0.0  # attention core, forward + backward: what the context-parallel ring hides behind
+    attn_bwd_s: float = 0.0  # its backward alone
 
     def dp_window_s(self, tp_overlap: bool, cp: int) -> float:
         """The backward compute left to hide one gradient reduction behind, per micro-batch.
@@ -142,8 +143,8 @@ class ComputeTerms:
         GEMMs are TP's window, with context parallelism the attention core is the ring's. So no
         second of compute is counted twice, and more compute never makes a layout faster.
         """
-        bwd_attn = self.attn_s * 2.5 / 3.5  # the backward share of fwd + bwd attention (5 vs 2 matmuls)
-        return max(0.0, self.backward_s - (self.gemm_bwd_s if tp_overlap else 0.0) - (bwd_attn if cp > 1 else 0.0))
+        return max(0.0, self.backward_s - (self.gemm_bwd_s if tp_overlap else 0.0)
+                   - (self.attn_bwd_s if cp > 1 else 0.0))
 
     def fsdp_window_s(self, tp_overlap: bool, cp: int) -> float:
         """The compute left to hide per-micro-batch ZeRO-2/3 traffic behind (see :meth:`dp_window_s`)."""
@@ -160,11 +161,11 @@ def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
                   expert_tp: bool = True) -> ComputeTerms:
     model = ctx.model
     n = _tokens(ctx, cp, mbs)
-    fwd = bwd = gemm = attn = act = transient = gemm_bwd = attn_both = sac_rec = 0.0
+    fwd = bwd = gemm = attn = act = transient = gemm_bwd = attn_bwd = sac_rec = 0.0
     for moe, count in _layer_kinds(model):
         t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None, expert_tp)
         fwd, bwd, gemm, attn = fwd + count * t[0], bwd + count * t[1], gemm + count * t[2], attn + count * t[3]
-        gemm_bwd, attn_both = gemm_bwd + count * t[4], attn_both + count * t[5]
+        gemm_bwd, attn_bwd = gemm_bwd + count * t[4], attn_bwd + count * t[5]
         op_sac = recompute == "selective" and ctx.job.profile.profile.selective_recompute == "op_sac" and not moe
         if op_sac:
             act += count * op_sac_activation_bytes(model, n, tp, sp)
@@ -178,14 +179,14 @@ def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
     # full: the whole forward again; selective: Megatron-Core checkpoints the core-attention module,
     # so one more flash forward; torchtitan's per-op SAC re-runs what it does not save (op_sac_*)
     rec = {"full": fwd, "selective": sac_rec}.get(recompute, 0.0)
-    return ComputeTerms(fwd, bwd, rec, gemm, act / model.num_layers, transient, gemm_bwd, attn_both)
+    return ComputeTerms(fwd, bwd, rec, gemm, act / model.num_layers, transient, gemm_bwd, attn + attn_bwd, attn_bwd)
 
 
 @lru_cache(maxsize=65536)
 def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
                 local_experts: int | None, expert_tp: bool = True) -> tuple[float, ...]:
-    """Forward, backward, GEMM (fwd+bwd), attention-forward, backward-GEMM and attention (fwd+bwd)
-    time of one layer of a kind."""
+    """Forward, backward, GEMM (fwd+bwd), attention-forward, backward-GEMM, attention-backward and
+    per-op-SAC recompute time of one layer of a kind."""
     dev, prec = ctx.cluster.device, ctx.job.precision
     ops = layer_ops(ctx.model, _tokens(ctx, cp, mbs), ctx.job.seq_len, tp, sp, moe, local_experts, ctx.job.attention,
                     expert_tp)
@@ -193,7 +194,7 @@ def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
     gemm_bwd = gemm_time_s(ops, dev, prec, backward=True)
     return (ops_time_s(ops, dev, prec), ops_time_s(ops, dev, prec, backward=True),
             gemm_time_s(ops, dev, prec) + gemm_bwd, ops_time_s(core, dev, prec), gemm_bwd,
-            ops_time_s(core, dev, prec) + ops_time_s(core, dev, prec, backward=True),
+            ops_time_s(core, dev, prec, backward=True),
             sum(share * op_time_s(op, dev, prec) for op in ops if (share := op_sac_recomputed_share(ctx.model, op))))
 
 

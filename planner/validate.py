@@ -86,6 +86,11 @@ def bundled_runs_path() -> Path:
 
 def load_runs(path: str | Path) -> list[dict]:
     """Read a ``clusterplan-runs/1`` file; raise :class:`SpecError` if it is not one."""
+    return _load_doc(path)["runs"]
+
+
+def _load_doc(path: str | Path) -> dict:
+    """The document of a ``clusterplan-runs/1`` file, checked: a mapping whose ``runs`` is a list."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"validate FILE: {str(p)!r} does not exist or is not a file")
@@ -98,10 +103,9 @@ def load_runs(path: str | Path) -> list[dict]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise SpecError(f"validate FILE: {p}: format is {got!r}; expected {FORMAT!r} (see shared/validation/README.md)")
-    runs = doc.get("runs")
-    if not isinstance(runs, list):
+    if not isinstance(doc.get("runs"), list):
         raise SpecError(f"validate FILE: {p}: 'runs' must be a list of runs")
-    return runs
+    return doc
 
 
 def _model(run: dict, notes: list[str]):
@@ -369,11 +373,6 @@ def bundled_data_path(name: str) -> Path:
     return Path(str(resources.files("planner") / "data" / name))
 
 
-def bundled_sweeps_path() -> Path:
-    """Published layout sweeps (groups of runs of one job), bundled for the ranking measure."""
-    return bundled_data_path(BUNDLED_EXTRAS["sweeps"][0])
-
-
 def validate(path: str | Path | None = None, options: SearchOptions | None = None, best: bool = True) -> dict:
     """Evaluate every run of ``path`` (the bundled runs by default); ``{"runs": [...], "summary": {...}}``.
 
@@ -426,8 +425,8 @@ def error_by_family(options: SearchOptions | None = None) -> dict[str, dict]:
 
 def load_runs_and_groups(path: str | Path) -> tuple[list[dict], dict[str, list[str]]]:
     """The runs of a file and its ``groups_of_bundled_runs`` (groups named by run id)."""
-    runs = load_runs(path)
-    doc = yaml.safe_load(Path(path).read_text())
+    doc = _load_doc(path)
+    runs = doc["runs"]
     extra = doc.get("groups_of_bundled_runs") or {}
     if not isinstance(extra, dict):
         raise SpecError(f"validate FILE: {path}: groups_of_bundled_runs must map a group name to run ids")
