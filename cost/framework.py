@@ -83,6 +83,7 @@ class Profile:
     logit_bytes: float = 6.0  # bytes per logit held by the loss at its peak (semantics.logit_bytes)
     fsdp_with_pp: str = "sharded"  # "unsharded": FSDP keeps params and grads gathered with pp > 1 (torchtitan)
     selective_recompute: str = "attention_core"  # or "op_sac": torchtitan's per-op selective checkpointing
+    attention_history: tuple[tuple[str, str], ...] = ()  # (since YYYY-MM, kernel): the kernel by release
     tp_comm_sms: int | None = None
     dp_comm_sms: int | None = None
     ep_comm_sms: int | None = None
@@ -126,7 +127,13 @@ class ProfileAt:
 
     @property
     def attention(self) -> str:
-        return self.profile.attention if self.has("flash_attention") else "unfused"
+        """The attention kernel at this release: unfused before the framework had a fused one, then
+        the kernel of the latest ``semantics.attention_history`` entry not after the date (else
+        ``semantics.attention``)."""
+        if not self.has("flash_attention"):
+            return "unfused"
+        kernels = [k for since, k in self.profile.attention_history if since <= self.date]
+        return kernels[-1] if kernels else self.profile.attention
 
 
 def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
@@ -237,6 +244,7 @@ def load_profile(framework_id: str) -> Profile:
         dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
         logit_bytes=float(sem.get("logit_bytes", 6.0)), fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
         selective_recompute=str(sem.get("selective_recompute", "attention_core")),
+        attention_history=tuple((str(e["since"]), str(e["kernel"])) for e in sem.get("attention_history") or ()),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         sources=sources, notes=tuple(doc.get("notes") or ()),
     )
