@@ -154,6 +154,18 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
     return out
 
 
+def unoffered(prof: ProfileAt, family: str, values: dict, folded_experts: bool = False) -> list[str]:
+    """One message per knob value (``values``: knob -> value, Layout field names) the framework does not
+    offer at its date, and for folded experts (etp=1) where it has no folding."""
+    name = prof.profile.describe(prof.date)
+    offered = framework_domains(prof, family)
+    out = [f"{knob}={value}: {name} does not offer it (allowed: {', '.join(str(v) for v in offered[knob])})"
+           for knob, value in values.items() if knob in offered and value not in offered[knob]]
+    if folded_experts and not prof.has("etp1"):
+        out.append(f"etp=1: {name} has no expert tensor parallelism 1 (MoE parallel folding)")
+    return out
+
+
 def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
                       sp: bool, tp_overlap: bool = False) -> str | None:
     """The message of the first profile rule that refuses this combination, or None. Frameworks

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from cost.framework import framework_domains, framework_refusal
+from cost.framework import framework_refusal, unoffered
 from cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis
 from cost.terms import (
     NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, compute_terms, dp_terms, head_terms,
@@ -136,25 +136,21 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
 
 
 def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
-    """Knobs the job's framework does not offer at its date, and combinations it refuses."""
+    """Knobs the job's framework does not offer at its date, and combinations it refuses (knobs that
+    are invalid anyway, e.g. zero_stage=7, are reported by their own rule only)."""
     prof = job.profile
-    name = prof.profile.describe(prof.date)
-    offered = framework_domains(prof, cluster.device.family)
+    invalid = {"zero_stage": layout.zero_stage not in (0, 1, 2, 3), "recompute": layout.recompute not in RECOMPUTE_MODES}
     values = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vp": layout.vp, "ep": layout.ep,
               "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
               "zero_stage": layout.zero_stage, "dp_overlap": layout.dp_overlap,
               "tp_overlap": layout.tp_overlap and layout.tp > 1}
-    invalid = {"zero_stage": layout.zero_stage not in (0, 1, 2, 3), "recompute": layout.recompute not in RECOMPUTE_MODES}
-    for knob, allowed in offered.items():
-        if values[knob] not in allowed and not invalid.get(knob):
-            bad("framework", f"{knob}={values[knob]}: {name} does not offer it "
-                             f"(allowed: {', '.join(str(v) for v in allowed)})")
-    if not layout.expert_tp and layout.ep > 1 and not prof.has("etp1"):
-        bad("framework", f"etp=1: {name} has no expert tensor parallelism 1")
+    values = {k: v for k, v in values.items() if not invalid.get(k)}
+    for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
+        bad("framework", message)
     refusal = framework_refusal(prof, layout.tp, layout.pp, layout.cp, layout.ep, layout.vp, layout.zero_stage,
                                 layout.recompute, layout.sequence_parallel, layout.tp_overlap)
     if refusal and not any(invalid.values()):
-        bad("framework", f"{name}: {refusal}")
+        bad("framework", f"{prof.profile.describe(prof.date)}: {refusal}")
 
 
 def _alignment_problems(layout: Layout, domain_size: int, bad) -> None:

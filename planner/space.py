@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from cost.framework import framework_domains, framework_refusal
+from cost.framework import framework_domains, unoffered
 from cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
 from models.errors import SpecError
 from models.spec import ModelSpec
@@ -102,7 +102,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     n = cluster.num_devices
     prof = job.profile
     offered = framework_domains(prof, cluster.device.family)
-    _check_fixed_offered(prof, offered, b)
+    _check_fixed_offered(prof, cluster.device.family, b)
     tp_max = min(max(cluster.domain_size, 8), model.num_attention_heads)
     pp_max = model.num_layers if "pp" not in offered or b.allow_unavailable and "pp" in b.fixed else 1
     tp_max = tp_max if "tp" not in offered or b.allow_unavailable and "tp" in b.fixed else 1
@@ -148,18 +148,13 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     return space
 
 
-def _check_fixed_offered(prof, offered: dict[str, tuple], bounds: Bounds) -> None:
+def _check_fixed_offered(prof, family: str, bounds: Bounds) -> None:
     """A --fix value the framework does not offer is bad input, named with the framework."""
     if bounds.allow_unavailable:
         return
-    name = prof.profile.describe(prof.date)
-    for knob, value in bounds.fixed.items():
-        if knob in offered and value not in offered[knob]:
-            allowed = ", ".join(str(v) for v in offered[knob])
-            raise SpecError(f"--fix {knob}={value}: {name} does not offer it (allowed: {allowed}); "
-                            "pick another --framework or drop the --fix")
-    if bounds.fixed.get("expert_tp") is False and not prof.has("etp1"):
-        raise SpecError(f"--fix etp=1: {name} has no expert tensor parallelism 1 (MoE parallel folding)")
+    problems = unoffered(prof, family, bounds.fixed, bounds.fixed.get("expert_tp") is False)
+    if problems:
+        raise SpecError(f"--fix {problems[0]}; pick another --framework or drop the --fix")
 
 
 def _orders(cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:
