@@ -934,7 +934,8 @@ def _print_catalogue(table: Table, footer: str) -> None:
 
 
 MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
-                 "activations": "activations", "working": "working buffers", "reserved": "runtime reserve"}
+                 "activations": "activations", "working": "working buffers", "reserved": "runtime reserve",
+                 "allocator": "allocator cache (reserved, not allocated)"}
 TIME_LABELS = {"compute": "compute (forward + backward)", "recompute": "recompute",
                "tp_comm": "tensor-parallel comm (exposed)", "cp_comm": "context-parallel comm (exposed)",
                "ep_comm": "expert all-to-all (exposed)", "pp_bubble": "pipeline bubble",
@@ -1030,20 +1031,29 @@ def _memory(doc: dict, console: Console) -> None:
     capacity, peak = doc["device_memory_bytes"], doc["peak_memory_bytes"]
     table = _table("memory per device (most loaded stage)", ("GiB", "right"), ("% of device", "right"))
     for key, value in doc["memory"].items():
+        if key == "allocator" and not value:
+            continue  # no allocator share for this framework: said below the table
         table.add_row(MEMORY_LABELS.get(key, key), _gib(value), f"{value / capacity:.1%}")
-    table.add_row("total", _gib(peak), f"{peak / capacity:.1%}", style="bold")
+    table.add_row("total (reserved)", _gib(peak), f"{peak / capacity:.1%}", style="bold")
     console.print(table)
+    need = doc.get("fit_memory_bytes", peak)
     if doc["fits"]:
-        console.print(f"fits: {_gib(peak)} of {_gib(capacity)} GiB ({_gib(capacity - peak)} GiB free)")
+        console.print(f"fits: {_gib(need)} of {_gib(capacity)} GiB allocated with the runtime "
+                      f"({_gib(capacity - need)} GiB free)")
     else:
-        console.print(f"DOES NOT FIT: needs {_gib(peak)} GiB, device has {_gib(capacity)} GiB, "
-                      f"over by {_gib(doc['overflow_bytes'])} GiB", style="bold red")
+        console.print(f"DOES NOT FIT: needs {_gib(need)} GiB allocated with the runtime, device has "
+                      f"{_gib(capacity)} GiB, over by {_gib(doc['overflow_bytes'])} GiB", style="bold red")
     stages = doc.get("stage_memory_bytes")
     if stages:
         console.print(f"per stage: first {_gib(stages['first_stage'])} GiB (most micro-batches in flight), "
                       f"last {_gib(stages['last_stage'])} GiB (one micro-batch and the logits)")
-    console.print("memory is what the process allocates; PyTorch's caching allocator reserves more "
-                  "(keep a --memory-headroom for it)")
+    if doc["memory"].get("allocator"):
+        console.print("the allocator cache is what PyTorch's caching allocator keeps reserved beyond live "
+                      "tensors (nvidia-smi and max_memory_reserved show it); it is released before an "
+                      "allocation fails, so the fit counts live tensors and the runtime")
+    else:
+        console.print("allocator cache: not measured for this framework (unvalidated); keep a "
+                      "--memory-headroom for it")
     console.print()
 
 

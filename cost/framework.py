@@ -84,6 +84,9 @@ class Profile:
     fsdp_with_pp: str = "sharded"  # "unsharded": FSDP keeps params and grads gathered with pp > 1 (torchtitan)
     selective_recompute: str = "attention_core"  # or "op_sac": torchtitan's per-op selective checkpointing
     attention_history: tuple[tuple[str, str], ...] = ()  # (since YYYY-MM, kernel): the kernel by release
+    eager_activations: bool = False  # eager PyTorch modules: autograd keeps more than fused kernels (terms.activation_bytes)
+    kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
+    allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
     tp_comm_sms: int | None = None
     dp_comm_sms: int | None = None
     ep_comm_sms: int | None = None
@@ -124,6 +127,12 @@ class ProfileAt:
         fams = self.profile.tp_overlap_families
         arch = ARCHITECTURE_OF_FAMILY.get(family, family)
         return self.has("tp_overlap") and (not fams or family in fams or arch in fams)
+
+    @property
+    def kv_repeated(self) -> bool:
+        """K and V are materialised per query head before attention (``repeat_kv``) at this release."""
+        until = self.profile.kv_repeat_until
+        return until is not None and self.date < until
 
     @property
     def attention(self) -> str:
@@ -257,9 +266,23 @@ def load_profile(framework_id: str) -> Profile:
         logit_bytes=float(sem.get("logit_bytes", 6.0)), fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
         selective_recompute=str(sem.get("selective_recompute", "attention_core")),
         attention_history=tuple((str(e["since"]), str(e["kernel"])) for e in sem.get("attention_history") or ()),
+        eager_activations=bool(sem.get("eager_activations", False)),
+        allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
+                                              f"{where}: semantics.allocator_reserved_fraction"),
+        kv_repeat_until=parse_date(sem.get("kv_repeat_until"), f"{where}: semantics.kv_repeat_until"),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         sources=sources, notes=tuple(doc.get("notes") or ()),
     )
+
+
+def _fraction(value, where: str) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"{where}: got {value!r}; expected a number from 0 to 1") from None
+    if not 0.0 <= x < 1.0:
+        raise SpecError(f"{where}: got {value!r}; allowed: 0 <= value < 1")
+    return x
 
 
 def default_framework(platform: str) -> str:

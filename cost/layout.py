@@ -187,6 +187,9 @@ class Job:
         deepspeed, maxtext); the search offers only what it can run, overlap is priced by its mechanism.
     framework_date : the framework release, ``YYYY-MM`` ("" = the profile's own, newest release); a
         feature released later is not offered.
+    compiled : the model runs under ``torch.compile`` (torchtitan's ``compile.enable``): autograd
+        then keeps what the compiled graph needs rather than what each eager op saves (the profile's
+        ``eager_activations`` no longer apply; ``cost.terms``). Measured by benchmarks/gpu_probe.py.
     """
 
     global_batch_size: int
@@ -197,6 +200,7 @@ class Job:
     attention: str = "flash"
     framework: str = "megatron"
     framework_date: str = ""
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "seq_len"):
@@ -213,6 +217,8 @@ class Job:
             raise SpecError(f"job.framework: got {self.framework!r}; allowed: {', '.join(FRAMEWORKS)}")
         if self.framework_date:
             parse_date(self.framework_date, "job.framework_date")
+        if not isinstance(self.compiled, bool):
+            raise SpecError(f"job.compiled: got {self.compiled!r}; allowed: true, false")
 
     @property
     def profile(self) -> ProfileAt:

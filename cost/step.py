@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from cost.framework import framework_refusal, unoffered
 from cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis
 from cost.terms import (
-    NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, compute_terms, dp_terms, head_terms,
+    NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
     layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s, param_counts,
     static_memory,
 )
@@ -57,10 +57,24 @@ class MemoryBreakdown:
     activations_bytes: float
     working_bytes: float  # one layer's recomputed activations, logits, FSDP gather buffers
     reserved_bytes: float  # runtime: CUDA context, library workspaces, communication buffers
+    allocator_bytes: float = 0.0  # the caching allocator's reserved-but-unallocated share
 
     @property
     def total_bytes(self) -> float:
+        """Peak reserved bytes: what must fit in the device's memory."""
         return sum(asdict(self).values())
+
+    @property
+    def allocated_bytes(self) -> float:
+        """Peak bytes held by live tensors (``torch.cuda.max_memory_allocated``)."""
+        return self.total_bytes - self.reserved_bytes - self.allocator_bytes
+
+    @property
+    def fit_bytes(self) -> float:
+        """What must fit: live tensors and the runtime. The allocator's cached blocks do not count:
+        before failing an allocation PyTorch's caching allocator frees its unused cached blocks and
+        retries (``num_alloc_retries``), so a plan fits when the allocated peak does."""
+        return self.total_bytes - self.allocator_bytes
 
 
 @dataclass(frozen=True)
@@ -86,11 +100,11 @@ class Evaluation:
 
     @property
     def fits(self) -> bool:
-        return self.memory.total_bytes <= self.capacity_bytes
+        return self.memory.fit_bytes <= self.capacity_bytes
 
     @property
     def overflow_bytes(self) -> float:
-        return max(0.0, self.memory.total_bytes - self.capacity_bytes)
+        return max(0.0, self.memory.fit_bytes - self.capacity_bytes)
 
 
 def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> list[tuple[str, str]]:
@@ -279,7 +293,8 @@ def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
         activations, working = act_first, lt.act_transient_bytes
     weights, grads, optim = _static_parts(ctx, layout)
     reserve = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
-    return MemoryBreakdown(weights, grads, optim, activations, working, reserve)
+    allocator = allocator_fraction(ctx) * (weights + grads + optim + activations + working)
+    return MemoryBreakdown(weights, grads, optim, activations, working, reserve, allocator)
 
 
 def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
@@ -291,8 +306,10 @@ def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
                       layout.stride("tp"))
     first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m)
     base = memory_static_bytes(ctx, layout) + lt.act_transient_bytes
-    base += RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
-    return base + lt.act_bytes_per_layer * first, base + lt.act_bytes_per_layer * last + head.logits_bytes
+    runtime = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
+    grow = 1.0 + allocator_fraction(ctx)
+    return (runtime + grow * (base + lt.act_bytes_per_layer * first),
+            runtime + grow * (base + lt.act_bytes_per_layer * last + head.logits_bytes))
 
 
 def _static_parts(ctx: Context, layout: Layout) -> tuple[float, float, float]:

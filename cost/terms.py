@@ -161,6 +161,8 @@ def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
                   expert_tp: bool = True) -> ComputeTerms:
     model = ctx.model
     n = _tokens(ctx, cp, mbs)
+    prof = ctx.job.profile
+    style = {"eager": prof.profile.eager_activations and not ctx.job.compiled, "kv_repeat": prof.kv_repeated}
     fwd = bwd = gemm = attn = act = transient = gemm_bwd = attn_bwd = sac_rec = 0.0
     for moe, count in _layer_kinds(model):
         t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None, expert_tp)
@@ -168,14 +170,14 @@ def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
         gemm_bwd, attn_bwd = gemm_bwd + count * t[4], attn_bwd + count * t[5]
         op_sac = recompute == "selective" and ctx.job.profile.profile.selective_recompute == "op_sac" and not moe
         if op_sac:
-            act += count * op_sac_activation_bytes(model, n, tp, sp)
+            act += count * op_sac_activation_bytes(model, n, tp, sp, ctx.job.compiled)
             sac_rec += count * t[6]
-            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n)))
+            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n), **style))
         else:
-            act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n))
+            act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n), **style)
             sac_rec += count * t[3]
         if recompute == "full":  # the layer being recomputed holds its full activations once
-            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n)))
+            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n), **style))
     # full: the whole forward again; selective: Megatron-Core checkpoints the core-attention module,
     # so one more flash forward; torchtitan's per-op SAC re-runs what it does not save (op_sac_*)
     rec = {"full": fwd, "selective": sac_rec}.get(recompute, 0.0)
@@ -220,7 +222,7 @@ def op_sac_recomputed_share(model: ModelSpec, op) -> float:
     return 0.0
 
 
-def op_sac_activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool) -> float:
+def op_sac_activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, compiled: bool = False) -> float:
     """Stored activations of one dense layer under torchtitan's per-op selective checkpointing
     (:func:`op_sac_recomputed_share`): the layer input ``2nh``, Q ``2n a d``, V ``2n g d``, the SDPA
     output ``2n a d`` (and its fp32 log-sum-exp), the first up projection ``2nf`` and the down
@@ -231,8 +233,10 @@ def op_sac_activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool) -> fl
     d_qk, d_v = model.attention_dims
     a, g = model.num_attention_heads, model.num_kv_heads_resolved
     sharded = ACT_BYTES * n * (a * d_qk + g * d_v + a * d_v + f) + 4.0 * n * a  # + fp32 log-sum-exp
-    if model.mlp_matrices == 3:
-        sharded += ACT_BYTES * n * h  # w2's output (saved: the 7th matmul)
+    if model.mlp_matrices == 3 and not compiled:
+        # w2's output (the 7th matmul, saved by the policy though backward never reads it; the
+        # compiled graph drops it: measured, benchmarks/compare_probe.py)
+        sharded += ACT_BYTES * n * h
     replicated = ACT_BYTES * n * h * (1 + (2 if tp > 1 else 0))
     return (replicated + sharded) / tp if sp or tp == 1 else replicated + sharded / tp
 
@@ -379,7 +383,7 @@ def _score_elements(ctx: Context, n: float) -> float:
 
 
 def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: str, moe: bool,
-                     score_elements: float = 0.0) -> float:
+                     score_elements: float = 0.0, eager: bool = False, kv_repeat: bool = False) -> float:
     """Stored activations of one layer for one micro-batch (Korthikanti et al. 2022, section 4).
 
     Generalises ``s b h (34 + 5 a s / h)`` to GQA, any FFN width, SwiGLU and MoE. With flash
@@ -392,6 +396,13 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     ``2 n a d``, MLP input ``2 n h``, MLP intermediates ``2 n f (1 + ups)``, dropout masks ``2 n h``
     (1 byte each, when the model uses dropout). Tensor-parallel regions divide by ``tp``; with
     sequence parallelism everything does. Full recomputation keeps only the layer input ``2 n h``.
+
+    ``eager``: the layer is written as eager PyTorch modules (torchtitan's Llama model), and autograd
+    keeps what each op saves rather than what a fused kernel keeps: SwiGLU's ``w2(silu(w1 x) * w3 x)``
+    keeps ``w1 x``, its silu, ``w3 x`` and the product (``4 x 2 n f`` against 3). ``kv_repeat``:
+    GQA's K and V are repeated per query head before attention (``repeat_kv``), so attention keeps
+    them at ``a`` heads. Both measured to 1% on torchtitan's own block by ``benchmarks/gpu_probe.py``
+    (``benchmarks/compare_probe.py``; docs/cost-model.md), as were op-SAC and full recomputation.
     """
     h, a, g = model.hidden_size, model.num_attention_heads, model.num_kv_heads_resolved
     d_qk, d_v = model.attention_dims
@@ -401,21 +412,32 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
         return ACT_BYTES * n * h / (tp if sp else 1)
     # Q, K, V and the attention output; selective recomputation re-runs the core attention, so
     # its output (the out-projection input) is not kept.
-    sharded = ACT_BYTES * n * (a * d_qk + g * d_qk + g * d_v) + (0 if recompute == "selective" else ACT_BYTES * n * a * d_v)
+    g_kv = a if kv_repeat else g
+    sharded = ACT_BYTES * n * (a * d_qk + g_kv * d_qk + g_kv * d_v) + (0 if recompute == "selective" else ACT_BYTES * n * a * d_v)
     if recompute != "selective":  # softmax output, and dropout mask and output (heads split by tp)
         sharded += score_elements * (ACT_BYTES + (3 if model.dropout else 0))
     ups = model.mlp_matrices - 1
+    kept = 1 + ups + (1 if eager and ups == 2 else 0)  # MLP tensors of width f kept per token
     if moe:
         e = model.moe
         routed = n * e.top_k
         sharded += ACT_BYTES * routed * h * 2  # permuted tokens in and out of the experts
-        sharded += ACT_BYTES * routed * e.expert_ffn_hidden_size * (1 + ups)
-        sharded += ACT_BYTES * n * e.num_shared_experts * e.expert_ffn_hidden_size * (1 + ups)
+        sharded += ACT_BYTES * routed * e.expert_ffn_hidden_size * kept
+        sharded += ACT_BYTES * n * e.num_shared_experts * e.expert_ffn_hidden_size * kept
     else:
-        sharded += ACT_BYTES * n * model.ffn_hidden_size * (1 + ups)
+        sharded += ACT_BYTES * n * model.ffn_hidden_size * kept
     if sp:
         return (replicated + sharded) / tp
     return replicated + sharded / tp
+
+
+def allocator_fraction(ctx: Context) -> float:
+    """The caching allocator's reserved-but-unallocated bytes as a share of the allocated peak: the
+    framework's allocator (PyTorch's caching allocator for the GPU frameworks; ``semantics.
+    allocator_reserved_fraction``), on devices with a runtime heap (HBM); 0 on SRAM machines."""
+    if ctx.cluster.device.memory_kind != "hbm":
+        return 0.0
+    return ctx.job.profile.profile.allocator_reserved_fraction
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,7 +91,7 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
         row = {"move": name, "allowed": ev.fits, "step_time_s": ev.step_time_s,
                "delta": ev.step_time_s / best.step_time_s - 1, "peak_memory_bytes": ev.peak_memory_bytes}
         if not ev.fits:
-            row["reason"] = (f"needs {ev.peak_memory_bytes / GIB:.1f} GiB of {ev.capacity_bytes / GIB:.1f} GiB")
+            row["reason"] = (f"needs {ev.memory.fit_bytes / GIB:.1f} GiB of {ev.capacity_bytes / GIB:.1f} GiB")
         rows.append(row)
     return rows
 
@@ -105,7 +105,7 @@ def binding(best: Evaluation, sens: list[dict]) -> list[str]:
             out.append(f"memory binds: {row['move']} would be {-row['delta']:.1%} faster but {row['reason']}")
         elif not row["allowed"] and row.get("step_time_s") is None:
             out.append(f"{row['move']} is not allowed: {row['reason']}")
-    headroom = 1 - best.peak_memory_bytes / best.capacity_bytes
+    headroom = 1 - best.memory.fit_bytes / best.capacity_bytes
     out.append(f"memory headroom of the winner: {headroom:.1%} of {best.capacity_bytes / GIB:.1f} GiB")
     return out
 

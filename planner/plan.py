@@ -6,7 +6,8 @@ Export and report code read this document; nothing here recomputes a cost. Schem
 ``schema, planner_version, inputs{model, cluster, job}, layout{tp, pp, dp, cp, ep, vp,
 micro_batch_size, sequence_parallel, recompute, zero_stage, order, dp_overlap, tp_overlap,
 num_microbatches}, num_devices, step_time_s, tokens_per_s, mfu, hfu, model_flops_per_s_per_device,
-peak_memory_bytes, device_memory_bytes, fits, overflow_bytes, memory{...}, breakdown{...},
+peak_memory_bytes (reserved), allocated_memory_bytes, fit_memory_bytes (allocated + runtime: what must fit),
+device_memory_bytes, fits, overflow_bytes, memory{...}, breakdown{...},
 energy_per_step_j, cost_per_step_usd, time_to_train_s, energy_j, cost_usd, runners_up[...],
 rejections{...}, search{objective, ...}``.
 """
@@ -53,6 +54,8 @@ def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
         "hfu": ev.hfu,
         "model_flops_per_s_per_device": ev.model_flops_per_s_per_device,
         "peak_memory_bytes": ev.peak_memory_bytes,
+        "allocated_memory_bytes": ev.memory.allocated_bytes,
+        "fit_memory_bytes": ev.memory.fit_bytes,
         "stage_memory_bytes": None if ev.stage_memory_bytes is None else
         {"first_stage": ev.stage_memory_bytes[0], "last_stage": ev.stage_memory_bytes[1]},
         "device_memory_bytes": ev.capacity_bytes,

@@ -214,6 +214,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         for i in range(F):
             order_ok[i] &= ~np.array(traversal_duplicates(S.order, list(order_ok[i]), [rows(i, j) for j in range(O)]))
     canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, None, :]
+    # the allocated peak and the runtime must fit (Evaluation.fits: cached blocks are released first)
     capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
     if ignore_memory:

@@ -61,6 +61,7 @@ class RunResult:
     predicted_peak_memory_bytes: float | None = None
     measured_peak_memory_bytes: float | None = None
     memory_error: float | None = None
+    memory_kind: str | None = None  # what the measured peak counts (MEMORY_KINDS)
     measured_fits: bool | None = None  # a published fit/OOM fact (measured.fits)
     layout: dict | None = None
     mfu: float | None = None
@@ -186,6 +187,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     result.measured_step_time_s = measured.get("step_time_s")
     if measured.get("peak_memory_gib") is not None:
         result.measured_peak_memory_bytes = measured["peak_memory_gib"] * GIB
+        result.memory_kind = _memory_kind(measured.get("peak_memory_kind"))
     if measured.get("fits") is not None:
         result.measured_fits = bool(measured["fits"])
     model = _model(run, result.notes)
@@ -202,7 +204,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
         model = model.model_copy(update={"dropout": prof.profile.dropout > 0})
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
               precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or prof.attention),
-              framework=fw, framework_date=date, grad_bytes=prof.profile.grad_bytes)
+              framework=fw, framework_date=date, grad_bytes=prof.profile.grad_bytes, compiled=_compiled(run))
     fixed = _bounds(run, prof)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
     try:
@@ -217,11 +219,35 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
         _record_best(result, model, job, cluster, options)
 
 
+MEMORY_KINDS = ("allocated", "reserved", "unspecified")
+
+
+def _compiled(run: dict) -> bool:
+    """``compile``: true where the run's source says the model ran under ``torch.compile``
+    (RUNS_FORMAT.md); absent or false otherwise."""
+    value = run.get("compile", False)
+    if not isinstance(value, bool):
+        raise SpecError(f"compile: got {value!r}; allowed: true, false")
+    return value
+
+
+def _memory_kind(value) -> str:
+    """``measured.peak_memory_kind``: allocated (``torch.cuda.max_memory_allocated``), reserved
+    (``max_memory_reserved`` or nvidia-smi) or unspecified (compared as reserved)."""
+    kind = "unspecified" if value is None else str(value)
+    if kind not in MEMORY_KINDS:
+        raise SpecError(f"measured.peak_memory_kind: got {value!r}; allowed: {', '.join(MEMORY_KINDS)}")
+    return kind
+
+
 def _record(result: RunResult, res: SearchResult) -> None:
     ev = res.best
     result.predicted_step_time_s = ev.step_time_s
     result.fits = ev.fits
-    result.predicted_peak_memory_bytes = ev.peak_memory_bytes
+    # the allocated peak (live tensors) where the run published that; else the reserved peak
+    # (max_memory_reserved, nvidia-smi, or unstated): what the process holds from the device
+    allocated = result.memory_kind == "allocated"
+    result.predicted_peak_memory_bytes = ev.memory.allocated_bytes if allocated else ev.peak_memory_bytes
     result.layout = ev.layout.as_dict()
     result.zero_stage = ev.layout.zero_stage
     result.mfu = ev.mfu
@@ -229,7 +255,8 @@ def _record(result: RunResult, res: SearchResult) -> None:
     if result.measured_step_time_s:
         result.error = (ev.step_time_s - result.measured_step_time_s) / result.measured_step_time_s
     if result.measured_peak_memory_bytes:
-        result.memory_error = (ev.peak_memory_bytes - result.measured_peak_memory_bytes) / result.measured_peak_memory_bytes
+        result.memory_error = ((result.predicted_peak_memory_bytes - result.measured_peak_memory_bytes)
+                               / result.measured_peak_memory_bytes)
 
 
 def _record_best(result: RunResult, model, job: Job, cluster, options: SearchOptions) -> None:

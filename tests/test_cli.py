@@ -215,7 +215,8 @@ def test_evaluate_reports_a_layout_that_does_not_fit():
             "--layout", "tp=8,pp=1,dp=1,mbs=1,recompute=full,zero=1,sp=on"]
     result = run(*args)
     assert result.exit_code == 0, result.stderr
-    match = re.search(r"DOES NOT FIT: needs ([\d,.]+) GiB, device has ([\d,.]+) GiB, over by ([\d,.]+) GiB",
+    match = re.search(r"DOES NOT FIT: needs ([\d,.]+) GiB allocated with the runtime, device has ([\d,.]+) GiB, "
+                      r"over by ([\d,.]+) GiB",
                       result.stdout)
     assert match, result.stdout
     need, have, over = (float(g.replace(",", "")) for g in match.groups())

@@ -63,14 +63,13 @@ def test_published_layouts_are_held(bundled):
 def test_regression_bounds(bundled):
     """Today's figures (docs/cost-model.md): a change that makes them worse fails here."""
     s = bundled["summary"]["overall"]
-    # 36.5% today: TP overlap set from the NeMo / Megatron-Bridge recipes moved the H100 rows from
-    # slower than measured to faster (docs/cost-model.md, "Runs still off")
-    assert s["p90_abs_error"] <= 0.37
+    # 31.4% today (docs/cost-model.md, "Runs still off")
+    assert s["p90_abs_error"] <= 0.32
     assert s["fits"] >= s["evaluated"] - 1  # only DeepSeek-V3's DualPipe layout overflows today
     summary = bundled["summary"]
     assert summary["ranking"]["pairs"] >= 150 and summary["ranking"]["agreement"] >= 0.78  # 80.0% today
     memory = bundled["memory"]["summary"]
-    assert memory["memory"]["runs"] >= 25 and memory["memory"]["median_abs_error"] <= 0.17  # 15.0% today
+    assert memory["memory"]["runs"] >= 25 and memory["memory"]["median_abs_error"] <= 0.08  # 7.7% today
     assert memory["fit_facts"]["facts"] >= 5 and memory["fit_facts"]["agreed"] >= memory["fit_facts"]["facts"] - 1
 
 

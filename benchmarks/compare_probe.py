@@ -1,0 +1,110 @@
+"""Compare what the cost model predicts with what ``benchmarks/gpu_probe.py`` measured on a real GPU.
+
+    python benchmarks/compare_probe.py            # the probe files in benchmarks/results/
+
+Per decoder layer of the probe (eager PyTorch, bf16, one device, no tensor parallelism) it builds
+the same layer as a ``ModelSpec`` and prices one layer's forward+backward with ``cost.compute``
+(the ops of ``models.ops.layer_ops``) on the catalogue device the probe ran on, with each attention
+kernel the cost model knows, and its stored activations with ``cost.terms.activation_bytes`` /
+``op_sac_activation_bytes`` under the activation semantics each case has (Korthikanti's fused count;
+torchtitan's eager modules, with or without ``repeat_kv``). It prints measured and predicted side by
+side; ``tests/test_probe.py`` holds the model to them. No figure here feeds the cost model: the
+device constants taken from a probe are copied into the data files by hand, citing the probe file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cost.compute import ops_time_s  # noqa: E402
+from cost.framework import load_profile  # noqa: E402
+from cost.terms import activation_bytes, op_sac_activation_bytes  # noqa: E402
+from models.ops import ACT_BYTES, layer_ops  # noqa: E402
+from models.spec import ModelSpec  # noqa: E402
+from topologies.library import load_device  # noqa: E402
+
+DEVICE_OF = {"NVIDIA H200": "h200-sxm-141gb", "NVIDIA H100 80GB HBM3": "h100-sxm5-80gb"}
+RESULTS = REPO / "benchmarks" / "results"
+PROBES = (RESULTS / "gpu_probe_h200_2026-11-26.json", RESULTS / "gpu_probe2_h200_2026-11-26.json")
+LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, style="llama")
+
+
+def _model(row: dict) -> ModelSpec:
+    return ModelSpec(name="probe-layer", num_layers=1, hidden_size=row["hidden"],
+                     num_attention_heads=row["heads"], num_kv_heads=row["kv_heads"],
+                     ffn_hidden_size=row["ffn"], vocab_size=32000,
+                     ffn_activation="swiglu" if row["style"] == "llama" else "gelu", dropout=False,
+                     seq_len=row["seq"])
+
+
+def layer_rows(probe: dict) -> list[dict]:
+    """The probe's ``layers`` cases (the probe's own layer: repeat_kv, unfused SwiGLU, no rotary)."""
+    dev = load_device(DEVICE_OF[probe["device"]["name"]])
+    out = []
+    for row in probe.get("layers") or []:
+        model, n = _model(row), row["seq"] * row["micro_batch"]
+        pred = {v: ops_time_s(ops, dev, "bf16") + ops_time_s(ops, dev, "bf16", backward=True)
+                for v in ("flash", "flash2")
+                for ops in [layer_ops(model, n, row["seq"], 1, False, False, attention=v)]}
+        eager = row["style"] == "llama"  # the probe's llama layer is written like torchtitan's
+        out.append({"case": row["case"], "measured_s": row["fwd_bwd_s_per_layer"], "predicted_s": pred["flash"],
+                    "predicted_fa2_s": pred["flash2"], "measured_bytes": row["activation_bytes_per_layer"],
+                    "predicted_bytes": activation_bytes(model, n, 1, False, "none", False, eager=eager,
+                                                        kv_repeat=eager and row["kv_heads"] != row["heads"])})
+    return out
+
+
+def titan_rows(probe: dict) -> list[dict]:
+    """torchtitan's own block: kept activations per layer under each recompute mode."""
+    out = []
+    for row in probe.get("titan_layers") or []:
+        spec = dict(LLAMA3_8B, seq=row["seq"])
+        model, n = _model(spec), row["seq"] * row["micro_batch"]
+        # the first layer's input is allocated before the probe's baseline: add it back
+        measured = row["activation_bytes_per_layer"] + ACT_BYTES * n * spec["hidden"] / row["layers"]
+        eager = not row["compiled"]  # torch.compile's partitioner keeps what fused kernels keep
+        if row["ac"] == "op_sac":
+            pred = op_sac_activation_bytes(model, n, 1, False, row["compiled"])
+        else:
+            pred = activation_bytes(model, n, 1, False, {"none": "none", "full": "full"}[row["ac"]], False,
+                                    eager=eager, kv_repeat=not row["gqa_native"])
+        name = f"titan {'compile' if row['compiled'] else 'eager'} ac={row['ac']} " \
+               f"{'enable_gqa' if row['gqa_native'] else 'repeat_kv'}"
+        out.append({"case": name, "measured_bytes": measured, "predicted_bytes": pred})
+    return out
+
+
+def main() -> int:
+    paths = [Path(p) for p in sys.argv[1:]] or [p for p in PROBES if p.exists()]
+    for path in paths:
+        probe = json.loads(path.read_text())
+        print(f"{path.name}: {probe['device']['name']}, torch {probe['device']['torch']}")
+        rows = layer_rows(probe)
+        if rows:
+            print(f"  {'layer (eager PyTorch, bf16)':34} {'meas ms':>8} {'pred ms':>8} {'err':>6} {'fa2 ms':>8}"
+                  f" {'meas MiB':>9} {'pred MiB':>9} {'err':>6}")
+        for r in rows:
+            print(f"  {r['case']:34} {r['measured_s'] * 1e3:8.2f} {r['predicted_s'] * 1e3:8.2f}"
+                  f" {r['predicted_s'] / r['measured_s'] - 1:+6.1%} {r['predicted_fa2_s'] * 1e3:8.2f}"
+                  f" {r['measured_bytes'] / 2**20:9.0f} {r['predicted_bytes'] / 2**20:9.0f}"
+                  f" {r['predicted_bytes'] / r['measured_bytes'] - 1:+6.1%}")
+        rows = titan_rows(probe)
+        if rows:
+            print(f"  {'torchtitan Llama-3-8B block, 8192 tokens':52} {'meas MiB':>9} {'pred MiB':>9} {'err':>6}")
+        for r in rows:
+            print(f"  {r['case']:52} {r['measured_bytes'] / 2**20:9.0f} {r['predicted_bytes'] / 2**20:9.0f}"
+                  f" {r['predicted_bytes'] / r['measured_bytes'] - 1:+6.1%}")
+        if probe.get("loss"):
+            loss = probe["loss"]
+            print(f"  loss cross_entropy(logits.float()): backward peak {loss['backward_peak_bytes_per_logit']:.2f} B "
+                  f"per logit; torchtitan profile: {load_profile('torchtitan').logit_bytes:g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,512 @@
+"""Measure, on one real GPU, the device constants the cost model assumes.
+
+Run on a machine with one NVIDIA GPU and PyTorch (not needed to build or test the project)::
+
+    python benchmarks/gpu_probe.py --out probe.json            # about 3 minutes on an H100
+
+It prints a line per figure and writes them all as JSON. Each section is independent; a section
+that fails records its error and the others still run. What it measures, and which constant in
+``topologies/data/devices.yaml`` each figure checks:
+
+- ``mamf``: maximum achievable matmul FLOP/s over a sweep of large GEMM shapes, bf16 and fp8
+  (``gemm.large``, ``gemm.large_fp8``), the method of ml-engineering's ``mamf-finder.py``: the best
+  of many shapes, random data, each shape timed after warm-up.
+- ``sustained``: the best shape run back to back for ``--sustain-s`` seconds, TFLOP/s per window
+  with the SM clock and power read from nvidia-smi: the power-saturated fraction
+  (``sustained_fraction``; ml-engineering's MSMF vs MAMF).
+- ``attention``: fused causal attention fwd and fwd+bwd through PyTorch's SDPA with the
+  FlashAttention-2 and the cuDNN backends (``attention_efficiency_fa2``, ``attention_efficiency``).
+- ``memory_bandwidth``: copy and triad through PyTorch (``memory_efficiency``).
+- ``launch``: the per-kernel cost of an eager PyTorch op too small to be GPU-bound
+  (``kernel_overhead_s``).
+- ``layers``: a decoder stack (Llama-style and GPT-style layers) trained fwd+bwd in eager PyTorch,
+  bf16, with its time per layer and its activation memory per layer, to compare with what
+  ``clusterplan evaluate`` predicts for the same shapes (``benchmarks/compare_probe.py``).
+- ``allocator``: a short AdamW training loop (fp32 master weights, bf16 autocast): peak allocated
+  vs peak reserved bytes of PyTorch's caching allocator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+RESULTS: dict = {}
+
+
+def log(*args) -> None:
+    print(*args, flush=True)
+
+
+def timed(fn, iters: int, warmup: int = 3) -> float:
+    """Mean seconds per call, CUDA events around ``iters`` back-to-back calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def smi() -> dict:
+    q = "clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        vals = [v.strip() for v in out.split(",")]
+        return dict(zip(q.split(","), vals))
+    except Exception as exc:  # noqa: BLE001 - a probe reports what it can
+        return {"error": repr(exc)}
+
+
+def section(name):
+    def wrap(fn):
+        def run(*a, **kw):
+            t0 = time.time()
+            try:
+                RESULTS[name] = fn(*a, **kw)
+            except Exception:  # noqa: BLE001
+                RESULTS[name] = {"error": traceback.format_exc(limit=3)}
+                log(f"[{name}] FAILED\n{RESULTS[name]['error']}")
+            RESULTS.setdefault("section_wall_s", {})[name] = round(time.time() - t0, 1)
+            return RESULTS[name]
+        return run
+    return wrap
+
+
+def gemm_fn(m, n, k, dtype):
+    if dtype == "fp8":
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
+        one = torch.ones((), device="cuda")
+        return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    return lambda: a @ b
+
+
+@section("mamf")
+def mamf(quick: bool):
+    ms = [4096, 6144, 8192, 16384]
+    ns = [4096, 8192, 14336, 17920, 28672]
+    ks = [2048, 2816, 4096, 8192]
+    if quick:
+        ms, ns, ks = [4096], [4096], [4096]
+    out = {}
+    for dtype in ("bf16", "fp8"):
+        rows = []
+        for m in ms:
+            for n in ns:
+                for k in ks:
+                    fn = gemm_fn(m, n, k, dtype)
+                    t = timed(fn, iters=10, warmup=2)
+                    rows.append((2 * m * n * k / t / 1e12, m, n, k))
+                    del fn
+        rows.sort(reverse=True)
+        fixed = gemm_fn(6144, 17920, 2816, dtype)  # ml-engineering's H100 MAMF shape
+        t_fixed = timed(fixed, iters=20)
+        out[dtype] = {"best_tflops": round(rows[0][0], 1), "best_shape": rows[0][1:],
+                      "median_tflops": round(sorted(r[0] for r in rows)[len(rows) // 2], 1),
+                      "mleng_shape_tflops": round(2 * 6144 * 17920 * 2816 / t_fixed / 1e12, 1),
+                      "top5": [(round(r[0], 1),) + r[1:] for r in rows[:5]], "shapes": len(rows),
+                      "rows": [(round(r[0], 1),) + r[1:] for r in rows]}
+        log(f"[mamf] {dtype}: best {out[dtype]['best_tflops']} TFLOP/s at {rows[0][1:]}, "
+            f"median {out[dtype]['median_tflops']}, mleng shape {out[dtype]['mleng_shape_tflops']}")
+        torch.cuda.empty_cache()
+    # alignment: a dimension that is not a multiple of 64 (BLOOM-style head and hidden sizes)
+    align = {}
+    for k in (4096, 4104, 4160, 13824, 13832):
+        fn = gemm_fn(8192, 8192, k, "bf16")
+        align[k] = round(2 * 8192 * 8192 * k / timed(fn, 10) / 1e12, 1)
+    out["alignment_k_tflops"] = align
+    log(f"[mamf] bf16 8192x8192xK by K: {align}")
+    return out
+
+
+@section("sustained")
+def sustained(seconds: float):
+    m, n, k = 8192, 8192, 8192
+    fn = gemm_fn(m, n, k, "bf16")
+    flops = 2 * m * n * k
+    windows = []
+    t_end = time.time() + seconds
+    while time.time() < t_end:
+        t = timed(fn, iters=200, warmup=0)
+        windows.append({"tflops": round(flops / t / 1e12, 1), **smi()})
+    first, last = windows[0]["tflops"], windows[-1]["tflops"]
+    tail = sorted(w["tflops"] for w in windows[len(windows) // 2:])
+    res = {"shape": [m, n, k], "windows": windows, "first_tflops": first,
+           "steady_tflops": tail[len(tail) // 2], "steady_over_first": round(tail[len(tail) // 2] / first, 3)}
+    log(f"[sustained] first {first}, steady {res['steady_tflops']} TFLOP/s over {len(windows)} windows; "
+        f"last {windows[-1]}")
+    return res
+
+
+@section("attention")
+def attention():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    tokens = 16384
+    out = []
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        for seq in (2048, 4096, 8192):
+            for d, heads in ((128, 32), (64, 32)):
+                b = tokens // seq
+                q, k_, v = (torch.randn(b, heads, seq, d, device="cuda", dtype=torch.bfloat16,
+                                        requires_grad=True) for _ in range(3))
+                fwd_flops = 4 * b * heads * seq * seq * d / 2  # causal: half the scores
+                try:
+                    with sdpa_kernel(backend):
+                        f = lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=True)
+                        t_f = timed(f, 10)
+                        o = f()
+                        g = torch.randn_like(o)
+
+                        def fb():
+                            y = F.scaled_dot_product_attention(q, k_, v, is_causal=True)
+                            y.backward(g)
+                        t_fb = timed(fb, 10)
+                    row = {"backend": backend.name, "seq": seq, "head_dim": d, "heads": heads, "batch": b,
+                           "fwd_tflops": round(fwd_flops / t_f / 1e12, 1),
+                           "fwd_bwd_tflops": round(3.5 * fwd_flops / t_fb / 1e12, 1),
+                           "bwd_tflops": round(2.5 * fwd_flops / max(t_fb - t_f, 1e-9) / 1e12, 1)}
+                except Exception as exc:  # noqa: BLE001
+                    row = {"backend": backend.name, "seq": seq, "head_dim": d, "error": repr(exc)[:200]}
+                out.append(row)
+                log(f"[attention] {row}")
+                del q, k_, v
+    return out
+
+
+@section("memory_bandwidth")
+def memory_bandwidth():
+    n = 1 << 28  # 268M bf16 elements = 512 MiB per tensor
+    x, y, z = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    t_copy = timed(lambda: x.copy_(y), 20)
+    t_triad = timed(lambda: torch.add(y, z, alpha=2.0, out=x), 20)
+    res = {"copy_bytes_per_s": 2 * 2 * n / t_copy, "triad_bytes_per_s": 3 * 2 * n / t_triad}
+    log(f"[memory_bandwidth] copy {res['copy_bytes_per_s'] / 1e12:.2f} TB/s, triad {res['triad_bytes_per_s'] / 1e12:.2f} TB/s")
+    return res
+
+
+@section("launch")
+def launch():
+    x = torch.ones(1024, device="cuda")
+    w = torch.ones(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    v = torch.ones(16, 1024, device="cuda", dtype=torch.bfloat16)
+    res = {"add_s": timed(lambda: x.add_(1.0), 5000, 50),
+           "small_matmul_s": timed(lambda: v @ w, 5000, 50),
+           "layer_norm_s": timed(lambda: F.layer_norm(v, (1024,)), 5000, 50)}
+    log(f"[launch] per eager op (CPU-bound): " + ", ".join(f"{k} {v_ * 1e6:.1f} us" for k, v_ in res.items()))
+    return res
+
+
+class Layer(torch.nn.Module):
+    """One decoder layer: pre-norm attention and MLP, as Megatron/torchtitan compute it (no dropout)."""
+
+    def __init__(self, hidden, heads, kv_heads, ffn, style):
+        super().__init__()
+        self.h, self.heads, self.kv, self.d, self.style = hidden, heads, kv_heads, hidden // heads, style
+        bias = style == "gpt"
+        self.qkv = torch.nn.Linear(hidden, (heads + 2 * kv_heads) * self.d, bias=bias)
+        self.proj = torch.nn.Linear(hidden, hidden, bias=bias)
+        if style == "llama":
+            self.up = torch.nn.Linear(hidden, 2 * ffn, bias=False)  # gate and up fused
+        else:
+            self.up = torch.nn.Linear(hidden, ffn, bias=True)
+        self.down = torch.nn.Linear(ffn, hidden, bias=bias)
+        self.n1 = torch.nn.RMSNorm(hidden) if style == "llama" else torch.nn.LayerNorm(hidden)
+        self.n2 = torch.nn.RMSNorm(hidden) if style == "llama" else torch.nn.LayerNorm(hidden)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.n1(x)).split([self.heads * self.d, self.kv * self.d, self.kv * self.d], -1)
+        q = q.view(b, s, self.heads, self.d).transpose(1, 2)
+        k = k.view(b, s, self.kv, self.d).transpose(1, 2)
+        v = v.view(b, s, self.kv, self.d).transpose(1, 2)
+        if self.kv != self.heads:  # repeat the shared K/V heads, as torchtitan's repeat_kv does
+            k = k.repeat_interleave(self.heads // self.kv, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, self.h))
+        u = self.up(self.n2(x))
+        if self.style == "llama":
+            g, u = u.chunk(2, -1)
+            u = F.silu(g) * u
+        else:
+            u = F.gelu(u)
+        return x + self.down(u)
+
+
+LAYER_CASES = [
+    # name, hidden, heads, kv_heads, ffn, style, seq, micro_batch, layers
+    ("llama3-8b-layer-s8192-mb1", 4096, 32, 8, 14336, "llama", 8192, 1, 4),
+    ("llama3-8b-layer-s4096-mb2", 4096, 32, 8, 14336, "llama", 4096, 2, 4),
+    ("gpt-h6144-s2048-mb4", 6144, 48, 48, 24576, "gpt", 2048, 4, 4),
+    ("gpt-h2048-s2048-mb8", 2048, 16, 16, 8192, "gpt", 2048, 8, 8),
+]
+
+
+@section("layers")
+def layers():
+    out = []
+    for name, hidden, heads, kv, ffn, style, seq, mb, n in LAYER_CASES:
+        torch.cuda.empty_cache()
+        stack = torch.nn.Sequential(*[Layer(hidden, heads, kv, ffn, style) for _ in range(n)]).cuda().bfloat16()
+        x = torch.randn(mb, seq, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        g = torch.randn_like(x)
+
+        def step():
+            stack(x).backward(g)
+
+        t = timed(step, 5, warmup=2)
+        t_fwd = timed(lambda: stack(x).detach(), 5, warmup=1)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        y = stack(x)
+        act = torch.cuda.memory_allocated() - base
+        y.backward(g)
+        del y
+        params = sum(p.numel() for p in stack.parameters())
+        tokens = mb * seq
+        d = hidden // heads
+        gemm_flops = 2 * tokens * params  # weights only (biases and norms are negligible)
+        attn_flops = 4 * mb * heads * seq * seq * d / 2  # causal half, per layer, forward
+        flops = 3 * gemm_flops + 3.5 * attn_flops * n
+        row = {"case": name, "hidden": hidden, "heads": heads, "kv_heads": kv, "ffn": ffn, "style": style,
+               "seq": seq, "micro_batch": mb, "layers": n, "fwd_bwd_s_per_layer": t / n,
+               "fwd_s_per_layer": t_fwd / n, "activation_bytes_per_layer": act / n,
+               "achieved_tflops": round(flops / t / 1e12, 1)}
+        out.append(row)
+        log(f"[layers] {name}: fwd+bwd {t / n * 1e3:.2f} ms/layer, fwd {t_fwd / n * 1e3:.2f} ms/layer, "
+            f"activations {act / n / 2**20:.0f} MiB/layer, {row['achieved_tflops']} TFLOP/s (causal count)")
+        del stack, x, g
+    return out
+
+
+@section("allocator")
+def allocator():
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    hidden, heads, kv, ffn, seq, mb, n = 4096, 32, 8, 14336, 4096, 1, 8
+    stack = torch.nn.Sequential(*[Layer(hidden, heads, kv, ffn, "llama") for _ in range(n)]).cuda()
+    opt = torch.optim.AdamW(stack.parameters(), lr=1e-5, fused=True)
+    x = torch.randn(mb, seq, hidden, device="cuda")
+    for _ in range(4):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = stack(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    params = sum(p.numel() for p in stack.parameters())
+    st = torch.cuda.memory_stats()
+    res = {"params": params, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+           "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+           "weights_grads_adam_bytes": params * 16,
+           "num_alloc_retries": st.get("num_alloc_retries", 0)}
+    res["reserved_over_allocated"] = round(res["peak_reserved_bytes"] / res["peak_allocated_bytes"], 4)
+    free, total = torch.cuda.mem_get_info()
+    res["context_bytes"] = total - free - torch.cuda.memory_reserved()
+    log(f"[allocator] {json.dumps(res)}")
+    return res
+
+
+class TitanBlock(torch.nn.Module):
+    """torchtitan's Llama 3 TransformerBlock as its model.py writes it (v0.2.2): separate wq/wk/wv,
+    rotary embedding through fp32 complex views, ``repeat_kv`` (or SDPA's ``enable_gqa``, torchtitan
+    since 2026-01), ``transpose(1, 2).contiguous()`` before wo, ``w2(silu(w1 x) * w3 x)``."""
+
+    def __init__(self, hidden, heads, kv_heads, ffn, gqa_native):
+        super().__init__()
+        self.h, self.heads, self.kv, self.d, self.gqa_native = hidden, heads, kv_heads, hidden // heads, gqa_native
+        self.wq = torch.nn.Linear(hidden, heads * self.d, bias=False)
+        self.wk = torch.nn.Linear(hidden, kv_heads * self.d, bias=False)
+        self.wv = torch.nn.Linear(hidden, kv_heads * self.d, bias=False)
+        self.wo = torch.nn.Linear(heads * self.d, hidden, bias=False)
+        self.w1 = torch.nn.Linear(hidden, ffn, bias=False)
+        self.w2 = torch.nn.Linear(ffn, hidden, bias=False)
+        self.w3 = torch.nn.Linear(hidden, ffn, bias=False)
+        self.attention_norm = torch.nn.RMSNorm(hidden)
+        self.ffn_norm = torch.nn.RMSNorm(hidden)
+
+    def rope(self, x, freqs):
+        x_ = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(x_ * freqs).flatten(3).type_as(x)
+
+    def forward(self, x, freqs):
+        b, s, _ = x.shape
+        y = self.attention_norm(x)
+        xq = self.wq(y).view(b, s, self.heads, self.d)
+        xk = self.wk(y).view(b, s, self.kv, self.d)
+        xv = self.wv(y).view(b, s, self.kv, self.d)
+        xq, xk = self.rope(xq, freqs), self.rope(xk, freqs)
+        if not self.gqa_native and self.kv != self.heads:
+            rep = self.heads // self.kv
+            xk = xk[:, :, :, None, :].expand(b, s, self.kv, rep, self.d).reshape(b, s, self.heads, self.d)
+            xv = xv[:, :, :, None, :].expand(b, s, self.kv, rep, self.d).reshape(b, s, self.heads, self.d)
+        o = F.scaled_dot_product_attention(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2),
+                                           is_causal=True, enable_gqa=self.gqa_native and self.kv != self.heads)
+        x = x + self.wo(o.transpose(1, 2).contiguous().view(b, s, -1))
+        y = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+def _op_sac_context():
+    """torchtitan's per-op SAC policy (distributed/activation_checkpoint.py, llama3 _op_sac_save_list)."""
+    from collections import defaultdict
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    ops = torch.ops.aten
+    save = {ops.mm.default, ops._scaled_dot_product_efficient_attention.default,
+            ops._scaled_dot_product_flash_attention.default, ops._scaled_dot_product_cudnn_attention.default,
+            ops.max.default}
+    meta = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = ("recompute" if ctx.is_recompute else "forward") + "_mm_count"
+        if func == ops.mm.default:
+            meta[key] += 1
+        keep = func in save and not (func == ops.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
+
+
+class Wrapped(torch.nn.Module):
+    def __init__(self, block, mode):
+        super().__init__()
+        self.block, self.mode = block, mode
+
+    def forward(self, x, freqs):
+        from torch.utils.checkpoint import checkpoint
+        if self.mode == "full":
+            return checkpoint(self.block, x, freqs, use_reentrant=False)
+        if self.mode == "op_sac":
+            return checkpoint(self.block, x, freqs, use_reentrant=False, context_fn=_op_sac_context)
+        return self.block(x, freqs)
+
+
+@section("titan_layers")
+def titan_layers(compile_too: bool):
+    hidden, heads, kv, ffn, seq, mb, n = 4096, 32, 8, 14336, 8192, 1, 4
+    d = hidden // heads
+    freqs = torch.polar(torch.ones(seq, d // 2, device="cuda"),
+                        torch.outer(torch.arange(seq, device="cuda").float(),
+                                    1.0 / (500000 ** (torch.arange(0, d, 2, device="cuda").float() / d))))
+    freqs = freqs.view(1, seq, 1, d // 2)
+    out = []
+    cases = [(g, m, False) for g in (False, True) for m in ("none", "op_sac", "full")]
+    if compile_too:
+        cases += [(False, "none", True), (False, "op_sac", True)]
+    for gqa_native, mode, compiled in cases:
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()
+        blocks = [Wrapped(TitanBlock(hidden, heads, kv, ffn, gqa_native), mode).cuda().bfloat16() for _ in range(n)]
+        if compiled:
+            blocks = [torch.compile(b) for b in blocks]
+        x = torch.randn(mb, seq, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        g = torch.randn_like(x)
+
+        def run(keep=False):
+            y = x
+            for b in blocks:
+                y = b(y, freqs)
+            if keep:
+                return y
+            y.backward(g)
+
+        t0 = time.time()
+        t = timed(run, 4, warmup=2)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        y = run(keep=True)
+        act = torch.cuda.memory_allocated() - base - y.numel() * y.element_size()
+        y.backward(g)
+        peak = torch.cuda.max_memory_allocated() - base
+        del y
+        row = {"gqa_native": gqa_native, "ac": mode, "compiled": compiled, "seq": seq, "micro_batch": mb,
+               "layers": n, "activation_bytes_per_layer": act / n, "peak_over_base_bytes": peak,
+               "fwd_bwd_s_per_layer": t / n, "wall_s": round(time.time() - t0, 1)}
+        out.append(row)
+        log(f"[titan_layers] gqa_native={gqa_native} ac={mode} compiled={compiled}: "
+            f"{act / n / 2**20:.0f} MiB/layer kept, fwd+bwd {t / n * 1e3:.2f} ms/layer, "
+            f"peak over base {peak / 2**30:.2f} GiB ({row['wall_s']} s)")
+        del blocks, x, g
+    return out
+
+
+@section("loss")
+def loss_memory():
+    """Bytes per logit held by torchtitan's loss, cross_entropy(logits.float(), labels), at its peak."""
+    n, h, v = 8192, 4096, 128256
+    x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(v, h, device="cuda", dtype=torch.bfloat16, requires_grad=True) * 0.02
+    w = w.detach().requires_grad_(True)
+    labels = torch.randint(0, v, (n,), device="cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss = F.cross_entropy((x @ w.t()).float(), labels)
+    kept = torch.cuda.memory_allocated() - base
+    fwd_peak = torch.cuda.max_memory_allocated() - base
+    torch.cuda.reset_peak_memory_stats()
+    loss.backward()
+    bwd_peak = torch.cuda.max_memory_allocated() - base
+    res = {"tokens": n, "vocab": v, "kept_bytes_per_logit": kept / (n * v),
+           "forward_peak_bytes_per_logit": fwd_peak / (n * v), "backward_peak_bytes_per_logit": bwd_peak / (n * v)}
+    log(f"[loss] {json.dumps(res)}")
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="gpu_probe.json")
+    p.add_argument("--sustain-s", type=float, default=40.0)
+    p.add_argument("--quick", action="store_true", help="one GEMM shape, 5 s sustained: a smoke test")
+    p.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile cases of titan_layers")
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        print("error: no CUDA device", file=sys.stderr)
+        return 2
+    props = torch.cuda.get_device_properties(0)
+    RESULTS["device"] = {"name": props.name, "sm_count": props.multi_processor_count,
+                         "memory_bytes": props.total_memory, "torch": torch.__version__,
+                         "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), **smi()}
+    log(f"[device] {RESULTS['device']}")
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    def save():
+        with open(a.out, "w") as fh:
+            json.dump(RESULTS, fh, indent=1, default=str)
+
+    sections = {"launch": (launch, ()), "memory_bandwidth": (memory_bandwidth, ()), "mamf": (mamf, (a.quick,)),
+                "attention": (attention, ()), "layers": (layers, ()), "titan_layers": (titan_layers, (not a.no_compile,)),
+                "loss": (loss_memory, ()), "allocator": (allocator, ()),
+                "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
+    only = [x for x in a.only.split(",") if x]
+    for name in only:
+        if name not in sections:
+            print(f"error: --only: unknown section {name!r}; allowed: {', '.join(sections)}", file=sys.stderr)
+            return 2
+    for name, (fn, args) in sections.items():
+        if not only or name in only:
+            fn(*args)
+            save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
