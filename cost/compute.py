@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from models.ops import Op
+from models.ops import ACT_BYTES, Op
 from topologies.devices import DeviceSpec
 
 BACKWARD_FACTOR = {"gemm": 2.0, "attention": 2.5, "bmm": 2.0, "memory": 2.0}
@@ -82,6 +82,31 @@ def _shape_efficiency(op: Op, device: DeviceSpec) -> float:
     return min(1.0, own / ref)
 
 
+def _output_elements(op: Op, backward: bool) -> float:
+    """Elements a GEMM writes: its output forward; backward, the input gradient (``M x K``) and the
+    weight gradient (``K x N``)."""
+    k = op.flops / (2.0 * op.groups * op.rows * op.cols)
+    return op.groups * (op.rows * k + k * op.cols) if backward else op.groups * op.rows * op.cols
+
+
+def _epilogue_s(op: Op, device: DeviceSpec, backward: bool) -> float:
+    """Writing a GEMM's output tiles, after each tile's K loop: time the main loop does not hide.
+
+    A tile's accumulators are written to memory once its whole K loop is done (the epilogue), so the
+    write adds to the loop rather than overlapping it: a GEMM with a short K spends a larger share in
+    its epilogue. Measured on an H200 by benchmarks/gpu_probe.py over 80 shapes (docs/cost-model.md):
+    going from K = 8192 to K = 2048 costs bf16 GEMMs 8% and FP8 GEMMs 20% of their throughput; this
+    term predicts the change to 2.0% (bf16) and 5.6% (fp8) mean error, against 4.4% and 13% without
+    it. The K loop is taken to run at the MAMF rate, so no shape is priced faster than the measured
+    maximum; that is conservative by the MAMF shape's own epilogue share (2.3% at the H200 probe's
+    best shape, K = 8192; 9% at ml-engineering's H100 shape, K = 2816). On the probe's decoder
+    layers this version predicted -3.2% to +0.6%, against -5.0% to -2.5% with the K loop rescaled to
+    reproduce the MAMF shape exactly. Charged on devices whose MAMF shape is known (NVIDIA)."""
+    if not device.gemm.mamf_shape or op.rows <= 0 or op.cols <= 0:
+        return 0.0
+    return ACT_BYTES * _output_elements(op, backward) / memory_rate(device)
+
+
 def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False) -> float:
     """Seconds for ``op`` (its backward when ``backward``) on one device."""
     factor = (op.backward_factor or BACKWARD_FACTOR[op.kind]) if backward else 1.0
@@ -91,11 +116,12 @@ def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False
     elif op.kind == "attention":
         compute_s = op.flops * op.causal_fraction * factor / attention_rate(device, precision, op.variant)
     elif op.kind == "bmm":  # unfused attention's batched GEMMs: cuBLAS, 16-bit even in FP8 training
-        compute_s = op.flops * factor / gemm_rate(device, "bf16" if precision == "fp8" else precision)
-        compute_s /= _shape_efficiency(op, device)
+        dtype = "bf16" if precision == "fp8" else precision
+        compute_s = op.flops * factor / (gemm_rate(device, dtype))
+        compute_s = compute_s / _shape_efficiency(op, device) + _epilogue_s(op, device, backward)
     else:
-        compute_s = op.flops * factor / gemm_rate(device, precision)
-        compute_s /= _shape_efficiency(op, device)
+        compute_s = op.flops * factor / (gemm_rate(device, precision))
+        compute_s = compute_s / _shape_efficiency(op, device) + _epilogue_s(op, device, backward)
         if precision == "fp8" and device.supports("fp8"):
             mem_s += FP8_CAST_BYTES_PER_ELEMENT * op.input_elements * factor / memory_rate(device)
     kernels = 2 if backward and op.kind == "gemm" else 1

@@ -916,10 +916,11 @@ def ceil_div(a: int, b: int) -> int:
 def test_small_gemms_follow_the_measured_h100_size_curve():
     """The H100 size curve (calibration-sources.md (b), bf16 square GEMMs: 176.6 TFLOP/s at 1024^3,
     788.7 at 4096^3) is reproduced within 35% at the small end by wave quantization alone; the large
-    end is MAMF. Per-kernel overhead adds on top (3 us on a 12 us GEMM)."""
+    end is MAMF less the output write (the epilogue, 5% of a 4096^3 GEMM on H100: within 7%).
+    Per-kernel overhead adds on top (3 us on a 12 us GEMM)."""
     dev = build_cluster("dgx-h100-superpod", num_devices=8).device
     rate = lambda n: 2 * n**3 / (op_time_s(_square(n), dev, "bf16") - dev.kernel_overhead_s)
-    assert rate(4096) / 1e12 == pytest.approx(788.7 * dev.sustained_fraction, rel=0.05)
+    assert rate(4096) / 1e12 == pytest.approx(788.7 * dev.sustained_fraction, rel=0.07)
     assert rate(1024) / 1e12 == pytest.approx(176.6 * dev.sustained_fraction, rel=0.35)
     assert rate(1024) < 0.3 * rate(4096)
 
