@@ -33,24 +33,25 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from cost.framework import FRAMEWORKS, default_framework, framework_defaults, load_profile, resolve_name as resolve_framework
-from cost.layout import Job, Layout, given_keys, parse_layout
-from models.ops import ATTENTION_KINDS
-from cost.step import evaluate
-from models.errors import ClusterplanError, InfeasibleError, SpecError
-from models.library import job_defaults, list_models, load_model, resolve_model_id
-from models.spec import ModelSpec
-from planner.plan import PLANNER_VERSION, evaluation_document, plan_document
-from planner.search import ENGINES, SearchOptions, check_layout, plan
-from planner.space import REASONS, parse_bounds
-from planner.validate import markdown_report, validate
-from planner.chart import check_chart_path, compare_chart, sweep_chart
-from planner.whatif import (OBJECTIVES, SWEEP_KNOBS, check_sweep_options, compare, csv_text, parse_candidate,
+from clusterplan.cost.framework import FRAMEWORKS, default_framework, framework_defaults, load_profile, resolve_name as resolve_framework
+from clusterplan.cost.layout import Job, Layout, given_keys, parse_layout
+from clusterplan.models.ops import ATTENTION_KINDS
+from clusterplan.cost.step import evaluate
+from clusterplan.models.files import parse_json, read_text
+from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
+from clusterplan.models.library import job_defaults, list_models, load_model, resolve_model_id
+from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.plan import PLANNER_VERSION, SCHEMA as PLAN_DOC_SCHEMA, evaluation_document, plan_document
+from clusterplan.planner.search import ENGINES, SearchOptions, check_layout, plan
+from clusterplan.planner.space import REASONS, parse_bounds
+from clusterplan.planner.validate import markdown_report, validate
+from clusterplan.planner.chart import check_chart_path, compare_chart, sweep_chart
+from clusterplan.planner.whatif import (OBJECTIVES, SWEEP_KNOBS, check_sweep_options, compare, csv_text, parse_candidate,
                             parse_over, rank, sweep)
-from planner.export import FORMATS as EXPORT_FORMATS, export, export_framework
-from planner.fit import fewest_devices, fit_hint, smallest_device
-from topologies.cluster import Cluster
-from topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
+from clusterplan.planner.export import FORMATS as EXPORT_FORMATS, export, export_framework
+from clusterplan.planner.fit import fewest_devices, fit_hint, smallest_device
+from clusterplan.topologies.cluster import Cluster
+from clusterplan.topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
 
 EXIT_BUG = 1
 GIB = 2**30
@@ -864,6 +865,42 @@ def _ranking_lines(rk: dict, console: Console) -> None:
                           + (" ..." if len(g["wrong"]) > 3 else ""))
 
 
+PLAN_FILE_MAX_BYTES = 16 * 2**20  # a Plan document is a few KB; anything near this is not one
+
+
+@click.command("render")
+@click.argument("plan_file", metavar="PLAN.json")
+@guarded
+def render_command(plan_file):
+    """Print the report of a saved Plan document (the JSON of `plan --json` or `evaluate --json`)
+    from the document alone: no model, cluster or search is loaded again.
+
+    Example:  clusterplan plan --model gpt --cluster dgx-superpod --json > plan.json
+              clusterplan render plan.json
+    """
+    render_report(read_plan_document(plan_file), _console())
+
+
+REPORT_KEYS = ("inputs", "layout", "num_devices", "step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_bytes",
+               "device_memory_bytes", "fits", "overflow_bytes", "memory", "breakdown")
+
+
+def read_plan_document(path_text: str) -> dict:
+    """A Plan document from a file, checked: a regular file, of bounded size, JSON, schema
+    ``clusterplan-plan/1`` with the keys the report reads; else SpecError (exit 2)."""
+    doc = parse_json(read_text(path_text, "PLAN.json", PLAN_FILE_MAX_BYTES), f"PLAN.json {path_text!r}")
+    if not isinstance(doc, dict) or doc.get("schema") != PLAN_DOC_SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise SpecError(f"PLAN.json: schema: got {got!r}; expected {PLAN_DOC_SCHEMA!r} (the output of plan/evaluate --json)")
+    missing = [k for k in REPORT_KEYS if k not in doc]
+    cluster = doc["inputs"].get("cluster") if isinstance(doc.get("inputs"), dict) else None
+    if not missing and not (isinstance(cluster, dict) and "device_name" in cluster):
+        missing = ["inputs.cluster.device_name"]
+    if missing:
+        raise SpecError(f"PLAN.json: missing {', '.join(missing)}; write it with this version's plan/evaluate --json")
+    return doc
+
+
 @click.group("clusterplan", cls=Group)
 @click.version_option(PLANNER_VERSION, prog_name="clusterplan")
 def main():
@@ -877,7 +914,7 @@ def main():
 
 
 for _command in (plan_command, evaluate_command, explain_command, compare_command, sweep_command, export_command,
-                 fit_command, validate_command, models_command, clusters_command, devices_command):
+                 fit_command, validate_command, render_command, models_command, clusters_command, devices_command):
     main.add_command(_command)
 
 plan_main = plan_command
@@ -906,10 +943,11 @@ def run_plan() -> None:
 
 # ---- output ------------------------------------------------------------------------------------------
 def emit(doc: dict, cluster: Cluster, origin: dict[str, str], as_json: bool) -> None:
+    doc["inputs"]["origin"] = dict(origin)  # where each job figure came from: `render` prints it again
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
-        render_report(doc, cluster, origin, _console())
+        render_report(doc, _console())
 
 
 def _console() -> Console:
@@ -946,13 +984,13 @@ TIME_LABELS = {"compute": "compute (forward + backward)", "recompute": "recomput
 SHORT_KNOBS = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
 
 
-def render_report(doc: dict, cluster: Cluster, origin: dict[str, str], console: Console) -> None:
-    """The human report of a Plan document (plan or evaluate)."""
-    _header(doc, cluster, origin, console)
+def render_report(doc: dict, console: Console) -> None:
+    """The human report of a Plan document (plan or evaluate), from the document alone."""
+    _header(doc, doc["inputs"].get("origin") or {}, console)
     _figures(doc, console)
     _memory(doc, console)
     _time(doc, console)
-    _training(doc, cluster, console)
+    _training(doc, console)
     if doc.get("search"):
         _runners_up(doc, console)
         _why(doc, console)
@@ -960,15 +998,14 @@ def render_report(doc: dict, cluster: Cluster, origin: dict[str, str], console: 
         _search(doc, console)
 
 
-def _header(doc: dict, cluster: Cluster, origin: dict[str, str], console: Console) -> None:
-    model, job = doc["inputs"]["model"], doc["inputs"]["job"]
+def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
+    model, job, cluster = doc["inputs"]["model"], doc["inputs"]["job"], doc["inputs"]["cluster"]
     params = f"{_count(model['num_params'])} parameters"
     if model["num_active_params"] != model["num_params"]:
         params += f", {_count(model['num_active_params'])} active"
-    device = cluster.device
     console.print(f"model    {model['name']} ({params}, {model['num_layers']} layers)")
-    console.print(f"cluster  {cluster.name} ({cluster.id}): {doc['num_devices']:,} x {device.name}, "
-                  f"{device.memory_bytes / GIB:.1f} GiB {device.memory_kind.upper()} each")
+    console.print(f"cluster  {cluster['name']} ({cluster['id']}): {doc['num_devices']:,} x {cluster['device_name']}, "
+                  f"{doc['device_memory_bytes'] / GIB:.1f} GiB {cluster['device_memory_kind'].upper()} each")
     tokens = job["global_batch_size"] * job["seq_len"]
     line = (f"job      global batch {job['global_batch_size']:,} sequences x {job['seq_len']:,} tokens "
             f"= {_count(tokens)} tokens/step, {job['precision']}")
@@ -1071,7 +1108,7 @@ def _time(doc: dict, console: Console) -> None:
     console.print()
 
 
-def _training(doc: dict, cluster: Cluster, console: Console) -> None:
+def _training(doc: dict, console: Console) -> None:
     seconds = doc.get("time_to_train_s")
     if not seconds:
         console.print("time to train: pass --tokens (e.g. --tokens 300e9) for time, energy and cost to train")
@@ -1084,7 +1121,7 @@ def _training(doc: dict, cluster: Cluster, console: Console) -> None:
     if cost is None:
         cost_text = "cost n/a (no price for the device)"
     else:
-        cost_text = f"${cost:,.0f} at ${cluster.device.price_per_hour_usd:.2f} per device-hour"
+        cost_text = f"${cost:,.0f} at ${doc['inputs']['cluster']['price_per_device_hour_usd']:.2f} per device-hour"
     console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)}, {energy_text}, {cost_text}")
     console.print()
 

@@ -21,12 +21,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cost.compute import ops_time_s  # noqa: E402
-from cost.framework import load_profile  # noqa: E402
-from cost.terms import activation_bytes, op_sac_activation_bytes  # noqa: E402
-from models.ops import ACT_BYTES, layer_ops  # noqa: E402
-from models.spec import ModelSpec  # noqa: E402
-from topologies.library import load_device  # noqa: E402
+from clusterplan.cost.compute import ops_time_s  # noqa: E402
+from clusterplan.cost.framework import load_profile  # noqa: E402
+from clusterplan.cost.terms import activation_bytes, op_sac_activation_bytes  # noqa: E402
+from clusterplan.models.ops import ACT_BYTES, layer_ops  # noqa: E402
+from clusterplan.models.spec import ModelSpec  # noqa: E402
+from clusterplan.topologies.library import load_device  # noqa: E402
 
 DEVICE_OF = {"NVIDIA H200": "h200-sxm-141gb", "NVIDIA H100 80GB HBM3": "h100-sxm5-80gb"}
 RESULTS = REPO / "benchmarks" / "results"

@@ -58,10 +58,10 @@ CASES = (
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from cost.layout import Job
-from models.library import get_model
-from planner.search import SearchOptions, plan
-from topologies.library import build_cluster
+from clusterplan.cost.layout import Job
+from clusterplan.models.library import get_model
+from clusterplan.planner.search import SearchOptions, plan
+from clusterplan.topologies.library import build_cluster
 args = json.loads(sys.argv[1])
 t1 = time.perf_counter()
 cluster = build_cluster(args["cluster"], num_devices=args["num_devices"])

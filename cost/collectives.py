@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from topologies.cluster import GroupProfile
+from clusterplan.topologies.cluster import GroupProfile
 
 
 def _ring_bandwidth(p: GroupProfile) -> float:

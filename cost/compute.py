@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 
-from models.ops import ACT_BYTES, Op
-from topologies.devices import DeviceSpec
+from clusterplan.models.ops import ACT_BYTES, Op
+from clusterplan.topologies.devices import DeviceSpec
 
 BACKWARD_FACTOR = {"gemm": 2.0, "attention": 2.5, "bmm": 2.0, "memory": 2.0}
 UNMEASURED_ATTENTION_OVER_MAMF = 0.5

@@ -18,8 +18,8 @@ does on one cluster; it differs across clusters (``clusterplan compare``).
 
 from __future__ import annotations
 
-from models.errors import SpecError
-from topologies.cluster import Cluster
+from clusterplan.models.errors import SpecError
+from clusterplan.topologies.cluster import Cluster
 
 OBJECTIVES: tuple[str, ...] = ("time", "cost", "energy")
 

@@ -19,7 +19,7 @@ from importlib import resources
 
 import yaml
 
-from models.errors import SpecError
+from clusterplan.models.errors import SpecError
 
 FORMAT = "clusterplan-framework/1"
 FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext")
@@ -206,7 +206,7 @@ def framework_defaults(layout, given: set[str], prof: ProfileAt, family: str):
 
 
 def _load_text(framework_id: str) -> str:
-    path = resources.files("cost") / "data" / "frameworks" / f"{framework_id}.yaml"
+    path = resources.files("clusterplan.cost") / "data" / "frameworks" / f"{framework_id}.yaml"
     return path.read_text()
 
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from cost.framework import FRAMEWORKS, ProfileAt, load_profile, parse_date
-from models.errors import SpecError
-from models.ops import ATTENTION_KINDS
-from topologies.cluster import TORUS_AXES
+from clusterplan.cost.framework import FRAMEWORKS, ProfileAt, load_profile, parse_date
+from clusterplan.models.errors import SpecError
+from clusterplan.models.ops import ATTENTION_KINDS
+from clusterplan.topologies.cluster import TORUS_AXES
 
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from cost.framework import framework_refusal, unoffered
-from cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis
-from cost.terms import (
+from clusterplan.cost.framework import framework_refusal, unoffered
+from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis
+from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
     layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s, param_counts,
     static_memory,
 )
 
-from models.ops import model_flops_per_token
-from models.spec import ModelSpec
-from topologies.cluster import Cluster
+from clusterplan.models.ops import model_flops_per_token
+from clusterplan.models.spec import ModelSpec
+from clusterplan.topologies.cluster import Cluster
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cost import collectives as coll
-from cost.compute import gemm_time_s, op_time_s, ops_time_s
-from cost.layout import Job, Layout, split_order
-from models.ops import ACT_BYTES, head_ops, layer_ops
-from models.spec import ModelSpec
-from topologies.cluster import Cluster
+from clusterplan.cost import collectives as coll
+from clusterplan.cost.compute import gemm_time_s, op_time_s, ops_time_s
+from clusterplan.cost.layout import Job, Layout, split_order
+from clusterplan.models.ops import ACT_BYTES, head_ops, layer_ops
+from clusterplan.models.spec import ModelSpec
+from clusterplan.topologies.cluster import Cluster
 
 OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhandari et al. 2020)
 WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)

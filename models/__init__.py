@@ -1,8 +1,8 @@
 """Model descriptions: the spec, the bundled library, file and Hugging Face import."""
 
-from models.errors import ClusterplanError, InfeasibleError, SolverError, SpecError
-from models.spec import MLASpec, MoESpec, ModelSpec
-from models.library import (
+from clusterplan.models.errors import ClusterplanError, InfeasibleError, SolverError, SpecError
+from clusterplan.models.spec import MLASpec, MoESpec, ModelSpec
+from clusterplan.models.library import (
     ModelEntry,
     get_model,
     job_defaults,
@@ -12,7 +12,7 @@ from models.library import (
     load_model_library,
     model_from_mapping,
 )
-from models.hf import from_hf_config
+from clusterplan.models.hf import from_hf_config
 
 __all__ = [
     "ClusterplanError", "InfeasibleError", "SolverError", "SpecError", "MLASpec", "MoESpec", "ModelSpec",

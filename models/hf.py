@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from models.errors import SpecError
-from models.library import model_from_mapping
-from models.spec import ModelSpec
+from clusterplan.models.errors import SpecError
+from clusterplan.models.library import model_from_mapping
+from clusterplan.models.spec import ModelSpec
 
 MAX_DEFAULT_SEQ_LEN = 8192
 """Cap on the default seq_len taken from a config (see the module docstring)."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -30,8 +29,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from models.errors import SpecError
-from models.spec import ModelSpec
+from clusterplan.models.files import parse_json, parse_yaml, read_text
+from clusterplan.models.errors import SpecError
+from clusterplan.models.spec import ModelSpec
 
 LIBRARY_RESOURCE = ("data", "models.yaml")
 """Location of the bundled library inside the ``models`` package."""
@@ -70,7 +70,7 @@ class ModelEntry:
 @lru_cache(maxsize=1)
 def _library() -> dict[str, dict]:
     """Parse the bundled YAML once; read through importlib.resources so wheels work too."""
-    text = resources.files("models").joinpath(*LIBRARY_RESOURCE).read_text(encoding="utf-8")
+    text = resources.files("clusterplan.models").joinpath(*LIBRARY_RESOURCE).read_text(encoding="utf-8")
     entries = yaml.safe_load(text)["models"]
     assert isinstance(entries, dict) and entries, "models.yaml must map model ids to entries"
     return entries
@@ -218,7 +218,7 @@ def load_model_file(path: str | Path) -> ModelSpec:
     SpecError
         If the file is missing, unreadable, malformed or not a valid spec.
     """
-    from models import hf  # imported here: models.hf builds on this module
+    from clusterplan.models import hf  # imported here: models.hf builds on this module
 
     path = Path(path)
     data = _read_mapping(path)
@@ -238,14 +238,11 @@ def _hf_model_name(path: Path, cfg: Mapping) -> str:
 
 
 def _read_mapping(path: Path) -> dict:
-    if not path.is_file():
+    if not path.exists():
         hint = ("; Hugging Face hub ids are not downloaded: fetch the repository's config.json and "
                 "pass its path") if path.suffix == "" and "/" in str(path) else ""
         raise SpecError(f"model: file {str(path)!r} does not exist{hint}; {_LIST_HINT}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpecError(f"model: cannot read {str(path)!r}: {err}") from None
+    text = read_text(path, "model")
     data = _parse_json(text, path) if path.suffix.lower() == ".json" else _parse_yaml(text, path)
     if not isinstance(data, dict):
         raise SpecError(
@@ -255,20 +252,11 @@ def _read_mapping(path: Path) -> dict:
 
 
 def _parse_json(text: str, path: Path) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise SpecError(f"{path}: line {err.lineno} column {err.colno}: invalid JSON: {err.msg}") from None
+    return parse_json(text, str(path))
 
 
 def _parse_yaml(text: str, path: Path) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}:" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise SpecError(f"{path}:{where} invalid YAML: {problem}") from None
+    return parse_yaml(text, str(path))
 
 
 def model_from_mapping(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from models.spec import ModelSpec
+from clusterplan.models.spec import ModelSpec
 
 OpKind = Literal["gemm", "attention", "bmm", "memory"]
 ACT_BYTES = 2  # 16-bit activations

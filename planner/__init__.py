@@ -4,8 +4,8 @@ The layout and job types live in ``cost.layout`` (every cost function takes them
 re-exported here with the search entry points.
 """
 
-from cost.layout import Job, Layout, parse_layout
-from planner.search import SearchOptions, SearchResult, plan
-from planner.space import Bounds, parse_bounds
+from clusterplan.cost.layout import Job, Layout, parse_layout
+from clusterplan.planner.search import SearchOptions, SearchResult, plan
+from clusterplan.planner.space import Bounds, parse_bounds
 
 __all__ = ["Bounds", "Job", "Layout", "SearchOptions", "SearchResult", "parse_bounds", "parse_layout", "plan"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from models.errors import SpecError
+from clusterplan.models.errors import SpecError
 
 INSTALL_HINT = "install matplotlib (pip install 'clusterplan[chart]')"
 CHART_SUFFIXES = (".png", ".svg", ".pdf")

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from cost.terms import NUM_GRAD_BUCKETS
-from models.errors import SolverError
-from planner.exhaustive import DIMS, _place, layer_time, overlapped
-from planner.tables import SHARE_PARTS, SLOT_QUANTUM, Tables
+from clusterplan.cost.terms import NUM_GRAD_BUCKETS
+from clusterplan.models.errors import SolverError
+from clusterplan.planner.exhaustive import DIMS, _place, layer_time, overlapped
+from clusterplan.planner.tables import SHARE_PARTS, SLOT_QUANTUM, Tables
 
 ELEMENT_MAX_ENTRIES = 64
 OBJECTIVE_LIMIT = 2**59  # objective units: 5.8e7 s of step time at weight 1; eight such terms fit in 2^62
@@ -380,7 +380,7 @@ def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
     others stay where they are, as long as that improves the objective. Everything is scored on
     the same integer tables; the result only gives CP-SAT an incumbent and cutoffs.
     """
-    from planner.exhaustive import restrict, solve_exhaustive
+    from clusterplan.planner.exhaustive import restrict, solve_exhaustive
 
     S = T.space
     keep = {"do": [S.dp_overlap.index(True)] if True in S.dp_overlap else None,
@@ -396,7 +396,7 @@ def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
 
 def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, dict]:
     """Coordinate descent: free one knob (and the factorization) at a time, keep improvements."""
-    from planner.exhaustive import restrict, solve_exhaustive
+    from clusterplan.planner.exhaustive import restrict, solve_exhaustive
 
     knobs = [k for k in DIMS if k != "f"]
     for _ in range(rounds):
@@ -418,7 +418,7 @@ def _neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
     memory wins (ties come from knobs that change memory but not time: ZeRO 1 against 2, a rank
     order giving the same groups, ...); and the j-th best here bounds the j-th runner-up.
     """
-    from planner.exhaustive import restrict, solve_exhaustive
+    from clusterplan.planner.exhaustive import restrict, solve_exhaustive
 
     sub = restrict(T, {"mb": [idx["mb"]]})  # a fifth of the space or less: tight runner-up bounds, cheaply
     found, _ = solve_exhaustive(sub, count - 1)

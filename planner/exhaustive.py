@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cost.terms import NUM_GRAD_BUCKETS
-from planner.tables import REASON_ORDER, SHARE_PARTS, SLOT_QUANTUM, Tables
+from clusterplan.cost.terms import NUM_GRAD_BUCKETS
+from clusterplan.planner.tables import REASON_ORDER, SHARE_PARTS, SLOT_QUANTUM, Tables
 
 DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to")
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from cost.layout import RECOMPUTE_MODES, Job, Layout, order_axes, split_order
-from cost.step import Evaluation, evaluate, layout_problems
-from models.spec import ModelSpec
-from planner.space import Space
-from topologies.cluster import Cluster
+from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, order_axes, split_order
+from clusterplan.cost.step import Evaluation, evaluate, layout_problems
+from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.space import Space
+from clusterplan.topologies.cluster import Cluster
 
 GIB = 2**30
 

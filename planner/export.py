@@ -21,8 +21,8 @@ import math
 import re
 from fractions import Fraction
 
-from cost.layout import order_axes
-from models.errors import SpecError
+from clusterplan.cost.layout import order_axes
+from clusterplan.models.errors import SpecError
 
 FORMATS = ("megatron", "deepspeed", "torchtitan", "maxtext", "slurm")
 PINNED = {
@@ -57,8 +57,8 @@ def model_spec(doc: dict, model=None):
     SpecError
         A model that is not bundled, when no ``model`` is given.
     """
-    from models.library import get_model, list_models
-    from models.spec import ModelSpec
+    from clusterplan.models.library import get_model, list_models
+    from clusterplan.models.spec import ModelSpec
 
     info = doc["inputs"]["model"]
     if model is not None:

@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from cost.layout import Job
-from cost.terms import Context
-from models.errors import ClusterplanError, InfeasibleError, SpecError
-from models.spec import ModelSpec
-from planner.exhaustive import any_feasible, smallest_memory
-from planner.space import Bounds, build_space
-from planner.tables import build_tables
-from topologies.cluster import Cluster
+from clusterplan.cost.layout import Job
+from clusterplan.cost.terms import Context
+from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
+from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.exhaustive import any_feasible, smallest_memory
+from clusterplan.planner.space import Bounds, build_space
+from clusterplan.planner.tables import build_tables
+from clusterplan.topologies.cluster import Cluster
 
 MAX_DEVICES = 1 << 17  # 131,072: beyond the largest cluster anyone has described
 

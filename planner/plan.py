@@ -20,15 +20,15 @@ from importlib import resources
 
 import yaml
 
-from cost.compute import UNMEASURED_ATTENTION_OVER_MAMF
-from cost.energy import has_idle_power, step_cost_usd, step_energy_j
-from cost.layout import Job
-from cost.step import Evaluation
-from cost.terms import UNMEASURED_OVERLAP_SHARE
-from models.spec import ModelSpec
-from planner.explain import explain, placement
-from planner.space import REASONS
-from topologies.cluster import Cluster
+from clusterplan.cost.compute import UNMEASURED_ATTENTION_OVER_MAMF
+from clusterplan.cost.energy import has_idle_power, step_cost_usd, step_energy_j
+from clusterplan.cost.layout import Job
+from clusterplan.cost.step import Evaluation
+from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE
+from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.explain import explain, placement
+from clusterplan.planner.space import REASONS
+from clusterplan.topologies.cluster import Cluster
 
 SCHEMA = "clusterplan-plan/1"
 PLANNER_VERSION = "0.1.0"
@@ -87,7 +87,9 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
                   "num_params": model.num_params, "num_active_params": model.num_active_params},
         "cluster": {"id": cluster.id, "name": cluster.name, "family": cluster.family,
                     "device": cluster.device.id, "num_devices": cluster.num_devices,
-                    "devices_per_node": cluster.devices_per_node},
+                    "devices_per_node": cluster.devices_per_node, "device_name": cluster.device.name,
+                    "device_memory_kind": cluster.device.memory_kind,
+                    "price_per_device_hour_usd": cluster.device.price_per_hour_usd},
         "job": asdict(job),
         "framework": framework_dict(job),
         "caveats": caveats(job, cluster),
@@ -120,7 +122,7 @@ def caveats(job: Job, cluster: Cluster) -> dict:
 
 @functools.lru_cache(maxsize=1)
 def _family_errors() -> dict:
-    path = resources.files("planner") / "data" / "validated_error.yaml"
+    path = resources.files("clusterplan.planner") / "data" / "validated_error.yaml"
     return (yaml.safe_load(path.read_text()) or {}).get("families", {})
 
 

@@ -6,17 +6,17 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from cost.energy import OBJECTIVES, objective_weights
-from cost.layout import Job, Layout
-from cost.step import Evaluation, evaluate_ctx, layout_problems
-from cost.terms import Context
-from models.errors import InfeasibleError, SpecError
-from models.spec import ModelSpec
-from planner.cpsat import solve_cpsat
-from planner.exhaustive import count_rejections, smallest_memory, solve_exhaustive
-from planner.space import REASONS, Bounds, Space, build_space
-from planner.tables import MEMORY_QUANTUM_BYTES, TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
-from topologies.cluster import Cluster
+from clusterplan.cost.energy import OBJECTIVES, objective_weights
+from clusterplan.cost.layout import Job, Layout
+from clusterplan.cost.step import Evaluation, evaluate_ctx, layout_problems
+from clusterplan.cost.terms import Context
+from clusterplan.models.errors import InfeasibleError, SpecError
+from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.cpsat import solve_cpsat
+from clusterplan.planner.exhaustive import count_rejections, smallest_memory, solve_exhaustive
+from clusterplan.planner.space import REASONS, Bounds, Space, build_space
+from clusterplan.planner.tables import MEMORY_QUANTUM_BYTES, TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
+from clusterplan.topologies.cluster import Cluster
 
 ENGINES = ("cpsat", "exhaustive")
 GIB = 2**30

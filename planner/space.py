@@ -11,11 +11,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from cost.framework import framework_domains, unoffered
-from cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
-from models.errors import SpecError
-from models.spec import ModelSpec
-from topologies.cluster import Cluster
+from clusterplan.cost.framework import framework_domains, unoffered
+from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
+from clusterplan.models.errors import SpecError
+from clusterplan.models.spec import ModelSpec
+from clusterplan.topologies.cluster import Cluster
 
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
          "zero_stage", "order", "dp_overlap", "tp_overlap")
@@ -316,7 +316,7 @@ def _once(out: dict, key: str, value, flag: str) -> None:
 def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maximum: tuple[str, ...] = (),
                  memory_headroom: float = 0.0) -> Bounds:
     """Parse ``--fix tp=8``, ``--min dp=4``, ``--max pp=16`` options into :class:`Bounds`."""
-    from cost.layout import parse_layout  # one parser for layout values
+    from clusterplan.cost.layout import parse_layout  # one parser for layout values
 
     def parse(items: tuple[str, ...], flag: str, numeric_only: bool) -> dict:
         out = {}

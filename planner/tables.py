@@ -33,14 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost.framework import framework_refusal
-from cost.layout import Layout, split_order
-from cost.step import inflight_layers, memory_static_bytes
-from cost.terms import (
+from clusterplan.cost.framework import framework_refusal
+from clusterplan.cost.layout import Layout, split_order
+from clusterplan.cost.step import inflight_layers, memory_static_bytes
+from clusterplan.cost.terms import (
     RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
     effective_zero_stage, head_terms, layers_on_stage, optimizer_s, overlap_share, p2p_s, param_counts, tp_comm_terms,
 )
-from planner.space import (
+from clusterplan.planner.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
     placement_ok, sequence_parallel_ok, traversal_duplicates,
 )

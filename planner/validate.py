@@ -14,19 +14,19 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-import yaml
 
-from cost.framework import default_framework, load_profile, parse_date, resolve_name as resolve_framework
-from cost.layout import Job
-from cost.step import layout_problems
-from models.errors import ClusterplanError, InfeasibleError, SpecError
-from models.library import list_models, load_model, model_from_mapping
-from planner.explain import changed_knobs
-from planner.search import SearchOptions, SearchResult, plan
-from planner.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds
+from clusterplan.cost.framework import default_framework, load_profile, parse_date, resolve_name as resolve_framework
+from clusterplan.cost.layout import Job
+from clusterplan.cost.step import layout_problems
+from clusterplan.models.files import load_file
+from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
+from clusterplan.models.library import list_models, load_model, model_from_mapping
+from clusterplan.planner.explain import changed_knobs
+from clusterplan.planner.search import SearchOptions, SearchResult, plan
+from clusterplan.planner.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds
 
 SPACE_CANDIDATES = {"vp": VP_CANDIDATES, "micro_batch_size": MBS_CANDIDATES}
-from topologies.library import build_cluster
+from clusterplan.topologies.library import build_cluster
 
 FORMAT = "clusterplan-runs/1"
 # The one rule that sets a run's framework when the run has no ``framework`` field (RUNS_FORMAT.md):
@@ -82,7 +82,7 @@ class RunResult:
 
 def bundled_runs_path() -> Path:
     """The published runs shipped with clusterplan (a copy of shared/validation/runs.yaml)."""
-    return Path(str(resources.files("planner") / "data" / "runs.yaml"))
+    return Path(str(resources.files("clusterplan.planner") / "data" / "runs.yaml"))
 
 
 def load_runs(path: str | Path) -> list[dict]:
@@ -93,14 +93,7 @@ def load_runs(path: str | Path) -> list[dict]:
 def _load_doc(path: str | Path) -> dict:
     """The document of a ``clusterplan-runs/1`` file, checked: a mapping whose ``runs`` is a list."""
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"validate FILE: {str(p)!r} does not exist or is not a file")
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(f"validate FILE: {p} is not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    doc = load_file(p, f"validate FILE {str(p)!r}")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise SpecError(f"validate FILE: {p}: format is {got!r}; expected {FORMAT!r} (see shared/validation/README.md)")
@@ -397,7 +390,7 @@ BUNDLED_EXTRAS = {
 
 
 def bundled_data_path(name: str) -> Path:
-    return Path(str(resources.files("planner") / "data" / name))
+    return Path(str(resources.files("clusterplan.planner") / "data" / name))
 
 
 def validate(path: str | Path | None = None, options: SearchOptions | None = None, best: bool = True) -> dict:

@@ -14,14 +14,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from cost.energy import objective_available
+from clusterplan.cost.energy import objective_available
 
-from cost.layout import Job, Layout
-from models.errors import ClusterplanError, SpecError
-from models.spec import ModelSpec
-from planner.plan import plan_document
-from planner.search import SearchOptions, plan
-from topologies.cluster import Cluster
+from clusterplan.cost.layout import Job, Layout
+from clusterplan.models.errors import ClusterplanError, SpecError
+from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.plan import plan_document
+from clusterplan.planner.search import SearchOptions, plan
+from clusterplan.topologies.cluster import Cluster
 
 GIB = 2**30
 SECONDS_PER_DAY = 86400

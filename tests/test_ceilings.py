@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import pytest
 
-from cli import build_job
-from cost.compute import gemm_rate, op_time_s
-from cost.layout import Job
-from models.errors import InfeasibleError
-from models.library import get_model, list_models
-from models.ops import Op
-from planner.search import SearchOptions, plan
-from topologies.library import build_cluster, list_clusters, list_devices
+from clusterplan.cli import build_job
+from clusterplan.cost.compute import gemm_rate, op_time_s
+from clusterplan.cost.layout import Job
+from clusterplan.models.errors import InfeasibleError
+from clusterplan.models.library import get_model, list_models
+from clusterplan.models.ops import Op
+from clusterplan.planner.search import SearchOptions, plan
+from clusterplan.topologies.library import build_cluster, list_clusters, list_devices
 
 PRESETS = [c.id for c in list_clusters()]
 MODELS = [m.id for m in list_models()]

@@ -12,17 +12,18 @@ import io
 import json
 import math
 import re
+import time
 import sys
 
 import pytest
 from click.testing import CliRunner
 
-import cli
-from cli import TokenCount, default_global_batch, main, plan_main
-from cost.layout import Layout
-from models.errors import SolverError
-from models.library import list_models
-from topologies.library import list_clusters, list_devices
+import clusterplan.cli as cli
+from clusterplan.cli import TokenCount, default_global_batch, main, plan_main
+from clusterplan.cost.layout import Layout
+from clusterplan.models.errors import SolverError
+from clusterplan.models.library import list_models
+from clusterplan.topologies.library import list_clusters, list_devices
 
 HEADLINE = ["--model", "gpt", "--cluster", "dgx-superpod"]
 LAYOUT_KEYS = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "sequence_parallel", "recompute",
@@ -356,7 +357,7 @@ def test_compare_exit_code_when_nothing_runs():
 def test_export_formats_follow_the_plan(fmt, needle):
     common = ["--model", "llama3-8b", "--cluster", "dgx-superpod", "--devices", "16", "--search", "exhaustive"]
     # export searches under the format's framework: compare with the plan under that framework
-    from planner.export import FRAMEWORK_OF_FORMAT
+    from clusterplan.planner.export import FRAMEWORK_OF_FORMAT
     doc = run_json("plan", *common, "--framework", FRAMEWORK_OF_FORMAT[fmt])
     result = CliRunner().invoke(cli.main, ["export", "--format", fmt, *common])
     assert result.exit_code == 0, result.stderr
@@ -616,3 +617,80 @@ def test_hardware_without_published_training_or_framework_says_so():
     h100 = run_json("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "16", "--top", "0")
     assert not any("software stack" in line for line in h100["inputs"]["caveats"]["unvalidated"])
     assert h100["inputs"]["caveats"]["validated_error"]["runs"] > 0
+
+
+# ---- render ---------------------------------------------------------------------------------------------
+def _report_lines(text: str) -> list[str]:
+    """The report without the search timing lines (wall time differs between runs)."""
+    return [re.sub(r"\b\d+\.\d+ s\b", "T s", line) for line in text.splitlines()]
+
+
+def test_render_prints_the_report_of_a_saved_plan(tmp_path):
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8"]
+    saved = tmp_path / "plan.json"
+    saved.write_text(run(*args, "--json").stdout)
+    report = run(*args)
+    rendered = run("render", str(saved))
+    assert rendered.exit_code == 0, rendered.stderr
+    assert _report_lines(rendered.stdout) == _report_lines(report.stdout)
+    assert "global batch" in rendered.stdout and "memory per device" in rendered.stdout
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "does not exist"),
+    ("", "invalid JSON"),
+    ("[1, 2]", "schema: got 'list'"),
+    ('{"schema": "clusterplan-plan/1"}', "missing inputs"),
+    ("[" * 100000, "nested deeper than"),
+])
+def test_render_refuses_what_is_not_a_plan(tmp_path, content, message):
+    path = tmp_path / "plan.json"
+    if content is not None:
+        path.write_text(content)
+    result = run("render", str(path))
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+
+
+def test_render_refuses_a_directory(tmp_path):
+    result = run("render", str(tmp_path))
+    assert result.exit_code == 2 and "not a regular file" in result.stderr
+
+
+# ---- hostile files (issue 12): each refused with exit 2 within a second -----------------------------------
+LAUGHS = "a: &a [" + ",".join(['"lol"'] * 9) + "]\n" + "".join(
+    f"{c}: &{c} [" + ",".join([f"*{p}"] * 9) + "]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "name: x\n"
+
+
+@pytest.mark.parametrize("option", ["--model", "--cluster"])
+@pytest.mark.parametrize("content, suffix, message", [
+    (LAUGHS, ".yaml", "aliases expand the document"),
+    ("a: &a [*a]\n", ".yaml", "recursive"),
+    ("[" * 5000 + "]" * 5000, ".json", "nested deeper than"),
+    ("x:\n" + "".join(" " * i + "- \n" for i in range(1, 3000)), ".yaml", "nested deeper than"),
+    (b"\xff\xfe\x00binary", ".yaml", "not UTF-8"),
+])
+def test_hostile_files_get_a_clear_error_fast(tmp_path, option, content, suffix, message):
+    path = tmp_path / f"hostile{suffix}"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    other = ["--cluster", "dgx-h100-superpod"] if option == "--model" else ["--model", "llama3-8b"]
+    start = time.perf_counter()
+    result = run("plan", option, str(path), *other, "--devices", "8")
+    assert time.perf_counter() - start < 5.0
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr) < 2000  # the message is short, never an echo of the file
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "DIR"])
+def test_paths_that_are_not_regular_files_are_named_as_such(tmp_path, target):
+    path = str(tmp_path) if target == "DIR" else target
+    result = run("plan", "--model", path, "--cluster", "dgx-h100-superpod", "--devices", "8")
+    assert result.exit_code == 2 and "not a regular file" in result.stderr, result.stderr
+
+
+def test_oversized_file_is_refused_before_parsing(tmp_path, monkeypatch):
+    from clusterplan.models import files
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", 1000)
+    path = tmp_path / "big.yaml"
+    path.write_text("name: x\n" + "# padding\n" * 200)
+    result = run("plan", "--model", str(path), "--cluster", "dgx-h100-superpod", "--devices", "8")
+    assert result.exit_code == 2 and "larger than 1,000 bytes" in result.stderr, result.stderr

@@ -14,22 +14,22 @@ import math
 
 import pytest
 
-from cost import collectives as coll
-from cost.compute import BACKWARD_FACTOR, gemm_rate, memory_rate, op_time_s
-from cost.layout import Job, Layout, parse_layout
-from cost.step import evaluate, evaluate_ctx, inflight_layers, layout_problems, num_microbatches
-from cost.terms import (
+from clusterplan.cost import collectives as coll
+from clusterplan.cost.compute import BACKWARD_FACTOR, gemm_rate, memory_rate, op_time_s
+from clusterplan.cost.layout import Job, Layout, parse_layout
+from clusterplan.cost.step import evaluate, evaluate_ctx, inflight_layers, layout_problems, num_microbatches
+from clusterplan.cost.terms import (
     OPTIMIZER_STATE_BYTES, WEIGHT_BYTES, Context, activation_bytes, head_terms, layer_terms,
     layers_on_stage, p2p_s, param_counts, static_memory, tp_comm_terms,
 )
-from models.errors import SpecError
-from models.library import get_model
-from models.ops import (
+from clusterplan.models.errors import SpecError
+from clusterplan.models.library import get_model
+from clusterplan.models.ops import (
     Op, head_ops, layer_ops, megatron_flops_per_iteration, model_flops_per_token,
 )
-from models.spec import MLASpec, MoESpec, ModelSpec
-from topologies.cluster import GroupProfile
-from topologies.library import build_cluster
+from clusterplan.models.spec import MLASpec, MoESpec, ModelSpec
+from clusterplan.topologies.cluster import GroupProfile
+from clusterplan.topologies.library import build_cluster
 
 REL = 1e-9
 
@@ -244,7 +244,7 @@ def test_unfused_attention_ops_count_the_score_passes():
     """Scores written by Q K^T, read and written by the softmax, read/written (+1-byte mask) by
     dropout, read by the context GEMM: 6.5 passes of ``2 a n s`` bytes forward, 9.5 backward; the
     two batched GEMMs carry the core FLOPs of the flash op, without causal skipping."""
-    from models.ops import attention_ops
+    from clusterplan.models.ops import attention_ops
 
     n, tp = N_TOK, 2
     flash = {op.name: op for op in attention_ops(GPT, n, S, tp)}
@@ -624,8 +624,8 @@ def test_dp_terms_dense_by_hand(cluster16):
     gradient buffer to accumulate in) and the weight all-gather after the step, not overlapped
     (DeepSpeed), or at every micro-batch's forward (FSDP2); ZeRO-3: per micro-batch, two weight
     all-gathers (forward and backward) and a gradient reduce-scatter (Rajbhandari et al. 2020, sec. 7)."""
-    from cost.terms import dp_traffic
-    from cost.terms import dp_terms
+    from clusterplan.cost.terms import dp_traffic
+    from clusterplan.cost.terms import dp_terms
     ctx = _ctx(cluster16)
     prof = cluster16.group_profile(range(0, 16, 2))  # tp=2 inside, dp=8 at stride 2
     P = param_counts(GPT, 2, 1, 1, 1).dense
@@ -649,7 +649,7 @@ def test_dp_terms_dense_by_hand(cluster16):
 def test_dp_terms_reduce_experts_when_ep_is_1(cluster16, zero):
     """With ep = 1 the expert weights are replicated like the dense ones and reduced with them
     (regression, fixed in f2490e5: they cost nothing, so ep=1 + ZeRO-3 sharded experts for free)."""
-    from cost.terms import dp_terms
+    from clusterplan.cost.terms import dp_terms
     ctx = _ctx(cluster16, model=MOE)
     layout = Layout(tp=1, dp=16, ep=1, zero_stage=zero)
     pc = param_counts(MOE, 1, 1, 1, 1)
@@ -784,7 +784,7 @@ def test_layout_problems_name_each_rule(cluster16):
 
 def test_step_energy_is_idle_power_over_the_step_plus_board_power_while_computing():
     """E = N * ((P_idle + P_host) * T + (P_board - P_idle) * T_busy), by hand for one H100 layout."""
-    from cost.energy import busy_s, step_energy_j, step_cost_usd
+    from clusterplan.cost.energy import busy_s, step_energy_j, step_cost_usd
 
     cluster = build_cluster("dgx-h100-superpod", num_devices=64)
     model = get_model("gpt3-1.3b")
@@ -813,7 +813,7 @@ def test_remote_nodes_per_token_by_hand():
     times (N-1)/N for the remote ones; node-limited routing draws from M nodes' experts only."""
     from math import comb
 
-    from cost.terms import remote_nodes_per_token
+    from clusterplan.cost.terms import remote_nodes_per_token
 
     E, k, N = 256, 8, 8
     hit = N * (1 - comb(E - E // N, k) / comb(E, k))
@@ -855,7 +855,7 @@ def test_folded_expert_group_is_the_tp_block_times_part_of_dp():
 def test_folded_experts_are_whole_and_shard_over_tp_times_dp():
     """Folded: each rank holds E/ep whole experts (not split tp ways); ZeRO shards them over the
     tp*cp*dp/ep ranks that hold the same experts."""
-    from cost.terms import owned_params
+    from clusterplan.cost.terms import owned_params
 
     model = get_model("mixtral-8x7b")
     plain = param_counts(model, 4, 1, 1, 8, True)
@@ -900,7 +900,7 @@ def test_folded_expert_all_to_all_stays_in_the_node():
 def test_wave_efficiency_by_hand():
     """128x256 output tiles, one per SM per wave: 1024^3 on an H100 (132 SMs) is 8 x 4 = 32 tiles in
     one wave (24% of the SMs); 4096^3 is 512 tiles in 4 waves (512 / 528)."""
-    from cost.compute import wave_efficiency
+    from clusterplan.cost.compute import wave_efficiency
 
     assert wave_efficiency(1024, 1024, 1, 132) == pytest.approx(32 / 132, rel=REL)
     assert wave_efficiency(4096, 4096, 1, 132) == pytest.approx(512 / 528, rel=REL)
@@ -926,7 +926,7 @@ def test_small_gemms_follow_the_measured_h100_size_curve():
 
 
 def _square(n: int):
-    from models.ops import Op
+    from clusterplan.models.ops import Op
 
     return Op("square", "gemm", 2.0 * n**3, 2.0 * 3 * n * n, rows=n, cols=n)
 
@@ -934,7 +934,7 @@ def _square(n: int):
 def test_flash2_attention_is_slower_on_hopper_only():
     """FlashAttention-2 reaches 35% of peak on H100 against the FA3-derived 54% (both cited in
     devices.yaml); on A100 FA2 is the family's best, so the two agree."""
-    from models.ops import attention_ops
+    from clusterplan.models.ops import attention_ops
 
     n = 8192
     for preset, ratio in (("dgx-h100-superpod", 0.54 / 0.35), ("dgx-a100-superpod", 1.0)):

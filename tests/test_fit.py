@@ -8,12 +8,12 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from cli import build_job, main
-from models.errors import SpecError
-from models.library import get_model, list_models
-from planner.fit import fewest_devices, layouts_fit
-from planner.search import SearchOptions, plan
-from topologies.library import build_cluster, list_clusters
+from clusterplan.cli import build_job, main
+from clusterplan.models.errors import SpecError
+from clusterplan.models.library import get_model, list_models
+from clusterplan.planner.fit import fewest_devices, layouts_fit
+from clusterplan.planner.search import SearchOptions, plan
+from clusterplan.topologies.library import build_cluster, list_clusters
 
 PRESETS = [c.id for c in list_clusters()]
 MODELS = [m.id for m in list_models()]

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cost.layout import Job, Layout
-from cost.step import evaluate, layout_problems
-from cost.terms import overlapped_exposed_s
-from models.spec import ModelSpec
-from topologies.library import build_cluster
+from clusterplan.cost.layout import Job, Layout
+from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.terms import overlapped_exposed_s
+from clusterplan.models.spec import ModelSpec
+from clusterplan.topologies.library import build_cluster
 
 CLUSTERS = {"h100": build_cluster("dgx-h100-superpod", num_devices=32),
             "a100": build_cluster("dgx-a100-superpod", num_devices=32),
@@ -113,7 +113,7 @@ def test_one_stretch_of_compute_hides_one_stream(knobs, ffn, hidden, cluster):
     """The overlap windows are disjoint: the GEMMs TP overlap hides behind, the attention core the
     context-parallel ring hides behind and the DP window together never exceed the compute they are
     cut from. This is what makes more compute never faster whatever overlaps are on."""
-    from cost.terms import Context, compute_terms
+    from clusterplan.cost.terms import Context, compute_terms
     layout = _layout(knobs)
     if layout.num_devices != 32:
         return

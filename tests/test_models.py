@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from models import (
+from clusterplan.models import (
     ModelSpec,
     SpecError,
     from_hf_config,
@@ -17,7 +17,7 @@ from models import (
     load_model_library,
     model_from_mapping,
 )
-from models.library import ENTRY_ONLY_KEYS
+from clusterplan.models.library import ENTRY_ONLY_KEYS
 
 LIBRARY = load_model_library()
 REQUIRED_IDS = {

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from cli import build_job, main
-from models.errors import InfeasibleError
-from models.library import get_model
-from planner.search import SearchOptions, plan
-from topologies import builders
-from topologies.cluster import SCALE_OUT_LEVELS, SCALE_UP_LEVELS
-from topologies.library import build_cluster, load_device
+from clusterplan.cli import build_job, main
+from clusterplan.models.errors import InfeasibleError
+from clusterplan.models.library import get_model
+from clusterplan.planner.search import SearchOptions, plan
+from clusterplan.topologies import builders
+from clusterplan.topologies.cluster import SCALE_OUT_LEVELS, SCALE_UP_LEVELS
+from clusterplan.topologies.library import build_cluster, load_device
 
 NEW_PRESETS = ["dgx-b300-superpod", "gb300-nvl72", "mi355x-cluster", "trn2-cluster", "graphcore-pod",
                "tenstorrent-galaxy", "dojo-exapod", "sambanova-rack"]
@@ -73,7 +73,7 @@ def _grid(wrap: bool) -> builders.Grid:
 
 def test_mesh_ring_is_half_the_torus_ring():
     """A ring over one axis of k chips: a torus drives both links per chip, a mesh line one."""
-    from topologies.cluster import Cluster
+    from clusterplan.topologies.cluster import Cluster
 
     device = load_device("tenstorrent-blackhole")
     ft = builders.FatTree(nic_bytes_per_s=100e9, link=builders.Link(achieved_fraction=1.0, latency_s=2e-6),

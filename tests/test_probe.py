@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from cost.framework import load_profile
-from cost.layout import Job, Layout
-from cost.step import evaluate
-from cost.terms import activation_bytes, op_sac_activation_bytes
-from models.errors import SpecError
-from models.library import get_model
-from topologies.library import build_cluster
+from clusterplan.cost.framework import load_profile
+from clusterplan.cost.layout import Job, Layout
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.terms import activation_bytes, op_sac_activation_bytes
+from clusterplan.models.errors import SpecError
+from clusterplan.models.library import get_model
+from clusterplan.topologies.library import build_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 

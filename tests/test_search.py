@@ -15,18 +15,18 @@ import re
 import numpy as np
 import pytest
 
-from cost.layout import Job, Layout
-from cost.step import evaluate, layout_problems
-from cost.terms import Context
-from models.errors import InfeasibleError, SolverError, SpecError
-from models.library import get_model, job_defaults, list_models
-from models.spec import MoESpec, ModelSpec
-from planner.cpsat import solve_cpsat
-from planner.exhaustive import DIMS, count_rejections, score_factorization, solve_exhaustive
-from planner.search import SearchOptions, SearchResult, objective_seconds, plan
-from planner.space import Bounds, build_space
-from planner.tables import build_tables, layout_from_indices
-from topologies.library import build_cluster, list_clusters
+from clusterplan.cost.layout import Job, Layout
+from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.terms import Context
+from clusterplan.models.errors import InfeasibleError, SolverError, SpecError
+from clusterplan.models.library import get_model, job_defaults, list_models
+from clusterplan.models.spec import MoESpec, ModelSpec
+from clusterplan.planner.cpsat import solve_cpsat
+from clusterplan.planner.exhaustive import DIMS, count_rejections, score_factorization, solve_exhaustive
+from clusterplan.planner.search import SearchOptions, SearchResult, objective_seconds, plan
+from clusterplan.planner.space import Bounds, build_space
+from clusterplan.planner.tables import build_tables, layout_from_indices
+from clusterplan.topologies.library import build_cluster, list_clusters
 
 SYNTHETIC = [
     ModelSpec(name="dense-s", num_layers=12, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096,
@@ -415,11 +415,11 @@ def test_plan_never_worse_than_megatron_default(model_id, preset, n, batch, seq)
 
 
 def test_groups_that_straddle_scale_up_domains_are_rejected():
-    from cost.layout import Job, Layout
-    from cost.step import layout_problems
-    from models.library import load_model
-    from planner.search import SearchOptions, plan
-    from topologies.library import build_cluster
+    from clusterplan.cost.layout import Job, Layout
+    from clusterplan.cost.step import layout_problems
+    from clusterplan.models.library import load_model
+    from clusterplan.planner.search import SearchOptions, plan
+    from clusterplan.topologies.library import build_cluster
 
     model, cluster = load_model("gpt3-175b"), build_cluster("dgx-h100-superpod", num_devices=96)
     job = Job(global_batch_size=96, seq_len=2048)
@@ -438,7 +438,7 @@ ENERGY_SEEDS = [s for s in range(NUM_RANDOM) if random_instance(s)[2].device.idl
 def test_cpsat_equals_exhaustive_for_the_energy_objective(seed):
     """The weighted objective (idle power over the step + extra power while computing) has the same
     optimum and runners-up in both engines, and the integer objective is the float energy."""
-    from cost.energy import objective_weights, step_energy_j
+    from clusterplan.cost.energy import objective_weights, step_energy_j
 
     model, job, cluster, bounds = random_instance(seed)
     try:
@@ -464,7 +464,7 @@ def test_cpsat_equals_exhaustive_for_the_energy_objective(seed):
 def test_energy_objective_trades_time_for_energy():
     """The least-energy layout uses no more energy, and takes no less time, than the fastest; here
     (GPT-3 175B on 1,024 H100) they differ, so the objective is not time under another name."""
-    from cost.energy import step_energy_j
+    from clusterplan.cost.energy import step_energy_j
 
     model = get_model("gpt3-175b")
     cluster = build_cluster("dgx-h100-superpod", num_devices=1024)
@@ -502,7 +502,7 @@ def test_objective_without_its_figure_is_a_clear_error(objective, preset, field)
 def test_search_picks_a_torus_traversal_when_faster():
     """On a 4x4x8 v5p slice device ids put tp=4 on half of z; laid along y (or x) it gets the
     whole wraparound ring, twice the bandwidth, and the search takes it."""
-    from planner.explain import placement
+    from clusterplan.planner.explain import placement
 
     model, job = get_model("llama2-7b"), Job(global_batch_size=256, seq_len=4096)
     cluster = build_cluster("tpu-v5p-pod", num_devices=128)
@@ -524,8 +524,8 @@ def test_order_domain_off_and_on_a_torus():
     before traversals (sizes from the commit before them); on 4x4x8 each order comes with the
     three distinct traversals, and a fixed order without @ leaves the traversal free. (Megatron's
     profile has no ZeRO-2: three ZeRO stages where the sizes were counted with four.)"""
-    from cost.layout import ORDERS
-    from planner.space import parse_bounds
+    from clusterplan.cost.layout import ORDERS
+    from clusterplan.planner.space import parse_bounds
 
     model, job = get_model("llama2-7b"), Job(global_batch_size=128, seq_len=4096)
     for cluster_id, n, size in [("dgx-h100-superpod", 64, 331776), ("gb200-nvl72", 72, 866304),
@@ -565,7 +565,7 @@ def test_expert_axis_holds_folded_pairs_and_the_search_can_pick_them():
 
 
 def test_fix_etp_parses_to_expert_tp():
-    from planner.space import parse_bounds
+    from clusterplan.planner.space import parse_bounds
 
     assert parse_bounds(("etp=1",)).fixed == {"expert_tp": False}
     assert parse_bounds(("tp=4,etp=4",)).fixed == {"tp": 4, "expert_tp": True}

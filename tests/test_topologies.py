@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from models.errors import SpecError
+from clusterplan.models.errors import SpecError
 
 REPO = Path(__file__).resolve().parents[1]
-from topologies.cluster import SCALE_OUT_LEVELS, SCALE_UP_LEVELS
-from topologies.library import (
+from clusterplan.topologies.cluster import SCALE_OUT_LEVELS, SCALE_UP_LEVELS
+from clusterplan.topologies.library import (
     build_cluster, list_clusters, list_devices, load_cluster_file, load_device, resolve_cluster_id,
 )
 

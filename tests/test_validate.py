@@ -16,9 +16,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-import cli
-from planner.search import SearchOptions
-from planner.validate import bundled_runs_path, load_runs, validate
+import clusterplan.cli as cli
+from clusterplan.planner.search import SearchOptions
+from clusterplan.planner.validate import bundled_runs_path, load_runs, validate
 
 REPO = Path(__file__).resolve().parents[1]
 HOLDOUT = REPO / "benchmarks" / "holdout_runs.yaml"
@@ -130,7 +130,7 @@ def test_best_layout_is_never_slower(tmp_path):
 
 @pytest.mark.parametrize("content, needle", [
     ("format: something-else\nruns: []\n", "clusterplan-runs/1"),
-    ("format: clusterplan-runs/1\nruns: [1\n", "not valid YAML"),
+    ("format: clusterplan-runs/1\nruns: [1\n", "invalid YAML"),
     ("format: clusterplan-runs/1\nruns: 7\n", "must be a list"),
 ])
 def test_bad_files_exit_2(tmp_path, content, needle):
@@ -154,6 +154,6 @@ def test_validated_error_file_is_what_validate_measures():
     `python benchmarks/update_docs.py` when the model or the data change."""
     from importlib import resources
 
-    from planner.validate import error_by_family
-    stored = yaml.safe_load((resources.files("planner") / "data" / "validated_error.yaml").read_text())["families"]
+    from clusterplan.planner.validate import error_by_family
+    stored = yaml.safe_load((resources.files("clusterplan.planner") / "data" / "validated_error.yaml").read_text())["families"]
     assert stored == error_by_family()

@@ -32,8 +32,8 @@ from typing import Literal
 
 import networkx as nx
 
-from models.errors import SpecError
-from topologies.devices import DeviceSpec
+from clusterplan.models.errors import SpecError
+from clusterplan.topologies.devices import DeviceSpec
 
 
 # ---- parameters (SI) ---------------------------------------------------------------------------

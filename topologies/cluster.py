@@ -40,8 +40,8 @@ from typing import Sequence
 import networkx as nx
 import numpy as np
 
-from models.errors import SpecError
-from topologies.devices import DeviceSpec
+from clusterplan.models.errors import SpecError
+from clusterplan.topologies.devices import DeviceSpec
 
 SCALE_UP_LEVELS = frozenset({"nvlink", "xgmi", "ici_x", "ici_y", "ici_z", "roce_scaleup", "wafer", "c2c"})
 SCALE_OUT_LEVELS = frozenset({"nic", "leaf", "spine", "core", "dcn", "host"})

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -70,10 +69,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from models.errors import SpecError
-from topologies import builders
-from topologies.cluster import Cluster
-from topologies.devices import DeviceSpec, Dtype, GemmEfficiency, MemoryTier
+from clusterplan.models.files import load_file
+from clusterplan.models.errors import SpecError
+from clusterplan.topologies import builders
+from clusterplan.topologies.cluster import Cluster
+from clusterplan.topologies.devices import DeviceSpec, Dtype, GemmEfficiency, MemoryTier
 
 MAX_DEVICES = 262_144  # 2^18: room above today's ~100k-GPU clusters, and a graph that still builds in seconds
 DEVICES_RESOURCE = ("data", "devices.yaml")
@@ -309,7 +309,7 @@ class ClusterEntry:
 @lru_cache(maxsize=None)
 def _document(name: str) -> dict:
     """Parse one bundled YAML once (importlib.resources: works from a wheel)."""
-    text = resources.files("topologies").joinpath("data", name).read_text(encoding="utf-8")
+    text = resources.files("clusterplan.topologies").joinpath("data", name).read_text(encoding="utf-8")
     return yaml.safe_load(text)
 
 
@@ -747,22 +747,12 @@ def _user_links(raw: Any, where: str) -> dict[str, LinkEntry]:
 
 
 def _read_mapping(path: Path) -> dict:
-    if not path.is_file():
+    if not path.exists():
         raise SpecError(f"cluster: file {str(path)!r} does not exist; {_CLUSTER_HINT}")
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
-        raise SpecError(f"{path}: cannot read the cluster file: {_short(err)}") from None
+    data = load_file(path, f"cluster file {str(path)!r}")
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of cluster fields at top level, got {type(data).__name__}")
     return data
-
-
-def _short(err: Exception) -> str:
-    mark = getattr(err, "problem_mark", None)
-    where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
-    return where + str(getattr(err, "problem", None) or err)
 
 
 # ---- errors ----------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ MAXTEXT_TOPOLOGY = {"h100-sxm5-80gb": "a3", "tpu-v5p": "v5p-{cores}"}
 
 def meta_for(doc: dict, model) -> dict:
     """What check.py compares the launcher's view against."""
-    from planner.export import cuda_arch, maxtext_mesh
+    from clusterplan.planner.export import cuda_arch, maxtext_mesh
 
     L, cluster = doc["layout"], doc["inputs"]["cluster"]
     meta = {"world_size": doc["num_devices"], "devices_per_node": cluster["devices_per_node"],
@@ -69,7 +69,7 @@ def plan_doc(options: list[str], framework: str) -> dict:
     """The Plan document of ``clusterplan plan OPTIONS --framework F --json`` (in process)."""
     from click.testing import CliRunner
 
-    from cli import main as clusterplan
+    from clusterplan.cli import main as clusterplan
 
     result = CliRunner().invoke(clusterplan, ["plan", *options, "--framework", framework, "--json", "--top", "0"])
     if result.exit_code != 0:
@@ -79,7 +79,7 @@ def plan_doc(options: list[str], framework: str) -> dict:
 
 
 def write_case(case: str, fmt: str, out: Path) -> tuple[Path, Path]:
-    from planner.export import FRAMEWORK_OF_FORMAT, export, model_spec
+    from clusterplan.planner.export import FRAMEWORK_OF_FORMAT, export, model_spec
 
     options, _ = CASES[case]
     doc = plan_doc(options, FRAMEWORK_OF_FORMAT[fmt])

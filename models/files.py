@@ -1,0 +1,135 @@
+"""Reading user files safely: every YAML or JSON input (models, clusters, run files, Plan documents)
+goes through here, so a hostile or broken file gets a clear SpecError (exit 2) within a second and
+a few hundred MB rather than a hang, a memory blow-up or a traceback.
+
+Limits (each names the file and the limit in its message):
+
+- the path must be a regular file (not a directory, FIFO or device such as ``/dev/zero``);
+- at most ``MAX_FILE_BYTES`` bytes (the largest bundled data file is about 2 MB);
+- nesting at most ``MAX_DEPTH`` levels (deeper input would exhaust Python's recursion);
+- YAML aliases may not expand the document beyond ``MAX_NODES`` nodes (a 1.3 KB "billion laughs"
+  file expands to 10^9), and a recursive alias is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clusterplan.models.errors import SpecError
+
+MAX_FILE_BYTES = 32 * 2**20
+MAX_DEPTH = 64
+MAX_NODES = 2_000_000
+
+
+def read_text(path: str | Path, where: str, max_bytes: int | None = None) -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes`` bytes (default ``MAX_FILE_BYTES``)."""
+    max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
+    p = Path(path)
+    try:
+        exists, regular = p.exists(), p.is_file()
+    except OSError as err:  # e.g. a name too long
+        raise SpecError(f"{where}: cannot open {str(p)!r}: {err.strerror or err}") from None
+    if not exists:
+        raise SpecError(f"{where}: file {str(p)!r} does not exist")
+    if not regular:
+        raise SpecError(f"{where}: {str(p)!r} is not a regular file (a directory, FIFO or device); give a file")
+    try:
+        with p.open("rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as err:
+        raise SpecError(f"{where}: cannot read {str(p)!r}: {err.strerror or err}") from None
+    if len(data) > max_bytes:
+        raise SpecError(f"{where}: {str(p)!r} is larger than {max_bytes:,} bytes; allowed: files up to that size")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{where}: {str(p)!r} is not UTF-8 text (byte {err.start}); give a YAML or JSON file") from None
+
+
+def parse_json(text: str, where: str) -> Any:
+    """JSON with its nesting bounded (Python's decoder recurses per level)."""
+    _check_brackets(text, where)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{where}: line {err.lineno} column {err.colno}: invalid JSON: {err.msg}") from None
+    except RecursionError:
+        raise SpecError(f"{where}: nested deeper than {MAX_DEPTH} levels; allowed: {MAX_DEPTH}") from None
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Safe YAML with nesting and alias expansion bounded (see the module docstring)."""
+    _check_brackets(text, where)
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_node(node, where)
+        return loader.construct_document(node)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" line {mark.line + 1} column {mark.column + 1}:" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise SpecError(f"{where}:{at} invalid YAML: {str(problem)[:300]}") from None
+    except RecursionError:
+        raise SpecError(f"{where}: nested deeper than {MAX_DEPTH} levels; allowed: {MAX_DEPTH}") from None
+    finally:
+        loader.dispose()
+
+
+def load_file(path: str | Path, where: str, max_bytes: int | None = None) -> Any:
+    """A YAML or JSON file (by suffix: ``.json`` is JSON, anything else YAML) through the limits."""
+    text = read_text(path, where, max_bytes)
+    return parse_json(text, where) if str(path).lower().endswith(".json") else parse_yaml(text, where)
+
+
+def _check_brackets(text: str, where: str) -> None:
+    """Refuse flow nesting deeper than MAX_DEPTH before a recursive parser sees it (a cheap scan:
+    brackets inside strings count too, which only makes the bound stricter for odd files)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_DEPTH:
+                    raise SpecError(f"{where}: nested deeper than {MAX_DEPTH} levels; allowed: {MAX_DEPTH}")
+        elif ch in "]}" and depth:
+            depth -= 1
+
+
+def _check_node(root: yaml.Node, where: str) -> None:
+    """Count the nodes the document expands to (aliases counted at every use) and its depth,
+    without expanding it: each distinct node is weighed once (memoised), so the check is linear in
+    the file. A node that contains itself (a recursive alias) is refused."""
+    weight: dict[int, int] = {}
+    active: set[int] = set()
+
+    def visit(node: yaml.Node, depth: int) -> int:
+        if depth > MAX_DEPTH:
+            raise SpecError(f"{where}: nested deeper than {MAX_DEPTH} levels; allowed: {MAX_DEPTH}")
+        key = id(node)
+        if key in weight:
+            return weight[key]
+        if key in active:
+            raise SpecError(f"{where}: a YAML alias refers to a node that contains it (recursive); not allowed")
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(visit(child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(visit(k, depth + 1) + visit(v, depth + 1) for k, v in node.value)
+        active.discard(key)
+        if total > MAX_NODES:
+            raise SpecError(f"{where}: YAML aliases expand the document to more than {MAX_NODES:,} nodes; "
+                            f"allowed: {MAX_NODES:,}")
+        weight[key] = total
+        return total
+
+    visit(root, 0)
