@@ -18,6 +18,7 @@ Results go to stdout, errors to stderr as ``error: <message>``. Exit codes (DESI
 from __future__ import annotations
 
 import functools
+import contextlib
 import json
 import math
 import os
@@ -38,6 +39,8 @@ from clusterplan.cost.layout import Job, Layout, given_keys, parse_layout
 from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.cost.step import evaluate
 from clusterplan.models.files import parse_json, read_text
+from clusterplan.cost.goodput import Reliability
+from clusterplan.topologies.cluster import with_what_if
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.library import job_defaults, list_models, load_model, resolve_model_id
 from clusterplan.models.spec import ModelSpec
@@ -135,8 +138,8 @@ class BoundedNumber(click.ParamType):
     """A positive, finite number no larger than ``maximum``: beyond it the arithmetic of the cost
     model and the search (64-bit integers after quantization) cannot hold it, so it is bad input."""
 
-    def __init__(self, kind: type, maximum: float, unit: str = ""):
-        self.kind, self.maximum, self.unit = kind, maximum, unit
+    def __init__(self, kind: type, maximum: float, unit: str = "", minimum: float | None = None):
+        self.kind, self.maximum, self.unit, self.minimum = kind, maximum, unit, minimum
         self.name = "integer" if kind is int else "number"
 
     def convert(self, value: Any, param, ctx):
@@ -146,9 +149,11 @@ class BoundedNumber(click.ParamType):
             self.fail(f"{value!r} is not a{'n integer' if self.kind is int else ' number'}", param, ctx)
         if isinstance(number, float) and not math.isfinite(number):
             self.fail(f"{value!r} is not finite; give a positive number up to {self.maximum:g}{self.unit}", param, ctx)
-        if not 0 < number <= self.maximum:
+        low_ok = number > 0 if self.minimum is None else number >= self.minimum
+        if not (low_ok and number <= self.maximum):
             most = f"{self.maximum:,}" if self.kind is int else f"{self.maximum:g}"
-            self.fail(f"{value!r} is out of range; allowed: more than 0 and at most {most}{self.unit}", param, ctx)
+            least = "more than 0" if self.minimum is None else f"at least {self.minimum:g}"
+            self.fail(f"{value!r} is out of range; allowed: {least} and at most {most}{self.unit}", param, ctx)
         return number
 
 
@@ -209,12 +214,15 @@ def _looks_like_file(text: str) -> bool:
 
 def load_cluster(name_or_path: str, num_devices: int | None, num_nodes: int | None, device: str | None,
                  scale_out_gbit_per_s: float | None, oversubscription: float | None) -> Cluster:
-    """A preset or a cluster file, sized and overridden by the options (which win over the file)."""
+    """A preset or a cluster file, sized and overridden by the options (which win over the file),
+    with the price and PUE options applied."""
     if not _looks_like_file(name_or_path):
-        return build_cluster(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
-                             scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
-    return load_cluster_file(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
-                             scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
+        cluster = build_cluster(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
+                                scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
+    else:
+        cluster = load_cluster_file(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
+                                    scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
+    return with_what_if(cluster, _given("price_per_device_hour"), _given("pue"))
 
 
 def published_defaults(model_arg: str) -> dict[str, Any]:
@@ -274,7 +282,16 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
                         f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
     attention = attention or prof.at(None).attention
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
-               attention=attention, framework=fw, grad_bytes=prof.grad_bytes), origin
+               attention=attention, framework=fw, grad_bytes=prof.grad_bytes, reliability=_reliability()), origin
+
+
+def _reliability() -> Reliability:
+    """The goodput inputs from the options, the defaults (``cost.goodput``) for the rest."""
+    given = {"failure_rate_per_device_hour": _given("failure_rate"),
+             "checkpoint_bytes_per_s_per_device": None if _given("checkpoint_gbyte_per_s") is None
+             else _given("checkpoint_gbyte_per_s") * 1e9,
+             "restart_s": None if _given("restart_minutes") is None else _given("restart_minutes") * 60.0}
+    return Reliability(**{k: v for k, v in given.items() if v is not None})
 
 
 FRAMEWORK_NAMES = FRAMEWORKS + ("nemo", "megatron-bridge", "megatron-lm", "megatron-core")
@@ -286,6 +303,19 @@ def _apply(options: list[Callable]) -> Callable:
             fn = option(fn)
         return fn
     return decorate
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Keep a what-if option (price, PUE, reliability) in the context for load_cluster and build_job:
+    they apply to every command that loads a cluster or a job, without threading them through each."""
+    if value is not None:
+        ctx.meta[f"clusterplan.{param.name}"] = value
+    return value
+
+
+def _given(name: str) -> Any:
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(f"clusterplan.{name}")
 
 
 INPUT_OPTIONS = [
@@ -305,7 +335,7 @@ INPUT_OPTIONS = [
                       "(see `clusterplan devices`)."),
     click.option("--scale-out-gbit-per-s", "scale_out_gbit_per_s", type=POSITIVE_FLOAT, metavar="GBIT",
                  help="NIC bandwidth per device and direction, Gb/s, replacing the preset's."),
-    click.option("--oversubscription", type=click.FloatRange(min=1), metavar="RATIO",
+    click.option("--oversubscription", type=BoundedNumber(float, 64.0, minimum=1.0), metavar="RATIO",
                  help="Leaf downlink/uplink ratio of a fat-tree preset (1 = non-blocking)."),
     click.option("--global-batch", "global_batch", type=POSITIVE_INT, metavar="SEQUENCES",
                  help="Sequences per optimizer step. Default: the model's published batch, else the power "
@@ -322,6 +352,24 @@ INPUT_OPTIONS = [
                       "megatron-bridge), torchtitan, deepspeed, maxtext. Default: maxtext on TPU, megatron "
                       "elsewhere. The search offers only the knobs and combinations it has, and prices "
                       "overlap by its mechanism (see docs/frameworks.md)."),
+    click.option("--price-per-device-hour", "price_per_device_hour", type=BoundedNumber(float, 1e4), metavar="USD",
+                 expose_value=False, callback=_remember,
+                 help="Rental price per device-hour, replacing the catalogue's (cost figures and --objective cost)."),
+    click.option("--pue", type=BoundedNumber(float, 5.0, minimum=1.0), metavar="RATIO", expose_value=False,
+                 callback=_remember,
+                 help="Power usage effectiveness of the facility: energy figures are multiplied by it "
+                      "(default 1.0: the cluster's own draw, host share included where the preset states it)."),
+    click.option("--failure-rate", "failure_rate", type=BoundedNumber(float, 1.0, minimum=0.0), metavar="PER_DEVICE_HOUR",
+                 expose_value=False, callback=_remember,
+                 help="Failures per device-hour, for the goodput in time to train (default 1.97e-5: Llama 3's 419 "
+                      "unexpected interruptions in 54 days on 16,384 H100s; 0 for none)."),
+    click.option("--checkpoint-gbyte-per-s", "checkpoint_gbyte_per_s", type=BoundedNumber(float, 1e4), metavar="GBYTE",
+                 expose_value=False, callback=_remember,
+                 help="Storage write bandwidth per device for checkpoints, GB/s (default 0.122: Llama 3's 2 TB/s "
+                      "for 16,384 GPUs)."),
+    click.option("--restart-minutes", "restart_minutes", type=BoundedNumber(float, 1e4, minimum=0.0), metavar="MIN",
+                 expose_value=False, callback=_remember,
+                 help="Time to restart after a failure (default 10: an assumption, labelled unvalidated)."),
     click.option("--attention", type=click.Choice(list(ATTENTION_KINDS)), default=None,
                  help="Attention kernel (default: the framework's): flash (fused, the device's best: FlashAttention-3/cuDNN on Hopper), "
                       "flash2 (FlashAttention-2 kernels, e.g. PyTorch SDPA: slower on Hopper) or unfused "
@@ -330,6 +378,9 @@ INPUT_OPTIONS = [
 ]
 PROBLEM_OPTIONS = INPUT_OPTIONS + [
     click.option("--json", "as_json", is_flag=True, help="Print the Plan document as JSON, nothing else."),
+    click.option("--no-timings", "no_timings", is_flag=True, default=None, expose_value=False, callback=_remember,
+                 help="Leave the search's wall time out of the document, so that the same input gives the same "
+                      "bytes."),
 ]
 TOP_OPTION = click.option("--top", "top_k", type=click.IntRange(min=0), default=3, show_default=True,
                           help="Runners-up to report.")
@@ -571,8 +622,9 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
     def make_job(cluster):
         return build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, None, framework)[0]
 
-    rows = rank(compare(model, candidates, load, make_job, SearchOptions(engine=engine, top_k=0, objective=objective)),
-                objective)
+    with progress_bar("clusters", not as_json) as tick:
+        rows = rank(compare(model, candidates, load, make_job, SearchOptions(engine=engine, top_k=0, objective=objective),
+                            progress=tick), objective)
     title = f"what-if: {model.name}"
     _whatif_output(rows, "cluster", title, as_json, csv_path, chart_path,
                    lambda path: compare_chart(rows, path, f"{model.name}: what-if across clusters"))
@@ -581,6 +633,8 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
 
 
 @click.command("sweep")
+@click.option("--jobs", "jobs", type=BoundedNumber(int, 256), default=os.cpu_count() or 1, show_default="all cores",
+              help="Points searched in parallel, in forked processes on this machine (1: one process).")
 @click.option("--over", "over", required=True, metavar="KNOB=V1,V2,...",
               help="The knob to sweep and its values, one search per value: "
                    + ", ".join([*SWEEP_KNOBS, "gpus (= devices)"])
@@ -588,7 +642,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
                      "options apply to every point; the swept knob's own option must not be given too.")
 @_apply(INPUT_OPTIONS + ENGINE_OPTIONS + WHATIF_OUTPUT_OPTIONS)
 @guarded
-def sweep_command(over, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
+def sweep_command(over, jobs, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
                   oversubscription, global_batch, seq_len, precision, tokens, framework, attention, engine, time_limit_s, fix,
                   minimum, maximum, memory_headroom, objective, as_json, csv_path, chart_path):
     """What-if: the best layout of MODEL on CLUSTER at each value of one knob (size, link speed,
@@ -614,15 +668,20 @@ def sweep_command(over, model_arg, cluster_arg, num_devices, num_nodes, device, 
     options = SearchOptions(engine=engine, top_k=0, time_limit_s=time_limit_s, objective=objective,
                             bounds=parse_bounds(fix, minimum, maximum, memory_headroom))
 
+    clusters: dict[tuple, Cluster] = {}  # points that differ only in the job share one cluster (and its terms)
+
     def build(value):
         p = {**given, study.spec.param: value}
-        cluster = load_cluster(cluster_arg, p["num_devices"], p["num_nodes"], p["device"], p["scale_out_gbit_per_s"],
-                               p["oversubscription"])
+        key = (p["num_devices"], p["num_nodes"], p["device"], p["scale_out_gbit_per_s"], p["oversubscription"])
+        if key not in clusters:
+            clusters[key] = load_cluster(cluster_arg, *key)
+        cluster = clusters[key]
         job, _ = build_job(model_arg, model, cluster, p["global_batch"], p["seq_len"], p["precision"], tokens,
                            attention, framework)
         return cluster, job
 
-    rows = sweep(model, study, build, options)
+    with progress_bar("points", not as_json and csv_path != "-") as tick:
+        rows = sweep(model, study, build, options, jobs=jobs, progress=tick)
     title = f"what-if: {model.name} on {cluster_arg}, over {study.knob}"
     _whatif_output(rows, "point", title, as_json, csv_path, chart_path,
                    lambda path: sweep_chart(rows, path, f"{model.name} on {cluster_arg}: sweep over {study.knob}",
@@ -780,7 +839,8 @@ def validate_command(file, as_json, markdown, engine, no_best):
     Each run keeps its published layout; unpublished knobs are chosen by the search. Without FILE,
     the runs bundled with clusterplan are used.
     """
-    result = validate(file, SearchOptions(engine=engine, top_k=0), best=not no_best)
+    with progress_bar("runs", not as_json and not markdown) as tick:
+        result = validate(file, SearchOptions(engine=engine, top_k=0), best=not no_best, progress=tick)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -942,8 +1002,26 @@ def run_plan() -> None:
 
 
 # ---- output ------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def progress_bar(unit: str, wanted: bool):
+    """A progress bar on stderr for work of many items (sweep points, compared clusters, validated
+    runs): ``tick(done, total)`` advances it. Silent unless ``wanted`` (not with --json or CSV on
+    stdout) and stderr is a terminal, so pipes, files and tests see nothing."""
+    if not (wanted and sys.stderr.isatty()):
+        yield lambda done, total: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(f"[progress.description]{unit}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(unit, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
 def emit(doc: dict, cluster: Cluster, origin: dict[str, str], as_json: bool) -> None:
     doc["inputs"]["origin"] = dict(origin)  # where each job figure came from: `render` prints it again
+    if _given("no_timings") and doc.get("search"):
+        doc["search"].pop("wall_s", None)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
@@ -1122,7 +1200,29 @@ def _training(doc: dict, console: Console) -> None:
         cost_text = "cost n/a (no price for the device)"
     else:
         cost_text = f"${cost:,.0f} at ${doc['inputs']['cluster']['price_per_device_hour_usd']:.2f} per device-hour"
-    console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)}, {energy_text}, {cost_text}")
+    cluster = doc["inputs"]["cluster"]
+    if energy is not None:
+        pue = cluster.get("pue", 1.0)
+        host = cluster.get("host_power_w_per_device") or 0.0
+        energy_text += (f" (PUE {pue:g}; host {host:,.0f} W per device)" if host
+                        else f" (PUE {pue:g}; devices only: no host power figure for this preset)")
+    gp = doc.get("goodput")
+    if gp is None:
+        console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)}, {energy_text}, {cost_text}")
+        console.print()
+        return
+    if math.isinf(seconds):
+        console.print(f"to train {_count(tokens)} tokens: never: the job fails every {_duration(gp['mtbf_s'])} on "
+                      f"average, faster than it can checkpoint and restart (goodput 0)", style="bold red")
+        console.print()
+        return
+    console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)} with failures "
+                  f"({_duration(doc['time_to_train_ideal_s'])} without), {doc['device_hours']:,.0f} device-hours, "
+                  f"{energy_text}, {cost_text}")
+    restart = f"restart {_duration(gp['restart_s'])}" + (" (unvalidated: assumed)" if gp["restart_unvalidated"] else "")
+    console.print(f"goodput {gp['goodput']:.1%}: a failure every {_duration(gp['mtbf_s'])} on average "
+                  f"({gp['failure_rate_per_device_hour']:.3g} per device-hour), a {gp['checkpoint_write_s']:.1f} s "
+                  f"checkpoint every {_duration(gp['checkpoint_interval_s'])} (Young), {restart}")
     console.print()
 
 
@@ -1199,7 +1299,8 @@ def _search(doc: dict, console: Console) -> None:
     gap = "" if s["status"] == "OPTIMAL" else f", gap {s['gap']:.2%}"
     objective = {"time": "least step time", "cost": "least rental cost per step (= least time on one cluster)",
                  "energy": "least energy per step"}.get(s.get("objective", "time"), s.get("objective"))
-    console.print(f"search: {s['engine']}, {s['status']}{gap}, {s['wall_s']:.2f} s, "
+    wall = f", {s['wall_s']:.2f} s" if "wall_s" in s else ""
+    console.print(f"search: {s['engine']}, {s['status']}{gap}{wall}, "
                   f"{s['layouts_considered']:,} layouts considered, {s['layouts_feasible']:,} valid and fitting; "
                   f"objective: {objective}")
     if s.get("objective") == "energy" and not s.get("idle_power_known"):

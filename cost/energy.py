@@ -10,6 +10,7 @@ device::
 
     E = (P_idle + P_host) * T_step + (P_board - P_idle) * T_busy,    T_busy = compute + recompute + optimizer
 
+The facility's power usage effectiveness (``Cluster.pue``, ``--pue``) multiplies the whole.
 On one cluster, layouts with the same step time can differ in energy (recomputation burns power for
 no progress; a bubble does not), which is what ``--objective energy`` trades. Rental cost is the
 price per device-hour times the step time, so ``--objective cost`` ranks layouts exactly as time
@@ -49,7 +50,7 @@ def step_energy_j(cluster: Cluster, time) -> float | None:
     if watts is None:
         return None
     waiting, extra = watts
-    return cluster.num_devices * (waiting * time.total_s + extra * busy_s(time))
+    return cluster.pue * cluster.num_devices * (waiting * time.total_s + extra * busy_s(time))
 
 
 def step_cost_usd(cluster: Cluster, step_s: float) -> float | None:

@@ -18,9 +18,13 @@ on is the cluster's question (``topologies.cluster.Cluster.placed``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import math
+from dataclasses import asdict, dataclass, field, replace
 
 from clusterplan.cost.framework import FRAMEWORKS, ProfileAt, load_profile, parse_date
+from clusterplan.cost.goodput import Reliability
+
+_DEFAULT_RELIABILITY = Reliability()
 from clusterplan.models.errors import SpecError
 from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.topologies.cluster import TORUS_AXES
@@ -187,6 +191,8 @@ class Job:
         deepspeed, maxtext); the search offers only what it can run, overlap is priced by its mechanism.
     framework_date : the framework release, ``YYYY-MM`` ("" = the profile's own, newest release); a
         feature released later is not offered.
+    reliability : failure rate, checkpoint storage bandwidth and restart time, for the goodput in
+        time to train (``cost.goodput``; defaults from the Llama 3 run).
     compiled : the model runs under ``torch.compile`` (torchtitan's ``compile.enable``): autograd
         then keeps what the compiled graph needs rather than what each eager op saves (the profile's
         ``eager_activations`` no longer apply; ``cost.terms``). Measured by benchmarks/gpu_probe.py.
@@ -201,6 +207,7 @@ class Job:
     framework: str = "megatron"
     framework_date: str = ""
     compiled: bool = False
+    reliability: Reliability = field(default_factory=Reliability)
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "seq_len"):
@@ -219,6 +226,18 @@ class Job:
             parse_date(self.framework_date, "job.framework_date")
         if not isinstance(self.compiled, bool):
             raise SpecError(f"job.compiled: got {self.compiled!r}; allowed: true, false")
+        rel = self.reliability
+        for name, low, high in (("failure_rate_per_device_hour", 0.0, 1.0), ("checkpoint_bytes_per_s_per_device", 1e3, 1e13),
+                                ("restart_s", 0.0, 1e6)):
+            value = getattr(rel, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
+                raise SpecError(f"job.reliability.{name}: got {value!r}; allowed: {low:g} to {high:g}")
+
+    @property
+    def term_key(self) -> "Job":
+        """The job without what no cached cost term reads (global batch, tokens to train,
+        reliability): equal keys price every term alike (``cost.terms.Context``)."""
+        return replace(self, global_batch_size=1, tokens_to_train=0.0, reliability=_DEFAULT_RELIABILITY)
 
     @property
     def profile(self) -> ProfileAt:

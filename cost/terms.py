@@ -34,12 +34,15 @@ RUNTIME_RESERVE_BYTES = 1.0 * 2**30  # CUDA context, cuBLAS workspace, NCCL buff
 UNMEASURED_OVERLAP_SHARE = 0.10
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Context:
     """The fixed inputs of one planning problem.
 
     Every term is cached on (context, knobs); hashing the pydantic model each time would dominate,
-    so the hash is computed once.
+    so the hash is computed once. Two contexts are equal when they ask the same terms: the same
+    model, the same job up to its global batch, tokens to train and reliability (no cached term
+    reads those: the number of micro-batches is passed in), and the same cluster object. So the
+    points of a sweep over the batch share every term.
 
     The context also fixes the placement: terms that take a stride ask ``cluster`` as given, so
     their caller passes ``placed(layout.order)``; terms that take a layout or an order place it
@@ -51,13 +54,18 @@ class Context:
     cluster: Cluster
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.model, self.job, id(self.cluster))))
+        key = (self.model, self.job.term_key, id(self.cluster))
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
         # the same problem with ranks as device ids (see placed)
         base = self if self.cluster.base is None else Context(self.model, self.job, self.cluster.base)
         object.__setattr__(self, "_base", base)
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Context) and self._key == other._key
 
     def placed(self, order: str) -> "Context":
         """This problem with ranks laid on the chips as ``order``'s torus traversal says (itself for
@@ -156,9 +164,29 @@ def _layer_kinds(model: ModelSpec) -> list[tuple[bool, int]]:
     return [(moe, count) for moe, count in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if count]
 
 
-@lru_cache(maxsize=65536)
+_COMPUTE_CONTEXTS: dict = {}
+
+
+@lru_cache(maxsize=256)
+def _compute_context(ctx: Context) -> Context:
+    """One context per (model, job terms, device): compute and activation memory depend on the
+    device alone, not on the cluster's size or fabric, so clusters of one device share them (a
+    sweep over device counts computes each layer's terms once)."""
+    key = (ctx.model, ctx._key[1], id(ctx.cluster.device))  # the entry keeps the device alive
+    if len(_COMPUTE_CONTEXTS) > 256:
+        _COMPUTE_CONTEXTS.clear()
+    return _COMPUTE_CONTEXTS.setdefault(key, ctx)
+
+
 def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int = 1,
                   expert_tp: bool = True) -> ComputeTerms:
+    """Compute of all layers for one micro-batch and the activations it leaves (:class:`ComputeTerms`)."""
+    return _compute_terms(_compute_context(ctx), tp, cp, mbs, sp, recompute, ep, expert_tp)
+
+
+@lru_cache(maxsize=65536)
+def _compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int = 1,
+                   expert_tp: bool = True) -> ComputeTerms:
     model = ctx.model
     n = _tokens(ctx, cp, mbs)
     prof = ctx.job.profile

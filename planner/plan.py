@@ -14,6 +14,8 @@ rejections{...}, search{objective, ...}``.
 
 from __future__ import annotations
 
+import math
+
 import functools
 from dataclasses import asdict
 from importlib import resources
@@ -21,6 +23,7 @@ from importlib import resources
 import yaml
 
 from clusterplan.cost.compute import UNMEASURED_ATTENTION_OVER_MAMF
+from clusterplan.cost.goodput import goodput
 from clusterplan.cost.energy import has_idle_power, step_cost_usd, step_energy_j
 from clusterplan.cost.layout import Job
 from clusterplan.cost.step import Evaluation
@@ -40,7 +43,7 @@ def layout_dict(ev: Evaluation) -> dict:
     return d
 
 
-def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
+def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster, num_params: float | None = None) -> dict:
     """The figures of one evaluated layout (used for the winner and each runner-up)."""
     breakdown = {k.removesuffix("_s"): v for k, v in asdict(ev.time).items()}
     memory = {k.removesuffix("_bytes"): v for k, v in asdict(ev.memory).items()}
@@ -66,19 +69,35 @@ def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
         "energy_per_step_j": step_energy_j(cluster, ev.time),
         "cost_per_step_usd": step_cost_usd(cluster, ev.step_time_s),
     }
-    out.update(training_totals(out, job))
+    out.update(training_totals(out, job, num_params, cluster.num_devices))
     return out
 
 
-def training_totals(figures: dict, job: Job) -> dict:
+def training_totals(figures: dict, job: Job, num_params: float | None = None, num_devices: int = 0) -> dict:
     """Time, energy and cost to train ``job.tokens_to_train`` tokens from the per-step ``figures``
-    (None where unknown)."""
+    (None where unknown), with failures, checkpoints and restarts (``cost.goodput``) when the model
+    size is given: ``time_to_train_s`` is then the effective time (failure-free time / goodput),
+    ``time_to_train_ideal_s`` the failure-free one, and energy and cost scale with the effective
+    time (devices stay allocated through restarts; energy so counted is an upper bound)."""
     if not job.tokens_to_train:
-        return {"time_to_train_s": None, "energy_j": None, "cost_usd": None}
+        return {"time_to_train_s": None, "energy_j": None, "cost_usd": None, "goodput": None}
     steps = job.tokens_to_train / job.tokens_per_step
-    scale = lambda value: None if value is None else steps * value
-    return {"time_to_train_s": scale(figures["step_time_s"]), "energy_j": scale(figures["energy_per_step_j"]),
-            "cost_usd": scale(figures["cost_per_step_usd"])}
+    gp = goodput(num_params, num_devices, job.reliability) if num_params and num_devices else None
+    factor = 1.0 if gp is None else (math.inf if gp.goodput <= 0 else 1.0 / gp.goodput)
+    scale = lambda value: None if value is None else steps * value * factor
+    ideal_s = steps * figures["step_time_s"]
+    out = {"time_to_train_s": scale(figures["step_time_s"]), "time_to_train_ideal_s": ideal_s,
+           "energy_j": scale(figures["energy_per_step_j"]), "cost_usd": scale(figures["cost_per_step_usd"]),
+           "goodput": None}
+    if gp is not None:
+        out["device_hours"] = None if math.isinf(factor) else num_devices * ideal_s * factor / 3600.0
+        out["goodput"] = {"goodput": gp.goodput, "mtbf_s": gp.mtbf_s, "checkpoint_write_s": gp.checkpoint_write_s,
+                          "checkpoint_interval_s": gp.checkpoint_interval_s,
+                          "failure_rate_per_device_hour": job.reliability.failure_rate_per_device_hour,
+                          "checkpoint_bytes_per_s_per_device": job.reliability.checkpoint_bytes_per_s_per_device,
+                          "restart_s": job.reliability.restart_s,
+                          "restart_unvalidated": job.reliability.restart_is_default}
+    return out
 
 
 def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
@@ -89,7 +108,8 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
                     "device": cluster.device.id, "num_devices": cluster.num_devices,
                     "devices_per_node": cluster.devices_per_node, "device_name": cluster.device.name,
                     "device_memory_kind": cluster.device.memory_kind,
-                    "price_per_device_hour_usd": cluster.device.price_per_hour_usd},
+                    "price_per_device_hour_usd": cluster.device.price_per_hour_usd, "pue": cluster.pue,
+                    "host_power_w_per_device": cluster.power_overhead_w_per_device},
         "job": asdict(job),
         "framework": framework_dict(job),
         "caveats": caveats(job, cluster),
@@ -153,8 +173,9 @@ def plan_document(result) -> dict:
     """The document for a :class:`planner.search.SearchResult`."""
     doc = {"schema": SCHEMA, "planner_version": PLANNER_VERSION,
            "inputs": inputs_dict(result.model, result.job, result.cluster)}
-    doc.update(evaluation_dict(result.best, result.job, result.cluster))
-    doc["runners_up"] = [evaluation_dict(ev, result.job, result.cluster) for ev in result.runners_up]
+    n = result.model.num_params
+    doc.update(evaluation_dict(result.best, result.job, result.cluster, n))
+    doc["runners_up"] = [evaluation_dict(ev, result.job, result.cluster, n) for ev in result.runners_up]
     doc["rejections"] = dict(result.rejections)
     doc["rejection_reasons"] = {k: REASONS[k] for k in result.rejections}
     doc["search"] = {"objective": result.objective, "idle_power_known": has_idle_power(result.cluster),
@@ -169,7 +190,7 @@ def plan_document(result) -> dict:
 def evaluation_document(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluation) -> dict:
     """The document for ``clusterplan evaluate`` (one given layout, no search)."""
     doc = {"schema": SCHEMA, "planner_version": PLANNER_VERSION, "inputs": inputs_dict(model, job, cluster)}
-    doc.update(evaluation_dict(ev, job, cluster))
+    doc.update(evaluation_dict(ev, job, cluster, model.num_params))
     doc["runners_up"] = []
     doc["rejections"] = {}
     torus = placement(cluster, ev.layout)

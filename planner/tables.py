@@ -28,6 +28,8 @@ power while computing (``cost.energy``). For time and cost the weights are ``(1,
 
 from __future__ import annotations
 
+from clusterplan.models.errors import SpecError
+
 import math
 from dataclasses import dataclass
 
@@ -228,8 +230,17 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))))
 
 
+MAX_TERM_S = 1e9  # about 30 years per step: any term beyond it comes from input no real cluster has
+
+
 def _qt(values) -> np.ndarray:
-    return np.rint(np.asarray(values, dtype=float) / TIME_QUANTUM_S).astype(np.int64)
+    """Times in integer quanta; a term that is not finite or beyond ``MAX_TERM_S`` is bad input (a
+    bandwidth or a size near zero or infinity), refused rather than wrapped round in 64 bits."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size and not (np.isfinite(arr).all() and arr.max() <= MAX_TERM_S):
+        raise SpecError(f"the inputs give a step-time term of {arr.max():.3g} s (or a non-finite one); allowed: up to "
+                        f"{MAX_TERM_S:g} s: check the cluster's bandwidths and the model's sizes for extreme values")
+    return np.rint(arr / TIME_QUANTUM_S).astype(np.int64)
 
 
 def _qb(values) -> np.ndarray:

@@ -8,6 +8,8 @@ be evaluated says why and does not stop the others.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -393,26 +395,36 @@ def bundled_data_path(name: str) -> Path:
     return Path(str(resources.files("clusterplan.planner") / "data" / name))
 
 
-def validate(path: str | Path | None = None, options: SearchOptions | None = None, best: bool = True) -> dict:
+def validate(path: str | Path | None = None, options: SearchOptions | None = None, best: bool = True,
+             progress: Callable[[int, int], None] | None = None) -> dict:
     """Evaluate every run of ``path`` (the bundled runs by default); ``{"runs": [...], "summary": {...}}``.
 
     Without ``path`` the other bundled files are evaluated too, each under its own key with its own
     summary (:data:`BUNDLED_EXTRAS`): layout sweeps (their runs count for the ranking measure),
     memory ground truth and runs beyond A100/H100. The bundled runs' summary stays the one the
-    project's step-time targets are stated on."""
+    project's step-time targets are stated on. ``progress(done, total)`` is called after each run."""
     opts = options or SearchOptions()
     main_path = path or bundled_runs_path()
     runs, extra = load_runs_and_groups(main_path)
-    results = [evaluate_run(run, opts, best) for run in runs]
+    extras = [] if path is not None else [
+        (key, name, what, load_runs_and_groups(bundled_data_path(name)))
+        for key, (name, what) in BUNDLED_EXTRAS.items() if bundled_data_path(name).is_file()]
+    total, done = len(runs) + sum(len(e[3][0]) for e in extras), 0
+
+    def tick(result):
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, total)
+        return result
+
+    results = [tick(evaluate_run(run, opts, best)) for run in runs]
     out = {"file": str(main_path), "runs": [r.as_dict() for r in results]}
     groups = run_groups(runs, extra)
     ranked = list(results)
-    for key, (name, what) in BUNDLED_EXTRAS.items():
+    for key, name, what, (extra_runs, extra_groups) in extras:
         file = bundled_data_path(name)
-        if path is not None or not file.is_file():
-            continue
-        extra_runs, extra_groups = load_runs_and_groups(file)
-        extra_results = [evaluate_run(run, opts, best=False) for run in extra_runs]
+        extra_results = [tick(evaluate_run(run, opts, best=False)) for run in extra_runs]
         for g, ids in run_groups(extra_runs, extra_groups).items():
             groups.setdefault(g, []).extend(ids)
         ranked += extra_results

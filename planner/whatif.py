@@ -8,6 +8,8 @@ run the job says why in its row and does not stop the others.
 
 from __future__ import annotations
 
+import multiprocessing
+
 import csv
 import io
 import math
@@ -72,7 +74,8 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
         device_memory_bytes=doc["device_memory_bytes"], time_to_train_s=doc["time_to_train_s"],
         energy_per_step_j=doc["energy_per_step_j"], cost_per_step_usd=doc["cost_per_step_usd"],
         energy_j=doc["energy_j"], cost_usd=doc["cost_usd"], search=doc["search"],
-        validated_error=_validated(doc),
+        goodput=None if doc.get("goodput") is None else doc["goodput"]["goodput"],
+        device_hours=doc.get("device_hours"), validated_error=_validated(doc),
     )
 
 
@@ -85,7 +88,8 @@ def _validated(doc: dict) -> str:
 
 
 def compare(model: ModelSpec, candidates: list[Candidate], load: Callable[[Candidate], Cluster],
-            make_job: Callable[[Cluster], Job], options: SearchOptions) -> list[dict]:
+            make_job: Callable[[Cluster], Job], options: SearchOptions,
+            progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """One row per candidate: the best layout's figures, or the reason it has none.
 
     ``load`` builds a candidate's cluster and ``make_job`` the job for it (the precision may fall
@@ -100,7 +104,12 @@ def compare(model: ModelSpec, candidates: list[Candidate], load: Callable[[Candi
             return cluster, make_job(cluster)
         return build
 
-    return [{"cluster": cand.label, **point_row(model, builder(cand), options)} for cand in candidates]
+    rows = []
+    for cand in candidates:
+        rows.append({"cluster": cand.label, **point_row(model, builder(cand), options)})
+        if progress:
+            progress(len(rows), len(candidates))
+    return rows
 
 
 OBJECTIVES = {"time": "step_time_s", "cost": "cost_per_step_usd", "energy": "energy_per_step_j"}
@@ -242,22 +251,60 @@ def check_sweep_options(sweep: Sweep, given: dict[str, Any]) -> None:
 
 
 def sweep(model: ModelSpec, study: Sweep, build: Callable[[Any], tuple[Cluster, Job]],
-          options: SearchOptions) -> list[dict]:
+          options: SearchOptions, jobs: int = 1, progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """One row per value of the swept knob, in the order given.
 
     ``build(value)`` makes the cluster and job of one point, as ``plan`` would with that option
     set. Rows carry ``point`` (``devices=512``), ``knob`` and ``value`` before the figures.
+
+    ``jobs`` > 1 runs the points in that many forked processes, each on a contiguous run of points
+    so that neighbouring points still share their cached terms (``cost.terms.Context``); the rows
+    are the same as with one process. Where ``fork`` is not available (macOS, Windows) the points
+    run in this process. ``progress(done, total)`` is called as points finish.
     """
+    values = list(study.values)
+    jobs = max(1, min(jobs, len(values)))
+    report = progress or (lambda done, total: None)
+    if jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
+        global _SWEEP_WORK
+        _SWEEP_WORK = (model, study, build, options)
+        # contiguous runs of points per process (neighbours share terms), several per process so
+        # that progress can be reported as they finish
+        size = max(1, min(-(-len(values) // jobs), 16))
+        chunks = [list(range(i, min(i + size, len(values)))) for i in range(0, len(values), size)]
+        rows: list[dict] = []
+        try:
+            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+                for part in pool.imap(_sweep_chunk, chunks):
+                    rows += part
+                    report(len(rows), len(values))
+        finally:
+            _SWEEP_WORK = None
+        return rows
     rows = []
-    for value in study.values:
-        head = {"point": study.label(value), "knob": study.knob, "value": value}
-        rows.append({**head, **point_row(model, lambda value=value: build(value), options)})
+    for value in values:
+        rows.append(_sweep_point(model, study, build, options, value))
+        report(len(rows), len(values))
     return rows
+
+
+_SWEEP_WORK: tuple | None = None  # what the forked workers of :func:`sweep` run (inherited, not pickled)
+
+
+def _sweep_chunk(indices: list[int]) -> list[dict]:
+    model, study, build, options = _SWEEP_WORK
+    return [_sweep_point(model, study, build, options, study.values[i]) for i in indices]
+
+
+def _sweep_point(model: ModelSpec, study: Sweep, build, options: SearchOptions, value: Any) -> dict:
+    head = {"point": study.label(value), "knob": study.knob, "value": value}
+    return {**head, **point_row(model, lambda: build(value), options)}
 
 
 # ---- CSV -----------------------------------------------------------------------------------------------
 CSV_COLUMNS = ("device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib",
-               "time_to_train_days", "energy_mwh", "cost_usd", "layout", "validated_error", "error")
+               "time_to_train_days", "goodput", "device_hours", "energy_mwh", "cost_usd", "layout", "validated_error",
+               "error")
 
 
 def layout_string(layout: dict) -> str:
@@ -286,8 +333,8 @@ def _csv_values(row: dict) -> list:
         return None if row[key] is None else row[key] / unit
 
     return [row["device"], row["num_devices"], row["precision"], row["step_time_s"], row["tokens_per_s"], row["mfu"],
-            row["peak_memory_bytes"] / GIB, scaled("time_to_train_s", SECONDS_PER_DAY),
-            scaled("energy_j", JOULES_PER_MWH), row["cost_usd"], layout_string(row["layout"]),
+            row["peak_memory_bytes"] / GIB, scaled("time_to_train_s", SECONDS_PER_DAY), row.get("goodput"),
+            row.get("device_hours"), scaled("energy_j", JOULES_PER_MWH), row["cost_usd"], layout_string(row["layout"]),
             row.get("validated_error"), None]
 
 

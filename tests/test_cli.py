@@ -247,7 +247,9 @@ def test_search_options_are_applied():
     assert doc["peak_memory_bytes"] <= 0.9 * doc["device_memory_bytes"]
     assert len(doc["runners_up"]) == 1 and doc["search"]["engine"] == "exhaustive"
     assert doc["inputs"]["job"]["global_batch_size"] == 64 and doc["inputs"]["job"]["seq_len"] == 4096
-    assert math.isclose(doc["time_to_train_s"], 1e9 / doc["tokens_per_s"])
+    # failure-free time is tokens / throughput; the effective time divides it by the goodput
+    assert math.isclose(doc["time_to_train_ideal_s"], 1e9 / doc["tokens_per_s"])
+    assert math.isclose(doc["time_to_train_s"] * doc["goodput"]["goodput"], 1e9 / doc["tokens_per_s"])
 
 
 def test_published_fp8_falls_back_to_bf16_on_a_device_without_fp8():
@@ -338,7 +340,7 @@ def test_compare_runs_every_candidate():
     assert rows[2]["cluster"] == "groq-rack"  # failures rank last
     for row in rows[:2]:
         assert row["num_devices"] == 16 and row["step_time_s"] > 0
-        assert math.isclose(row["time_to_train_s"], 1e12 / row["tokens_per_s"])
+        assert math.isclose(row["time_to_train_s"] * row["goodput"], 1e12 / row["tokens_per_s"])
     assert rows[2]["exit_code"] == 3 and "does not fit" in rows[2]["error"]
     table = CliRunner().invoke(cli.main, args)
     assert table.exit_code == 0 and "what-if" in table.stdout and "Traceback" not in table.output
@@ -439,7 +441,7 @@ def test_sweep_over_devices_gives_a_row_per_value():
     for row in rows:
         lay = row["layout"]
         assert lay["tp"] * lay["pp"] * lay["dp"] * lay["cp"] == row["num_devices"]
-        assert math.isclose(row["time_to_train_s"], 1e12 / row["tokens_per_s"])
+        assert math.isclose(row["time_to_train_s"] * row["goodput"], 1e12 / row["tokens_per_s"])
     assert rows[1]["step_time_s"] < rows[0]["step_time_s"]
     table = run(*SWEEP, "--over", "devices=16,32")
     assert table.exit_code == 0 and "what-if: Llama 2 7B on dgx-h100-superpod, over devices" in table.stdout
@@ -466,7 +468,7 @@ def test_sweep_and_compare_write_csv(tmp_path):
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["point", "device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu",
-                             "peak_memory_gib", "time_to_train_days", "energy_mwh", "cost_usd", "layout", "validated_error", "error"]
+                             "peak_memory_gib", "time_to_train_days", "goodput", "device_hours", "energy_mwh", "cost_usd", "layout", "validated_error", "error"]
     assert [r["point"] for r in rows] == ["seq-len=1024", "seq-len=2048"]
     for row in rows:
         assert row["num_devices"] == "16" and float(row["step_time_s"]) > 0 and row["error"] == ""
@@ -694,3 +696,11 @@ def test_oversized_file_is_refused_before_parsing(tmp_path, monkeypatch):
     path.write_text("name: x\n" + "# padding\n" * 200)
     result = run("plan", "--model", str(path), "--cluster", "dgx-h100-superpod", "--devices", "8")
     assert result.exit_code == 2 and "larger than 1,000 bytes" in result.stderr, result.stderr
+
+
+def test_no_timings_gives_identical_bytes_for_identical_input():
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8", "--json", "--no-timings"]
+    first, second = run(*args), run(*args)
+    assert first.exit_code == 0 and first.stdout == second.stdout
+    assert '"wall_s"' not in first.stdout
+    assert '"wall_s"' in run(*args[:-1]).stdout  # timings stay by default

@@ -89,6 +89,7 @@ class Cluster:
     oversubscription: float = 1.0
     in_network_reduction: tuple[str, ...] = ()
     power_overhead_w_per_device: float = 0.0
+    pue: float = 1.0  # facility power usage effectiveness: energy figures are multiplied by it
     weight_streaming: bool = False
     traversal: str = ""
     """Torus axes, fastest first, along which ranks are laid on each slice's chips; "" for device
@@ -400,3 +401,15 @@ def _placed(cluster: Cluster, traversal: str) -> Cluster:
     mapping = (ranks // size) * size + device[ranks % size]
     mapping.setflags(write=False)
     return replace(cluster, traversal=traversal, base=cluster, rank_to_device=mapping)
+
+
+def with_what_if(cluster: "Cluster", price_per_device_hour: float | None, pue: float | None) -> "Cluster":
+    """``cluster`` with a rental price per device-hour and a facility PUE set (None: unchanged)."""
+    from dataclasses import replace
+
+    changes: dict = {}
+    if price_per_device_hour is not None:
+        changes["device"] = cluster.device.model_copy(update={"price_per_hour_usd": float(price_per_device_hour)})
+    if pue is not None:
+        changes["pue"] = float(pue)
+    return replace(cluster, **changes) if changes else cluster

@@ -204,6 +204,9 @@ class LinkEntry(_Entry):
     note: str = ""
 
 
+MAX_OVERSUBSCRIPTION = 64.0  # far beyond any built fat-tree (1:1 to 1:8); more is a typo, not a design
+
+
 class ScaleOutEntry(_Entry):
     """The scale-out fabric of a preset."""
 
@@ -211,7 +214,7 @@ class ScaleOutEntry(_Entry):
     link: str
     nodes_per_su: int | None = Field(None, gt=0)
     switch_radix: int | None = Field(None, ge=2)
-    oversubscription: float = Field(1.0, ge=1, description="Leaf downlink / uplink capacity.")
+    oversubscription: float = Field(1.0, ge=1, le=MAX_OVERSUBSCRIPTION, description="Leaf downlink / uplink capacity.")
     leaves_per_su: int | None = Field(None, gt=0)
     sharp: bool = False
     sharp_nir_fraction: float | None = Field(None, gt=0, le=1)
@@ -514,8 +517,9 @@ def _oversubscription(entry: PresetEntry, value: float | None) -> float | None:
         raise SpecError(f"oversubscription: preset {entry.id} ({entry.family}) has no switched fat-tree to "
                         f"oversubscribe (given: {value!r}); allowed with "
                         f"{', '.join(sorted(FAT_TREE_FAMILIES))} presets")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
-        raise SpecError(f"oversubscription: must be a number >= 1 (leaf downlink / uplink capacity; given: {value!r})")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= MAX_OVERSUBSCRIPTION:
+        raise SpecError(f"oversubscription: must be a number from 1 to {MAX_OVERSUBSCRIPTION:g} (leaf downlink / "
+                        f"uplink capacity; given: {value!r})")
     return float(value)
 
 
