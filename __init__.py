@@ -43,6 +43,8 @@ _API = {
     "load_device": "clusterplan.topologies.library",
     "list_devices": "clusterplan.topologies.library",
     "load_profile": "clusterplan.cost.framework",
+    "build_job": "clusterplan.planner.inputs",
+    "load_cluster": "clusterplan.planner.inputs",
 }
 
 __all__ = sorted(_API) + ["__version__"]

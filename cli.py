@@ -34,17 +34,18 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from clusterplan.cost.framework import FRAMEWORKS, default_framework, framework_defaults, load_profile, resolve_name as resolve_framework
+from clusterplan.cost.framework import FRAMEWORKS, framework_defaults, resolve_name as resolve_framework
 from clusterplan.cost.layout import Job, Layout, given_keys, parse_layout
 from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.cost.step import evaluate
 from clusterplan.models.files import parse_json, read_text
 from clusterplan.cost.goodput import Reliability
-from clusterplan.topologies.cluster import with_what_if
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
-from clusterplan.models.library import job_defaults, list_models, load_model, resolve_model_id
+from clusterplan.models.library import job_defaults, list_models, load_model
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.plan import PLANNER_VERSION, SCHEMA as PLAN_DOC_SCHEMA, evaluation_document, plan_document
+from clusterplan.planner import inputs
+from clusterplan.planner.inputs import default_global_batch  # noqa: F401 (re-exported: tests, API)
 from clusterplan.planner.search import ENGINES, SearchOptions, check_layout, plan
 from clusterplan.planner.space import REASONS, parse_bounds
 from clusterplan.planner.validate import markdown_report, validate
@@ -54,13 +55,11 @@ from clusterplan.planner.whatif import (OBJECTIVES, SWEEP_KNOBS, check_sweep_opt
 from clusterplan.planner.export import FORMATS as EXPORT_FORMATS, export, export_framework
 from clusterplan.planner.fit import fewest_devices, fit_hint, smallest_device
 from clusterplan.topologies.cluster import Cluster
-from clusterplan.topologies.library import build_cluster, list_clusters, list_devices, load_cluster_file
+from clusterplan.topologies.library import list_clusters, list_devices
 
 EXIT_BUG = 1
 GIB = 2**30
-DEFAULT_TOKENS_PER_STEP = 4 * 2**20
 """Tokens per optimizer step of the default global batch (about 4M, the GPT-3/Llama range)."""
-FILE_SUFFIXES = (".yaml", ".yml", ".json")
 REPORT_WIDTH = 120
 """Report width when stdout is not a terminal (a terminal uses its own width)."""
 
@@ -205,84 +204,20 @@ def guarded(fn: Callable) -> Callable:
     return wrapper
 
 
-# ---- loading the inputs ------------------------------------------------------------------------------
-def _looks_like_file(text: str) -> bool:
-    """``--cluster`` is a file by the rule ``models.library.load_model`` applies to ``--model``: it exists,
-    ends in .yaml/.yml/.json, or contains a path separator."""
-    return Path(text).exists() or Path(text).suffix.lower() in FILE_SUFFIXES or "/" in text or "\\" in text
-
-
+# ---- loading the inputs (planner.inputs; the what-if options come from the click context) ----------
 def load_cluster(name_or_path: str, num_devices: int | None, num_nodes: int | None, device: str | None,
                  scale_out_gbit_per_s: float | None, oversubscription: float | None) -> Cluster:
-    """A preset or a cluster file, sized and overridden by the options (which win over the file),
-    with the price and PUE options applied."""
-    if not _looks_like_file(name_or_path):
-        cluster = build_cluster(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
-                                scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
-    else:
-        cluster = load_cluster_file(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
-                                    scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
-    return with_what_if(cluster, _given("price_per_device_hour"), _given("pue"))
-
-
-def published_defaults(model_arg: str) -> dict[str, Any]:
-    """The job a bundled model was published with; empty for a model file."""
-    if Path(model_arg).exists():
-        return {}
-    try:
-        return job_defaults(resolve_model_id(model_arg))
-    except SpecError:
-        return {}
-
-
-def default_global_batch(seq_len: int) -> int:
-    """The power of two nearest to DEFAULT_TOKENS_PER_STEP / seq_len sequences (at least 1).
-
-    A power of two divides evenly by the data-parallel and micro-batch sizes the search tries.
-    """
-    return 2 ** max(0, round(math.log2(DEFAULT_TOKENS_PER_STEP / seq_len)))
+    """:func:`planner.inputs.load_cluster` with the command's --price-per-device-hour and --pue."""
+    return inputs.load_cluster(name_or_path, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
+                               price_per_device_hour=_given("price_per_device_hour"), pue=_given("pue"))
 
 
 def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: int | None,
               seq_len: int | None, precision: str | None, tokens: int | None,
               attention: str | None = None, framework: str | None = None) -> tuple[Job, dict[str, str]]:
-    """The job from the options, the model's published setup, then the defaults; and where each came from.
-
-    The framework defaults to maxtext on TPU and megatron elsewhere; the attention kernel and the
-    gradient dtype to that framework's (its profile's ``semantics``)."""
-    published = published_defaults(model_arg)
-    origin: dict[str, str] = {}
-
-    def pick(key: str, given, fallback):
-        if given is not None:
-            origin[key] = "given"
-            return given
-        if published.get(key) is not None:
-            origin[key] = "published"
-            return published[key]
-        origin[key] = "default"
-        return fallback() if callable(fallback) else fallback
-
-    seq = pick("seq_len", seq_len, model.seq_len)
-    if origin["seq_len"] == "default":
-        origin["seq_len"] = "model"  # the model file's seq_len field (2048 when it has none)
-    batch = pick("global_batch_size", global_batch, lambda: default_global_batch(seq))
-    prec = pick("precision", precision, "bf16")
-    tokens_to_train = pick("tokens_to_train", tokens, 0)
-    if prec == "fp8" and not cluster.device.supports("fp8"):
-        has = ", ".join(sorted(cluster.device.peak_flops_per_s))
-        if origin["precision"] == "given":
-            raise SpecError(f"--precision: fp8 needs a device with FP8 math; {cluster.device.id} has {has}; "
-                            "use --precision bf16, or a device with FP8 (--device, another --cluster)")
-        prec, origin["precision"] = "bf16", f"bf16: published fp8, but {cluster.device.id} has no FP8"
-    fw = resolve_framework(framework) if framework else default_framework(cluster.platform)
-    prof = load_profile(fw)
-    if cluster.platform not in prof.platforms:
-        raise SpecError(f"--framework: {fw} does not run on {cluster.platform.upper()} ({cluster.device.id}); it runs on "
-                        f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
-    attention = attention or prof.at(None).attention
-    return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
-               attention=attention, framework=fw, grad_bytes=prof.grad_bytes, reliability=_reliability()), origin
+    """:func:`planner.inputs.build_job` with the command's goodput options."""
+    return inputs.build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention, framework,
+                            reliability=_reliability())
 
 
 def _reliability() -> Reliability:

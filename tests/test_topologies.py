@@ -346,7 +346,7 @@ def test_scale_out_override_replaces_the_nic_rate():
     ({"preset_id": "tpu-v5e-pod", "num_devices": 100}, ["100", "16x16"]),
     ({"preset_id": "tpu-v5p-pod", "num_devices": 96}, ["96", "4x4x4"]),
     ({"preset_id": "tpu-v5e-pod", "oversubscription": 2}, ["oversubscription", "fat-tree"]),
-    ({"preset_id": "dgx-h100-superpod", "oversubscription": 0.5}, ["oversubscription", ">= 1"]),
+    ({"preset_id": "dgx-h100-superpod", "oversubscription": 0.5}, ["oversubscription", "from 1 to 64", "0.5"]),
     ({"preset_id": "dgx-h100-superpod", "scale_out_gbit_per_s": 0}, ["scale_out_gbit_per_s"]),
 ])
 def test_bad_input_raises_spec_error_naming_the_field(kwargs, words):

@@ -1,0 +1,106 @@
+"""The inputs of a planning problem from what a user gives: the cluster (a preset or a file, sized and
+overridden), and the job (the options, then the model's published setup, then the defaults, each
+with where it came from). The command line and the Python API share these rules; the CLI only
+parses options and prints.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from clusterplan.cost.framework import default_framework, load_profile, resolve_name as resolve_framework
+from clusterplan.cost.goodput import Reliability
+from clusterplan.cost.layout import Job
+from clusterplan.models.errors import SpecError
+from clusterplan.models.library import job_defaults, resolve_model_id
+from clusterplan.models.spec import ModelSpec
+from clusterplan.topologies.cluster import Cluster, with_what_if
+from clusterplan.topologies.library import build_cluster, load_cluster_file
+
+DEFAULT_TOKENS_PER_STEP = 4 * 2**20
+FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _looks_like_file(text: str) -> bool:
+    """``--cluster`` is a file by the rule ``models.library.load_model`` applies to ``--model``: it exists,
+    ends in .yaml/.yml/.json, or contains a path separator."""
+    return Path(text).exists() or Path(text).suffix.lower() in FILE_SUFFIXES or "/" in text or "\\" in text
+
+
+def load_cluster(name_or_path: str, num_devices: int | None = None, num_nodes: int | None = None,
+                 device: str | None = None, scale_out_gbit_per_s: float | None = None,
+                 oversubscription: float | None = None, price_per_device_hour: float | None = None,
+                 pue: float | None = None) -> Cluster:
+    """A preset or a cluster file, sized and overridden by the options (which win over the file),
+    with a rental price and a facility PUE applied where given."""
+    if not _looks_like_file(name_or_path):
+        cluster = build_cluster(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
+                                scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
+    else:
+        cluster = load_cluster_file(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
+                                    scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
+    return with_what_if(cluster, price_per_device_hour, pue)
+
+
+def published_defaults(model_arg: str) -> dict[str, Any]:
+    """The job a bundled model was published with; empty for a model file."""
+    if Path(model_arg).exists():
+        return {}
+    try:
+        return job_defaults(resolve_model_id(model_arg))
+    except SpecError:
+        return {}
+
+
+def default_global_batch(seq_len: int) -> int:
+    """The power of two nearest to DEFAULT_TOKENS_PER_STEP / seq_len sequences (at least 1).
+
+    A power of two divides evenly by the data-parallel and micro-batch sizes the search tries.
+    """
+    return 2 ** max(0, round(math.log2(DEFAULT_TOKENS_PER_STEP / seq_len)))
+
+
+def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: int | None = None,
+              seq_len: int | None = None, precision: str | None = None, tokens: int | None = None,
+              attention: str | None = None, framework: str | None = None,
+              reliability: Reliability | None = None) -> tuple[Job, dict[str, str]]:
+    """The job from the options, the model's published setup, then the defaults; and where each came from.
+
+    The framework defaults to maxtext on TPU and megatron elsewhere; the attention kernel and the
+    gradient dtype to that framework's (its profile's ``semantics``)."""
+    published = published_defaults(model_arg)
+    origin: dict[str, str] = {}
+
+    def pick(key: str, given, fallback):
+        if given is not None:
+            origin[key] = "given"
+            return given
+        if published.get(key) is not None:
+            origin[key] = "published"
+            return published[key]
+        origin[key] = "default"
+        return fallback() if callable(fallback) else fallback
+
+    seq = pick("seq_len", seq_len, model.seq_len)
+    if origin["seq_len"] == "default":
+        origin["seq_len"] = "model"  # the model file's seq_len field (2048 when it has none)
+    batch = pick("global_batch_size", global_batch, lambda: default_global_batch(seq))
+    prec = pick("precision", precision, "bf16")
+    tokens_to_train = pick("tokens_to_train", tokens, 0)
+    if prec == "fp8" and not cluster.device.supports("fp8"):
+        has = ", ".join(sorted(cluster.device.peak_flops_per_s))
+        if origin["precision"] == "given":
+            raise SpecError(f"--precision: fp8 needs a device with FP8 math; {cluster.device.id} has {has}; "
+                            "use --precision bf16, or a device with FP8 (--device, another --cluster)")
+        prec, origin["precision"] = "bf16", f"bf16: published fp8, but {cluster.device.id} has no FP8"
+    fw = resolve_framework(framework) if framework else default_framework(cluster.platform)
+    prof = load_profile(fw)
+    if cluster.platform not in prof.platforms:
+        raise SpecError(f"--framework: {fw} does not run on {cluster.platform.upper()} ({cluster.device.id}); it runs on "
+                        f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
+    attention = attention or prof.at(None).attention
+    return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
+               attention=attention, framework=fw, grad_bytes=prof.grad_bytes,
+               reliability=reliability or Reliability()), origin
