@@ -30,7 +30,8 @@ from clusterplan.topologies.library import load_device  # noqa: E402
 
 DEVICE_OF = {"NVIDIA H200": "h200-sxm-141gb", "NVIDIA H100 80GB HBM3": "h100-sxm5-80gb"}
 RESULTS = REPO / "benchmarks" / "results"
-PROBES = (RESULTS / "gpu_probe_h200_2026-11-26.json", RESULTS / "gpu_probe2_h200_2026-11-26.json")
+PROBES = (RESULTS / "gpu_probe_h200_2026-11-26.json", RESULTS / "gpu_probe2_h200_2026-11-26.json",
+          RESULTS / "gpu_probe3_h200_2026-11-26.json")
 LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, style="llama")
 
 

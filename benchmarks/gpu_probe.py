@@ -255,6 +255,10 @@ LAYER_CASES = [
     ("llama3-8b-layer-s4096-mb2", 4096, 32, 8, 14336, "llama", 4096, 2, 4),
     ("gpt-h6144-s2048-mb4", 6144, 48, 48, 24576, "gpt", 2048, 4, 4),
     ("gpt-h2048-s2048-mb8", 2048, 16, 16, 8192, "gpt", 2048, 8, 8),
+    # small shapes, where per-kernel overheads are a visible share (cost.compute kernel_overhead_s)
+    ("gpt-h1024-s2048-mb1", 1024, 16, 16, 4096, "gpt", 2048, 1, 8),
+    ("llama-h2048-s2048-mb1", 2048, 16, 8, 5632, "llama", 2048, 1, 8),
+    ("gpt-h4096-s2048-mb1", 4096, 32, 32, 16384, "gpt", 2048, 1, 8),
 ]
 
 

@@ -38,7 +38,8 @@ PROBES = {p.name: json.loads(p.read_text()) for p in CP.PROBES}
 
 
 def test_probe_files_are_present():
-    assert set(PROBES) == {"gpu_probe_h200_2026-11-26.json", "gpu_probe2_h200_2026-11-26.json"}
+    assert set(PROBES) == {"gpu_probe_h200_2026-11-26.json", "gpu_probe2_h200_2026-11-26.json",
+                           "gpu_probe3_h200_2026-11-26.json"}
 
 
 @pytest.mark.parametrize("row", CP.layer_rows(PROBES["gpu_probe_h200_2026-11-26.json"]), ids=lambda r: r["case"])
@@ -51,6 +52,26 @@ def test_layer_time_within_6_percent_of_measured(row):
 @pytest.mark.parametrize("row", CP.layer_rows(PROBES["gpu_probe_h200_2026-11-26.json"]), ids=lambda r: r["case"])
 def test_layer_activations_within_3_percent_of_measured(row):
     assert row["predicted_bytes"] == pytest.approx(row["measured_bytes"], rel=0.03)
+
+
+SMALL = [r for r in CP.layer_rows(PROBES["gpu_probe3_h200_2026-11-26.json"]) if r["measured_s"] < 2e-3]
+LARGE_REPEAT = [r for r in CP.layer_rows(PROBES["gpu_probe3_h200_2026-11-26.json"]) if r["measured_s"] >= 4e-3]
+
+
+@pytest.mark.parametrize("row", LARGE_REPEAT, ids=lambda r: r["case"])
+def test_layer_time_repeat_run_within_6_percent(row):
+    """A second probe run, with the large layers again and a GPT layer of width 4,096 at one
+    2,048-token micro-batch."""
+    assert row["predicted_s"] == pytest.approx(row["measured_s"], rel=0.06)
+
+
+@pytest.mark.xfail(reason="small layers are host-bound in eager PyTorch (about 46 kernels at 10-19 us of dispatch "
+                          "each: benchmarks/gpu_probe.py 'launch'); the model charges 4.5 us per kernel on top of GPU "
+                          "time instead of max(GPU time, dispatch time): docs/cost-model.md, known limitations",
+                   strict=True)
+@pytest.mark.parametrize("row", SMALL, ids=lambda r: r["case"])
+def test_small_layer_time_within_6_percent(row):
+    assert row["predicted_s"] == pytest.approx(row["measured_s"], rel=0.06)
 
 
 @pytest.mark.parametrize("row", CP.titan_rows(PROBES["gpu_probe2_h200_2026-11-26.json"]), ids=lambda r: r["case"])
