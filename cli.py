@@ -49,9 +49,9 @@ from clusterplan.planner.inputs import default_global_batch  # noqa: F401 (re-ex
 from clusterplan.planner.search import ENGINES, SearchOptions, check_layout, plan
 from clusterplan.planner.space import REASONS, parse_bounds
 from clusterplan.planner.validate import markdown_report, validate
-from clusterplan.planner.chart import check_chart_path, compare_chart, sweep_chart
-from clusterplan.planner.whatif import (OBJECTIVES, SWEEP_KNOBS, check_sweep_options, compare, csv_text, parse_candidate,
-                            parse_over, rank, sweep)
+from clusterplan.planner.chart import check_chart_path, compare_chart, grid_heatmap, sweep_chart
+from clusterplan.planner.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
+                                        parse_candidate, parse_grid, rank, study_settings, sweep)
 from clusterplan.planner.export import FORMATS as EXPORT_FORMATS, export, export_framework
 from clusterplan.planner.fit import fewest_devices, fit_hint, smallest_device
 from clusterplan.topologies.cluster import Cluster
@@ -568,16 +568,21 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
 
 
 @click.command("sweep")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run the points as Ray tasks: on a Ray cluster at ADDRESS (its workers need clusterplan "
+                   "installed), or, with --ray alone, on a Ray instance started for the sweep. Needs the extra: "
+                   "pip install 'clusterplan[ray]'.")
 @click.option("--jobs", "jobs", type=BoundedNumber(int, 256), default=os.cpu_count() or 1, show_default="all cores",
               help="Points searched in parallel, in forked processes on this machine (1: one process).")
-@click.option("--over", "over", required=True, metavar="KNOB=V1,V2,...",
-              help="The knob to sweep and its values, one search per value: "
+@click.option("--over", "over", required=True, multiple=True, metavar="KNOB=V1,V2,...",
+              help="The knob to sweep and its values, one search per value (twice: a grid of every pair of "
+                   "values of two knobs, and --chart draws a heatmap): "
                    + ", ".join([*SWEEP_KNOBS, "gpus (= devices)"])
                    + ", e.g. --over devices=256,512,1024 or --over scale-out-gbit-per-s=100,200,400. The other "
                      "options apply to every point; the swept knob's own option must not be given too.")
 @_apply(INPUT_OPTIONS + ENGINE_OPTIONS + WHATIF_OUTPUT_OPTIONS)
 @guarded
-def sweep_command(over, jobs, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
+def sweep_command(over, ray_address, jobs, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
                   oversubscription, global_batch, seq_len, precision, tokens, framework, attention, engine, time_limit_s, fix,
                   minimum, maximum, memory_headroom, objective, as_json, csv_path, chart_path):
     """What-if: the best layout of MODEL on CLUSTER at each value of one knob (size, link speed,
@@ -593,7 +598,7 @@ def sweep_command(over, jobs, model_arg, cluster_arg, num_devices, num_nodes, de
     run (no layout fits, a size the fabric cannot take, an unknown device) says why in its row.
     Exits 0 when at least one point ran; otherwise with the first point's code.
     """
-    study = parse_over(over)
+    study = parse_grid(over)
     given = dict(num_devices=num_devices, num_nodes=num_nodes, device=device, global_batch=global_batch,
                  scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription, seq_len=seq_len,
                  precision=precision)
@@ -604,23 +609,31 @@ def sweep_command(over, jobs, model_arg, cluster_arg, num_devices, num_nodes, de
                             bounds=parse_bounds(fix, minimum, maximum, memory_headroom))
 
     clusters: dict[tuple, Cluster] = {}  # points that differ only in the job share one cluster (and its terms)
+    # the what-if options, read here: build may run in another process (Ray) with no click context
+    price, pue, reliability = _given("price_per_device_hour"), _given("pue"), _reliability()
 
     def build(value):
-        p = {**given, study.spec.param: value}
+        p = {**given, **study_settings(study, value)}
         key = (p["num_devices"], p["num_nodes"], p["device"], p["scale_out_gbit_per_s"], p["oversubscription"])
         if key not in clusters:
-            clusters[key] = load_cluster(cluster_arg, *key)
+            clusters[key] = inputs.load_cluster(cluster_arg, *key, price_per_device_hour=price, pue=pue)
         cluster = clusters[key]
-        job, _ = build_job(model_arg, model, cluster, p["global_batch"], p["seq_len"], p["precision"], tokens,
-                           attention, framework)
+        job, _ = inputs.build_job(model_arg, model, cluster, p["global_batch"], p["seq_len"], p["precision"], tokens,
+                                  attention, framework, reliability=reliability)
         return cluster, job
 
     with progress_bar("points", not as_json and csv_path != "-") as tick:
-        rows = sweep(model, study, build, options, jobs=jobs, progress=tick)
+        rows = sweep(model, study, build, options, jobs=jobs, progress=tick, ray_address=ray_address)
     title = f"what-if: {model.name} on {cluster_arg}, over {study.knob}"
-    _whatif_output(rows, "point", title, as_json, csv_path, chart_path,
-                   lambda path: sweep_chart(rows, path, f"{model.name} on {cluster_arg}: sweep over {study.knob}",
-                                            study.spec.axis_label))
+    chart_title = f"{model.name} on {cluster_arg}: sweep over {study.knob}"
+    if isinstance(study, Grid):
+        def draw(path):
+            grid_heatmap(rows, path, chart_title, (study.first.spec.axis_label, study.first.values),
+                         (study.second.spec.axis_label, study.second.values))
+    else:
+        def draw(path):
+            sweep_chart(rows, path, chart_title, study.spec.axis_label)
+    _whatif_output(rows, "point", title, as_json, csv_path, chart_path, draw)
     if all("error" in r for r in rows):
         sys.exit(rows[0]["exit_code"])
 

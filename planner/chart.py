@@ -71,6 +71,36 @@ def sweep_chart(rows: list[dict], path: str, title: str, xlabel: str) -> None:
     _save(plt, fig, path)
 
 
+def grid_heatmap(rows: list[dict], path: str, title: str, first: tuple[str, tuple], second: tuple[str, tuple]) -> None:
+    """A two-knob grid (``sweep --over A=... --over B=...``): a cell per pair of values, coloured and
+    labelled by time to train (else step time); a point that could not run is left blank with an x.
+    ``first`` and ``second``: (axis label, values) of the rows' and the columns' knob."""
+    import numpy as np
+
+    plt = _pyplot()
+    key, label, unit = _left_metric(rows)
+    (ylabel, ys), (xlabel, xs) = first, second
+    grid = np.full((len(ys), len(xs)), np.nan)
+    for r in rows:
+        if "error" not in r:
+            a, b = r["value"]
+            grid[ys.index(a), xs.index(b)] = r[key] / unit
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(xs) + 3), max(4.0, 0.6 * len(ys) + 2)), layout="constrained")
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", aspect="auto", origin="lower")
+    fig.colorbar(image, ax=ax, label=label)
+    ax.set_xticks(range(len(xs)), [_tick(v) for v in xs])
+    ax.set_yticks(range(len(ys)), [_tick(v) for v in ys])
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    middle = np.nanmean([np.nanmin(grid), np.nanmax(grid)]) if np.isfinite(grid).any() else 0.0
+    for i in range(len(ys)):
+        for j in range(len(xs)):
+            value = grid[i, j]
+            text = "x" if np.isnan(value) else f"{value:.3g}"
+            dark_cell = not np.isnan(value) and value > middle  # viridis_r: large values are dark
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark_cell else "black")
+    _save(plt, fig, path)
+
+
 def compare_chart(rows: list[dict], path: str, title: str) -> None:
     """A bar per candidate (time to train, else step time) with its MFU as a marker on the right axis."""
     plt = _pyplot()

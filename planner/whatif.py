@@ -236,12 +236,68 @@ def _knob_value(key: str, knob: Knob, raw: str) -> Any:
     return number
 
 
-def check_sweep_options(sweep: Sweep, given: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class Grid:
+    """Two knobs crossed: every pair of their values, the first knob slowest (``sweep --over A=...
+    --over B=...``). It behaves as a :class:`Sweep` whose values are pairs."""
+
+    first: Sweep
+    second: Sweep
+
+    @property
+    def knob(self) -> str:
+        return f"{self.first.knob} x {self.second.knob}"
+
+    @property
+    def values(self) -> tuple[tuple[Any, Any], ...]:
+        return tuple((a, b) for a in self.first.values for b in self.second.values)
+
+    def label(self, value: tuple[Any, Any]) -> str:
+        return f"{self.first.label(value[0])},{self.second.label(value[1])}"
+
+    def settings(self, value: tuple[Any, Any]) -> dict[str, Any]:
+        """The ``plan`` keywords one point sets."""
+        return {self.first.spec.param: value[0], self.second.spec.param: value[1]}
+
+
+MAX_GRID_POINTS = 10_000
+
+
+def parse_grid(texts: tuple[str, ...] | list[str]) -> Sweep | Grid:
+    """One ``--over`` as a :class:`Sweep`, two as a :class:`Grid`; raise :class:`SpecError` on more,
+    on the same knob twice, or on two knobs that both set the size."""
+    if not texts:
+        raise SpecError("--over: give the knob to sweep, e.g. --over devices=256,512,1024")
+    if len(texts) > 2:
+        raise SpecError(f"--over: at most two knobs (a grid of their values); given {len(texts)}")
+    studies = [parse_over(t) for t in texts]
+    if len(studies) == 1:
+        return studies[0]
+    a, b = studies
+    if a.knob == b.knob or a.spec.param in b.spec.clashes or b.spec.param in a.spec.clashes:
+        raise SpecError(f"--over {a.knob} and --over {b.knob} set the same thing; give two different knobs")
+    grid = Grid(a, b)
+    if len(grid.values) > MAX_GRID_POINTS:
+        raise SpecError(f"--over: {len(a.values)} x {len(b.values)} = {len(grid.values):,} points; allowed: up to "
+                        f"{MAX_GRID_POINTS:,}")
+    return grid
+
+
+def study_settings(study: Sweep | Grid, value: Any) -> dict[str, Any]:
+    """The ``plan`` keywords one point of a sweep or a grid sets."""
+    return study.settings(value) if isinstance(study, Grid) else {study.spec.param: value}
+
+
+def check_sweep_options(sweep: Sweep | Grid, given: dict[str, Any]) -> None:
     """Refuse a swept knob that the command line also sets (a cluster file takes the swept knob
     like a preset does: the command line's value wins over the file's).
 
     ``given`` maps each ``plan`` option's keyword (``num_devices``) to its value (None if unset).
     """
+    if isinstance(sweep, Grid):
+        check_sweep_options(sweep.first, given)
+        check_sweep_options(sweep.second, given)
+        return
     knob = sweep.spec
     for param in (knob.param, *knob.clashes):
         if given.get(param) is not None:
@@ -251,7 +307,8 @@ def check_sweep_options(sweep: Sweep, given: dict[str, Any]) -> None:
 
 
 def sweep(model: ModelSpec, study: Sweep, build: Callable[[Any], tuple[Cluster, Job]],
-          options: SearchOptions, jobs: int = 1, progress: Callable[[int, int], None] | None = None) -> list[dict]:
+          options: SearchOptions, jobs: int = 1, progress: Callable[[int, int], None] | None = None,
+          ray_address: str | None = None) -> list[dict]:
     """One row per value of the swept knob, in the order given.
 
     ``build(value)`` makes the cluster and job of one point, as ``plan`` would with that option
@@ -261,10 +318,17 @@ def sweep(model: ModelSpec, study: Sweep, build: Callable[[Any], tuple[Cluster, 
     so that neighbouring points still share their cached terms (``cost.terms.Context``); the rows
     are the same as with one process. Where ``fork`` is not available (macOS, Windows) the points
     run in this process. ``progress(done, total)`` is called as points finish.
+
+    ``ray_address`` runs the points as Ray tasks instead (``"local"``: a Ray instance started for
+    the sweep; else the address of a running Ray cluster, whose workers must have clusterplan
+    installed). ``build`` then travels to the workers (cloudpickle), so it must not depend on
+    anything of this process but its arguments.
     """
     values = list(study.values)
     jobs = max(1, min(jobs, len(values)))
     report = progress or (lambda done, total: None)
+    if ray_address:
+        return _sweep_ray(model, study, build, options, ray_address, report)
     if jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
         global _SWEEP_WORK
         _SWEEP_WORK = (model, study, build, options)
@@ -289,6 +353,63 @@ def sweep(model: ModelSpec, study: Sweep, build: Callable[[Any], tuple[Cluster, 
 
 
 _SWEEP_WORK: tuple | None = None  # what the forked workers of :func:`sweep` run (inherited, not pickled)
+
+RAY_CHUNK = 8  # points per Ray task: enough to amortise a task's start, few enough to spread the work
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse an address nothing answers at within a few seconds: Ray itself retries for minutes."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if address == "auto":
+        return  # Ray looks for a cluster started on this machine and fails at once without one
+    if not host or not port.isdigit():
+        raise SpecError(f"--ray: {address!r} is not HOST:PORT (or ray://HOST:PORT, or auto); "
+                        "give the address `ray start --head` printed, or --ray alone for a local instance")
+    try:
+        socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise SpecError(f"--ray: nothing answers at {address!r} within {RAY_CONNECT_TIMEOUT_S:g} s ({err}); "
+                        "start the cluster first (ray start --head) or use --ray alone for a local one") from None
+
+
+def _sweep_values(model: ModelSpec, study: Sweep, build, options: SearchOptions, values: list) -> list[dict]:
+    return [_sweep_point(model, study, build, options, value) for value in values]
+
+
+def _sweep_ray(model: ModelSpec, study: Sweep, build, options: SearchOptions, address: str,
+               report: Callable[[int, int], None]) -> list[dict]:
+    """The points of :func:`sweep` as Ray tasks, in order."""
+    try:
+        import ray
+    except ImportError:
+        raise SpecError("--ray: Ray is not installed; install the extra: pip install 'clusterplan[ray]'") from None
+    started = address == "local"
+    if not started:
+        _check_reachable(address)
+    try:
+        ray.init(address=None if started else address, ignore_reinit_error=True, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+    except (ConnectionError, ValueError, RuntimeError) as err:
+        raise SpecError(f"--ray: cannot connect to a Ray cluster at {address!r}: {str(err).splitlines()[0][:200]}; "
+                        "give the address of a running cluster (ray start --head prints it), or --ray alone "
+                        "for a local one") from None
+    try:
+        task = ray.remote(_sweep_values)
+        values = list(study.values)
+        chunks = [values[i:i + RAY_CHUNK] for i in range(0, len(values), RAY_CHUNK)]
+        refs = [task.remote(model, study, build, options, chunk) for chunk in chunks]
+        rows: list[dict] = []
+        for ref in refs:
+            rows += ray.get(ref)
+            report(len(rows), len(values))
+        return rows
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _sweep_chunk(indices: list[int]) -> list[dict]:

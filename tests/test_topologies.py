@@ -4,7 +4,6 @@ the fabric questions asked of the graph (Cluster.group_profile)."""
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -300,16 +299,15 @@ def test_sram_machines():
     assert groq.group_profile([0, 100]).inter_bytes_per_s == pytest.approx(28e9)
 
 
-def test_16384_gpu_superpod_builds_fast():
-    start = time.perf_counter()
+def test_16384_gpu_superpod_builds():
+    """The structure of the largest preset size (its build time is a benchmark figure, not an
+    assertion: `benchmarks/search_speed.py` prints it as "graph s")."""
     c = build_cluster("dgx-h100-superpod", num_devices=16384)
-    elapsed = time.perf_counter() - start
     assert c.num_nodes == 2048 and len(_devices(c)) == 16384
     names = [n for n in c.graph if isinstance(n, str)]
     assert sum(n.startswith("nvsw/") for n in names) == 2048
     assert sum(n.startswith("leaf/") for n in names) == 512          # B200 RA table: 64 SU -> 512 leaves
     assert "core" in c.graph
-    assert elapsed < 2.0
 
 
 def test_core_tier_from_16_sus_as_in_the_b200_table():
