@@ -209,7 +209,8 @@ def load_cluster(name_or_path: str, num_devices: int | None, num_nodes: int | No
                  scale_out_gbit_per_s: float | None, oversubscription: float | None) -> Cluster:
     """:func:`planner.inputs.load_cluster` with the command's --price-per-device-hour and --pue."""
     return inputs.load_cluster(name_or_path, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
-                               price_per_device_hour=_given("price_per_device_hour"), pue=_given("pue"))
+                               price_per_device_hour=_given("price_per_device_hour"), pue=_given("pue"),
+                               host_power_w=_given("host_power_w"))
 
 
 def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: int | None,
@@ -294,6 +295,10 @@ INPUT_OPTIONS = [
                  callback=_remember,
                  help="Power usage effectiveness of the facility: energy figures are multiplied by it "
                       "(default 1.0: the cluster's own draw, host share included where the preset states it)."),
+    click.option("--host-power-w", "host_power_w", type=BoundedNumber(float, 1e5, minimum=0.0), metavar="WATTS",
+                 expose_value=False, callback=_remember,
+                 help="Host power per device (CPUs, NICs, switches, fans), replacing the preset's (default: the "
+                      "DGX presets' figures; elsewhere 0.8 x board power, an assumption labelled unvalidated)."),
     click.option("--failure-rate", "failure_rate", type=BoundedNumber(float, 1.0, minimum=0.0), metavar="PER_DEVICE_HOUR",
                  expose_value=False, callback=_remember,
                  help="Failures per device-hour, for the goodput in time to train (default 1.97e-5: Llama 3's 419 "
@@ -312,7 +317,8 @@ INPUT_OPTIONS = [
                       "FlashAttention, e.g. Megatron-LM 2021)."),
 ]
 PROBLEM_OPTIONS = INPUT_OPTIONS + [
-    click.option("--json", "as_json", is_flag=True, help="Print the Plan document as JSON, nothing else."),
+    click.option("--json", "as_json", is_flag=True, callback=_remember,
+                 help="Print the Plan document as JSON, nothing else."),
     click.option("--no-timings", "no_timings", is_flag=True, default=None, expose_value=False, callback=_remember,
                  help="Leave the search's wall time out of the document, so that the same input gives the same "
                       "bytes."),
@@ -376,8 +382,9 @@ def _load_and_search(*, model_arg, cluster_arg, num_devices, num_nodes, device, 
     job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention, framework)
     bounds = parse_bounds(fix, minimum, maximum, memory_headroom)
     try:
-        result = plan(model, job, cluster, SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s,
-                                                         bounds=bounds, objective=objective))
+        with searching(f"searching {model.name} on {cluster.num_devices:,} x {cluster.device.id}"):
+            result = plan(model, job, cluster, SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s,
+                                                             bounds=bounds, objective=objective))
     except InfeasibleError as err:
         raise _with_fit_hint(err, model_arg, model, cluster_arg, cluster, device, scale_out_gbit_per_s,
                              oversubscription, global_batch, seq_len, precision, tokens, attention, framework,
@@ -610,13 +617,15 @@ def sweep_command(over, ray_address, jobs, model_arg, cluster_arg, num_devices, 
 
     clusters: dict[tuple, Cluster] = {}  # points that differ only in the job share one cluster (and its terms)
     # the what-if options, read here: build may run in another process (Ray) with no click context
-    price, pue, reliability = _given("price_per_device_hour"), _given("pue"), _reliability()
+    price, pue, host, reliability = (_given("price_per_device_hour"), _given("pue"), _given("host_power_w"),
+                                     _reliability())
 
     def build(value):
         p = {**given, **study_settings(study, value)}
         key = (p["num_devices"], p["num_nodes"], p["device"], p["scale_out_gbit_per_s"], p["oversubscription"])
         if key not in clusters:
-            clusters[key] = inputs.load_cluster(cluster_arg, *key, price_per_device_hour=price, pue=pue)
+            clusters[key] = inputs.load_cluster(cluster_arg, *key, price_per_device_hour=price, pue=pue,
+                                                host_power_w=host)
         cluster = clusters[key]
         job, _ = inputs.build_job(model_arg, model, cluster, p["global_batch"], p["seq_len"], p["precision"], tokens,
                                   attention, framework, reliability=reliability)
@@ -966,6 +975,29 @@ def progress_bar(unit: str, wanted: bool):
         yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
+SEARCH_PROGRESS_AFTER_S = 2.0
+
+
+@contextlib.contextmanager
+def searching(what: str):
+    """A spinner on stderr for a search that runs longer than SEARCH_PROGRESS_AFTER_S, when stderr
+    is a terminal and the output is not --json; nothing otherwise (pipes, files, tests)."""
+    if not sys.stderr.isatty() or _given("as_json"):
+        yield
+        return
+    import threading
+
+    status = Console(stderr=True).status(f"{what} (CP-SAT proves the optimum; --time-limit to cut it short)")
+    timer = threading.Timer(SEARCH_PROGRESS_AFTER_S, status.start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        status.stop()
+
+
 def emit(doc: dict, cluster: Cluster, origin: dict[str, str], as_json: bool) -> None:
     doc["inputs"]["origin"] = dict(origin)  # where each job figure came from: `render` prints it again
     if _given("no_timings") and doc.get("search"):
@@ -1152,8 +1184,8 @@ def _training(doc: dict, console: Console) -> None:
     if energy is not None:
         pue = cluster.get("pue", 1.0)
         host = cluster.get("host_power_w_per_device") or 0.0
-        energy_text += (f" (PUE {pue:g}; host {host:,.0f} W per device)" if host
-                        else f" (PUE {pue:g}; devices only: no host power figure for this preset)")
+        assumed = " assumed, unvalidated" if cluster.get("host_power_assumed") else ""
+        energy_text += f" (PUE {pue:g}; host {host:,.0f} W per device{assumed})"
     gp = doc.get("goodput")
     if gp is None:
         console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)}, {energy_text}, {cost_text}")

@@ -5,7 +5,8 @@ saturated clocks (ml-engineering MSMF measurements, ``devices.yaml: mleng_bench`
 optimizer step streams HBM. While it waits on exposed communication or a pipeline bubble it draws
 its idle power (``idle_power_w``, public nvidia-smi logs); this is a lower bound for the waiting
 phases, since NCCL kernels and link traffic draw more than an idle board. The host (CPUs, NICs,
-switches, fans) adds the cluster's ``power_overhead_w_per_device`` for the whole step. So, per
+switches, fans) adds the cluster's ``power_overhead_w_per_device`` for the whole step (where a preset
+states none, ``ASSUMED_HOST_OVER_BOARD`` of the board power, labelled unvalidated). So, per
 device::
 
     E = (P_idle + P_host) * T_step + (P_board - P_idle) * T_busy,    T_busy = compute + recompute + optimizer
@@ -24,6 +25,20 @@ from clusterplan.topologies.cluster import Cluster
 
 OBJECTIVES: tuple[str, ...] = ("time", "cost", "energy")
 
+ASSUMED_HOST_OVER_BOARD = 0.8
+"""Host power (CPUs, NICs, switches, fans) per device as a share of its board power, where a preset
+states none: the DGX systems' figures give 0.82 (H100: 575 W for a 700 W GPU) and 0.79 (B200:
+787.5 W for 1,000 W; clusters.yaml, flashgenius_dgx). An assumption for every other system, so that
+energy compares on one basis across presets; labelled unvalidated, overridable (--host-power-w)."""
+
+
+def host_power_w(cluster: Cluster) -> tuple[float, bool]:
+    """Host power per device and whether it is assumed (the preset states none and none was given)."""
+    if cluster.power_overhead_w_per_device > 0 or cluster.host_power_given:
+        return cluster.power_overhead_w_per_device, False
+    board = cluster.device.power_w
+    return (0.0, False) if board is None else (ASSUMED_HOST_OVER_BOARD * board, True)
+
 
 def busy_s(time) -> float:
     """Seconds of a step the device spends computing (a :class:`cost.step.TimeBreakdown`)."""
@@ -41,7 +56,7 @@ def power_w(cluster: Cluster) -> tuple[float, float] | None:
     if dev.power_w is None:
         return None
     idle = dev.power_w if dev.idle_power_w is None else min(dev.idle_power_w, dev.power_w)
-    return idle + cluster.power_overhead_w_per_device, dev.power_w - idle
+    return idle + host_power_w(cluster)[0], dev.power_w - idle
 
 
 def step_energy_j(cluster: Cluster, time) -> float | None:

@@ -32,16 +32,16 @@ def _looks_like_file(text: str) -> bool:
 def load_cluster(name_or_path: str, num_devices: int | None = None, num_nodes: int | None = None,
                  device: str | None = None, scale_out_gbit_per_s: float | None = None,
                  oversubscription: float | None = None, price_per_device_hour: float | None = None,
-                 pue: float | None = None) -> Cluster:
+                 pue: float | None = None, host_power_w: float | None = None) -> Cluster:
     """A preset or a cluster file, sized and overridden by the options (which win over the file),
-    with a rental price and a facility PUE applied where given."""
+    with a rental price, a facility PUE and a host power per device applied where given."""
     if not _looks_like_file(name_or_path):
         cluster = build_cluster(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
                                 scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
     else:
         cluster = load_cluster_file(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
                                     scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
-    return with_what_if(cluster, price_per_device_hour, pue)
+    return with_what_if(cluster, price_per_device_hour, pue, host_power_w)
 
 
 def published_defaults(model_arg: str) -> dict[str, Any]:

@@ -24,7 +24,8 @@ import yaml
 
 from clusterplan.cost.compute import UNMEASURED_ATTENTION_OVER_MAMF
 from clusterplan.cost.goodput import goodput
-from clusterplan.cost.energy import has_idle_power, step_cost_usd, step_energy_j
+from clusterplan.cost.energy import (ASSUMED_HOST_OVER_BOARD, has_idle_power, host_power_w, step_cost_usd,
+                                     step_energy_j)
 from clusterplan.cost.layout import Job
 from clusterplan.cost.step import Evaluation
 from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE
@@ -109,7 +110,8 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
                     "devices_per_node": cluster.devices_per_node, "device_name": cluster.device.name,
                     "device_memory_kind": cluster.device.memory_kind,
                     "price_per_device_hour_usd": cluster.device.price_per_hour_usd, "pue": cluster.pue,
-                    "host_power_w_per_device": cluster.power_overhead_w_per_device},
+                    "host_power_w_per_device": host_power_w(cluster)[0],
+                    "host_power_assumed": host_power_w(cluster)[1]},
         "job": asdict(job),
         "framework": framework_dict(job),
         "caveats": caveats(job, cluster),
@@ -127,6 +129,9 @@ def caveats(job: Job, cluster: Cluster) -> dict:
     if cluster.platform == "gpu" and dev.vendor.lower() not in GPU_FRAMEWORK_VENDORS:
         lines.append(f"unvalidated: {dev.vendor}'s own software stack runs {dev.name}; no profile describes it, so the "
                      f"search used {prof.id}'s as a stand-in")
+    if host_power_w(cluster)[1]:
+        lines.append(f"unvalidated: no host power figure for {cluster.id}: energy counts {ASSUMED_HOST_OVER_BOARD:g} x "
+                     f"board power per device for the host (the DGX systems' ratio; --host-power-w to set it)")
     validated = family_error(dev.family)
     if validated is None:
         lines.append(f"unvalidated: no published run on this hardware ({dev.family}) in clusterplan's validation data")

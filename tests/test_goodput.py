@@ -73,3 +73,24 @@ def test_options_reach_the_figures():
 def test_bad_what_if_values_exit_2(option, value):
     result = CliRunner().invoke(main, ["plan", "--model", "gpt", "--cluster", "dgx-superpod", option, value])
     assert result.exit_code == 2 and option in result.output
+
+
+def _energy(cluster: str, *extra: str) -> dict:
+    args = ["plan", "--model", "llama3-70b", "--cluster", cluster, "--devices", "256", "--tokens", "1T", "--json",
+            *extra]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_host_power_is_stated_or_assumed_on_one_basis():
+    dgx, hgx = _energy("dgx-h100-superpod"), _energy("hgx-h800")
+    assert dgx["inputs"]["cluster"]["host_power_w_per_device"] == 575 and not dgx["inputs"]["cluster"]["host_power_assumed"]
+    assert hgx["inputs"]["cluster"]["host_power_w_per_device"] == pytest.approx(0.8 * 700)
+    assert hgx["inputs"]["cluster"]["host_power_assumed"]
+    assert any("no host power figure" in line for line in hgx["inputs"]["caveats"]["unvalidated"])
+    # the same GH100 chips: energy per step within 10% once both count a host
+    assert hgx["energy_per_step_j"] == pytest.approx(dgx["energy_per_step_j"], rel=0.10)
+    zero = _energy("hgx-h800", "--host-power-w", "0")
+    assert zero["inputs"]["cluster"]["host_power_w_per_device"] == 0 and not zero["inputs"]["cluster"]["host_power_assumed"]
+    assert zero["energy_per_step_j"] < hgx["energy_per_step_j"]

@@ -90,6 +90,7 @@ class Cluster:
     in_network_reduction: tuple[str, ...] = ()
     power_overhead_w_per_device: float = 0.0
     pue: float = 1.0  # facility power usage effectiveness: energy figures are multiplied by it
+    host_power_given: bool = False  # power_overhead_w_per_device was set by the user (0 included)
     weight_streaming: bool = False
     traversal: str = ""
     """Torus axes, fastest first, along which ranks are laid on each slice's chips; "" for device
@@ -403,11 +404,15 @@ def _placed(cluster: Cluster, traversal: str) -> Cluster:
     return replace(cluster, traversal=traversal, base=cluster, rank_to_device=mapping)
 
 
-def with_what_if(cluster: "Cluster", price_per_device_hour: float | None, pue: float | None) -> "Cluster":
-    """``cluster`` with a rental price per device-hour and a facility PUE set (None: unchanged)."""
+def with_what_if(cluster: "Cluster", price_per_device_hour: float | None, pue: float | None,
+                 host_power_w: float | None = None) -> "Cluster":
+    """``cluster`` with a rental price per device-hour, a facility PUE and a host power per device
+    set (None: unchanged)."""
     from dataclasses import replace
 
     changes: dict = {}
+    if host_power_w is not None:
+        changes.update(power_overhead_w_per_device=float(host_power_w), host_power_given=True)
     if price_per_device_hour is not None:
         changes["device"] = cluster.device.model_copy(update={"price_per_hour_usd": float(price_per_device_hour)})
     if pue is not None:
