@@ -2,11 +2,12 @@
 
 A job on ``N`` devices fails at ``N x failure_rate`` per hour (the mean time between failures of
 the job, ``M``). It writes a checkpoint every ``tau`` seconds, each taking ``delta`` (the state
-each device holds, written at the storage bandwidth it gets); a failure costs a restart ``R`` and
-the work since the last checkpoint, half an interval on average. With Young's interval
-``tau = sqrt(2 delta M)`` (Young 1974; Daly 2006 to first order) the share of wall time lost is
+each device holds, written at the storage bandwidth it gets); a failure costs a restart ``R``, the
+restore of the last checkpoint (read back at the same bandwidth: ``delta`` again) and the work
+since that checkpoint, half an interval on average. With Young's interval ``tau = sqrt(2 delta M)``
+(Young 1974; Daly 2006 to first order) the share of wall time lost is
 
-    waste = delta / tau + (tau / 2 + R) / M
+    waste = delta / tau + (tau / 2 + R + delta) / M
 
 and ``goodput = 1 - waste``: the effective time to train is the failure-free time over goodput.
 
@@ -60,5 +61,5 @@ def goodput(num_params: float, num_devices: int, rel: Reliability) -> Goodput:
         return Goodput(1.0, math.inf, delta, math.inf)
     mtbf = 3600.0 / (num_devices * rel.failure_rate_per_device_hour)
     tau = math.sqrt(2.0 * delta * mtbf)
-    waste = delta / tau + (tau / 2.0 + rel.restart_s) / mtbf
+    waste = delta / tau + (tau / 2.0 + rel.restart_s + delta) / mtbf  # restore reads the checkpoint back
     return Goodput(max(0.0, 1.0 - waste), mtbf, delta, tau)
