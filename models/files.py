@@ -65,8 +65,9 @@ def parse_json(text: str, where: str) -> Any:
 def parse_yaml(text: str, where: str) -> Any:
     """Safe YAML with nesting and alias expansion bounded (see the module docstring)."""
     _check_brackets(text, where)
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # its reader refuses control characters here
         node = loader.get_single_node()
         if node is None:
             return None
@@ -80,7 +81,8 @@ def parse_yaml(text: str, where: str) -> Any:
     except RecursionError:
         raise SpecError(f"{where}: nested deeper than {MAX_DEPTH} levels; allowed: {MAX_DEPTH}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_file(path: str | Path, where: str, max_bytes: int | None = None) -> Any:

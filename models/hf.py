@@ -29,6 +29,7 @@ capped at :data:`MAX_DEFAULT_SEQ_LEN`. A job's own ``seq_len`` overrides it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -86,8 +87,14 @@ def from_hf_config(cfg: Mapping[str, Any], name: str) -> ModelSpec:
 
 def _model_type(cfg: Mapping[str, Any]) -> str:
     model_type = cfg.get("model_type")
+    architectures = cfg.get("architectures")
+    if model_type is not None and not isinstance(model_type, str):
+        raise SpecError(f"config.json: model_type: got {model_type!r}; expected a string such as 'llama'")
+    if architectures is not None and not (isinstance(architectures, list)
+                                          and all(isinstance(a, str) for a in architectures)):
+        raise SpecError(f"config.json: architectures: got {architectures!r}; expected a list of class names")
     if model_type is None:
-        known = [a for a in cfg.get("architectures") or [] if a in _ARCHITECTURE_TO_TYPE]
+        known = [a for a in architectures or [] if a in _ARCHITECTURE_TO_TYPE]
         model_type = _ARCHITECTURE_TO_TYPE[known[0]] if known else None
     if model_type not in _BUILDERS:
         raise SpecError(
@@ -110,7 +117,18 @@ def _default_seq_len(cfg: Mapping[str, Any], key: str = "max_position_embeddings
     scaling = cfg.get("rope_scaling") or {}
     original = scaling.get("original_max_position_embeddings") if isinstance(scaling, Mapping) else None
     context = original or _require(cfg, key)
-    return min(int(context), MAX_DEFAULT_SEQ_LEN)
+    name = "rope_scaling.original_max_position_embeddings" if original else key
+    return min(_whole(context, name), MAX_DEFAULT_SEQ_LEN)
+
+
+def _whole(value: Any, name: str) -> int:
+    """A positive whole number from a config value (an int, or a float with no fraction); else a
+    SpecError naming the key."""
+    ok = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and math.isfinite(value) and value.is_integer())
+    if not ok or value <= 0:
+        raise SpecError(f"config.json: {name}: got {value!r}; expected a positive whole number")
+    return int(value)
 
 
 def _explicit_head_dim(cfg: Mapping[str, Any]) -> int | None:
@@ -124,7 +142,12 @@ def _explicit_head_dim(cfg: Mapping[str, Any]) -> int | None:
 
 def _has_dropout(cfg: Mapping[str, Any], keys: tuple[str, ...], default: float = 0.0) -> bool:
     """True when any of the config's dropout probabilities is positive."""
-    return any(float(cfg.get(key) if cfg.get(key) is not None else default) > 0 for key in keys)
+    def probability(key: str) -> float:
+        value = cfg.get(key) if cfg.get(key) is not None else default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise SpecError(f"config.json: {key}: got {value!r}; expected a probability from 0 to 1")
+        return float(value)
+    return any(probability(key) > 0 for key in keys)
 
 
 def _llama_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:

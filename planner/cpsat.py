@@ -425,6 +425,12 @@ def _neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
     return [(value, sub.unrestrict(i)) for value, i in found]
 
 
+CPSAT_MAX_MEMORY_MB = 2048
+"""CP-SAT's own memory limit. A model whose propagation outgrows it (Mixtral at 32k tokens with
+unfused attention on Gaudi 2 exhausted the machine's memory after two minutes) stops, and
+``planner.search`` falls back to the exhaustive engine on the same tables."""
+
+
 def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, workers: int = 0) -> CpSatResult:
     """Optimum (proven, unless ``time_limit_s`` cuts the search) and ``top_k`` runners-up."""
     start = time.perf_counter()
@@ -435,6 +441,7 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
     # One worker with light presolve: the model is a few dozen element constraints whose expansion
     # dominates a full presolve; probing buys nothing here (measured in benchmarks/search_speed.py).
     solver.parameters.num_workers = workers or 1
+    solver.parameters.max_memory_in_mb = CPSAT_MAX_MEMORY_MB
     solver.parameters.max_presolve_iterations = 1
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.linearization_level = 0  # the LP relaxation of the products is weak; skipping it is faster

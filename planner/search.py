@@ -94,8 +94,14 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
         solutions, _ = solve_exhaustive(tables, opts.top_k)
         status, gap = "OPTIMAL", 0.0
     else:
-        result = solve_cpsat(tables, opts.top_k, opts.time_limit_s, opts.workers)
-        solutions, status, gap = result.solutions, result.status, result.gap
+        try:
+            result = solve_cpsat(tables, opts.top_k, opts.time_limit_s, opts.workers)
+            solutions, status, gap = result.solutions, result.status, result.gap
+        except MemoryError:
+            # CP-SAT gave up on memory (its limit, CPSAT_MAX_MEMORY_MB): the exhaustive engine
+            # scores the same tables (the tests hold the two engines equal) and proves the optimum
+            solutions, _ = solve_exhaustive(tables, opts.top_k)
+            status, gap = "OPTIMAL (exhaustive: CP-SAT ran out of memory)", 0.0
     evaluations = [evaluate_ctx(ctx, layout_from_indices(space, idx)) for _, idx in solutions]
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible, considered,
                         opts.engine, status, gap, time.perf_counter() - start, [o for o, _ in solutions], space,

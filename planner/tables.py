@@ -221,6 +221,11 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
     if ignore_memory:
         capacity = 2**50
+    else:
+        # A memory term beyond the capacity rules its layouts out whatever it is, so it is clamped
+        # to capacity + 1: the integer model then never multiplies huge byte counts (unfused
+        # attention at 32k tokens gives terabytes per layer), which made CP-SAT exhaust memory.
+        ACT, TRANS, LOGITS, STATIC = (np.minimum(a, capacity + 1) for a in (ACT, TRANS, LOGITS, STATIC))
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe,
                   cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
                   C=C, BWD=BWD, FW=FW, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM, DPX=DPX,

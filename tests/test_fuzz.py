@@ -154,3 +154,24 @@ def test_fuzzed_fix_options(pairs):
 def test_time_limit_rejects_non_finite_and_non_positive(value):
     result = CliRunner().invoke(main, ["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--time-limit", value])
     assert result.exit_code == 2 and "--time-limit" in result.output
+
+
+# what benchmarks/fuzz_cli.py found (exit 1 before): each now a clear exit 2
+@pytest.mark.parametrize("change", [
+    {"model_type": {"a": 1}}, {"architectures": [{"a": 1}]}, {"architectures": "LlamaForCausalLM", "model_type": None},
+    {"max_position_embeddings": [1, 2]}, {"max_position_embeddings": "1e3"}, {"max_position_embeddings": -4096.0},
+    {"attention_dropout": "0.1"}, {"attention_dropout": math.nan},
+])
+def test_hf_config_values_found_by_the_fuzz_script(tmp_path, change):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**HF_CONFIG, **change}, allow_nan=True))
+    result = CliRunner().invoke(main, ["plan", "--model", str(path), "--cluster", "dgx-h100-superpod", "--json"])
+    assert result.exit_code == 2, result.output
+
+
+@pytest.mark.parametrize("text", ["a\x01b: 1\n", "name: \x00\n", "x: \x9d\n"])
+def test_control_characters_in_yaml_are_bad_input(tmp_path, text):
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["plan", "--model", str(path), "--cluster", "dgx-h100-superpod"])
+    assert result.exit_code == 2 and "invalid YAML" in result.output

@@ -1,0 +1,188 @@
+"""Fuzz the command line as a user's mistakes and an attacker's files would, and print the counts.
+
+    python benchmarks/fuzz_cli.py                      # 300 runs, seed 0
+    python benchmarks/fuzz_cli.py --runs 2000 --seed 7
+
+Each run is one ``clusterplan`` process with a mutated command line or input file (model files,
+Hugging Face configs, cluster files, numeric options, layout strings, ``--fix`` values, hostile YAML
+and JSON), killed after ``--timeout`` seconds. It counts the outcomes and checks each successful
+``--json`` answer for what must never be printed: an MFU above the device's matmul ceiling, a
+non-finite figure, a ZeRO stage outside 0-3, a layout whose degrees do not multiply to the device
+count. The target (issue 12): no internal error (exit 1), no traceback, no hang, no wrong answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+HOSTILE = [None, True, False, 0, -1, 1, 3, 7, 10**11, 2**63, 10**30, -(2**70), float("nan"), float("inf"),
+           -float("inf"), 1e300, -0.0, 0.5, 1e-300, "", " ", "4k", "1e3", "nan", "llama", "-5", "0x10", "∞",
+           "a" * 300, [], [1, 2], {}, {"a": 1}]
+LLAMA = {"name": "fuzz", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_kv_heads": 8,
+         "ffn_hidden_size": 14336, "vocab_size": 128256, "ffn_activation": "swiglu", "seq_len": 8192}
+HF = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+      "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8, "vocab_size": 32000,
+      "max_position_embeddings": 4096, "hidden_act": "silu"}
+CLUSTER = {"base": "dgx-h100-superpod", "name": "fuzz", "num_nodes": 2, "scale_out": {"oversubscription": 2}}
+OPTIONS = ["--devices", "--nodes", "--global-batch", "--seq-len", "--tokens", "--scale-out-gbit-per-s",
+           "--oversubscription", "--time-limit", "--top", "--memory-headroom", "--pue", "--failure-rate",
+           "--price-per-device-hour", "--restart-minutes", "--checkpoint-gbyte-per-s", "--host-power-w",
+           "--precision", "--framework", "--attention", "--objective", "--device"]
+TEXT = ["0", "-1", "nan", "inf", "1e400", "99999999999999999999", "1.5", "", "8", "64", "1e-9", "10%", "200%",
+        "0x20", " 8 ", "8k", "fp8", "torchtitan", "maxtext", "unfused", "energy", "h200-sxm-141gb", "b200", "%s"]
+KNOBS = ["tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "sp", "recompute", "zero", "order", "dp_overlap",
+         "tp_overlap", "bogus"]
+KNOB_VALUES = ["1", "2", "8", "0", "-4", "on", "off", "full", "selective", "none", "7", "tp-cp-dp-pp", "nan",
+               "1e9", "", "3", "64"]
+MODELS = ["gpt", "llama3-8b", "llama3-70b", "mixtral", "deepseek-v3", "gpt3-1.3b"]
+CLUSTERS = ["dgx-h100-superpod", "dgx-a100-superpod", "tpu-v5p-pod", "gaudi2-cluster", "gb200-nvl72", "mi300x-cluster",
+            "cerebras-cs3-cluster", "groq-rack", "tenstorrent-galaxy", "trn2-cluster"]
+
+
+def _mutate(rng: random.Random, base: dict) -> dict:
+    doc = json.loads(json.dumps(base))
+    for key in rng.sample(sorted(doc), min(len(doc), rng.randint(1, 3))):
+        doc[key] = rng.choice(HOSTILE)
+    if rng.random() < 0.3:
+        doc["".join(rng.choice("abcxyz_") for _ in range(rng.randint(1, 8)))] = rng.choice(HOSTILE)
+    return doc
+
+
+def _write(folder: Path, name: str, doc, as_json: bool) -> str:
+    path = folder / (name + (".json" if as_json else ".yaml"))
+    if as_json:
+        path.write_text(json.dumps(doc, allow_nan=True))
+    else:
+        import yaml
+        path.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    return str(path)
+
+
+def _hostile_text(rng: random.Random) -> str:
+    kind = rng.choice(["laughs", "deep", "recursive", "binary", "huge-number"])
+    if kind == "laughs":
+        return "a: &a [" + ",".join(['"x"'] * 9) + "]\n" + "".join(
+            f"{c}: &{c} [" + ",".join([f"*{p}"] * 9) + "]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    if kind == "deep":
+        return "[" * rng.randint(100, 100000)
+    if kind == "recursive":
+        return "a: &a [*a]\n"
+    if kind == "binary":
+        return "".join(chr(rng.randint(0, 0x2FF)) for _ in range(200))
+    return "num_layers: " + "9" * rng.randint(20, 4000) + "\n"
+
+
+def make_case(rng: random.Random, folder: Path) -> list[str]:
+    kind = rng.choice(["model", "hf", "cluster", "option", "layout", "fix", "hostile"])
+    model, cluster = rng.choice(MODELS), rng.choice(CLUSTERS)
+    base = ["plan", "--model", model, "--cluster", cluster, "--top", "0", "--json"]
+    if kind == "model":
+        return ["plan", "--model", _write(folder, "m", _mutate(rng, LLAMA), rng.random() < 0.5), "--cluster",
+                "dgx-h100-superpod", "--devices", "16", "--top", "0", "--json"]
+    if kind == "hf":
+        (folder / "hf").mkdir(exist_ok=True)
+        (folder / "hf" / "config.json").write_text(json.dumps(_mutate(rng, HF), allow_nan=True))
+        return ["plan", "--model", str(folder / "hf" / "config.json"), "--cluster", "dgx-h100-superpod", "--devices",
+                "16", "--top", "0", "--json"]
+    if kind == "cluster":
+        doc = _mutate(rng, CLUSTER)
+        if rng.random() < 0.5 and isinstance(doc.get("scale_out"), dict):
+            doc["scale_out"] = _mutate(rng, doc["scale_out"])
+        return ["plan", "--model", "llama3-8b", "--cluster", _write(folder, "c", doc, rng.random() < 0.5), "--top",
+                "0", "--json"]
+    if kind == "option":
+        return base + [rng.choice(OPTIONS), rng.choice(TEXT)]
+    if kind == "layout":
+        layout = ",".join(f"{rng.choice(KNOBS)}={rng.choice(KNOB_VALUES)}" for _ in range(rng.randint(0, 5)))
+        return ["evaluate", "--model", model, "--cluster", cluster, "--layout", layout, "--json"]
+    if kind == "fix":
+        out = list(base)
+        for _ in range(rng.randint(1, 3)):
+            out += ["--fix", f"{rng.choice(KNOBS)}={rng.choice(KNOB_VALUES)}"]
+        return out
+    path = folder / ("h" + rng.choice([".yaml", ".json"]))
+    path.write_text(_hostile_text(rng))
+    if rng.random() < 0.5:
+        return ["plan", "--model", str(path), "--cluster", "dgx-h100-superpod", "--json"]
+    return ["plan", "--model", "llama3-8b", "--cluster", str(path), "--json"]
+
+
+def wrong_answer(doc: dict) -> str | None:
+    """What a successful --json answer must never say (None when it says nothing impossible)."""
+    figures = [doc.get(k) for k in ("step_time_s", "mfu", "tokens_per_s", "peak_memory_bytes")]
+    if any(not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 for v in figures):
+        return f"non-finite or negative figure: {figures}"
+    ceiling = doc["inputs"]["caveats"]["matmul_ceiling"]
+    if doc["mfu"] > ceiling + 1e-9:
+        return f"MFU {doc['mfu']:.3f} above the device's matmul ceiling {ceiling:.3f}"
+    lay = doc["layout"]
+    if lay["zero_stage"] not in (0, 1, 2, 3):
+        return f"zero_stage {lay['zero_stage']}"
+    if lay["tp"] * lay["pp"] * lay["dp"] * lay["cp"] != doc["num_devices"]:
+        return f"degrees {lay['tp']}x{lay['pp']}x{lay['dp']}x{lay['cp']} != {doc['num_devices']} devices"
+    return None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=300)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a run counts as a hang")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    a = p.parse_args()
+    rng = random.Random(a.seed)
+    counts: Counter = Counter()
+    problems: list[str] = []
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = []
+        for i in range(a.runs):
+            folder = Path(tmp) / str(i)
+            folder.mkdir()
+            cases.append(make_case(rng, folder))
+        from concurrent.futures import ThreadPoolExecutor
+
+        def run(args):
+            try:
+                r = subprocess.run([sys.executable, "-m", "clusterplan.cli", *args], capture_output=True, text=True,
+                                   timeout=a.timeout)
+            except subprocess.TimeoutExpired:
+                return args, None, "", ""
+            return args, r.returncode, r.stdout, r.stderr
+
+        with ThreadPoolExecutor(a.jobs) as pool:
+            for args, code, out, err in pool.map(run, cases):
+                if code is None:
+                    counts["hang"] += 1
+                    problems.append(f"hang: {args}")
+                    continue
+                counts[f"exit {code}"] += 1
+                if code == 1 or "Traceback" in out + err:
+                    counts["internal error"] += 1
+                    problems.append(f"exit {code}: {args}: {err.strip()[-300:]}")
+                elif code == 0 and "--json" in args:
+                    why = wrong_answer(json.loads(out))
+                    if why:
+                        counts["wrong answer"] += 1
+                        problems.append(f"wrong: {args}: {why}")
+    wall = time.perf_counter() - start
+    print(f"{a.runs} runs (seed {a.seed}) in {wall:.0f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    print(f"internal errors {counts['internal error']}, hangs {counts['hang']}, wrong answers {counts['wrong answer']} "
+          f"(target: 0, 0, 0)")
+    for line in problems[:20]:
+        print("  " + line[:400])
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
