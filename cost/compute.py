@@ -115,14 +115,11 @@ def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False
         compute_s = 0.0
     elif op.kind == "attention":
         compute_s = op.flops * op.causal_fraction * factor / attention_rate(device, precision, op.variant)
-    elif op.kind == "bmm":  # unfused attention's batched GEMMs: cuBLAS, 16-bit even in FP8 training
-        dtype = "bf16" if precision == "fp8" else precision
-        compute_s = op.flops * factor / (gemm_rate(device, dtype))
+    else:  # GEMMs; unfused attention's batched GEMMs ("bmm") run in 16 bits even in FP8 training
+        dtype = "bf16" if op.kind == "bmm" and precision == "fp8" else precision
+        compute_s = op.flops * factor / gemm_rate(device, dtype)
         compute_s = compute_s / _shape_efficiency(op, device) + _epilogue_s(op, device, backward)
-    else:
-        compute_s = op.flops * factor / (gemm_rate(device, precision))
-        compute_s = compute_s / _shape_efficiency(op, device) + _epilogue_s(op, device, backward)
-        if precision == "fp8" and device.supports("fp8"):
+        if op.kind == "gemm" and precision == "fp8" and device.supports("fp8"):
             mem_s += FP8_CAST_BYTES_PER_ELEMENT * op.input_elements * factor / memory_rate(device)
     kernels = 2 if backward and op.kind == "gemm" else 1
     return max(compute_s, mem_s) + kernels * device.kernel_overhead_s

@@ -102,6 +102,7 @@ def training_totals(figures: dict, job: Job, num_params: float | None = None, nu
 
 
 def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
+    host_w, host_assumed = host_power_w(cluster)
     return {
         "model": {"name": model.name, "num_layers": model.num_layers, "hidden_size": model.hidden_size,
                   "num_params": model.num_params, "num_active_params": model.num_active_params},
@@ -110,8 +111,7 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
                     "devices_per_node": cluster.devices_per_node, "device_name": cluster.device.name,
                     "device_memory_kind": cluster.device.memory_kind,
                     "price_per_device_hour_usd": cluster.device.price_per_hour_usd, "pue": cluster.pue,
-                    "host_power_w_per_device": host_power_w(cluster)[0],
-                    "host_power_assumed": host_power_w(cluster)[1]},
+                    "host_power_w_per_device": host_w, "host_power_assumed": host_assumed},
         "job": asdict(job),
         "framework": framework_dict(job),
         "caveats": caveats(job, cluster),
