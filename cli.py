@@ -1167,12 +1167,17 @@ def _time(doc: dict, console: Console) -> None:
 
 
 def _training(doc: dict, console: Console) -> None:
-    seconds = doc.get("time_to_train_s")
+    seconds, gp = doc.get("time_to_train_s"), doc.get("goodput")
+    tokens = doc["inputs"]["job"]["tokens_to_train"]
+    if gp is not None and gp["goodput"] <= 0:
+        console.print(f"to train {_count(tokens)} tokens: never: the job fails every {_duration(gp['mtbf_s'])} on "
+                      f"average, faster than it can checkpoint and restart (goodput 0)", style="bold red")
+        console.print()
+        return
     if not seconds:
         console.print("time to train: pass --tokens (e.g. --tokens 300e9) for time, energy and cost to train")
         console.print()
         return
-    tokens = doc["inputs"]["job"]["tokens_to_train"]
     energy = doc.get("energy_j")
     cost = doc.get("cost_usd")
     energy_text = "energy n/a (no power figure for the device)" if energy is None else f"{energy / 3.6e9:,.0f} MWh"
@@ -1186,14 +1191,8 @@ def _training(doc: dict, console: Console) -> None:
         host = cluster.get("host_power_w_per_device") or 0.0
         assumed = " assumed, unvalidated" if cluster.get("host_power_assumed") else ""
         energy_text += f" (PUE {pue:g}; host {host:,.0f} W per device{assumed})"
-    gp = doc.get("goodput")
     if gp is None:
         console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)}, {energy_text}, {cost_text}")
-        console.print()
-        return
-    if math.isinf(seconds):
-        console.print(f"to train {_count(tokens)} tokens: never: the job fails every {_duration(gp['mtbf_s'])} on "
-                      f"average, faster than it can checkpoint and restart (goodput 0)", style="bold red")
         console.print()
         return
     console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)} with failures "

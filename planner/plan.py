@@ -14,7 +14,6 @@ rejections{...}, search{objective, ...}``.
 
 from __future__ import annotations
 
-import math
 
 import functools
 from dataclasses import asdict
@@ -84,14 +83,16 @@ def training_totals(figures: dict, job: Job, num_params: float | None = None, nu
         return {"time_to_train_s": None, "energy_j": None, "cost_usd": None, "goodput": None}
     steps = job.tokens_to_train / job.tokens_per_step
     gp = goodput(num_params, num_devices, job.reliability) if num_params and num_devices else None
-    factor = 1.0 if gp is None else (math.inf if gp.goodput <= 0 else 1.0 / gp.goodput)
-    scale = lambda value: None if value is None else steps * value * factor
+    # a job that fails faster than it checkpoints never finishes: no time, energy or cost (None), and
+    # the document stays valid JSON (no Infinity)
+    factor = 1.0 if gp is None else (None if gp.goodput <= 0 else 1.0 / gp.goodput)
+    scale = lambda value: None if value is None or factor is None else steps * value * factor
     ideal_s = steps * figures["step_time_s"]
     out = {"time_to_train_s": scale(figures["step_time_s"]), "time_to_train_ideal_s": ideal_s,
            "energy_j": scale(figures["energy_per_step_j"]), "cost_usd": scale(figures["cost_per_step_usd"]),
            "goodput": None}
     if gp is not None:
-        out["device_hours"] = None if math.isinf(factor) else num_devices * ideal_s * factor / 3600.0
+        out["device_hours"] = None if factor is None else num_devices * ideal_s * factor / 3600.0
         out["goodput"] = {"goodput": gp.goodput, "mtbf_s": gp.mtbf_s, "checkpoint_write_s": gp.checkpoint_write_s,
                           "checkpoint_interval_s": gp.checkpoint_interval_s,
                           "failure_rate_per_device_hour": job.reliability.failure_rate_per_device_hour,

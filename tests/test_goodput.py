@@ -94,3 +94,12 @@ def test_host_power_is_stated_or_assumed_on_one_basis():
     zero = _energy("hgx-h800", "--host-power-w", "0")
     assert zero["inputs"]["cluster"]["host_power_w_per_device"] == 0 and not zero["inputs"]["cluster"]["host_power_assumed"]
     assert zero["energy_per_step_j"] < hgx["energy_per_step_j"]
+
+
+def test_a_job_that_never_finishes_has_no_time_and_valid_json():
+    doc = _plan("--failure-rate", "1")
+    assert doc["goodput"]["goodput"] == 0.0
+    assert doc["time_to_train_s"] is None and doc["cost_usd"] is None and doc["device_hours"] is None
+    text = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices",
+                                     "64", "--failure-rate", "1"]).stdout
+    assert "never" in text
