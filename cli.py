@@ -2,7 +2,7 @@
 
 Commands: ``clusterplan plan|evaluate|explain|compare|sweep|export|validate|models|clusters|devices``;
 ``plan`` is also installed as a command of its own (``plan --model gpt --cluster dgx-superpod``).
-Every figure printed comes from the Plan document (``planner.plan``); nothing here computes a cost.
+Every figure printed comes from the Plan document (``planner.report.plan``); nothing here computes a cost.
 
 Results go to stdout, errors to stderr as ``error: <message>``. Exit codes (DESIGN.md):
 
@@ -43,17 +43,17 @@ from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.library import job_defaults, list_models, load_model
 from clusterplan.models.spec import ModelSpec
-from clusterplan.planner.plan import PLANNER_VERSION, SCHEMA as PLAN_DOC_SCHEMA, evaluation_document, plan_document
+from clusterplan.planner.report.plan import PLANNER_VERSION, SCHEMA as PLAN_DOC_SCHEMA, evaluation_document, plan_document
 from clusterplan.planner import inputs
 from clusterplan.planner.inputs import default_global_batch  # noqa: F401 (re-exported: tests, API)
 from clusterplan.planner.search import ENGINES, SearchOptions, check_layout, plan
-from clusterplan.planner.space import REASONS, parse_bounds
-from clusterplan.planner.validate import markdown_report, validate
-from clusterplan.planner.chart import check_chart_path, compare_chart, grid_heatmap, sweep_chart
-from clusterplan.planner.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
+from clusterplan.planner.search.space import REASONS, parse_bounds
+from clusterplan.planner.studies.validate import markdown_report, validate
+from clusterplan.planner.report.chart import check_chart_path, compare_chart, grid_heatmap, sweep_chart
+from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
                                         parse_candidate, parse_grid, rank, study_settings, sweep)
-from clusterplan.planner.export import FORMATS as EXPORT_FORMATS, export, export_framework
-from clusterplan.planner.fit import fewest_devices, fit_hint, smallest_device
+from clusterplan.planner.report.export import FORMATS as EXPORT_FORMATS, export, export_framework
+from clusterplan.planner.studies.fit import fewest_devices, fit_hint, smallest_device
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import list_clusters, list_devices
 
@@ -409,7 +409,7 @@ def _fit_inputs(model_arg, model, cluster_arg, device, scale_out_gbit_per_s, ove
 
 def _with_fit_hint(err: InfeasibleError, model_arg, model, cluster_arg, cluster, device, scale_out_gbit_per_s,
                    oversubscription, global_batch, seq_len, precision, tokens, attention, framework, bounds):
-    """The exit-3 error with a device count found by search (``planner.fit``), so that its number works."""
+    """The exit-3 error with a device count found by search (``planner.studies.fit``), so that its number works."""
     make_cluster, make_job = _fit_inputs(model_arg, model, cluster_arg, device, scale_out_gbit_per_s,
                                          oversubscription, global_batch, seq_len, precision, tokens, attention,
                                          framework)

@@ -34,7 +34,7 @@ def family_errors() -> dict:
     step time (runs, layout sweeps, runs beyond A100/H100), as ``planner/data/validated_error.yaml``
     holds it for the reports."""
     sys.path.insert(0, str(ROOT))
-    from clusterplan.planner.validate import error_by_family
+    from clusterplan.planner.studies.validate import error_by_family
     return error_by_family()
 
 

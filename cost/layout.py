@@ -325,7 +325,7 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
 
 def _parse_order(raw: str) -> str:
     """Check the syntax of an order; whether its traversal suits the cluster is checked against it
-    (``cost.step.layout_problems``, ``planner.space.build_space``)."""
+    (``cost.step.layout_problems``, ``planner.search.space.build_space``)."""
     axes, traversal = split_order(raw)
     if sorted(axes.split("-")) != sorted(AXES):
         raise SpecError(f"layout.order: got {raw!r}; a permutation of tp-cp-dp-pp, e.g. {DEFAULT_ORDER}, "

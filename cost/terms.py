@@ -1,7 +1,7 @@
 """Cost terms, each a pure function of the few knobs it depends on.
 
 The step time and memory are assembled from these in ``cost.step``; the search tabulates each term
-over its own small domain (``planner.space``). Keeping a term's inputs explicit is what lets the
+over its own small domain (``planner.search.space``). Keeping a term's inputs explicit is what lets the
 CP-SAT model stay small: compute depends on tp, cp, micro-batch and recompute; a collective on its
 axis degree and placement; the bubble on pp, vp and the micro-batch count.
 

@@ -6,6 +6,6 @@ re-exported here with the search entry points.
 
 from clusterplan.cost.layout import Job, Layout, parse_layout
 from clusterplan.planner.search import SearchOptions, SearchResult, plan
-from clusterplan.planner.space import Bounds, parse_bounds
+from clusterplan.planner.search.space import Bounds, parse_bounds
 
 __all__ = ["Bounds", "Job", "Layout", "SearchOptions", "SearchResult", "parse_bounds", "parse_layout", "plan"]

@@ -359,7 +359,7 @@ def test_compare_exit_code_when_nothing_runs():
 def test_export_formats_follow_the_plan(fmt, needle):
     common = ["--model", "llama3-8b", "--cluster", "dgx-superpod", "--devices", "16", "--search", "exhaustive"]
     # export searches under the format's framework: compare with the plan under that framework
-    from clusterplan.planner.export import FRAMEWORK_OF_FORMAT
+    from clusterplan.planner.report.export import FRAMEWORK_OF_FORMAT
     doc = run_json("plan", *common, "--framework", FRAMEWORK_OF_FORMAT[fmt])
     result = CliRunner().invoke(cli.main, ["export", "--format", fmt, *common])
     assert result.exit_code == 0, result.stderr

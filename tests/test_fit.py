@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from clusterplan.cli import build_job, main
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import get_model, list_models
-from clusterplan.planner.fit import fewest_devices, layouts_fit
+from clusterplan.planner.studies.fit import fewest_devices, layouts_fit
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.topologies.library import build_cluster, list_clusters
 

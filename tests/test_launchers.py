@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from clusterplan.models.errors import SpecError
-from clusterplan.planner.export import (FRAMEWORK_OF_FORMAT, PINNED, export, maxtext_batch, model_spec, pipeline_layout)
+from clusterplan.planner.report.export import (FRAMEWORK_OF_FORMAT, PINNED, export, maxtext_batch, model_spec, pipeline_layout)
 
 HERE = Path(__file__).resolve().parent / "launchers"
 sys.path.insert(0, str(HERE))
@@ -192,7 +192,7 @@ def test_llama2_is_not_exported_as_llama3():
     """Llama 2 7B shares Llama 3 8B's trunk (32 x 4096, 32 heads) but not its kv heads, FFN or
     vocabulary: torchtitan 0.2.2 has no Llama 2 (refused), MaxText's model is llama2-7b."""
     from clusterplan.models.library import get_model
-    from clusterplan.planner.export import maxtext_model, torchtitan_flavor
+    from clusterplan.planner.report.export import maxtext_model, torchtitan_flavor
 
     with pytest.raises(SpecError, match="no model definition"):
         torchtitan_flavor(get_model("llama2-7b"))

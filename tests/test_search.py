@@ -21,11 +21,11 @@ from clusterplan.cost.terms import Context
 from clusterplan.models.errors import InfeasibleError, SolverError, SpecError
 from clusterplan.models.library import get_model, job_defaults, list_models
 from clusterplan.models.spec import MoESpec, ModelSpec
-from clusterplan.planner.cpsat import solve_cpsat
-from clusterplan.planner.exhaustive import DIMS, count_rejections, score_factorization, solve_exhaustive
+from clusterplan.planner.search.cpsat import solve_cpsat
+from clusterplan.planner.search.exhaustive import DIMS, count_rejections, score_factorization, solve_exhaustive
 from clusterplan.planner.search import SearchOptions, SearchResult, objective_seconds, plan
-from clusterplan.planner.space import Bounds, build_space
-from clusterplan.planner.tables import build_tables, layout_from_indices
+from clusterplan.planner.search.space import Bounds, build_space
+from clusterplan.planner.search.tables import build_tables, layout_from_indices
 from clusterplan.topologies.library import build_cluster, list_clusters
 
 SYNTHETIC = [
@@ -328,7 +328,7 @@ def test_bounds_are_respected():
 
 
 # ---- regressions for bugs found while writing these tests ----------------------------------------
-# Regressions (fixed in f2490e5): planner.space.canonical took the representative of each symmetry
+# Regressions (fixed in f2490e5): planner.search.space.canonical took the representative of each symmetry
 # class from the full domains (zero=0 and dp_overlap=on at dp*cp = 1, tp_overlap=off at tp = 1, the
 # first of ORDERS), so a --fix that removed the representative silently emptied the whole class.
 
@@ -502,7 +502,7 @@ def test_objective_without_its_figure_is_a_clear_error(objective, preset, field)
 def test_search_picks_a_torus_traversal_when_faster():
     """On a 4x4x8 v5p slice device ids put tp=4 on half of z; laid along y (or x) it gets the
     whole wraparound ring, twice the bandwidth, and the search takes it."""
-    from clusterplan.planner.explain import placement
+    from clusterplan.planner.report.explain import placement
 
     model, job = get_model("llama2-7b"), Job(global_batch_size=256, seq_len=4096)
     cluster = build_cluster("tpu-v5p-pod", num_devices=128)
@@ -525,7 +525,7 @@ def test_order_domain_off_and_on_a_torus():
     three distinct traversals, and a fixed order without @ leaves the traversal free. (Megatron's
     profile has no ZeRO-2: three ZeRO stages where the sizes were counted with four.)"""
     from clusterplan.cost.layout import ORDERS
-    from clusterplan.planner.space import parse_bounds
+    from clusterplan.planner.search.space import parse_bounds
 
     model, job = get_model("llama2-7b"), Job(global_batch_size=128, seq_len=4096)
     for cluster_id, n, size in [("dgx-h100-superpod", 64, 331776), ("gb200-nvl72", 72, 866304),
@@ -565,7 +565,7 @@ def test_expert_axis_holds_folded_pairs_and_the_search_can_pick_them():
 
 
 def test_fix_etp_parses_to_expert_tp():
-    from clusterplan.planner.space import parse_bounds
+    from clusterplan.planner.search.space import parse_bounds
 
     assert parse_bounds(("etp=1",)).fixed == {"expert_tp": False}
     assert parse_bounds(("tp=4,etp=4",)).fixed == {"tp": 4, "expert_tp": True}

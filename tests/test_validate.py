@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import clusterplan.cli as cli
 from clusterplan.planner.search import SearchOptions
-from clusterplan.planner.validate import bundled_runs_path, load_runs, validate
+from clusterplan.planner.studies.validate import bundled_runs_path, load_runs, validate
 
 REPO = Path(__file__).resolve().parents[1]
 HOLDOUT = REPO / "benchmarks" / "holdout_runs.yaml"
@@ -154,6 +154,6 @@ def test_validated_error_file_is_what_validate_measures():
     `python benchmarks/update_docs.py` when the model or the data change."""
     from importlib import resources
 
-    from clusterplan.planner.validate import error_by_family
+    from clusterplan.planner.studies.validate import error_by_family
     stored = yaml.safe_load((resources.files("clusterplan.planner") / "data" / "validated_error.yaml").read_text())["families"]
     assert stored == error_by_family()

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 # id: (CLI options, formats). The plan for each format is searched under that format's framework
-# (planner.export.FRAMEWORK_OF_FORMAT), as `clusterplan export` does.
+# (planner.report.export.FRAMEWORK_OF_FORMAT), as `clusterplan export` does.
 CASES = {
     "llama3-8b-h100x64": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64"],
                           ["megatron", "slurm", "deepspeed", "torchtitan", "maxtext"]),
@@ -45,7 +45,7 @@ MAXTEXT_TOPOLOGY = {"h100-sxm5-80gb": "a3", "tpu-v5p": "v5p-{cores}"}
 
 def meta_for(doc: dict, model) -> dict:
     """What check.py compares the launcher's view against."""
-    from clusterplan.planner.export import cuda_arch, maxtext_mesh
+    from clusterplan.planner.report.export import cuda_arch, maxtext_mesh
 
     L, cluster = doc["layout"], doc["inputs"]["cluster"]
     meta = {"world_size": doc["num_devices"], "devices_per_node": cluster["devices_per_node"],
@@ -79,7 +79,7 @@ def plan_doc(options: list[str], framework: str) -> dict:
 
 
 def write_case(case: str, fmt: str, out: Path) -> tuple[Path, Path]:
-    from clusterplan.planner.export import FRAMEWORK_OF_FORMAT, export, model_spec
+    from clusterplan.planner.report.export import FRAMEWORK_OF_FORMAT, export, model_spec
 
     options, _ = CASES[case]
     doc = plan_doc(options, FRAMEWORK_OF_FORMAT[fmt])

@@ -73,7 +73,7 @@ def model_spec(doc: dict, model=None):
                 return spec
     raise SpecError(f"export: the plan is for {info['name']!r}, which is not a bundled model, and the plan "
                     "document does not carry its shape (heads, FFN, vocabulary); export it from the process "
-                    "that planned it: planner.export.export(doc, fmt, model=result.model)")
+                    "that planned it: planner.report.export.export(doc, fmt, model=result.model)")
 
 
 def _rope(model) -> bool:

@@ -1,10 +1,10 @@
 """The one adapter where floats become integers: every cost term tabulated over its own knobs.
 
 Each table is a numpy ``int64`` array indexed by the positions of its knobs in the
-:class:`~planner.space.Space`. Quanta (named below) turn seconds and bytes into integers; memory
+:class:`~planner.search.space.Space`. Quanta (named below) turn seconds and bytes into integers; memory
 rounds up and capacity rounds down, so whatever the integer model accepts also fits in floats.
-CP-SAT (``planner.cpsat``) reads these tables through element constraints; the exhaustive
-enumerator (``planner.exhaustive``) broadcasts them with numpy. Both therefore optimise exactly
+CP-SAT (``planner.search.cpsat``) reads these tables through element constraints; the exhaustive
+enumerator (``planner.search.exhaustive``) broadcasts them with numpy. Both therefore optimise exactly
 the same integer objective.
 
 Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (see ``cost.step`` for the float form)::
@@ -42,7 +42,7 @@ from clusterplan.cost.terms import (
     RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
     effective_zero_stage, head_terms, layers_on_stage, optimizer_s, overlap_share, p2p_s, param_counts, tp_comm_terms,
 )
-from clusterplan.planner.space import (
+from clusterplan.planner.search.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
     placement_ok, sequence_parallel_ok, traversal_duplicates,
 )
@@ -363,13 +363,13 @@ def _device_to_rank(cluster) -> np.ndarray:
 
 
 def _order_representatives(S: Space) -> np.ndarray:
-    """The order part of ``planner.space.canonical`` per (f, o)."""
+    """The order part of ``planner.search.space.canonical`` per (f, o)."""
     return np.array([[_only_order_differs(tp, pp, dp, cp, o, S) for o in S.order]
                      for tp, pp, dp, cp in S.factorizations], dtype=bool).reshape(len(S.factorizations), len(S.order))
 
 
 def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
-    """``planner.space.canonical`` over (f, e, s, z, o, do, to), vectorized.
+    """``planner.search.space.canonical`` over (f, e, s, z, o, do, to), vectorized.
 
     The order part ``order_ok`` is evaluated per (f, o) (``canonical``, then
     ``traversal_duplicates``); the rest are the same rules as ``canonical``, with the
@@ -415,7 +415,7 @@ def _only_order_differs(tp: int, pp: int, dp: int, cp: int, order: str, S: Space
 
 
 def layout_from_indices(space: Space, idx: dict) -> Layout:
-    """Build the :class:`Layout` for a dict of knob indices (keys as in ``planner.cpsat``)."""
+    """Build the :class:`Layout` for a dict of knob indices (keys as in ``planner.search.cpsat``)."""
     S = space
     return layout_of(S.factorizations[idx["f"]], S.ep[idx["e"]], S.vp[idx["v"]], S.micro_batch_size[idx["mb"]],
                      S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],

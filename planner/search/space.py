@@ -273,7 +273,7 @@ def traversal_duplicates(orders: tuple[str, ...], keep: list[bool], fingerprints
     """Which orders of one factorization repeat an earlier order under another torus traversal.
 
     ``fingerprints[k]`` is everything order ``k`` changes for this factorization (its cost terms
-    and rejection codes, from ``planner.tables``): an order whose fingerprint an earlier order
+    and rejection codes, from ``planner.search.tables``): an order whose fingerprint an earlier order
     under a different traversal already has (both representatives by :func:`canonical`) changes
     nothing, so it counts once, like the orders of :func:`canonical`. The default traversal comes
     first in the space, so ties keep it.

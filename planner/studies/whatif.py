@@ -21,7 +21,7 @@ from clusterplan.cost.energy import objective_available
 from clusterplan.cost.layout import Job, Layout
 from clusterplan.models.errors import ClusterplanError, SpecError
 from clusterplan.models.spec import ModelSpec
-from clusterplan.planner.plan import plan_document
+from clusterplan.planner.report.plan import plan_document
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.topologies.cluster import Cluster
 

@@ -1,11 +1,11 @@
 """The CP-SAT model: knob indices as variables, cost terms through element constraints.
 
-Each knob is an integer variable indexing its domain in the :class:`~planner.space.Space`.
+Each knob is an integer variable indexing its domain in the :class:`~planner.search.space.Space`.
 Factorization, interleaving and micro-batch size are chosen together through one variable ``fvm``
 ranging over the (f, v, mb) triples that pass the batch, layer and interleaving rules, so those
 rules cost nothing at search time; ``fv`` is the (f, v) pair it implies. Group indices (which
 (tp, cp) pair, which tensor-parallel communicator) are element look-ups on the factorization and
-order; each cost term is an element look-up on its own small table (``planner.tables``).
+order; each cost term is an element look-up on its own small table (``planner.search.tables``).
 
 Products the decomposition cannot avoid (micro-batch slots times per-micro-batch time, in-flight
 layers times activation bytes, stage share times the overlap window) are multiplication
@@ -33,8 +33,8 @@ from ortools.sat.python import cp_model
 
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
-from clusterplan.planner.exhaustive import DIMS, _place, layer_time, overlapped
-from clusterplan.planner.tables import SHARE_PARTS, SLOT_QUANTUM, Tables
+from clusterplan.planner.search.exhaustive import DIMS, _place, layer_time, overlapped
+from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables
 
 ELEMENT_MAX_ENTRIES = 64
 OBJECTIVE_LIMIT = 2**59  # objective units: 5.8e7 s of step time at weight 1; eight such terms fit in 2^62
@@ -163,7 +163,7 @@ class _Model:
         m.add_allowed_assignments([x["e"], x["o"]], np.argwhere(T.ok_eo < 0).tolist())
         m.add_allowed_assignments([x["f"], x["e"], x["s"]], self._f_rows(T.ok_fes < 0))
         m.add_allowed_assignments([x["f"], x["o"]], self._f_rows(T.ok_fo < 0))
-        # Symmetry breaking (planner.space.canonical), split by the knobs each part concerns.
+        # Symmetry breaking (planner.search.space.canonical), split by the knobs each part concerns.
         order_ok = T.canon.any(axis=(1, 2, 3, 5, 6))  # (F, O)
         m.add_allowed_assignments([x["f"], x["o"]], self._f_rows(order_ok))
         rest = T.canon.any(axis=4)  # (F, E, S, Z, DO, TO)
@@ -225,7 +225,7 @@ class _Model:
         blocking = self._lookup("dp_blocking", self._fv_table(np.transpose(T.DPX, (0, 2, 1, 3, 4))),
                                 [self.fv, x["o"], x["e"], x["z"]])
         self.objective = T.time_weight * (pipe + Q * extra + dp_exp + fsdp + Q * opt + Q * blocking)
-        if T.busy_weight:  # energy: the extra power while computing (planner.tables docstring)
+        if T.busy_weight:  # energy: the extra power while computing (planner.search.tables docstring)
             share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
                                          int(share.max()) * int(T.C.max()), bw)
@@ -380,7 +380,7 @@ def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
     others stay where they are, as long as that improves the objective. Everything is scored on
     the same integer tables; the result only gives CP-SAT an incumbent and cutoffs.
     """
-    from clusterplan.planner.exhaustive import restrict, solve_exhaustive
+    from clusterplan.planner.search.exhaustive import restrict, solve_exhaustive
 
     S = T.space
     keep = {"do": [S.dp_overlap.index(True)] if True in S.dp_overlap else None,
@@ -396,7 +396,7 @@ def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
 
 def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, dict]:
     """Coordinate descent: free one knob (and the factorization) at a time, keep improvements."""
-    from clusterplan.planner.exhaustive import restrict, solve_exhaustive
+    from clusterplan.planner.search.exhaustive import restrict, solve_exhaustive
 
     knobs = [k for k in DIMS if k != "f"]
     for _ in range(rounds):
@@ -418,7 +418,7 @@ def _neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
     memory wins (ties come from knobs that change memory but not time: ZeRO 1 against 2, a rank
     order giving the same groups, ...); and the j-th best here bounds the j-th runner-up.
     """
-    from clusterplan.planner.exhaustive import restrict, solve_exhaustive
+    from clusterplan.planner.search.exhaustive import restrict, solve_exhaustive
 
     sub = restrict(T, {"mb": [idx["mb"]]})  # a fifth of the space or less: tight runner-up bounds, cheaply
     found, _ = solve_exhaustive(sub, count - 1)

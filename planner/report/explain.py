@@ -10,7 +10,7 @@ from dataclasses import asdict
 from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, order_axes, split_order
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.models.spec import ModelSpec
-from clusterplan.planner.space import Space
+from clusterplan.planner.search.space import Space
 from clusterplan.topologies.cluster import Cluster
 
 GIB = 2**30

@@ -29,8 +29,8 @@ from clusterplan.cost.layout import Job
 from clusterplan.cost.step import Evaluation
 from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE
 from clusterplan.models.spec import ModelSpec
-from clusterplan.planner.explain import explain, placement
-from clusterplan.planner.space import REASONS
+from clusterplan.planner.report.explain import explain, placement
+from clusterplan.planner.search.space import REASONS
 from clusterplan.topologies.cluster import Cluster
 
 SCHEMA = "clusterplan-plan/1"

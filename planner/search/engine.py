@@ -12,10 +12,10 @@ from clusterplan.cost.step import Evaluation, evaluate_ctx, layout_problems
 from clusterplan.cost.terms import Context
 from clusterplan.models.errors import InfeasibleError, SpecError
 from clusterplan.models.spec import ModelSpec
-from clusterplan.planner.cpsat import solve_cpsat
-from clusterplan.planner.exhaustive import count_rejections, smallest_memory, solve_exhaustive
-from clusterplan.planner.space import REASONS, Bounds, Space, build_space
-from clusterplan.planner.tables import MEMORY_QUANTUM_BYTES, TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
+from clusterplan.planner.search.cpsat import solve_cpsat
+from clusterplan.planner.search.exhaustive import count_rejections, smallest_memory, solve_exhaustive
+from clusterplan.planner.search.space import REASONS, Bounds, Space, build_space
+from clusterplan.planner.search.tables import MEMORY_QUANTUM_BYTES, TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
 from clusterplan.topologies.cluster import Cluster
 
 ENGINES = ("cpsat", "exhaustive")

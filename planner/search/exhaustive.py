@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
-from clusterplan.planner.tables import REASON_ORDER, SHARE_PARTS, SLOT_QUANTUM, Tables
+from clusterplan.planner.search.tables import REASON_ORDER, SHARE_PARTS, SLOT_QUANTUM, Tables
 
 DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to")
 
@@ -77,7 +77,7 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
 
 
 def overlapped(T: Tables, traffic: np.ndarray, window: np.ndarray) -> np.ndarray:
-    """Exposed data-parallel traffic with overlap on, in objective units (``planner.tables``): the
+    """Exposed data-parallel traffic with overlap on, in objective units (``planner.search.tables``): the
     last bucket, the compute slowed by the SMs the NCCL kernels take, or what the window cannot hide."""
     last_bucket = -(-traffic // NUM_GRAD_BUCKETS)
     slowdown = -(-traffic * T.dp_share // SHARE_PARTS)
@@ -148,7 +148,7 @@ def any_feasible(T: Tables) -> bool:
 def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
     """Rejected layouts by first failing reason, and the number of feasible layouts.
 
-    Symmetric duplicates (``planner.space.canonical``) are counted once.
+    Symmetric duplicates (``planner.search.space.canonical``) are counted once.
     """
     counts = np.zeros(len(REASON_ORDER) + 1, np.int64)
     for i in _blocks(T):
@@ -216,7 +216,7 @@ def restrict(T: Tables, keep: dict) -> Tables:
     space_attr = {"o": "order", "e": "ep", "v": "vp", "mb": "micro_batch_size", "s": "sequence_parallel",
                   "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap"}
     sub = copy.copy(T)
-    sub.__dict__.pop("_derived", None)  # values derived from T's full axes (planner.cpsat._once)
+    sub.__dict__.pop("_derived", None)  # values derived from T's full axes (planner.search.cpsat._once)
     for name, dims in axes.items():
         arr = getattr(T, name)
         for ax, d in enumerate(dims):

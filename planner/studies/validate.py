@@ -23,9 +23,9 @@ from clusterplan.cost.step import layout_problems
 from clusterplan.models.files import load_file
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.library import list_models, load_model, model_from_mapping
-from clusterplan.planner.explain import changed_knobs
+from clusterplan.planner.report.explain import changed_knobs
 from clusterplan.planner.search import SearchOptions, SearchResult, plan
-from clusterplan.planner.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds
+from clusterplan.planner.search.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds
 
 SPACE_CANDIDATES = {"vp": VP_CANDIDATES, "micro_batch_size": MBS_CANDIDATES}
 from clusterplan.topologies.library import build_cluster

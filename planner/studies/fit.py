@@ -17,9 +17,9 @@ from clusterplan.cost.layout import Job
 from clusterplan.cost.terms import Context
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.spec import ModelSpec
-from clusterplan.planner.exhaustive import any_feasible, smallest_memory
-from clusterplan.planner.space import Bounds, build_space
-from clusterplan.planner.tables import build_tables
+from clusterplan.planner.search.exhaustive import any_feasible, smallest_memory
+from clusterplan.planner.search.space import Bounds, build_space
+from clusterplan.planner.search.tables import build_tables
 from clusterplan.topologies.cluster import Cluster
 
 MAX_DEVICES = 1 << 17  # 131,072: beyond the largest cluster anyone has described

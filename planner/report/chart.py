@@ -2,7 +2,7 @@
 
 matplotlib is an optional extra (``pip install 'clusterplan[chart]'``): it is imported only when a
 chart is asked for, with the Agg backend (no display needed). The charts read the rows that
-``planner.whatif`` builds; nothing here computes a figure.
+``planner.studies.whatif`` builds; nothing here computes a figure.
 """
 
 from __future__ import annotations
