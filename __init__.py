@@ -44,6 +44,7 @@ _API = {
     "list_devices": "clusterplan.topologies.library",
     "load_profile": "clusterplan.cost.framework",
     "build_job": "clusterplan.planner.inputs",
+    "Request": "clusterplan.planner.inputs",
     "load_cluster": "clusterplan.planner.inputs",
 }
 

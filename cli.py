@@ -34,26 +34,24 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from clusterplan.cost.framework import FRAMEWORKS, framework_defaults, resolve_name as resolve_framework
-from clusterplan.cost.layout import Job, Layout, given_keys, parse_layout
+from clusterplan.cost.framework import FRAMEWORKS, resolve_name as resolve_framework
+from clusterplan.cost.layout import Layout
 from clusterplan.models.ops import ATTENTION_KINDS
-from clusterplan.cost.step import evaluate
 from clusterplan.models.files import parse_json, read_text
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
-from clusterplan.models.library import job_defaults, list_models, load_model
-from clusterplan.models.spec import ModelSpec
-from clusterplan.planner.report.plan import PLANNER_VERSION, SCHEMA as PLAN_DOC_SCHEMA, evaluation_document, plan_document
-from clusterplan.planner import inputs
-from clusterplan.planner.inputs import default_global_batch  # noqa: F401 (re-exported: tests, API)
-from clusterplan.planner.search import ENGINES, SearchOptions, check_layout, plan
+from clusterplan.models.library import job_defaults, list_models
+from clusterplan.planner.report.plan import PLANNER_VERSION, SCHEMA as PLAN_DOC_SCHEMA, plan_document
+from clusterplan.planner.inputs import Request, default_global_batch  # noqa: F401 (re-exported: tests, API)
+from clusterplan.planner.requests import Planned, evaluate_request, fit_request, plan_request
+from clusterplan.planner.search import ENGINES, SearchOptions
+from clusterplan.planner.search.engine import MAX_TOP_K
 from clusterplan.planner.search.space import REASONS, parse_bounds
 from clusterplan.planner.studies.validate import markdown_report, validate
 from clusterplan.planner.report.chart import check_chart_path, compare_chart, grid_heatmap, sweep_chart
 from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
-                                        parse_candidate, parse_grid, rank, study_settings, sweep)
+                                        parse_candidate, parse_grid, rank, sweep)
 from clusterplan.planner.report.export import FORMATS as EXPORT_FORMATS, export, export_framework
-from clusterplan.planner.studies.fit import fewest_devices, fit_hint, smallest_device
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import list_clusters, list_devices
 
@@ -204,30 +202,23 @@ def guarded(fn: Callable) -> Callable:
     return wrapper
 
 
-# ---- loading the inputs (planner.inputs; the what-if options come from the click context) ----------
-def load_cluster(name_or_path: str, num_devices: int | None, num_nodes: int | None, device: str | None,
-                 scale_out_gbit_per_s: float | None, oversubscription: float | None) -> Cluster:
-    """:func:`planner.inputs.load_cluster` with the command's --price-per-device-hour and --pue."""
-    return inputs.load_cluster(name_or_path, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
-                               price_per_device_hour=_given("price_per_device_hour"), pue=_given("pue"),
-                               host_power_w=_given("host_power_w"))
+# ---- the request (planner.inputs.Request; the what-if options come from the click context) ------------
+REQUEST_OPTIONS = ("num_devices", "num_nodes", "device", "scale_out_gbit_per_s", "oversubscription", "global_batch",
+                   "seq_len", "precision", "tokens", "attention", "framework")
 
 
-def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: int | None,
-              seq_len: int | None, precision: str | None, tokens: int | None,
-              attention: str | None = None, framework: str | None = None) -> tuple[Job, dict[str, str]]:
-    """:func:`planner.inputs.build_job` with the command's goodput options."""
-    return inputs.build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention, framework,
-                            reliability=_reliability())
-
-
-def _reliability() -> Reliability:
-    """The goodput inputs from the options, the defaults (``cost.goodput``) for the rest."""
-    given = {"failure_rate_per_device_hour": _given("failure_rate"),
-             "checkpoint_bytes_per_s_per_device": None if _given("checkpoint_gbyte_per_s") is None
-             else _given("checkpoint_gbyte_per_s") * 1e9,
-             "restart_s": None if _given("restart_minutes") is None else _given("restart_minutes") * 60.0}
-    return Reliability(**{k: v for k, v in given.items() if v is not None})
+def _request(model_arg: str, cluster_arg: str, **options: Any) -> Request:
+    """The user's request from a command's options (by keyword; others ignored) and the what-if
+    options remembered in the click context (price, PUE, host power, reliability)."""
+    given = {k: options[k] for k in REQUEST_OPTIONS if k in options}
+    checkpoint, restart = _given("checkpoint_gbyte_per_s"), _given("restart_minutes")
+    reliability = {"failure_rate_per_device_hour": _given("failure_rate"),
+                   "checkpoint_bytes_per_s_per_device": None if checkpoint is None else checkpoint * 1e9,
+                   "restart_s": None if restart is None else restart * 60.0}
+    return Request(model=model_arg, cluster=cluster_arg, **given,
+                   price_per_device_hour=_given("price_per_device_hour"), pue=_given("pue"),
+                   host_power_w=_given("host_power_w"),
+                   reliability=Reliability(**{k: v for k, v in reliability.items() if v is not None}))
 
 
 FRAMEWORK_NAMES = FRAMEWORKS + ("nemo", "megatron-bridge", "megatron-lm", "megatron-core")
@@ -323,8 +314,8 @@ PROBLEM_OPTIONS = INPUT_OPTIONS + [
                  help="Leave the search's wall time out of the document, so that the same input gives the same "
                       "bytes."),
 ]
-TOP_OPTION = click.option("--top", "top_k", type=click.IntRange(min=0), default=3, show_default=True,
-                          help="Runners-up to report.")
+TOP_OPTION = click.option("--top", "top_k", type=click.IntRange(0, MAX_TOP_K), default=3, show_default=True,
+                          help=f"Runners-up to report (0 to {MAX_TOP_K}).")
 ENGINE_OPTIONS = [
     click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
                  help="cpsat: the OR-Tools CP-SAT model; exhaustive: numpy brute force over the same tables."),
@@ -368,57 +359,19 @@ def plan_command(as_json, **options):
     Example:  plan --model gpt --cluster dgx-superpod
               plan --model llama3-70b --cluster dgx-h100-superpod --devices 256 --fix tp=8 --top 5
     """
-    result, cluster, origin = _load_and_search(**options)
-    emit(plan_document(result), cluster, origin, as_json)
+    planned = _load_and_search(**options)
+    emit(plan_document(planned.result), planned.cluster, planned.origin, as_json)
 
 
-def _load_and_search(*, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                     oversubscription, global_batch, seq_len, precision, tokens, attention, framework, top_k, engine,
-                     time_limit_s, fix, minimum, maximum, memory_headroom, objective):
-    """Load the inputs of ``plan``/``explain``/``export`` (their options, by name) and run the search:
-    (result, cluster, origin)."""
-    model = load_model(model_arg)
-    cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
-    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention, framework)
-    bounds = parse_bounds(fix, minimum, maximum, memory_headroom)
-    try:
-        with searching(f"searching {model.name} on {cluster.num_devices:,} x {cluster.device.id}"):
-            result = plan(model, job, cluster, SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s,
-                                                             bounds=bounds, objective=objective))
-    except InfeasibleError as err:
-        raise _with_fit_hint(err, model_arg, model, cluster_arg, cluster, device, scale_out_gbit_per_s,
-                             oversubscription, global_batch, seq_len, precision, tokens, attention, framework,
-                             bounds) from None
-    return result, cluster, origin
-
-
-HINT_CHECKS = 12
-
-
-def _fit_inputs(model_arg, model, cluster_arg, device, scale_out_gbit_per_s, oversubscription, global_batch,
-                seq_len, precision, tokens, attention, framework):
-    """The job and cluster builders of ``fit`` and of the exit-3 hint: the same options at any size
-    (or with any device)."""
-    def make_cluster(n: int, dev: str | None = device):
-        return load_cluster(cluster_arg, n, None, dev, scale_out_gbit_per_s, oversubscription)
-
-    def make_job(c: Cluster):
-        return build_job(model_arg, model, c, global_batch, seq_len, precision, tokens, attention, framework)[0]
-    return make_cluster, make_job
-
-
-def _with_fit_hint(err: InfeasibleError, model_arg, model, cluster_arg, cluster, device, scale_out_gbit_per_s,
-                   oversubscription, global_batch, seq_len, precision, tokens, attention, framework, bounds):
-    """The exit-3 error with a device count found by search (``planner.studies.fit``), so that its number works."""
-    make_cluster, make_job = _fit_inputs(model_arg, model, cluster_arg, device, scale_out_gbit_per_s,
-                                         oversubscription, global_batch, seq_len, precision, tokens, attention,
-                                         framework)
-    step = cluster.devices_per_node
-    # a bounded search (HINT_CHECKS sizes): an exit-3 hint should come back in seconds
-    answer = fewest_devices(model, make_job, make_cluster, step, bounds, start=cluster.num_devices + step,
-                            max_checks=HINT_CHECKS)
-    command = f"clusterplan fit --model {model_arg} --cluster {cluster_arg}"
-    return fit_hint(err, answer, command)
+def _load_and_search(*, model_arg, cluster_arg, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom,
+                     objective, **options) -> Planned:
+    """The request and search options of ``plan``/``explain``/``export`` (their options, by name), searched."""
+    request = _request(model_arg, cluster_arg, **options)
+    search = SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s, objective=objective,
+                           bounds=parse_bounds(fix, minimum, maximum, memory_headroom))
+    model = request.load_model()
+    with searching(f"searching {model.name} on {cluster_arg}"):
+        return plan_request(request, search, model)
 
 
 @click.command("evaluate")
@@ -428,19 +381,13 @@ def _with_fit_hint(err: InfeasibleError, model_arg, model, cluster_arg, cluster,
                    "left out take a value the framework offers).")
 @_apply(PROBLEM_OPTIONS)
 @guarded
-def evaluate_command(layout_text, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                     oversubscription, global_batch, seq_len, precision, tokens, framework, attention, as_json):
+def evaluate_command(layout_text, as_json, **options):
     """Predict step time and memory of one given layout (no search).
 
     A layout that does not fit in memory is still reported, with how far it overflows (exit 0).
     """
-    model = load_model(model_arg)
-    cluster = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
-    job, origin = build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, attention, framework)
-    layout = parse_layout(layout_text, num_devices=cluster.num_devices)
-    layout = framework_defaults(layout, given_keys(layout_text), job.profile, cluster.device.family)
-    check_layout(model, job, cluster, layout)
-    emit(evaluation_document(model, job, cluster, evaluate(model, job, cluster, layout)), cluster, origin, as_json)
+    doc, cluster, origin = evaluate_request(_request(**options), layout_text)
+    emit(doc, cluster, origin, as_json)
 
 
 @click.command("models")
@@ -502,8 +449,7 @@ def devices_command(as_json):
 @guarded
 def explain_command(as_json, **options):
     """Why the best layout won: against each runner-up, what binds, and one step in every knob."""
-    result, _, _ = _load_and_search(**options)
-    doc = plan_document(result)
+    doc = plan_document(_load_and_search(**options).result)
     if as_json:
         click.echo(json.dumps(doc["explanation"], indent=2))
         return
@@ -555,18 +501,13 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
     Exits 0 when at least one candidate can run the job; otherwise with the first candidate's code.
     """
     _check_outputs(as_json, csv_path, chart_path)
-    model = load_model(model_arg)
     candidates = [parse_candidate(c) for c in clusters]
-
-    def load(cand):
-        return load_cluster(cand.cluster, cand.num_devices, None, None, None, None)
-
-    def make_job(cluster):
-        return build_job(model_arg, model, cluster, global_batch, seq_len, precision, tokens, None, framework)[0]
-
+    request = _request(model_arg, candidates[0].cluster, global_batch=global_batch, seq_len=seq_len,
+                       precision=precision, tokens=tokens, framework=framework)
+    model = request.load_model()
     with progress_bar("clusters", not as_json) as tick:
-        rows = rank(compare(model, candidates, load, make_job, SearchOptions(engine=engine, top_k=0, objective=objective),
-                            progress=tick), objective)
+        rows = rank(compare(request, candidates, SearchOptions(engine=engine, top_k=0, objective=objective),
+                            progress=tick, model=model), objective)
     title = f"what-if: {model.name}"
     _whatif_output(rows, "cluster", title, as_json, csv_path, chart_path,
                    lambda path: compare_chart(rows, path, f"{model.name}: what-if across clusters"))
@@ -589,9 +530,8 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
                      "options apply to every point; the swept knob's own option must not be given too.")
 @_apply(INPUT_OPTIONS + ENGINE_OPTIONS + WHATIF_OUTPUT_OPTIONS)
 @guarded
-def sweep_command(over, ray_address, jobs, model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s,
-                  oversubscription, global_batch, seq_len, precision, tokens, framework, attention, engine, time_limit_s, fix,
-                  minimum, maximum, memory_headroom, objective, as_json, csv_path, chart_path):
+def sweep_command(over, ray_address, jobs, model_arg, cluster_arg, engine, time_limit_s, fix, minimum, maximum,
+                  memory_headroom, objective, as_json, csv_path, chart_path, **options):
     """What-if: the best layout of MODEL on CLUSTER at each value of one knob (size, link speed,
     oversubscription, batch, sequence length, device, precision), one row per value: step time,
     MFU, time, energy and cost to train the job's tokens.
@@ -606,33 +546,14 @@ def sweep_command(over, ray_address, jobs, model_arg, cluster_arg, num_devices, 
     Exits 0 when at least one point ran; otherwise with the first point's code.
     """
     study = parse_grid(over)
-    given = dict(num_devices=num_devices, num_nodes=num_nodes, device=device, global_batch=global_batch,
-                 scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription, seq_len=seq_len,
-                 precision=precision)
-    check_sweep_options(study, given)
+    request = _request(model_arg, cluster_arg, **options)
+    check_sweep_options(study, request.given())
     _check_outputs(as_json, csv_path, chart_path)
-    model = load_model(model_arg)
-    options = SearchOptions(engine=engine, top_k=0, time_limit_s=time_limit_s, objective=objective,
-                            bounds=parse_bounds(fix, minimum, maximum, memory_headroom))
-
-    clusters: dict[tuple, Cluster] = {}  # points that differ only in the job share one cluster (and its terms)
-    # the what-if options, read here: build may run in another process (Ray) with no click context
-    price, pue, host, reliability = (_given("price_per_device_hour"), _given("pue"), _given("host_power_w"),
-                                     _reliability())
-
-    def build(value):
-        p = {**given, **study_settings(study, value)}
-        key = (p["num_devices"], p["num_nodes"], p["device"], p["scale_out_gbit_per_s"], p["oversubscription"])
-        if key not in clusters:
-            clusters[key] = inputs.load_cluster(cluster_arg, *key, price_per_device_hour=price, pue=pue,
-                                                host_power_w=host)
-        cluster = clusters[key]
-        job, _ = inputs.build_job(model_arg, model, cluster, p["global_batch"], p["seq_len"], p["precision"], tokens,
-                                  attention, framework, reliability=reliability)
-        return cluster, job
-
+    model = request.load_model()
+    search = SearchOptions(engine=engine, top_k=0, time_limit_s=time_limit_s, objective=objective,
+                           bounds=parse_bounds(fix, minimum, maximum, memory_headroom))
     with progress_bar("points", not as_json and csv_path != "-") as tick:
-        rows = sweep(model, study, build, options, jobs=jobs, progress=tick, ray_address=ray_address)
+        rows = sweep(request, study, search, jobs=jobs, progress=tick, ray_address=ray_address, model=model)
     title = f"what-if: {model.name} on {cluster_arg}, over {study.knob}"
     chart_title = f"{model.name} on {cluster_arg}: sweep over {study.knob}"
     if isinstance(study, Grid):
@@ -723,7 +644,7 @@ def export_command(fmt, as_json, **options):
     check against your launcher's version)."""
     framework = export_framework(fmt, resolve_framework(options["framework"]) if options["framework"] else None)
     # the config needs the winner only, searched under the format's framework
-    result, _, _ = _load_and_search(**{**options, "top_k": 0, "framework": framework})
+    result = _load_and_search(**{**options, "top_k": 0, "framework": framework}).result
     text = export(plan_document(result), fmt, model=result.model)
     click.echo(json.dumps({"format": fmt, "config": text}, indent=2) if as_json else text)
 
@@ -734,8 +655,7 @@ def export_command(fmt, as_json, **options):
               help="Share of device memory to keep free: 10% or 0.1.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @guarded
-def fit_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription,
-                global_batch, seq_len, precision, tokens, framework, attention, memory_headroom, as_json):
+def fit_command(model_arg, cluster_arg, memory_headroom, as_json, **options):
     """The fewest devices on which some layout of MODEL fits CLUSTER (or, with --devices or --nodes,
     the device of the preset's family with the least memory on which one fits at that size), found
     by search, with the best layout there.
@@ -744,34 +664,12 @@ def fit_command(model_arg, cluster_arg, num_devices, num_nodes, device, scale_ou
     Example:  clusterplan fit --model llama3-405b --cluster dgx-h100-superpod
               clusterplan fit --model llama3-405b --cluster dgx-h100-superpod --devices 64
     """
-    model = load_model(model_arg)
-    bounds = parse_bounds((), (), (), memory_headroom)
-    make_cluster, make_job = _fit_inputs(model_arg, model, cluster_arg, device, scale_out_gbit_per_s,
-                                         oversubscription, global_batch, seq_len, precision, tokens, attention,
-                                         framework)
-    if num_devices or num_nodes:
-        here = load_cluster(cluster_arg, num_devices, num_nodes, device, scale_out_gbit_per_s, oversubscription)
-        family = [d.id for d in list_devices()]
-        answer = smallest_device(model, make_job, lambda dev: make_cluster(here.num_devices, dev), family, bounds)
-        question = f"the smallest device for {model.name} on {here.num_devices:,} devices of {cluster_arg}"
-    else:
-        base = load_cluster(cluster_arg, None, None, device, scale_out_gbit_per_s, oversubscription)
-        answer = fewest_devices(model, make_job, make_cluster, base.devices_per_node, bounds)
-        question = f"the fewest devices for {model.name} on {cluster_arg}"
-    if answer.num_devices is None:
-        tried = "" if answer.devices_tried is not None else \
-            f" (sizes tried: {', '.join(f'{n:,}' for n, _ in answer.checked)})"
-        raise InfeasibleError(f"{question}: {answer.reason}{tried}")
-    cluster = make_cluster(answer.num_devices, answer.device)
-    result = plan(model, make_job(cluster), cluster, SearchOptions(top_k=0, bounds=bounds))
-    doc = {"question": question, "num_devices": answer.num_devices, "device": answer.device,
-           "checked": [{"num_devices": n, "fits": ok} for n, ok in answer.checked],
-           "plan": plan_document(result)}
+    fit = fit_request(_request(model_arg, cluster_arg, **options), parse_bounds((), (), (), memory_headroom))
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(fit.document(), indent=2))
         return
-    best = result.best
-    click.echo(f"{question}: {answer.num_devices:,} x {answer.device}")
+    answer, best = fit.answer, fit.planned.result.best
+    click.echo(f"{fit.question}: {answer.num_devices:,} x {answer.device}")
     click.echo(f"  best layout there: {best.layout.short()}, step {best.step_time_s:.3f} s, "
                f"peak {best.peak_memory_bytes / GIB:.1f} of {best.capacity_bytes / GIB:.1f} GiB")
     if answer.devices_tried is not None:

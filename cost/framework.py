@@ -12,14 +12,13 @@ means the framework never offered it.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
-
-import yaml
 
 from clusterplan.models.errors import SpecError
+from clusterplan.models.files import bundled_yaml
 
 FORMAT = "clusterplan-framework/1"
 FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext")
@@ -205,11 +204,6 @@ def framework_defaults(layout, given: set[str], prof: ProfileAt, family: str):
     return layout.with_(**changes) if changes else layout
 
 
-def _load_text(framework_id: str) -> str:
-    path = resources.files("clusterplan.cost") / "data" / "frameworks" / f"{framework_id}.yaml"
-    return path.read_text()
-
-
 def resolve_name(name: str) -> str:
     """The profile id for a name or alias (``nemo`` -> ``megatron``); :class:`SpecError` if unknown."""
     key = str(name).strip().lower()
@@ -225,7 +219,7 @@ def load_profile(framework_id: str) -> Profile:
     """Read and check one profile file."""
     if framework_id not in FRAMEWORKS:
         raise SpecError(f"framework: got {framework_id!r}; allowed: {', '.join(FRAMEWORKS)}")
-    doc = yaml.safe_load(_load_text(framework_id))
+    doc = copy.deepcopy(bundled_yaml("clusterplan.cost", "data", "frameworks", f"{framework_id}.yaml"))
     where = f"framework profile {framework_id}"
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SpecError(f"{where}: format must be {FORMAT!r}")

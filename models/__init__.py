@@ -1,7 +1,7 @@
 """Model descriptions: the spec, the bundled library, file and Hugging Face import."""
 
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SolverError, SpecError
-from clusterplan.models.spec import MLASpec, MoESpec, ModelSpec
+from clusterplan.models.spec import MLASpec, MoESpec, ModelSpec, model_from_mapping
 from clusterplan.models.library import (
     ModelEntry,
     get_model,
@@ -10,7 +10,6 @@ from clusterplan.models.library import (
     load_model,
     load_model_file,
     load_model_library,
-    model_from_mapping,
 )
 from clusterplan.models.hf import from_hf_config
 

@@ -8,6 +8,10 @@ no layout can run is an :class:`InfeasibleError` (exit 3); a solver that stops w
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
 
 class ClusterplanError(Exception):
     """Base class of every error clusterplan raises on purpose."""
@@ -43,3 +47,49 @@ class SolverError(ClusterplanError):
     """The solver stopped (time limit, model invalid) without any feasible solution."""
 
     exit_code = 4
+
+
+# ---- the one formatter of invalid fields (model files, cluster files, catalogue entries) ---------------
+MAX_GIVEN_CHARS = 80
+"""A given value is echoed up to this many characters, so an error never repeats a whole input."""
+
+
+def format_validation_error(err, where: str, label: str, root) -> str:
+    """A pydantic ``ValidationError`` of ``root`` (a model class) as ``where: invalid <label>`` and
+    one ``field: message (given: value)`` line per problem; an unknown field lists the allowed ones
+    with the closest match."""
+    lines = [f"{where}: invalid {label}"]
+    lines += ["  " + _problem_line(root, problem) for problem in err.errors()]
+    return "\n".join(lines)
+
+
+def _problem_line(root, problem: Mapping[str, Any]) -> str:
+    loc = problem["loc"]
+    field = ".".join(str(part) for part in loc) or "entry"
+    message = problem["msg"].removeprefix("Value error, ")
+    if problem["type"] == "extra_forbidden":
+        allowed = list(_model_at(root, loc[:-1]).model_fields)
+        close = difflib.get_close_matches(str(loc[-1])[:MAX_GIVEN_CHARS], allowed, n=1)
+        shown = field if len(field) <= MAX_GIVEN_CHARS else field[:MAX_GIVEN_CHARS] + "..."
+        return f"{shown}: unknown field; {f'did you mean {close[0]!r}? ' if close else ''}allowed: {', '.join(allowed)}"
+    given = problem.get("input")
+    if problem["type"] == "missing" or isinstance(given, Mapping):
+        return f"{field}: {message}"
+    text = repr(given)
+    return f"{field}: {message} (given: {text if len(text) <= MAX_GIVEN_CHARS else text[:MAX_GIVEN_CHARS] + '...'})"
+
+
+def _model_at(root, loc: tuple):
+    """The nested model class a location points into (``moe`` -> MoESpec, ``scale_out`` ->
+    ScaleOutEntry); ``root`` where the path leaves the nested models."""
+    model = root
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return model
+        nested = [a for a in (*getattr(field.annotation, "__args__", ()), field.annotation)
+                  if isinstance(a, type) and hasattr(a, "model_fields")]
+        if not nested:
+            return model
+        model = nested[0]
+    return model

@@ -1,5 +1,6 @@
-"""Reading user files safely: every YAML or JSON input (models, clusters, run files, Plan documents)
-goes through here, so a hostile or broken file gets a clear SpecError (exit 2) within a second and
+"""Reading files: the catalogue bundled with clusterplan (:func:`bundled_yaml`: models, devices,
+clusters, framework profiles, validated errors) and user files. Every YAML or JSON input of a user
+(models, clusters, run files, Plan documents) goes through here, so a hostile or broken file gets a clear SpecError (exit 2) within a second and
 a few hundred MB rather than a hang, a memory blow-up or a traceback.
 
 Limits (each names the file and the limit in its message):
@@ -14,6 +15,8 @@ Limits (each names the file and the limit in its message):
 from __future__ import annotations
 
 import json
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +138,15 @@ def _check_node(root: yaml.Node, where: str) -> None:
         return total
 
     visit(root, 0)
+
+
+def bundled_yaml(package: str, *parts: str) -> Any:
+    """A YAML data file bundled with clusterplan (``bundled_yaml("clusterplan.models", "data",
+    "models.yaml")``), parsed once per process. Read through importlib.resources, so an installed
+    wheel works as a checkout does. The result is shared: copy it before changing it."""
+    return _bundled(package, parts)
+
+
+@lru_cache(maxsize=None)
+def _bundled(package: str, parts: tuple[str, ...]) -> Any:
+    return yaml.safe_load(resources.files(package).joinpath(*parts).read_text(encoding="utf-8"))

@@ -34,8 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from clusterplan.models.errors import SpecError
-from clusterplan.models.library import model_from_mapping
-from clusterplan.models.spec import ModelSpec
+from clusterplan.models.spec import ModelSpec, model_from_mapping
 
 MAX_DEFAULT_SEQ_LEN = 8192
 """Cap on the default seq_len taken from a config (see the module docstring)."""

@@ -22,16 +22,14 @@ import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
 
-from clusterplan.models.files import parse_json, parse_yaml, read_text
+from clusterplan.models.files import bundled_yaml, parse_json, parse_yaml, read_text
 from clusterplan.models.errors import SpecError
-from clusterplan.models.spec import ModelSpec
+from clusterplan.models import hf
+from clusterplan.models.spec import ModelSpec, model_from_mapping
 
 LIBRARY_RESOURCE = ("data", "models.yaml")
 """Location of the bundled library inside the ``models`` package."""
@@ -67,11 +65,9 @@ class ModelEntry:
 
 
 # ---- the bundled library ----------------------------------------------------------------------
-@lru_cache(maxsize=1)
 def _library() -> dict[str, dict]:
-    """Parse the bundled YAML once; read through importlib.resources so wheels work too."""
-    text = resources.files("clusterplan.models").joinpath(*LIBRARY_RESOURCE).read_text(encoding="utf-8")
-    entries = yaml.safe_load(text)["models"]
+    """The bundled YAML (parsed once: ``models.files.bundled_yaml``)."""
+    entries = bundled_yaml("clusterplan.models", *LIBRARY_RESOURCE)["models"]
     assert isinstance(entries, dict) and entries, "models.yaml must map model ids to entries"
     return entries
 
@@ -218,8 +214,6 @@ def load_model_file(path: str | Path) -> ModelSpec:
     SpecError
         If the file is missing, unreadable, malformed or not a valid spec.
     """
-    from clusterplan.models import hf  # imported here: models.hf builds on this module
-
     path = Path(path)
     data = _read_mapping(path)
     if hf.is_hf_config(data):
@@ -257,70 +251,3 @@ def _parse_json(text: str, path: Path) -> Any:
 
 def _parse_yaml(text: str, path: Path) -> Any:
     return parse_yaml(text, str(path))
-
-
-def model_from_mapping(
-    mapping: Mapping[str, Any], name: str | None = None, *, where: str = "model"
-) -> ModelSpec:
-    """Build a ModelSpec from a mapping of its fields, turning validation errors into SpecError.
-
-    Parameters
-    ----------
-    mapping
-        ModelSpec keys, e.g. the ``model:`` block of a validation run (``num_kv_heads: null``
-        means multi-head attention).
-    name
-        Used as ``name`` when the mapping has none.
-    where
-        Prefix of error messages: the file or block the mapping came from.
-
-    Raises
-    ------
-    SpecError
-        One ``field: message (given: value)`` line per problem.
-
-    Examples
-    --------
-    >>> model_from_mapping({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-    ...                     "ffn_hidden_size": 256, "vocab_size": 1000}, name="tiny").num_params
-    226624
-    """
-    if not isinstance(mapping, Mapping):
-        raise SpecError(f"{where}: expected a mapping of model fields, got {type(mapping).__name__}")
-    fields = dict(mapping)
-    if name is not None and fields.get("name") is None:
-        fields["name"] = name
-    try:
-        return ModelSpec.model_validate(fields)
-    except ValidationError as err:
-        raise SpecError(format_validation_error(err, where)) from None
-
-
-def format_validation_error(err: ValidationError, where: str) -> str:
-    """Render a pydantic error as ``where: invalid model spec`` and one ``field: message`` line each."""
-    lines = [f"{where}: invalid model spec"]
-    for problem in err.errors():
-        lines.append("  " + _format_problem(problem))
-    return "\n".join(lines)
-
-
-def _format_problem(problem: Mapping[str, Any]) -> str:
-    field = ".".join(str(part) for part in problem["loc"]) or "model"
-    message = problem["msg"].removeprefix("Value error, ")
-    if problem["type"] == "extra_forbidden":
-        message = _unknown_field_message(str(problem["loc"][-1]), problem["loc"][:-1])
-    given = problem.get("input")
-    if problem["type"] == "missing" or isinstance(given, Mapping):
-        return f"{field}: {message}"
-    return f"{field}: {message} (given: {given!r})"
-
-
-def _unknown_field_message(key: str, parent: tuple) -> str:
-    model = ModelSpec
-    for part in parent:  # descend into moe / mla
-        annotation = model.model_fields[str(part)].annotation
-        model = next(a for a in getattr(annotation, "__args__", (annotation,)) if a is not type(None))
-    allowed = list(model.model_fields)
-    close = difflib.get_close_matches(key, allowed, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown field; {hint}allowed: {', '.join(allowed)}"

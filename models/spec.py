@@ -7,10 +7,13 @@ A SwiGLU MLP has three matrices (gate, up, down) of ``h*f`` each; a GELU MLP has
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from clusterplan.models.errors import SpecError, format_validation_error
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -210,3 +213,40 @@ class ModelSpec(BaseModel):
     @property
     def is_moe(self) -> bool:
         return self.moe is not None
+
+
+def model_from_mapping(
+    mapping: Mapping[str, Any], name: str | None = None, *, where: str = "model"
+) -> ModelSpec:
+    """Build a ModelSpec from a mapping of its fields, turning validation errors into SpecError.
+
+    Parameters
+    ----------
+    mapping
+        ModelSpec keys, e.g. the ``model:`` block of a validation run (``num_kv_heads: null``
+        means multi-head attention).
+    name
+        Used as ``name`` when the mapping has none.
+    where
+        Prefix of error messages: the file or block the mapping came from.
+
+    Raises
+    ------
+    SpecError
+        One ``field: message (given: value)`` line per problem.
+
+    Examples
+    --------
+    >>> model_from_mapping({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    ...                     "ffn_hidden_size": 256, "vocab_size": 1000}, name="tiny").num_params
+    226624
+    """
+    if not isinstance(mapping, Mapping):
+        raise SpecError(f"{where}: expected a mapping of model fields, got {type(mapping).__name__}")
+    fields = dict(mapping)
+    if name is not None and fields.get("name") is None:
+        fields["name"] = name
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as err:
+        raise SpecError(format_validation_error(err, where, "model spec", ModelSpec)) from None

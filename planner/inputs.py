@@ -2,11 +2,17 @@
 overridden), and the job (the options, then the model's published setup, then the defaults, each
 with where it came from). The command line and the Python API share these rules; the CLI only
 parses options and prints.
+
+A :class:`Request` holds what the user gave, as given (ids, paths, options; None where left out).
+The answers (``planner.requests``) and the studies (what-if, fit) take a request and derive the
+model, the cluster and the job from it by the rules below, so a point of a sweep is built exactly as
+``plan`` with that option set would build it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +20,7 @@ from clusterplan.cost.framework import default_framework, load_profile, resolve_
 from clusterplan.cost.goodput import Reliability
 from clusterplan.cost.layout import Job
 from clusterplan.models.errors import SpecError
-from clusterplan.models.library import job_defaults, resolve_model_id
+from clusterplan.models.library import job_defaults, load_model, resolve_model_id
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster, with_what_if
 from clusterplan.topologies.library import build_cluster, load_cluster_file
@@ -104,3 +110,52 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
                attention=attention, framework=fw, grad_bytes=prof.grad_bytes,
                reliability=reliability or Reliability()), origin
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What a user asks about, as given: the model and the cluster (ids or file paths), then the
+    options of ``plan`` that shape the problem (None: the published value or the default, by the
+    rules of :func:`load_cluster` and :func:`build_job`).
+
+    >>> Request(model="llama3-70b", cluster="dgx-h100-superpod", num_devices=64).load_cluster().num_devices
+    64
+    """
+
+    model: str
+    cluster: str
+    num_devices: int | None = None
+    num_nodes: int | None = None
+    device: str | None = None
+    scale_out_gbit_per_s: float | None = None
+    oversubscription: float | None = None
+    global_batch: int | None = None
+    seq_len: int | None = None
+    precision: str | None = None
+    tokens: int | None = None
+    attention: str | None = None
+    framework: str | None = None
+    price_per_device_hour: float | None = None
+    pue: float | None = None
+    host_power_w: float | None = None
+    reliability: Reliability = field(default_factory=Reliability)
+
+    def with_(self, **changes: Any) -> Request:
+        """This request with some options changed (a point of a sweep, a size tried by ``fit``)."""
+        return replace(self, **changes)
+
+    def given(self) -> dict[str, Any]:
+        """The options as given, by keyword (the model and cluster included)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def load_model(self) -> ModelSpec:
+        return load_model(self.model)
+
+    def load_cluster(self) -> Cluster:
+        return load_cluster(self.cluster, self.num_devices, self.num_nodes, self.device, self.scale_out_gbit_per_s,
+                            self.oversubscription, price_per_device_hour=self.price_per_device_hour, pue=self.pue,
+                            host_power_w=self.host_power_w)
+
+    def build_job(self, model: ModelSpec, cluster: Cluster) -> tuple[Job, dict[str, str]]:
+        return build_job(self.model, model, cluster, self.global_batch, self.seq_len, self.precision, self.tokens,
+                         self.attention, self.framework, reliability=self.reliability)

@@ -3,7 +3,7 @@
 MFU is model FLOPs (PaLM count, ``models.ops.model_flops_per_token``) over the bf16 dense peak; the
 ceiling is the large-GEMM rate (dense peak x MAMF fraction x sustained fraction) over the same peak.
 Every bundled cluster preset is planned for every bundled model at the preset's reference size, with
-the job the ``plan`` command builds by default (``cli.build_job``), the cheap way (``top_k=0``).
+the job the ``plan`` command builds by default (``planner.inputs.build_job``), the cheap way (``top_k=0``).
 
 The bound holds by construction for devices without a fused-attention measurement (``cost.compute``
 prices their causal attention at the GEMM rate per model FLOP). Where a measured fused-attention
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterplan.cli import build_job
+from clusterplan.planner.inputs import build_job
 from clusterplan.cost.compute import gemm_rate, op_time_s
 from clusterplan.cost.layout import Job
 from clusterplan.models.errors import InfeasibleError

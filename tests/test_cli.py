@@ -19,8 +19,9 @@ import pytest
 from click.testing import CliRunner
 
 import clusterplan.cli as cli
+import clusterplan.planner.requests as requests_module
 from clusterplan.cli import TokenCount, default_global_batch, main, plan_main
-from clusterplan.cost.layout import Layout
+from clusterplan.cost.layout import Layout, parse_layout
 from clusterplan.models.errors import SolverError
 from clusterplan.models.library import list_models
 from clusterplan.topologies.library import list_clusters, list_devices
@@ -192,7 +193,7 @@ def test_solver_error_exits_4(monkeypatch):
     def stopped(*args, **kwargs):
         raise SolverError("CP-SAT stopped with status UNKNOWN before finding any layout; raise --time-limit")
 
-    monkeypatch.setattr(cli, "plan", stopped)
+    monkeypatch.setattr(requests_module, "plan", stopped)
     result = run("plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "8")
     assert result.exit_code == 4 and result.stderr.startswith("error: CP-SAT stopped")
 
@@ -201,7 +202,7 @@ def test_unexpected_exception_is_reported_as_a_bug(monkeypatch):
     def broken(*args, **kwargs):
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(cli, "plan", broken)
+    monkeypatch.setattr(requests_module, "plan", broken)
     result = run("plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "8")
     assert result.exit_code == 1 and result.stdout == ""
     assert result.stderr.startswith("internal error: ZeroDivisionError") and "report it" in result.stderr
@@ -472,7 +473,7 @@ def test_sweep_and_compare_write_csv(tmp_path):
     assert [r["point"] for r in rows] == ["seq-len=1024", "seq-len=2048"]
     for row in rows:
         assert row["num_devices"] == "16" and float(row["step_time_s"]) > 0 and row["error"] == ""
-        assert cli.parse_layout(row["layout"], num_devices=16).tp >= 1  # the layout reads back as evaluate takes it
+        assert parse_layout(row["layout"], num_devices=16).tp >= 1  # the layout reads back as evaluate takes it
     stdout = run("compare", "--model", "llama2-7b", "--cluster", "dgx-h100-superpod:16", "--cluster", "groq-rack",
                  "--search", "exhaustive", "--csv", "-")
     assert stdout.exit_code == 0 and "what-if" not in stdout.stdout

@@ -8,7 +8,8 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from clusterplan.cli import build_job, main
+from clusterplan.cli import main
+from clusterplan.planner.inputs import Request, build_job
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import get_model, list_models
 from clusterplan.planner.studies.fit import fewest_devices, layouts_fit
@@ -19,32 +20,21 @@ PRESETS = [c.id for c in list_clusters()]
 MODELS = [m.id for m in list_models()]
 
 
-def _builders(model_id: str, preset: str):
-    model = get_model(model_id)
-
-    def make_cluster(n: int):
-        return build_cluster(preset, num_devices=n)
-
-    def make_job(cluster):
-        return build_job(model_id, model, cluster, None, None, None, None)[0]
-    return model, make_cluster, make_job
-
-
 @pytest.mark.parametrize("model_id", MODELS)
 @pytest.mark.parametrize("preset", PRESETS)
 def test_fit_answers_for_every_model_on_every_preset(preset, model_id):
     """An answer (or a reason) for every pair; the answer is a size plan runs on, and the accepted
     size below it that was checked does not fit."""
-    model, make_cluster, make_job = _builders(model_id, preset)
+    model, request = get_model(model_id), Request(model=model_id, cluster=preset)
     reference = build_cluster(preset)
     step = reference.devices_per_node
     # up to four times the preset's reference size: "none fits up to N" is an answer too
-    answer = fewest_devices(model, make_job, make_cluster, step, max_devices=4 * reference.num_devices)
+    answer = fewest_devices(model, request, max_devices=4 * reference.num_devices)
     if answer.num_devices is None:
         assert answer.reason and answer.checked
         return
-    cluster = make_cluster(answer.num_devices)
-    assert layouts_fit(model, make_job(cluster), cluster)
+    cluster = build_cluster(preset, num_devices=answer.num_devices)
+    assert layouts_fit(model, build_job(model_id, model, cluster)[0], cluster)
     assert all(not ok for n, ok in answer.checked if n < answer.num_devices), answer.checked
     # every size the fabric accepts below the answer, down to the last one checked, was checked
     checked = {n for n, _ in answer.checked}
@@ -52,7 +42,7 @@ def test_fit_answers_for_every_model_on_every_preset(preset, model_id):
     for m in range(below + step, answer.num_devices, step):
         if m not in checked:
             with pytest.raises(SpecError):
-                make_cluster(m)
+                build_cluster(preset, num_devices=m)
 
 
 RUN = CliRunner()

@@ -175,3 +175,24 @@ def test_control_characters_in_yaml_are_bad_input(tmp_path, text):
     path.write_text(text)
     result = CliRunner().invoke(main, ["plan", "--model", str(path), "--cluster", "dgx-h100-superpod"])
     assert result.exit_code == 2 and "invalid YAML" in result.output
+
+
+@pytest.mark.parametrize("top", ["21", "100000", "99999999999999999999"])
+def test_runners_up_are_bounded(top):
+    """Found by the in-process campaign (seed 100): each runner-up is one more solve, so --top was a
+    search linear in the user's number (minutes). Now it is bad input beyond MAX_TOP_K."""
+    result = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--top", top])
+    assert result.exit_code == 2 and "--top" in result.output and "0<=x<=20" in result.output
+
+
+def test_exit_3_hint_search_is_bounded_in_time():
+    """Found by the in-process campaign (seed 100): DeepSeek-V3 fits no size of groq-rack and each
+    size takes seconds to rule out, so the exit-3 hint's search ran for minutes. The search stops
+    once its budget is spent (the hint's: HINT_BUDGET_S) and answers "not found"."""
+    from clusterplan.planner.inputs import Request
+    from clusterplan.planner.studies.fit import fewest_devices
+
+    request = Request(model="deepseek-v3", cluster="groq-rack")
+    answer = fewest_devices(request.load_model(), request, start=128, max_checks=12, budget_s=0.0)
+    assert answer.num_devices is None and answer.checked == []
+    assert answer.reason == "not found within the 0 sizes checked"

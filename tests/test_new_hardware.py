@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from clusterplan.cli import build_job, main
+from clusterplan.cli import main
+from clusterplan.planner.inputs import build_job
 from clusterplan.models.errors import InfeasibleError
 from clusterplan.models.library import get_model
 from clusterplan.planner.search import SearchOptions, plan

@@ -62,15 +62,13 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from clusterplan.models.files import load_file
-from clusterplan.models.errors import SpecError
+from clusterplan.models.files import bundled_yaml, load_file
+from clusterplan.models.errors import SpecError, format_validation_error
 from clusterplan.topologies import builders
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.devices import DeviceSpec, Dtype, GemmEfficiency, MemoryTier
@@ -309,11 +307,9 @@ class ClusterEntry:
 
 
 # ---- the bundled data ---------------------------------------------------------------------------
-@lru_cache(maxsize=None)
 def _document(name: str) -> dict:
-    """Parse one bundled YAML once (importlib.resources: works from a wheel)."""
-    text = resources.files("clusterplan.topologies").joinpath("data", name).read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    """One bundled YAML (parsed once: ``models.files.bundled_yaml``)."""
+    return bundled_yaml("clusterplan.topologies", "data", name)
 
 
 @lru_cache(maxsize=1)
@@ -776,39 +772,8 @@ def _validate(model: type[BaseModel], data: Any, where: str):
     try:
         return model.model_validate(dict(data))
     except ValidationError as err:
-        lines = [f"{where}: invalid {_LABELS.get(model.__name__, 'entry')}"]
-        lines += ["  " + _problem(model, p) for p in err.errors()]
-        raise SpecError("\n".join(lines)) from None
+        raise SpecError(format_validation_error(err, where, _LABELS.get(model.__name__, "entry"), model)) from None
 
 
 _LABELS = {"PresetEntry": "cluster", "DeviceEntry": "device", "LinkEntry": "link class",
            "CalibrationEntry": "calibration group"}
-
-
-def _problem(model: type[BaseModel], problem: Mapping[str, Any]) -> str:
-    loc = problem["loc"]
-    field = ".".join(str(part) for part in loc) or "entry"
-    message = problem["msg"].removeprefix("Value error, ")
-    if problem["type"] == "extra_forbidden":
-        allowed = list(_model_at(model, loc[:-1]).model_fields)
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        message = f"unknown field; {f'did you mean {close[0]!r}? ' if close else ''}allowed: {', '.join(allowed)}"
-        return f"{field}: {message}"
-    given = problem.get("input")
-    if problem["type"] == "missing" or isinstance(given, Mapping):
-        return f"{field}: {message}"
-    return f"{field}: {message} (given: {given!r})"
-
-
-def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:
-    """The nested model a location points into (scale_out -> ScaleOutEntry)."""
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return model
-        nested = [a for a in (*getattr(field.annotation, "__args__", ()), field.annotation)
-                  if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not nested:
-            return model
-        model = nested[0]
-    return model

@@ -15,11 +15,8 @@ rejections{...}, search{objective, ...}``.
 from __future__ import annotations
 
 
-import functools
 from dataclasses import asdict
-from importlib import resources
 
-import yaml
 
 from clusterplan.cost.compute import UNMEASURED_ATTENTION_OVER_MAMF
 from clusterplan.cost.goodput import goodput
@@ -28,6 +25,7 @@ from clusterplan.cost.energy import (ASSUMED_HOST_OVER_BOARD, has_idle_power, ho
 from clusterplan.cost.layout import Job
 from clusterplan.cost.step import Evaluation
 from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE
+from clusterplan.models.files import bundled_yaml
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.report.explain import explain, placement
 from clusterplan.planner.search.space import REASONS
@@ -146,10 +144,8 @@ def caveats(job: Job, cluster: Cluster) -> dict:
             "validated_error": validated}
 
 
-@functools.lru_cache(maxsize=1)
 def _family_errors() -> dict:
-    path = resources.files("clusterplan.planner") / "data" / "validated_error.yaml"
-    return (yaml.safe_load(path.read_text()) or {}).get("families", {})
+    return (bundled_yaml("clusterplan.planner", "data", "validated_error.yaml") or {}).get("families", {})
 
 
 def family_error(family: str) -> dict | None:

@@ -19,6 +19,9 @@ from clusterplan.planner.search.tables import MEMORY_QUANTUM_BYTES, TIME_QUANTUM
 from clusterplan.topologies.cluster import Cluster
 
 ENGINES = ("cpsat", "exhaustive")
+MAX_TOP_K = 20
+"""Runners-up one search may report: each is one more solve, so the cost of --top is linear in it
+(--top 100 takes half a minute on a small model); twenty cover any report a person reads."""
 GIB = 2**30
 
 
@@ -39,8 +42,8 @@ class SearchOptions:
             raise SpecError(f"--search: got {self.engine!r}; allowed: {', '.join(ENGINES)}")
         if self.objective not in OBJECTIVES:
             raise SpecError(f"--objective: got {self.objective!r}; allowed: {', '.join(OBJECTIVES)}")
-        if self.top_k < 0:
-            raise SpecError(f"--top: got {self.top_k}; must be >= 0")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise SpecError(f"--top: got {self.top_k}; must be 0 to {MAX_TOP_K} runners-up")
         if self.time_limit_s is not None and self.time_limit_s <= 0:
             raise SpecError(f"--time-limit: got {self.time_limit_s}; must be > 0 seconds")
 

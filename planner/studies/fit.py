@@ -10,6 +10,7 @@ the smallest up: the first that fits is the answer.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,6 +18,7 @@ from clusterplan.cost.layout import Job
 from clusterplan.cost.terms import Context
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.inputs import Request
 from clusterplan.planner.search.exhaustive import any_feasible, smallest_memory
 from clusterplan.planner.search.space import Bounds, build_space
 from clusterplan.planner.search.tables import build_tables
@@ -50,69 +52,81 @@ def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     return any_feasible(tables)
 
 
-def fewest_devices(model: ModelSpec, make_job: Callable[[Cluster], Job], make_cluster: Callable[[int], Cluster],
-                   step: int, bounds: Bounds | None = None, start: int | None = None,
-                   max_devices: int = MAX_DEVICES, max_checks: int | None = None) -> FitAnswer:
-    """The smallest multiple of ``step`` devices (from ``start``) on which some layout fits.
+def fewest_devices(model: ModelSpec, request: Request, bounds: Bounds | None = None, start: int | None = None,
+                   max_devices: int = MAX_DEVICES, max_checks: int | None = None, step: int | None = None,
+                   budget_s: float | None = None) -> FitAnswer:
+    """The smallest multiple of ``step`` devices (default: the cluster's node size), from ``start``,
+    on which some layout fits.
 
-    ``make_cluster(n)`` builds the cluster at ``n`` devices (raising :class:`SpecError` for a size
-    the fabric cannot take, which is skipped); ``make_job(cluster)`` the job on it.
+    Each size is the request at that device count (its other options kept), built as ``plan``
+    builds it; a size the fabric cannot take is skipped. ``max_checks`` sizes or ``budget_s``
+    seconds (checked before each size) bound the search; past them the answer is "not found".
     """
+    step = step or request.with_(num_devices=None, num_nodes=None).load_cluster().devices_per_node
     checked: list[tuple[int, bool]] = []
     device = ""
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
 
     def fits(n: int) -> bool | None:
         nonlocal device
-        if max_checks is not None and len(checked) >= max_checks:
+        if (max_checks is not None and len(checked) >= max_checks) or \
+                (deadline is not None and time.perf_counter() > deadline):
             raise _Budget
         try:
-            cluster = make_cluster(n)
+            cluster = request.with_(num_devices=n, num_nodes=None).load_cluster()
         except SpecError:
             return None
         device = cluster.device.id
-        ok = layouts_fit(model, make_job(cluster), cluster, bounds)
+        ok = layouts_fit(model, request.build_job(model, cluster)[0], cluster, bounds)
         checked.append((n, ok))
         return ok
 
-    n = max(step, start or step)
-    n -= n % step
-    low = 0  # the largest size known not to fit
     try:
-        while n <= max_devices:
-            result = fits(n)
-            if result:
-                break
-            if result is False:
-                low = n
-            n *= 2
-        else:
+        n, low = _first_fit_by_doubling(fits, step, start, max_devices)
+        if n is None:
             return FitAnswer(None, device, checked, f"no layout fits on up to {max_devices:,} devices")
         for m in range(low + step, n, step):  # every accepted size between, smallest first
             if fits(m):
                 return FitAnswer(m, device, checked)
     except _Budget:
-        return FitAnswer(None, device, checked, f"not found within {max_checks} sizes")
+        return FitAnswer(None, device, checked, f"not found within the {len(checked)} sizes checked")
     return FitAnswer(n, device, checked)
+
+
+def _first_fit_by_doubling(fits: Callable[[int], bool | None], step: int, start: int | None,
+                           max_devices: int) -> tuple[int | None, int]:
+    """(the first size that fits, doubling from ``start``; the largest size seen not to fit)."""
+    n = max(step, start or step)
+    n -= n % step
+    low = 0
+    while n <= max_devices:
+        result = fits(n)
+        if result:
+            return n, low
+        if result is False:
+            low = n
+        n *= 2
+    return None, low
 
 
 class _Budget(Exception):
     """The number of sizes a caller allowed has been checked."""
 
 
-def smallest_device(model: ModelSpec, make_job: Callable[[Cluster], Job], make_cluster: Callable[[str], Cluster],
-                    devices: list[str], bounds: Bounds | None = None) -> FitAnswer:
-    """The device of ``devices`` with the least memory on which some layout fits, at a fixed size."""
+def smallest_device(model: ModelSpec, request: Request, devices: list[str],
+                    bounds: Bounds | None = None) -> FitAnswer:
+    """The device of ``devices`` with the least memory on which some layout fits, at the request's size."""
     checked: list[tuple[int, bool]] = []
     sized = []
     for dev in devices:
         try:
-            cluster = make_cluster(dev)
+            cluster = request.with_(device=dev).load_cluster()
         except ClusterplanError:
             continue
         sized.append((cluster.device.memory_bytes, dev, cluster))
     tried: list[str] = []
     for _, dev, cluster in sorted(sized, key=lambda t: (t[0], t[1])):
-        ok = layouts_fit(model, make_job(cluster), cluster, bounds)
+        ok = layouts_fit(model, request.build_job(model, cluster)[0], cluster, bounds)
         checked.append((cluster.num_devices, ok))
         tried.append(dev)
         if ok:

@@ -22,7 +22,8 @@ from clusterplan.cost.layout import Job
 from clusterplan.cost.step import layout_problems
 from clusterplan.models.files import load_file
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
-from clusterplan.models.library import list_models, load_model, model_from_mapping
+from clusterplan.models.library import list_models, load_model
+from clusterplan.models.spec import model_from_mapping
 from clusterplan.planner.report.explain import changed_knobs
 from clusterplan.planner.search import SearchOptions, SearchResult, plan
 from clusterplan.planner.search.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds

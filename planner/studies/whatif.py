@@ -21,6 +21,7 @@ from clusterplan.cost.energy import objective_available
 from clusterplan.cost.layout import Job, Layout
 from clusterplan.models.errors import ClusterplanError, SpecError
 from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.inputs import Request
 from clusterplan.planner.report.plan import plan_document
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.topologies.cluster import Cluster
@@ -87,29 +88,42 @@ def _validated(doc: dict) -> str:
     return f"median {entry['median_abs_error']:.0%} over {entry['runs']} runs"
 
 
-def compare(model: ModelSpec, candidates: list[Candidate], load: Callable[[Candidate], Cluster],
-            make_job: Callable[[Cluster], Job], options: SearchOptions,
-            progress: Callable[[int, int], None] | None = None) -> list[dict]:
+def compare(request: Request, candidates: list[Candidate], options: SearchOptions,
+            progress: Callable[[int, int], None] | None = None, model: ModelSpec | None = None) -> list[dict]:
     """One row per candidate: the best layout's figures, or the reason it has none.
 
-    ``load`` builds a candidate's cluster and ``make_job`` the job for it (the precision may fall
-    back to bf16 on a device without FP8), so that the CLI's own loading rules apply. Each search
-    minimises ``options.objective`` where the candidate's device has the figure it needs (a price,
-    a power), else step time; such a row is ranked after those that have the figure.
+    Each candidate is the request on that cluster (and size), built as ``plan`` builds it (the
+    precision may fall back to bf16 on a device without FP8). Each search minimises
+    ``options.objective`` where the candidate's device has the figure it needs (a price, a power),
+    else step time; such a row is ranked after those that have the figure.
     """
-
-    def builder(cand: Candidate) -> Callable[[], tuple[Cluster, Job]]:
-        def build():
-            cluster = load(cand)
-            return cluster, make_job(cluster)
-        return build
-
+    model = model or request.load_model()
+    points = _Points(request, model)
     rows = []
     for cand in candidates:
-        rows.append({"cluster": cand.label, **point_row(model, builder(cand), options)})
+        settings = {"cluster": cand.cluster, "num_devices": cand.num_devices, "num_nodes": None}
+        rows.append({"cluster": cand.label, **point_row(model, lambda: points(settings), options)})
         if progress:
             progress(len(rows), len(candidates))
     return rows
+
+
+class _Points:
+    """Builds the cluster and job of each point of a study from the request with the point's
+    options set; points that differ only in the job share one cluster (and so its cached terms).
+    Picklable, so that it travels to Ray workers."""
+
+    def __init__(self, request: Request, model: ModelSpec):
+        self.request, self.model = request, model
+        self._clusters: dict[tuple, Cluster] = {}
+
+    def __call__(self, settings: dict[str, Any]) -> tuple[Cluster, Job]:
+        r = self.request.with_(**settings)
+        key = (r.cluster, r.num_devices, r.num_nodes, r.device, r.scale_out_gbit_per_s, r.oversubscription)
+        if key not in self._clusters:
+            self._clusters[key] = r.load_cluster()
+        cluster = self._clusters[key]
+        return cluster, r.build_job(self.model, cluster)[0]
 
 
 OBJECTIVES = {"time": "step_time_s", "cost": "cost_per_step_usd", "energy": "energy_per_step_j"}
@@ -306,13 +320,14 @@ def check_sweep_options(sweep: Sweep | Grid, given: dict[str, Any]) -> None:
                             f"{'the size' if knob.clashes else knob.option} at each point, so drop {flag}")
 
 
-def sweep(model: ModelSpec, study: Sweep, build: Callable[[Any], tuple[Cluster, Job]],
-          options: SearchOptions, jobs: int = 1, progress: Callable[[int, int], None] | None = None,
-          ray_address: str | None = None) -> list[dict]:
-    """One row per value of the swept knob, in the order given.
+def sweep(request: Request, study: Sweep | Grid, options: SearchOptions, jobs: int = 1,
+          progress: Callable[[int, int], None] | None = None, ray_address: str | None = None,
+          model: ModelSpec | None = None) -> list[dict]:
+    """One row per value of the swept knob (or pair of values of a grid), in the order given.
 
-    ``build(value)`` makes the cluster and job of one point, as ``plan`` would with that option
-    set. Rows carry ``point`` (``devices=512``), ``knob`` and ``value`` before the figures.
+    Each point is the request with the knob set to that value, built as ``plan`` would build it
+    with that option set; the request must not set the swept knob itself. Rows carry ``point``
+    (``devices=512``), ``knob`` and ``value`` before the figures.
 
     ``jobs`` > 1 runs the points in that many forked processes, each on a contiguous run of points
     so that neighbouring points still share their cached terms (``cost.terms.Context``); the rows
@@ -321,34 +336,43 @@ def sweep(model: ModelSpec, study: Sweep, build: Callable[[Any], tuple[Cluster, 
 
     ``ray_address`` runs the points as Ray tasks instead (``"local"``: a Ray instance started for
     the sweep; else the address of a running Ray cluster, whose workers must have clusterplan
-    installed). ``build`` then travels to the workers (cloudpickle), so it must not depend on
-    anything of this process but its arguments.
+    installed).
     """
+    check_sweep_options(study, request.given())
+    model = model or request.load_model()
+    build = _Points(request, model)
     values = list(study.values)
     jobs = max(1, min(jobs, len(values)))
     report = progress or (lambda done, total: None)
     if ray_address:
         return _sweep_ray(model, study, build, options, ray_address, report)
     if jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
-        global _SWEEP_WORK
-        _SWEEP_WORK = (model, study, build, options)
-        # contiguous runs of points per process (neighbours share terms), several per process so
-        # that progress can be reported as they finish
-        size = max(1, min(-(-len(values) // jobs), 16))
-        chunks = [list(range(i, min(i + size, len(values)))) for i in range(0, len(values), size)]
-        rows: list[dict] = []
-        try:
-            with multiprocessing.get_context("fork").Pool(jobs) as pool:
-                for part in pool.imap(_sweep_chunk, chunks):
-                    rows += part
-                    report(len(rows), len(values))
-        finally:
-            _SWEEP_WORK = None
-        return rows
+        return _sweep_forked(model, study, build, options, jobs, report)
     rows = []
     for value in values:
         rows.append(_sweep_point(model, study, build, options, value))
         report(len(rows), len(values))
+    return rows
+
+
+def _sweep_forked(model: ModelSpec, study: Sweep | Grid, build: _Points, options: SearchOptions, jobs: int,
+                  report: Callable[[int, int], None]) -> list[dict]:
+    """The points of :func:`sweep` in ``jobs`` forked processes, in order."""
+    global _SWEEP_WORK
+    values = list(study.values)
+    _SWEEP_WORK = (model, study, build, options)
+    # contiguous runs of points per process (neighbours share terms), several per process so
+    # that progress can be reported as they finish
+    size = max(1, min(-(-len(values) // jobs), 16))
+    chunks = [list(range(i, min(i + size, len(values)))) for i in range(0, len(values), size)]
+    rows: list[dict] = []
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            for part in pool.imap(_sweep_chunk, chunks):
+                rows += part
+                report(len(rows), len(values))
+    finally:
+        _SWEEP_WORK = None
     return rows
 
 
@@ -417,9 +441,9 @@ def _sweep_chunk(indices: list[int]) -> list[dict]:
     return [_sweep_point(model, study, build, options, study.values[i]) for i in indices]
 
 
-def _sweep_point(model: ModelSpec, study: Sweep, build, options: SearchOptions, value: Any) -> dict:
+def _sweep_point(model: ModelSpec, study: Sweep | Grid, build: _Points, options: SearchOptions, value: Any) -> dict:
     head = {"point": study.label(value), "knob": study.knob, "value": value}
-    return {**head, **point_row(model, lambda: build(value), options)}
+    return {**head, **point_row(model, lambda: build(study_settings(study, value)), options)}
 
 
 # ---- CSV -----------------------------------------------------------------------------------------------

@@ -1,0 +1,100 @@
+"""Answers to a user's request, the layer the command line calls: ``plan`` (a search, and on exit 3
+a device count on which a layout fits, found by search), ``evaluate`` (one layout) and ``fit``
+(the fewest devices, or the smallest device). Each takes a :class:`~planner.inputs.Request` and
+returns documents; printing them is the caller's business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clusterplan.cost.framework import framework_defaults
+from clusterplan.cost.layout import given_keys, parse_layout
+from clusterplan.cost.step import evaluate
+from clusterplan.models.errors import InfeasibleError
+from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.inputs import Request
+from clusterplan.planner.report.plan import evaluation_document, plan_document
+from clusterplan.planner.search import SearchOptions, SearchResult, check_layout, plan
+from clusterplan.planner.search.space import Bounds
+from clusterplan.planner.studies.fit import FitAnswer, fewest_devices, fit_hint, smallest_device
+from clusterplan.topologies.cluster import Cluster
+from clusterplan.topologies.library import list_devices
+
+HINT_CHECKS = 12
+HINT_BUDGET_S = 10.0
+"""Sizes and seconds the exit-3 hint may spend: a hint should come back in seconds (a large MoE on
+SRAM chips takes seconds per size); past them it points at ``clusterplan fit``."""
+
+
+@dataclass
+class Planned:
+    """A search's result with the cluster it ran on and where each job figure came from."""
+
+    result: SearchResult
+    cluster: Cluster
+    origin: dict[str, str]
+
+
+def plan_request(request: Request, options: SearchOptions, model: ModelSpec | None = None) -> Planned:
+    """Search the request's layouts. When none fits, the :class:`InfeasibleError` carries a device
+    count on which some layout does fit, found by a bounded search (so that its number works)."""
+    model = model or request.load_model()
+    cluster = request.load_cluster()
+    job, origin = request.build_job(model, cluster)
+    try:
+        result = plan(model, job, cluster, options)
+    except InfeasibleError as err:
+        if not err.rejections.get("memory"):
+            raise  # no layout passed the structural rules: more devices is not the answer
+        step = cluster.devices_per_node
+        answer = fewest_devices(model, request, options.bounds, start=cluster.num_devices + step,
+                                max_checks=HINT_CHECKS, step=step, budget_s=HINT_BUDGET_S)
+        raise fit_hint(err, answer, f"clusterplan fit --model {request.model} --cluster {request.cluster}") from None
+    return Planned(result, cluster, origin)
+
+
+def evaluate_request(request: Request, layout_text: str) -> tuple[dict, Cluster, dict[str, str]]:
+    """The evaluation document of one layout given as text (``tp=8,pp=4,...``): degrees left out
+    are 1, dp takes the devices left over, the knobs left out take a value the framework offers."""
+    model = request.load_model()
+    cluster = request.load_cluster()
+    job, origin = request.build_job(model, cluster)
+    layout = parse_layout(layout_text, num_devices=cluster.num_devices)
+    layout = framework_defaults(layout, given_keys(layout_text), job.profile, cluster.device.family)
+    check_layout(model, job, cluster, layout)
+    return evaluation_document(model, job, cluster, evaluate(model, job, cluster, layout)), cluster, origin
+
+
+@dataclass
+class FitResult:
+    """The answer of ``fit``: the question asked, the answer found, and the plan at the answer."""
+
+    question: str
+    answer: FitAnswer
+    planned: Planned
+
+    def document(self) -> dict:
+        return {"question": self.question, "num_devices": self.answer.num_devices, "device": self.answer.device,
+                "checked": [{"num_devices": n, "fits": ok} for n, ok in self.answer.checked],
+                "plan": plan_document(self.planned.result)}
+
+
+def fit_request(request: Request, bounds: Bounds) -> FitResult:
+    """The fewest devices on which some layout fits (or, with a size in the request, the device of
+    the family with the least memory that fits at that size), and the best plan there."""
+    model = request.load_model()
+    if request.num_devices or request.num_nodes:
+        here = request.load_cluster()
+        family = [d.id for d in list_devices()]
+        answer = smallest_device(model, request.with_(num_devices=here.num_devices, num_nodes=None), family, bounds)
+        question = f"the smallest device for {model.name} on {here.num_devices:,} devices of {request.cluster}"
+    else:
+        answer = fewest_devices(model, request, bounds)
+        question = f"the fewest devices for {model.name} on {request.cluster}"
+    if answer.num_devices is None:
+        tried = "" if answer.devices_tried is not None else \
+            f" (sizes tried: {', '.join(f'{n:,}' for n, _ in answer.checked)})"
+        raise InfeasibleError(f"{question}: {answer.reason}{tried}")
+    there = request.with_(num_devices=answer.num_devices, num_nodes=None, device=answer.device)
+    return FitResult(question, answer, plan_request(there, SearchOptions(top_k=0, bounds=bounds), model))
