@@ -37,11 +37,10 @@ from rich.table import Table
 from clusterplan.cost.framework import FRAMEWORKS, resolve_name as resolve_framework
 from clusterplan.cost.layout import Layout
 from clusterplan.models.ops import ATTENTION_KINDS
-from clusterplan.models.files import parse_json, read_text
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.library import job_defaults, list_models
-from clusterplan.planner.report.plan import PLANNER_VERSION, SCHEMA as PLAN_DOC_SCHEMA, plan_document
+from clusterplan.planner.report.plan import PLANNER_VERSION, plan_document, read_plan_document
 from clusterplan.planner.inputs import Request, default_global_batch  # noqa: F401 (re-exported: tests, API)
 from clusterplan.planner.requests import Planned, evaluate_request, fit_request, plan_request
 from clusterplan.planner.search import ENGINES, SearchOptions
@@ -780,9 +779,6 @@ def _ranking_lines(rk: dict, console: Console) -> None:
                           + (" ..." if len(g["wrong"]) > 3 else ""))
 
 
-PLAN_FILE_MAX_BYTES = 16 * 2**20  # a Plan document is a few KB; anything near this is not one
-
-
 @click.command("render")
 @click.argument("plan_file", metavar="PLAN.json")
 @guarded
@@ -794,26 +790,6 @@ def render_command(plan_file):
               clusterplan render plan.json
     """
     render_report(read_plan_document(plan_file), _console())
-
-
-REPORT_KEYS = ("inputs", "layout", "num_devices", "step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_bytes",
-               "device_memory_bytes", "fits", "overflow_bytes", "memory", "breakdown")
-
-
-def read_plan_document(path_text: str) -> dict:
-    """A Plan document from a file, checked: a regular file, of bounded size, JSON, schema
-    ``clusterplan-plan/1`` with the keys the report reads; else SpecError (exit 2)."""
-    doc = parse_json(read_text(path_text, "PLAN.json", PLAN_FILE_MAX_BYTES), f"PLAN.json {path_text!r}")
-    if not isinstance(doc, dict) or doc.get("schema") != PLAN_DOC_SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise SpecError(f"PLAN.json: schema: got {got!r}; expected {PLAN_DOC_SCHEMA!r} (the output of plan/evaluate --json)")
-    missing = [k for k in REPORT_KEYS if k not in doc]
-    cluster = doc["inputs"].get("cluster") if isinstance(doc.get("inputs"), dict) else None
-    if not missing and not (isinstance(cluster, dict) and "device_name" in cluster):
-        missing = ["inputs.cluster.device_name"]
-    if missing:
-        raise SpecError(f"PLAN.json: missing {', '.join(missing)}; write it with this version's plan/evaluate --json")
-    return doc
 
 
 @click.group("clusterplan", cls=Group)

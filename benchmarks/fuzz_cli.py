@@ -230,6 +230,21 @@ def _judge(args: list[str], code: int | None, out: str, err: str) -> tuple[str, 
     return f"exit {code}", None
 
 
+def _pool(runner, tasks: list[tuple], jobs: int, in_process: bool):
+    """(the pool, an iterator over the results of ``runner`` on ``tasks``): forked workers that
+    imported clusterplan once (in-process), or threads that each wait on a process."""
+    if in_process:
+        import multiprocessing
+
+        _warm_up()
+        pool = multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=500)
+        return pool, pool.imap_unordered(runner, tasks, chunksize=4)
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(jobs)
+    return pool, pool.map(runner, tasks)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=300)
@@ -251,17 +266,7 @@ def main() -> int:
     problems: list[str] = []
     start = time.perf_counter()
     tasks = [(a.seed, i, a.timeout, searches) for i in range(a.runs)]
-    if a.in_process:
-        import multiprocessing
-
-        _warm_up()
-        pool = multiprocessing.get_context("fork").Pool(a.jobs, maxtasksperchild=500)
-        results = pool.imap_unordered(runner, tasks, chunksize=4)
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(a.jobs)
-        results = pool.map(runner, tasks)
+    pool, results = _pool(runner, tasks, a.jobs, a.in_process)
     with pool:
         for index, args, code, out, err in results:
             outcome, problem = _judge(args, code, out, err)

@@ -224,25 +224,8 @@ def load_profile(framework_id: str) -> Profile:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SpecError(f"{where}: format must be {FORMAT!r}")
     sources = doc.get("sources") or {}
-    features = doc.get("features") or {}
-    since, feature_sources = {}, {}
-    for name in FEATURES:
-        entry = features.get(name)
-        if not isinstance(entry, dict) or "since" not in entry:
-            raise SpecError(f"{where}: features.{name} needs a 'since' (YYYY-MM or null)")
-        value = entry["since"]
-        if value is not None and not _DATE.match(str(value)):
-            raise SpecError(f"{where}: features.{name}.since: got {value!r}; expected YYYY-MM or null")
-        since[name] = None if value is None else str(value)
-        feature_sources[name] = entry.get("source")
-    rules = []
-    for raw in doc.get("rules") or []:
-        when = raw.get("when") or {}
-        unknown = set(when) - set(RULE_KEYS)
-        if unknown:
-            raise SpecError(f"{where}: rule {raw.get('id')}: unknown condition(s) {sorted(unknown)}; allowed: {RULE_KEYS}")
-        frozen = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in when.items())
-        rules.append(Rule(str(raw.get("id")), str(raw.get("message", "")), str(raw.get("source", "")), frozen))
+    since, feature_sources = _features(doc.get("features") or {}, where)
+    rules = _rules(doc.get("rules") or [], where)
     req = doc.get("requires") or {}
     sem = doc.get("semantics") or {}
     ov = doc.get("overlap") or {}
@@ -267,6 +250,34 @@ def load_profile(framework_id: str) -> Profile:
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         sources=sources, notes=tuple(doc.get("notes") or ()),
     )
+
+
+def _features(features: dict, where: str) -> tuple[dict[str, str | None], dict[str, str | None]]:
+    """The month each feature arrived (None: never) and its source."""
+    since, feature_sources = {}, {}
+    for name in FEATURES:
+        entry = features.get(name)
+        if not isinstance(entry, dict) or "since" not in entry:
+            raise SpecError(f"{where}: features.{name} needs a 'since' (YYYY-MM or null)")
+        value = entry["since"]
+        if value is not None and not _DATE.match(str(value)):
+            raise SpecError(f"{where}: features.{name}.since: got {value!r}; expected YYYY-MM or null")
+        since[name] = None if value is None else str(value)
+        feature_sources[name] = entry.get("source")
+    return since, feature_sources
+
+
+def _rules(raw_rules: list, where: str) -> list[Rule]:
+    """The knob combinations the framework refuses, each with its conditions and source."""
+    rules = []
+    for raw in raw_rules:
+        when = raw.get("when") or {}
+        unknown = set(when) - set(RULE_KEYS)
+        if unknown:
+            raise SpecError(f"{where}: rule {raw.get('id')}: unknown condition(s) {sorted(unknown)}; allowed: {RULE_KEYS}")
+        frozen = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in when.items())
+        rules.append(Rule(str(raw.get("id")), str(raw.get("message", "")), str(raw.get("source", "")), frozen))
+    return rules
 
 
 def _fraction(value, where: str) -> float:

@@ -191,6 +191,23 @@ def _megatron_model_args(model, seq_len: int) -> tuple[list[str], list[str]]:
     return args, notes
 
 
+def _megatron_sharding_args(zero_stage: int, tied_embeddings: bool, notes: list[str]) -> list[str]:
+    """The arguments of a ZeRO stage in Megatron-Core (a note on each mapping appended to ``notes``)."""
+    if zero_stage in (1, 2):
+        if zero_stage == 2:
+            notes.append("ZeRO-2: the distributed optimizer shards optimizer states and reduce-scatters gradients")
+        return ["--use-distributed-optimizer"]
+    if zero_stage != 3:
+        return []
+    if tied_embeddings:  # FSDP2 in Megatron-Core asserts untied embeddings
+        notes.append("ZeRO-3 runs as Megatron-FSDP (optim_grads_params); Megatron's FSDP2 path needs untied "
+                     "embeddings")
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+                "--ckpt-format fsdp_dtensor"]
+    notes.append("ZeRO-3 runs as PyTorch FSDP2 in Megatron-Core (CUDA_DEVICE_MAX_CONNECTIONS must stay unset)")
+    return ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
+
+
 def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], dict[str, str]]:
     """The arguments (one ``--flag value`` per item), the notes on what they cannot say, and the
     environment the launch needs."""
@@ -220,19 +237,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         args.append("--recompute-granularity selective")
     elif L["recompute"] == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    if L["zero_stage"] in (1, 2):
-        args.append("--use-distributed-optimizer")
-        if L["zero_stage"] == 2:
-            notes.append("ZeRO-2: the distributed optimizer shards optimizer states and reduce-scatters gradients")
-    elif L["zero_stage"] == 3:
-        if model.tied_embeddings:  # FSDP2 in Megatron-Core asserts untied embeddings
-            args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
-                     "--ckpt-format fsdp_dtensor"]
-            notes.append("ZeRO-3 runs as Megatron-FSDP (optim_grads_params); Megatron's FSDP2 path needs untied "
-                         "embeddings")
-        else:
-            args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
-            notes.append("ZeRO-3 runs as PyTorch FSDP2 in Megatron-Core (CUDA_DEVICE_MAX_CONNECTIONS must stay unset)")
+    args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, notes)
     if L["dp_overlap"]:
         args += ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if L["zero_stage"] in (1, 2) else [])
     if L["tp_overlap"]:
@@ -256,7 +261,37 @@ def deepspeed_config(doc: dict, model=None) -> str:
         raise SpecError(f"--format deepspeed: ZeRO-{L['zero_stage']} with pipeline parallelism (pp={L['pp']}): "
                         "DeepSpeed's PipelineEngine refuses it ('ZeRO-2 and ZeRO-3 are incompatible with pipeline "
                         "parallelism'); plan under --framework deepspeed, or fix zero=1 or pp=1")
-    gas = L["num_microbatches"]
+    comment = [f"for {PINNED['deepspeed']}; {doc['inputs']['model']['name']} on {doc['num_devices']} x "
+               f"{doc['inputs']['cluster']['device']}, predicted {doc['step_time_s']:.3f} s/step",
+               "Megatron-DeepSpeed arguments: " + " ".join(_megatron_deepspeed_args(L, job, model))
+               + " --deepspeed --deepspeed_config ds_config.json"]
+    if L["cp"] > 1:
+        comment.append(f"context parallel {L['cp']}: DeepSpeed has no ring context parallelism (Ulysses is "
+                       "--ds-sequence-parallel-size, a different scheme)")
+    if job["precision"] == "fp8":
+        comment.append("fp8: DeepSpeed's config has no fp8 training switch; bf16 is written (FP8 comes from "
+                       "Transformer Engine layers in the model code)")
+    if model.mla is not None:
+        comment.append("multi-latent attention: Megatron-DeepSpeed has no MLA; the shape above is the MHA "
+                       "approximation")
+    config = {
+        "_comment": comment,
+        "train_batch_size": job["global_batch_size"],
+        "train_micro_batch_size_per_gpu": L["micro_batch_size"],
+        "gradient_accumulation_steps": L["num_microbatches"],
+        "zero_optimization": {"stage": L["zero_stage"], "overlap_comm": bool(L["dp_overlap"]),
+                              "contiguous_gradients": True},
+        "bf16": {"enabled": job["precision"] in ("bf16", "fp8")},
+        "fp16": {"enabled": job["precision"] == "fp16"},
+        "gradient_clipping": 1.0,
+        "activation_checkpointing": {"partition_activations": bool(L["sequence_parallel"]),
+                                     "contiguous_memory_optimization": L["recompute"] == "full"},
+    }
+    return json.dumps(config, indent=2)
+
+
+def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
+    """Megatron-DeepSpeed's arguments for the layout and the model's shape."""
     mds = [f"--tensor-model-parallel-size {L['tp']}", f"--pipeline-model-parallel-size {L['pp']}",
            f"--num-layers {model.num_layers}", f"--hidden-size {model.hidden_size}",
            f"--num-attention-heads {model.num_attention_heads}", f"--ffn-hidden-size {model.ffn_hidden_size}",
@@ -276,32 +311,7 @@ def deepspeed_config(doc: dict, model=None) -> str:
         mds.append("--sequence-parallel")
     if L["recompute"] != "none":
         mds.append(f"--recompute-granularity {L['recompute']}")
-    comment = [f"for {PINNED['deepspeed']}; {doc['inputs']['model']['name']} on {doc['num_devices']} x "
-               f"{doc['inputs']['cluster']['device']}, predicted {doc['step_time_s']:.3f} s/step",
-               "Megatron-DeepSpeed arguments: " + " ".join(mds) + " --deepspeed --deepspeed_config ds_config.json"]
-    if L["cp"] > 1:
-        comment.append(f"context parallel {L['cp']}: DeepSpeed has no ring context parallelism (Ulysses is "
-                       "--ds-sequence-parallel-size, a different scheme)")
-    if job["precision"] == "fp8":
-        comment.append("fp8: DeepSpeed's config has no fp8 training switch; bf16 is written (FP8 comes from "
-                       "Transformer Engine layers in the model code)")
-    if model.mla is not None:
-        comment.append("multi-latent attention: Megatron-DeepSpeed has no MLA; the shape above is the MHA "
-                       "approximation")
-    config = {
-        "_comment": comment,
-        "train_batch_size": job["global_batch_size"],
-        "train_micro_batch_size_per_gpu": L["micro_batch_size"],
-        "gradient_accumulation_steps": gas,
-        "zero_optimization": {"stage": L["zero_stage"], "overlap_comm": bool(L["dp_overlap"]),
-                              "contiguous_gradients": True},
-        "bf16": {"enabled": job["precision"] in ("bf16", "fp8")},
-        "fp16": {"enabled": job["precision"] == "fp16"},
-        "gradient_clipping": 1.0,
-        "activation_checkpointing": {"partition_activations": bool(L["sequence_parallel"]),
-                                     "contiguous_memory_optimization": L["recompute"] == "full"},
-    }
-    return json.dumps(config, indent=2)
+    return mds
 
 
 # ---- torchtitan ------------------------------------------------------------------------------------
@@ -366,25 +376,11 @@ def torchtitan_toml(doc: dict, model=None) -> str:
     L, job = doc["layout"], _job(doc)
     model = model_spec(doc, model)
     name, flavor = torchtitan_flavor(model)
-    # FSDP2 shards (zero 2 and 3; zero 2 is reshard_after_forward off: weights stay gathered from
-    # forward to backward); zero 0 is plain replication. torchtitan has no ZeRO-1 (its profile).
-    sharded = L["zero_stage"] in (2, 3)
-    shard, replicate = (L["dp"], 1) if sharded else (1, L["dp"])
     mbs, gbs, dp = L["micro_batch_size"], job["global_batch_size"], L["dp"]
     # torchtitan: gradient accumulation = global / (local x dp); with a pipeline the local batch is
     # cut into local / pipeline_parallel_microbatch_size micro-batches instead.
     local = gbs // dp if L["pp"] > 1 else mbs
-    head = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
-            f"predicted {doc['step_time_s']:.3f} s/step",
-            f"# for {PINNED['torchtitan']}: torchrun ... -m torchtitan.train --job.config_file this.toml",
-            "# (torchtitan 0.3 configures jobs in Python config registries instead: --module/--config)"]
-    if L["zero_stage"] == 1:  # only from a plan searched under another framework's profile
-        head.append("# ZeRO-1 has no torchtitan equivalent: plain replication is written")
-    if job["precision"] == "fp16":
-        head.append("# fp16: torchtitan trains in bf16 mixed precision (no fp16 loss scaling); bfloat16 is written")
-    if L["vp"] > 1:
-        head.append(f"# {L['vp']} virtual stages per rank: Interleaved1F1B")
-    lines = head + [
+    lines = _torchtitan_header(doc, L, job) + [
         "[job]",
         f'description = "clusterplan: {doc["inputs"]["model"]["name"]}, {_layout_line(L)}"',
         "",
@@ -402,6 +398,35 @@ def torchtitan_toml(doc: dict, model=None) -> str:
         f"seq_len = {job['seq_len']}",
         'mixed_precision_param = "bfloat16"',
         "",
+    ] + _torchtitan_parallelism(L, model.num_layers)
+    lines += ["", "[activation_checkpoint]", f'mode = "{L["recompute"]}"']
+    if L["tp_overlap"] or job["precision"] == "fp8":  # async TP only takes effect compiled
+        lines += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
+    return "\n".join(lines)
+
+
+def _torchtitan_header(doc: dict, L: dict, job: dict) -> list[str]:
+    """The comment lines of a torchtitan config: the prediction, the command, what differs."""
+    head = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
+            f"predicted {doc['step_time_s']:.3f} s/step",
+            f"# for {PINNED['torchtitan']}: torchrun ... -m torchtitan.train --job.config_file this.toml",
+            "# (torchtitan 0.3 configures jobs in Python config registries instead: --module/--config)"]
+    if L["zero_stage"] == 1:  # only from a plan searched under another framework's profile
+        head.append("# ZeRO-1 has no torchtitan equivalent: plain replication is written")
+    if job["precision"] == "fp16":
+        head.append("# fp16: torchtitan trains in bf16 mixed precision (no fp16 loss scaling); bfloat16 is written")
+    if L["vp"] > 1:
+        head.append(f"# {L['vp']} virtual stages per rank: Interleaved1F1B")
+    return head
+
+
+def _torchtitan_parallelism(L: dict, num_layers: int) -> list[str]:
+    """The [parallelism] table. FSDP2 shards for ZeRO 2 and 3 (ZeRO-2 is reshard_after_forward
+    off: weights stay gathered from forward to backward); ZeRO-0 is plain replication; torchtitan
+    has no ZeRO-1 (its profile)."""
+    sharded = L["zero_stage"] in (2, 3)
+    shard, replicate = (L["dp"], 1) if sharded else (1, L["dp"])
+    lines = [
         "[parallelism]",
         f"data_parallel_replicate_degree = {replicate}",
         f"data_parallel_shard_degree = {shard}",
@@ -414,14 +439,11 @@ def torchtitan_toml(doc: dict, model=None) -> str:
         f'fsdp_reshard_after_forward = "{"never" if L["zero_stage"] == 2 else "default"}"',
     ]
     if L["pp"] > 1:
-        schedule, parts = _torchtitan_pipeline(model.num_layers, L["pp"], L["vp"])
-        lines += [f'pipeline_parallel_schedule = "{schedule}"', f"pipeline_parallel_microbatch_size = {mbs}"]
+        schedule, parts = _torchtitan_pipeline(num_layers, L["pp"], L["vp"])
+        lines += [f'pipeline_parallel_schedule = "{schedule}"', f"pipeline_parallel_microbatch_size = {L['micro_batch_size']}"]
         if parts is not None:
             lines.append(f"module_fqns_per_model_part = {json.dumps(parts)}")
-    lines += ["", "[activation_checkpoint]", f'mode = "{L["recompute"]}"']
-    if L["tp_overlap"] or job["precision"] == "fp8":  # async TP only takes effect compiled
-        lines += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
-    return "\n".join(lines)
+    return lines
 
 
 # ---- MaxText ---------------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from clusterplan.cost.energy import (ASSUMED_HOST_OVER_BOARD, has_idle_power, ho
 from clusterplan.cost.layout import Job
 from clusterplan.cost.step import Evaluation
 from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE
-from clusterplan.models.files import bundled_yaml
+from clusterplan.models.errors import SpecError
+from clusterplan.models.files import bundled_yaml, parse_json, read_text
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.report.explain import explain, placement
 from clusterplan.planner.search.space import REASONS
@@ -198,4 +199,26 @@ def evaluation_document(model: ModelSpec, job: Job, cluster: Cluster, ev: Evalua
     torus = placement(cluster, ev.layout)
     if torus:
         doc["explanation"] = {"placement": torus}
+    return doc
+
+
+# ---- a saved Plan document, read back (clusterplan render) ---------------------------------------
+PLAN_FILE_MAX_BYTES = 16 * 2**20  # a Plan document is a few KB; anything near this is not one
+REPORT_KEYS = ("inputs", "layout", "num_devices", "step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_bytes",
+               "device_memory_bytes", "fits", "overflow_bytes", "memory", "breakdown")
+
+
+def read_plan_document(path_text: str) -> dict:
+    """A Plan document from a file, checked: a regular file, of bounded size, JSON, schema
+    ``clusterplan-plan/1`` with the keys the report reads; else SpecError (exit 2)."""
+    doc = parse_json(read_text(path_text, "PLAN.json", PLAN_FILE_MAX_BYTES), f"PLAN.json {path_text!r}")
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise SpecError(f"PLAN.json: schema: got {got!r}; expected {SCHEMA!r} (the output of plan/evaluate --json)")
+    missing = [k for k in REPORT_KEYS if k not in doc]
+    cluster = doc["inputs"].get("cluster") if isinstance(doc.get("inputs"), dict) else None
+    if not missing and not (isinstance(cluster, dict) and "device_name" in cluster):
+        missing = ["inputs.cluster.device_name"]
+    if missing:
+        raise SpecError(f"PLAN.json: missing {', '.join(missing)}; write it with this version's plan/evaluate --json")
     return doc

@@ -437,6 +437,43 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
     bounds = warm_start(T, top_k + 1)
     cap = bounds[top_k][0] if len(bounds) > top_k else None
     model = _Model(T, cap=cap)
+    solver = _solver(model, workers)
+    solutions: list[tuple[int, dict]] = []
+    status_name, gap, branches = "UNKNOWN", 0.0, 0
+    if bounds:
+        _hint(model, bounds[0][1])
+    for k in range(top_k + 1):
+        if time_limit_s is not None:
+            left = time_limit_s - (time.perf_counter() - start)
+            if left <= 0:
+                break
+            solver.parameters.max_time_in_seconds = left
+        status = _solve_below(solver, model, bounds[k][0] if k < len(bounds) else None, k)
+        branches += solver.num_branches
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if k == 0:
+                status_name = solver.status_name(status)
+            break
+        value, idx = int(round(solver.objective_value)), model.indices(solver)
+        if k == 0:
+            status_name, gap = _status_and_gap(solver, status)
+            if status == cp_model.OPTIMAL:
+                idx, bounds = _with_neighbourhood(T, value, idx, bounds, top_k)
+        solutions.append((value, idx))
+        if k == 0 and top_k > 0 and len(bounds) > top_k and (cap is None or bounds[top_k][0] < cap):
+            cap = bounds[top_k][0]  # the neighbourhood tightened the bound: re-solve on a smaller model
+            model = _Model(T, cap=cap)
+        model.m.clear_hints()
+        _hint(model, bounds[k + 1][1] if k + 1 < len(bounds) else idx)
+        _exclude(model, idx, value)
+        solver.parameters.cp_model_presolve = PRESOLVE_RUNNERS_UP
+    if not solutions and status_name != "INFEASIBLE":
+        raise SolverError(f"CP-SAT stopped with status {status_name} before finding any layout "
+                          f"(time limit {time_limit_s} s); raise --time-limit")
+    return CpSatResult(solutions, status_name, gap, time.perf_counter() - start, branches)
+
+
+def _solver(model: _Model, workers: int) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
     # One worker with light presolve: the model is a few dozen element constraints whose expansion
     # dominates a full presolve; probing buys nothing here (measured in benchmarks/search_speed.py).
@@ -448,57 +485,49 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
     # Presolve pays for itself on small models and not on large ones (DeepSeek-V3 on 2,048 GPUs:
     # 3.3 s without against 5.5 s with; GPT-3 on 1,024: 0.19 s with against 0.35 s without).
     solver.parameters.cp_model_presolve = model.table_rows <= PRESOLVE_MAX_TABLE_ROWS
-    solutions: list[tuple[int, dict]] = []
-    status_name, gap, branches = "UNKNOWN", 0.0, 0
-    if bounds:
-        for key in DIMS:
-            model.m.add_hint(model.x[key], bounds[0][1][key])
-    for k in range(top_k + 1):
-        if time_limit_s is not None:
-            left = time_limit_s - (time.perf_counter() - start)
-            if left <= 0:
-                break
-            solver.parameters.max_time_in_seconds = left
-        cutoff = None
-        if k < len(bounds):  # the k-th best of a sub-space bounds the k-th best of the space
-            cutoff = model.m.new_bool_var(f"cutoff_{k}")
-            model.m.add(model.objective <= bounds[k][0]).only_enforce_if(cutoff)
-            model.m.add_assumptions([cutoff])
+    return solver
+
+
+def _hint(model: _Model, idx: dict) -> None:
+    for key in DIMS:
+        model.m.add_hint(model.x[key], idx[key])
+
+
+def _solve_below(solver: cp_model.CpSolver, model: _Model, bound: int | None, k: int) -> int:
+    """Solve for the ``k``-th best with the objective held at or below ``bound`` (the k-th best of
+    a sub-space bounds the k-th best of the space), as an assumption; a runner-up lost to it is
+    solved again without, defensively."""
+    cutoff = None
+    if bound is not None:
+        cutoff = model.m.new_bool_var(f"cutoff_{k}")
+        model.m.add(model.objective <= bound).only_enforce_if(cutoff)
+        model.m.add_assumptions([cutoff])
+    status = solver.solve(model.m)
+    model.m.clear_assumptions()
+    if status == cp_model.INFEASIBLE and cutoff is not None and k > 0:
         status = solver.solve(model.m)
-        model.m.clear_assumptions()
-        branches += solver.num_branches
-        if status == cp_model.INFEASIBLE and cutoff is not None and k > 0:
-            status = solver.solve(model.m)  # defensive: never lose a runner-up to a cutoff
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            if k == 0:
-                status_name = solver.status_name(status)
-            break
-        value = int(round(solver.objective_value))
-        idx = model.indices(solver)
-        if k == 0 and status == cp_model.OPTIMAL:
-            near = _neighbourhood(T, idx, top_k + 1)
-            if near and near[0][0] == value:
-                idx = near[0][1]  # the least memory among the layouts tied at the optimum
-            bounds = [min((b for b in (bounds[j] if j < len(bounds) else None, near[j] if j < len(near) else None)
-                           if b is not None), key=lambda b: b[0]) for j in range(max(len(bounds), len(near)))]
-        solutions.append((value, idx))
-        if k == 0 and top_k > 0 and len(bounds) > top_k and (cap is None or bounds[top_k][0] < cap):
-            cap = bounds[top_k][0]  # the neighbourhood tightened the bound: re-solve on a smaller model
-            model = _Model(T, cap=cap)
-        model.m.clear_hints()
-        hint = bounds[k + 1][1] if k + 1 < len(bounds) else idx
-        for key in DIMS:
-            model.m.add_hint(model.x[key], hint[key])
-        if k == 0:
-            status_name = solver.status_name(status)
-            bound = solver.best_objective_bound
-            gap = 0.0 if status == cp_model.OPTIMAL else max(0.0, (solver.objective_value - bound) / solver.objective_value)
-        keys = [model.x[key] for key in DIMS]
-        model.m.add_forbidden_assignments(keys, [tuple(idx[key] for key in DIMS)])
-        model.m.add(model.objective >= solutions[-1][0])  # valid: the next best is no better
-        solver.parameters.cp_model_presolve = PRESOLVE_RUNNERS_UP
-    wall = time.perf_counter() - start
-    if not solutions and status_name != "INFEASIBLE":
-        raise SolverError(f"CP-SAT stopped with status {status_name} before finding any layout "
-                          f"(time limit {time_limit_s} s); raise --time-limit")
-    return CpSatResult(solutions, status_name, gap, wall, branches)
+    return status
+
+
+def _status_and_gap(solver: cp_model.CpSolver, status: int) -> tuple[str, float]:
+    if status == cp_model.OPTIMAL:
+        return solver.status_name(status), 0.0
+    value, bound = solver.objective_value, solver.best_objective_bound
+    return solver.status_name(status), max(0.0, (value - bound) / value)
+
+
+def _with_neighbourhood(T: Tables, value: int, idx: dict, bounds: list, top_k: int) -> tuple[dict, list]:
+    """The least memory among the layouts tied at the optimum, and the runners-up bounds merged with
+    the optimum's neighbours."""
+    near = _neighbourhood(T, idx, top_k + 1)
+    if near and near[0][0] == value:
+        idx = near[0][1]
+    merged = [min((b for b in (bounds[j] if j < len(bounds) else None, near[j] if j < len(near) else None)
+                   if b is not None), key=lambda b: b[0]) for j in range(max(len(bounds), len(near)))]
+    return idx, merged
+
+
+def _exclude(model: _Model, idx: dict, value: int) -> None:
+    """Forbid a found layout; the next best is no better than it."""
+    model.m.add_forbidden_assignments([model.x[key] for key in DIMS], [tuple(idx[key] for key in DIMS)])
+    model.m.add(model.objective >= value)

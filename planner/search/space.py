@@ -99,22 +99,10 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     8, as Megatron practice) and at most the head count; pp at most the layer count; cp at most 32.
     """
     b = bounds or Bounds()
-    n = cluster.num_devices
     prof = job.profile
     offered = framework_domains(prof, cluster.device.family)
     _check_fixed_offered(prof, cluster.device.family, b)
-    tp_max = min(max(cluster.domain_size, 8), model.num_attention_heads)
-    pp_max = model.num_layers if "pp" not in offered or b.allow_unavailable and "pp" in b.fixed else 1
-    tp_max = tp_max if "tp" not in offered or b.allow_unavailable and "tp" in b.fixed else 1
-    cp_max = CP_MAX if "cp" not in offered or b.allow_unavailable and "cp" in b.fixed else 1
-    facts = []
-    for tp, pp, cp in itertools.product(divisors(n), repeat=3):
-        if n % (tp * pp * cp) or tp > tp_max or pp > pp_max or cp > cp_max:
-            continue
-        dp = n // (tp * pp * cp)
-        if all(b.allows(k, v) for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp))):
-            facts.append((tp, pp, dp, cp))
-    facts.sort()
+    facts = _factorizations(model, cluster, offered, b)
 
     def pick(knob: str, values) -> tuple:
         if knob in offered and not (b.allow_unavailable and knob in b.fixed):
@@ -146,6 +134,24 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     )
     _check_nonempty(space, b)
     return space
+
+
+def _factorizations(model: ModelSpec, cluster: Cluster, offered: dict, b: Bounds) -> list[tuple[int, int, int, int]]:
+    """Every (tp, pp, dp, cp) that multiplies to the device count, inside the limits of
+    :func:`build_space` and the knobs the framework offers, and allowed by the bounds."""
+    n = cluster.num_devices
+    tp_max = min(max(cluster.domain_size, 8), model.num_attention_heads)
+    pp_max = model.num_layers if "pp" not in offered or b.allow_unavailable and "pp" in b.fixed else 1
+    tp_max = tp_max if "tp" not in offered or b.allow_unavailable and "tp" in b.fixed else 1
+    cp_max = CP_MAX if "cp" not in offered or b.allow_unavailable and "cp" in b.fixed else 1
+    facts = []
+    for tp, pp, cp in itertools.product(divisors(n), repeat=3):
+        if n % (tp * pp * cp) or tp > tp_max or pp > pp_max or cp > cp_max:
+            continue
+        dp = n // (tp * pp * cp)
+        if all(b.allows(k, v) for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp))):
+            facts.append((tp, pp, dp, cp))
+    return sorted(facts)
 
 
 def _check_fixed_offered(prof, family: str, bounds: Bounds) -> None:

@@ -166,62 +166,30 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     """Tabulate every term over its own domain (see module docstring); ``weights`` are the
     objective's ``(time_weight, busy_weight)``."""
     S = space
-    F, O, E = len(S.factorizations), len(S.order), len(S.ep)
     probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
-    # Compute per (tp, cp, ep, expert_tp); a (factorization, expert layout) that breaks the expert
-    # rules (masked by ok_fe) points at its ep=1 row instead, so its terms are never computed.
-    experts = list(zip(S.ep, S.expert_tp))
-    def tc_key(f, e, et):
-        valid = expert_ok(ctx.model, f[0], f[2], f[3], e, et) is None
-        return (f[0], f[3], e, et) if valid else (f[0], f[3], 1, True)
-    tc_pos, tc_keys = _index([tc_key(f, e, et) for f in S.factorizations for e, et in experts])
-    tc_of_fe = np.array([[tc_pos[tc_key(f, e, et)] for e, et in experts] for f in S.factorizations])
-    ta_pos, ta_keys = _index([(f[0], f[3]) for f in S.factorizations])  # memory does not depend on ep
-    ta_of_f = np.array([ta_pos[(f[0], f[3])] for f in S.factorizations])
+    tc_of_fe, tc_keys, ta_of_f, ta_keys = _compute_keys(ctx, S)
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-
-    MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
-    comp = [[[[compute_terms(ctx, tp, cp, mb, sp, rc, e, et) for rc in RC] for sp in SP] for mb in MB]
-            for tp, cp, e, et in tc_keys]
-    C = _qt([[[[c.forward_s + c.backward_s + c.recompute_s for c in r] for r in s] for s in m] for m in comp])
-    BWD = _qt([[[[[c.dp_window_s(to and tp > 1, cp) for to in TO] for c in r] for r in s] for s in m]
-               for m, (tp, cp, _, _) in zip(comp, tc_keys)])
-    FW = _qt([[[[[c.fsdp_window_s(to and tp > 1, cp) for to in TO] for c in r] for r in s] for s in m]
-              for m, (tp, cp, _, _) in zip(comp, tc_keys)])
-    mem = [[[[compute_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
-    ACT = _qb([[[[c.act_bytes_per_layer for c in r] for r in s] for s in m] for m in mem])
-    TRANS = _qb([[[[c.act_transient_bytes for c in r] for r in s] for s in m] for m in mem])
-    TPC = _qt([[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp) for to in TO] for rc in RC] for sp in SP]
-                for mb in MB] for (tp, cp, st, _, moe_tp), c in zip(tpc_keys, tpc_ctx)])
-    CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB]
-               for (tp, cp, st, _), c in zip(cpg_keys, cpg_ctx)])
-    # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
-    ep_ranks = [_ranks(c, group) for (_, _, _, group), c in zip(epg_keys, epg_ctx)]
-    EPC = _qt([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks) if ranks else 0.0 for rc in RC]
-                 for sp in SP] for mb in MB] for (tp, cp, e, _), c, ranks in zip(epg_keys, epg_ctx, ep_ranks)])
-    heads = [[[head_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for (tp, cp, st, _), c in zip(tpg_keys, tpg_ctx)]
-    H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
-    LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
-    P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in MB] for l in row] for row in probe])
+    C, BWD, FW = _compute_tables(ctx, S, tc_keys)
+    ACT, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
+    TPC, CPC, EPC, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx)
+    P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in S.micro_batch_size] for l in row] for row in probe])
     DPS, DPM, DPX, OPT, STATIC = _dp_tables(ctx, S)
     U, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
     order_ok = _order_representatives(S)
     if len({split_order(o)[1] for o in S.order}) > 1:  # torus traversals that change nothing count once
-        rows = lambda i, j: (TPC[tpc_of_foe[i, j]].tobytes(), H[tpg_of_fo[i, j]].tobytes(), CPC[cpg_of_fo[i, j]].tobytes(),
-                             EPC[epg_of_foe[i, j]].tobytes(), P2P[i, j].tobytes(), DPS[i, j].tobytes(),
-                             DPM[i, j].tobytes(), DPX[i, j].tobytes(), int(ok_fo[i, j]), ok_eo[:, j].tobytes())
-        for i in range(F):
-            order_ok[i] &= ~np.array(traversal_duplicates(S.order, list(order_ok[i]), [rows(i, j) for j in range(O)]))
+        def rows(i, j):
+            return (TPC[tpc_of_foe[i, j]].tobytes(), H[tpg_of_fo[i, j]].tobytes(), CPC[cpg_of_fo[i, j]].tobytes(),
+                    EPC[epg_of_foe[i, j]].tobytes(), P2P[i, j].tobytes(), DPS[i, j].tobytes(),
+                    DPM[i, j].tobytes(), DPX[i, j].tobytes(), int(ok_fo[i, j]), ok_eo[:, j].tobytes())
+        for i in range(len(S.factorizations)):
+            order_ok[i] &= ~np.array(traversal_duplicates(S.order, list(order_ok[i]),
+                                                          [rows(i, j) for j in range(len(S.order))]))
     canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, None, :]
-    # the allocated peak and the runtime must fit (Evaluation.fits: cached blocks are released first)
-    capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
-    capacity -= q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
-    if ignore_memory:
-        capacity = 2**50
-    else:
+    capacity = _capacity(ctx, memory_headroom, ignore_memory)
+    if not ignore_memory:
         # A memory term beyond the capacity rules its layouts out whatever it is, so it is clamped
         # to capacity + 1: the integer model then never multiplies huge byte counts (unfused
         # attention at 32k tokens gives terabytes per layer), which made CP-SAT exhaust memory.
@@ -233,6 +201,72 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fes=ok_fes,
                   ok_fo=ok_fo, canon=canon, time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))))
+
+
+def _compute_keys(ctx: Context, S: Space):
+    """Rows of the compute tables per (tp, cp, ep, expert_tp) and of the memory tables per (tp, cp).
+
+    A (factorization, expert layout) that breaks the expert rules (masked by ok_fe) points at its
+    ep=1 row instead, so its terms are never computed."""
+    experts = list(zip(S.ep, S.expert_tp))
+
+    def tc_key(f, e, et):
+        valid = expert_ok(ctx.model, f[0], f[2], f[3], e, et) is None
+        return (f[0], f[3], e, et) if valid else (f[0], f[3], 1, True)
+    tc_pos, tc_keys = _index([tc_key(f, e, et) for f in S.factorizations for e, et in experts])
+    tc_of_fe = np.array([[tc_pos[tc_key(f, e, et)] for e, et in experts] for f in S.factorizations])
+    ta_pos, ta_keys = _index([(f[0], f[3]) for f in S.factorizations])  # memory does not depend on ep
+    ta_of_f = np.array([ta_pos[(f[0], f[3])] for f in S.factorizations])
+    return tc_of_fe, tc_keys, ta_of_f, ta_keys
+
+
+def _compute_tables(ctx: Context, S: Space, tc_keys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Compute time per layer (C) and the windows the data-parallel (BWD) and FSDP (FW) traffic
+    may overlap, per (tp, cp, ep, expert_tp) x micro-batch x sp x recompute (x tp_overlap)."""
+    MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
+    comp = [[[[compute_terms(ctx, tp, cp, mb, sp, rc, e, et) for rc in RC] for sp in SP] for mb in MB]
+            for tp, cp, e, et in tc_keys]
+    C = _qt([[[[c.forward_s + c.backward_s + c.recompute_s for c in r] for r in s] for s in m] for m in comp])
+    BWD = _qt([[[[[c.dp_window_s(to and tp > 1, cp) for to in TO] for c in r] for r in s] for s in m]
+               for m, (tp, cp, _, _) in zip(comp, tc_keys)])
+    FW = _qt([[[[[c.fsdp_window_s(to and tp > 1, cp) for to in TO] for c in r] for r in s] for s in m]
+              for m, (tp, cp, _, _) in zip(comp, tc_keys)])
+    return C, BWD, FW
+
+
+def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Activation bytes per layer, the transient bytes of the largest op, and the logits' bytes."""
+    MB, SP, RC = S.micro_batch_size, S.sequence_parallel, S.recompute
+    mem = [[[[compute_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
+    ACT = _qb([[[[c.act_bytes_per_layer for c in r] for r in s] for s in m] for m in mem])
+    TRANS = _qb([[[[c.act_transient_bytes for c in r] for r in s] for s in m] for m in mem])
+    LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
+    return ACT, TRANS, LOGITS
+
+
+def _comm_tables(S: Space, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx):
+    """Tensor-, context- and expert-parallel communication per layer, and the head's time, per group."""
+    MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
+    TPC = _qt([[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp) for to in TO] for rc in RC] for sp in SP]
+                for mb in MB] for (tp, cp, st, _, moe_tp), c in zip(tpc_keys, tpc_ctx)])
+    CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB]
+               for (tp, cp, st, _), c in zip(cpg_keys, cpg_ctx)])
+    # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
+    ep_ranks = [_ranks(c, group) for (_, _, _, group), c in zip(epg_keys, epg_ctx)]
+    EPC = _qt([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks) if ranks else 0.0 for rc in RC]
+                 for sp in SP] for mb in MB] for (tp, cp, e, _), c, ranks in zip(epg_keys, epg_ctx, ep_ranks)])
+    heads = [[[head_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for (tp, cp, st, _), c in zip(tpg_keys, tpg_ctx)]
+    H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
+    return TPC, CPC, EPC, H
+
+
+def _capacity(ctx: Context, memory_headroom: float, ignore_memory: bool) -> int:
+    """Device memory in quanta: the allocated peak and the runtime must fit (Evaluation.fits:
+    cached blocks are released first)."""
+    if ignore_memory:
+        return 2**50
+    capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
+    return capacity - q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
 
 
 MAX_TERM_S = 1e9  # about 30 years per step: any term beyond it comes from input no real cluster has
