@@ -196,3 +196,15 @@ def test_exit_3_hint_search_is_bounded_in_time():
     answer = fewest_devices(request.load_model(), request, start=128, max_checks=12, budget_s=0.0)
     assert answer.num_devices is None and answer.checked == []
     assert answer.reason == "not found within the 0 sizes checked"
+
+
+def test_placement_of_folded_experts_without_data_parallelism():
+    """Found by the in-process campaign (seed 100, cases 39223, 41060, 42016): a plan whose experts
+    are folded from tp x cp (etp=1) with dp=1 on a torus-like fabric crashed in the report's
+    placement ('dp' is not in list, exit 1). The expert group now sits where dp would."""
+    result = CliRunner().invoke(main, ["plan", "--model", "mixtral", "--cluster", "tenstorrent-galaxy", "--top", "0",
+                                       "--json", "--fix", "dp_overlap=0", "--fix", "sp=off"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    if doc["layout"]["ep"] > 1:
+        assert any(line.startswith("ep: ") for line in doc["explanation"]["placement"])

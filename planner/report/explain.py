@@ -142,9 +142,10 @@ def placement(cluster: Cluster, layout: Layout) -> list[str]:
     if cluster.torus_shape is None:
         return []
     placed = cluster.placed(layout.traversal)
-    axes = [a for a in order_axes(layout.order) if layout.degree(a) > 1]
-    if layout.ep > 1:
-        axes.insert(axes.index("dp"), "ep")
+    full = order_axes(layout.order)
+    axes = [a for a in full if layout.degree(a) > 1]
+    if layout.ep > 1:  # the expert group sits where dp does (carved from dp, or folded from tp x cp x dp)
+        axes.insert(sum(1 for a in full[:full.index("dp")] if layout.degree(a) > 1), "ep")
     out = []
     for axis in axes:
         ranks = layout.group(axis)
