@@ -328,8 +328,10 @@ ENGINE_OPTIONS = [
                  help="Lower bound on a numeric knob, e.g. --min dp=4 (repeatable)."),
     click.option("--max", "maximum", multiple=True, metavar="KNOB=VALUE",
                  help="Upper bound on a numeric knob, e.g. --max pp=16 (repeatable)."),
-    click.option("--memory-headroom", "memory_headroom", type=Headroom(), default="0%", show_default=True,
-                 help="Share of device memory to keep free: 10% or 0.1."),
+    click.option("--memory-headroom", "memory_headroom", type=Headroom(), default=None,
+                 help="Share of device memory to keep free: 10% or 0.1. Default: the framework's allocator "
+                      "margin, 8.4% for megatron, torchtitan and deepspeed on HBM devices (PyTorch's caching "
+                      "allocator reserve, measured), 0 for maxtext and on SRAM machines."),
     click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
                  help="What to minimise per step: time; cost (rental price x time, so the same layout as "
                       "time on one cluster); energy (board power while computing, idle power while waiting "
@@ -650,8 +652,10 @@ def export_command(fmt, as_json, **options):
 
 @click.command("fit")
 @_apply(INPUT_OPTIONS)
-@click.option("--memory-headroom", "memory_headroom", type=Headroom(), default="0%", show_default=True,
-              help="Share of device memory to keep free: 10% or 0.1.")
+@click.option("--memory-headroom", "memory_headroom", type=Headroom(), default=None,
+              help="Share of device memory to keep free: 10% or 0.1. Default: the framework's allocator "
+                      "margin, 8.4% for megatron, torchtitan and deepspeed on HBM devices (PyTorch's caching "
+                      "allocator reserve, measured), 0 for maxtext and on SRAM machines.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @guarded
 def fit_command(model_arg, cluster_arg, memory_headroom, as_json, **options):
@@ -1021,8 +1025,11 @@ def _memory(doc: dict, console: Console) -> None:
                       "tensors (nvidia-smi and max_memory_reserved show it); it is released before an "
                       "allocation fails, so the fit counts live tensors and the runtime")
     else:
-        console.print("allocator cache: not measured for this framework (unvalidated); keep a "
-                      "--memory-headroom for it")
+        console.print("allocator cache: not measured for this framework (unvalidated)")
+    headroom = (doc.get("search") or {}).get("memory_headroom")
+    if headroom:
+        console.print(f"the search kept {headroom:.1%} of device memory free (--memory-headroom; by default the "
+                      "framework's allocator margin), so the plan leaves room for fragmentation")
     console.print()
 
 

@@ -86,6 +86,7 @@ class Profile:
     eager_activations: bool = False  # eager PyTorch modules: autograd keeps more than fused kernels (terms.activation_bytes)
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
+    plan_headroom: float = 0.0  # share of device memory a plan keeps free by default (semantics.plan_headroom)
     tp_comm_sms: int | None = None
     dp_comm_sms: int | None = None
     ep_comm_sms: int | None = None
@@ -246,6 +247,7 @@ def load_profile(framework_id: str) -> Profile:
         eager_activations=bool(sem.get("eager_activations", False)),
         allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
                                               f"{where}: semantics.allocator_reserved_fraction"),
+        plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),
         kv_repeat_until=parse_date(sem.get("kv_repeat_until"), f"{where}: semantics.kv_repeat_until"),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         sources=sources, notes=tuple(doc.get("notes") or ()),

@@ -22,9 +22,10 @@ from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import list_devices
 
 HINT_CHECKS = 12
-HINT_BUDGET_S = 10.0
-"""Sizes and seconds the exit-3 hint may spend: a hint should come back in seconds (a large MoE on
-SRAM chips takes seconds per size); past them it points at ``clusterplan fit``."""
+HINT_BUDGET_S = 30.0
+"""Sizes and seconds the exit-3 hint may spend: enough for DeepSeek-V3 on an H100 pod (9 sizes, 12 s
+on 2 busy cores), bounded where no size fits and each takes seconds to rule out (a large MoE on SRAM
+chips); past them the hint points at ``clusterplan fit``."""
 
 
 @dataclass

@@ -75,7 +75,7 @@ def random_instance(seed: int) -> tuple[ModelSpec, Job, object, Bounds]:
 
 def _tables(model, job, cluster, bounds):
     space = build_space(model, job, cluster, bounds)
-    return build_tables(Context(model, job, cluster), space, bounds.memory_headroom, bounds.ignore_memory)
+    return build_tables(Context(model, job, cluster), space, bounds.headroom(job, cluster), bounds.ignore_memory)
 
 
 def _score(T, idx: dict) -> tuple[int, int, bool]:
@@ -447,7 +447,7 @@ def test_cpsat_equals_exhaustive_for_the_energy_objective(seed):
         return
     weights = objective_weights(cluster, "energy")
     assert weights[1] > 0  # a device with an idle figure below its board power
-    T = build_tables(Context(model, job, cluster), space, bounds.memory_headroom, bounds.ignore_memory, weights)
+    T = build_tables(Context(model, job, cluster), space, bounds.headroom(job, cluster), bounds.ignore_memory, weights)
     exhaustive, _ = solve_exhaustive(T, 2)
     if not exhaustive:
         return
@@ -463,14 +463,16 @@ def test_cpsat_equals_exhaustive_for_the_energy_objective(seed):
 
 def test_energy_objective_trades_time_for_energy():
     """The least-energy layout uses no more energy, and takes no less time, than the fastest; here
-    (GPT-3 175B on 1,024 H100) they differ, so the objective is not time under another name."""
+    (GPT-3 175B on 1,024 H100, no memory headroom) they differ, so the objective is not time under
+    another name."""
     from clusterplan.cost.energy import step_energy_j
 
     model = get_model("gpt3-175b")
     cluster = build_cluster("dgx-h100-superpod", num_devices=1024)
     job = Job(global_batch_size=1536, seq_len=2048)
-    fast = plan(model, job, cluster, SearchOptions(top_k=0))
-    green = plan(model, job, cluster, SearchOptions(top_k=0, objective="energy"))
+    full = Bounds(memory_headroom=0.0)
+    fast = plan(model, job, cluster, SearchOptions(top_k=0, bounds=full))
+    green = plan(model, job, cluster, SearchOptions(top_k=0, objective="energy", bounds=full))
     e_fast, e_green = step_energy_j(cluster, fast.best.time), step_energy_j(cluster, green.best.time)
     assert e_green <= e_fast * (1 + 1e-6)
     assert green.best.step_time_s >= fast.best.step_time_s * (1 - 1e-6)
@@ -584,8 +586,9 @@ def test_energy_without_an_idle_figure_ranks_as_time_and_does_not_overflow():
     model, cluster = get_model("deepseek-v3"), build_cluster("gaudi2-cluster")
     assert cluster.device.idle_power_w is None and cluster.device.power_w
     job = Job(**{k: v for k, v in job_defaults("deepseek-v3").items() if k != "tokens_to_train"})
-    by_energy = plan(model, job, cluster, SearchOptions(top_k=0, objective="energy"))
-    by_time = plan(model, job, cluster, SearchOptions(top_k=0))
+    full = Bounds(memory_headroom=0.0)  # the instance that overflowed fits only without a margin
+    by_energy = plan(model, job, cluster, SearchOptions(top_k=0, objective="energy", bounds=full))
+    by_time = plan(model, job, cluster, SearchOptions(top_k=0, bounds=full))
     assert by_energy.status == "OPTIMAL"
     assert by_energy.best.step_time_s == pytest.approx(by_time.best.step_time_s, rel=1e-9)
 

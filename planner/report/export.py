@@ -191,17 +191,19 @@ def _megatron_model_args(model, seq_len: int) -> tuple[list[str], list[str]]:
     return args, notes
 
 
-def _megatron_sharding_args(zero_stage: int, tied_embeddings: bool, notes: list[str]) -> list[str]:
-    """The arguments of a ZeRO stage in Megatron-Core (a note on each mapping appended to ``notes``)."""
+def _megatron_sharding_args(zero_stage: int, tied_embeddings: bool, ep: int, notes: list[str]) -> list[str]:
+    """The arguments of a ZeRO stage in Megatron-Core (a note on each mapping appended to ``notes``).
+    ZeRO-3 is PyTorch FSDP2 where Megatron-Core allows it, else Megatron-FSDP: its arguments.py
+    refuses --use-torch-fsdp2 with tied embeddings and with expert parallelism."""
     if zero_stage in (1, 2):
         if zero_stage == 2:
             notes.append("ZeRO-2: the distributed optimizer shards optimizer states and reduce-scatters gradients")
         return ["--use-distributed-optimizer"]
     if zero_stage != 3:
         return []
-    if tied_embeddings:  # FSDP2 in Megatron-Core asserts untied embeddings
-        notes.append("ZeRO-3 runs as Megatron-FSDP (optim_grads_params); Megatron's FSDP2 path needs untied "
-                     "embeddings")
+    if tied_embeddings or ep > 1:
+        why = "untied embeddings" if tied_embeddings else "expert parallelism 1"
+        notes.append(f"ZeRO-3 runs as Megatron-FSDP (optim_grads_params); Megatron's FSDP2 path needs {why}")
         return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
                 "--ckpt-format fsdp_dtensor"]
     notes.append("ZeRO-3 runs as PyTorch FSDP2 in Megatron-Core (CUDA_DEVICE_MAX_CONNECTIONS must stay unset)")
@@ -237,7 +239,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         args.append("--recompute-granularity selective")
     elif L["recompute"] == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, notes)
+    args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
     if L["dp_overlap"]:
         args += ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if L["zero_stage"] in (1, 2) else [])
     if L["tp_overlap"]:

@@ -68,6 +68,7 @@ class SearchResult:
     # (watts / gcd of the weights) x 1e-10 s per device
     space: Space | None = None
     objective: str = "time"
+    memory_headroom: float = 0.0  # the share of device memory the search kept free
 
 
 def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | None = None) -> SearchResult:
@@ -88,11 +89,12 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     scale = math.gcd(*weights)  # the same ranking with the smallest integers (board power alone: time)
     weights = (weights[0] // scale, weights[1] // scale)
     space = build_space(model, job, cluster, opts.bounds)
-    tables = build_tables(ctx, space, opts.bounds.memory_headroom, opts.bounds.ignore_memory, weights)
+    headroom = opts.bounds.headroom(job, cluster)
+    tables = build_tables(ctx, space, headroom, opts.bounds.ignore_memory, weights)
     rejections, feasible = count_rejections(tables)
     considered = feasible + sum(rejections.values())
     if feasible == 0:
-        raise _infeasible(ctx, tables, rejections, opts.bounds)
+        raise _infeasible(ctx, tables, rejections, headroom)
     if opts.engine == "exhaustive":
         solutions, _ = solve_exhaustive(tables, opts.top_k)
         status, gap = "OPTIMAL", 0.0
@@ -108,7 +110,7 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     evaluations = [evaluate_ctx(ctx, layout_from_indices(space, idx)) for _, idx in solutions]
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible, considered,
                         opts.engine, status, gap, time.perf_counter() - start, [o for o, _ in solutions], space,
-                        opts.objective)
+                        opts.objective, headroom)
 
 
 def objective_seconds(units: int) -> float:
@@ -117,7 +119,7 @@ def objective_seconds(units: int) -> float:
 
 
 
-def _infeasible(ctx: Context, tables, rejections: dict[str, int], bounds: Bounds) -> InfeasibleError:
+def _infeasible(ctx: Context, tables, rejections: dict[str, int], headroom: float) -> InfeasibleError:
     cluster, model = ctx.cluster, ctx.model
     reasons = "; ".join(f"{REASONS[r]}: {n}" for r, n in sorted(rejections.items(), key=lambda kv: -kv[1]))
     smallest = smallest_memory(tables)
@@ -126,7 +128,7 @@ def _infeasible(ctx: Context, tables, rejections: dict[str, int], bounds: Bounds
                f"rules ({reasons})")
         return InfeasibleError(msg, rejections, "change the batch size, sequence length or device count")
     need_bytes = smallest[0] * MEMORY_QUANTUM_BYTES + (cluster.device.memory_bytes - (tables.capacity * MEMORY_QUANTUM_BYTES))
-    have = cluster.device.memory_bytes * (1 - bounds.memory_headroom)
+    have = cluster.device.memory_bytes * (1 - headroom)
     layout = layout_from_indices(tables.space, smallest[1])
     factor = need_bytes / have
     devices = cluster.num_devices * max(2, int(factor + 1))

@@ -47,10 +47,18 @@ class Bounds:
     fixed: dict = field(default_factory=dict)
     minimum: dict = field(default_factory=dict)
     maximum: dict = field(default_factory=dict)
-    memory_headroom: float = 0.0
+    memory_headroom: float | None = None  # None: the framework's default (:meth:`headroom`)
     ignore_memory: bool = False  # evaluate layouts that overflow (validation of published layouts)
     # fixed values the framework profile lacks are kept (validation: the run used them) instead of refused
     allow_unavailable: bool = False
+
+    def headroom(self, job: Job, cluster: Cluster) -> float:
+        """The share of device memory a plan keeps free: as given, else the job's framework's
+        ``plan_headroom`` (the caching allocator's measured reserve, 8.4% for the PyTorch
+        frameworks) on a device with a runtime heap (HBM), else none."""
+        if self.memory_headroom is not None:
+            return self.memory_headroom
+        return job.profile.profile.plan_headroom if cluster.device.memory_kind == "hbm" else 0.0
 
     def allows(self, knob: str, value) -> bool:
         if knob in self.fixed and self.fixed[knob] != value:
@@ -320,7 +328,7 @@ def _once(out: dict, key: str, value, flag: str) -> None:
 
 
 def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maximum: tuple[str, ...] = (),
-                 memory_headroom: float = 0.0) -> Bounds:
+                 memory_headroom: float | None = None) -> Bounds:
     """Parse ``--fix tp=8``, ``--min dp=4``, ``--max pp=16`` options into :class:`Bounds`."""
     from clusterplan.cost.layout import parse_layout  # one parser for layout values
 
@@ -350,7 +358,7 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
                 _once(out, key, value, flag)
         return out
 
-    if not 0 <= memory_headroom < 1:
+    if memory_headroom is not None and not 0 <= memory_headroom < 1:
         raise SpecError(f"--memory-headroom: got {memory_headroom:.0%}; allowed: 0% to 99%")
     fixed = parse(fix, "--fix", False)
     etp = fixed.pop("_etp", None)

@@ -45,7 +45,7 @@ def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         space = build_space(model, job, cluster, b)
     except SpecError:
         return False
-    tables = build_tables(Context(model, job, cluster), space, b.memory_headroom)
+    tables = build_tables(Context(model, job, cluster), space, b.headroom(job, cluster))
     least = smallest_memory(tables)  # over the structurally valid layouts: a quick no
     if least is None or least[0] > tables.capacity:
         return False
