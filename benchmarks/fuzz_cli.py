@@ -44,7 +44,12 @@ LLAMA = {"name": "fuzz", "num_layers": 32, "hidden_size": 4096, "num_attention_h
 HF = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
       "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8, "vocab_size": 32000,
       "max_position_embeddings": 4096, "hidden_act": "silu"}
-CLUSTER = {"base": "dgx-h100-superpod", "name": "fuzz", "num_nodes": 2, "scale_out": {"oversubscription": 2}}
+CLUSTERS_FILES = [
+    {"base": "dgx-h100-superpod", "name": "fuzz", "num_nodes": 2, "scale_up_link": "nvlink4_nvswitch",
+     "scale_out": {"nic_gbit_per_s": 400, "oversubscription": 2, "switch_radix": 64}},
+    {"base": "tpu-v5p-pod", "name": "fuzz torus", "num_devices": 64,
+     "torus": {"max_slice_shape": [16, 16, 24], "ici_gbyte_per_s_per_link": 100, "chips_per_host": 4}},
+]
 OPTIONS = ["--devices", "--nodes", "--global-batch", "--seq-len", "--tokens", "--scale-out-gbit-per-s",
            "--oversubscription", "--time-limit", "--top", "--memory-headroom", "--pue", "--failure-rate",
            "--price-per-device-hour", "--restart-minutes", "--checkpoint-gbyte-per-s", "--host-power-w",
@@ -93,8 +98,11 @@ def _hostile_text(rng: random.Random) -> str:
     return "num_layers: " + "9" * rng.randint(20, 4000) + "\n"
 
 
+KINDS = ["model", "hf", "cluster", "option", "layout", "fix", "hostile"]
+
+
 def make_case(rng: random.Random, folder: Path, searches: float = 1.0) -> list[str]:
-    kind = rng.choice(["model", "hf", "cluster", "option", "layout", "fix", "hostile"])
+    kind = rng.choice(KINDS)
     args = _case(kind, rng, folder)
     if kind in ("model", "hf", "cluster", "hostile") and rng.random() >= searches:
         top = args.index("--top") if "--top" in args else None
@@ -115,11 +123,13 @@ def _case(kind: str, rng: random.Random, folder: Path) -> list[str]:
         return ["plan", "--model", str(folder / "hf" / "config.json"), "--cluster", "dgx-h100-superpod", "--devices",
                 "16", "--top", "0", "--json"]
     if kind == "cluster":
-        doc = _mutate(rng, CLUSTER)
-        if rng.random() < 0.5 and isinstance(doc.get("scale_out"), dict):
-            doc["scale_out"] = _mutate(rng, doc["scale_out"])
-        return ["plan", "--model", "llama3-8b", "--cluster", _write(folder, "c", doc, rng.random() < 0.5), "--top",
-                "0", "--json"]
+        doc = _mutate(rng, rng.choice(CLUSTERS_FILES))
+        for block in ("scale_out", "torus"):
+            if rng.random() < 0.5 and isinstance(doc.get(block), dict):
+                doc[block] = _mutate(rng, doc[block])
+        override = rng.choice([[], [], ["--scale-out-gbit-per-s", "100"], ["--devices", "32"], ["--oversubscription", "2"]])
+        return ["plan", "--model", "llama3-8b", "--cluster", _write(folder, "c", doc, rng.random() < 0.5), *override,
+                "--top", "0", "--json"]
     if kind == "option":
         return base + [rng.choice(OPTIONS), rng.choice(TEXT)]
     if kind == "layout":
@@ -255,7 +265,10 @@ def main() -> int:
     p.add_argument("--searches", type=float, default=None,
                    help="share of mutated-file cases that search (default 1 per process, 0.25 in-process)")
     p.add_argument("--case", type=int, default=None, help="replay one case and print its output")
+    p.add_argument("--kind", choices=KINDS, action="append", help="only cases of this kind (repeatable)")
     a = p.parse_args()
+    if a.kind:
+        KINDS[:] = a.kind
     searches = a.searches if a.searches is not None else (0.25 if a.in_process else 1.0)
     runner = _run_in_process if a.in_process else _run_subprocess
     if a.case is not None:

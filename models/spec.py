@@ -23,7 +23,8 @@ class MoESpec(BaseModel):
 
     model_config = _FROZEN
 
-    num_experts: int = Field(gt=0, description="Routed experts per MoE layer.")
+    num_experts: int = Field(gt=0, le=2**20, description="Routed experts per MoE layer (at most 2^20, the "
+                             "million-expert PEER layers of He 2024; DeepSeek-V3 has 256).")
     top_k: int = Field(gt=0, description="Routed experts each token is sent to.")
     expert_ffn_hidden_size: int = Field(gt=0, description="FFN width of one expert.")
     num_shared_experts: int = Field(0, ge=0, description="Always-active experts per MoE layer.")

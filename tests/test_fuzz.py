@@ -208,3 +208,32 @@ def test_placement_of_folded_experts_without_data_parallelism():
     doc = json.loads(result.stdout)
     if doc["layout"]["ep"] > 1:
         assert any(line.startswith("ep: ") for line in doc["explanation"]["placement"])
+
+
+@pytest.mark.parametrize("text,override,field", [
+    ("base: dgx-h100-superpod\nnum_nodes: 2\nscale_out: {nic_gbit_per_s: .inf}\n", [], "nic_gbit_per_s"),
+    ("base: dgx-h100-superpod\nnum_nodes: 2\nscale_out: {nic_gbit_per_s: .nan}\n", [], "nic_gbit_per_s"),
+    ("base: dgx-h100-superpod\nnum_nodes: 2\nscale_out: 3\n", ["--scale-out-gbit-per-s", "100"], "scale_out"),
+    ("base: dgx-h100-superpod\nnum_nodes: 2\nscale_up_link: ''\n", [], "scale_up_link"),
+    ("base: tpu-v5p-pod\nnum_devices: 64\ntorus: {max_slice_shape: [0, 16, 24]}\n", [], "max_slice_shape"),
+])
+def test_issue_12_cluster_file_reproducers_are_bad_input(tmp_path, text, override, field):
+    """Issue 12's cluster-file reproducers (exit 1 before: NaN in a fat-tree's switch count, an
+    override into a scale_out that is not a mapping, an empty link name, a zero-sized torus axis)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", str(path), *override])
+    assert result.exit_code == 2 and field in result.output, result.output
+
+
+@pytest.mark.parametrize("experts,code", [(1e11, 2), (2**20 + 1, 2), (2**20, 0)])
+def test_expert_count_is_bounded_and_not_searched_linearly(tmp_path, experts, code):
+    """Issue 12: ``num_experts: 1e11`` ran past 60 s (the divisor search was linear in it). Now
+    above 2^20 it is bad input, and divisors take O(sqrt n) steps."""
+    doc = {"name": "moe", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 256,
+           "vocab_size": 1000, "moe": {"num_experts": experts, "top_k": 2, "expert_ffn_hidden_size": 64}}
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(doc))
+    result = CliRunner().invoke(main, ["plan", "--model", str(path), "--cluster", "dgx-h100-superpod",
+                                       "--devices", "16", "--top", "0"])
+    assert result.exit_code == code, result.output

@@ -593,16 +593,21 @@ def test_energy_without_an_idle_figure_ranks_as_time_and_does_not_overflow():
     assert by_energy.best.step_time_s == pytest.approx(by_time.best.step_time_s, rel=1e-9)
 
 
-def test_cpsat_proves_the_optimum_where_table_compression_blew_up():
-    """Mixtral at 32k tokens with unfused attention on Gaudi 2 (found by benchmarks/fuzz_cli.py):
-    presolve's table compression ran for over 200 s and exhausted memory, and the search fell
-    back to the exhaustive engine. With it off, CP-SAT proves the same optimum itself."""
+@pytest.mark.parametrize("kw,fixed", [
+    (dict(model="mixtral", cluster="gaudi2-cluster", seq_len=32768, attention="unfused"), {}),
+    (dict(model="llama3-70b", cluster="gaudi2-cluster"), {"dp": 8}),
+])
+def test_cpsat_proves_the_optimum_where_presolve_blew_up(kw, fixed):
+    """Found by benchmarks/fuzz_cli.py: on these tables CP-SAT's presolve ran for minutes past the
+    time limit (over 200 s then std::bad_alloc, and 166 s), and the first search fell back to the
+    exhaustive engine. With presolve off, CP-SAT proves the exhaustive optimum itself."""
     from clusterplan.planner.inputs import Request
 
-    request = Request(model="mixtral", cluster="gaudi2-cluster", seq_len=32768, attention="unfused")
+    request = Request(**kw)
     model, cluster = request.load_model(), request.load_cluster()
     job = request.build_job(model, cluster)[0]
-    cp = plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=0))
-    ex = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0))
+    bounds = Bounds(fixed=fixed, memory_headroom=0.0)
+    cp = plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=0, bounds=bounds, time_limit_s=60))
+    ex = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=bounds))
     assert cp.status == "OPTIMAL", cp.status
     assert cp.best.step_time_s == pytest.approx(ex.best.step_time_s, rel=1e-9)

@@ -63,7 +63,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -101,7 +101,8 @@ _REQUIRED = {
 
 # ---- file entries, in human units ---------------------------------------------------------------
 class _Entry(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN and infinities are bad input in every figure of a file (a NaN bandwidth sizes nothing)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class CalibrationEntry(_Entry):
@@ -243,7 +244,7 @@ class GridEntry(_Entry):
 class TorusEntry(_Entry):
     """TPU slice rules."""
 
-    max_slice_shape: list[int] = Field(min_length=2, max_length=3)
+    max_slice_shape: list[Annotated[int, Field(gt=0)]] = Field(min_length=2, max_length=3)
     wrap: Literal["full_cubes", "full_axis"]
     ici_gbyte_per_s_per_link: float = Field(gt=0)
     link: str
@@ -263,7 +264,7 @@ class PresetEntry(_Entry):
     devices_per_node: int = Field(gt=0)
     domain_size: int | None = Field(None, gt=0)
     description: str = ""
-    scale_up_link: str | None = None
+    scale_up_link: str | None = Field(None, min_length=1, description="A link class (null: none).")
     nvls_nir_fraction: float | None = Field(None, gt=0, le=1)
     scale_out: ScaleOutEntry | None = None
     torus: TorusEntry | None = None
@@ -683,6 +684,9 @@ def load_cluster_file(path: str | Path, num_devices: int | None = None, num_node
     if device is not None:
         data["device"] = device
     if scale_out_gbit_per_s is not None or oversubscription is not None:
+        if not isinstance(data.get("scale_out") or {}, Mapping):
+            raise SpecError(f"{where}: scale_out: expected a mapping of scale-out fields (given: "
+                            f"{data['scale_out']!r:.80}); the command line's overrides go into it")
         scale_out = dict(data.get("scale_out") or {})
         if scale_out_gbit_per_s is not None:
             scale_out["nic_gbit_per_s"] = scale_out_gbit_per_s

@@ -38,8 +38,6 @@ from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables
 
 ELEMENT_MAX_ENTRIES = 64
 OBJECTIVE_LIMIT = 2**59  # objective units: 5.8e7 s of step time at weight 1; eight such terms fit in 2^62
-PRESOLVE_MAX_TABLE_ROWS = 100_000
-PRESOLVE_RUNNERS_UP = False  # re-solves start from a hint and a tight bound; presolve dominated them
 
 
 @dataclass
@@ -466,7 +464,6 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
         model.m.clear_hints()
         _hint(model, bounds[k + 1][1] if k + 1 < len(bounds) else idx)
         _exclude(model, idx, value)
-        solver.parameters.cp_model_presolve = PRESOLVE_RUNNERS_UP
     if not solutions and status_name != "INFEASIBLE":
         raise SolverError(f"CP-SAT stopped with status {status_name} before finding any layout "
                           f"(time limit {time_limit_s} s); raise --time-limit")
@@ -475,20 +472,19 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
 
 def _solver(model: _Model, workers: int) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
-    # One worker with light presolve: the model is a few dozen element constraints whose expansion
-    # dominates a full presolve; probing buys nothing here (measured in benchmarks/search_speed.py).
+    # One worker, no probing: the model is a few dozen element constraints; probing buys nothing
+    # here (measured in benchmarks/search_speed.py).
     solver.parameters.num_workers = workers or 1
     solver.parameters.max_memory_in_mb = CPSAT_MAX_MEMORY_MB
-    solver.parameters.max_presolve_iterations = 1
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.linearization_level = 0  # the LP relaxation of the products is weak; skipping it is faster
-    # Presolve pays for itself on small models and not on large ones (DeepSeek-V3 on 2,048 GPUs:
-    # 3.3 s without against 5.5 s with; GPT-3 on 1,024: 0.19 s with against 0.35 s without).
-    solver.parameters.cp_model_presolve = model.table_rows <= PRESOLVE_MAX_TABLE_ROWS
-    # Presolve's table compression can run for minutes and exhaust memory on tables whose rows are
-    # nearly all clamped to the same value (Mixtral at 32k tokens with unfused attention on Gaudi 2:
-    # over 200 s, then std::bad_alloc, ignoring the time limit; 1.2 s without it).
-    solver.parameters.table_compression_level = 0
+    # No presolve. It paid for itself on small models (GPT-3 on 1,024 GPUs: 0.19 s with it, 0.35 s
+    # without) and not on large ones (DeepSeek-V3 on 2,048 GPUs: 5.5 s with, 3.3 s without), and on
+    # some tables it runs for minutes, ignoring the time limit, and exhausts memory (found by
+    # benchmarks/fuzz_cli.py: Llama 3 70B on Gaudi 2 with dp fixed to 8, over 160 s against 0.3 s
+    # without; Mixtral at 32k tokens with unfused attention, 200 s then std::bad_alloc, in its table
+    # compression). A search must not hang on some inputs to save a tenth of a second on others.
+    solver.parameters.cp_model_presolve = False
     return solver
 
 

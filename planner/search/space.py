@@ -9,6 +9,7 @@ same rules and report the same rejection counts.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 from clusterplan.cost.framework import framework_domains, unoffered
@@ -97,7 +98,9 @@ class Space:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, in O(sqrt n) steps (a user's number may be large)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | None = None) -> Space:
