@@ -17,6 +17,7 @@ Results go to stdout, errors to stderr as ``error: <message>``. Exit codes (DESI
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import contextlib
 import json
@@ -202,8 +203,7 @@ def guarded(fn: Callable) -> Callable:
 
 
 # ---- the request (planner.inputs.Request; the what-if options come from the click context) ------------
-REQUEST_OPTIONS = ("num_devices", "num_nodes", "device", "scale_out_gbit_per_s", "oversubscription", "global_batch",
-                   "seq_len", "precision", "tokens", "attention", "framework")
+REQUEST_OPTIONS = frozenset(f.name for f in dataclasses.fields(Request)) - {"model", "cluster"}
 
 
 def _request(model_arg: str, cluster_arg: str, **options: Any) -> Request:
