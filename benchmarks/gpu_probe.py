@@ -22,6 +22,11 @@ that fails records its error and the others still run. What it measures, and whi
 - ``layers``: a decoder stack (Llama-style and GPT-style layers) trained fwd+bwd in eager PyTorch,
   bf16, with its time per layer and its activation memory per layer, to compare with what
   ``clusterplan evaluate`` predicts for the same shapes (``benchmarks/compare_probe.py``).
+- ``loss``: bytes per logit held by torchtitan's loss at its peak, eager and compiled
+  (``semantics.logit_bytes`` of the torchtitan profile).
+- ``small_run``: a Llama-style model of 1.5 B parameters trained under FSDP2 on one rank as torchtitan
+  builds it (no AC, per-op SAC, full AC; per-op SAC compiled): peak allocated and reserved memory,
+  to compare with ``clusterplan evaluate`` for the same job on one device.
 - ``allocator``: a short AdamW training loop (fp32 master weights, bf16 autocast): peak allocated
   vs peak reserved bytes of PyTorch's caching allocator.
 """
@@ -29,6 +34,8 @@ that fails records its error and the others still run. What it measures, and whi
 from __future__ import annotations
 
 import argparse
+import datetime
+import gc
 import json
 import math
 import subprocess
@@ -453,25 +460,149 @@ def titan_layers(compile_too: bool):
 
 @section("loss")
 def loss_memory():
-    """Bytes per logit held by torchtitan's loss, cross_entropy(logits.float(), labels), at its peak."""
+    """Bytes per logit held by torchtitan's loss, cross_entropy(logits.float(), labels), at its peak.
+
+    Two cases: ``eager`` (torchtitan before 2024-10-22 and from 2024-12-18 to 2025-04-02, or without
+    compile) and ``compiled`` (``torch.compile`` of the loss function alone, the output projection left
+    eager: torchtitan from 2025-04-02, commit bbb1b616e, whenever compile is on)."""
     n, h, v = 8192, 4096, 128256
-    x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w = torch.randn(v, h, device="cuda", dtype=torch.bfloat16, requires_grad=True) * 0.02
-    w = w.detach().requires_grad_(True)
-    labels = torch.randint(0, v, (n,), device="cuda")
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    loss = F.cross_entropy((x @ w.t()).float(), labels)
-    kept = torch.cuda.memory_allocated() - base
-    fwd_peak = torch.cuda.max_memory_allocated() - base
-    torch.cuda.reset_peak_memory_stats()
-    loss.backward()
-    bwd_peak = torch.cuda.max_memory_allocated() - base
-    res = {"tokens": n, "vocab": v, "kept_bytes_per_logit": kept / (n * v),
-           "forward_peak_bytes_per_logit": fwd_peak / (n * v), "backward_peak_bytes_per_logit": bwd_peak / (n * v)}
-    log(f"[loss] {json.dumps(res)}")
-    return res
+    out = {}
+
+    def ce(pred, labels):
+        return F.cross_entropy(pred.float(), labels)
+
+    for mode in ("eager", "compiled"):
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()
+        loss_fn = torch.compile(ce) if mode == "compiled" else ce
+        x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(v, h, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_(True)
+        labels = torch.randint(0, v, (n,), device="cuda")
+        for _ in range(2):  # warm-up: compiles, and leaves .grad buffers allocated as in training
+            loss_fn(x @ w.t(), labels).backward()
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss = loss_fn(x @ w.t(), labels)
+        kept = torch.cuda.memory_allocated() - base
+        fwd_peak = torch.cuda.max_memory_allocated() - base
+        torch.cuda.reset_peak_memory_stats()
+        loss.backward()
+        bwd_peak = torch.cuda.max_memory_allocated() - base
+        res = {"tokens": n, "vocab": v, "kept_bytes_per_logit": kept / (n * v),
+               "forward_peak_bytes_per_logit": fwd_peak / (n * v),
+               "backward_peak_bytes_per_logit": bwd_peak / (n * v)}
+        out[mode] = res
+        log(f"[loss] {mode}: {json.dumps(res)}")
+        del x, w, labels, loss
+    return out
+
+
+class SmallLlama(torch.nn.Module):
+    """torchtitan's Llama 3 Transformer at a size one GPU trains: embedding, TitanBlocks, norm, output."""
+
+    def __init__(self, layers, hidden, heads, kv_heads, ffn, vocab, seq, mode):
+        super().__init__()
+        d = hidden // heads
+        self.tok_embeddings = torch.nn.Embedding(vocab, hidden)
+        self.layers = torch.nn.ModuleList(
+            [Wrapped(TitanBlock(hidden, heads, kv_heads, ffn, False), mode) for _ in range(layers)])
+        self.norm = torch.nn.RMSNorm(hidden)
+        self.output = torch.nn.Linear(hidden, vocab, bias=False)
+        angles = torch.outer(torch.arange(seq).float(), 1.0 / (500000 ** (torch.arange(0, d, 2).float() / d)))
+        self.freqs = torch.polar(torch.ones_like(angles), angles).view(1, seq, 1, d // 2)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, self.freqs)
+        return self.output(self.norm(h))
+
+
+@section("small_run")
+def small_run(compile_too: bool):
+    """A real training step under FSDP2 on one rank, the way torchtitan builds it (per-block AC, then
+    per-block torch.compile, then fully_shard of each block and the root, bf16 params / fp32 reduce,
+    fused AdamW, loss cross_entropy(logits.float()), compiled with the model when compile is on): peak
+    allocated and reserved bytes, to compare with ``clusterplan evaluate`` on one device
+    (benchmarks/results/small_run_model.yaml)."""
+    import os
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        dist.init_process_group("nccl", rank=0, world_size=1, timeout=datetime.timedelta(seconds=120))
+    layers, hidden, heads, kv, ffn, vocab, seq, mb = 16, 2048, 32, 8, 8192, 128256, 8192, 1
+    # (activation checkpointing, compiled, micro-batches per step): with several, the gradients of the
+    # first micro-batch are held while the second one's activations are
+    cases = [("none", False, 1), ("op_sac", False, 1), ("full", False, 1), ("none", False, 2)]
+    cases += [("op_sac", True, 1)] if compile_too else []
+    out = []
+
+    def ce(pred, labels):
+        return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+    for mode, compiled, accum in cases:
+        t0 = time.time()
+        gc.collect()  # FSDP modules hold reference cycles: free the last case's model before measuring
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()
+        model = SmallLlama(layers, hidden, heads, kv, ffn, vocab, seq, mode).cuda()
+        model.freqs = model.freqs.cuda()
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for i, block in enumerate(model.layers):
+            if compiled:
+                block = torch.compile(block)
+                model.layers[i] = block
+            fully_shard(block, mp_policy=mp, reshard_after_forward=True)
+        fully_shard(model, mp_policy=mp)
+        loss_fn = torch.compile(ce) if compiled else ce
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        tokens = torch.randint(0, vocab, (mb, seq), device="cuda")
+        params = sum(p.numel() for p in model.parameters())
+        step_s, phases = [], {}
+
+        def mark(name):  # allocated now and the peak since the last mark, in bytes
+            torch.cuda.synchronize()
+            phases[name] = {"allocated": torch.cuda.memory_allocated(), "peak": torch.cuda.max_memory_allocated(),
+                            "reserved_peak": torch.cuda.max_memory_reserved()}
+            torch.cuda.reset_peak_memory_stats()
+
+        for step in range(4):
+            if step == 1:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            s0 = time.time()
+            mark("start") if step == 3 else None
+            for j in range(accum):
+                tag = "" if accum == 1 else str(j + 1)
+                logits = model(tokens)
+                mark("forward" + tag) if step == 3 else None
+                loss = loss_fn(logits, tokens)
+                del logits
+                mark("loss_forward" + tag) if step == 3 else None
+                loss.backward()
+                mark("backward" + tag) if step == 3 else None
+            opt.step()
+            mark("optimizer") if step == 3 else None
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            step_s.append(time.time() - s0)
+        row = {"ac": mode, "compiled": compiled, "micro_batches": accum, "layers": layers, "hidden": hidden, "heads": heads,
+               "kv_heads": kv, "ffn": ffn, "vocab": vocab, "seq": seq, "micro_batch": mb, "params": params,
+               "peak_allocated_bytes": max([torch.cuda.max_memory_allocated()] + [v["peak"] for v in phases.values()]),
+               "phases": phases,
+               "peak_reserved_bytes": max([torch.cuda.max_memory_reserved()]
+                                          + [v["reserved_peak"] for v in phases.values()]),
+               "step_s": step_s[-1], "wall_s": round(time.time() - t0, 1)}
+        out.append(row)
+        log(f"[small_run] ac={mode} compiled={compiled} micro-batches={accum}: params {params / 1e9:.3f} B, peak allocated "
+            f"{row['peak_allocated_bytes'] / 2**30:.2f} GiB, reserved {row['peak_reserved_bytes'] / 2**30:.2f} GiB, "
+            f"step {row['step_s']:.3f} s ({row['wall_s']} s); by phase (GiB allocated at the end / peak within): "
+            + ", ".join(f"{k} {v['allocated'] / 2**30:.2f}/{v['peak'] / 2**30:.2f}" for k, v in phases.items()))
+        del model, opt, loss, tokens
+    return out
 
 
 def main() -> int:
@@ -496,10 +627,10 @@ def main() -> int:
         with open(a.out, "w") as fh:
             json.dump(RESULTS, fh, indent=1, default=str)
 
-    sections = {"launch": (launch, ()), "memory_bandwidth": (memory_bandwidth, ()), "mamf": (mamf, (a.quick,)),
+    sections = {"loss": (loss_memory, ()), "small_run": (small_run, (not a.no_compile,)),
+                "launch": (launch, ()), "memory_bandwidth": (memory_bandwidth, ()), "mamf": (mamf, (a.quick,)),
                 "attention": (attention, ()), "layers": (layers, ()), "titan_layers": (titan_layers, (not a.no_compile,)),
-                "loss": (loss_memory, ()), "allocator": (allocator, ()),
-                "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
+                "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
     only = [x for x in a.only.split(",") if x]
     for name in only:
         if name not in sections:

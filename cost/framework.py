@@ -80,12 +80,16 @@ class Profile:
     dropout: float = 0.0
     attention: str = "flash"
     logit_bytes: float = 6.0  # bytes per logit held by the loss at its peak (semantics.logit_bytes)
+    compiled_logit_bytes: float | None = None  # the same when the loss itself runs compiled
+    compiled_loss_history: tuple[tuple[str, bool], ...] = ()  # (since YYYY-MM, loss compiled under compile)
     fsdp_with_pp: str = "sharded"  # "unsharded": FSDP keeps params and grads gathered with pp > 1 (torchtitan)
     selective_recompute: str = "attention_core"  # or "op_sac": torchtitan's per-op selective checkpointing
     attention_history: tuple[tuple[str, str], ...] = ()  # (since YYYY-MM, kernel): the kernel by release
     eager_activations: bool = False  # eager PyTorch modules: autograd keeps more than fused kernels (terms.activation_bytes)
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
+    sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
+    grads_freed_between_steps: bool = False  # sharded gradients are freed after each step (zero_grad(set_to_none))
     plan_headroom: float = 0.0  # share of device memory a plan keeps free by default (semantics.plan_headroom)
     tp_comm_sms: int | None = None
     dp_comm_sms: int | None = None
@@ -133,6 +137,16 @@ class ProfileAt:
         """K and V are materialised per query head before attention (``repeat_kv``) at this release."""
         until = self.profile.kv_repeat_until
         return until is not None and self.date < until
+
+    def logit_bytes(self, compiled: bool) -> float:
+        """Bytes per logit the loss holds at its peak: ``semantics.compiled_logit_bytes`` where the job
+        runs compiled and this release compiles the loss with the model (the latest
+        ``semantics.compiled_loss_history`` entry not after the date), else ``semantics.logit_bytes``."""
+        prof = self.profile
+        states = [c for since, c in prof.compiled_loss_history if since <= self.date]
+        if compiled and states and states[-1] and prof.compiled_logit_bytes is not None:
+            return prof.compiled_logit_bytes
+        return prof.logit_bytes
 
     @property
     def attention(self) -> str:
@@ -241,13 +255,18 @@ def load_profile(framework_id: str) -> Profile:
         tp_overlap_families=tuple(req.get("tp_overlap_families") or ()),
         grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
         dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
-        logit_bytes=float(sem.get("logit_bytes", 6.0)), fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
+        logit_bytes=float(sem.get("logit_bytes", 6.0)),
+        compiled_logit_bytes=None if sem.get("compiled_logit_bytes") is None else float(sem["compiled_logit_bytes"]),
+        compiled_loss_history=tuple((str(e["since"]), bool(e["compiled"])) for e in sem.get("compiled_loss_history") or ()),
+        fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
         selective_recompute=str(sem.get("selective_recompute", "attention_core")),
         attention_history=tuple((str(e["since"]), str(e["kernel"])) for e in sem.get("attention_history") or ()),
         eager_activations=bool(sem.get("eager_activations", False)),
         allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
                                               f"{where}: semantics.allocator_reserved_fraction"),
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),
+        sharded_weight_copy=bool(sem.get("sharded_weight_copy", True)),
+        grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)),
         kv_repeat_until=parse_date(sem.get("kv_repeat_until"), f"{where}: semantics.kv_repeat_until"),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         sources=sources, notes=tuple(doc.get("notes") or ()),

@@ -19,8 +19,8 @@ from clusterplan.cost.framework import framework_refusal, unoffered
 from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
-    layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s, param_counts,
-    static_memory,
+    grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
+    param_counts, static_memory,
 )
 
 from clusterplan.models.ops import model_flops_per_token
@@ -292,6 +292,12 @@ def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
     else:
         activations, working = act_first, lt.act_transient_bytes
     weights, grads, optim = _static_parts(ctx, layout)
+    freed = grads_freed_bytes(ctx, layout) if m == 1 else 0.0
+    if freed:  # one micro-batch: no gradient yet at the activation peak, all of them at backward's end
+        if weights + grads + optim + lt.act_transient_bytes > weights + grads - freed + optim + activations + working:
+            activations, working = 0.0, lt.act_transient_bytes
+        else:
+            grads -= freed
     reserve = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
     allocator = allocator_fraction(ctx) * (weights + grads + optim + activations + working)
     return MemoryBreakdown(weights, grads, optim, activations, working, reserve, allocator)
@@ -305,11 +311,12 @@ def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
     first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m)
-    base = memory_static_bytes(ctx, layout) + lt.act_transient_bytes
+    end = memory_static_bytes(ctx, layout) + lt.act_transient_bytes  # backward's end: every gradient
+    base = end - (grads_freed_bytes(ctx, layout) if m == 1 else 0.0)
     runtime = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
     grow = 1.0 + allocator_fraction(ctx)
-    return (runtime + grow * (base + lt.act_bytes_per_layer * first),
-            runtime + grow * (base + lt.act_bytes_per_layer * last + head.logits_bytes))
+    return (runtime + grow * max(end, base + lt.act_bytes_per_layer * first),
+            runtime + grow * max(end, base + lt.act_bytes_per_layer * last + head.logits_bytes))
 
 
 def _static_parts(ctx: Context, layout: Layout) -> tuple[float, float, float]:

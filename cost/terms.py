@@ -487,7 +487,7 @@ def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: in
         prof = ctx.cluster.group_profile(range(0, tp * tp_stride, tp_stride))
         size = ACT_BYTES * n * ctx.model.hidden_size
         t += 2 * (coll.all_gather_s(size, prof) if sp else coll.all_reduce_s(size, prof))
-    return HeadTerms(t, ctx.job.profile.profile.logit_bytes * n * ctx.model.vocab_size / tp)
+    return HeadTerms(t, ctx.job.profile.logit_bytes(ctx.job.compiled) * n * ctx.model.vocab_size / tp)
 
 
 def p2p_s(ctx: Context, layout: Layout) -> float:
@@ -578,12 +578,26 @@ def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
     z = effective_zero_stage(ctx, layout.zero_stage, layout.pp)
     weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3)
+    if z >= 3 and not ctx.job.profile.profile.sharded_weight_copy:
+        weights = 0.0  # FSDP2: the fp32 shard (with the optimizer states) is cast at each gather
     if z >= 3:  # FSDP keeps the gathered weights of the layer in use and the one prefetched
         per_layer = (pc.dense + pc.expert) / max(1, layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
         weights += 2 * WEIGHT_BYTES * per_layer
     grads = ctx.job.grad_bytes * owned_params(pc, layout, z >= 2)
     optim = OPTIMIZER_STATE_BYTES * owned_params(pc, layout, z >= 1)
     return StaticMemory(weights, grads, optim)
+
+
+def grads_freed_bytes(ctx: Context, layout: Layout) -> float:
+    """Gradient bytes that do not exist yet while a step's only micro-batch holds its activations:
+    the framework frees gradients between steps and shards them as they are reduced (FSDP2 under
+    torchtitan, ``semantics.grads_freed_between_steps``). 0 elsewhere; with several micro-batches
+    the caller keeps them (the first micro-batch's shards are held through the next ones)."""
+    if not ctx.job.profile.profile.grads_freed_between_steps:
+        return 0.0
+    if effective_zero_stage(ctx, layout.zero_stage, layout.pp) < 2:
+        return 0.0
+    return static_memory(ctx, layout).gradients_bytes
 
 
 def optimizer_s(ctx: Context, layout: Layout) -> float:

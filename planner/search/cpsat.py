@@ -33,7 +33,7 @@ from ortools.sat.python import cp_model
 
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
-from clusterplan.planner.search.exhaustive import DIMS, _place, layer_time, overlapped
+from clusterplan.planner.search.exhaustive import DIMS, _place, layer_time, overlapped, peak_memory
 from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables
 
 ELEMENT_MAX_ENTRIES = 64
@@ -174,7 +174,13 @@ class _Model:
 
     def _memory(self) -> None:
         T, x = self.T, self.x
-        static = self._lookup("static", self._fv_table(T.STATIC), [self.fv, x["e"], x["z"]])
+        full = self._lookup("static", self._fv_table(T.STATIC), [self.fv, x["e"], x["z"]])
+        static = full
+        if (T.STATIC1 < T.STATIC).any():  # a one-micro-batch step holds no gradient at its activation peak
+            one = self._lookup("one_microbatch", self._fvm_table(T.ONE[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
+            static1 = self._lookup("static1", self._fv_table(T.STATIC1), [self.fv, x["e"], x["z"]])
+            freed = self._product("grads_freed", one, full - static1, int((T.STATIC - T.STATIC1).max()))
+            static = full - freed
         ta = self._lookup("ta", T.ta_of_f, [x["f"]])
         axes4 = [ta, x["mb"], x["s"], x["r"]]
         act = self._lookup("act", T.ACT, axes4)
@@ -187,6 +193,7 @@ class _Model:
         mem2 = static + self._product("act_last", act, if2, hi) + trans + logits
         self.m.add(mem1 <= T.capacity)
         self.m.add(mem2 <= T.capacity)
+        self.m.add(full + trans <= T.capacity)  # backward's end: every gradient, no activation
 
     def _objective(self) -> None:
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
@@ -346,13 +353,7 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
 
 def _memory_fits(T: Tables, sl: slice = slice(None)) -> np.ndarray:
     """Whether the peak memory fits, over (f, e, v, mb, s, r, z) (placed on DIMS)."""
-    ta = T.ta_of_f[sl]
-    static = _place(T.STATIC[sl], ("f", "v", "e", "z"))
-    act = _place(T.ACT[ta], ("f", "mb", "s", "r"))
-    trans = _place(T.TRANS[ta], ("f", "mb", "s", "r"))
-    mem1 = static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans
-    mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb"))
-    return np.maximum(mem1, mem2) <= T.capacity
+    return peak_memory(T, sl) <= T.capacity
 
 
 def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:

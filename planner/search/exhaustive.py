@@ -87,19 +87,29 @@ def overlapped(T: Tables, traffic: np.ndarray, window: np.ndarray) -> np.ndarray
 def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Reason code per layout (the first failing rule in REASON_ORDER, memory last) and peak memory
     (MEMORY_QUANTUM_BYTES) of every layout of the factorizations in ``sl``."""
-    static = _place(T.STATIC[sl], ("f", "v", "e", "z"))
-    ta = T.ta_of_f[sl]
-    act = _place(T.ACT[ta], ("f", "mb", "s", "r"))
-    trans = _place(T.TRANS[ta], ("f", "mb", "s", "r"))
-    mem1 = static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans
-    mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb"))
-    code = np.where(np.maximum(mem1, mem2) > T.capacity, REASON_ORDER.index("memory"), -1)
+    peak = peak_memory(T, sl)
+    code = np.where(peak > T.capacity, REASON_ORDER.index("memory"), -1)
     for table, dims in ((T.ok_fes[sl], ("f", "e", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_eo, ("e", "o")),
                         (T.ok_fe[sl], ("f", "e")),
                         (T.ok_fmbv[sl], ("f", "mb", "v")), (T.ok_f[sl], ("f",))):
         placed = _place(table, dims)
         code = np.where(placed >= 0, placed, code)
-    return code, np.maximum(mem1, mem2)
+    return code, peak
+
+
+def peak_memory(T: Tables, sl: slice = slice(None)) -> np.ndarray:
+    """Peak memory (MEMORY_QUANTUM_BYTES) over (f, e, v, mb, s, r, z), placed on DIMS: the first
+    stage's in-flight activations, the last stage's with the logits, and backward's end (every
+    gradient, one layer's transient). A one-micro-batch step holds no gradient at its activation
+    peak where the framework frees them between steps (``cost.terms.grads_freed_bytes``)."""
+    ta = T.ta_of_f[sl]
+    full = _place(T.STATIC[sl], ("f", "v", "e", "z"))
+    static = np.where(_place(T.ONE[sl], ("f", "mb")) == 1, _place(T.STATIC1[sl], ("f", "v", "e", "z")), full)
+    act = _place(T.ACT[ta], ("f", "mb", "s", "r"))
+    trans = _place(T.TRANS[ta], ("f", "mb", "s", "r"))
+    mem1 = static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans
+    mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb"))
+    return np.maximum(np.maximum(mem1, mem2), full + trans)
 
 
 def smallest_memory(T: Tables) -> tuple[int, dict] | None:
@@ -207,7 +217,8 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "H": (None, "mb", "s"), "P2P": ("f", "o", "mb"), "DPS": ("f", "o", "v", "e", "z"),
         "DPM": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
         "tpc_of_foe": ("f", "o", "e"),
-        "OPT": ("f", "v", "e", "z"), "STATIC": ("f", "v", "e", "z"), "ACT": (None, "mb", "s", "r"),
+        "OPT": ("f", "v", "e", "z"), "STATIC": ("f", "v", "e", "z"), "STATIC1": ("f", "v", "e", "z"),
+        "ONE": ("f", "mb"), "ACT": (None, "mb", "s", "r"),
         "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
         "M": ("f", "mb"), "IF1": ("f", "mb", "v"), "IF2": ("f", "mb", "v"), "tpg_of_fo": ("f", "o"),
         "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),

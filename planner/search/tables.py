@@ -40,7 +40,7 @@ from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.step import inflight_layers, memory_static_bytes
 from clusterplan.cost.terms import (
     RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
-    effective_zero_stage, head_terms, layers_on_stage, optimizer_s, overlap_share, p2p_s, param_counts, tp_comm_terms,
+    effective_zero_stage, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s, overlap_share, p2p_s, param_counts, tp_comm_terms,
 )
 from clusterplan.planner.search.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
@@ -90,6 +90,8 @@ class Tables:
     M: np.ndarray  # (F, MB) micro-batches
     # memory (MEMORY_QUANTUM_BYTES)
     STATIC: np.ndarray  # (F, V, E, Z)
+    STATIC1: np.ndarray  # (F, V, E, Z) STATIC less the gradients absent at a one-micro-batch step's activation peak
+    ONE: np.ndarray  # (F, MB) 1 where the step has one micro-batch per data-parallel rank, else 0
     ACT: np.ndarray  # (TA, MB, S, R) per layer
     TRANS: np.ndarray  # (TA, MB, S, R)
     LOGITS: np.ndarray  # (TA, MB)
@@ -175,8 +177,9 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     ACT, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
     TPC, CPC, EPC, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx)
     P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in S.micro_batch_size] for l in row] for row in probe])
-    DPS, DPM, DPX, OPT, STATIC = _dp_tables(ctx, S)
+    DPS, DPM, DPX, OPT, STATIC, STATIC1 = _dp_tables(ctx, S)
     U, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
+    ONE = (M == 1).astype(np.int64)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
     order_ok = _order_representatives(S)
     if len({split_order(o)[1] for o in S.order}) > 1:  # torus traversals that change nothing count once
@@ -193,11 +196,11 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         # A memory term beyond the capacity rules its layouts out whatever it is, so it is clamped
         # to capacity + 1: the integer model then never multiplies huge byte counts (unfused
         # attention at 32k tokens gives terabytes per layer), which made CP-SAT exhaust memory.
-        ACT, TRANS, LOGITS, STATIC = (np.minimum(a, capacity + 1) for a in (ACT, TRANS, LOGITS, STATIC))
+        ACT, TRANS, LOGITS, STATIC, STATIC1 = (np.minimum(a, capacity + 1) for a in (ACT, TRANS, LOGITS, STATIC, STATIC1))
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe,
                   cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
                   C=C, BWD=BWD, FW=FW, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM, DPX=DPX,
-                  OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
+                  OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ONE=ONE, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fes=ok_fes,
                   ok_fo=ok_fo, canon=canon, time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))))
@@ -291,7 +294,7 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
     dps, dpm, dpx = np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z))
     gather = ctx.job.profile.profile.zero2_param_gather
-    opt, static = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
+    opt, static, gfree = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
     L, g = ctx.model.num_layers, ctx.job.grad_bytes
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
@@ -310,6 +313,7 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et)
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base)
                     static[i, vi, ei, zi] = memory_static_bytes(ctx, base)
+                    gfree[i, vi, ei, zi] = grads_freed_bytes(ctx, base)
                     for oi, (dense, expert) in enumerate(profiles):
                         if dense is None:
                             continue
@@ -319,7 +323,7 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                             continue
                         t = dp_traffic(g, pc, dense, expert, effective_zero_stage(ctx, z, pp), gather)
                         dps[at], dpm[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.blocking_s
-    return _qt(dps), _qt(dpm), _qt(dpx), _qt(opt), _qb(static)
+    return _qt(dps), _qt(dpm), _qt(dpx), _qt(opt), _qb(static), _qb(static - gfree)
 
 
 def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:

@@ -25,11 +25,11 @@ from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecErr
 from clusterplan.models.library import list_models, load_model
 from clusterplan.models.spec import model_from_mapping
 from clusterplan.planner.report.explain import changed_knobs
+from clusterplan.planner.inputs import load_cluster
 from clusterplan.planner.search import SearchOptions, SearchResult, plan
 from clusterplan.planner.search.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds
 
 SPACE_CANDIDATES = {"vp": VP_CANDIDATES, "micro_batch_size": MBS_CANDIDATES}
-from clusterplan.topologies.library import build_cluster
 
 FORMAT = "clusterplan-runs/1"
 # The one rule that sets a run's framework when the run has no ``framework`` field (RUNS_FORMAT.md):
@@ -188,7 +188,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     if measured.get("fits") is not None:
         result.measured_fits = bool(measured["fits"])
     model = _model(run, result.notes)
-    cluster = build_cluster(hw["cluster"], num_devices=hw.get("count"), device=hw.get("device"),
+    cluster = load_cluster(str(hw["cluster"]), num_devices=hw.get("count"), device=hw.get("device"),
                             scale_out_gbit_per_s=hw.get("scale_out_gbit_per_s_per_device"))
     result.family = cluster.device.family
     if not run.get("global_batch_size"):
