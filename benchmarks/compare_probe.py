@@ -32,7 +32,7 @@ DEVICE_OF = {"NVIDIA H200": "h200-sxm-141gb", "NVIDIA H100 80GB HBM3": "h100-sxm
 RESULTS = REPO / "benchmarks" / "results"
 PROBES = (RESULTS / "gpu_probe_h200_2026-11-26.json", RESULTS / "gpu_probe2_h200_2026-11-26.json",
           RESULTS / "gpu_probe3_h200_2026-11-26.json", RESULTS / "gpu_probe_h100_2026-11-26.json",
-          RESULTS / "gpu_probe_h100_small_run_2026-11-26.json")
+          RESULTS / "gpu_probe_h100_small_run_2026-11-26.json", RESULTS / "gpu_probe_h100_tp_shard_2026-11-26.json")
 LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, style="llama")
 
 
@@ -78,6 +78,27 @@ def titan_rows(probe: dict) -> list[dict]:
         name = f"titan {'compile' if row['compiled'] else 'eager'} ac={row['ac']} " \
                f"{'enable_gqa' if row['gqa_native'] else 'repeat_kv'}"
         out.append({"case": name, "measured_bytes": measured, "predicted_bytes": pred})
+    return out
+
+
+def tp_shard_rows(probe: dict) -> list[dict]:
+    """One tensor-parallel rank's GPT layer (no communication) at micro-batch sizes 1 to 8: time per
+    token, measured and by the roofline (FlashAttention-2, as PyTorch SDPA picks for head dim 216)."""
+    dev = load_device(DEVICE_OF[probe["device"]["name"]])
+    out = []
+    for row in probe.get("tp_shard") or []:
+        if not isinstance(row, dict):
+            continue
+        model = ModelSpec(name="probe-tp-shard", num_layers=1, hidden_size=row["hidden"],
+                          num_attention_heads=row["heads"], num_kv_heads=row["heads"],
+                          ffn_hidden_size=4 * row["hidden"], vocab_size=32000, ffn_activation="gelu",
+                          dropout=False, seq_len=row["seq"])
+        n = row["seq"] * row["micro_batch"]
+        ops = layer_ops(model, n, row["seq"], row["tp"], False, False, attention="flash2")
+        pred = ops_time_s(ops, dev, "bf16") + ops_time_s(ops, dev, "bf16", backward=True)
+        out.append({"case": f"h{row['hidden']} tp{row['tp']} mbs{row['micro_batch']}", "micro_batch": row["micro_batch"],
+                    "hidden": row["hidden"], "measured_s": row["fwd_bwd_s_per_layer"], "predicted_s": pred,
+                    "measured_s_per_token": row["fwd_bwd_s_per_layer"] / n, "predicted_s_per_token": pred / n})
     return out
 
 
@@ -152,6 +173,12 @@ def main() -> int:
             held = prof.compiled_logit_bytes if mode == "compiled" else prof.logit_bytes
             print(f"  loss cross_entropy(logits.float()), {mode}: backward peak "
                   f"{loss['backward_peak_bytes_per_logit']:.2f} B per logit; torchtitan profile: {held:g}")
+        rows = tp_shard_rows(probe)
+        if rows:
+            print(f"  {'one TP rank of a GPT layer, 2048 tokens x mbs':34} {'meas ns/tok':>11} {'pred ns/tok':>11} {'err':>6}")
+        for r in rows:
+            print(f"  {r['case']:34} {r['measured_s_per_token'] * 1e9:11.1f} {r['predicted_s_per_token'] * 1e9:11.1f}"
+                  f" {r['predicted_s'] / r['measured_s'] - 1:+6.1%}")
         rows = small_run_rows(probe)
         if rows:
             print(f"  {'FSDP2 training run on one rank, peak GiB':48} {'allocated':>9} {'pred':>6} {'err':>6}"
