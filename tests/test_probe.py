@@ -40,7 +40,27 @@ PROBES = {p.name: json.loads(p.read_text()) for p in CP.PROBES}
 def test_probe_files_are_present():
     assert set(PROBES) == {"gpu_probe_h200_2026-11-26.json", "gpu_probe2_h200_2026-11-26.json",
                            "gpu_probe3_h200_2026-11-26.json", "gpu_probe_h100_2026-11-26.json",
-                           "gpu_probe_h100_small_run_2026-11-26.json"}
+                           "gpu_probe_h100_small_run_2026-11-26.json", "gpu_probe_h100_tp_shard_2026-11-26.json"}
+
+
+TP_SHARD = CP.tp_shard_rows(PROBES["gpu_probe_h100_tp_shard_2026-11-26.json"])
+
+
+@pytest.mark.parametrize("row", TP_SHARD, ids=lambda r: r["case"])
+def test_tp_shard_time_within_11_percent_of_measured(row):
+    """One tensor-parallel rank of BigScience's GPT layers (h 13824/14336, tp 8, head dim 216-224,
+    FlashAttention-2) on an H100: the roofline is 4-10% slow here."""
+    assert row["predicted_s"] == pytest.approx(row["measured_s"], rel=0.11)
+
+
+@pytest.mark.parametrize("hidden", [13824, 14336])
+def test_tp_shard_per_token_time_falls_from_micro_batch_1_to_4_as_measured(hidden):
+    """Measured: 4-6% less time per token at each doubling from 1 to 4 (the model's direction too);
+    from 4 to 8 the measurement rises 1.5-2.4% while the model keeps falling (docs/cost-model.md)."""
+    rows = {r["micro_batch"]: r for r in TP_SHARD if r["hidden"] == hidden}
+    for small, large in ((1, 2), (2, 4)):
+        assert rows[large]["measured_s_per_token"] < rows[small]["measured_s_per_token"]
+        assert rows[large]["predicted_s_per_token"] < rows[small]["predicted_s_per_token"]
 
 
 @pytest.mark.parametrize("row", CP.layer_rows(PROBES["gpu_probe_h100_2026-11-26.json"])[:4], ids=lambda r: r["case"])
