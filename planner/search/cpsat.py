@@ -193,7 +193,8 @@ class _Model:
         mem2 = static + self._product("act_last", act, if2, hi) + trans + logits
         self.m.add(mem1 <= T.capacity)
         self.m.add(mem2 <= T.capacity)
-        self.m.add(full + trans <= T.capacity)  # backward's end: every gradient, no activation
+        if static is not full:  # backward's end: every gradient, no activation (else mem1 implies it)
+            self.m.add(full + trans <= T.capacity)
 
     def _objective(self) -> None:
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
