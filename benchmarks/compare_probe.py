@@ -133,17 +133,18 @@ def small_run_rows(probe: dict) -> list[dict]:
                "layout": {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "zero_stage": 3,
                           "recompute": {"none": "none", "op_sac": "selective", "full": "full"}[row["ac"]]},
                "measured": {"peak_memory_gib": (row["peak_allocated_bytes"] - leftover) / 2**30,
-                            "peak_memory_kind": "allocated"}}
+                            "peak_memory_kind": "allocated", "step_time_s": row["step_s"]}}
         res = evaluate_run(run, SearchOptions(), best=False)
         run["measured"] = {"peak_memory_gib": (row["peak_reserved_bytes"] - leftover) / 2**30,
-                           "peak_memory_kind": "reserved"}
+                           "peak_memory_kind": "reserved", "step_time_s": row["step_s"]}
         reserved = evaluate_run(run, SearchOptions(), best=False)
         name = (f"{'compiled' if row['compiled'] else 'eager'} ac={row['ac']}, {accum} micro-batch"
                 f"{'es' if accum > 1 else ''} ({row['params'] / 1e9:.2f} B params)")
         out.append({"case": name, "measured_bytes": row["peak_allocated_bytes"] - leftover, "reason": res.reason,
                     "measured_reserved_bytes": row["peak_reserved_bytes"] - leftover,
                     "predicted_bytes": res.predicted_peak_memory_bytes,
-                    "predicted_reserved_bytes": reserved.predicted_peak_memory_bytes})
+                    "predicted_reserved_bytes": reserved.predicted_peak_memory_bytes,
+                    "measured_step_s": row["step_s"], "predicted_step_s": res.predicted_step_time_s})
     return out
 
 
@@ -182,7 +183,7 @@ def main() -> int:
         rows = small_run_rows(probe)
         if rows:
             print(f"  {'FSDP2 training run on one rank, peak GiB':48} {'allocated':>9} {'pred':>6} {'err':>6}"
-                  f" {'reserved':>9} {'pred':>6} {'err':>6}")
+                  f" {'reserved':>9} {'pred':>6} {'err':>6} {'step s':>7} {'pred':>6} {'err':>6}")
         for r in rows:
             if r["predicted_bytes"] is None:
                 print(f"  {r['case']:52} not evaluated: {r['reason']}")
@@ -190,7 +191,9 @@ def main() -> int:
             print(f"  {r['case']:48} {r['measured_bytes'] / 2**30:9.2f} {r['predicted_bytes'] / 2**30:6.2f}"
                   f" {r['predicted_bytes'] / r['measured_bytes'] - 1:+6.1%}"
                   f" {r['measured_reserved_bytes'] / 2**30:9.2f} {r['predicted_reserved_bytes'] / 2**30:6.2f}"
-                  f" {r['predicted_reserved_bytes'] / r['measured_reserved_bytes'] - 1:+6.1%}")
+                  f" {r['predicted_reserved_bytes'] / r['measured_reserved_bytes'] - 1:+6.1%}"
+                  f" {r['measured_step_s']:7.3f} {r['predicted_step_s']:6.3f}"
+                  f" {r['predicted_step_s'] / r['measured_step_s'] - 1:+6.1%}")
     return 0
 
 
