@@ -299,8 +299,16 @@ def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
         else:
             grads -= freed
     reserve = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
-    allocator = allocator_fraction(ctx) * (weights + grads + optim + activations + working)
+    allocator = _allocator_cache(ctx, weights + grads + optim + activations + working, reserve)
     return MemoryBreakdown(weights, grads, optim, activations, working, reserve, allocator)
+
+
+def _allocator_cache(ctx: Context, allocated: float, runtime: float) -> float:
+    """What the caching allocator keeps reserved beyond ``allocated``: its measured share, but never
+    past the device's memory (before an allocation fails it frees its cached blocks and retries, so
+    the reserved peak cannot exceed the device)."""
+    room = max(0.0, ctx.cluster.device.memory_bytes - allocated - runtime)
+    return min(allocator_fraction(ctx) * allocated, room)
 
 
 def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
@@ -314,9 +322,9 @@ def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
     end = memory_static_bytes(ctx, layout) + lt.act_transient_bytes  # backward's end: every gradient
     base = end - (grads_freed_bytes(ctx, layout) if m == 1 else 0.0)
     runtime = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
-    grow = 1.0 + allocator_fraction(ctx)
-    return (runtime + grow * max(end, base + lt.act_bytes_per_layer * first),
-            runtime + grow * max(end, base + lt.act_bytes_per_layer * last + head.logits_bytes))
+    first_b = max(end, base + lt.act_bytes_per_layer * first)
+    last_b = max(end, base + lt.act_bytes_per_layer * last + head.logits_bytes)
+    return tuple(runtime + b + _allocator_cache(ctx, b, runtime) for b in (first_b, last_b))
 
 
 def _static_parts(ctx: Context, layout: Layout) -> tuple[float, float, float]:
