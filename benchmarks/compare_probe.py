@@ -148,52 +148,63 @@ def small_run_rows(probe: dict) -> list[dict]:
     return out
 
 
+def _section(header: str, rows: list[dict], line) -> None:
+    """Print ``header`` and one ``line(row)`` per row, if there are rows."""
+    if rows:
+        print(header)
+    for r in rows:
+        print(line(r))
+
+
+def _err(predicted: float, measured: float) -> str:
+    return f"{predicted / measured - 1:+6.1%}"
+
+
+def _layer_line(r: dict) -> str:
+    return (f"  {r['case']:34} {r['measured_s'] * 1e3:8.2f} {r['predicted_s'] * 1e3:8.2f}"
+            f" {_err(r['predicted_s'], r['measured_s'])} {r['predicted_fa2_s'] * 1e3:8.2f}"
+            f" {r['measured_bytes'] / 2**20:9.0f} {r['predicted_bytes'] / 2**20:9.0f}"
+            f" {_err(r['predicted_bytes'], r['measured_bytes'])}")
+
+
+def _small_run_line(r: dict) -> str:
+    if r["predicted_bytes"] is None:
+        return f"  {r['case']:48} not evaluated: {r['reason']}"
+    return (f"  {r['case']:48} {r['measured_bytes'] / 2**30:9.2f} {r['predicted_bytes'] / 2**30:6.2f}"
+            f" {_err(r['predicted_bytes'], r['measured_bytes'])}"
+            f" {r['measured_reserved_bytes'] / 2**30:9.2f} {r['predicted_reserved_bytes'] / 2**30:6.2f}"
+            f" {_err(r['predicted_reserved_bytes'], r['measured_reserved_bytes'])}"
+            f" {r['measured_step_s']:7.3f} {r['predicted_step_s']:6.3f} {_err(r['predicted_step_s'], r['measured_step_s'])}")
+
+
+def _print_losses(probe: dict) -> None:
+    losses = probe.get("loss") or {}
+    prof = load_profile("torchtitan")
+    for mode, loss in (losses.items() if "eager" in losses else [("eager", losses)] if losses else []):
+        held = prof.compiled_logit_bytes if mode == "compiled" else prof.logit_bytes
+        print(f"  loss cross_entropy(logits.float()), {mode}: backward peak "
+              f"{loss['backward_peak_bytes_per_logit']:.2f} B per logit; torchtitan profile: {held:g}")
+
+
 def main() -> int:
     paths = [Path(p) for p in sys.argv[1:]] or [p for p in PROBES if p.exists()]
     for path in paths:
         probe = json.loads(path.read_text())
         print(f"{path.name}: {probe['device']['name']}, torch {probe['device']['torch']}")
-        rows = layer_rows(probe)
-        if rows:
-            print(f"  {'layer (eager PyTorch, bf16)':34} {'meas ms':>8} {'pred ms':>8} {'err':>6} {'fa2 ms':>8}"
-                  f" {'meas MiB':>9} {'pred MiB':>9} {'err':>6}")
-        for r in rows:
-            print(f"  {r['case']:34} {r['measured_s'] * 1e3:8.2f} {r['predicted_s'] * 1e3:8.2f}"
-                  f" {r['predicted_s'] / r['measured_s'] - 1:+6.1%} {r['predicted_fa2_s'] * 1e3:8.2f}"
-                  f" {r['measured_bytes'] / 2**20:9.0f} {r['predicted_bytes'] / 2**20:9.0f}"
-                  f" {r['predicted_bytes'] / r['measured_bytes'] - 1:+6.1%}")
-        rows = titan_rows(probe)
-        if rows:
-            print(f"  {'torchtitan Llama-3-8B block, 8192 tokens':52} {'meas MiB':>9} {'pred MiB':>9} {'err':>6}")
-        for r in rows:
-            print(f"  {r['case']:52} {r['measured_bytes'] / 2**20:9.0f} {r['predicted_bytes'] / 2**20:9.0f}"
-                  f" {r['predicted_bytes'] / r['measured_bytes'] - 1:+6.1%}")
-        losses = probe.get("loss") or {}
-        prof = load_profile("torchtitan")
-        for mode, loss in (losses.items() if "eager" in losses else [("eager", losses)] if losses else []):
-            held = prof.compiled_logit_bytes if mode == "compiled" else prof.logit_bytes
-            print(f"  loss cross_entropy(logits.float()), {mode}: backward peak "
-                  f"{loss['backward_peak_bytes_per_logit']:.2f} B per logit; torchtitan profile: {held:g}")
-        rows = tp_shard_rows(probe)
-        if rows:
-            print(f"  {'one TP rank of a GPT layer, 2048 tokens x mbs':34} {'meas ns/tok':>11} {'pred ns/tok':>11} {'err':>6}")
-        for r in rows:
-            print(f"  {r['case']:34} {r['measured_s_per_token'] * 1e9:11.1f} {r['predicted_s_per_token'] * 1e9:11.1f}"
-                  f" {r['predicted_s'] / r['measured_s'] - 1:+6.1%}")
-        rows = small_run_rows(probe)
-        if rows:
-            print(f"  {'FSDP2 training run on one rank, peak GiB':48} {'allocated':>9} {'pred':>6} {'err':>6}"
-                  f" {'reserved':>9} {'pred':>6} {'err':>6} {'step s':>7} {'pred':>6} {'err':>6}")
-        for r in rows:
-            if r["predicted_bytes"] is None:
-                print(f"  {r['case']:52} not evaluated: {r['reason']}")
-                continue
-            print(f"  {r['case']:48} {r['measured_bytes'] / 2**30:9.2f} {r['predicted_bytes'] / 2**30:6.2f}"
-                  f" {r['predicted_bytes'] / r['measured_bytes'] - 1:+6.1%}"
-                  f" {r['measured_reserved_bytes'] / 2**30:9.2f} {r['predicted_reserved_bytes'] / 2**30:6.2f}"
-                  f" {r['predicted_reserved_bytes'] / r['measured_reserved_bytes'] - 1:+6.1%}"
-                  f" {r['measured_step_s']:7.3f} {r['predicted_step_s']:6.3f}"
-                  f" {r['predicted_step_s'] / r['measured_step_s'] - 1:+6.1%}")
+        _section(f"  {'layer (eager PyTorch, bf16)':34} {'meas ms':>8} {'pred ms':>8} {'err':>6} {'fa2 ms':>8}"
+                 f" {'meas MiB':>9} {'pred MiB':>9} {'err':>6}", layer_rows(probe), _layer_line)
+        _section(f"  {'torchtitan Llama-3-8B block, 8192 tokens':52} {'meas MiB':>9} {'pred MiB':>9} {'err':>6}",
+                 titan_rows(probe),
+                 lambda r: (f"  {r['case']:52} {r['measured_bytes'] / 2**20:9.0f} {r['predicted_bytes'] / 2**20:9.0f}"
+                            f" {_err(r['predicted_bytes'], r['measured_bytes'])}"))
+        _print_losses(probe)
+        _section(f"  {'one TP rank of a GPT layer, 2048 tokens x mbs':34} {'meas ns/tok':>11} {'pred ns/tok':>11} {'err':>6}",
+                 tp_shard_rows(probe),
+                 lambda r: (f"  {r['case']:34} {r['measured_s_per_token'] * 1e9:11.1f}"
+                            f" {r['predicted_s_per_token'] * 1e9:11.1f} {_err(r['predicted_s'], r['measured_s'])}"))
+        _section(f"  {'FSDP2 training run on one rank, peak GiB':48} {'allocated':>9} {'pred':>6} {'err':>6}"
+                 f" {'reserved':>9} {'pred':>6} {'err':>6} {'step s':>7} {'pred':>6} {'err':>6}",
+                 small_run_rows(probe), _small_run_line)
     return 0
 
 
