@@ -77,8 +77,25 @@ def titan_rows(probe: dict) -> list[dict]:
                                     eager=eager, kv_repeat=not row["gqa_native"])
         name = f"titan {'compile' if row['compiled'] else 'eager'} ac={row['ac']} " \
                f"{'enable_gqa' if row['gqa_native'] else 'repeat_kv'}"
-        out.append({"case": name, "measured_bytes": measured, "predicted_bytes": pred})
+        out.append({"case": name, "measured_bytes": measured, "predicted_bytes": pred,
+                    "measured_s": row["fwd_bwd_s_per_layer"], "predicted_s": _titan_layer_s(probe, row)})
     return out
+
+
+def _titan_layer_s(probe: dict, row: dict) -> float:
+    """Forward, backward and recompute of one Llama-3-8B layer as the cost model prices it under
+    torchtitan's profile (cuDNN attention, per-op SAC for ``op_sac``; repeat_kv before 2026-02)."""
+    from clusterplan.cost.layout import Job
+    from clusterplan.cost.terms import Context, compute_terms
+    from clusterplan.models.library import get_model
+    from clusterplan.planner.inputs import load_cluster
+    cluster = load_cluster(str(RESULTS / "one_h100.yaml"), device=DEVICE_OF[probe["device"]["name"]])
+    job = Job(global_batch_size=row["micro_batch"], seq_len=row["seq"], framework="torchtitan",
+              framework_date="2026-02" if row["gqa_native"] else "2025-10", compiled=row["compiled"])
+    model = get_model("llama3-8b")
+    ct = compute_terms(Context(model, job, cluster), 1, 1, row["micro_batch"], False,
+                       {"none": "none", "op_sac": "selective", "full": "full"}[row["ac"]])
+    return (ct.forward_s + ct.backward_s + ct.recompute_s) / model.num_layers
 
 
 def tp_shard_rows(probe: dict) -> list[dict]:
@@ -193,10 +210,11 @@ def main() -> int:
         print(f"{path.name}: {probe['device']['name']}, torch {probe['device']['torch']}")
         _section(f"  {'layer (eager PyTorch, bf16)':34} {'meas ms':>8} {'pred ms':>8} {'err':>6} {'fa2 ms':>8}"
                  f" {'meas MiB':>9} {'pred MiB':>9} {'err':>6}", layer_rows(probe), _layer_line)
-        _section(f"  {'torchtitan Llama-3-8B block, 8192 tokens':52} {'meas MiB':>9} {'pred MiB':>9} {'err':>6}",
-                 titan_rows(probe),
+        _section(f"  {'torchtitan Llama-3-8B block, 8192 tokens':52} {'meas MiB':>9} {'pred MiB':>9} {'err':>6}"
+                 f" {'meas ms':>8} {'pred ms':>8} {'err':>6}", titan_rows(probe),
                  lambda r: (f"  {r['case']:52} {r['measured_bytes'] / 2**20:9.0f} {r['predicted_bytes'] / 2**20:9.0f}"
-                            f" {_err(r['predicted_bytes'], r['measured_bytes'])}"))
+                            f" {_err(r['predicted_bytes'], r['measured_bytes'])} {r['measured_s'] * 1e3:8.2f}"
+                            f" {r['predicted_s'] * 1e3:8.2f} {_err(r['predicted_s'], r['measured_s'])}"))
         _print_losses(probe)
         _section(f"  {'one TP rank of a GPT layer, 2048 tokens x mbs':34} {'meas ns/tok':>11} {'pred ns/tok':>11} {'err':>6}",
                  tp_shard_rows(probe),

@@ -155,6 +155,15 @@ def test_torchtitan_block_activations_within_1_percent(row):
     assert row["predicted_bytes"] == pytest.approx(row["measured_bytes"], rel=0.01)
 
 
+@pytest.mark.parametrize("probe", ["gpu_probe2_h200_2026-11-26.json", "gpu_probe_h100_2026-11-26.json"])
+def test_torchtitan_block_time_within_9_percent_under_every_ac_mode(probe):
+    """torchtitan's own Llama-3-8B block (eager and compiled; no AC, per-op SAC, full AC) on an H200
+    and an H100: forward + backward + recompute as the profile prices it (measured -2.6% to +8.0%).
+    So the 20-34% the torchtitan Llama-8B runs land fast is not in the layer's compute."""
+    for row in CP.titan_rows(PROBES[probe]):
+        assert row["predicted_s"] == pytest.approx(row["measured_s"], rel=0.09), row["case"]
+
+
 def test_torchtitan_loss_bytes_per_logit_is_the_measured_backward_peak():
     loss = PROBES["gpu_probe2_h200_2026-11-26.json"]["loss"]
     assert load_profile("torchtitan").logit_bytes == pytest.approx(loss["backward_peak_bytes_per_logit"], abs=0.05)
