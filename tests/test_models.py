@@ -346,3 +346,14 @@ def test_hf_missing_key_is_named():
 def test_hf_bad_value_names_the_field():
     with pytest.raises(SpecError, match="hidden_size"):
         from_hf_config({**GPT2, "n_embd": -768}, name="x")
+
+
+def test_widths_off_the_tensor_core_alignment_are_labelled_unvalidated():
+    """BigScience's head-size-225 trials ran 30-37% slower than predicted (docs/cost-model.md):
+    a model whose head, hidden or FFN width is not a multiple of 8 says so in every report."""
+    from clusterplan.planner.report.plan import shape_caveats
+    odd = get_model("llama3-8b").model_copy(update={"hidden_size": 3600, "num_attention_heads": 16,
+                                                    "num_kv_heads": 16})
+    (line,) = shape_caveats(odd)
+    assert line.startswith("unvalidated:") and "attention head size 225" in line and "hidden size" not in line
+    assert shape_caveats(get_model("llama3-8b")) == []

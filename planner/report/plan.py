@@ -114,16 +114,17 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
                     "host_power_w_per_device": host_w, "host_power_assumed": host_assumed},
         "job": asdict(job),
         "framework": framework_dict(job),
-        "caveats": caveats(job, cluster),
+        "caveats": caveats(job, cluster, model),
     }
 
 
-def caveats(job: Job, cluster: Cluster) -> dict:
+def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
     """Where the prediction rests on a placeholder rather than a measurement of this hardware or
     framework: ``unvalidated`` lines, printed by every report and carried in the JSON, and the
     device's matmul ceiling (no MFU can exceed it)."""
     dev, prof = cluster.device, job.profile.profile
     lines = [] if dev.efficiency_validated else [dev.efficiency_note]
+    lines += shape_caveats(model) if model is not None else []
     if dev.family in NO_PUBLISHED_TRAINING:
         lines.append(f"unvalidated: no training run on {dev.name} has been published; this plan is hypothetical")
     if cluster.platform == "gpu" and dev.vendor.lower() not in GPU_FRAMEWORK_VENDORS:
@@ -143,6 +144,19 @@ def caveats(job: Job, cluster: Cluster) -> dict:
                      f"{UNMEASURED_OVERLAP_SHARE:.0%} of the compute it overlaps (no SM-count figure)")
     return {"matmul_ceiling": dev.matmul_ceiling(job.precision), "unvalidated": lines,
             "validated_error": validated}
+
+
+def shape_caveats(model: ModelSpec) -> list[str]:
+    """Model widths off the 8-element (16-byte) alignment tensor-core GEMM kernels want: the model
+    prices every GEMM as aligned, and BigScience's head-size-225 trials ran 30-37% slower than
+    predicted where their aligned siblings ran 9-21% slower (docs/cost-model.md)."""
+    widths = {"attention head size": model.attention_dims[0], "hidden size": model.hidden_size,
+              "FFN size": model.ffn_hidden_size}
+    odd = [f"{name} {value}" for name, value in widths.items() if value and value % 8]
+    if not odd:
+        return []
+    return [f"unvalidated: {', '.join(odd)} not a multiple of 8: its GEMMs leave the tensor cores' aligned "
+            f"kernels, which the model does not price (predictions for such shapes ran up to 37% fast)"]
 
 
 def _family_errors() -> dict:
