@@ -104,12 +104,14 @@ def peak_memory(T: Tables, sl: slice = slice(None)) -> np.ndarray:
     peak where the framework frees them between steps (``cost.terms.grads_freed_bytes``)."""
     ta = T.ta_of_f[sl]
     full = _place(T.STATIC[sl], ("f", "v", "e", "z"))
-    static = np.where(_place(T.ONE[sl], ("f", "mb")) == 1, _place(T.STATIC1[sl], ("f", "v", "e", "z")), full)
+    freed = not np.array_equal(T.STATIC1[sl], T.STATIC[sl])
+    static = np.where(_place(T.ONE[sl], ("f", "mb")) == 1, _place(T.STATIC1[sl], ("f", "v", "e", "z")), full) \
+        if freed else full
     act = _place(T.ACT[ta], ("f", "mb", "s", "r"))
     trans = _place(T.TRANS[ta], ("f", "mb", "s", "r"))
-    mem1 = static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans
-    mem2 = static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb"))
-    return np.maximum(np.maximum(mem1, mem2), full + trans)
+    peak = np.maximum(static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans,
+                      static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb")))
+    return np.maximum(peak, full + trans) if freed else peak
 
 
 def smallest_memory(T: Tables) -> tuple[int, dict] | None:
