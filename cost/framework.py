@@ -94,6 +94,7 @@ class Profile:
     tp_comm_sms: int | None = None
     dp_comm_sms: int | None = None
     ep_comm_sms: int | None = None
+    tp_comm_share: float | None = None  # measured cost of an overlapped TP collective per second of it
     sources: dict = field(default_factory=dict, hash=False)
     notes: tuple[str, ...] = ()
 
@@ -269,6 +270,7 @@ def load_profile(framework_id: str) -> Profile:
         grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)),
         kv_repeat_until=parse_date(sem.get("kv_repeat_until"), f"{where}: semantics.kv_repeat_until"),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
+        tp_comm_share=None if ov.get("tp_comm_share") is None else _fraction(ov["tp_comm_share"], f"{where}: overlap.tp_comm_share"),
         sources=sources, notes=tuple(doc.get("notes") or ()),
     )
 

@@ -302,8 +302,13 @@ def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
 
 def overlap_share(ctx: Context, stream: str) -> float:
     """Share of the device's compute that an overlapped ``stream`` (tp, dp or ep) takes from the
-    compute it hides behind: its kernels' SMs over the device's SMs (the framework profile's
-    ``overlap`` figures: TE userbuffers' SM count, NCCL channels), else the unmeasured placeholder."""
+    compute it hides behind: a published overlap measurement of the framework's mechanism where the
+    profile has one (``overlap.tp_comm_share``), else its kernels' SMs over the device's SMs (the
+    profile's ``overlap`` figures: TE userbuffers' SM count, NCCL channels), else the unmeasured
+    placeholder."""
+    measured = getattr(ctx.job.profile.profile, f"{stream}_comm_share", None)
+    if measured is not None:  # a published overlap measurement of the mechanism (overlap.tp_comm_share)
+        return measured
     sms = getattr(ctx.job.profile.profile, f"{stream}_comm_sms", None)
     count = ctx.cluster.device.gemm.sm_count
     if sms and count:
