@@ -293,11 +293,12 @@ def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
         activations, working = act_first, lt.act_transient_bytes
     weights, grads, optim = _static_parts(ctx, layout)
     freed = grads_freed_bytes(ctx, layout) if m == 1 else 0.0
-    if freed:  # one micro-batch: no gradient yet at the activation peak, all of them at backward's end
-        if weights + grads + optim + lt.act_transient_bytes > weights + grads - freed + optim + activations + working:
-            activations, working = 0.0, lt.act_transient_bytes
-        else:
-            grads -= freed
+    # One micro-batch: no gradient yet at the activation peak; at backward's end every gradient and
+    # one layer's transient. The peak is the larger of the two.
+    if freed and lt.act_transient_bytes > activations + working - freed:
+        activations, working = 0.0, lt.act_transient_bytes
+    elif freed:
+        grads -= freed
     reserve = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
     allocator = _allocator_cache(ctx, weights + grads + optim + activations + working, reserve)
     return MemoryBreakdown(weights, grads, optim, activations, working, reserve, allocator)
