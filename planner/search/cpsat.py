@@ -33,7 +33,7 @@ from ortools.sat.python import cp_model
 
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
-from clusterplan.planner.search.exhaustive import DIMS, _place, layer_time, overlapped, peak_memory
+from clusterplan.planner.search.exhaustive import DIMS, _place, frees_gradients, layer_time, overlapped, peak_memory
 from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables
 
 ELEMENT_MAX_ENTRIES = 64
@@ -176,8 +176,9 @@ class _Model:
         T, x = self.T, self.x
         full = self._lookup("static", self._fv_table(T.STATIC), [self.fv, x["e"], x["z"]])
         static = full
-        if (T.STATIC1 < T.STATIC).any():  # a one-micro-batch step holds no gradient at its activation peak
-            one = self._lookup("one_microbatch", self._fvm_table(T.ONE[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
+        if frees_gradients(T):  # a one-micro-batch step holds no gradient at its activation peak
+            one = self._lookup("one_microbatch", self._fvm_table((T.M == 1)[:, :, None].repeat(T.U.shape[2], 2)),
+                               [self.fvm])
             static1 = self._lookup("static1", self._fv_table(T.STATIC1), [self.fv, x["e"], x["z"]])
             freed = self._product("grads_freed", one, full - static1, int((T.STATIC - T.STATIC1).max()))
             static = full - freed

@@ -97,6 +97,12 @@ def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray,
     return code, peak
 
 
+def frees_gradients(T: Tables, sl: slice = slice(None)) -> bool:
+    """Whether some layout of the factorizations in ``sl`` holds fewer gradients at a one-micro-batch
+    step's activation peak than at backward's end (``Tables.STATIC1``)."""
+    return bool((T.STATIC1[sl] < T.STATIC[sl]).any())
+
+
 def peak_memory(T: Tables, sl: slice = slice(None)) -> np.ndarray:
     """Peak memory (MEMORY_QUANTUM_BYTES) over (f, e, v, mb, s, r, z), placed on DIMS: the first
     stage's in-flight activations, the last stage's with the logits, and backward's end (every
@@ -104,8 +110,8 @@ def peak_memory(T: Tables, sl: slice = slice(None)) -> np.ndarray:
     peak where the framework frees them between steps (``cost.terms.grads_freed_bytes``)."""
     ta = T.ta_of_f[sl]
     full = _place(T.STATIC[sl], ("f", "v", "e", "z"))
-    freed = not np.array_equal(T.STATIC1[sl], T.STATIC[sl])
-    static = np.where(_place(T.ONE[sl], ("f", "mb")) == 1, _place(T.STATIC1[sl], ("f", "v", "e", "z")), full) \
+    freed = frees_gradients(T, sl)
+    static = np.where(_place(T.M[sl], ("f", "mb")) == 1, _place(T.STATIC1[sl], ("f", "v", "e", "z")), full) \
         if freed else full
     act = _place(T.ACT[ta], ("f", "mb", "s", "r"))
     trans = _place(T.TRANS[ta], ("f", "mb", "s", "r"))
@@ -220,7 +226,7 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "DPM": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
         "tpc_of_foe": ("f", "o", "e"),
         "OPT": ("f", "v", "e", "z"), "STATIC": ("f", "v", "e", "z"), "STATIC1": ("f", "v", "e", "z"),
-        "ONE": ("f", "mb"), "ACT": (None, "mb", "s", "r"),
+        "ACT": (None, "mb", "s", "r"),
         "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
         "M": ("f", "mb"), "IF1": ("f", "mb", "v"), "IF2": ("f", "mb", "v"), "tpg_of_fo": ("f", "o"),
         "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),

@@ -91,7 +91,6 @@ class Tables:
     # memory (MEMORY_QUANTUM_BYTES)
     STATIC: np.ndarray  # (F, V, E, Z)
     STATIC1: np.ndarray  # (F, V, E, Z) STATIC less the gradients absent at a one-micro-batch step's activation peak
-    ONE: np.ndarray  # (F, MB) 1 where the step has one micro-batch per data-parallel rank, else 0
     ACT: np.ndarray  # (TA, MB, S, R) per layer
     TRANS: np.ndarray  # (TA, MB, S, R)
     LOGITS: np.ndarray  # (TA, MB)
@@ -179,7 +178,6 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in S.micro_batch_size] for l in row] for row in probe])
     DPS, DPM, DPX, OPT, STATIC, STATIC1 = _dp_tables(ctx, S)
     U, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
-    ONE = (M == 1).astype(np.int64)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
     order_ok = _order_representatives(S)
     if len({split_order(o)[1] for o in S.order}) > 1:  # torus traversals that change nothing count once
@@ -200,7 +198,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe,
                   cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
                   C=C, BWD=BWD, FW=FW, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM, DPX=DPX,
-                  OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ONE=ONE, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
+                  OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fes=ok_fes,
                   ok_fo=ok_fo, canon=canon, time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))))
