@@ -278,6 +278,10 @@ INPUT_OPTIONS = [
                       "megatron-bridge), torchtitan, deepspeed, maxtext. Default: maxtext on TPU, megatron "
                       "elsewhere. The search offers only the knobs and combinations it has, and prices "
                       "overlap by its mechanism (see docs/frameworks.md)."),
+    click.option("--compile/--no-compile", "compiled", default=None,
+                 help="Run the model under torch.compile (torchtitan's compile.enable; off by default, as in "
+                      "torchtitan): memory is priced as the compiled graph keeps it, and torchtitan's async TP, "
+                      "which needs compile, becomes a knob. Only --framework torchtitan has this switch."),
     click.option("--price-per-device-hour", "price_per_device_hour", type=BoundedNumber(float, 1e4), metavar="USD",
                  expose_value=False, callback=_remember,
                  help="Rental price per device-hour, replacing the catalogue's (cost figures and --objective cost)."),
@@ -947,6 +951,8 @@ def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
             f"= {_count(tokens)} tokens/step, {job['precision']}")
     if job.get("attention", "flash") != "flash":
         line += f", {job['attention']} attention"
+    if job.get("compiled"):
+        line += ", torch.compile"
     if job["tokens_to_train"]:
         line += f", {_count(job['tokens_to_train'])} tokens to train"
     console.print(line)

@@ -24,7 +24,7 @@ FORMAT = "clusterplan-framework/1"
 FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext")
 FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "cp", "ep", "etp1", "sequence_parallel", "recompute_selective", "recompute_full",
-    "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "flash_attention",
+    "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "flash_attention", "compile",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "zero_stage_in", "recompute_in", "sequence_parallel",
              "tp_overlap")
@@ -75,6 +75,7 @@ class Profile:
     rules: tuple[Rule, ...] = ()
     sequence_parallel_with_tp: bool = False
     tp_overlap_families: tuple[str, ...] = ()
+    tp_overlap_needs_compile: bool = False  # TP overlap runs only under torch.compile (torchtitan's async TP)
     grad_bytes: int = 4
     zero2_param_gather: str | None = "per_step"
     dropout: float = 0.0
@@ -85,6 +86,13 @@ class Profile:
     fsdp_with_pp: str = "sharded"  # "unsharded": FSDP keeps params and grads gathered with pp > 1 (torchtitan)
     selective_recompute: str = "attention_core"  # or "op_sac": torchtitan's per-op selective checkpointing
     attention_history: tuple[tuple[str, str], ...] = ()  # (since YYYY-MM, kernel): the kernel by release
+    # Pipeline sends: each TP rank sends 1/tp of the activation and the next stage all-gathers it
+    # (Megatron's scatter-gather, per release in p2p_scatter_gather_history), else the whole tensor
+    # unless sequence parallelism already shards it; blocking sends and receives run one after the
+    # other (4 transfers per micro-batch slot, not 2 paired ones).
+    p2p_scatter_gather: bool = True
+    p2p_scatter_gather_history: tuple[tuple[str, bool], ...] = ()
+    p2p_blocking: bool = False
     eager_activations: bool = False  # eager PyTorch modules: autograd keeps more than fused kernels (terms.activation_bytes)
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
@@ -103,8 +111,8 @@ class Profile:
         since = self.since.get(feature)
         return since is not None and since <= (date or self.date)
 
-    def at(self, date: str | None) -> "ProfileAt":
-        return ProfileAt(self, date or self.date)
+    def at(self, date: str | None, compiled: bool = False) -> "ProfileAt":
+        return ProfileAt(self, date or self.date, compiled)
 
     def describe(self, date: str | None = None) -> str:
         when = f" as of {date}" if date and date != self.date else ""
@@ -117,9 +125,14 @@ class ProfileAt:
 
     profile: Profile
     date: str
+    compiled: bool = False  # the job runs under torch.compile (Job.compiled)
 
     def has(self, feature: str) -> bool:
         return self.profile.has(feature, self.date)
+
+    def at_compiled(self) -> "ProfileAt":
+        """The same release for a job run under torch.compile."""
+        return ProfileAt(self.profile, self.date, True)
 
     def zero_stages(self) -> tuple[int, ...]:
         return tuple(z for z in (0, 1, 2, 3) if self.has(f"zero{z}"))
@@ -128,10 +141,12 @@ class ProfileAt:
         return tuple(r for r in ("none", "selective", "full") if r == "none" or self.has(f"recompute_{r}"))
 
     def tp_overlap_on(self, family: str) -> bool:
-        """TP overlap exists here and works on this device family."""
+        """TP overlap exists here, works on this device family, and the job runs the way it needs
+        (compiled, where the profile's ``requires.tp_overlap_needs_compile`` says so)."""
         fams = self.profile.tp_overlap_families
         arch = ARCHITECTURE_OF_FAMILY.get(family, family)
-        return self.has("tp_overlap") and (not fams or family in fams or arch in fams)
+        return (self.has("tp_overlap") and (not fams or family in fams or arch in fams)
+                and (self.compiled or not self.profile.tp_overlap_needs_compile))
 
     @property
     def kv_repeated(self) -> bool:
@@ -148,6 +163,13 @@ class ProfileAt:
         if compiled and states and states[-1] and prof.compiled_logit_bytes is not None:
             return prof.compiled_logit_bytes
         return prof.logit_bytes
+
+    @property
+    def p2p_scatter_gather(self) -> bool:
+        """Each TP rank sends only its 1/tp of a pipeline activation at this release
+        (``semantics.p2p_scatter_gather_history``, else ``semantics.p2p_scatter_gather``)."""
+        states = [on for since, on in self.profile.p2p_scatter_gather_history if since <= self.date]
+        return states[-1] if states else self.profile.p2p_scatter_gather
 
     @property
     def attention(self) -> str:
@@ -183,11 +205,18 @@ def unoffered(prof: ProfileAt, family: str, values: dict, folded_experts: bool =
     offer at its date, and for folded experts (etp=1) where it has no folding."""
     name = prof.profile.describe(prof.date)
     offered = framework_domains(prof, family)
-    out = [f"{knob}={value}: {name} does not offer it (allowed: {', '.join(str(v) for v in offered[knob])})"
+    out = [_unoffered_message(prof, family, name, knob, value, offered[knob])
            for knob, value in values.items() if knob in offered and value not in offered[knob]]
     if folded_experts and not prof.has("etp1"):
         out.append(f"etp=1: {name} has no expert tensor parallelism 1 (MoE parallel folding)")
     return out
+
+
+def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value, allowed: tuple) -> str:
+    if knob == "tp_overlap" and not prof.compiled and prof.at_compiled().tp_overlap_on(family):
+        return (f"tp_overlap=on: {name} overlaps TP (async TP) only under torch.compile; "
+                "plan with --compile (the exported config then enables it)")
+    return f"{knob}={value}: {name} does not offer it (allowed: {', '.join(str(v) for v in allowed)})"
 
 
 def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
@@ -254,6 +283,7 @@ def load_profile(framework_id: str) -> Profile:
         platforms=tuple(doc.get("platforms") or ("gpu",)), since=since, feature_sources=feature_sources,
         rules=tuple(rules), sequence_parallel_with_tp=bool(req.get("sequence_parallel_with_tp", False)),
         tp_overlap_families=tuple(req.get("tp_overlap_families") or ()),
+        tp_overlap_needs_compile=bool(req.get("tp_overlap_needs_compile", False)),
         grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
         dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
         logit_bytes=float(sem.get("logit_bytes", 6.0)),
@@ -263,6 +293,9 @@ def load_profile(framework_id: str) -> Profile:
         selective_recompute=str(sem.get("selective_recompute", "attention_core")),
         attention_history=tuple((str(e["since"]), str(e["kernel"])) for e in sem.get("attention_history") or ()),
         eager_activations=bool(sem.get("eager_activations", False)),
+        p2p_scatter_gather=bool(sem.get("p2p_scatter_gather", True)),
+        p2p_scatter_gather_history=tuple((str(e["since"]), bool(e["enabled"])) for e in sem.get("p2p_scatter_gather_history") or ()),
+        p2p_blocking=bool(sem.get("p2p_blocking", False)),
         allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
                                               f"{where}: semantics.allocator_reserved_fraction"),
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),

@@ -242,7 +242,7 @@ class Job:
     @property
     def profile(self) -> ProfileAt:
         """The framework profile at the job's release date."""
-        return load_profile(self.framework).at(self.framework_date or None)
+        return load_profile(self.framework).at(self.framework_date or None, self.compiled)
 
     @property
     def tokens_per_step(self) -> int:

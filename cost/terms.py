@@ -498,16 +498,25 @@ def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: in
 def p2p_s(ctx: Context, layout: Layout) -> float:
     """Pipeline sends per micro-batch slot: one activation forward and one gradient backward.
 
-    Each is ``b s h / cp`` elements, scattered over the tensor-parallel ranks (Megatron's
-    scatter-gather optimisation, Narayanan et al. 2021 section 4.1), over the link between
-    neighbouring stages.
+    Each is ``b s h / cp`` elements, over the link between neighbouring stages. Where the framework
+    scatters it over the tensor-parallel ranks (Megatron's scatter-gather, Narayanan et al. 2021
+    section 4.1, 2021-02 to 2023-03) or sequence parallelism already shards it, each TP rank sends
+    ``1/tp`` of it; otherwise every TP rank sends the whole tensor (DeepSpeed's PipelineEngine,
+    Megatron-Core without SP). Paired non-blocking sends (Megatron's batched isend/irecv, PyTorch
+    pipelining) cost two transfers per slot. DeepSpeed's are blocking, one after the other: a middle
+    stage exchanges with the previous stage (RecvActivation, SendGrad) and then with the next
+    (SendActivation, RecvGrad), four transfers per slot; with two stages each has one neighbour, two.
     """
     if layout.pp == 1:
         return 0.0
     stride = layout.stride("pp")
     prof = ctx.placed(layout.order).cluster.group_profile((0, stride))
-    size = ACT_BYTES * _tokens(ctx, layout.cp, layout.micro_batch_size) * ctx.model.hidden_size / layout.tp
-    return 2 * coll.p2p_s(size, prof)
+    fw = ctx.job.profile
+    size = ACT_BYTES * _tokens(ctx, layout.cp, layout.micro_batch_size) * ctx.model.hidden_size
+    if layout.sequence_parallel or fw.p2p_scatter_gather:
+        size /= layout.tp
+    transfers = 4 if fw.profile.p2p_blocking and layout.pp > 2 else 2
+    return transfers * coll.p2p_s(size, prof)
 
 
 # ---- parameters per device --------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from clusterplan.cost.framework import default_framework, load_profile, resolve_name as resolve_framework
+from clusterplan.cost.framework import FRAMEWORKS, default_framework, load_profile, resolve_name as resolve_framework
 from clusterplan.cost.goodput import Reliability
 from clusterplan.cost.layout import Job
 from clusterplan.models.errors import SpecError
@@ -71,11 +71,12 @@ def default_global_batch(seq_len: int) -> int:
 def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: int | None = None,
               seq_len: int | None = None, precision: str | None = None, tokens: int | None = None,
               attention: str | None = None, framework: str | None = None,
-              reliability: Reliability | None = None) -> tuple[Job, dict[str, str]]:
+              reliability: Reliability | None = None, compiled: bool | None = None) -> tuple[Job, dict[str, str]]:
     """The job from the options, the model's published setup, then the defaults; and where each came from.
 
     The framework defaults to maxtext on TPU and megatron elsewhere; the attention kernel and the
-    gradient dtype to that framework's (its profile's ``semantics``)."""
+    gradient dtype to that framework's (its profile's ``semantics``). ``compiled`` (``--compile``) is
+    off by default, as in torchtitan, the one profile with a torch.compile switch."""
     published = published_defaults(model_arg)
     origin: dict[str, str] = {}
 
@@ -107,8 +108,12 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
         raise SpecError(f"--framework: {fw} does not run on {cluster.platform.upper()} ({cluster.device.id}); it runs on "
                         f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
     attention = attention or prof.at(None).attention
+    if compiled and not prof.at(None).has("compile"):
+        with_compile = [f for f in FRAMEWORKS if load_profile(f).at(None).has("compile")]
+        raise SpecError(f"--compile: {fw} has no torch.compile switch that clusterplan models; allowed with "
+                        f"--framework {', '.join(with_compile)} (or drop --compile)")
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
-               attention=attention, framework=fw, grad_bytes=prof.grad_bytes,
+               attention=attention, framework=fw, grad_bytes=prof.grad_bytes, compiled=bool(compiled),
                reliability=reliability or Reliability()), origin
 
 
@@ -135,6 +140,7 @@ class Request:
     tokens: int | None = None
     attention: str | None = None
     framework: str | None = None
+    compiled: bool | None = None
     price_per_device_hour: float | None = None
     pue: float | None = None
     host_power_w: float | None = None
@@ -158,4 +164,4 @@ class Request:
 
     def build_job(self, model: ModelSpec, cluster: Cluster) -> tuple[Job, dict[str, str]]:
         return build_job(self.model, model, cluster, self.global_batch, self.seq_len, self.precision, self.tokens,
-                         self.attention, self.framework, reliability=self.reliability)
+                         self.attention, self.framework, reliability=self.reliability, compiled=self.compiled)

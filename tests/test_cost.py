@@ -466,14 +466,23 @@ def test_tp_comm_is_four_collectives_per_layer(cluster16, sp, recompute):
     assert tp_comm_terms(ctx, tp, 1, mbs, sp, recompute, 1, False) == pytest.approx(expected, rel=REL)
 
 
-def test_pipeline_p2p_scatters_over_tp(cluster16):
-    """One activation forward and one gradient backward per micro-batch, ``b s h / cp`` elements
-    split over the tensor-parallel ranks (Narayanan et al. 2021 sec. 4.1)."""
-    ctx = _ctx(cluster16)
-    layout = Layout(tp=2, pp=4, dp=2, micro_batch_size=2)
+@pytest.mark.parametrize("framework,date,sp,pp,share,transfers", [
+    ("megatron", "2021-04", False, 4, 1 / 2, 2),  # scatter-gather (2021-02 to 2023-03)
+    ("megatron", "", False, 4, 1, 2),  # Megatron-Core: whole tensor from every TP rank ...
+    ("megatron", "", True, 4, 1 / 2, 2),  # ... unless sequence parallelism shards it
+    ("deepspeed", "2022-02", False, 4, 1, 4),  # PipelineEngine: whole tensor, blocking send, then recv
+    ("deepspeed", "2022-02", False, 2, 1, 2),  # two stages: one neighbour each
+])
+def test_pipeline_p2p_follows_the_framework(cluster16, framework, date, sp, pp, share, transfers):
+    """Per micro-batch slot, ``b s h / cp`` elements each way, split over the TP ranks only where the
+    framework scatters them (Narayanan et al. 2021 sec. 4.1) or SP shards them; paired
+    non-blocking sends cost two transfers, DeepSpeed's blocking ones four (deepspeed.yaml)."""
+    job = Job(global_batch_size=64, seq_len=2048, framework=framework, framework_date=date)
+    ctx = Context(GPT, job, cluster16)
+    layout = Layout(tp=2, pp=pp, dp=8 // pp, micro_batch_size=2, sequence_parallel=sp)
     prof = cluster16.group_profile((0, layout.stride("pp")))
-    size = 2 * 2 * 2048 * GPT.hidden_size / 2
-    assert p2p_s(ctx, layout) == pytest.approx(2 * coll.p2p_s(size, prof), rel=REL)
+    size = 2 * 2 * 2048 * GPT.hidden_size * share
+    assert p2p_s(ctx, layout) == pytest.approx(transfers * coll.p2p_s(size, prof), rel=REL)
     assert p2p_s(ctx, layout.with_(pp=1, dp=8)) == 0.0
 
 

@@ -156,6 +156,30 @@ def test_torchtitan_targets_the_pinned_release():
     assert "enable_async_tensor_parallel" in text  # [parallelism] in 0.2.2 (not [compile])
 
 
+def test_torchtitan_async_tp_only_compiled():
+    """torchtitan refuses async TP without torch.compile (CompileConfig: 'Async TP requires ...
+    --compile.enable'): an eager plan never has it and writes no [compile]; a compiled one may, and
+    writes [compile] because its memory was priced compiled."""
+    from clusterplan.cli import main as clusterplan
+    from click.testing import CliRunner
+
+    eager = doc_for("llama3-8b-fsdp-h100x128", "torchtitan")
+    assert eager["inputs"]["job"]["compiled"] is False and not eager["layout"]["tp_overlap"]
+    assert "[compile]" not in export(eager, "torchtitan")
+    compiled = doc_for("llama3-70b-h100x256-compile", "torchtitan")
+    assert compiled["inputs"]["job"]["compiled"] is True and compiled["layout"]["tp"] > 1
+    text = export(compiled, "torchtitan")
+    assert "[compile]\nenable = true" in text
+    assert f"enable_async_tensor_parallel = {'true' if compiled['layout']['tp_overlap'] else 'false'}" in text
+    args = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "256",
+            "--framework", "torchtitan", "--fix", "tp=8,tp_overlap=on"]
+    refused = CliRunner().invoke(clusterplan, args)
+    assert refused.exit_code == 2 and "only under torch.compile" in refused.output
+    assert CliRunner().invoke(clusterplan, [*args, "--compile", "--json"]).exit_code == 0
+    megatron = CliRunner().invoke(clusterplan, ["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--compile"])
+    assert megatron.exit_code == 2 and "--compile: megatron has no torch.compile switch" in megatron.output
+
+
 def test_maxtext_per_device_batch_is_exact():
     assert maxtext_batch(2048, 6144, 1) != "0.333333"  # what %g printed: 2,047 sequences
     assert int(6144 * float(maxtext_batch(2048, 6144, 1))) == 2048

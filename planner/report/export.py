@@ -402,7 +402,7 @@ def torchtitan_toml(doc: dict, model=None) -> str:
         "",
     ] + _torchtitan_parallelism(L, model.num_layers)
     lines += ["", "[activation_checkpoint]", f'mode = "{L["recompute"]}"']
-    if L["tp_overlap"] or job["precision"] == "fp8":  # async TP only takes effect compiled
+    if job.get("compiled"):  # the plan was priced compiled (--compile); async TP is offered only then
         lines += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
     return "\n".join(lines)
 
@@ -415,6 +415,9 @@ def _torchtitan_header(doc: dict, L: dict, job: dict) -> list[str]:
             "# (torchtitan 0.3 configures jobs in Python config registries instead: --module/--config)"]
     if L["zero_stage"] == 1:  # only from a plan searched under another framework's profile
         head.append("# ZeRO-1 has no torchtitan equivalent: plain replication is written")
+    if job["precision"] == "fp8" and not job.get("compiled"):
+        head.append("# float8 without torch.compile runs its scaling casts unfused (torchao recommends compile): "
+                    "plan with --compile to write [compile]")
     if job["precision"] == "fp16":
         head.append("# fp16: torchtitan trains in bf16 mixed precision (no fp16 loss scaling); bfloat16 is written")
     if L["vp"] > 1:

@@ -216,7 +216,7 @@ class _Model:
         per_mb_hi = int(T.H.max() + T.P2P.max())
         per_mb = m.new_int_var(0, per_mb_hi, "per_mb")
         head = self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
-        m.add(per_mb == head + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"]]))
+        m.add(per_mb == head + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"], x["s"]]))
         tw, bw = T.time_weight, T.busy_weight
         pipe = self._product("pipeline", u, layer, int(T.U.max()) * layer_hi, tw)
         extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi, tw * Q)
@@ -331,7 +331,7 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
         return arr.min(axis=(axis["o"], *(axis[d] for d in more)), keepdims=True)
 
     X = min_over_orders(layer_time(T, sl), "to")
-    H = min_over_orders(_place(T.H[T.tpg_of_fo[sl]], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb")))
+    H = min_over_orders(_place(T.H[T.tpg_of_fo[sl]], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb", "s")))
     U, M = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb"))
     dims5 = ("f", "o", "v", "e", "z")
     # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
@@ -361,7 +361,7 @@ def _memory_fits(T: Tables, sl: slice = slice(None)) -> np.ndarray:
 def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
     """Per (f, mb): the least layer time X and the least head+p2p time over the other knobs."""
     X = layer_time(T, slice(None))
-    H = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb"))
+    H = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb", "s"))
     f_ax, mb_ax = DIMS.index("f"), DIMS.index("mb")
 
     def reduce(arr: np.ndarray) -> np.ndarray:

@@ -58,7 +58,7 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     X = layer_time(T, sl)
     U, M, FRAC = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
     lm_head = _place(T.H[tpg], ("f", "o", "mb", "s"))
-    head = lm_head + _place(T.P2P[sl], ("f", "o", "mb"))
+    head = lm_head + _place(T.P2P[sl], ("f", "o", "mb", "s"))
     do = _place(np.array(T.space.dp_overlap), ("do",))
     dims5 = ("f", "o", "v", "e", "z")
     dps, dpm = _place(T.DPS[sl], dims5) * Q, _place(T.DPM[sl], dims5) * Q
@@ -222,7 +222,7 @@ def restrict(T: Tables, keep: dict) -> Tables:
     axes = {  # table attribute -> its knob axes (only knob axes that can be cut are listed)
         "tc_of_fe": ("f", "e"), "TPC": (None, "mb", "s", "r", "to"), "CPC": (None, "mb", "s"), "EPC": (None, "mb", "s", "r"),
         "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r", "to"), "FW": (None, "mb", "s", "r", "to"),
-        "H": (None, "mb", "s"), "P2P": ("f", "o", "mb"), "DPS": ("f", "o", "v", "e", "z"),
+        "H": (None, "mb", "s"), "P2P": ("f", "o", "mb", "s"), "DPS": ("f", "o", "v", "e", "z"),
         "DPM": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
         "tpc_of_foe": ("f", "o", "e"),
         "OPT": ("f", "v", "e", "z"), "STATIC": ("f", "v", "e", "z"), "STATIC1": ("f", "v", "e", "z"),

@@ -79,7 +79,7 @@ class Tables:
     CPC: np.ndarray  # (CPG, MB, S)
     EPC: np.ndarray  # (EPG, MB, S, R)
     H: np.ndarray  # (TPG, MB, S) LM head per micro-batch
-    P2P: np.ndarray  # (F, O, MB)
+    P2P: np.ndarray  # (F, O, MB, S)
     DPS: np.ndarray  # (F, O, V, E, Z) per-step data-parallel traffic
     DPM: np.ndarray  # (F, O, V, E, Z) per-micro-batch FSDP traffic
     DPX: np.ndarray  # (F, O, V, E, Z) per-step traffic that is never overlapped (ZeRO-2's weight gather)
@@ -175,7 +175,8 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     C, BWD, FW = _compute_tables(ctx, S, tc_keys)
     ACT, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
     TPC, CPC, EPC, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx)
-    P2P = _qt([[[p2p_s(ctx, l.with_(micro_batch_size=mb)) for mb in S.micro_batch_size] for l in row] for row in probe])
+    P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) for sp in S.sequence_parallel]
+                 for mb in S.micro_batch_size] for l in row] for row in probe])
     DPS, DPM, DPX, OPT, STATIC, STATIC1 = _dp_tables(ctx, S)
     U, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)

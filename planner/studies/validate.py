@@ -194,7 +194,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     if not run.get("global_batch_size"):
         raise SpecError("global_batch_size is not published")
     fw, date, origin = run_framework(run, cluster.platform)
-    prof = load_profile(fw).at(date)
+    prof = load_profile(fw).at(date, _compiled(run))
     result.framework = f"{fw}@{date} ({origin})"
     result.group = run.get("group")
     if "dropout" not in (run.get("model") or {}):  # the framework's default dropout

@@ -32,6 +32,9 @@ CASES = {
     "llama3-8b-long-cp": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "256",
                            "--seq-len", "131072", "--global-batch", "64", "--min", "cp=2"],
                           ["megatron", "slurm", "torchtitan", "maxtext"]),
+    # torch.compile priced (--compile): torchtitan's async TP becomes a knob, and [compile] is written
+    "llama3-70b-h100x256-compile": (["--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "256",
+                                     "--compile", "--min", "tp=2"], ["torchtitan"]),
     # 3072 sequences on 6144 chips of one v5p pod slice (pp must divide 126 layers and the micro-batches)
     "llama3-405b-tpu-v5p": (["--model", "llama3-405b", "--cluster", "tpu-v5p-pod", "--devices", "6144",
                              "--global-batch", "3072"], ["maxtext"]),
