@@ -607,7 +607,7 @@ def _whatif_table(rows: list[dict], label: str, title: str, console: Console) ->
     """One line per row, failures below the table. ``label`` is the key naming each row (``cluster``,
     or ``point`` of a sweep, where the column shows the value under the knob's name)."""
     header = rows[0]["knob"] if label == "point" and rows else label
-    table = _table(header, "devices", ("step s", "right"), ("MFU", "right"), ("peak GiB", "right"),
+    table = _table(header, "devices", ("step s", "right"), ("MFU", "right"), ("used GiB", "right"),
                    ("to train", "right"), ("energy MWh", "right"), ("cost", "right"), "best layout", title=title)
     table.columns[0].overflow = "fold"  # a candidate's name is never cut short
 
@@ -624,8 +624,11 @@ def _whatif_table(rows: list[dict], label: str, title: str, console: Console) ->
         energy = "-" if r["energy_j"] is None else f"{r['energy_j'] / 3.6e9:,.0f}"
         cost = "-" if r["cost_usd"] is None else f"${r['cost_usd']:,.0f}"
         table.add_row(name(r), f"{r['num_devices']:,} x {r['device']}", f"{r['step_time_s']:.3f}",
-                      f"{r['mfu']:.1%}", _gib(r["peak_memory_bytes"]), train, energy, cost, _compact(r["layout"]))
+                      f"{r['mfu']:.1%}", _gib(r["fit_memory_bytes"]), train, energy, cost, _compact(r["layout"]))
     console.print(table)
+    if any("error" not in r for r in rows):
+        console.print("used GiB: the peak allocated with the runtime, what must fit (the caching allocator may "
+                      "reserve more; plan shows both)")
     for line in errors:
         console.print(line)
 
@@ -678,7 +681,8 @@ def fit_command(model_arg, cluster_arg, memory_headroom, as_json, **options):
     answer, best = fit.answer, fit.planned.result.best
     click.echo(f"{fit.question}: {answer.num_devices:,} x {answer.device}")
     click.echo(f"  best layout there: {best.layout.short()}, step {best.step_time_s:.3f} s, "
-               f"peak {best.peak_memory_bytes / GIB:.1f} of {best.capacity_bytes / GIB:.1f} GiB")
+               f"peak {best.memory.fit_bytes / GIB:.1f} of {best.capacity_bytes / GIB:.1f} GiB allocated with the runtime "
+               f"({best.peak_memory_bytes / GIB:.1f} reserved)")
     if answer.devices_tried is not None:
         click.echo("  devices checked, least memory first: " + ", ".join(
             f"{d} {'fits' if ok else 'no'}" for d, (_, ok) in zip(answer.devices_tried, answer.checked)))

@@ -71,7 +71,7 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
     return dict(
         device=cluster.device.id, num_devices=cluster.num_devices, precision=job.precision,
         layout=doc["layout"], step_time_s=doc["step_time_s"], tokens_per_s=doc["tokens_per_s"],
-        mfu=doc["mfu"], peak_memory_bytes=doc["peak_memory_bytes"],
+        mfu=doc["mfu"], peak_memory_bytes=doc["peak_memory_bytes"], fit_memory_bytes=doc["fit_memory_bytes"],
         device_memory_bytes=doc["device_memory_bytes"], time_to_train_s=doc["time_to_train_s"],
         energy_per_step_j=doc["energy_per_step_j"], cost_per_step_usd=doc["cost_per_step_usd"],
         energy_j=doc["energy_j"], cost_usd=doc["cost_usd"], search=doc["search"],
