@@ -131,7 +131,8 @@ def _case(kind: str, rng: random.Random, folder: Path) -> list[str]:
         return ["plan", "--model", "llama3-8b", "--cluster", _write(folder, "c", doc, rng.random() < 0.5), *override,
                 "--top", "0", "--json"]
     if kind == "option":
-        return base + [rng.choice(OPTIONS), rng.choice(TEXT)]
+        flag = [rng.choice(["--compile", "--no-compile"])] if rng.random() < 0.25 else []
+        return base + [rng.choice(OPTIONS), rng.choice(TEXT)] + flag
     if kind == "layout":
         layout = ",".join(f"{rng.choice(KNOBS)}={rng.choice(KNOB_VALUES)}" for _ in range(rng.randint(0, 5)))
         return ["evaluate", "--model", model, "--cluster", cluster, "--layout", layout, "--json"]
@@ -158,6 +159,9 @@ def wrong_answer(doc: dict) -> str | None:
     lay = doc["layout"]
     if lay["zero_stage"] not in (0, 1, 2, 3):
         return f"zero_stage {lay['zero_stage']}"
+    framework, job = doc["inputs"].get("framework") or {}, doc["inputs"]["job"]
+    if lay.get("tp_overlap") and lay["tp"] > 1 and framework.get("id") == "torchtitan" and not job.get("compiled"):
+        return "torchtitan async TP in a plan not compiled (torchtitan refuses it without compile)"
     if lay["tp"] * lay["pp"] * lay["dp"] * lay["cp"] != doc["num_devices"]:
         return f"degrees {lay['tp']}x{lay['pp']}x{lay['dp']}x{lay['cp']} != {doc['num_devices']} devices"
     return None
