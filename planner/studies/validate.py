@@ -201,7 +201,8 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
         model = model.model_copy(update={"dropout": prof.profile.dropout > 0})
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
               precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or prof.attention),
-              framework=fw, framework_date=date, grad_bytes=prof.profile.grad_bytes, compiled=_compiled(run))
+              framework=fw, framework_date=date, grad_bytes=_grad_bytes(run, prof.profile.grad_bytes),
+              compiled=_compiled(run))
     fixed = _bounds(run, prof)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
     try:
@@ -217,6 +218,21 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
 
 
 MEMORY_KINDS = ("allocated", "reserved", "unspecified")
+
+
+GRAD_REDUCE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def _grad_bytes(run: dict, framework_default: int) -> int:
+    """``grad_reduce_dtype``: the dtype the run kept and reduced its gradients in, where its source
+    or its release's config says (RUNS_FORMAT.md, the Megatron-Bridge config rule); else the
+    framework's ``semantics.grad_bytes``."""
+    value = run.get("grad_reduce_dtype")
+    if value is None:
+        return framework_default
+    if value not in GRAD_REDUCE_BYTES:
+        raise SpecError(f"grad_reduce_dtype: got {value!r}; allowed: {', '.join(GRAD_REDUCE_BYTES)}")
+    return GRAD_REDUCE_BYTES[value]
 
 
 def _compiled(run: dict) -> bool:
