@@ -115,7 +115,14 @@ def mlp_ops(model: ModelSpec, num_tokens: float, ffn: int, tp: int, name: str = 
 
 def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_experts: int | None = None,
             expert_tp: bool = True) -> list[Op]:
-    """Router, token permutation, routed and shared experts (uniform load: top_k per token).
+    """Router, token permutation and un-permutation, routed and shared experts (uniform load: top_k
+    per token).
+
+    Dispatch gathers each token's ``top_k`` copies into expert order before the all-to-all, and the
+    combine reads the experts' outputs back, weights them by the router probabilities and sums
+    them per token: two memory-bound passes (Megatron-Core ``token_dispatcher.py``: ``permute`` in
+    ``dispatch_preprocess``, ``unpermute`` in ``combine_postprocess``; torchtitan's MoE likewise
+    gathers and scatter-adds).
 
     The routed experts run as one grouped GEMM over the ``local_experts`` experts this device holds
     (``num_experts / ep``): FLOPs follow the routed tokens, but every local expert's weights are
@@ -137,6 +144,7 @@ def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_expert
     ops = [
         _gemm("router", local, h, e.num_experts),
         Op("permute", "memory", 0.0, 2 * ACT_BYTES * routed * h / tp),
+        Op("unpermute", "memory", 0.0, ACT_BYTES * (routed + num_tokens) * h / tp),
         Op("experts_up", "gemm", 2.0 * routed * h * ups * ffn / tp,
            ACT_BYTES * (routed * h + up_weights + routed * ups * ffn / tp), input_elements=routed * h,
            rows=per_expert, cols=ups * ffn / shards, groups=max(1, round(experts))),
