@@ -976,6 +976,9 @@ def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
         when = f" as of {fw['date']}" if fw.get("as_of") else ""
         console.print(f"framework {fw['id']} ({fw['version']}{when}): the search offers only what it runs "
                       "(--framework to change)")
+        if fw.get("compile_switch") and not fw.get("compiled"):
+            console.print("         eager, as the framework's default: --compile prices torch.compile "
+                          "(and offers async TP, which needs it)")
     caveats = doc["inputs"].get("caveats", {})
     if caveats.get("validated_error"):
         console.print(f"         {caveats['validated_error']['line']}")

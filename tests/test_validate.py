@@ -63,11 +63,11 @@ def test_published_layouts_are_held(bundled):
 def test_regression_bounds(bundled):
     """Today's figures (docs/cost-model.md): a change that makes them worse fails here."""
     s = bundled["summary"]["overall"]
-    # 31.4% today (docs/cost-model.md, "Runs still off")
+    # 31.1% today (docs/cost-model.md, "Runs still off")
     assert s["p90_abs_error"] <= 0.32
     assert s["fits"] >= s["evaluated"] - 1  # only DeepSeek-V3's DualPipe layout overflows today
     summary = bundled["summary"]
-    assert summary["ranking"]["pairs"] >= 150 and summary["ranking"]["agreement"] >= 0.78  # 80.0% today
+    assert summary["ranking"]["pairs"] >= 150 and summary["ranking"]["agreement"] >= 0.78  # 79.1% today
     memory = bundled["memory"]["summary"]
     assert memory["memory"]["runs"] >= 25 and memory["memory"]["median_abs_error"] <= 0.08  # 7.7% today
     assert memory["fit_facts"]["facts"] >= 5 and memory["fit_facts"]["agreed"] >= memory["fit_facts"]["facts"] - 1
@@ -93,6 +93,22 @@ def test_fidelity_targets_tail(bundled):
     assert s["p90_abs_error"] <= 0.25
     assert s["max_abs_error"] < 1.0  # predicted within 2x: error in (-50%, +100%)
     assert all(r["error"] is None or -0.5 <= r["error"] <= 1.0 for r in bundled["runs"])
+
+
+def test_megatron_bridge_rule_applies_to_every_mbridge_run():
+    """RUNS_FORMAT.md's Megatron-Bridge config rule is one rule for every run it covers: each mbridge
+    run, bundled or held out, carries the performance configs' bf16 gradient reduce, SP where tp > 1,
+    and a note naming where the settings were read."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml")]
+    files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_family_runs.yaml")]
+    runs = [r for f in files for r in load_runs(f) if str(r["id"]).startswith("mbridge")]
+    assert len(runs) == 44
+    for r in runs:
+        assert r.get("grad_reduce_dtype") == "bf16", r["id"]
+        assert any("Megatron-Bridge config rule" in str(n) for n in r.get("notes", [])), r["id"]
+        if r["layout"]["tp"] > 1:
+            assert r["layout"]["sequence_parallel"] is True, r["id"]
 
 
 def test_unseen_file_with_a_bad_run(tmp_path):

@@ -183,7 +183,8 @@ def framework_dict(job: Job) -> dict:
     """The framework profile the plan runs under: id, name, version, and the date it is taken at."""
     prof = job.profile
     return {"id": prof.profile.id, "name": prof.profile.name, "version": prof.profile.version,
-            "date": prof.date, "as_of": prof.date != prof.profile.date}
+            "date": prof.date, "as_of": prof.date != prof.profile.date,
+            "compile_switch": prof.has("compile"), "compiled": job.compiled}
 
 
 def plan_document(result) -> dict:
