@@ -23,9 +23,9 @@ sys.path.insert(0, str(REPO))
 
 from clusterplan.cost.compute import ops_time_s  # noqa: E402
 from clusterplan.cost.framework import load_profile  # noqa: E402
-from clusterplan.cost.terms import activation_bytes, op_sac_activation_bytes  # noqa: E402
-from clusterplan.models.ops import ACT_BYTES, layer_ops  # noqa: E402
-from clusterplan.models.spec import ModelSpec  # noqa: E402
+from clusterplan.cost.terms import activation_bytes, moe_mlp_activation_bytes, op_sac_activation_bytes  # noqa: E402
+from clusterplan.models.ops import ACT_BYTES, layer_ops, moe_ops  # noqa: E402
+from clusterplan.models.spec import ModelSpec, MoESpec  # noqa: E402
 from clusterplan.topologies.library import load_device  # noqa: E402
 
 DEVICE_OF = {"NVIDIA H200": "h200-sxm-141gb", "NVIDIA H100 80GB HBM3": "h100-sxm5-80gb"}
@@ -165,6 +165,27 @@ def small_run_rows(probe: dict) -> list[dict]:
     return out
 
 
+def moe_rows(probe: dict) -> list[dict]:
+    """The probe's ``moe`` cases: one rank's MoE MLP (router, permute, grouped SwiGLU experts,
+    weighted un-permute) against ``models.ops.moe_ops`` timed by the roofline, and its activations
+    against ``cost.terms.moe_mlp_activation_bytes`` (eager SwiGLU keeps 4 tensors of the expert width)."""
+    dev = load_device(DEVICE_OF[probe["device"]["name"]])
+    out = []
+    for row in probe.get("moe") or []:
+        if not isinstance(row, dict) or "case" not in row:
+            continue
+        moe = MoESpec(num_experts=row["experts"], top_k=row["top_k"], expert_ffn_hidden_size=row["expert_ffn"])
+        model = ModelSpec(name="probe-moe", num_layers=1, hidden_size=row["hidden"], num_attention_heads=16,
+                          num_kv_heads=16, ffn_hidden_size=row["expert_ffn"], vocab_size=32000,
+                          ffn_activation="swiglu", dropout=False, seq_len=row["tokens"], moe=moe)
+        ops = moe_ops(model, row["tokens"], 1, False, local_experts=row["experts"])
+        out.append({"case": row["case"], "measured_s": row["fwd_bwd_s"],
+                    "predicted_s": ops_time_s(ops, dev, "bf16") + ops_time_s(ops, dev, "bf16", backward=True),
+                    "measured_bytes": row["activation_bytes"],
+                    "predicted_bytes": moe_mlp_activation_bytes(model, row["tokens"], 4)})
+    return out
+
+
 def _section(header: str, rows: list[dict], line) -> None:
     """Print ``header`` and one ``line(row)`` per row, if there are rows."""
     if rows:
@@ -220,6 +241,11 @@ def main() -> int:
                  tp_shard_rows(probe),
                  lambda r: (f"  {r['case']:34} {r['measured_s_per_token'] * 1e9:11.1f}"
                             f" {r['predicted_s_per_token'] * 1e9:11.1f} {_err(r['predicted_s'], r['measured_s'])}"))
+        _section(f"  {'MoE MLP on one rank (eager, bf16)':34} {'meas ms':>8} {'pred ms':>8} {'err':>6}"
+                 f" {'meas MiB':>9} {'pred MiB':>9} {'err':>6}", moe_rows(probe),
+                 lambda r: (f"  {r['case']:34} {r['measured_s'] * 1e3:8.2f} {r['predicted_s'] * 1e3:8.2f}"
+                            f" {_err(r['predicted_s'], r['measured_s'])} {r['measured_bytes'] / 2**20:9.0f}"
+                            f" {r['predicted_bytes'] / 2**20:9.0f} {_err(r['predicted_bytes'], r['measured_bytes'])}"))
         _section(f"  {'FSDP2 training run on one rank, peak GiB':48} {'allocated':>9} {'pred':>6} {'err':>6}"
                  f" {'reserved':>9} {'pred':>6} {'err':>6} {'step s':>7} {'pred':>6} {'err':>6}",
                  small_run_rows(probe), _small_run_line)

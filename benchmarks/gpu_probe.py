@@ -27,6 +27,9 @@ that fails records its error and the others still run. What it measures, and whi
 - ``small_run``: a Llama-style model of 1.5 B parameters trained under FSDP2 on one rank as torchtitan
   builds it (no AC, per-op SAC, full AC; per-op SAC compiled): peak allocated and reserved memory,
   to compare with ``clusterplan evaluate`` for the same job on one device.
+- ``moe``: a token-choice MoE MLP on one rank (router, top-k, permute, grouped SwiGLU GEMMs,
+  weighted un-permute), fwd+bwd time and activation memory, to compare with ``models.ops.moe_ops``
+  and ``cost.terms.moe_mlp_activation_bytes`` (``benchmarks/compare_probe.py``).
 - ``allocator``: a short AdamW training loop (fp32 master weights, bf16 autocast): peak allocated
   vs peak reserved bytes of PyTorch's caching allocator.
 """
@@ -648,6 +651,79 @@ def small_run(compile_too: bool):
     return out
 
 
+# name, hidden, local experts, top_k, expert FFN width, tokens (one rank's micro-batch, ep = 1 or the
+# experts of one rank): Qwen3-30B-A3B's MoE MLP, and a DeepSeek-V3-like MLP with 32 local experts
+# (256 / ep 8). Uniform routing (random router weights), as the force-balanced benchmarks run.
+MOE_CASES = [
+    ("qwen3-30b-a3b-moe-t4096", 2048, 128, 8, 768, 4096),
+    ("qwen3-30b-a3b-moe-t16384", 2048, 128, 8, 768, 16384),
+    ("dsv3-like-moe-e32-t8192", 7168, 32, 8, 2048, 8192),
+]
+
+
+class MoEMLP(torch.nn.Module):
+    """A token-choice MoE MLP as Megatron-Core's alltoall dispatcher runs it on one rank: router,
+    top-k, permute into expert order, one grouped SwiGLU GEMM pair over the local experts
+    (``torch._grouped_mm`` where PyTorch has it, else one GEMM per expert), un-permute weighted by
+    the router probabilities and summed per token. No all-to-all (one rank)."""
+
+    def __init__(self, hidden, experts, top_k, ffn):
+        super().__init__()
+        self.k, self.e = top_k, experts
+        self.router = torch.nn.Linear(hidden, experts, bias=False)
+        # (experts, out, in), passed transposed, as torchtitan's MoE does (grouped_mm wants B column-major)
+        self.w_up = torch.nn.Parameter(torch.randn(experts, 2 * ffn, hidden) * 0.02)
+        self.w_down = torch.nn.Parameter(torch.randn(experts, hidden, ffn) * 0.02)
+
+    def _grouped(self, x, w, offs, counts):
+        if hasattr(torch, "_grouped_mm") and x.is_cuda:
+            return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        return torch.cat([a @ w[i].T for i, a in enumerate(torch.split(x, counts))])
+
+    def forward(self, x):
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        weight, idx = torch.topk(probs, self.k, dim=-1)
+        weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
+        flat = idx.flatten()
+        order = torch.argsort(flat, stable=True)
+        token_of = order // self.k
+        counts_t = torch.bincount(flat, minlength=self.e)
+        offs = torch.cumsum(counts_t, 0).to(torch.int32)
+        counts = counts_t.tolist()
+        xs = x.index_select(0, token_of)
+        a, b = self._grouped(xs, self.w_up, offs, counts).chunk(2, dim=-1)
+        y = self._grouped(F.silu(a) * b, self.w_down, offs, counts)
+        y = y * weight.flatten()[order].unsqueeze(-1)
+        return torch.zeros_like(x).index_add_(0, token_of, y)
+
+
+@section("moe")
+def moe():
+    out = []
+    for name, hidden, experts, top_k, ffn, tokens in MOE_CASES:
+        torch.cuda.empty_cache()
+        block = MoEMLP(hidden, experts, top_k, ffn).cuda().bfloat16()
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        g = torch.randn_like(x)
+        t = timed(lambda: block(x).backward(g), 5, warmup=2)
+        t_fwd = timed(lambda: block(x).detach(), 5, warmup=1)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        y = block(x)
+        act = torch.cuda.memory_allocated() - base - y.numel() * y.element_size()
+        y.backward(g)
+        del y
+        row = {"case": name, "hidden": hidden, "experts": experts, "top_k": top_k, "expert_ffn": ffn,
+               "tokens": tokens, "grouped_mm": hasattr(torch, "_grouped_mm"), "fwd_bwd_s": t, "fwd_s": t_fwd,
+               "activation_bytes": act}
+        flops = 3 * 2 * tokens * top_k * hidden * 3 * ffn
+        out.append(row)
+        log(f"[moe] {name}: fwd+bwd {t * 1e3:.2f} ms, fwd {t_fwd * 1e3:.2f} ms, expert GEMMs "
+            f"{flops / t / 1e12:.0f} TFLOP/s, activations {act / 2**20:.0f} MiB")
+        del block, x, g
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="gpu_probe.json")
@@ -673,7 +749,7 @@ def main() -> int:
     sections = {"loss": (loss_memory, ()), "small_run": (small_run, (not a.no_compile,)),
                 "launch": (launch, ()), "memory_bandwidth": (memory_bandwidth, ()), "mamf": (mamf, (a.quick,)),
                 "attention": (attention, ()), "layers": (layers, ()), "titan_layers": (titan_layers, (not a.no_compile,)),
-                "tp_shard": (tp_shard, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
+                "tp_shard": (tp_shard, ()), "moe": (moe, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
     only = [x for x in a.only.split(",") if x]
     for name in only:
         if name not in sections:

@@ -452,16 +452,22 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     ups = model.mlp_matrices - 1
     kept = 1 + ups + (1 if eager and ups == 2 else 0)  # MLP tensors of width f kept per token
     if moe:
-        e = model.moe
-        routed = n * e.top_k
-        sharded += ACT_BYTES * routed * h * 2  # permuted tokens in and out of the experts
-        sharded += ACT_BYTES * routed * e.expert_ffn_hidden_size * kept
-        sharded += ACT_BYTES * n * e.num_shared_experts * e.expert_ffn_hidden_size * kept
+        sharded += moe_mlp_activation_bytes(model, n, kept)
     else:
         sharded += ACT_BYTES * n * model.ffn_hidden_size * kept
     if sp:
         return (replicated + sharded) / tp
     return replicated + sharded / tp
+
+
+def moe_mlp_activation_bytes(model: ModelSpec, n: float, kept: int) -> float:
+    """What an MoE MLP keeps for ``n`` tokens (before tensor-parallel sharding): the permuted tokens
+    into and out of the experts (``2 x 2 n top_k h``), ``kept`` tensors of the expert width per
+    routed token (SwiGLU fused: 3; eager: 4) and the shared experts' alike."""
+    e = model.moe
+    routed = n * e.top_k
+    return (ACT_BYTES * routed * model.hidden_size * 2 + ACT_BYTES * routed * e.expert_ffn_hidden_size * kept
+            + ACT_BYTES * n * e.num_shared_experts * e.expert_ffn_hidden_size * kept)
 
 
 def allocator_fraction(ctx: Context) -> float:
