@@ -486,6 +486,8 @@ def explain_command(as_json, **options):
 @click.option("--tokens", "tokens", type=TokenCount(), metavar="N", help="Tokens to train (300e9, 300B, 1.5T).")
 @click.option("--framework", "framework", type=click.Choice(list(FRAMEWORK_NAMES), case_sensitive=False),
               help="Training framework for every candidate (default: maxtext on TPU, megatron elsewhere).")
+@click.option("--compile/--no-compile", "compiled", default=None,
+              help="Run the model under torch.compile (torchtitan only; see plan --help).")
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Search engine for each candidate.")
 @click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
@@ -494,8 +496,8 @@ def explain_command(as_json, **options):
                    "are searched for time and ranked last).")
 @_apply(WHATIF_OUTPUT_OPTIONS)
 @guarded
-def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, framework, engine, objective,
-                    as_json, csv_path, chart_path):
+def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, framework, compiled, engine,
+                    objective, as_json, csv_path, chart_path):
     """What-if: the best layout of MODEL on each candidate cluster, side by side (step time, MFU,
     time, energy and cost to train the job's tokens).
 
@@ -508,7 +510,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
     _check_outputs(as_json, csv_path, chart_path)
     candidates = [parse_candidate(c) for c in clusters]
     request = _request(model_arg, candidates[0].cluster, global_batch=global_batch, seq_len=seq_len,
-                       precision=precision, tokens=tokens, framework=framework)
+                       precision=precision, tokens=tokens, framework=framework, compiled=compiled)
     model = request.load_model()
     with progress_bar("clusters", not as_json) as tick:
         rows = rank(compare(request, candidates, SearchOptions(engine=engine, top_k=0, objective=objective),
