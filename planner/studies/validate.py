@@ -194,7 +194,8 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     if not run.get("global_batch_size"):
         raise SpecError("global_batch_size is not published")
     fw, date, origin = run_framework(run, cluster.platform)
-    prof = load_profile(fw).at(date, _compiled(run))
+    compiled = _compiled(run)
+    prof = load_profile(fw).at(date, compiled)
     result.framework = f"{fw}@{date} ({origin})"
     result.group = run.get("group")
     if "dropout" not in (run.get("model") or {}):  # the framework's default dropout
@@ -202,7 +203,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
               precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or prof.attention),
               framework=fw, framework_date=date, grad_bytes=_grad_bytes(run, prof.profile.grad_bytes),
-              compiled=_compiled(run))
+              compiled=compiled)
     fixed = _bounds(run, prof)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
     try:
