@@ -159,8 +159,7 @@ class ProfileAt:
         runs compiled and this release compiles the loss with the model (the latest
         ``semantics.compiled_loss_history`` entry not after the date), else ``semantics.logit_bytes``."""
         prof = self.profile
-        states = [c for since, c in prof.compiled_loss_history if since <= self.date]
-        if compiled and states and states[-1] and prof.compiled_logit_bytes is not None:
+        if compiled and self._as_of(prof.compiled_loss_history, False) and prof.compiled_logit_bytes is not None:
             return prof.compiled_logit_bytes
         return prof.logit_bytes
 
@@ -168,8 +167,7 @@ class ProfileAt:
     def p2p_scatter_gather(self) -> bool:
         """Each TP rank sends only its 1/tp of a pipeline activation at this release
         (``semantics.p2p_scatter_gather_history``, else ``semantics.p2p_scatter_gather``)."""
-        states = [on for since, on in self.profile.p2p_scatter_gather_history if since <= self.date]
-        return states[-1] if states else self.profile.p2p_scatter_gather
+        return self._as_of(self.profile.p2p_scatter_gather_history, self.profile.p2p_scatter_gather)
 
     @property
     def attention(self) -> str:
@@ -178,8 +176,12 @@ class ProfileAt:
         ``semantics.attention``)."""
         if not self.has("flash_attention"):
             return "unfused"
-        kernels = [k for since, k in self.profile.attention_history if since <= self.date]
-        return kernels[-1] if kernels else self.profile.attention
+        return self._as_of(self.profile.attention_history, self.profile.attention)
+
+    def _as_of(self, history: tuple[tuple[str, object], ...], default):
+        """The value of the latest ``(since YYYY-MM, value)`` entry not after this release, else ``default``."""
+        values = [value for since, value in history if since <= self.date]
+        return values[-1] if values else default
 
 
 def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
@@ -288,13 +290,13 @@ def load_profile(framework_id: str) -> Profile:
         dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
         logit_bytes=float(sem.get("logit_bytes", 6.0)),
         compiled_logit_bytes=None if sem.get("compiled_logit_bytes") is None else float(sem["compiled_logit_bytes"]),
-        compiled_loss_history=tuple((str(e["since"]), bool(e["compiled"])) for e in sem.get("compiled_loss_history") or ()),
+        compiled_loss_history=_history(sem, "compiled_loss_history", "compiled", bool),
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
         selective_recompute=str(sem.get("selective_recompute", "attention_core")),
-        attention_history=tuple((str(e["since"]), str(e["kernel"])) for e in sem.get("attention_history") or ()),
+        attention_history=_history(sem, "attention_history", "kernel", str),
         eager_activations=bool(sem.get("eager_activations", False)),
         p2p_scatter_gather=bool(sem.get("p2p_scatter_gather", True)),
-        p2p_scatter_gather_history=tuple((str(e["since"]), bool(e["enabled"])) for e in sem.get("p2p_scatter_gather_history") or ()),
+        p2p_scatter_gather_history=_history(sem, "p2p_scatter_gather_history", "enabled", bool),
         p2p_blocking=bool(sem.get("p2p_blocking", False)),
         allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
                                               f"{where}: semantics.allocator_reserved_fraction"),
@@ -306,6 +308,11 @@ def load_profile(framework_id: str) -> Profile:
         tp_comm_share=None if ov.get("tp_comm_share") is None else _fraction(ov["tp_comm_share"], f"{where}: overlap.tp_comm_share"),
         sources=sources, notes=tuple(doc.get("notes") or ()),
     )
+
+
+def _history(sem: dict, key: str, field: str, cast) -> tuple[tuple[str, object], ...]:
+    """A ``semantics`` list of ``{since: YYYY-MM, field: value}`` entries as ``(since, value)`` pairs."""
+    return tuple((str(e["since"]), cast(e[field])) for e in sem.get(key) or ())
 
 
 def _features(features: dict, where: str) -> tuple[dict[str, str | None], dict[str, str | None]]:
