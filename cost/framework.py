@@ -154,11 +154,14 @@ class ProfileAt:
         until = self.profile.kv_repeat_until
         return until is not None and self.date < until
 
-    def logit_bytes(self, compiled: bool) -> float:
+    def logit_bytes(self, compiled: bool | None = None) -> float:
         """Bytes per logit the loss holds at its peak: ``semantics.compiled_logit_bytes`` where the job
-        runs compiled and this release compiles the loss with the model (the latest
-        ``semantics.compiled_loss_history`` entry not after the date), else ``semantics.logit_bytes``."""
+        runs compiled (``compiled``, by default this job's) and this release compiles the loss with the
+        model (the latest ``semantics.compiled_loss_history`` entry not after the date), else
+        ``semantics.logit_bytes``."""
         prof = self.profile
+        if compiled is None:
+            compiled = self.compiled
         if compiled and self._as_of(prof.compiled_loss_history, False) and prof.compiled_logit_bytes is not None:
             return prof.compiled_logit_bytes
         return prof.logit_bytes

@@ -498,7 +498,7 @@ def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: in
         prof = ctx.cluster.group_profile(range(0, tp * tp_stride, tp_stride))
         size = ACT_BYTES * n * ctx.model.hidden_size
         t += 2 * (coll.all_gather_s(size, prof) if sp else coll.all_reduce_s(size, prof))
-    return HeadTerms(t, ctx.job.profile.logit_bytes(ctx.job.compiled) * n * ctx.model.vocab_size / tp)
+    return HeadTerms(t, ctx.job.profile.logit_bytes() * n * ctx.model.vocab_size / tp)
 
 
 def p2p_s(ctx: Context, layout: Layout) -> float:
