@@ -547,10 +547,9 @@ def maxtext_overrides(doc: dict, model=None) -> str:
         raise SpecError(f"--format maxtext: MaxText pipelines need the layers to divide evenly: {model.num_layers} "
                         f"layers over {L['pp']} stages x {L['vp']} repeats; fix pp to a divisor of "
                         f"{model.num_layers} (e.g. --fix pp=...) or plan under another framework")
-    if L["pp"] > 1 and L["num_microbatches"] % stages:
+    if L["pp"] > 1 and L["num_microbatches"] % L["pp"]:  # types.py: num_pipeline_microbatches % num_stages
         raise SpecError(f"--format maxtext: MaxText needs the pipeline micro-batches to be a multiple of the stages: "
-                        f"{L['num_microbatches']} micro-batches over {L['pp']} stages x {L['vp']} repeats; change "
-                        "the global batch or fix pp")
+                        f"{L['num_microbatches']} micro-batches over {L['pp']} stages; change the global batch or fix pp")
     accumulation = L["num_microbatches"] if L["pp"] == 1 else 1
     # MaxText names what it saves: 'minimal' recomputes least (the nearest to none/selective here),
     # 'full' recomputes everything.
