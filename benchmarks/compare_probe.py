@@ -23,7 +23,8 @@ sys.path.insert(0, str(REPO))
 
 from clusterplan.cost.compute import ops_time_s  # noqa: E402
 from clusterplan.cost.framework import load_profile  # noqa: E402
-from clusterplan.cost.terms import activation_bytes, moe_mlp_activation_bytes, op_sac_activation_bytes  # noqa: E402
+from clusterplan.cost.terms import (activation_bytes, comm_kernel_slowdown, moe_mlp_activation_bytes,  # noqa: E402
+                                    op_sac_activation_bytes)
 from clusterplan.models.ops import ACT_BYTES, layer_ops, moe_ops  # noqa: E402
 from clusterplan.models.spec import ModelSpec, MoESpec  # noqa: E402
 from clusterplan.topologies.library import load_device  # noqa: E402
@@ -32,7 +33,9 @@ DEVICE_OF = {"NVIDIA H200": "h200-sxm-141gb", "NVIDIA H100 80GB HBM3": "h100-sxm
 RESULTS = REPO / "benchmarks" / "results"
 PROBES = (RESULTS / "gpu_probe_h200_2026-11-26.json", RESULTS / "gpu_probe2_h200_2026-11-26.json",
           RESULTS / "gpu_probe3_h200_2026-11-26.json", RESULTS / "gpu_probe_h100_2026-11-26.json",
-          RESULTS / "gpu_probe_h100_small_run_2026-11-26.json", RESULTS / "gpu_probe_h100_tp_shard_2026-11-26.json")
+          RESULTS / "gpu_probe_h100_small_run_2026-11-26.json", RESULTS / "gpu_probe_h100_tp_shard_2026-11-26.json",
+          RESULTS / "gpu_probe_overlap_h100_2026-11-26.json", RESULTS / "gpu_probe_overlap2_h100_2026-11-26.json",
+          RESULTS / "gpu_probe_overlap3_h100_2026-11-26.json", RESULTS / "gpu_probe_moe_h100_2026-11-26.json")
 LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, style="llama")
 
 
@@ -186,6 +189,23 @@ def moe_rows(probe: dict) -> list[dict]:
     return out
 
 
+def overlap_rows(probe: dict) -> list[dict]:
+    """The probe's ``overlap`` cases: a GEMM loop's slowdown beside a kernel of N blocks, against the
+    device's ``comm_kernel_slowdown`` curve (what ``cost.terms.overlap_share`` charges for NCCL
+    overlap) and against the bare SM share (what it charges with an SM margin)."""
+    dev = load_device(DEVICE_OF[probe["device"]["name"]])
+    out = []
+    for row in probe.get("overlap") or []:
+        if not isinstance(row, dict) or "side" not in row:
+            continue
+        share = row["ctas"] / dev.gemm.sm_count
+        curve = comm_kernel_slowdown(dev.comm_kernel_slowdown, share) if dev.comm_kernel_slowdown else None
+        out.append({"case": f"{'x'.join(map(str, row['gemm']))} + {row['side']} {row['ctas']}"
+                            + (f" delay {row['delay']}" if row.get("delay") else ""),
+                    "measured": row["gemm_slowdown"], "curve": curve, "sm_share_slowdown": share / (1 - share)})
+    return out
+
+
 def _section(header: str, rows: list[dict], line) -> None:
     """Print ``header`` and one ``line(row)`` per row, if there are rows."""
     if rows:
@@ -246,6 +266,11 @@ def main() -> int:
                  lambda r: (f"  {r['case']:34} {r['measured_s'] * 1e3:8.2f} {r['predicted_s'] * 1e3:8.2f}"
                             f" {_err(r['predicted_s'], r['measured_s'])} {r['measured_bytes'] / 2**20:9.0f}"
                             f" {r['predicted_bytes'] / 2**20:9.0f} {_err(r['predicted_bytes'], r['measured_bytes'])}"))
+        _section(f"  {'GEMM beside a kernel of N blocks (slowdown)':44} {'measured':>8} {'curve':>6} {'SM share':>8}",
+                 overlap_rows(probe),
+                 lambda r: (f"  {r['case']:44} {r['measured']:8.1%} "
+                            + (f"{r['curve']:6.1%}" if r["curve"] is not None else f"{'-':>6}")
+                            + f" {r['sm_share_slowdown']:8.1%}"))
         _section(f"  {'FSDP2 training run on one rank, peak GiB':48} {'allocated':>9} {'pred':>6} {'err':>6}"
                  f" {'reserved':>9} {'pred':>6} {'err':>6} {'step s':>7} {'pred':>6} {'err':>6}",
                  small_run_rows(probe), _small_run_line)

@@ -30,6 +30,12 @@ that fails records its error and the others still run. What it measures, and whi
 - ``moe``: a token-choice MoE MLP on one rank (router, top-k, permute, grouped SwiGLU GEMMs,
   weighted un-permute), fwd+bwd time and activation memory, to compare with ``models.ops.moe_ops``
   and ``cost.terms.moe_mlp_activation_bytes`` (``benchmarks/compare_probe.py``).
+- ``overlap``: what an overlapped collective costs the compute it hides behind. A kernel of N thread
+  blocks (N = 4, 8, 16, 32; one NCCL channel is one block of 512 threads) runs on a second stream
+  for the whole time a loop of bf16 GEMMs runs on the first: a ``copy`` kernel that streams memory
+  as a channel does, and a ``spin`` kernel that only holds its SMs. The GEMMs' slowdown (median of
+  three), against ``cost.terms.overlap_share``, which prices it as N over the device's SM count. One
+  GPU: no link traffic, only the SM and memory contention.
 - ``allocator``: a short AdamW training loop (fp32 master weights, bf16 autocast): peak allocated
   vs peak reserved bytes of PyTorch's caching allocator.
 """
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import json
 import math
@@ -652,12 +659,14 @@ def small_run(compile_too: bool):
 
 
 # name, hidden, local experts, top_k, expert FFN width, tokens (one rank's micro-batch, ep = 1 or the
-# experts of one rank): Qwen3-30B-A3B's MoE MLP, and a DeepSeek-V3-like MLP with 32 local experts
-# (256 / ep 8). Uniform routing (random router weights), as the force-balanced benchmarks run.
+# experts of one rank): Qwen3-30B-A3B's MoE MLP, a DeepSeek-V3-like MLP with 32 local experts (256 /
+# ep 8) and Mixtral 8x7B's (8 large experts, top 2). Uniform routing (random router weights), as the
+# force-balanced benchmarks run.
 MOE_CASES = [
     ("qwen3-30b-a3b-moe-t4096", 2048, 128, 8, 768, 4096),
     ("qwen3-30b-a3b-moe-t16384", 2048, 128, 8, 768, 16384),
     ("dsv3-like-moe-e32-t8192", 7168, 32, 8, 2048, 8192),
+    ("mixtral-8x7b-moe-t8192", 4096, 8, 2, 14336, 8192),
 ]
 
 
@@ -667,9 +676,9 @@ class MoEMLP(torch.nn.Module):
     (``torch._grouped_mm`` where PyTorch has it, else one GEMM per expert), un-permute weighted by
     the router probabilities and summed per token. No all-to-all (one rank)."""
 
-    def __init__(self, hidden, experts, top_k, ffn):
+    def __init__(self, hidden, experts, top_k, ffn, combine="scatter_add"):
         super().__init__()
-        self.k, self.e = top_k, experts
+        self.k, self.e, self.combine = top_k, experts, combine
         self.router = torch.nn.Linear(hidden, experts, bias=False)
         # (experts, out, in), passed transposed, as torchtitan's MoE does (grouped_mm wants B column-major)
         self.w_up = torch.nn.Parameter(torch.randn(experts, 2 * ffn, hidden) * 0.02)
@@ -694,15 +703,38 @@ class MoEMLP(torch.nn.Module):
         a, b = self._grouped(xs, self.w_up, offs, counts).chunk(2, dim=-1)
         y = self._grouped(F.silu(a) * b, self.w_down, offs, counts)
         y = y * weight.flatten()[order].unsqueeze(-1)
-        return torch.zeros_like(x).index_add_(0, token_of, y)
+        if self.combine == "index_add":  # autograd keeps ``y`` for index_add_'s backward (it reads source's shape)
+            return torch.zeros_like(x).index_add_(0, token_of, y)
+        # Megatron-Core's unpermute: scatter_add_, whose backward is a gather and keeps no ``y``
+        return torch.zeros_like(x).scatter_add_(0, token_of.unsqueeze(-1).expand(-1, x.shape[-1]), y)
+
+
+def _kernel_times(fn, iters: int) -> list[dict]:
+    """GPU kernels of ``iters`` calls of ``fn`` under torch.profiler: seconds and calls per call,
+    longest first (where the time of a block goes)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        us = getattr(e, "cuda_time_total", 0) if us is None else us
+        if us:
+            rows.append({"name": e.key, "s": us / 1e6 / iters, "calls": e.count / iters})
+    return sorted(rows, key=lambda r: -r["s"])
 
 
 @section("moe")
 def moe():
     out = []
-    for name, hidden, experts, top_k, ffn, tokens in MOE_CASES:
+    cases = [c + ("scatter_add",) for c in MOE_CASES] + [MOE_CASES[0] + ("index_add",)]
+    for name, hidden, experts, top_k, ffn, tokens, combine in cases:
         torch.cuda.empty_cache()
-        block = MoEMLP(hidden, experts, top_k, ffn).cuda().bfloat16()
+        block = MoEMLP(hidden, experts, top_k, ffn, combine).cuda().bfloat16()
         x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         g = torch.randn_like(x)
         t = timed(lambda: block(x).backward(g), 5, warmup=2)
@@ -713,15 +745,159 @@ def moe():
         act = torch.cuda.memory_allocated() - base - y.numel() * y.element_size()
         y.backward(g)
         del y
-        row = {"case": name, "hidden": hidden, "experts": experts, "top_k": top_k, "expert_ffn": ffn,
+        row = {"case": name if combine == "scatter_add" else f"{name}-index-add", "hidden": hidden,
+               "experts": experts, "top_k": top_k, "expert_ffn": ffn, "combine": combine,
                "tokens": tokens, "grouped_mm": hasattr(torch, "_grouped_mm"), "fwd_bwd_s": t, "fwd_s": t_fwd,
-               "activation_bytes": act}
+               "activation_bytes": act, "kernels": _kernel_times(lambda: block(x).backward(g), 3)}
         flops = 3 * 2 * tokens * top_k * hidden * 3 * ffn
         out.append(row)
-        log(f"[moe] {name}: fwd+bwd {t * 1e3:.2f} ms, fwd {t_fwd * 1e3:.2f} ms, expert GEMMs "
-            f"{flops / t / 1e12:.0f} TFLOP/s, activations {act / 2**20:.0f} MiB")
+        log(f"[moe] {row['case']}: fwd+bwd {t * 1e3:.2f} ms, fwd {t_fwd * 1e3:.2f} ms, expert GEMMs "
+            f"{flops / t / 1e12:.0f} TFLOP/s, activations {act / 2**20:.0f} MiB; kernels (ms per fwd+bwd, calls): "
+            + "; ".join(f"{k['name'][:60]} {k['s'] * 1e3:.3f} x{k['calls']:g}" for k in row["kernels"][:12]))
         del block, x, g
     return out
+
+
+def _side_kernels():
+    """Two Triton kernels that hold ``grid`` SMs for a set time: ``copy`` streams a buffer through
+    memory as an NCCL channel does (one block per channel), ``spin`` only computes on registers."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def copy(src, dst, n, reps, delay, sink, BLOCK: tl.constexpr):
+        pid, progs = tl.program_id(0), tl.num_programs(0)
+        chunks = tl.cdiv(n, BLOCK)
+        wait = tl.zeros((BLOCK,), dtype=tl.float32)
+        for r in range(0, reps):
+            for c in range(pid, chunks, progs):
+                offs = c * BLOCK + tl.arange(0, BLOCK)
+                mask = offs < n
+                tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+                for i in range(0, delay):  # register-only work between chunks: a slower stream
+                    wait = wait * 0.999 + 0.001
+        tl.store(sink + pid * BLOCK + tl.arange(0, BLOCK), wait)
+
+    @triton.jit
+    def spin(out, iters, BLOCK: tl.constexpr):
+        x = tl.arange(0, BLOCK).to(tl.float32)
+        for i in range(0, iters):
+            x = x * 0.999 + 0.001
+        tl.store(out + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), x)
+    return copy, spin
+
+
+# GEMM shapes (m, n, k) overlapped: a square one, and one tensor-parallel rank's Llama-3-70B MLP at
+# tp 8 (8192 tokens, 28672 / 8 = 3584 wide), forward.
+OVERLAP_GEMMS = [(8192, 8192, 8192), (8192, 3584, 8192)]
+
+
+@section("overlap")
+def overlap():
+    copy, spin = _side_kernels()
+    n = 64 * 2**20  # 128 MiB of bf16 each way, past the 50 MiB L2
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    spin_out = torch.empty(64 * 4096, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    block = 4096
+
+    sink = torch.empty(64 * block, device="cuda")
+
+    # kind: (kernel, elements per block-step, warps). One NCCL channel is one block of 512 threads
+    # (16 warps); "_narrow" and "_wide" change the footprint of a block on its SM, not the count.
+    kinds = {"copy": (copy, block, 16), "copy_narrow": (copy, 1024, 4), "spin": (spin, 512, 16),
+             "spin_wide": (spin, block, 16)}
+    footprint = {}
+
+    def side(kind, ctas, amount, delay=0):
+        kernel, elems, warps = kinds[kind]
+        if kernel is copy:
+            k = copy[(ctas,)](src, dst, n, amount, delay, sink, BLOCK=elems, num_warps=warps)
+        else:
+            k = spin[(ctas,)](spin_out, amount, BLOCK=elems, num_warps=warps)
+        if kind not in footprint:
+            footprint[kind] = {"registers_per_thread": getattr(k, "n_regs", None),
+                               "shared_bytes": getattr(getattr(k, "metadata", None), "shared", None),
+                               "threads": 32 * warps}
+
+    def wall_s(fn):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    side("copy", 8, 1)
+    assert torch.equal(src, dst), "copy kernel is wrong"
+    dst.zero_()
+    side("copy", 8, 1, 3)
+    assert torch.equal(src, dst), "delayed copy kernel is wrong"
+    for kind in kinds:  # compile each variant before anything is timed
+        side(kind, 8, 1 if kind.startswith("copy") else 10)
+    spin_rate = 2e6 / wall_s(lambda: side("spin_wide", 8, 2_000_000))  # iterations per second (the slower)
+    side_stream = torch.cuda.Stream()
+
+    @functools.lru_cache(maxsize=None)
+    def copy_s(kind, ctas, delay):
+        """Seconds of one pass of a copy kernel alone, timed over at least 0.1 s."""
+        one = wall_s(lambda: side(kind, ctas, 1, delay))
+        reps = math.ceil(0.1 / one)
+        return one if reps <= 1 else wall_s(lambda: side(kind, ctas, reps, delay)) / reps
+
+    def trial(gemm, iters, kind, ctas, delay):
+        """GEMM loop alone, then beside the side kernel: (slowdown, alone s, together s, side bytes/s,
+        nvidia-smi during the GEMMs alone, and beside)."""
+        alone = timed(gemm, iters, warmup=3)
+        for _ in range(iters):
+            gemm()
+        clocks_alone = smi()  # sampled while the loop above runs
+        torch.cuda.synchronize()
+        if kind.startswith("copy"):
+            one = copy_s(kind, ctas, delay)
+            rate, amount = 2 * n * 2 / one, max(1, math.ceil(1.5 * alone * iters / one))
+        else:
+            rate, amount = None, int(1.5 * alone * iters * spin_rate)  # outlasts the GEMM loop
+        torch.cuda.synchronize()
+        g0, g1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(side_stream):
+            side(kind, ctas, amount, delay)  # launched first: its blocks hold their SMs, as NCCL's do
+        time.sleep(0.005)
+        g0.record()
+        for _ in range(iters):
+            gemm()
+        g1.record()
+        clocks_together = smi()
+        torch.cuda.synchronize()
+        together = g0.elapsed_time(g1) / 1e3 / iters
+        return together / alone - 1, alone, together, rate, clocks_alone, clocks_together
+
+    rows = []
+    for m, nn, k in OVERLAP_GEMMS:
+        gemm = gemm_fn(m, nn, k, "bf16")
+        iters = max(10, round(0.25 / timed(gemm, 5)))  # a quarter of a second of GEMMs
+        cases = [("copy", c, 0) for c in (4, 8, 16, 32)] + [("spin", c, 0) for c in (4, 8, 16, 32)]
+        cases += [("copy", 16, d) for d in (64, 256, 1024, 4096)]  # one channel count, slower streams
+        cases += [("copy_narrow", 16, 0), ("spin_wide", 16, 0)]  # the same count, another footprint
+        for kind, ctas, delay in cases:
+            trials = sorted((trial(gemm, iters, kind, ctas, delay) for _ in range(3)), key=lambda t: t[0])
+            slow, alone, together, rate, clk_a, clk_t = trials[1]  # the median of three
+            row = {"gemm": [m, nn, k], "side": kind, "ctas": ctas, "delay": delay, "sm_share": ctas / sms,
+                   "gemm_alone_s": alone, "gemm_together_s": together, "gemm_slowdown": slow,
+                   "slowdowns": [t[0] for t in trials], "side_alone_bytes_per_s": rate,
+                   "gemm_alone_tflops": 2 * m * nn * k / alone / 1e12, "smi_alone": clk_a, "smi_together": clk_t,
+                   "side_kernel": footprint.get(kind)}
+            rows.append(row)
+            log(f"[overlap] GEMM {m}x{nn}x{k} ({row['gemm_alone_tflops']:.0f} TFLOP/s alone) beside a {kind} "
+                f"kernel of {ctas} blocks ({ctas / sms:.1%} of the SMs)" + (f", delay {delay}" if delay else "")
+                + f": slowed {slow:.1%} (trials " + ", ".join(f"{t[0]:.1%}" for t in trials) + ")"
+                + (f", copy alone {rate / 1e9:.0f} GB/s" if rate else "")
+                + f"; SM MHz / W alone {clk_a.get('clocks.sm')}/{clk_a.get('power.draw')},"
+                f" beside {clk_t.get('clocks.sm')}/{clk_t.get('power.draw')}")
+        del gemm
+    log(f"[overlap] side kernels: {footprint}")
+    del src, dst
+    return rows
 
 
 def main() -> int:
@@ -749,7 +925,7 @@ def main() -> int:
     sections = {"loss": (loss_memory, ()), "small_run": (small_run, (not a.no_compile,)),
                 "launch": (launch, ()), "memory_bandwidth": (memory_bandwidth, ()), "mamf": (mamf, (a.quick,)),
                 "attention": (attention, ()), "layers": (layers, ()), "titan_layers": (titan_layers, (not a.no_compile,)),
-                "tp_shard": (tp_shard, ()), "moe": (moe, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
+                "tp_shard": (tp_shard, ()), "moe": (moe, ()), "overlap": (overlap, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
     only = [x for x in a.only.split(",") if x]
     for name in only:
         if name not in sections:

@@ -103,6 +103,7 @@ class Profile:
     dp_comm_sms: int | None = None
     ep_comm_sms: int | None = None
     tp_comm_share: float | None = None  # measured cost of an overlapped TP collective per second of it
+    tp_comm_sm_margin: bool = False  # the overlapped TP GEMMs are launched on the SMs the comm kernels leave
     sources: dict = field(default_factory=dict, hash=False)
     notes: tuple[str, ...] = ()
 
@@ -309,6 +310,7 @@ def load_profile(framework_id: str) -> Profile:
         kv_repeat_until=parse_date(sem.get("kv_repeat_until"), f"{where}: semantics.kv_repeat_until"),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         tp_comm_share=None if ov.get("tp_comm_share") is None else _fraction(ov["tp_comm_share"], f"{where}: overlap.tp_comm_share"),
+        tp_comm_sm_margin=bool(ov.get("tp_comm_sm_margin", False)),
         sources=sources, notes=tuple(doc.get("notes") or ()),
     )
 

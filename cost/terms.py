@@ -303,17 +303,42 @@ def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
 def overlap_share(ctx: Context, stream: str) -> float:
     """Share of the device's compute that an overlapped ``stream`` (tp, dp or ep) takes from the
     compute it hides behind: a published overlap measurement of the framework's mechanism where the
-    profile has one (``overlap.tp_comm_share``), else its kernels' SMs over the device's SMs (the
-    profile's ``overlap`` figures: TE userbuffers' SM count, NCCL channels), else the unmeasured
+    profile has one (``overlap.tp_comm_share``); else from the SMs its kernels hold (the profile's
+    ``overlap`` figures: TE userbuffers' SM count, NCCL channels) and the device.
+
+    Compute launched on the SMs the communication leaves (TE userbuffers' SM margin,
+    ``tp_comm_sm_margin``) loses that share of the SMs. Compute launched for the whole device beside
+    a resident communication kernel (NCCL collectives) loses more: its kernels are sized for every
+    SM, and the tiles that cannot start wait a whole tile's time (the tail effect). The device's
+    measured ``comm_kernel_slowdown`` (GEMM slowdown ``s`` at an SM share) prices that: the compute
+    runs at ``1 / (1 + s)`` of its speed while the communication runs, a share ``s / (1 + s)``.
+    Without a measurement: the SM share, labelled in the plan; without an SM count: the unmeasured
     placeholder."""
-    measured = getattr(ctx.job.profile.profile, f"{stream}_comm_share", None)
+    prof = ctx.job.profile.profile
+    measured = getattr(prof, f"{stream}_comm_share", None)
     if measured is not None:  # a published overlap measurement of the mechanism (overlap.tp_comm_share)
         return measured
-    sms = getattr(ctx.job.profile.profile, f"{stream}_comm_sms", None)
-    count = ctx.cluster.device.gemm.sm_count
-    if sms and count:
-        return min(1.0, sms / count)
-    return UNMEASURED_OVERLAP_SHARE
+    sms = getattr(prof, f"{stream}_comm_sms", None)
+    dev = ctx.cluster.device
+    count = dev.gemm.sm_count
+    if not (sms and count):
+        return UNMEASURED_OVERLAP_SHARE
+    share = min(1.0, sms / count)
+    if getattr(prof, f"{stream}_comm_sm_margin", False) or not dev.comm_kernel_slowdown:
+        return share
+    slowdown = comm_kernel_slowdown(dev.comm_kernel_slowdown, share)
+    return max(share, slowdown / (1.0 + slowdown))
+
+
+def comm_kernel_slowdown(curve: tuple[tuple[float, float], ...], share: float) -> float:
+    """The measured GEMM slowdown at SM ``share``, linear between the measured points and from no
+    slowdown at no SMs; past the last point it grows in proportion to the share."""
+    points = ((0.0, 0.0),) + tuple(curve)
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if share <= x1:
+            return y0 + (y1 - y0) * (share - x0) / (x1 - x0)
+    x, y = points[-1]
+    return y * share / x
 
 
 def overlapped_exposed_s(comm_s: float, window_s: float, share: float) -> float:

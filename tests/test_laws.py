@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -126,3 +128,31 @@ def test_one_stretch_of_compute_hides_one_stream(knobs, ffn, hidden, cluster):
     assert tp_window + cp_window + c.dp_window_s(to, cp) <= c.backward_s * (1 + 1e-12)
     whole = c.forward_s + c.backward_s + c.recompute_s
     assert (c.gemm_s if to else 0.0) + (c.attn_s if cp > 1 else 0.0) + c.fsdp_window_s(to, cp) <= whole * (1 + 1e-12)
+
+
+def test_overlap_share_follows_the_measured_tail_effect():
+    """Plain NCCL overlap on an H100 costs the measured GEMM slowdown (s / (1 + s)), more than the SMs
+    the kernels hold; TE userbuffers, whose GEMMs leave those SMs (SM margin), cost the SM share; a
+    device with no curve costs the SM share."""
+    from clusterplan.cost.terms import Context, comm_kernel_slowdown, overlap_share
+    model = _model(8192)
+    h100 = CLUSTERS["h100"]
+    dev = h100.device
+    assert dev.comm_kernel_slowdown and dev.comm_kernel_slowdown_measured
+    ctx = Context(model, Job(global_batch_size=64, seq_len=4096, framework="megatron"), h100)
+    sms = ctx.job.profile.profile.dp_comm_sms / dev.gemm.sm_count
+    s = comm_kernel_slowdown(dev.comm_kernel_slowdown, sms)
+    assert overlap_share(ctx, "dp") == pytest.approx(s / (1 + s))
+    assert overlap_share(ctx, "dp") > 2 * sms
+    assert overlap_share(ctx, "tp") == pytest.approx(ctx.job.profile.profile.tp_comm_sms / dev.gemm.sm_count)
+    bare = dataclasses.replace(h100, device=dev.model_copy(update={"comm_kernel_slowdown": ()}))
+    assert overlap_share(Context(model, ctx.job, bare), "dp") == pytest.approx(sms)
+
+
+@settings(max_examples=100, deadline=None)
+@given(a=st.floats(0.0, 1.0), b=st.floats(0.0, 1.0))
+def test_comm_kernel_slowdown_grows_with_the_sms_held(a, b):
+    from clusterplan.cost.terms import comm_kernel_slowdown
+    curve = CLUSTERS["h100"].device.comm_kernel_slowdown
+    lo, hi = sorted((a, b))
+    assert 0.0 <= comm_kernel_slowdown(curve, lo) <= comm_kernel_slowdown(curve, hi)

@@ -112,6 +112,11 @@ class DeviceSpec(BaseModel):
     kernel_overhead_s: float = Field(
         ge=0, description="Fixed launch/framework overhead per kernel on this device (seconds)."
     )
+    comm_kernel_slowdown: tuple[tuple[float, float], ...] = Field(
+        (), description="Measured slowdown of large GEMMs beside a communication kernel that holds a share of the "
+                        "SMs, as (SM share, slowdown) points; empty: not measured (cost.terms.overlap_share).")
+    comm_kernel_slowdown_measured: bool = Field(
+        False, description="Whether comm_kernel_slowdown was measured on this device family (else borrowed).")
     memory_tiers: tuple[MemoryTier, ...] = Field(
         (), description="Memory tiers besides ``memory_bytes`` (see MemoryTier); empty for most devices.")
     sources: list[str] = Field(default_factory=list, description="Sources of the figures.")

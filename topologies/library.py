@@ -121,6 +121,21 @@ class CalibrationEntry(_Entry):
     attention_efficiency_fa2: float | None = Field(
         None, gt=0, le=1, description="The same for FlashAttention-2 kernels where they trail the family's best.")
     attention_efficiency_fa2_source: str = Field("", description="Where it was measured.")
+    comm_kernel_slowdown: list[tuple[float, float]] = Field(
+        default_factory=list,
+        description="Measured slowdown of large GEMMs while a communication kernel holds a share of the SMs: "
+                    "[SM share, slowdown] points (benchmarks/gpu_probe.py, section overlap).")
+    comm_kernel_slowdown_source: str = Field("", description="Where it was measured.")
+    comm_kernel_slowdown_measured: bool = Field(
+        False, description="True where the curve was measured on this family; False where borrowed.")
+
+    @model_validator(mode="after")
+    def _curve(self) -> "CalibrationEntry":
+        for share, slowdown in self.comm_kernel_slowdown:
+            if not (0 < share <= 1 and 0 <= slowdown <= 10):
+                raise ValueError(f"comm_kernel_slowdown: point [{share}, {slowdown}]: the SM share must be in (0, 1] "
+                                 "and the slowdown in [0, 10]")
+        return self
 
 
 class MemoryTierEntry(_Entry):
@@ -392,6 +407,8 @@ def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
         sustained_fraction=group.sustained_fraction if group else 1.0,
         attention_efficiency=group.attention_efficiency if group else None,
         attention_efficiency_fa2=group.attention_efficiency_fa2 if group else None,
+        comm_kernel_slowdown=tuple(sorted(map(tuple, group.comm_kernel_slowdown))) if group else (),
+        comm_kernel_slowdown_measured=bool(group and group.comm_kernel_slowdown_measured),
         kernel_overhead_s=entry.kernel_overhead_s if entry.kernel_overhead_s is not None else group.kernel_overhead_s,
         sources=list(resolve_sources(entry.sources)), contested=list(entry.contested),
     )

@@ -139,6 +139,12 @@ def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
     if dev.attention_efficiency is None:
         lines.append(f"unvalidated: no measured fused-attention efficiency for {dev.name}; attention runs at "
                      f"{UNMEASURED_ATTENTION_OVER_MAMF:.0%} of the matmul efficiency (assumed, docs/cost-model.md)")
+    if dev.comm_kernel_slowdown and not dev.comm_kernel_slowdown_measured:
+        lines.append(f"unvalidated: the slowdown overlapped NCCL kernels cause the compute on {dev.name} is the H100's "
+                     f"measured curve (the tail effect of GEMMs sized for every SM), not measured on this family")
+    elif dev.gemm.sm_count and not dev.comm_kernel_slowdown and prof.dp_comm_sms:
+        lines.append(f"unvalidated: overlapped communication on {dev.name} is charged the share of the SMs its kernels "
+                     f"hold; the tail effect measured on H100 (2-3x that share) is not measured here")
     if not dev.gemm.sm_count or not prof.dp_comm_sms:
         lines.append(f"unvalidated: overlapped communication on {dev.name} under {prof.id} is charged an assumed "
                      f"{UNMEASURED_OVERLAP_SHARE:.0%} of the compute it overlaps (no SM-count figure)")
