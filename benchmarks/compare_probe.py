@@ -35,7 +35,8 @@ PROBES = (RESULTS / "gpu_probe_h200_2026-11-26.json", RESULTS / "gpu_probe2_h200
           RESULTS / "gpu_probe3_h200_2026-11-26.json", RESULTS / "gpu_probe_h100_2026-11-26.json",
           RESULTS / "gpu_probe_h100_small_run_2026-11-26.json", RESULTS / "gpu_probe_h100_tp_shard_2026-11-26.json",
           RESULTS / "gpu_probe_overlap_h100_2026-11-26.json", RESULTS / "gpu_probe_overlap2_h100_2026-11-26.json",
-          RESULTS / "gpu_probe_overlap3_h100_2026-11-26.json", RESULTS / "gpu_probe_moe_h100_2026-11-26.json")
+          RESULTS / "gpu_probe_overlap3_h100_2026-11-26.json", RESULTS / "gpu_probe_overlap4_h100_2026-11-26.json",
+          RESULTS / "gpu_probe_moe_h100_2026-11-26.json")
 LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, style="llama")
 
 
@@ -195,12 +196,13 @@ def overlap_rows(probe: dict) -> list[dict]:
     overlap) and against the bare SM share (what it charges with an SM margin)."""
     dev = load_device(DEVICE_OF[probe["device"]["name"]])
     out = []
-    for row in probe.get("overlap") or []:
+    for row in (probe.get("overlap") or []) + (probe.get("overlap_more") or []):
         if not isinstance(row, dict) or "side" not in row:
             continue
         share = row["ctas"] / dev.gemm.sm_count
         curve = comm_kernel_slowdown(dev.comm_kernel_slowdown, share) if dev.comm_kernel_slowdown else None
-        out.append({"case": f"{'x'.join(map(str, row['gemm']))} + {row['side']} {row['ctas']}"
+        what = row.get("compute") or "x".join(map(str, row["gemm"]))
+        out.append({"case": f"{what} + {row['side']} {row['ctas']}"
                             + (f" delay {row['delay']}" if row.get("delay") else ""),
                     "measured": row["gemm_slowdown"], "curve": curve, "sm_share_slowdown": share / (1 - share)})
     return out
@@ -266,7 +268,7 @@ def main() -> int:
                  lambda r: (f"  {r['case']:34} {r['measured_s'] * 1e3:8.2f} {r['predicted_s'] * 1e3:8.2f}"
                             f" {_err(r['predicted_s'], r['measured_s'])} {r['measured_bytes'] / 2**20:9.0f}"
                             f" {r['predicted_bytes'] / 2**20:9.0f} {_err(r['predicted_bytes'], r['measured_bytes'])}"))
-        _section(f"  {'GEMM beside a kernel of N blocks (slowdown)':44} {'measured':>8} {'curve':>6} {'SM share':>8}",
+        _section(f"  {'GEMM or attention beside N blocks (slowdown)':44} {'measured':>8} {'curve':>6} {'SM share':>8}",
                  overlap_rows(probe),
                  lambda r: (f"  {r['case']:44} {r['measured']:8.1%} "
                             + (f"{r['curve']:6.1%}" if r["curve"] is not None else f"{'-':>6}")

@@ -792,8 +792,31 @@ def _side_kernels():
 OVERLAP_GEMMS = [(8192, 8192, 8192), (8192, 3584, 8192)]
 
 
+def _attention_fn(tokens=8192, heads=32, head_dim=128):
+    """Causal attention forward and backward through SDPA (cuDNN or flash), one sequence."""
+    q, k, v = (torch.randn(1, heads, tokens, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    g = torch.randn(1, heads, tokens, head_dim, device="cuda", dtype=torch.bfloat16)
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+
+
 @section("overlap")
 def overlap():
+    return _overlap([(f"{m}x{n}x{k}", [m, n, k], gemm_fn(m, n, k, "bf16"), 2 * m * n * k) for m, n, k in OVERLAP_GEMMS],
+                    [("copy", c, 0) for c in (4, 8, 16, 32)] + [("spin", c, 0) for c in (4, 8, 16, 32)]
+                    + [("copy", 16, d) for d in (64, 256, 1024, 4096)]  # one channel count, slower streams
+                    + [("copy_narrow", 16, 0), ("spin_wide", 16, 0)])  # the same count, another footprint
+
+
+@section("overlap_more")
+def overlap_more():
+    """The tail effect on a smaller GEMM (fewer waves) and on causal attention (fwd+bwd)."""
+    return _overlap([("4096x3584x8192", [4096, 3584, 8192], gemm_fn(4096, 3584, 8192, "bf16"), 2 * 4096 * 3584 * 8192),
+                     ("sdpa-causal-8k-h32-d128", None, _attention_fn(), 3.5 * 4 * 8192 * 8192 * 32 * 128 / 2)],
+                    [("copy", c, 0) for c in (8, 16, 32)] + [("copy_narrow", 16, 0), ("spin_wide", 16, 0)])
+
+
+def _overlap(computes, cases):
     copy, spin = _side_kernels()
     n = 64 * 2**20  # 128 MiB of bf16 each way, past the 50 MiB L2
     src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -873,22 +896,20 @@ def overlap():
         return together / alone - 1, alone, together, rate, clocks_alone, clocks_together
 
     rows = []
-    for m, nn, k in OVERLAP_GEMMS:
-        gemm = gemm_fn(m, nn, k, "bf16")
-        iters = max(10, round(0.25 / timed(gemm, 5)))  # a quarter of a second of GEMMs
-        cases = [("copy", c, 0) for c in (4, 8, 16, 32)] + [("spin", c, 0) for c in (4, 8, 16, 32)]
-        cases += [("copy", 16, d) for d in (64, 256, 1024, 4096)]  # one channel count, slower streams
-        cases += [("copy_narrow", 16, 0), ("spin_wide", 16, 0)]  # the same count, another footprint
+    for label, shape, gemm, flops in computes:
+        iters = max(10, round(0.25 / timed(gemm, 5)))  # a quarter of a second of it
         for kind, ctas, delay in cases:
             trials = sorted((trial(gemm, iters, kind, ctas, delay) for _ in range(3)), key=lambda t: t[0])
             slow, alone, together, rate, clk_a, clk_t = trials[1]  # the median of three
-            row = {"gemm": [m, nn, k], "side": kind, "ctas": ctas, "delay": delay, "sm_share": ctas / sms,
+            row = {"compute": label, "side": kind, "ctas": ctas, "delay": delay, "sm_share": ctas / sms,
                    "gemm_alone_s": alone, "gemm_together_s": together, "gemm_slowdown": slow,
                    "slowdowns": [t[0] for t in trials], "side_alone_bytes_per_s": rate,
-                   "gemm_alone_tflops": 2 * m * nn * k / alone / 1e12, "smi_alone": clk_a, "smi_together": clk_t,
+                   "gemm_alone_tflops": flops / alone / 1e12, "smi_alone": clk_a, "smi_together": clk_t,
                    "side_kernel": footprint.get(kind)}
+            if shape:
+                row["gemm"] = shape
             rows.append(row)
-            log(f"[overlap] GEMM {m}x{nn}x{k} ({row['gemm_alone_tflops']:.0f} TFLOP/s alone) beside a {kind} "
+            log(f"[overlap] {label} ({row['gemm_alone_tflops']:.0f} TFLOP/s alone) beside a {kind} "
                 f"kernel of {ctas} blocks ({ctas / sms:.1%} of the SMs)" + (f", delay {delay}" if delay else "")
                 + f": slowed {slow:.1%} (trials " + ", ".join(f"{t[0]:.1%}" for t in trials) + ")"
                 + (f", copy alone {rate / 1e9:.0f} GB/s" if rate else "")
@@ -925,7 +946,7 @@ def main() -> int:
     sections = {"loss": (loss_memory, ()), "small_run": (small_run, (not a.no_compile,)),
                 "launch": (launch, ()), "memory_bandwidth": (memory_bandwidth, ()), "mamf": (mamf, (a.quick,)),
                 "attention": (attention, ()), "layers": (layers, ()), "titan_layers": (titan_layers, (not a.no_compile,)),
-                "tp_shard": (tp_shard, ()), "moe": (moe, ()), "overlap": (overlap, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
+                "tp_shard": (tp_shard, ()), "moe": (moe, ()), "overlap": (overlap, ()), "overlap_more": (overlap_more, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
     only = [x for x in a.only.split(",") if x]
     for name in only:
         if name not in sections:

@@ -132,8 +132,8 @@ def test_one_stretch_of_compute_hides_one_stream(knobs, ffn, hidden, cluster):
 
 def test_overlap_share_follows_the_measured_tail_effect():
     """Plain NCCL overlap on an H100 costs the measured GEMM slowdown (s / (1 + s)), more than the SMs
-    the kernels hold; TE userbuffers, whose GEMMs leave those SMs (SM margin), cost the SM share; a
-    device with no curve costs the SM share."""
+    the kernels hold; TE userbuffers, whose GEMMs leave those SMs (SM margin), the context-parallel
+    ring beside attention, and a device with no curve cost the SM share."""
     from clusterplan.cost.terms import Context, comm_kernel_slowdown, overlap_share
     model = _model(8192)
     h100 = CLUSTERS["h100"]
@@ -145,6 +145,7 @@ def test_overlap_share_follows_the_measured_tail_effect():
     assert overlap_share(ctx, "dp") == pytest.approx(s / (1 + s))
     assert overlap_share(ctx, "dp") > 2 * sms
     assert overlap_share(ctx, "tp") == pytest.approx(ctx.job.profile.profile.tp_comm_sms / dev.gemm.sm_count)
+    assert overlap_share(ctx, "dp", beside="attention") == pytest.approx(sms)  # the CP ring: no tail effect measured
     bare = dataclasses.replace(h100, device=dev.model_copy(update={"comm_kernel_slowdown": ()}))
     assert overlap_share(Context(model, ctx.job, bare), "dp") == pytest.approx(sms)
 
