@@ -1059,6 +1059,10 @@ def _time(doc: dict, console: Console) -> None:
     zero = [TIME_LABELS.get(k, k).split(" (")[0] for k, v in doc["breakdown"].items() if not v]
     if zero:
         console.print(f"no time in: {', '.join(zero)}")
+    names = {"tp": "TP overlap", "dp": "DP overlap", "cp": "context-parallel ring"}
+    for key, charge in (doc.get("overlap_charges") or {}).items():
+        console.print(f"{names.get(key, key)} costs {charge['share']:.1%} of the compute it hides behind "
+                      f"while it runs: {charge['basis']}")
     console.print()
 
 

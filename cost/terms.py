@@ -302,8 +302,14 @@ def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
 
 def overlap_share(ctx: Context, stream: str, beside: str = "gemm") -> float:
     """Share of the device's compute that an overlapped ``stream`` (tp, dp or ep) takes from the
-    compute it hides behind: a published overlap measurement of the framework's mechanism where the
-    profile has one (``overlap.tp_comm_share``); else from the SMs its kernels hold (the profile's
+    compute it hides behind (:func:`overlap_charge`)."""
+    return overlap_charge(ctx.job.profile.profile, ctx.cluster.device, stream, beside)[0]
+
+
+def overlap_charge(prof, dev, stream: str, beside: str = "gemm") -> tuple[float, str]:
+    """``(share, basis)``: the share of the compute an overlapped ``stream`` takes from what it hides
+    behind, and why. A published overlap measurement of the framework's mechanism where the profile
+    has one (``overlap.tp_comm_share``); else from the SMs its kernels hold (the profile's
     ``overlap`` figures: TE userbuffers' SM count, NCCL channels) and the device.
 
     Compute launched on the SMs the communication leaves (TE userbuffers' SM margin,
@@ -316,20 +322,24 @@ def overlap_share(ctx: Context, stream: str, beside: str = "gemm") -> float:
     placeholder. Fused attention (``beside="attention"``, what the context-parallel ring hides
     behind) schedules many small blocks and measured no tail effect (11% slower beside 16 copy
     blocks, 28% beside 32 on an H100, against 14% and 32% for the bare SM share): the SM share."""
-    prof = ctx.job.profile.profile
     measured = getattr(prof, f"{stream}_comm_share", None)
     if measured is not None:  # a published overlap measurement of the mechanism (overlap.tp_comm_share)
-        return measured
+        return measured, "the framework's own overlap measurement"
     sms = getattr(prof, f"{stream}_comm_sms", None)
-    dev = ctx.cluster.device
     count = dev.gemm.sm_count
     if not (sms and count):
-        return UNMEASURED_OVERLAP_SHARE
+        return UNMEASURED_OVERLAP_SHARE, "assumed (no SM-count figure)"
     share = min(1.0, sms / count)
-    if beside == "attention" or getattr(prof, f"{stream}_comm_sm_margin", False) or not dev.comm_kernel_slowdown:
-        return share
+    held = f"{sms} of {count} SMs"
+    if beside == "attention":
+        return share, f"{held} beside attention (no tail effect measured)"
+    if getattr(prof, f"{stream}_comm_sm_margin", False):
+        return share, f"{held}; the GEMMs run on the rest (SM margin)"
+    if not dev.comm_kernel_slowdown:
+        return share, f"{held} (the tail effect is not measured on this device)"
     slowdown = comm_kernel_slowdown(dev.comm_kernel_slowdown, share)
-    return max(share, slowdown / (1.0 + slowdown))
+    where = "measured on H100" if dev.comm_kernel_slowdown_measured else "H100's measurement, borrowed"
+    return max(share, slowdown / (1.0 + slowdown)), f"{held} beside GEMMs sized for every SM (tail effect, {where})"
 
 
 def comm_kernel_slowdown(curve: tuple[tuple[float, float], ...], share: float) -> float:

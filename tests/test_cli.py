@@ -592,6 +592,21 @@ def test_placeholder_figures_are_labelled_unvalidated_in_report_and_json():
     assert not any("matmul ceiling" in line for line in h100["inputs"]["caveats"]["unvalidated"])
 
 
+def test_each_overlap_in_the_plan_says_what_it_costs():
+    """The report and the JSON give, per overlap the layout turns on, the share of the compute it
+    hides behind that it takes and why: TE userbuffers keep the SM share, NCCL overlap pays the tail
+    effect measured on H100 (more than its SMs)."""
+    args = ["--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "64", "--top", "0",
+            "--fix", "tp=8", "--fix", "tp_overlap=on", "--fix", "dp_overlap=on"]
+    doc = run_json("plan", *args)
+    charges = doc["overlap_charges"]
+    assert charges["tp"]["share"] == pytest.approx(16 / 132) and "SM margin" in charges["tp"]["basis"]
+    assert charges["dp"]["share"] > 2 * 16 / 132 and "tail effect, measured on H100" in charges["dp"]["basis"]
+    report = run("plan", *args)
+    assert report.exit_code == 0, report.stderr
+    assert "DP overlap costs 26.0% of the compute it hides behind" in report.stdout
+
+
 @pytest.mark.parametrize("args, words", [
     (["--global-batch", "99999999999999999999"], ["--global-batch", "at most 2,147,483,647"]),
     (["--scale-out-gbit-per-s", "1e300"], ["--scale-out-gbit-per-s", "at most 1e+06"]),

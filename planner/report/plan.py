@@ -24,7 +24,7 @@ from clusterplan.cost.energy import (ASSUMED_HOST_OVER_BOARD, has_idle_power, ho
                                      step_energy_j)
 from clusterplan.cost.layout import Job
 from clusterplan.cost.step import Evaluation
-from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE
+from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE, overlap_charge
 from clusterplan.models.errors import SpecError
 from clusterplan.models.files import bundled_yaml, parse_json, read_text
 from clusterplan.models.spec import ModelSpec
@@ -65,10 +65,29 @@ def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster, num_params: floa
         "overflow_bytes": ev.overflow_bytes,
         "memory": memory,
         "breakdown": breakdown,
+        "overlap_charges": overlap_charges(ev, job, cluster),
         "energy_per_step_j": step_energy_j(cluster, ev.time),
         "cost_per_step_usd": step_cost_usd(cluster, ev.step_time_s),
     }
     out.update(training_totals(out, job, num_params, cluster.num_devices))
+    return out
+
+
+def overlap_charges(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
+    """For each overlap the layout turns on: the share of the compute it hides behind that it takes,
+    and the basis of that figure (``cost.terms.overlap_charge``)."""
+    L, prof, dev = ev.layout, job.profile.profile, cluster.device
+    streams = []
+    if L.tp_overlap and L.tp > 1:
+        streams.append(("tp", "tp", "gemm"))
+    if L.dp_overlap and L.dp * L.cp > 1:
+        streams.append(("dp", "dp", "gemm"))
+    if L.cp > 1:
+        streams.append(("cp", "dp", "attention"))
+    out = {}
+    for name, stream, beside in streams:
+        share, basis = overlap_charge(prof, dev, stream, beside)
+        out[name] = {"share": share, "basis": basis}
     return out
 
 
