@@ -34,8 +34,9 @@ that fails records its error and the others still run. What it measures, and whi
   blocks (N = 4, 8, 16, 32; one NCCL channel is one block of 512 threads) runs on a second stream
   for the whole time a loop of bf16 GEMMs runs on the first: a ``copy`` kernel that streams memory
   as a channel does, and a ``spin`` kernel that only holds its SMs. The GEMMs' slowdown (median of
-  three), against ``cost.terms.overlap_share``, which prices it as N over the device's SM count. One
-  GPU: no link traffic, only the SM and memory contention.
+  three), against ``cost.terms.overlap_share``. ``overlap_more``: a GEMM of few waves and causal
+  attention; ``overlap_waves``: GEMMs of 3 to 54 waves and one fp8 GEMM. One GPU: no link traffic,
+  only the SM and memory contention.
 - ``allocator``: a short AdamW training loop (fp32 master weights, bf16 autocast): peak allocated
   vs peak reserved bytes of PyTorch's caching allocator.
 """
@@ -816,6 +817,16 @@ def overlap_more():
                     [("copy", c, 0) for c in (8, 16, 32)] + [("copy_narrow", 16, 0), ("spin_wide", 16, 0)])
 
 
+@section("overlap_waves")
+def overlap_waves():
+    """How the tail effect depends on the GEMM's size: M = K = 8192 and N from 1,792 to 28,672 (3.4
+    to 54 waves of 128x256 tiles on 132 SMs), bf16 and one fp8 case, beside 16 copy blocks."""
+    computes = [(f"8192x{n}x8192", [8192, n, 8192], gemm_fn(8192, n, 8192, "bf16"), 2 * 8192 * n * 8192)
+                for n in (1792, 3584, 7168, 14336, 28672)]
+    computes.append(("fp8 8192x8192x8192", [8192, 8192, 8192], gemm_fn(8192, 8192, 8192, "fp8"), 2 * 8192**3))
+    return _overlap(computes, [("copy", 16, 0), ("copy", 32, 0)])
+
+
 def _overlap(computes, cases):
     copy, spin = _side_kernels()
     n = 64 * 2**20  # 128 MiB of bf16 each way, past the 50 MiB L2
@@ -856,8 +867,13 @@ def _overlap(computes, cases):
     dst.zero_()
     side("copy", 8, 1, 3)
     assert torch.equal(src, dst), "delayed copy kernel is wrong"
-    for kind in kinds:  # compile each variant before anything is timed
-        side(kind, 8, 1 if kind.startswith("copy") else 10)
+    # Compile every variant before anything is timed: Triton specializes an integer argument on
+    # == 1, divisible by 16 and neither, so each kernel is launched once in each class of its counts
+    # (an uncompiled class inside copy_s once made a 16-block copy read 96 GB/s instead of 550).
+    for kind in kinds:
+        for amount in ((1, 2, 16) if kind.startswith("copy") else (10, 16)):
+            side(kind, 8, amount)
+    torch.cuda.synchronize()
     spin_rate = 2e6 / wall_s(lambda: side("spin_wide", 8, 2_000_000))  # iterations per second (the slower)
     side_stream = torch.cuda.Stream()
 
@@ -946,7 +962,7 @@ def main() -> int:
     sections = {"loss": (loss_memory, ()), "small_run": (small_run, (not a.no_compile,)),
                 "launch": (launch, ()), "memory_bandwidth": (memory_bandwidth, ()), "mamf": (mamf, (a.quick,)),
                 "attention": (attention, ()), "layers": (layers, ()), "titan_layers": (titan_layers, (not a.no_compile,)),
-                "tp_shard": (tp_shard, ()), "moe": (moe, ()), "overlap": (overlap, ()), "overlap_more": (overlap_more, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
+                "tp_shard": (tp_shard, ()), "moe": (moe, ()), "overlap": (overlap, ()), "overlap_more": (overlap_more, ()), "overlap_waves": (overlap_waves, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
     only = [x for x in a.only.split(",") if x]
     for name in only:
         if name not in sections:
