@@ -87,6 +87,24 @@ def test_one_calibration_constant_per_family():
     assert all(len(v) == 1 for v in by_family.values()), by_family
 
 
+def test_tail_effect_curve_is_measured_on_hopper_borrowed_on_nvidia_and_checked():
+    """The GEMM slowdown beside an NCCL-shaped kernel (calibration comm_kernel_slowdown): measured on
+    Hopper, borrowed by Ampere and Blackwell (their plans say so), absent elsewhere; a curve with a
+    repeated share or a falling slowdown is refused."""
+    from pydantic import ValidationError
+
+    from clusterplan.topologies.library import CalibrationEntry
+    h100, a100, b200 = (load_device(d) for d in ("h100-sxm5-80gb", "a100-sxm4-80gb", "b200"))
+    assert h100.comm_kernel_slowdown and h100.comm_kernel_slowdown_measured
+    assert a100.comm_kernel_slowdown == b200.comm_kernel_slowdown == h100.comm_kernel_slowdown
+    assert not a100.comm_kernel_slowdown_measured and not b200.comm_kernel_slowdown_measured
+    assert not load_device("tpu-v5p").comm_kernel_slowdown
+    base = dict(memory_efficiency=0.8, memory_efficiency_source="x", kernel_overhead_s=1e-6, kernel_overhead_source="x")
+    for curve in ([[0.1, 0.2], [0.1, 0.3]], [[0.1, 0.3], [0.2, 0.2]], [[1.5, 0.1]]):
+        with pytest.raises(ValidationError, match="comm_kernel_slowdown"):
+            CalibrationEntry(**base, comm_kernel_slowdown=curve)
+
+
 def test_device_lookup_by_name_is_case_insensitive():
     assert load_device("NVIDIA H100 SXM5 80GB").id == "h100-sxm5-80gb"
     assert load_device("H100-SXM5-80GB").id == "h100-sxm5-80gb"

@@ -135,6 +135,11 @@ class CalibrationEntry(_Entry):
             if not (0 < share <= 1 and 0 <= slowdown <= 10):
                 raise ValueError(f"comm_kernel_slowdown: point [{share}, {slowdown}]: the SM share must be in (0, 1] "
                                  "and the slowdown in [0, 10]")
+        points = sorted(self.comm_kernel_slowdown)
+        for (s0, d0), (s1, d1) in zip(points, points[1:]):
+            if s1 == s0 or d1 < d0:
+                raise ValueError(f"comm_kernel_slowdown: points [{s0}, {d0}] and [{s1}, {d1}]: each SM share once, and "
+                                 "the slowdown must not fall as the share grows")
         return self
 
 
