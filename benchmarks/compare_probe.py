@@ -194,9 +194,11 @@ COPY_MIN_BYTES_PER_S = 20e9
 
 
 def overlap_rows(probe: dict) -> list[dict]:
-    """The probe's ``overlap`` cases: a GEMM loop's slowdown beside a kernel of N blocks, against the
-    device's ``comm_kernel_slowdown`` curve (what ``cost.terms.overlap_share`` charges for NCCL
-    overlap) and against the bare SM share (what it charges with an SM margin)."""
+    """The probe's ``overlap``, ``overlap_more`` and ``overlap_waves`` cases: a GEMM (or attention)
+    loop's slowdown beside a kernel of N blocks, against the device's ``comm_kernel_slowdown`` curve
+    (what ``cost.terms.overlap_share`` charges for NCCL overlap) and against the bare SM share (what
+    it charges with an SM margin or beside attention); ``valid`` is False where the copy's own timing
+    included a compile."""
     dev = load_device(DEVICE_OF[probe["device"]["name"]])
     out = []
     for row in [r for key in ("overlap", "overlap_more", "overlap_waves") for r in probe.get(key) or []]:

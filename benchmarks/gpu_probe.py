@@ -820,7 +820,7 @@ def overlap_more():
 @section("overlap_waves")
 def overlap_waves():
     """How the tail effect depends on the GEMM's size: M = K = 8192 and N from 1,792 to 28,672 (3.4
-    to 54 waves of 128x256 tiles on 132 SMs), bf16 and one fp8 case, beside 16 copy blocks."""
+    to 54 waves of 128x256 tiles on 132 SMs), bf16 and one fp8 case, beside 16 and 32 copy blocks."""
     computes = [(f"8192x{n}x8192", [8192, n, 8192], gemm_fn(8192, n, 8192, "bf16"), 2 * 8192 * n * 8192)
                 for n in (1792, 3584, 7168, 14336, 28672)]
     computes.append(("fp8 8192x8192x8192", [8192, 8192, 8192], gemm_fn(8192, 8192, 8192, "fp8"), 2 * 8192**3))
@@ -931,9 +931,7 @@ def _overlap(computes, cases):
                 + (f", copy alone {rate / 1e9:.0f} GB/s" if rate else "")
                 + f"; SM MHz / W alone {clk_a.get('clocks.sm')}/{clk_a.get('power.draw')},"
                 f" beside {clk_t.get('clocks.sm')}/{clk_t.get('power.draw')}")
-        del gemm
     log(f"[overlap] side kernels: {footprint}")
-    del src, dst
     return rows
 
 
