@@ -27,7 +27,8 @@ FEATURES: tuple[str, ...] = (
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "flash_attention", "compile",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "zero_stage_in", "recompute_in", "sequence_parallel",
-             "tp_overlap")
+             "tp_overlap", "dp_overlap")
+ZERO3_FETCH = ("bucketed", "per_module_blocking")
 _DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 # Device families by architecture, for profiles that name an architecture (tp_overlap_families)
 ARCHITECTURE_OF_FAMILY = {"nvidia-b200": "nvidia-blackwell", "nvidia-gb200": "nvidia-blackwell",
@@ -36,15 +37,17 @@ ARCHITECTURE_OF_FAMILY = {"nvidia-b200": "nvidia-blackwell", "nvidia-gb200": "nv
 
 @dataclass(frozen=True)
 class Rule:
-    """A combination the framework refuses: every condition in ``when`` holds."""
+    """A combination the framework refuses: every condition in ``when`` holds, in releases before
+    ``until`` (YYYY-MM; None: every release)."""
 
     id: str
     message: str
     source: str
     when: tuple[tuple[str, object], ...]
+    until: str | None = None
 
     def refuses(self, tp: int, pp: int, cp: int, ep: int, vp: int, zero_stage: int, recompute: str,
-                sequence_parallel: bool, tp_overlap: bool = False) -> bool:
+                sequence_parallel: bool, tp_overlap: bool = False, dp_overlap: bool = False) -> bool:
         values = {"pp_min": pp, "tp_min": tp, "cp_min": cp, "ep_min": ep, "vp_min": vp}
         for key, want in self.when:
             if key in values and values[key] < want:
@@ -56,6 +59,8 @@ class Rule:
             if key == "sequence_parallel" and sequence_parallel != want:
                 return False
             if key == "tp_overlap" and tp_overlap != want:
+                return False
+            if key == "dp_overlap" and dp_overlap != want:
                 return False
         return True
 
@@ -93,6 +98,11 @@ class Profile:
     p2p_scatter_gather: bool = True
     p2p_scatter_gather_history: tuple[tuple[str, bool], ...] = ()
     p2p_blocking: bool = False
+    # ZeRO-3 parameter fetch by release (semantics.zero3_fetch_history): "bucketed" (prefetched,
+    # overlapped, one collective per layer or bucket) or "per_module_blocking" (one collective per
+    # partitioned module, each waiting for the device to go idle: DeepSpeed before v0.6.0)
+    zero3_fetch_history: tuple[tuple[str, str], ...] = ()
+    zero3_persistence_threshold: int = 0  # parameters with fewer elements are kept whole on every rank
     eager_activations: bool = False  # eager PyTorch modules: autograd keeps more than fused kernels (terms.activation_bytes)
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
@@ -174,6 +184,11 @@ class ProfileAt:
         return self._as_of(self.profile.p2p_scatter_gather_history, self.profile.p2p_scatter_gather)
 
     @property
+    def zero3_fetch(self) -> str:
+        """How ZeRO-3 fetches parameters at this release (``semantics.zero3_fetch_history``)."""
+        return self._as_of(self.profile.zero3_fetch_history, "bucketed")
+
+    @property
     def attention(self) -> str:
         """The attention kernel at this release: unfused before the framework had a fused one, then
         the kernel of the latest ``semantics.attention_history`` entry not after the date (else
@@ -226,13 +241,17 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
 
 
 def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
-                      sp: bool, tp_overlap: bool = False) -> str | None:
-    """The message of the first profile rule that refuses this combination, or None. Frameworks
-    whose TP always shards the sequence (torchtitan) refuse tp > 1 without sequence parallelism."""
+                      sp: bool, tp_overlap: bool = False, dp_overlap: bool = False) -> str | None:
+    """The message of the first profile rule that refuses this combination at the profile's
+    release, or None. Frameworks whose TP always shards the sequence (torchtitan) refuse tp > 1
+    without sequence parallelism. ``dp_overlap`` is the knob as it acts: pass False where there is
+    no data parallelism."""
     if prof.profile.sequence_parallel_with_tp and tp > 1 and not sp:
         return f"{prof.profile.id} shards the sequence whenever tp > 1 (sequence parallelism is always on)"
     for rule in prof.profile.rules:
-        if rule.refuses(tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap and tp > 1):
+        if rule.until is not None and prof.date >= rule.until:
+            continue
+        if rule.refuses(tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap and tp > 1, dp_overlap):
             return rule.message
     return None
 
@@ -240,7 +259,8 @@ def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: i
 def framework_defaults(layout, given: set[str], prof: ProfileAt, family: str):
     """``layout`` with the knobs the user did not give (``given``: Layout field names) moved to a
     value the framework offers: ZeRO to its lowest sharding stage from 1 up (MaxText: its fsdp axis),
-    recomputation to the first mode it has among selective, full, none, overlap off where it has none."""
+    recomputation to the first mode it has among selective, full, none, overlap off where it has none
+    or where it cannot overlap this layout's data-parallel traffic (a rule on ``dp_overlap``)."""
     offered = framework_domains(prof, family)
     changes = {}
     if "zero_stage" not in given and layout.zero_stage not in offered["zero_stage"]:
@@ -250,6 +270,14 @@ def framework_defaults(layout, given: set[str], prof: ProfileAt, family: str):
         changes["recompute"] = next(r for r in ("selective", "full", "none") if r in offered["recompute"])
     if "dp_overlap" not in given and "dp_overlap" in offered:
         changes["dp_overlap"] = False
+    elif "dp_overlap" not in given and layout.dp_overlap and layout.dp * layout.cp > 1:
+        def refused(dp_overlap: bool) -> bool:
+            return framework_refusal(prof, layout.tp, layout.pp, layout.cp, layout.ep, layout.vp,
+                                     changes.get("zero_stage", layout.zero_stage),
+                                     changes.get("recompute", layout.recompute), layout.sequence_parallel,
+                                     layout.tp_overlap, dp_overlap) is not None
+        if refused(True) and not refused(False):
+            changes["dp_overlap"] = False  # the framework cannot overlap this layout's DP traffic
     if "sequence_parallel" not in given and prof.profile.sequence_parallel_with_tp and layout.tp > 1:
         changes["sequence_parallel"] = True
     return layout.with_(**changes) if changes else layout
@@ -302,6 +330,8 @@ def load_profile(framework_id: str) -> Profile:
         p2p_scatter_gather=bool(sem.get("p2p_scatter_gather", True)),
         p2p_scatter_gather_history=_history(sem, "p2p_scatter_gather_history", "enabled", bool),
         p2p_blocking=bool(sem.get("p2p_blocking", False)),
+        zero3_fetch_history=_zero3_fetch(sem, where),
+        zero3_persistence_threshold=int(sem.get("zero3_persistence_threshold", 0)),
         allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
                                               f"{where}: semantics.allocator_reserved_fraction"),
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),
@@ -318,6 +348,15 @@ def load_profile(framework_id: str) -> Profile:
 def _history(sem: dict, key: str, field: str, cast) -> tuple[tuple[str, object], ...]:
     """A ``semantics`` list of ``{since: YYYY-MM, field: value}`` entries as ``(since, value)`` pairs."""
     return tuple((str(e["since"]), cast(e[field])) for e in sem.get(key) or ())
+
+
+def _zero3_fetch(sem: dict, where: str) -> tuple[tuple[str, str], ...]:
+    history = _history(sem, "zero3_fetch_history", "fetch", str)
+    for since, fetch in history:
+        if fetch not in ZERO3_FETCH:
+            raise SpecError(f"{where}: semantics.zero3_fetch_history: got {fetch!r}; allowed: {', '.join(ZERO3_FETCH)}")
+        parse_date(since, f"{where}: semantics.zero3_fetch_history.since")
+    return history
 
 
 def _features(features: dict, where: str) -> tuple[dict[str, str | None], dict[str, str | None]]:
@@ -344,7 +383,8 @@ def _rules(raw_rules: list, where: str) -> list[Rule]:
         if unknown:
             raise SpecError(f"{where}: rule {raw.get('id')}: unknown condition(s) {sorted(unknown)}; allowed: {RULE_KEYS}")
         frozen = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in when.items())
-        rules.append(Rule(str(raw.get("id")), str(raw.get("message", "")), str(raw.get("source", "")), frozen))
+        until = parse_date(raw.get("until"), f"{where}: rule {raw.get('id')}: until")
+        rules.append(Rule(str(raw.get("id")), str(raw.get("message", "")), str(raw.get("source", "")), frozen, until))
     return rules
 
 

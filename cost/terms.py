@@ -599,6 +599,33 @@ def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp
     return ParamCounts(dense, expert)
 
 
+def partitioned_modules(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp: bool,
+                        threshold: int) -> tuple[int, int]:
+    """Modules on the heaviest stage whose weights ZeRO-3 partitions, ``(dense, expert)``: each
+    linear layer (Megatron's layout: fused QKV and the attention output, five projections with MLA;
+    the fused first and the second MLP projection), each MoE layer's router and shared experts,
+    each local expert's two projections, and the embedding and (untied) output layers. A weight
+    with fewer than ``threshold`` elements stays whole on every rank (DeepSpeed's
+    ``stage3_param_persistence_threshold``): biases and norms always, small matrices too."""
+    n_stage = layers_on_stage(model.num_layers, pp, vp)
+    n_moe = min(n_stage, model.num_moe_layers)
+    attention = 5 if model.mla is not None else 2
+
+    def count(modules: int, numel: float) -> int:
+        return modules if numel >= threshold else 0
+    dense = count(n_stage * attention, model.attention_params / attention / tp)
+    dense += count((n_stage - n_moe) * 2, model.dense_mlp_params / 2 / tp)
+    expert = 0
+    if n_moe:
+        e = model.moe
+        dense += count(n_moe, model.hidden_size * e.num_experts)
+        dense += count(n_moe * 2 * min(1, e.num_shared_experts), e.num_shared_experts * model.expert_params / 2 / tp)
+        expert = count(n_moe * 2 * e.num_experts // ep, model.expert_params / 2 / (tp if expert_tp else 1))
+    heads = 2 if pp == 1 and not model.tied_embeddings else 1
+    dense += count(heads, model.vocab_size * model.hidden_size / tp)
+    return dense, expert
+
+
 @dataclass(frozen=True, slots=True)
 class StaticMemory:
     weights_bytes: float
@@ -685,11 +712,25 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     dense_prof, expert_prof = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order,
                                           layout.expert_tp)
     return dp_traffic(ctx.job.grad_bytes, pc, dense_prof, expert_prof,
-                      effective_zero_stage(ctx, layout.zero_stage, layout.pp), ctx.job.profile.profile.zero2_param_gather)
+                      effective_zero_stage(ctx, layout.zero_stage, layout.pp), ctx.job.profile.profile.zero2_param_gather,
+                      zero3_collectives(ctx, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp))
+
+
+def zero3_collectives(ctx: Context, tp: int, pp: int, vp: int, ep: int, expert_tp: bool) -> tuple[int, int] | None:
+    """Collectives per ZeRO-3 gather pass over the stage's dense and expert weights. Where the
+    framework prefetches in buckets or layers (``bucketed``) the traffic is priced as one collective
+    per pass, its per-collective latency hidden with it. DeepSpeed before v0.6.0 fetched module by
+    module, each gather waiting for the device to go idle (``per_module_blocking``): every module
+    pays a collective's latency, in the open (:func:`partitioned_modules`); None for one per pass."""
+    prof = ctx.job.profile
+    if prof.zero3_fetch != "per_module_blocking":
+        return None
+    return partitioned_modules(ctx.model, tp, pp, vp, ep, expert_tp, prof.profile.zero3_persistence_threshold)
 
 
 def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_stage: int,
-               zero2_param_gather: str | None = "per_step") -> DataParallelTerms:
+               zero2_param_gather: str | None = "per_step",
+               zero3_modules: tuple[int, int] | None = None) -> DataParallelTerms:
     """The collectives of :func:`dp_terms` for given parameter counts and group profiles.
 
     - ZeRO-0 (DDP): one all-reduce of the gradients per step.
@@ -701,10 +742,13 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
       the updated weights once after the step, outside any backward (``per_step``); FSDP2 gathers
       them at every micro-batch's forward (``per_microbatch``).
     - ZeRO-3 (FSDP, DeepSpeed ZeRO-3): weights all-gathered in forward and again in backward, and
-      gradients reduce-scattered, every micro-batch (Rajbhandari et al. 2020, section 7).
+      gradients reduce-scattered, every micro-batch (Rajbhandari et al. 2020, section 7). Each pass
+      is one collective, or ``zero3_modules`` (dense, expert) collectives each paying its latency
+      (:func:`zero3_collectives`).
     """
     if expert_prof is dense_prof:  # ep = 1: experts are reduced with the dense weights, one stream
         pc = ParamCounts(pc.dense + pc.expert, 0.0)
+        zero3_modules = zero3_modules and (sum(zero3_modules), 0)
 
     def over(fn) -> float:
         return sum(fn(count, prof) for count, prof in ((pc.dense, dense_prof), (pc.expert, expert_prof))
@@ -724,7 +768,13 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
         if zero2_param_gather == "per_microbatch":
             return DataParallelTerms(0.0, over(rs) + over(ag))
         return DataParallelTerms(0.0, over(rs), over(ag))
-    return DataParallelTerms(0.0, 2 * over(ag) + over(rs))
+    if zero3_modules is None:
+        return DataParallelTerms(0.0, 2 * over(ag) + over(rs))
+    k = {id(expert_prof): max(1, zero3_modules[1]), id(dense_prof): max(1, zero3_modules[0])}  # dense wins a tie
+
+    def split(fn):  # one collective per module: the bandwidth term is shared, the latency is not
+        return lambda count, prof: k[id(prof)] * fn(count / k[id(prof)], prof)
+    return DataParallelTerms(0.0, 2 * over(split(ag)) + over(split(rs)))
 
 
 @lru_cache(maxsize=65536)

@@ -486,6 +486,31 @@ def test_pipeline_p2p_follows_the_framework(cluster16, framework, date, sp, pp, 
     assert p2p_s(ctx, layout.with_(pp=1, dp=8)) == 0.0
 
 
+def test_deepspeed_2021_zero3_gathers_module_by_module_in_the_open(cluster16):
+    """DeepSpeed before v0.6.0 (deepspeed.yaml zero3_fetch_history): one collective per partitioned
+    module, two gathers and a reduce-scatter per micro-batch, each paying its latency; DP overlap
+    refused with ZeRO-3. From v0.6.0: one collective per pass, overlap allowed."""
+    from clusterplan.cost.terms import dp_profiles, dp_terms, partitioned_modules
+    layout = Layout(tp=1, dp=16, zero_stage=3, micro_batch_size=1, recompute="full")
+    old = Job(global_batch_size=64, seq_len=2048, precision="fp16", framework="deepspeed", framework_date="2021-04")
+    new = dataclasses.replace(old, framework_date="2022-03")
+    modules, experts = partitioned_modules(GPT, 1, 1, 1, 1, True, 100_000)
+    assert (modules, experts) == (4 * GPT.num_layers + 2, 0)  # QKV, proj, fc1, fc2 per layer; embedding, output
+    ctx = Context(GPT, old, cluster16)
+    prof = dp_profiles(ctx, 1, 1, 16, 1, 1, layout.order)[0]
+    count = param_counts(GPT, 1, 1, 1, 1).dense
+    expected = (2 * modules * coll.all_gather_s(WEIGHT_BYTES * count / modules, prof)
+                + modules * coll.reduce_scatter_s(old.grad_bytes * count / modules, prof))
+    assert dp_terms(ctx, layout).per_microbatch_s == pytest.approx(expected, rel=REL)
+    bucketed = dp_terms(Context(GPT, new, cluster16), layout).per_microbatch_s
+    assert bucketed < expected  # the same bytes, fewer latencies
+    assert any(k == "framework" for k, _ in layout_problems(GPT, old, cluster16, layout))
+    assert not layout_problems(GPT, old, cluster16, layout.with_(dp_overlap=False))
+    assert not layout_problems(GPT, new, cluster16, layout)
+    # weights under stage3_param_persistence_threshold stay whole: a narrow model has fewer to fetch
+    assert partitioned_modules(gpt_like(h=128, a=2), 1, 1, 1, 1, True, 100_000) == (2, 0)
+
+
 # ---- cost/step: pipeline bubble and in-flight activations -----------------------------------------
 @pytest.mark.parametrize("pp,vp,dp", [(2, 1, 4), (4, 1, 2), (4, 2, 2), (8, 1, 1), (2, 4, 4)])
 def test_pipeline_bubble_is_pp_minus_1_over_vp_stage_times(cluster16, pp, vp, dp):

@@ -115,6 +115,29 @@ def test_cpsat_equals_exhaustive_under_torchtitan(seed):
     _check_engines_agree(model, job, cluster, dataclasses.replace(bounds, fixed=fixed))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_cpsat_equals_exhaustive_under_deepspeed_2021(seed):
+    """The cross-check where a profile rule depends on DP overlap: DeepSpeed before v0.6.0 cannot
+    overlap ZeRO-3's gathers (deepspeed.yaml zero3_blocking_fetch), which fetch module by module."""
+    model, job, cluster, bounds = random_instance(3000 + seed)
+    job = Job(global_batch_size=job.global_batch_size, seq_len=job.seq_len, precision="fp16", framework="deepspeed",
+              framework_date="2021-06")
+    fixed = {k: v for k, v in bounds.fixed.items() if k not in ("tp_overlap", "sequence_parallel", "recompute", "cp")}
+    fixed["zero_stage"] = 3 if seed % 2 else fixed.get("zero_stage", 3)
+    _check_engines_agree(model, job, cluster, dataclasses.replace(bounds, fixed=fixed, minimum={}, maximum={}))
+
+
+def test_deepspeed_2021_zero3_plans_keep_dp_overlap_off():
+    """Under DeepSpeed 2021-06 a ZeRO-3 plan never claims overlapped gathers; from v0.6.0 it may."""
+    model, cluster = get_model("gpt3-1.3b"), build_cluster("dgx-a100-superpod", num_devices=64)
+    for date, overlap in (("2021-06", False), ("2022-03", True)):
+        job = Job(global_batch_size=512, seq_len=2048, precision="fp16", framework="deepspeed", framework_date=date)
+        best = plan(model, job, cluster, SearchOptions(bounds=Bounds(fixed={"zero_stage": 3, "tp": 1, "pp": 1}))).best
+        assert best.layout.dp_overlap is overlap
+        assert not layout_problems(model, job, cluster, best.layout)
+        assert best.step_time_s == pytest.approx(evaluate(model, job, cluster, best.layout).step_time_s, rel=1e-6)
+
+
 TORI = [("tpu-v5p-pod", 128), ("tpu-v5e-pod", 32), ("tpu-v5p-pod", 64)]  # 3, 2 and 1 distinct traversals
 
 

@@ -41,6 +41,7 @@ from clusterplan.cost.step import inflight_layers, memory_static_bytes
 from clusterplan.cost.terms import (
     RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
     effective_zero_stage, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s, overlap_share, p2p_s, param_counts, tp_comm_terms,
+    zero3_collectives,
 )
 from clusterplan.planner.search.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
@@ -189,7 +190,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         for i in range(len(S.factorizations)):
             order_ok[i] &= ~np.array(traversal_duplicates(S.order, list(order_ok[i]),
                                                           [rows(i, j) for j in range(len(S.order))]))
-    canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, None, :]
+    canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, :, :]
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
     if not ignore_memory:
         # A memory term beyond the capacity rules its layouts out whatever it is, so it is clamped
@@ -320,7 +321,8 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                         if first[oi] != oi:
                             dps[at], dpm[at], dpx[at] = dps[src], dpm[src], dpx[src]
                             continue
-                        t = dp_traffic(g, pc, dense, expert, effective_zero_stage(ctx, z, pp), gather)
+                        t = dp_traffic(g, pc, dense, expert, effective_zero_stage(ctx, z, pp), gather,
+                                       zero3_collectives(ctx, tp, pp, v, e, et))
                         dps[at], dpm[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.blocking_s
     return _qt(dps), _qt(dpm), _qt(dpx), _qt(opt), _qb(static), _qb(static - gfree)
 
@@ -429,9 +431,10 @@ def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
 
 
 def _framework_mask(ctx: Context, S: Space) -> np.ndarray:
-    """(f, e, s, z, to): combinations the job's framework can run (``cost.framework.framework_refusal``).
+    """(f, e, s, z, do, to): combinations the job's framework can run (``cost.framework.framework_refusal``).
     Layouts it cannot run are outside the space, like knobs it does not have: not counted as rejected."""
-    shape = (len(S.factorizations), len(S.ep), len(S.sequence_parallel), len(S.zero_stage), len(S.tp_overlap))
+    shape = (len(S.factorizations), len(S.ep), len(S.sequence_parallel), len(S.zero_stage), len(S.dp_overlap),
+             len(S.tp_overlap))
     if not S.framework_rules:
         return np.ones(shape, bool)
     prof = ctx.job.profile
@@ -440,8 +443,10 @@ def _framework_mask(ctx: Context, S: Space) -> np.ndarray:
         for ei, e in enumerate(S.ep):
             for si, sp in enumerate(S.sequence_parallel):
                 for zi, z in enumerate(S.zero_stage):
-                    for ti, to in enumerate(S.tp_overlap):
-                        out[i, ei, si, zi, ti] = framework_refusal(prof, tp, pp, cp, e, 1, z, "none", sp, to) is None
+                    for di, do in enumerate(S.dp_overlap):
+                        for ti, to in enumerate(S.tp_overlap):
+                            out[i, ei, si, zi, di, ti] = framework_refusal(
+                                prof, tp, pp, cp, e, 1, z, "none", sp, to, do and dp * cp > 1) is None
     return out
 
 

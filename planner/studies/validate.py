@@ -17,7 +17,9 @@ from importlib import resources
 from pathlib import Path
 
 
-from clusterplan.cost.framework import default_framework, load_profile, parse_date, resolve_name as resolve_framework
+from clusterplan.cost.framework import (
+    default_framework, framework_refusal, load_profile, parse_date, resolve_name as resolve_framework,
+)
 from clusterplan.cost.layout import Job
 from clusterplan.cost.step import layout_problems
 from clusterplan.models.files import load_file
@@ -132,17 +134,29 @@ def _bounds(run: dict, prof) -> Bounds:
     """The published knobs, held; the rest are searched within what the run's framework offers.
 
     Overlap, when the run does not say (``layout.tp_overlap`` / ``layout.dp_overlap``), follows one
-    rule for every run: data-parallel overlap where the framework has it at the run's date, TP
-    overlap off (it is opt-in in every framework profile). Published values the framework profile
-    lacks are kept: the run used them."""
+    rule for every run: data-parallel overlap where the framework has it at the run's date and can
+    overlap the published layout's traffic (no profile rule refuses it, e.g. DeepSpeed's ZeRO-3
+    before v0.6.0), TP overlap off (it is opt-in in every framework profile). Published values the
+    framework profile lacks are kept: the run used them."""
     layout = dict(run.get("layout") or {})
     fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap") if layout.get(k) is not None}
-    fixed.setdefault("dp_overlap", prof.has("dp_overlap"))
+    fixed.setdefault("dp_overlap", prof.has("dp_overlap") and not _dp_overlap_refused(fixed, prof))
     fixed.setdefault("tp_overlap", False)
     if run.get("micro_batch_size") is not None:
         fixed["micro_batch_size"] = run["micro_batch_size"]
     # the run ran: its unpublished knobs are chosen by what fits, without a plan's headroom
     return Bounds(fixed=fixed, allow_unavailable=True, memory_headroom=0.0)
+
+
+def _dp_overlap_refused(fixed: dict, prof) -> bool:
+    """A profile rule refuses DP overlap for these published knobs (unpublished ones at 1 / none)
+    and not without it."""
+    def refusal(dp_overlap: bool):
+        return framework_refusal(prof, int(fixed.get("tp") or 1), int(fixed.get("pp") or 1), int(fixed.get("cp") or 1),
+                                 int(fixed.get("ep") or 1), int(fixed.get("vp") or 1), int(fixed.get("zero_stage") or 0),
+                                 str(fixed.get("recompute") or "none"), bool(fixed.get("sequence_parallel")),
+                                 bool(fixed.get("tp_overlap")), dp_overlap)
+    return refusal(True) is not None and refusal(False) is None
 
 
 def run_framework(run: dict, platform: str) -> tuple[str, str, str]:
