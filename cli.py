@@ -326,7 +326,7 @@ ENGINE_OPTIONS = [
                  help="Stop CP-SAT after this long and report the best layout found and its gap."),
     click.option("--fix", multiple=True, metavar="KNOB=VALUE",
                  help="Hold a knob: tp, pp, dp, cp, ep, etp (1: whole experts, ep carved from tp*cp*dp; or "
-                      "tp), vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap (repeatable, or "
+                      "tp), vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap, ep_overlap (repeatable, or "
                       "comma-separated: --fix tp=8,pp=4)."),
     click.option("--min", "minimum", multiple=True, metavar="KNOB=VALUE",
                  help="Lower bound on a numeric knob, e.g. --min dp=4 (repeatable)."),
@@ -1059,7 +1059,7 @@ def _time(doc: dict, console: Console) -> None:
     zero = [TIME_LABELS.get(k, k).split(" (")[0] for k, v in doc["breakdown"].items() if not v]
     if zero:
         console.print(f"no time in: {', '.join(zero)}")
-    names = {"tp": "TP overlap", "dp": "DP overlap", "cp": "context-parallel ring"}
+    names = {"tp": "TP overlap", "dp": "DP overlap", "cp": "context-parallel ring", "ep": "EP overlap"}
     for key, charge in (doc.get("overlap_charges") or {}).items():
         console.print(f"{names.get(key, key)} costs {charge['share']:.1%} of the compute it hides behind "
                       f"while it runs: {charge['basis']}")

@@ -24,10 +24,10 @@ FORMAT = "clusterplan-framework/1"
 FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext")
 FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "cp", "ep", "etp1", "sequence_parallel", "recompute_selective", "recompute_full",
-    "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "flash_attention", "compile",
+    "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
 )
-RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "zero_stage_in", "recompute_in", "sequence_parallel",
-             "tp_overlap", "dp_overlap")
+RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
+             "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap")
 ZERO3_FETCH = ("bucketed", "per_module_blocking")
 _DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 # Device families by architecture, for profiles that name an architecture (tp_overlap_families)
@@ -47,10 +47,13 @@ class Rule:
     until: str | None = None
 
     def refuses(self, tp: int, pp: int, cp: int, ep: int, vp: int, zero_stage: int, recompute: str,
-                sequence_parallel: bool, tp_overlap: bool = False, dp_overlap: bool = False) -> bool:
+                sequence_parallel: bool, tp_overlap: bool = False, dp_overlap: bool = False,
+                ep_overlap: bool = False) -> bool:
         values = {"pp_min": pp, "tp_min": tp, "cp_min": cp, "ep_min": ep, "vp_min": vp}
         for key, want in self.when:
             if key in values and values[key] < want:
+                return False
+            if key == "vp_max" and vp > want:
                 return False
             if key == "zero_stage_in" and zero_stage not in want:
                 return False
@@ -61,6 +64,8 @@ class Rule:
             if key == "tp_overlap" and tp_overlap != want:
                 return False
             if key == "dp_overlap" and dp_overlap != want:
+                return False
+            if key == "ep_overlap" and ep_overlap != want:
                 return False
         return True
 
@@ -218,6 +223,8 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
         out["dp_overlap"] = (False,)
     if not prof.tp_overlap_on(family):
         out["tp_overlap"] = (False,)
+    if not prof.has("ep_overlap"):
+        out["ep_overlap"] = (False,)
     return out
 
 
@@ -241,17 +248,18 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
 
 
 def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
-                      sp: bool, tp_overlap: bool = False, dp_overlap: bool = False) -> str | None:
+                      sp: bool, tp_overlap: bool = False, dp_overlap: bool = False,
+                      ep_overlap: bool = False) -> str | None:
     """The message of the first profile rule that refuses this combination at the profile's
     release, or None. Frameworks whose TP always shards the sequence (torchtitan) refuse tp > 1
-    without sequence parallelism. ``dp_overlap`` is the knob as it acts: pass False where there is
-    no data parallelism."""
+    without sequence parallelism. ``dp_overlap`` and ``ep_overlap`` are the knobs as they act:
+    pass False where there is no data or expert parallelism."""
     if prof.profile.sequence_parallel_with_tp and tp > 1 and not sp:
         return f"{prof.profile.id} shards the sequence whenever tp > 1 (sequence parallelism is always on)"
     for rule in prof.profile.rules:
         if rule.until is not None and prof.date >= rule.until:
             continue
-        if rule.refuses(tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap and tp > 1, dp_overlap):
+        if rule.refuses(tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap and tp > 1, dp_overlap, ep_overlap and ep > 1):
             return rule.message
     return None
 

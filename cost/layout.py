@@ -75,6 +75,8 @@ class Layout:
         torus traversal after ``@`` (module docstring).
     dp_overlap : overlap the gradient reduction (and ZeRO-3 gathers) with compute.
     tp_overlap : overlap tensor-parallel collectives with the GEMMs (Transformer Engine style).
+    ep_overlap : overlap the expert-parallel all-to-alls of one micro-batch with the compute of
+        another (Megatron-Core's ``--overlap-moe-expert-parallel-comm``, its combined 1F1B schedule).
     expert_tp : experts sharded over the tensor-parallel group (True) or whole (False, ``etp=1``).
     """
 
@@ -92,6 +94,7 @@ class Layout:
     dp_overlap: bool = True
     tp_overlap: bool = False
     expert_tp: bool = True
+    ep_overlap: bool = False
 
     @property
     def num_devices(self) -> int:
@@ -165,6 +168,8 @@ class Layout:
             parts.append("tp_overlap=on")
         if not self.dp_overlap and self.dp * self.cp > 1:
             parts.append("dp_overlap=off")
+        if self.ep_overlap and self.ep > 1:
+            parts.append("ep_overlap=on")
         if self.order != DEFAULT_ORDER:
             parts.append(f"order={self.order}")
         return " ".join(parts)
@@ -282,7 +287,7 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
     aliases = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                "micro_batch": "micro_batch_size", "recomp": "recompute"}
     ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "etp"}
-    bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp"}
+    bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp", "ep_overlap"}
     values: dict[str, object] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
@@ -319,7 +324,7 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         return raw
     if key == "order":
         return _parse_order(raw)
-    allowed = "tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap"
+    allowed = "tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap, ep_overlap"
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

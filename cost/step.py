@@ -157,13 +157,13 @@ def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None
     values = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vp": layout.vp, "ep": layout.ep,
               "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
               "zero_stage": layout.zero_stage, "dp_overlap": layout.dp_overlap,
-              "tp_overlap": layout.tp_overlap and layout.tp > 1}
+              "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1}
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
         bad("framework", message)
     refusal = framework_refusal(prof, layout.tp, layout.pp, layout.cp, layout.ep, layout.vp, layout.zero_stage,
                                 layout.recompute, layout.sequence_parallel, layout.tp_overlap,
-                                layout.dp_overlap and layout.dp * layout.cp > 1)
+                                layout.dp_overlap and layout.dp * layout.cp > 1, layout.ep_overlap)
     if refusal and not any(invalid.values()):
         bad("framework", f"{prof.profile.describe(prof.date)}: {refusal}")
 
@@ -242,7 +242,7 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
 
 def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     ctx = ctx.placed(layout.order)
-    lt = layer_terms(ctx, layout)
+    lt = layer_terms(ctx, layout, m)
     frac = layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp) / ctx.model.num_layers
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
@@ -252,7 +252,8 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
                       layout.recompute, layout.ep, layout.expert_tp)
     share = overlap_share(ctx, "dp")
     to = layout.tp_overlap and layout.tp > 1
-    dp_exposed = m * _exposed(dp.per_microbatch_s, frac * c.fsdp_window_s(to, layout.cp), layout.dp_overlap, share)
+    eo = layout.ep_overlap and layout.ep > 1
+    dp_exposed = m * _exposed(dp.per_microbatch_s, frac * c.fsdp_window_s(to, layout.cp, eo), layout.dp_overlap, share)
     dp_exposed += _exposed(dp.per_step_s, frac * c.dp_window_s(to, layout.cp), layout.dp_overlap, share)
     dp_exposed += dp.blocking_s
     return TimeBreakdown(

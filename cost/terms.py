@@ -110,19 +110,36 @@ def _tokens(ctx: Context, cp: int, mbs: int) -> float:
     return mbs * ctx.job.seq_len / cp
 
 
-def layer_terms(ctx: Context, layout: Layout) -> LayerTerms:
-    """Per-micro-batch layer terms; depends on tp, cp, ep, mbs, sp, recompute, placement, tp_overlap."""
+def layer_terms(ctx: Context, layout: Layout, m: int = 1) -> LayerTerms:
+    """Per-micro-batch layer terms; depends on tp, cp, ep, mbs, sp, recompute, placement, the
+    overlaps, and (EP overlap only) the ``m`` micro-batches per step and the pipeline."""
     ctx = ctx.placed(layout.order)
     tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
     c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep, layout.expert_tp)
+    steady = ep_overlap_steady_share(layout.pp, layout.vp, m, rc) if layout.ep_overlap else 0.0
     return LayerTerms(
         forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
         tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap,
                                 layout.expert_tp or layout.ep == 1),
         cp_comm_s=cp_comm_terms(ctx, tp, cp, mbs, sp, layout.stride("cp")),
-        ep_comm_s=ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_ranks(layout)),
+        ep_comm_s=ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_ranks(layout), layout.tp_overlap and tp > 1,
+                                steady, layout.expert_tp),
         act_bytes_per_layer=c.act_bytes_per_layer, act_transient_bytes=c.act_transient_bytes,
     )
+
+
+def ep_overlap_steady_share(pp: int, vp: int, m: int, recompute: str) -> float:
+    """Share of a stage's micro-batch chunks whose expert all-to-alls Megatron-Core's EP overlap
+    hides (``--overlap-moe-expert-parallel-comm``, combined 1F1B): only the steady state pairs one
+    chunk's forward with another's backward. The first rank warms up with ``2 (pp - 1) + (vp - 1) pp``
+    chunks plus the one extra the overlap schedules (``schedules.py``), one chunk without a
+    pipeline; warm-up forwards and cool-down backwards run alone. 0 where Megatron refuses the
+    overlap (full recomputation; pp > 1 without virtual stages): priced as off."""
+    if recompute == "full" or (pp > 1 and vp == 1):
+        return 0.0
+    chunks = m * vp
+    warmup = 1 if pp == 1 else 2 * (pp - 1) + (vp - 1) * pp + 1
+    return max(0, chunks - warmup) / chunks
 
 
 def ep_ranks(layout: Layout) -> tuple[int, ...]:
@@ -154,8 +171,14 @@ class ComputeTerms:
         return max(0.0, self.backward_s - (self.gemm_bwd_s if tp_overlap else 0.0)
                    - (self.attn_bwd_s if cp > 1 else 0.0))
 
-    def fsdp_window_s(self, tp_overlap: bool, cp: int) -> float:
-        """The compute left to hide per-micro-batch ZeRO-2/3 traffic behind (see :meth:`dp_window_s`)."""
+    def fsdp_window_s(self, tp_overlap: bool, cp: int, ep_overlap: bool = False) -> float:
+        """The compute left to hide per-micro-batch ZeRO-2/3 traffic behind (see :meth:`dp_window_s`);
+        none with EP overlap, whose all-to-alls take it (:meth:`ep_window_s`)."""
+        return 0.0 if ep_overlap else self.ep_window_s(tp_overlap, cp)
+
+    def ep_window_s(self, tp_overlap: bool, cp: int) -> float:
+        """The compute of one micro-batch that another's expert all-to-alls can hide behind under EP
+        overlap: all of it, less TP overlap's GEMMs and the context-parallel ring's attention."""
         whole = self.forward_s + self.backward_s + self.recompute_s
         return max(0.0, whole - (self.gemm_s if tp_overlap else 0.0) - (self.attn_s if cp > 1 else 0.0))
 
@@ -379,13 +402,43 @@ def cp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: in
 
 @lru_cache(maxsize=65536)
 def ep_comm_terms(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
-                  ranks: tuple[int, ...]) -> float:
-    """Exposed all-to-all traffic of all MoE layers, one micro-batch, over the expert group ``ranks``."""
+                  ranks: tuple[int, ...], tp_overlap: bool = False, steady: float = 0.0,
+                  expert_tp: bool = True) -> float:
+    """Exposed all-to-all traffic of all MoE layers, one micro-batch, over the expert group ``ranks``.
+
+    With EP overlap (``steady`` > 0: the share of chunks in combined forward/backward steps,
+    :func:`ep_overlap_steady_share`) those chunks hide their all-to-alls behind the other chunk's
+    compute of the MoE layers, less what TP overlap and the context-parallel ring already hide
+    behind, at the price of the SMs the all-to-all kernels hold (``overlap_share(ctx, "ep")``);
+    the others pay them in full."""
+    if steady <= 0.0:
+        return _ep_open_s(ctx, tp, cp, ep, mbs, sp, recompute, ranks)
+    raw, hidden = ep_comm_parts(ctx, tp, cp, ep, mbs, sp, recompute, ranks, expert_tp, tp_overlap)
+    return steady * hidden + (1.0 - steady) * raw
+
+
+@lru_cache(maxsize=65536)
+def _ep_open_s(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
+               ranks: tuple[int, ...]) -> float:
+    """The MoE layers' all-to-alls of one micro-batch, in the open."""
     if ep == 1 or ctx.model.moe is None:
         return 0.0
-    n = _tokens(ctx, cp, mbs)
     prof = ctx.cluster.group_profile(ranks)
-    return ctx.model.num_moe_layers * _ep_comm_s(ctx, n, tp, prof, sp) * _comm_multiplier(recompute)
+    return (ctx.model.num_moe_layers * _ep_comm_s(ctx, _tokens(ctx, cp, mbs), tp, prof, sp)
+            * _comm_multiplier(recompute))
+
+
+@lru_cache(maxsize=65536)
+def ep_comm_parts(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
+                  ranks: tuple[int, ...], expert_tp: bool = True, tp_overlap: bool = False) -> tuple[float, float]:
+    """``(open, hidden)``: the MoE layers' all-to-alls per micro-batch in the open, and exposed in
+    EP overlap's steady state (:func:`ep_comm_terms`)."""
+    if ep == 1 or ctx.model.moe is None:
+        return 0.0, 0.0
+    raw = _ep_open_s(ctx, tp, cp, ep, mbs, sp, recompute, ranks)
+    window = compute_terms(ctx._base, tp, cp, mbs, sp, recompute, ep, expert_tp).ep_window_s(tp_overlap, cp)
+    window *= ctx.model.num_moe_layers / ctx.model.num_layers
+    return raw, overlapped_exposed_s(raw, window, overlap_share(ctx, "ep"))
 
 
 def _tp_comm_s(n: float, h: int, prof, sp: bool) -> float:

@@ -511,6 +511,31 @@ def test_deepspeed_2021_zero3_gathers_module_by_module_in_the_open(cluster16):
     assert partitioned_modules(gpt_like(h=128, a=2), 1, 1, 1, 1, True, 100_000) == (2, 0)
 
 
+@pytest.mark.parametrize("pp,vp,m,recompute,share", [
+    (1, 1, 8, "none", 7 / 8),  # no pipeline: the first forward and the last backward run alone
+    (1, 1, 1, "selective", 0.0),  # one micro-batch: nothing to pair
+    (4, 2, 16, "none", (32 - (2 * 3 + 4 + 1)) / 32),  # interleaved warm-up 2 (pp-1) + (vp-1) pp, plus one
+    (4, 1, 16, "none", 0.0),  # Megatron refuses it without virtual stages: priced as off
+    (1, 1, 8, "full", 0.0),  # ... and with full recomputation
+])
+def test_ep_overlap_hides_the_steady_state_only(pp, vp, m, recompute, share):
+    from clusterplan.cost.terms import ep_overlap_steady_share
+    assert ep_overlap_steady_share(pp, vp, m, recompute) == pytest.approx(share)
+
+
+def test_ep_overlap_is_megatron_since_2025_08_and_follows_its_checks(cluster16):
+    model = MOE
+    layout = Layout(tp=1, pp=2, vp=2, dp=8, ep=8, micro_batch_size=1, recompute="none", ep_overlap=True)
+    job = Job(global_batch_size=64, seq_len=2048, framework="megatron")
+    assert not layout_problems(model, job, cluster16, layout)
+    problems = dict(layout_problems(model, dataclasses.replace(job, framework_date="2025-07"), cluster16, layout))
+    assert "ep_overlap" in problems["framework"]
+    for bad in (layout.with_(recompute="full"), layout.with_(vp=1)):
+        assert any(k == "framework" for k, _ in layout_problems(model, job, cluster16, bad))
+    tt = Job(global_batch_size=64, seq_len=2048, framework="torchtitan")
+    assert any("ep_overlap" in msg for _, msg in layout_problems(model, tt, cluster16, layout.with_(pp=1, vp=1, dp=16)))
+
+
 # ---- cost/step: pipeline bubble and in-flight activations -----------------------------------------
 @pytest.mark.parametrize("pp,vp,dp", [(2, 1, 4), (4, 1, 2), (4, 2, 2), (8, 1, 1), (2, 4, 4)])
 def test_pipeline_bubble_is_pp_minus_1_over_vp_stage_times(cluster16, pp, vp, dp):

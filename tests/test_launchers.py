@@ -116,6 +116,16 @@ def test_megatron_export_carries_the_model_shape():
     assert "--group-query-attention" in gqa and "--num-query-groups 8" in gqa
 
 
+def test_ep_overlap_is_exported_where_the_plan_has_it():
+    """Megatron's --overlap-moe-expert-parallel-comm exactly when the plan overlaps its expert
+    all-to-alls (the DeepSeek-V3 plan does; a dense plan cannot)."""
+    doc = doc_for("deepseek-v3-h800x2048", "megatron")
+    text = export(doc, "megatron")
+    assert doc["layout"]["ep_overlap"] and doc["layout"]["ep"] > 1
+    assert "--overlap-moe-expert-parallel-comm" in text and "--recompute-granularity full" not in text
+    assert "--overlap-moe-expert-parallel-comm" not in export(doc_for("llama3-8b-h100x64", "megatron"), "megatron")
+
+
 def test_fsdp_gets_no_single_connection_and_no_fusion():
     doc = doc_for("llama3-8b-fsdp-h100x128", "megatron")
     assert doc["layout"]["zero_stage"] == 3

@@ -2,7 +2,7 @@
 
 - More work never makes a layout faster: widening the FFN, or adding layers' worth of hidden
   size, never lowers the predicted step time, under every overlap setting (TP overlap, DP overlap,
-  context parallelism's ring) and every framework. Overlap budget counted twice broke this once
+  context parallelism's ring, EP overlap) and every framework. Overlap budget counted twice broke this once
   (issue 8: 6 of 11,304 fuzzed comparisons).
 - No overlap is free: with overlap on, the exposed communication is at least the share of compute
   its kernels take.
@@ -74,6 +74,50 @@ def test_more_flops_never_faster(knobs, base_ffn, extra, hidden, batch, cluster,
     assert t_big >= t_small * (1 - 1e-12), (layout.short(), t_small, t_big)
 
 
+def _moe(expert_ffn: int, hidden: int = 1024) -> ModelSpec:
+    from clusterplan.models.spec import MoESpec
+    return ModelSpec(name="law-moe", num_layers=8, hidden_size=hidden, num_attention_heads=16, num_kv_heads=8,
+                     ffn_hidden_size=4 * hidden, vocab_size=32000, ffn_activation="swiglu", seq_len=4096,
+                     moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=expert_ffn, num_dense_layers=1))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(knobs=layouts, ep=st.sampled_from([1, 2, 4, 8]), eo=st.booleans(), vp=st.sampled_from([1, 2]),
+       base_ffn=st.sampled_from([512, 1408, 4096]), extra=st.sampled_from([64, 1024]),
+       batch=st.sampled_from([0, 64, 512]), cluster=st.sampled_from(sorted(CLUSTERS)))
+def test_more_expert_flops_never_faster_with_ep_overlap(knobs, ep, eo, vp, base_ffn, extra, batch, cluster):
+    """The same law for MoE layouts, with Megatron's EP overlap (combined 1F1B) on or off: the
+    all-to-alls' window is the compute TP overlap and the context-parallel ring leave, and it takes
+    the FSDP window, so no stretch of compute hides two streams."""
+    c = CLUSTERS[cluster]
+    layout = _layout(knobs)
+    if layout.num_devices != 32 or layout.dp % ep:
+        return
+    layout = layout.with_(ep=ep, ep_overlap=eo, vp=vp if layout.pp > 1 else 1,
+                          sequence_parallel=layout.tp > 1)
+    batch = batch or layout.dp * layout.micro_batch_size
+    job = Job(global_batch_size=batch, seq_len=4096, framework="megatron")
+    small, big = _moe(base_ffn), _moe(base_ffn + extra)
+    if _structural(small, job, c, layout):
+        return
+    t_small = evaluate(small, job, c, layout).step_time_s
+    t_big = evaluate(big, job, c, layout).step_time_s
+    assert t_big >= t_small * (1 - 1e-12), (layout.short(), t_small, t_big)
+
+
+def test_ep_overlap_costs_something():
+    """EP overlap on a layout with expert traffic and micro-batches to pair: cheaper than exposed,
+    dearer than nothing; refused combinations (full recomputation) are priced as off."""
+    model, c = _moe(4096), build_cluster("dgx-h100-superpod", num_devices=32, scale_out_gbit_per_s=100)
+    job = Job(global_batch_size=256, seq_len=4096, framework="megatron")
+    base = Layout(tp=1, pp=2, vp=2, dp=16, ep=8, micro_batch_size=1, recompute="none", zero_stage=1)
+    off = evaluate(model, job, c, base).time.ep_comm_s
+    on = evaluate(model, job, c, base.with_(ep_overlap=True)).time.ep_comm_s
+    assert 0 < on < off
+    full = base.with_(recompute="full")
+    assert evaluate(model, job, c, full.with_(ep_overlap=True)).time.ep_comm_s == evaluate(model, job, c, full).time.ep_comm_s
+
+
 @settings(max_examples=100, deadline=None)
 @given(comm=st.floats(1e-6, 10.0), window=st.floats(0.0, 10.0), extra=st.floats(0.0, 5.0),
        share=st.floats(0.01, 0.5))
@@ -128,6 +172,9 @@ def test_one_stretch_of_compute_hides_one_stream(knobs, ffn, hidden, cluster):
     assert tp_window + cp_window + c.dp_window_s(to, cp) <= c.backward_s * (1 + 1e-12)
     whole = c.forward_s + c.backward_s + c.recompute_s
     assert (c.gemm_s if to else 0.0) + (c.attn_s if cp > 1 else 0.0) + c.fsdp_window_s(to, cp) <= whole * (1 + 1e-12)
+    # EP overlap's all-to-alls take the FSDP window: the two never hide behind the same compute
+    assert c.fsdp_window_s(to, cp, True) == 0.0
+    assert (c.gemm_s if to else 0.0) + (c.attn_s if cp > 1 else 0.0) + c.ep_window_s(to, cp) <= whole * (1 + 1e-12)
 
 
 def test_overlap_share_follows_the_measured_tail_effect():

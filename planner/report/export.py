@@ -119,8 +119,12 @@ def cuda_arch(device: str) -> int | None:
 
 def _needs_single_connection(doc: dict) -> bool:
     """Megatron-Core (validate_args) requires CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor or context
-    parallelism before Blackwell, except under FSDP (which refuses it)."""
+    parallelism before Blackwell, except under FSDP (which refuses it) and with EP overlap, which
+    needs more than one connection (Megatron-Core's MoE README; Megatron-Bridge leaves it unset then,
+    comm_overlap.py ``_set_num_cuda_device_max_connections``)."""
     L, cluster = doc["layout"], doc["inputs"]["cluster"]
+    if L.get("ep_overlap") and L["ep"] > 1:
+        return False
     arch = cuda_arch(cluster["device"])
     if arch is None and cluster["family"] == "xgmi":
         arch = 9  # ROCm reports MI300-class GPUs (gfx94x) as major 9: Megatron applies the same rule
@@ -244,6 +248,11 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         args += ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if L["zero_stage"] in (1, 2) else [])
     if L["tp_overlap"]:
         args.append("--tp-comm-overlap")
+    if L.get("ep_overlap") and L["ep"] > 1:
+        args.append("--overlap-moe-expert-parallel-comm")
+        notes.append("EP overlap (combined 1F1B) needs PyTorch >= 2.6 and CUDA_DEVICE_MAX_CONNECTIONS > 1 "
+                     "(left unset, as Megatron-Bridge does); Megatron's MoE README pairs it with "
+                     "--delay-wgrad-compute, which the plan does not price")
     precision = job["precision"]
     args += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format hybrid"]}[precision]
     if L["order"] != "tp-cp-dp-pp":

@@ -84,6 +84,8 @@ def overlap_charges(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
         streams.append(("dp", "dp", "gemm"))
     if L.cp > 1:
         streams.append(("cp", "dp", "attention"))
+    if L.ep_overlap and L.ep > 1:
+        streams.append(("ep", "ep", "gemm"))
     out = {}
     for name, stream, beside in streams:
         share, basis = overlap_charge(prof, dev, stream, beside)

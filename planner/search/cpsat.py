@@ -33,7 +33,9 @@ from ortools.sat.python import cp_model
 
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
-from clusterplan.planner.search.exhaustive import DIMS, _place, frees_gradients, layer_time, overlapped, peak_memory
+from clusterplan.planner.search.exhaustive import (
+    DIMS, _place, ep_saving, frees_gradients, layer_time, overlapped, peak_memory,
+)
 from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables
 
 ELEMENT_MAX_ENTRIES = 64
@@ -102,7 +104,7 @@ class _Model:
         self.fvm = m.new_int_var(0, len(triples) - 1, "fvm")
         self.fv = self._lookup("fv", fv_of_triple.ravel(), [self.fvm])
         sizes = {"o": len(S.order), "e": len(S.ep), "s": len(S.sequence_parallel), "r": len(S.recompute),
-                 "z": len(S.zero_stage), "do": len(S.dp_overlap), "to": len(S.tp_overlap)}
+                 "z": len(S.zero_stage), "do": len(S.dp_overlap), "to": len(S.tp_overlap), "eo": len(S.ep_overlap)}
         self.x = {k: m.new_int_var(0, n - 1, k) for k, n in sizes.items()}
         self.x["f"] = self._lookup("f", triples[:, 0], [self.fvm])
         self.x["mb"] = self._lookup("mb", triples[:, 1], [self.fvm])
@@ -166,6 +168,9 @@ class _Model:
         m.add_allowed_assignments([x["f"], x["o"]], self._f_rows(order_ok))
         rest = T.canon.any(axis=4)  # (F, E, S, Z, DO, TO)
         m.add_allowed_assignments([x["f"], x["e"], x["s"], x["z"], x["do"], x["to"]], self._f_rows(rest))
+        if len(T.space.ep_overlap) > 1:
+            m.add_allowed_assignments([x["e"], x["eo"]], np.argwhere(T.eo_canon).tolist())
+            m.add_allowed_assignments([x["f"], x["v"], x["r"], x["eo"]], self._f_rows(T.eo_ok))
 
     def _f_rows(self, mask: np.ndarray) -> list:
         """The index tuples where ``mask`` (first axis: factorization) holds, for the factorizations
@@ -203,7 +208,7 @@ class _Model:
         c = self._lookup("compute", T.C, axes4)
         axes5 = axes4 + [x["to"]]
         bwd = self._lookup("dp_window", T.BWD, axes5)
-        fw = self._lookup("fsdp_window", T.FW, axes5)
+        fw = self._lookup("fsdp_window", T.FW, axes5 + [x["eo"]])
         tpc = self._lookup("tp_comm", T.TPC, [self.tpc, x["mb"], x["s"], x["r"], x["to"]])
         cpc = self._lookup("cp_comm", T.CPC, [self.cpg, x["mb"], x["s"]])
         epc = self._lookup("ep_comm", T.EPC, [self.epg, x["mb"], x["s"], x["r"]])
@@ -213,8 +218,7 @@ class _Model:
         u = self._lookup("slots", self._fvm_table(T.U), [self.fvm])
         frac = self._lookup("frac", self._fv_table(T.FRAC), [self.fv])
         mb_count = self._lookup("microbatches", self._fvm_table(T.M[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
-        per_mb_hi = int(T.H.max() + T.P2P.max())
-        per_mb = m.new_int_var(0, per_mb_hi, "per_mb")
+        per_mb = m.new_int_var(0, per_mb_hi := int(T.H.max() + T.P2P.max()), "per_mb")
         head = self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
         m.add(per_mb == head + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"], x["s"]]))
         tw, bw = T.time_weight, T.busy_weight
@@ -231,7 +235,8 @@ class _Model:
         opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
         blocking = self._lookup("dp_blocking", self._fv_table(np.transpose(T.DPX, (0, 2, 1, 3, 4))),
                                 [self.fv, x["o"], x["e"], x["z"]])
-        self.objective = T.time_weight * (pipe + Q * extra + dp_exp + fsdp + Q * opt + Q * blocking)
+        saving = self._ep_overlap_saving(epc, axes5)
+        self.objective = T.time_weight * (pipe - saving + Q * extra + dp_exp + fsdp + Q * opt + Q * blocking)
         if T.busy_weight:  # energy: the extra power while computing (planner.search.tables docstring)
             share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
@@ -247,6 +252,27 @@ class _Model:
             pairs = np.argwhere(self.triple_e_lb < UNREACHABLE)
         m.add_allowed_assignments([self.fvm, x["e"]], pairs.tolist())
         m.minimize(self.objective)
+
+    def _ep_overlap_saving(self, epc, axes5):
+        """What EP overlap saves over the step (``planner.search.tables``): the steady-state slots
+        times what the kernels' SM share leaves of the open all-to-alls, at most the window; 0 with
+        it off or out of the space."""
+        T, x, m, tw = self.T, self.x, self.m, self.T.time_weight
+        if True not in T.space.ep_overlap or not T.WE.any():
+            return 0
+        ug = self._lookup("ep_overlap_slots", self._fvm_table(T.UG), [self.fvm])
+        we = self._lookup("ep_overlap_window", T.WE, axes5)
+        left = m.new_int_var(0, int(T.EPC.max()), "ep_overlap_left")  # what the SM share leaves
+        m.add_division_equality(left, (SHARE_PARTS - T.ep_share) * epc, SHARE_PARTS)
+        per_slot = m.new_int_var(0, int(T.WE.max()), "ep_overlap_hidden")
+        m.add_min_equality(per_slot, [left, we])
+        hi = min(int(T.UG.max()) * int(T.WE.max()), OBJECTIVE_LIMIT // max(1, tw))
+        full = self._product("ep_overlap_saving_if_on", ug, per_slot, hi, tw)
+        on = self._lookup("ep_overlap_on", np.array(T.space.ep_overlap, dtype=np.int64), [x["eo"]])
+        saving = m.new_int_var(0, hi, "ep_overlap_saving")  # the objective pushes it up to its bounds
+        m.add(saving <= full)
+        m.add(saving <= hi * on)
+        return saving
 
     def _dp_traffic(self):
         """Per-step overlappable traffic (ZeRO 0-1) and per-micro-batch traffic (ZeRO 2-3)."""
@@ -301,20 +327,23 @@ def _objective_lower_bound(T: Tables) -> np.ndarray:
     lb = np.transpose(lb, (0, 3, 2, 1))  # (F, MB, V, E)
     if T.busy_weight:
         Q = SLOT_QUANTUM
-        cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9))  # (F, MB)
-        head_min = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9))
+        cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9, 10))  # (F, MB)
+        head_min = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9, 10))
         opt_min = Q * T.OPT.min(axis=(2, 3))  # (F, V)
         busy = (T.M * cmin)[:, :, None] * T.FRAC[:, None, :] + Q * (T.M * head_min)[:, :, None] + opt_min[:, None, :]
         return np.where(lb < UNREACHABLE, T.time_weight * lb + T.busy_weight * busy[:, :, :, None], UNREACHABLE)
     return np.where(lb < UNREACHABLE, T.time_weight * lb, UNREACHABLE)
 
 
-LB_BLOCK_ELEMENTS = 1 << 19  # (f, e, v, mb, s, r, z) cells per block: bounded memory on large spaces
+LB_BLOCK_ELEMENTS = 1 << 19  # (f, e, v, mb, s, r, z) cells per block (o, to, eo instead of z with EP overlap)
 
 
 def _f_blocks(T: Tables) -> list[slice]:
     S = T.space
     per_f = len(S.ep) * len(S.vp) * len(S.micro_batch_size) * len(S.sequence_parallel) * len(S.recompute) * len(S.zero_stage)
+    if True in S.ep_overlap:  # the pipeline term is then bounded over orders and overlaps at once
+        per_f = len(S.ep) * len(S.vp) * len(S.micro_batch_size) * len(S.sequence_parallel) * len(S.recompute) * max(
+            len(S.zero_stage), len(S.order) * len(S.tp_overlap) * len(S.ep_overlap))
     step = max(1, LB_BLOCK_ELEMENTS // max(1, per_f))
     n = len(S.factorizations)
     return [slice(a, min(n, a + step)) for a in range(0, n, step)]
@@ -330,9 +359,13 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
         arr = np.where(placed, arr, UNREACHABLE)
         return arr.min(axis=(axis["o"], *(axis[d] for d in more)), keepdims=True)
 
-    X = min_over_orders(layer_time(T, sl), "to")
-    H = min_over_orders(_place(T.H[T.tpg_of_fo[sl]], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb", "s")))
     U, M = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb"))
+    if True in T.space.ep_overlap:  # EP overlap's saving belongs to one order and TP overlap: minimise them together
+        pipe = min_over_orders(U * layer_time(T, sl) - ep_saving(T, sl), "to", "eo")
+    else:
+        X = min_over_orders(layer_time(T, sl), "to")
+        pipe = np.where(X < UNREACHABLE, U * X, UNREACHABLE)
+    H = min_over_orders(_place(T.H[T.tpg_of_fo[sl]], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb", "s")))
     dims5 = ("f", "o", "v", "e", "z")
     # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
     # window (this stage's backward, or whole compute for ZeRO-3 gathers) cannot hide.
@@ -340,15 +373,15 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     tc = T.tc_of_fe[sl]
     window_dims = ("f", "e", "mb", "s", "r", "to")
     bwd = _place(T.BWD[tc], window_dims).max(axis=axis["to"], keepdims=True)
-    comp = _place(T.FW[tc], window_dims).max(axis=axis["to"], keepdims=True)
+    comp = _place(T.FW[tc], window_dims + ("eo",)).max(axis=(axis["to"], axis["eo"]), keepdims=True)
     step_tr = Q * min_over_orders(_place(T.DPS[sl], dims5))
     mb_tr = Q * min_over_orders(_place(T.DPM[sl], dims5))
     dp = overlapped(T, step_tr, frac * bwd) + M * overlapped(T, mb_tr, frac * comp)
     dp = dp + Q * min_over_orders(_place(T.DPX[sl], dims5))
     opt = Q * _place(T.OPT[sl], ("f", "v", "e", "z"))
-    total = U * X + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1)
+    total = pipe + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1, 1)
     ok = _memory_fits(T, sl) & (_place(T.ok_fes[sl], ("f", "e", "s")) < 0) & (_place(T.ok_fe[sl], ("f", "e")) < 0)
-    ok &= (X < UNREACHABLE) & (H < UNREACHABLE)
+    ok &= (pipe < UNREACHABLE) & (H < UNREACHABLE)
     total = np.where(ok, total, UNREACHABLE).min(axis=(axis["s"], axis["r"], axis["z"]))
     return total.reshape(total.shape[0], total.shape[2], total.shape[3], total.shape[4])
 
@@ -413,7 +446,7 @@ def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, di
 
 
 def _neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
-    """The ``count`` best layouts sharing ``idx``'s micro-batch size.
+    """The ``count`` best layouts sharing ``idx``'s micro-batch size and EP overlap.
 
     Scored on the same tables. Used twice: among layouts tied with the proven optimum, the least
     memory wins (ties come from knobs that change memory but not time: ZeRO 1 against 2, a rank
@@ -421,7 +454,9 @@ def _neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
     """
     from clusterplan.planner.search.exhaustive import restrict, solve_exhaustive
 
-    sub = restrict(T, {"mb": [idx["mb"]]})  # a fifth of the space or less: tight runner-up bounds, cheaply
+    # a fifth of the space or less: tight runner-up bounds, cheaply (EP overlap changes no memory,
+    # so the optimum's own setting keeps its ties)
+    sub = restrict(T, {"mb": [idx["mb"]], "eo": [idx["eo"]]})
     found, _ = solve_exhaustive(sub, count - 1)
     return [(value, sub.unrestrict(i)) for value, i in found]
 

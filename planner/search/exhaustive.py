@@ -2,8 +2,8 @@
 
 It exists to check the CP-SAT model (tests assert both find the same optimum and the same
 rejection counts) and as ``--search exhaustive``. Axes of the broadcast arrays, in order:
-``f, o, e, v, mb, s, r, z, do, to`` (factorization, order, ep, vp, micro-batch, sequence parallel,
-recompute, ZeRO stage, DP overlap, TP overlap).
+``f, o, e, v, mb, s, r, z, do, to, eo`` (factorization, order, ep, vp, micro-batch, sequence
+parallel, recompute, ZeRO stage, DP overlap, TP overlap, EP overlap).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.planner.search.tables import REASON_ORDER, SHARE_PARTS, SLOT_QUANTUM, Tables
 
-DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to")
+DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to", "eo")
 
 
 def _place(arr: np.ndarray, dims: tuple[str, ...]) -> np.ndarray:
@@ -45,13 +45,24 @@ def layer_time(T: Tables, sl: slice) -> np.ndarray:
             + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
 
 
+def ep_saving(T: Tables, sl: slice) -> np.ndarray:
+    """What EP overlap saves over a step (``planner.search.tables``) for the factorizations in
+    ``sl``: its steady-state slots times, per slot, what the all-to-all kernels' SM share leaves of
+    the open all-to-alls, at most the window; 0 with it off."""
+    on = _place(np.array(T.space.ep_overlap, np.int64), ("eo",))
+    hidden = np.minimum((SHARE_PARTS - T.ep_share) * _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r"))
+                        // SHARE_PARTS, _place(T.WE[T.tc_of_fe[sl]], ("f", "e", "mb", "s", "r", "to")))
+    return on * _place(T.UG[sl], ("f", "mb", "v")) * hidden
+
+
 def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) -> Scored:
     """Objective, rejection code and canonical mask for every layout with factorization ``i`` (or
     the factorizations of a slice, along the first axis)."""
     sl = i if isinstance(i, slice) else slice(i, i + 1)
     tc, tpg = T.tc_of_fe[sl], T.tpg_of_fo[sl]
     code, memory = _codes_and_memory(T, sl, tc)
-    canon = _place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to"))
+    canon = (_place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to")) & _place(T.eo_canon, ("e", "eo"))
+             & _place(T.eo_ok[sl], ("f", "v", "r", "eo")))
     if not with_objective:
         return Scored(np.zeros(1, np.int64), code, memory, canon)
     Q = SLOT_QUANTUM
@@ -64,9 +75,9 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     dps, dpm = _place(T.DPS[sl], dims5) * Q, _place(T.DPM[sl], dims5) * Q
     window_dims = ("f", "e", "mb", "s", "r", "to")
     dp_exp = np.where(do, overlapped(T, dps, FRAC * _place(T.BWD[tc], window_dims)), dps)
-    fsdp = np.where(do, overlapped(T, dpm, FRAC * _place(T.FW[tc], window_dims)), dpm)
+    fsdp = np.where(do, overlapped(T, dpm, FRAC * _place(T.FW[tc], window_dims + ("eo",))), dpm)
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
-    objective = U * X + Q * M * head + dp_exp + M * fsdp + opt + _place(T.DPX[sl], dims5) * Q
+    objective = U * X - ep_saving(T, sl) + Q * M * head + dp_exp + M * fsdp + opt + _place(T.DPX[sl], dims5) * Q
     if T.busy_weight:  # energy: waiting power over the step plus the extra power while computing
         compute = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
         busy = M * FRAC * compute + Q * M * lm_head + opt
@@ -171,7 +182,7 @@ def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
     counts = np.zeros(len(REASON_ORDER) + 1, np.int64)
     for i in _blocks(T):
         sc = score_factorization(T, i, with_objective=False)
-        weight = sc.canon.sum(axis=(DIMS.index("do"), DIMS.index("to")), keepdims=True)
+        weight = sc.canon.sum(axis=(DIMS.index("do"), DIMS.index("to"), DIMS.index("eo")), keepdims=True)
         code = np.broadcast_to(sc.code, np.broadcast_shapes(sc.code.shape, weight.shape))
         w = np.broadcast_to(weight, code.shape)
         counts += np.bincount((code + 1).ravel(), weights=w.ravel(), minlength=len(counts)).astype(np.int64)
@@ -220,8 +231,9 @@ def restrict(T: Tables, keep: dict) -> Tables:
     import copy
 
     axes = {  # table attribute -> its knob axes (only knob axes that can be cut are listed)
-        "tc_of_fe": ("f", "e"), "TPC": (None, "mb", "s", "r", "to"), "CPC": (None, "mb", "s"), "EPC": (None, "mb", "s", "r"),
-        "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r", "to"), "FW": (None, "mb", "s", "r", "to"),
+        "tc_of_fe": ("f", "e"), "TPC": (None, "mb", "s", "r", "to"), "CPC": (None, "mb", "s"),
+        "EPC": (None, "mb", "s", "r"), "WE": (None, "mb", "s", "r", "to"), "UG": ("f", "mb", "v"),
+        "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r", "to"), "FW": (None, "mb", "s", "r", "to", "eo"),
         "H": (None, "mb", "s"), "P2P": ("f", "o", "mb", "s"), "DPS": ("f", "o", "v", "e", "z"),
         "DPM": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
         "tpc_of_foe": ("f", "o", "e"),
@@ -230,10 +242,11 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
         "M": ("f", "mb"), "IF1": ("f", "mb", "v"), "IF2": ("f", "mb", "v"), "tpg_of_fo": ("f", "o"),
         "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
-        "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"), "canon": ("f", "e", "s", "z", "o", "do", "to"),
+        "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),
+        "canon": ("f", "e", "s", "z", "o", "do", "to"), "eo_canon": ("e", "eo"), "eo_ok": ("f", "v", "r", "eo"),
     }
     space_attr = {"o": "order", "e": "ep", "v": "vp", "mb": "micro_batch_size", "s": "sequence_parallel",
-                  "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap"}
+                  "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap", "eo": "ep_overlap"}
     sub = copy.copy(T)
     sub.__dict__.pop("_derived", None)  # values derived from T's full axes (planner.search.cpsat._once)
     for name, dims in axes.items():

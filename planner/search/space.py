@@ -19,7 +19,7 @@ from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
-         "zero_stage", "order", "dp_overlap", "tp_overlap")
+         "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order", "expert_tp": "etp"}
 MBS_CANDIDATES = (1, 2, 4, 8)
@@ -86,13 +86,14 @@ class Space:
     order: tuple[str, ...]
     dp_overlap: tuple[bool, ...]
     tp_overlap: tuple[bool, ...]
+    ep_overlap: tuple[bool, ...] = (False,)
     framework_rules: bool = True  # apply the profile's combination rules (off: validation of published layouts)
 
     @property
     def size(self) -> int:
         n = len(self.factorizations)
         for name in ("ep", "vp", "micro_batch_size", "sequence_parallel", "recompute", "zero_stage",
-                     "order", "dp_overlap", "tp_overlap"):
+                     "order", "dp_overlap", "tp_overlap", "ep_overlap"):
             n *= len(getattr(self, name))
         return n
 
@@ -141,6 +142,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         order=_orders(cluster, b),
         dp_overlap=pick("dp_overlap", (True, False)),
         tp_overlap=pick("tp_overlap", (False, True)),
+        ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b)
@@ -200,7 +202,7 @@ def _check_nonempty(space: Space, bounds: Bounds) -> None:
         raise SpecError("no (tp, pp, dp, cp) multiplies to the device count within the bounds given "
                         f"(fixed={bounds.fixed}, min={bounds.minimum}, max={bounds.maximum})")
     for name in ("ep", "vp", "micro_batch_size", "sequence_parallel", "recompute", "zero_stage", "order",
-                 "dp_overlap", "tp_overlap"):
+                 "dp_overlap", "tp_overlap", "ep_overlap"):
         if not getattr(space, name):
             raise SpecError(f"--fix/--min/--max leave no value for {name}")
 
@@ -259,10 +261,11 @@ def _representative(domain, preferred):
 
 
 def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, order: str,
-              dp_overlap: bool, tp_overlap: bool, space: "Space | None" = None, expert_tp: bool = True) -> bool:
+              dp_overlap: bool, tp_overlap: bool, space: "Space | None" = None, expert_tp: bool = True,
+              ep_overlap: bool = False) -> bool:
     """True for the one representative of layouts that differ only in knobs without effect.
 
-    tp_overlap means nothing at tp=1; ZeRO and DP overlap nothing without data parallelism; orders
+    tp_overlap means nothing at tp=1, ep_overlap nothing at ep=1; ZeRO and DP overlap nothing without data parallelism; orders
     that differ only in the position of degree-1 axes are the same placement (under one torus
     traversal: across traversals see :func:`traversal_duplicates`). These are symmetries, not
     rejections: the duplicates are not counted. The representative is taken from the values the
@@ -270,6 +273,8 @@ def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, 
     """
     orders = space.order if space else ORDERS
     if tp == 1 and tp_overlap != _representative(space.tp_overlap if space else (False, True), False):
+        return False
+    if ep == 1 and ep_overlap != _representative(space.ep_overlap if space else (False, True), False):
         return False
     if not expert_tp and tp * cp == 1:  # folding over a block of one rank: the unfolded layout
         return False
@@ -316,11 +321,12 @@ def sequence_parallel_ok(tp: int, sp: bool) -> str | None:
 
 
 def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool, recompute: str,
-              zero: int, order: str, dp_overlap: bool, tp_overlap: bool, expert_tp: bool = True) -> Layout:
+              zero: int, order: str, dp_overlap: bool, tp_overlap: bool, expert_tp: bool = True,
+              ep_overlap: bool = False) -> Layout:
     tp, pp, dp, cp = f
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, micro_batch_size=mbs, sequence_parallel=sp,
                   recompute=recompute, zero_stage=zero, order=order, dp_overlap=dp_overlap,
-                  tp_overlap=tp_overlap, expert_tp=expert_tp)
+                  tp_overlap=tp_overlap, expert_tp=expert_tp, ep_overlap=ep_overlap)
 
 
 def _once(out: dict, key: str, value, flag: str) -> None:

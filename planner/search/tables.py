@@ -9,7 +9,7 @@ the same integer objective.
 
 Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (see ``cost.step`` for the float form)::
 
-    U[f,mb,v] * X  +  SLOT_QUANTUM * M[f,mb] * (H + P2P)  +  dp_exposed  +  M * fsdp_exposed
+    U[f,mb,v] * X  -  EO * UG[f,mb,v] * min((SHARE_PARTS - ep_share) EPC // SHARE_PARTS, WE)  +  SLOT_QUANTUM * M[f,mb] * (H + P2P)  +  dp_exposed  +  M * fsdp_exposed
     +  SLOT_QUANTUM * OPT
 
     +  SLOT_QUANTUM * DPX
@@ -19,7 +19,9 @@ dp_share / SHARE_PARTS), SLOT_QUANTUM * traffic - FRAC * window)`` with DP overl
 BWD per step, FW per micro-batch), ``SLOT_QUANTUM * traffic`` with it off.
 
 with ``X = C + TPC + CPC + EPC`` the per-micro-batch layer time, ``U`` the micro-batch slots
-(including the bubble) times the share of layers on the most loaded stage.
+(including the bubble) times the share of layers on the most loaded stage, and the last term what EP
+overlap saves: the slots in its steady state times the all-to-all time it hides there (what the
+kernels' SM share leaves of it, at most the window WE; ``cost.terms.ep_comm_parts``).
 
 For ``--objective energy`` the searched objective is ``time_weight * (the above) + busy_weight *
 (M * FRAC * C + SLOT_QUANTUM * (M * H + OPT))``: waiting power over the whole step plus the extra
@@ -40,8 +42,8 @@ from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.step import inflight_layers, memory_static_bytes
 from clusterplan.cost.terms import (
     RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
-    effective_zero_stage, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s, overlap_share, p2p_s, param_counts, tp_comm_terms,
-    zero3_collectives,
+    effective_zero_stage, ep_overlap_steady_share, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s,
+    overlap_share, p2p_s, param_counts, tp_comm_terms, zero3_collectives,
 )
 from clusterplan.planner.search.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
@@ -75,10 +77,11 @@ class Tables:
     # time tables (TIME_QUANTUM_S)
     C: np.ndarray  # (TC, MB, S, R) compute fwd+bwd+recompute, all layers, one micro-batch; TC = (tp, cp, ep, etp)
     BWD: np.ndarray  # (TC, MB, S, R, TO) backward compute left to hide the per-step DP traffic behind
-    FW: np.ndarray  # (TC, MB, S, R, TO) compute left to hide per-micro-batch ZeRO-2/3 traffic behind
+    FW: np.ndarray  # (TC, MB, S, R, TO, EO) compute left to hide per-micro-batch ZeRO-2/3 traffic behind
     TPC: np.ndarray  # (TPC, MB, S, R, TO)
     CPC: np.ndarray  # (CPG, MB, S)
-    EPC: np.ndarray  # (EPG, MB, S, R)
+    EPC: np.ndarray  # (EPG, MB, S, R) expert all-to-alls in the open; EPG = (tp, cp, ep, etp, group)
+    WE: np.ndarray  # (TC, MB, S, R, TO) the compute EP overlap's all-to-alls hide behind (0 where it is refused)
     H: np.ndarray  # (TPG, MB, S) LM head per micro-batch
     P2P: np.ndarray  # (F, O, MB, S)
     DPS: np.ndarray  # (F, O, V, E, Z) per-step data-parallel traffic
@@ -87,6 +90,7 @@ class Tables:
     OPT: np.ndarray  # (F, V, E, Z)
     # counts (exact integers or SLOT_QUANTUM)
     U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
+    UG: np.ndarray  # (F, MB, V) U times the share of chunks EP overlap pairs (cost.terms.ep_overlap_steady_share)
     FRAC: np.ndarray  # (F, V) stage share, SLOT_QUANTUM
     M: np.ndarray  # (F, MB) micro-batches
     # memory (MEMORY_QUANTUM_BYTES)
@@ -106,11 +110,14 @@ class Tables:
     ok_fes: np.ndarray  # (F, E, S): sequence parallelism needs tp > 1; folded experts with tp > 1 need it
     ok_fo: np.ndarray  # (F, O)
     canon: np.ndarray  # (F, E, S, Z, O, DO, TO) bool
+    eo_canon: np.ndarray  # (E, EO) bool: EP overlap means nothing at ep=1 (its representative only)
+    eo_ok: np.ndarray  # (F, V, R, EO) bool: False where the framework refuses EP overlap (outside the space)
     # objective = time_weight * step time + busy_weight * busy time (cost.energy.objective_weights)
     time_weight: int = 1
     busy_weight: int = 0
     # the share of compute overlapped DP traffic takes (cost.terms.overlap_share), as SHARE_PARTS ths
     dp_share: int = 0
+    ep_share: int = 0  # the same for EP overlap's all-to-alls
 
 
 def _index(keys: list) -> tuple[dict, list]:
@@ -158,7 +165,7 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
                 ranks = ()
                 if e > 1 and expert_ok(ctx.model, l.tp, l.dp, l.cp, e, et) is None:
                     ranks = l.with_(ep=e, expert_tp=et).group("ep")
-                ep_keys[i, j, k] = (l.tp, l.cp, e, c.cluster.devices(ranks) if torus and ranks else ranks)
+                ep_keys[i, j, k] = (l.tp, l.cp, e, et, c.cluster.devices(ranks) if torus and ranks else ranks)
     return (*_group_index(tp_keys, placed), *_group_index(tpc_keys, placed), *_group_index(cp_keys, placed),
             *_group_index(ep_keys, placed))
 
@@ -173,13 +180,14 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     tc_of_fe, tc_keys, ta_of_f, ta_keys = _compute_keys(ctx, S)
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    C, BWD, FW = _compute_tables(ctx, S, tc_keys)
+    C, BWD, FW, WE = _compute_tables(ctx, S, tc_keys)
     ACT, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
-    TPC, CPC, EPC, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx)
+    TPC, CPC, ep_open, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx)
+    EPC = _qt(ep_open)
     P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) for sp in S.sequence_parallel]
                  for mb in S.micro_batch_size] for l in row] for row in probe])
     DPS, DPM, DPX, OPT, STATIC, STATIC1 = _dp_tables(ctx, S)
-    U, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
+    U, UG, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
     order_ok = _order_representatives(S)
     if len({split_order(o)[1] for o in S.order}) > 1:  # torus traversals that change nothing count once
@@ -191,6 +199,9 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
             order_ok[i] &= ~np.array(traversal_duplicates(S.order, list(order_ok[i]),
                                                           [rows(i, j) for j in range(len(S.order))]))
     canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, :, :]
+    eo_canon = ~((np.array(S.ep) == 1)[:, None]
+                 & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
+    eo_ok = _ep_overlap_mask(S)
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
     if not ignore_memory:
         # A memory term beyond the capacity rules its layouts out whatever it is, so it is clamped
@@ -199,11 +210,12 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         ACT, TRANS, LOGITS, STATIC, STATIC1 = (np.minimum(a, capacity + 1) for a in (ACT, TRANS, LOGITS, STATIC, STATIC1))
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe,
                   cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
-                  C=C, BWD=BWD, FW=FW, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM, DPX=DPX,
-                  OPT=OPT, U=U, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
+                  C=C, BWD=BWD, FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM, DPX=DPX,
+                  OPT=OPT, U=U, UG=UG, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fes=ok_fes,
-                  ok_fo=ok_fo, canon=canon, time_weight=int(weights[0]), busy_weight=int(weights[1]),
-                  dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))))
+                  ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=eo_ok, time_weight=int(weights[0]), busy_weight=int(weights[1]),
+                  dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
+                  ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))))
 
 
 def _compute_keys(ctx: Context, S: Space):
@@ -223,18 +235,24 @@ def _compute_keys(ctx: Context, S: Space):
     return tc_of_fe, tc_keys, ta_of_f, ta_keys
 
 
-def _compute_tables(ctx: Context, S: Space, tc_keys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _compute_tables(ctx: Context, S: Space, tc_keys: list) -> tuple[np.ndarray, ...]:
     """Compute time per layer (C) and the windows the data-parallel (BWD) and FSDP (FW) traffic
-    may overlap, per (tp, cp, ep, expert_tp) x micro-batch x sp x recompute (x tp_overlap)."""
-    MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
+    may overlap, per (tp, cp, ep, expert_tp) x micro-batch x sp x recompute (x tp_overlap, x ep_overlap
+    for FW), and the window EP overlap's all-to-alls hide behind (WE)."""
+    MB, SP, RC, TO, EO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap, S.ep_overlap
     comp = [[[[compute_terms(ctx, tp, cp, mb, sp, rc, e, et) for rc in RC] for sp in SP] for mb in MB]
             for tp, cp, e, et in tc_keys]
     C = _qt([[[[c.forward_s + c.backward_s + c.recompute_s for c in r] for r in s] for s in m] for m in comp])
     BWD = _qt([[[[[c.dp_window_s(to and tp > 1, cp) for to in TO] for c in r] for r in s] for s in m]
                for m, (tp, cp, _, _) in zip(comp, tc_keys)])
-    FW = _qt([[[[[c.fsdp_window_s(to and tp > 1, cp) for to in TO] for c in r] for r in s] for s in m]
-              for m, (tp, cp, _, _) in zip(comp, tc_keys)])
-    return C, BWD, FW
+    FW = _qt([[[[[[c.fsdp_window_s(to and tp > 1, cp, eo and e > 1) for eo in EO] for to in TO] for c in r] for r in s]
+               for s in m] for m, (tp, cp, e, _) in zip(comp, tc_keys)])
+    # EP overlap's window: the MoE layers' share of the compute the TP and CP overlaps leave; none
+    # where Megatron refuses the overlap (full recomputation: priced as off)
+    moe_share = ctx.model.num_moe_layers / ctx.model.num_layers
+    WE = _qt([[[[[0.0 if rc == "full" or e == 1 else moe_share * c.ep_window_s(to and tp > 1, cp) for to in TO]
+                 for c, rc in zip(r, RC)] for r in s] for s in m] for m, (tp, cp, e, _) in zip(comp, tc_keys)])
+    return C, BWD, FW, WE
 
 
 def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -255,9 +273,10 @@ def _comm_tables(S: Space, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_c
     CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB]
                for (tp, cp, st, _), c in zip(cpg_keys, cpg_ctx)])
     # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
-    ep_ranks = [_ranks(c, group) for (_, _, _, group), c in zip(epg_keys, epg_ctx)]
-    EPC = _qt([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks) if ranks else 0.0 for rc in RC]
-                 for sp in SP] for mb in MB] for (tp, cp, e, _), c, ranks in zip(epg_keys, epg_ctx, ep_ranks)])
+    ep_ranks = [_ranks(c, group) for (_, _, _, _, group), c in zip(epg_keys, epg_ctx)]
+    EPC = np.array([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks, expert_tp=et) if ranks else 0.0 for rc in RC]
+                      for sp in SP] for mb in MB] for (tp, cp, e, et, _), c, ranks in zip(epg_keys, epg_ctx, ep_ranks)],
+                   dtype=float).reshape(len(epg_keys), len(MB), len(SP), len(RC))  # seconds: build_tables quantizes
     heads = [[[head_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for (tp, cp, st, _), c in zip(tpg_keys, tpg_ctx)]
     H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
     return TPC, CPC, EPC, H
@@ -296,6 +315,7 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     gather = ctx.job.profile.profile.zero2_param_gather
     opt, static, gfree = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
     L, g = ctx.model.num_layers, ctx.job.grad_bytes
+    per_module = ctx.job.profile.zero3_fetch == "per_module_blocking"  # else one collective per pass
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
             if expert_ok(ctx.model, tp, dp, cp, e, et) is not None:
@@ -322,16 +342,17 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                             dps[at], dpm[at], dpx[at] = dps[src], dpm[src], dpx[src]
                             continue
                         t = dp_traffic(g, pc, dense, expert, effective_zero_stage(ctx, z, pp), gather,
-                                       zero3_collectives(ctx, tp, pp, v, e, et))
+                                       zero3_collectives(ctx, tp, pp, v, e, et) if per_module and z == 3 else None)
                         dps[at], dpm[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.blocking_s
     return _qt(dps), _qt(dpm), _qt(dpx), _qt(opt), _qb(static), _qb(static - gfree)
 
 
 def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
-    """Over (f, mb, v): micro-batch slots x stage share (U), micro-batches (M), stage share (FRAC),
-    and the layers in flight on the first and last pipeline ranks (IF1, IF2)."""
+    """Over (f, mb, v): micro-batch slots x stage share (U), the same times EP overlap's steady
+    share (UG), micro-batches (M), stage share (FRAC), and the layers in flight on the first and
+    last pipeline ranks (IF1, IF2)."""
     F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
-    U, IF1, IF2 = (np.zeros((F, MB, V), np.int64) for _ in range(3))
+    U, UG, IF1, IF2 = (np.zeros((F, MB, V), np.int64) for _ in range(4))
     M, FRAC = np.zeros((F, MB), np.int64), np.zeros((F, V), np.int64)
     L, B = ctx.model.num_layers, ctx.job.global_batch_size
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
@@ -340,11 +361,13 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
         for j, mb in enumerate(S.micro_batch_size):
             M[i, j] = m = max(1, B // (dp * mb))
             for vi, v in enumerate(S.vp):
-                U[i, j, vi] = round(SLOT_QUANTUM * (m + (pp - 1) / v) * layers_on_stage(L, pp, v) / L)
+                slots = SLOT_QUANTUM * (m + (pp - 1) / v) * layers_on_stage(L, pp, v) / L
+                U[i, j, vi] = round(slots)
+                UG[i, j, vi] = round(slots * ep_overlap_steady_share(pp, v, m, "none"))
                 if pp * v <= L:
                     first, last = inflight_layers(L, pp, v, m)
                     IF1[i, j, vi], IF2[i, j, vi] = math.ceil(first), math.ceil(last)
-    return U, FRAC, M, IF1, IF2
+    return U, UG, FRAC, M, IF1, IF2
 
 
 def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
@@ -408,7 +431,8 @@ def _order_representatives(S: Space) -> np.ndarray:
 
 
 def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
-    """``planner.search.space.canonical`` over (f, e, s, z, o, do, to), vectorized.
+    """``planner.search.space.canonical`` over (f, e, s, z, o, do, to), vectorized (EP overlap's
+    part is ``Tables.eo_canon``).
 
     The order part ``order_ok`` is evaluated per (f, o) (``canonical``, then
     ``traversal_duplicates``); the rest are the same rules as ``canonical``, with the
@@ -430,30 +454,50 @@ def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
     return np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad & ~fold_bad
 
 
+def _ep_overlap_mask(S: Space) -> np.ndarray:
+    """(f, v, r, eo): False where the framework refuses EP overlap (Megatron: with full
+    recomputation, and with pp > 1 without virtual stages; ``ep_overlap_steady_share`` prices those
+    as off). Like ``_framework_mask``: outside the space, not counted as rejected."""
+    pp = np.array([f[1] for f in S.factorizations])
+    vp1 = np.array(S.vp) == 1
+    full = np.array(S.recompute) == "full"
+    eo = np.array(S.ep_overlap, bool)
+    if not S.framework_rules:
+        return np.ones((len(pp), len(vp1), len(full), len(eo)), bool)
+    refused = ((pp[:, None, None] > 1) & vp1[None, :, None]) | full[None, None, :]
+    return ~(refused[:, :, :, None] & eo[None, None, None, :])
+
+
 def _framework_mask(ctx: Context, S: Space) -> np.ndarray:
     """(f, e, s, z, do, to): combinations the job's framework can run (``cost.framework.framework_refusal``).
-    Layouts it cannot run are outside the space, like knobs it does not have: not counted as rejected."""
+    Layouts it cannot run are outside the space, like knobs it does not have: not counted as rejected.
+    EP overlap's rules concern recompute and vp: ``_ep_overlap_mask``."""
     shape = (len(S.factorizations), len(S.ep), len(S.sequence_parallel), len(S.zero_stage), len(S.dp_overlap),
              len(S.tp_overlap))
     if not S.framework_rules:
         return np.ones(shape, bool)
     prof = ctx.job.profile
-    out = np.empty(shape, bool)
+    asked = {key for rule in prof.profile.rules for key, _ in rule.when}
+    # an overlap no rule asks about is evaluated once and broadcast (302,080 calls on DeepSeek-V3 otherwise)
+    DO = S.dp_overlap if "dp_overlap" in asked else S.dp_overlap[:1]
+    TO = S.tp_overlap if "tp_overlap" in asked else S.tp_overlap[:1]
+    out = np.empty(shape[:4] + (len(DO), len(TO)), bool)
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, e in enumerate(S.ep):
             for si, sp in enumerate(S.sequence_parallel):
                 for zi, z in enumerate(S.zero_stage):
-                    for di, do in enumerate(S.dp_overlap):
-                        for ti, to in enumerate(S.tp_overlap):
+                    for di, do in enumerate(DO):
+                        for ti, to in enumerate(TO):
                             out[i, ei, si, zi, di, ti] = framework_refusal(
                                 prof, tp, pp, cp, e, 1, z, "none", sp, to, do and dp * cp > 1) is None
-    return out
+    return np.broadcast_to(out, shape)
 
 
 def _only_order_differs(tp: int, pp: int, dp: int, cp: int, order: str, S: Space) -> bool:
     """The order part of ``canonical`` alone (the other knobs at their representatives)."""
     return canonical(tp, pp, dp, cp, 1, False, _representative(S.zero_stage, 0), order,
-                     _representative(S.dp_overlap, True), _representative(S.tp_overlap, False), S)
+                     _representative(S.dp_overlap, True), _representative(S.tp_overlap, False), S,
+                     ep_overlap=_representative(S.ep_overlap, False))
 
 
 def layout_from_indices(space: Space, idx: dict) -> Layout:
@@ -461,4 +505,5 @@ def layout_from_indices(space: Space, idx: dict) -> Layout:
     S = space
     return layout_of(S.factorizations[idx["f"]], S.ep[idx["e"]], S.vp[idx["v"]], S.micro_batch_size[idx["mb"]],
                      S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],
-                     S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]], S.expert_tp[idx["e"]])
+                     S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]], S.expert_tp[idx["e"]],
+                     S.ep_overlap[idx.get("eo", 0)])

@@ -133,15 +133,16 @@ def _bundled_twin(fields: dict):
 def _bounds(run: dict, prof) -> Bounds:
     """The published knobs, held; the rest are searched within what the run's framework offers.
 
-    Overlap, when the run does not say (``layout.tp_overlap`` / ``layout.dp_overlap``), follows one
+    Overlap, when the run does not say (``layout.tp_overlap`` / ``dp_overlap`` / ``ep_overlap``), follows one
     rule for every run: data-parallel overlap where the framework has it at the run's date and can
     overlap the published layout's traffic (no profile rule refuses it, e.g. DeepSpeed's ZeRO-3
-    before v0.6.0), TP overlap off (it is opt-in in every framework profile). Published values the
+    before v0.6.0), TP and EP overlap off (opt-in in every framework profile). Published values the
     framework profile lacks are kept: the run used them."""
     layout = dict(run.get("layout") or {})
-    fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap") if layout.get(k) is not None}
+    fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap") if layout.get(k) is not None}
     fixed.setdefault("dp_overlap", prof.has("dp_overlap") and not _dp_overlap_refused(fixed, prof))
     fixed.setdefault("tp_overlap", False)
+    fixed.setdefault("ep_overlap", False)
     if run.get("micro_batch_size") is not None:
         fixed["micro_batch_size"] = run["micro_batch_size"]
     # the run ran: its unpublished knobs are chosen by what fits, without a plan's headroom
@@ -510,7 +511,8 @@ def markdown_report(result: dict) -> str:
             continue
         L = r["layout"]
         lay = (f"tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']} ep{L['ep']} vp{L['vp']} mbs{L['micro_batch_size']} "
-               f"{L['recompute']} z{L['zero_stage']}" + (" tpo" if L.get("tp_overlap") and L["tp"] > 1 else ""))
+               f"{L['recompute']} z{L['zero_stage']}" + (" tpo" if L.get("tp_overlap") and L["tp"] > 1 else "")
+               + (" epo" if L.get("ep_overlap") and L["ep"] > 1 else ""))
         meas = f"{r['measured_step_time_s']:.3f}" if r["measured_step_time_s"] else "-"
         err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
         lines.append(f"| {r['id']} | {r['device']} x {r['count']} | {r['framework'].split(' ')[0]} | {lay} | "
