@@ -63,13 +63,17 @@ def test_published_layouts_are_held(bundled):
 def test_regression_bounds(bundled):
     """Today's figures (docs/cost-model.md): a change that makes them worse fails here."""
     s = bundled["summary"]["overall"]
-    # 31.1% today (docs/cost-model.md, "Runs still off")
+    # 30.8% today (docs/cost-model.md, "Runs still off")
     assert s["p90_abs_error"] <= 0.32
-    assert s["fits"] >= s["evaluated"] - 1  # only DeepSeek-V3's DualPipe layout overflows today
+    # Two published layouts overflow today: DeepSeek-V3's DualPipe layout, and Megatron-Bridge's
+    # DeepSeek-V3 on 1,024 H100, which overlapped its all-to-alls and so (Megatron's rule) did not
+    # recompute everything: without full recomputation the model puts it 6 GiB over (MoE memory
+    # over-predicted, docs/cost-model.md)
+    assert s["fits"] >= s["evaluated"] - 2
     summary = bundled["summary"]
-    assert summary["ranking"]["pairs"] >= 150 and summary["ranking"]["agreement"] >= 0.78  # 79.1% today
+    assert summary["ranking"]["pairs"] >= 150 and summary["ranking"]["agreement"] >= 0.78  # 79.2% today
     memory = bundled["memory"]["summary"]
-    assert memory["memory"]["runs"] >= 25 and memory["memory"]["median_abs_error"] <= 0.08  # 7.7% today
+    assert memory["memory"]["runs"] >= 25 and memory["memory"]["median_abs_error"] <= 0.08  # 7.3% today
     assert memory["fit_facts"]["facts"] >= 5 and memory["fit_facts"]["agreed"] >= memory["fit_facts"]["facts"] - 1
 
 

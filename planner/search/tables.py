@@ -457,13 +457,12 @@ def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
 def _ep_overlap_mask(S: Space) -> np.ndarray:
     """(f, v, r, eo): False where the framework refuses EP overlap (Megatron: with full
     recomputation, and with pp > 1 without virtual stages; ``ep_overlap_steady_share`` prices those
-    as off). Like ``_framework_mask``: outside the space, not counted as rejected."""
+    as off). Like ``_framework_mask``: outside the space, not counted as rejected. Applied in
+    validation too: a published run that overlapped its all-to-alls did not recompute everything."""
     pp = np.array([f[1] for f in S.factorizations])
     vp1 = np.array(S.vp) == 1
     full = np.array(S.recompute) == "full"
     eo = np.array(S.ep_overlap, bool)
-    if not S.framework_rules:
-        return np.ones((len(pp), len(vp1), len(full), len(eo)), bool)
     refused = ((pp[:, None, None] > 1) & vp1[None, :, None]) | full[None, None, :]
     return ~(refused[:, :, :, None] & eo[None, None, None, :])
 
