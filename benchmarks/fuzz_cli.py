@@ -57,7 +57,7 @@ OPTIONS = ["--devices", "--nodes", "--global-batch", "--seq-len", "--tokens", "-
 TEXT = ["0", "-1", "nan", "inf", "1e400", "99999999999999999999", "1.5", "", "8", "64", "1e-9", "10%", "200%",
         "0x20", " 8 ", "8k", "fp8", "torchtitan", "maxtext", "unfused", "energy", "h200-sxm-141gb", "b200", "%s"]
 KNOBS = ["tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "sp", "recompute", "zero", "order", "dp_overlap",
-         "tp_overlap", "bogus"]
+         "tp_overlap", "ep_overlap", "bogus"]
 KNOB_VALUES = ["1", "2", "8", "0", "-4", "on", "off", "full", "selective", "none", "7", "tp-cp-dp-pp", "nan",
                "1e9", "", "3", "64"]
 MODELS = ["gpt", "llama3-8b", "llama3-70b", "mixtral", "deepseek-v3", "gpt3-1.3b"]
