@@ -244,7 +244,9 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
     if knob == "tp_overlap" and not prof.compiled and prof.at_compiled().tp_overlap_on(family):
         return (f"tp_overlap=on: {name} overlaps TP (async TP) only under torch.compile; "
                 "plan with --compile (the exported config then enables it)")
-    return f"{knob}={value}: {name} does not offer it (allowed: {', '.join(str(v) for v in allowed)})"
+    def shown(v) -> str:  # switches as the CLI takes them
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+    return f"{knob}={shown(value)}: {name} does not offer it (allowed: {', '.join(shown(v) for v in allowed)})"
 
 
 def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
