@@ -115,6 +115,20 @@ def test_megatron_bridge_rule_applies_to_every_mbridge_run():
             assert r["layout"]["sequence_parallel"] is True, r["id"]
 
 
+def test_nemo_2407_rule_applies_to_every_nemo2407_run():
+    """RUNS_FORMAT.md's NeMo 24.07 config rule covers every nemo2407 run, bundled or held out: each
+    names where its settings were read, and sequence parallelism is never left to the search."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "planner" / "data" / "runs.yaml", root / "benchmarks" / "holdout_runs.yaml"]
+    runs = [r for f in files for r in load_runs(f) if str(r["id"]).startswith("nemo2407")]
+    assert len(runs) == 8
+    for r in runs:
+        assert any("NeMo 24.07 config rule" in str(n) for n in r.get("notes", [])), r["id"]
+        assert r["layout"]["sequence_parallel"] is not None, r["id"]
+        matched = r["layout"]["recompute"] is not None
+        assert matched == (r.get("grad_reduce_dtype") == "bf16"), r["id"]  # a matching config sets both
+
+
 def test_unseen_file_with_a_bad_run(tmp_path):
     doc = yaml.safe_load(HOLDOUT.read_text())
     bad = dict(doc["runs"][0], id="broken-run")
