@@ -244,9 +244,13 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
     if knob == "tp_overlap" and not prof.compiled and prof.at_compiled().tp_overlap_on(family):
         return (f"tp_overlap=on: {name} overlaps TP (async TP) only under torch.compile; "
                 "plan with --compile (the exported config then enables it)")
-    def shown(v) -> str:  # switches as the CLI takes them
-        return ("on" if v else "off") if isinstance(v, bool) else str(v)
-    return f"{knob}={shown(value)}: {name} does not offer it (allowed: {', '.join(shown(v) for v in allowed)})"
+    return (f"{knob}={knob_text(value)}: {name} does not offer it "
+            f"(allowed: {', '.join(knob_text(v) for v in allowed)})")
+
+
+def knob_text(value) -> str:
+    """A knob value as the CLI takes it: switches as on/off."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from clusterplan.cost.framework import knob_text
 from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, order_axes, split_order
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.models.spec import ModelSpec
@@ -52,6 +53,8 @@ def _moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
     out.append((f"sp {'off' if lay.sequence_parallel else 'on'}", lay.with_(sequence_parallel=not lay.sequence_parallel)))
     out.append((f"dp_overlap {'off' if lay.dp_overlap else 'on'}", lay.with_(dp_overlap=not lay.dp_overlap)))
     out.append((f"tp_overlap {'off' if lay.tp_overlap else 'on'}", lay.with_(tp_overlap=not lay.tp_overlap)))
+    if moe and lay.ep > 1:
+        out.append((f"ep_overlap {'off' if lay.ep_overlap else 'on'}", lay.with_(ep_overlap=not lay.ep_overlap)))
     if lay.traversal:
         out.append(("default torus traversal", lay.with_(order=split_order(lay.order)[0])))
     return out
@@ -68,9 +71,10 @@ def _outside(space: Space | None, lay: Layout) -> str | None:
     for knob, value in (("ep", lay.ep), ("vp", lay.vp), ("micro_batch_size", lay.micro_batch_size),
                         ("zero_stage", lay.zero_stage), ("recompute", lay.recompute),
                         ("sequence_parallel", lay.sequence_parallel), ("dp_overlap", lay.dp_overlap),
-                        ("tp_overlap", lay.tp_overlap)):
+                        ("tp_overlap", lay.tp_overlap), ("ep_overlap", lay.ep_overlap)):
         if value not in getattr(space, knob):
-            return f"{knob}={value} is outside the searched values {list(getattr(space, knob))}"
+            searched = ", ".join(knob_text(v) for v in getattr(space, knob))
+            return f"{knob}={knob_text(value)} is outside the searched values [{searched}]"
     return None
 
 
