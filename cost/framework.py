@@ -270,6 +270,15 @@ def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: i
     return None
 
 
+def refuses_dp_overlap(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
+                       sp: bool, tp_overlap: bool) -> bool:
+    """A profile rule refuses DP overlap for these knobs, and nothing refuses them without it
+    (DeepSpeed's ZeRO-3 before v0.6.0)."""
+    def refusal(dp_overlap: bool) -> str | None:
+        return framework_refusal(prof, tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap, dp_overlap)
+    return refusal(True) is not None and refusal(False) is None
+
+
 def framework_defaults(layout, given: set[str], prof: ProfileAt, family: str):
     """``layout`` with the knobs the user did not give (``given``: Layout field names) moved to a
     value the framework offers: ZeRO to its lowest sharding stage from 1 up (MaxText: its fsdp axis),
@@ -284,14 +293,10 @@ def framework_defaults(layout, given: set[str], prof: ProfileAt, family: str):
         changes["recompute"] = next(r for r in ("selective", "full", "none") if r in offered["recompute"])
     if "dp_overlap" not in given and "dp_overlap" in offered:
         changes["dp_overlap"] = False
-    elif "dp_overlap" not in given and layout.dp_overlap and layout.dp * layout.cp > 1:
-        def refused(dp_overlap: bool) -> bool:
-            return framework_refusal(prof, layout.tp, layout.pp, layout.cp, layout.ep, layout.vp,
-                                     changes.get("zero_stage", layout.zero_stage),
-                                     changes.get("recompute", layout.recompute), layout.sequence_parallel,
-                                     layout.tp_overlap, dp_overlap) is not None
-        if refused(True) and not refused(False):
-            changes["dp_overlap"] = False  # the framework cannot overlap this layout's DP traffic
+    elif "dp_overlap" not in given and layout.dp_overlap and layout.dp * layout.cp > 1 and refuses_dp_overlap(
+            prof, layout.tp, layout.pp, layout.cp, layout.ep, layout.vp, changes.get("zero_stage", layout.zero_stage),
+            changes.get("recompute", layout.recompute), layout.sequence_parallel, layout.tp_overlap):
+        changes["dp_overlap"] = False  # the framework cannot overlap this layout's DP traffic
     if "sequence_parallel" not in given and prof.profile.sequence_parallel_with_tp and layout.tp > 1:
         changes["sequence_parallel"] = True
     return layout.with_(**changes) if changes else layout

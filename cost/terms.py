@@ -436,9 +436,15 @@ def ep_comm_parts(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, r
     if ep == 1 or ctx.model.moe is None:
         return 0.0, 0.0
     raw = _ep_open_s(ctx, tp, cp, ep, mbs, sp, recompute, ranks)
-    window = compute_terms(ctx._base, tp, cp, mbs, sp, recompute, ep, expert_tp).ep_window_s(tp_overlap, cp)
-    window *= ctx.model.num_moe_layers / ctx.model.num_layers
+    window = ep_overlap_window_s(ctx.model, compute_terms(ctx._base, tp, cp, mbs, sp, recompute, ep, expert_tp),
+                                 tp_overlap, cp)
     return raw, overlapped_exposed_s(raw, window, overlap_share(ctx, "ep"))
+
+
+def ep_overlap_window_s(model: ModelSpec, c: "ComputeTerms", tp_overlap: bool, cp: int) -> float:
+    """The compute EP overlap's all-to-alls hide behind per micro-batch: the MoE layers' share of
+    what TP overlap and the context-parallel ring leave (:meth:`ComputeTerms.ep_window_s`)."""
+    return model.num_moe_layers / model.num_layers * c.ep_window_s(tp_overlap, cp)
 
 
 def _tp_comm_s(n: float, h: int, prof, sp: bool) -> float:
@@ -803,9 +809,11 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
         pc = ParamCounts(pc.dense + pc.expert, 0.0)
         zero3_modules = zero3_modules and (sum(zero3_modules), 0)
 
-    def over(fn) -> float:
-        return sum(fn(count, prof) for count, prof in ((pc.dense, dense_prof), (pc.expert, expert_prof))
-                   if prof is not None and count)
+    def over(fn, collectives: tuple[int, int] = (1, 1)) -> float:
+        """``fn`` over the dense and expert streams, each split into its number of collectives
+        (the bandwidth term is shared, each collective pays its latency)."""
+        streams = ((pc.dense, dense_prof, collectives[0]), (pc.expert, expert_prof, collectives[1]))
+        return sum(k * fn(count / k, prof) for count, prof, k in streams if prof is not None and count)
 
     def rs(count, prof):
         return coll.reduce_scatter_s(grad_bytes * count, prof)
@@ -821,13 +829,8 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
         if zero2_param_gather == "per_microbatch":
             return DataParallelTerms(0.0, over(rs) + over(ag))
         return DataParallelTerms(0.0, over(rs), over(ag))
-    if zero3_modules is None:
-        return DataParallelTerms(0.0, 2 * over(ag) + over(rs))
-    k = {id(expert_prof): max(1, zero3_modules[1]), id(dense_prof): max(1, zero3_modules[0])}  # dense wins a tie
-
-    def split(fn):  # one collective per module: the bandwidth term is shared, the latency is not
-        return lambda count, prof: k[id(prof)] * fn(count / k[id(prof)], prof)
-    return DataParallelTerms(0.0, 2 * over(split(ag)) + over(split(rs)))
+    per_pass = (1, 1) if zero3_modules is None else tuple(max(1, k) for k in zero3_modules)
+    return DataParallelTerms(0.0, 2 * over(ag, per_pass) + over(rs, per_pass))
 
 
 @lru_cache(maxsize=65536)

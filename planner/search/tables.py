@@ -42,7 +42,7 @@ from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.step import inflight_layers, memory_static_bytes
 from clusterplan.cost.terms import (
     RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
-    effective_zero_stage, ep_overlap_steady_share, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s,
+    effective_zero_stage, ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s,
     overlap_share, p2p_s, param_counts, tp_comm_terms, zero3_collectives,
 )
 from clusterplan.planner.search.space import (
@@ -201,7 +201,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, :, :]
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
-    eo_ok = _ep_overlap_mask(S)
+    eo_ok = _ep_overlap_mask(ctx, S)
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
     if not ignore_memory:
         # A memory term beyond the capacity rules its layouts out whatever it is, so it is clamped
@@ -247,10 +247,9 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list) -> tuple[np.ndarray, 
                for m, (tp, cp, _, _) in zip(comp, tc_keys)])
     FW = _qt([[[[[[c.fsdp_window_s(to and tp > 1, cp, eo and e > 1) for eo in EO] for to in TO] for c in r] for r in s]
                for s in m] for m, (tp, cp, e, _) in zip(comp, tc_keys)])
-    # EP overlap's window: the MoE layers' share of the compute the TP and CP overlaps leave; none
-    # where Megatron refuses the overlap (full recomputation: priced as off)
-    moe_share = ctx.model.num_moe_layers / ctx.model.num_layers
-    WE = _qt([[[[[0.0 if rc == "full" or e == 1 else moe_share * c.ep_window_s(to and tp > 1, cp) for to in TO]
+    # EP overlap's window (cost.terms.ep_overlap_window_s); none where Megatron refuses the overlap
+    # (full recomputation: priced as off)
+    WE = _qt([[[[[0.0 if rc == "full" or e == 1 else ep_overlap_window_s(ctx.model, c, to and tp > 1, cp) for to in TO]
                  for c, rc in zip(r, RC)] for r in s] for s in m] for m, (tp, cp, e, _) in zip(comp, tc_keys)])
     return C, BWD, FW, WE
 
@@ -454,17 +453,22 @@ def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
     return np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad & ~fold_bad
 
 
-def _ep_overlap_mask(S: Space) -> np.ndarray:
-    """(f, v, r, eo): False where the framework refuses EP overlap (Megatron: with full
+def _ep_overlap_mask(ctx: Context, S: Space) -> np.ndarray:
+    """(f, v, r, eo): False where the framework's rules refuse EP overlap (Megatron: with full
     recomputation, and with pp > 1 without virtual stages; ``ep_overlap_steady_share`` prices those
     as off). Like ``_framework_mask``: outside the space, not counted as rejected. Applied in
     validation too: a published run that overlapped its all-to-alls did not recompute everything."""
-    pp = np.array([f[1] for f in S.factorizations])
-    vp1 = np.array(S.vp) == 1
-    full = np.array(S.recompute) == "full"
+    prof = ctx.job.profile
+
+    def refused(pp: int, v: int, r: str) -> bool:  # by a rule on EP overlap, the other knobs neutral
+        def refusal(eo: bool) -> str | None:
+            return framework_refusal(prof, 1, pp, 1, 2, v, 1, r, False, ep_overlap=eo)
+        return refusal(True) is not None and refusal(False) is None
+    by_pp = {pp: np.array([[refused(pp, v, r) for r in S.recompute] for v in S.vp], bool).reshape(len(S.vp), -1)
+             for pp in {f[1] for f in S.factorizations}}
+    no = np.stack([by_pp[f[1]] for f in S.factorizations])  # (F, V, R)
     eo = np.array(S.ep_overlap, bool)
-    refused = ((pp[:, None, None] > 1) & vp1[None, :, None]) | full[None, None, :]
-    return ~(refused[:, :, :, None] & eo[None, None, None, :])
+    return ~(no[:, :, :, None] & eo[None, None, None, :])
 
 
 def _framework_mask(ctx: Context, S: Space) -> np.ndarray:

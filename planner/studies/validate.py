@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 from clusterplan.cost.framework import (
-    default_framework, framework_refusal, load_profile, parse_date, resolve_name as resolve_framework,
+    default_framework, load_profile, parse_date, refuses_dp_overlap, resolve_name as resolve_framework,
 )
 from clusterplan.cost.layout import Job
 from clusterplan.cost.step import layout_problems
@@ -151,13 +151,11 @@ def _bounds(run: dict, prof) -> Bounds:
 
 def _dp_overlap_refused(fixed: dict, prof) -> bool:
     """A profile rule refuses DP overlap for these published knobs (unpublished ones at 1 / none)
-    and not without it."""
-    def refusal(dp_overlap: bool):
-        return framework_refusal(prof, int(fixed.get("tp") or 1), int(fixed.get("pp") or 1), int(fixed.get("cp") or 1),
-                                 int(fixed.get("ep") or 1), int(fixed.get("vp") or 1), int(fixed.get("zero_stage") or 0),
-                                 str(fixed.get("recompute") or "none"), bool(fixed.get("sequence_parallel")),
-                                 bool(fixed.get("tp_overlap")), dp_overlap)
-    return refusal(True) is not None and refusal(False) is None
+    and not without it (``cost.framework.refuses_dp_overlap``)."""
+    return refuses_dp_overlap(prof, int(fixed.get("tp") or 1), int(fixed.get("pp") or 1), int(fixed.get("cp") or 1),
+                              int(fixed.get("ep") or 1), int(fixed.get("vp") or 1), int(fixed.get("zero_stage") or 0),
+                              str(fixed.get("recompute") or "none"), bool(fixed.get("sequence_parallel")),
+                              bool(fixed.get("tp_overlap")))
 
 
 def run_framework(run: dict, platform: str) -> tuple[str, str, str]:
