@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from clusterplan.cost.orders import ORDERS, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.files import bundled_yaml
 
@@ -103,11 +104,15 @@ class Profile:
     p2p_scatter_gather: bool = True
     p2p_scatter_gather_history: tuple[tuple[str, bool], ...] = ()
     p2p_blocking: bool = False
+    p2p_gathers_per_slot: int = 2  # TP all-gathers of scattered sends per slot (receiver fwd and bwd; DeepSpeed 3)
     # ZeRO-3 parameter fetch by release (semantics.zero3_fetch_history): "bucketed" (prefetched,
     # overlapped, one collective per layer or bucket) or "per_module_blocking" (one collective per
     # partitioned module, each waiting for the device to go idle: DeepSpeed before v0.6.0)
     zero3_fetch_history: tuple[tuple[str, str], ...] = ()
     zero3_persistence_threshold: int = 0  # parameters with fewer elements are kept whole on every rank
+    # Rank orders the framework lays out, by release (semantics.order_history): (since YYYY-MM,
+    # orders); none: every order (the user builds the mesh)
+    order_history: tuple[tuple[str, tuple[str, ...]], ...] = ()
     eager_activations: bool = False  # eager PyTorch modules: autograd keeps more than fused kernels (terms.activation_bytes)
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
@@ -202,6 +207,10 @@ class ProfileAt:
             return "unfused"
         return self._as_of(self.profile.attention_history, self.profile.attention)
 
+    def orders(self) -> tuple[str, ...] | None:
+        """The rank orders (parallel axes, innermost first) this release lays out; None: any."""
+        return self._as_of(self.profile.order_history, None)
+
     def _as_of(self, history: tuple[tuple[str, object], ...], default):
         """The value of the latest ``(since YYYY-MM, value)`` entry not after this release, else ``default``."""
         values = [value for since, value in history if since <= self.date]
@@ -225,6 +234,8 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
         out["tp_overlap"] = (False,)
     if not prof.has("ep_overlap"):
         out["ep_overlap"] = (False,)
+    if prof.orders() is not None:
+        out["order"] = prof.orders()
     return out
 
 
@@ -233,6 +244,7 @@ def unoffered(prof: ProfileAt, family: str, values: dict, folded_experts: bool =
     offer at its date, and for folded experts (etp=1) where it has no folding."""
     name = prof.profile.describe(prof.date)
     offered = framework_domains(prof, family)
+    values = {k: split_order(v)[0] if k == "order" else v for k, v in values.items()}
     out = [_unoffered_message(prof, family, name, knob, value, offered[knob])
            for knob, value in values.items() if knob in offered and value not in offered[knob]]
     if folded_experts and not prof.has("etp1"):
@@ -346,10 +358,9 @@ def load_profile(framework_id: str) -> Profile:
         selective_recompute=str(sem.get("selective_recompute", "attention_core")),
         attention_history=_history(sem, "attention_history", "kernel", str),
         eager_activations=bool(sem.get("eager_activations", False)),
-        p2p_scatter_gather=bool(sem.get("p2p_scatter_gather", True)),
-        p2p_scatter_gather_history=_history(sem, "p2p_scatter_gather_history", "enabled", bool),
-        p2p_blocking=bool(sem.get("p2p_blocking", False)),
+        **_p2p(sem),
         zero3_fetch_history=_zero3_fetch(sem, where),
+        order_history=_order_history(sem, where),
         zero3_persistence_threshold=int(sem.get("zero3_persistence_threshold", 0)),
         allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
                                               f"{where}: semantics.allocator_reserved_fraction"),
@@ -375,6 +386,24 @@ def _zero3_fetch(sem: dict, where: str) -> tuple[tuple[str, str], ...]:
         if fetch not in ZERO3_FETCH:
             raise SpecError(f"{where}: semantics.zero3_fetch_history: got {fetch!r}; allowed: {', '.join(ZERO3_FETCH)}")
         parse_date(since, f"{where}: semantics.zero3_fetch_history.since")
+    return history
+
+
+def _p2p(sem: dict) -> dict:
+    """The pipeline-send semantics of a profile (``Profile.p2p_*``)."""
+    return dict(p2p_scatter_gather=bool(sem.get("p2p_scatter_gather", True)),
+                p2p_scatter_gather_history=_history(sem, "p2p_scatter_gather_history", "enabled", bool),
+                p2p_blocking=bool(sem.get("p2p_blocking", False)),
+                p2p_gathers_per_slot=int(sem.get("p2p_gathers_per_slot", 2)))
+
+
+def _order_history(sem: dict, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    history = _history(sem, "order_history", "orders", tuple)
+    for since, orders in history:
+        parse_date(since, f"{where}: semantics.order_history.since")
+        bad = [o for o in orders if o not in ORDERS]
+        if bad or not orders:
+            raise SpecError(f"{where}: semantics.order_history: got {list(orders)!r}; allowed: {', '.join(ORDERS)}")
     return history
 
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from clusterplan.cost.framework import FRAMEWORKS, ProfileAt, load_profile, parse_date
 from clusterplan.cost.goodput import Reliability
+from clusterplan.cost.orders import DEFAULT_ORDER, ORDERS, TRAVERSAL_SEP, join_order, split_order  # noqa: F401 (re-exported)
 
 _DEFAULT_RELIABILITY = Reliability()
 from clusterplan.models.errors import SpecError
@@ -32,20 +33,6 @@ from clusterplan.topologies.cluster import TORUS_AXES
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
-ORDERS: tuple[str, ...] = ("tp-cp-dp-pp", "tp-cp-pp-dp", "tp-dp-cp-pp")
-DEFAULT_ORDER = "tp-cp-dp-pp"
-TRAVERSAL_SEP = "@"
-
-
-def split_order(order: str) -> tuple[str, str]:
-    """``"tp-cp-dp-pp@xzy"`` -> ``("tp-cp-dp-pp", "xzy")``; ``""`` for the default traversal."""
-    axes, _, traversal = order.partition(TRAVERSAL_SEP)
-    return axes, traversal
-
-
-def join_order(axes: str, traversal: str) -> str:
-    """The order string of a parallel order and a traversal ("" for device-id order)."""
-    return f"{axes}{TRAVERSAL_SEP}{traversal}" if traversal else axes
 
 
 def order_axes(order: str) -> list[str]:

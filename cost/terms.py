@@ -604,21 +604,28 @@ def p2p_s(ctx: Context, layout: Layout) -> float:
     scatters it over the tensor-parallel ranks (Megatron's scatter-gather, Narayanan et al. 2021
     section 4.1, 2021-02 to 2023-03) or sequence parallelism already shards it, each TP rank sends
     ``1/tp`` of it; otherwise every TP rank sends the whole tensor (DeepSpeed's PipelineEngine,
-    Megatron-Core without SP). Paired non-blocking sends (Megatron's batched isend/irecv, PyTorch
+    Megatron-Core without SP); a scattered tensor is all-gathered over the TP ranks on arrival
+    (``semantics.p2p_gathers_per_slot`` per slot: Megatron 2, DeepSpeed 3, which also re-gathers its
+    own output before the backward). Paired non-blocking sends (Megatron's batched isend/irecv, PyTorch
     pipelining) cost two transfers per slot. DeepSpeed's are blocking, one after the other: a middle
     stage exchanges with the previous stage (RecvActivation, SendGrad) and then with the next
     (SendActivation, RecvGrad), four transfers per slot; with two stages each has one neighbour, two.
     """
     if layout.pp == 1:
         return 0.0
-    stride = layout.stride("pp")
-    prof = ctx.placed(layout.order).cluster.group_profile((0, stride))
+    placed = ctx.placed(layout.order).cluster
+    prof = placed.group_profile((0, layout.stride("pp")))
     fw = ctx.job.profile
-    size = ACT_BYTES * _tokens(ctx, layout.cp, layout.micro_batch_size) * ctx.model.hidden_size
-    if layout.sequence_parallel or fw.p2p_scatter_gather:
-        size /= layout.tp
+    full = ACT_BYTES * _tokens(ctx, layout.cp, layout.micro_batch_size) * ctx.model.hidden_size
+    scattered = fw.p2p_scatter_gather and layout.tp > 1 and not layout.sequence_parallel
+    size = full / layout.tp if layout.sequence_parallel or scattered else full
     transfers = 4 if fw.profile.p2p_blocking and layout.pp > 2 else 2
-    return transfers * coll.p2p_s(size, prof)
+    gather_s = 0.0
+    if scattered:  # the receiver rebuilds the whole tensor: an all-gather over the TP ranks
+        tp_stride = layout.stride("tp")
+        tp_prof = placed.group_profile(range(0, layout.tp * tp_stride, tp_stride))
+        gather_s = fw.profile.p2p_gathers_per_slot * coll.all_gather_s(full, tp_prof)
+    return transfers * coll.p2p_s(size, prof) + gather_s
 
 
 # ---- parameters per device --------------------------------------------------------------------

@@ -38,15 +38,18 @@ def _looks_like_file(text: str) -> bool:
 def load_cluster(name_or_path: str, num_devices: int | None = None, num_nodes: int | None = None,
                  device: str | None = None, scale_out_gbit_per_s: float | None = None,
                  oversubscription: float | None = None, price_per_device_hour: float | None = None,
-                 pue: float | None = None, host_power_w: float | None = None) -> Cluster:
+                 pue: float | None = None, host_power_w: float | None = None,
+                 domain_devices: int | None = None) -> Cluster:
     """A preset or a cluster file, sized and overridden by the options (which win over the file),
     with a rental price, a facility PUE and a host power per device applied where given."""
     if not _looks_like_file(name_or_path):
         cluster = build_cluster(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
-                                scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
+                                scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription,
+                                domain_devices=domain_devices)
     else:
         cluster = load_cluster_file(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
-                                    scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription)
+                                    scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription,
+                                    domain_devices=domain_devices)
     return with_what_if(cluster, price_per_device_hour, pue, host_power_w)
 
 
@@ -134,6 +137,7 @@ class Request:
     device: str | None = None
     scale_out_gbit_per_s: float | None = None
     oversubscription: float | None = None
+    domain_devices: int | None = None
     global_batch: int | None = None
     seq_len: int | None = None
     precision: str | None = None
@@ -160,7 +164,7 @@ class Request:
     def load_cluster(self) -> Cluster:
         return load_cluster(self.cluster, self.num_devices, self.num_nodes, self.device, self.scale_out_gbit_per_s,
                             self.oversubscription, price_per_device_hour=self.price_per_device_hour, pue=self.pue,
-                            host_power_w=self.host_power_w)
+                            host_power_w=self.host_power_w, domain_devices=self.domain_devices)
 
     def build_job(self, model: ModelSpec, cluster: Cluster) -> tuple[Job, dict[str, str]]:
         return build_job(self.model, model, cluster, self.global_batch, self.seq_len, self.precision, self.tokens,

@@ -537,6 +537,19 @@ def test_sweep_of_a_cluster_knob_with_a_cluster_file(tmp_path):
     assert ok.exit_code == 0 and [r["num_devices"] for r in json.loads(ok.stdout)] == [16, 16]
 
 
+def test_domain_devices_reach_the_plan_and_the_slurm_segment():
+    """--domain-devices sets the NVLink domain the plan assumes, and the Slurm export asks for
+    segments of that many nodes (topology/block), as Megatron-Bridge's GB200 executor does."""
+    common = ["--model", "llama3-8b", "--cluster", "gb200-nvl72", "--devices", "256", "--domain-devices", "64",
+              "--top", "0"]
+    doc = run_json("plan", *common)
+    assert doc["inputs"]["cluster"]["domain_size"] == 64
+    script = run("export", "--format", "slurm", *common[:-2]).stdout
+    assert "#SBATCH --segment=16" in script.splitlines()
+    bad = run("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--domain-devices", "8")
+    assert bad.exit_code == 2 and "domain_devices" in bad.stderr and "Traceback" not in bad.output
+
+
 def test_slurm_export():
     common = ["--model", "llama2-7b", "--cluster", "dgx-h100-superpod", "--devices", "32", "--search", "exhaustive"]
     doc = run_json("plan", *common, "--top", "0")

@@ -466,23 +466,28 @@ def test_tp_comm_is_four_collectives_per_layer(cluster16, sp, recompute):
     assert tp_comm_terms(ctx, tp, 1, mbs, sp, recompute, 1, False) == pytest.approx(expected, rel=REL)
 
 
-@pytest.mark.parametrize("framework,date,sp,pp,share,transfers", [
-    ("megatron", "2021-04", False, 4, 1 / 2, 2),  # scatter-gather (2021-02 to 2023-03)
-    ("megatron", "", False, 4, 1, 2),  # Megatron-Core: whole tensor from every TP rank ...
-    ("megatron", "", True, 4, 1 / 2, 2),  # ... unless sequence parallelism shards it
-    ("deepspeed", "2022-02", False, 4, 1, 4),  # PipelineEngine: whole tensor, blocking send, then recv
-    ("deepspeed", "2022-02", False, 2, 1, 2),  # two stages: one neighbour each
+@pytest.mark.parametrize("framework,date,sp,pp,share,transfers,gathers", [
+    ("megatron", "2021-04", False, 4, 1 / 2, 2, 2),  # scatter-gather (2021-02 to 2023-03): receiver all-gathers
+    ("megatron", "", False, 4, 1, 2, 0),  # Megatron-Core: whole tensor from every TP rank ...
+    ("megatron", "", True, 4, 1 / 2, 2, 0),  # ... unless sequence parallelism shards it
+    ("deepspeed", "2022-02", False, 4, 1 / 2, 4, 3),  # PipelineEngine: partitioned over TP, blocking send, then recv
+    ("deepspeed", "2022-02", False, 2, 1 / 2, 2, 3),  # two stages: one neighbour each
+    ("deepspeed", "2021-06", False, 4, 1, 4, 0),  # before 2021-09 gradients went whole: priced whole
 ])
-def test_pipeline_p2p_follows_the_framework(cluster16, framework, date, sp, pp, share, transfers):
+def test_pipeline_p2p_follows_the_framework(cluster16, framework, date, sp, pp, share, transfers, gathers):
     """Per micro-batch slot, ``b s h / cp`` elements each way, split over the TP ranks only where the
-    framework scatters them (Narayanan et al. 2021 sec. 4.1) or SP shards them; paired
-    non-blocking sends cost two transfers, DeepSpeed's blocking ones four (deepspeed.yaml)."""
+    framework scatters them (Narayanan et al. 2021 sec. 4.1; DeepSpeed's PartitionedTensor) or SP
+    shards them; a scattered tensor is all-gathered again over the TP ranks (DeepSpeed also re-gathers
+    its own output before the backward); paired non-blocking sends cost two transfers, DeepSpeed's
+    blocking ones four (deepspeed.yaml)."""
     job = Job(global_batch_size=64, seq_len=2048, framework=framework, framework_date=date)
     ctx = Context(GPT, job, cluster16)
     layout = Layout(tp=2, pp=pp, dp=8 // pp, micro_batch_size=2, sequence_parallel=sp)
     prof = cluster16.group_profile((0, layout.stride("pp")))
-    size = 2 * 2 * 2048 * GPT.hidden_size * share
-    assert p2p_s(ctx, layout) == pytest.approx(transfers * coll.p2p_s(size, prof), rel=REL)
+    full = 2 * 2 * 2048 * GPT.hidden_size
+    gather = coll.all_gather_s(full, cluster16.group_profile(range(2)))
+    expected = transfers * coll.p2p_s(full * share, prof) + gathers * gather
+    assert p2p_s(ctx, layout) == pytest.approx(expected, rel=REL)
     assert p2p_s(ctx, layout.with_(pp=1, dp=8)) == 0.0
 
 

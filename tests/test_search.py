@@ -138,6 +138,35 @@ def test_deepspeed_2021_zero3_plans_keep_dp_overlap_off():
         assert best.step_time_s == pytest.approx(evaluate(model, job, cluster, best.layout).step_time_s, rel=1e-6)
 
 
+@pytest.mark.parametrize("framework,date,orders", [
+    ("megatron", "2023-06", {"tp-cp-dp-pp"}),  # initialize_model_parallel: TP, then DP, then PP
+    ("megatron", "2025-01", {"tp-cp-dp-pp", "tp-cp-pp-dp"}),  # --use-tp-pp-dp-mapping (2024-04)
+    ("deepspeed", "2022-02", {"tp-cp-dp-pp"}),  # PipeModelDataParallelTopology
+    ("torchtitan", "", {"tp-cp-dp-pp"}),  # device mesh (pp, dp, cp, tp)
+])
+def test_search_keeps_to_the_rank_orders_the_framework_lays_out(framework, date, orders):
+    """The order axis holds only what the framework can launch; --fix of another order is refused
+    with the framework named, and --allow-unavailable keeps it."""
+    model, cluster = get_model("gpt3-1.3b"), build_cluster("dgx-a100-superpod", num_devices=64)
+    job = Job(global_batch_size=512, seq_len=2048, framework=framework, framework_date=date)
+    assert set(build_space(model, job, cluster, Bounds()).order) == orders
+    if "tp-cp-pp-dp" not in orders:
+        with pytest.raises(SpecError, match=f"order=tp-cp-pp-dp: {framework}"):
+            build_space(model, job, cluster, Bounds(fixed={"order": "tp-cp-pp-dp"}))
+        free = Bounds(fixed={"order": "tp-cp-pp-dp"}, allow_unavailable=True)
+        assert build_space(model, job, cluster, free).order == ("tp-cp-pp-dp",)
+
+
+def test_deepspeed_pipeline_reduces_gradients_after_the_backward():
+    """DeepSpeed's PipelineEngine reduces gradients in ReduceGrads after the last backward: a plan with
+    pp > 1 never claims DP overlap (deepspeed.yaml pipe_reduce_after_backward)."""
+    model, cluster = get_model("gpt3-1.3b"), build_cluster("dgx-a100-superpod", num_devices=64)
+    job = Job(global_batch_size=512, seq_len=2048, precision="fp16", framework="deepspeed", framework_date="2022-02")
+    best = plan(model, job, cluster, SearchOptions(bounds=Bounds(fixed={"pp": 4, "zero_stage": 1}))).best
+    assert best.layout.dp_overlap is False and best.layout.dp > 1
+    assert any(k == "framework" for k, _ in layout_problems(model, job, cluster, best.layout.with_(dp_overlap=True)))
+
+
 TORI = [("tpu-v5p-pod", 128), ("tpu-v5e-pod", 32), ("tpu-v5p-pod", 64)]  # 3, 2 and 1 distinct traversals
 
 
@@ -382,9 +411,10 @@ def test_fixing_a_knob_without_effect_keeps_its_layouts():
 def test_fixing_an_equivalent_order_keeps_the_optimum():
     """With cp = 1 the orders tp-cp-dp-pp and tp-dp-cp-pp place ranks identically, so fixing the
     latter must find the unconstrained optimum when that has cp = 1 (before the fix it only found
-    cp > 1 layouts, 5% slower here)."""
-    model, job = get_model("gpt3-1.3b"), Job(global_batch_size=16, seq_len=2048)
-    cluster = build_cluster("dgx-h100-superpod", num_devices=8)
+    cp > 1 layouts, 5% slower here). On a TPU slice: MaxText lays out any order (Megatron's
+    command line has no tp-dp-cp-pp)."""
+    model, job = get_model("gpt3-1.3b"), Job(global_batch_size=16, seq_len=2048, framework="maxtext")
+    cluster = build_cluster("tpu-v5p-pod", num_devices=8)
     free = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0))
     assert free.best.layout.cp == 1
     fixed = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0,
@@ -557,10 +587,11 @@ def test_search_picks_a_torus_traversal_when_faster():
 
 
 def test_order_domain_off_and_on_a_torus():
-    """Without a torus the orders are the three rank orders and the space is exactly what it was
-    before traversals (sizes from the commit before them); on 4x4x8 each order comes with the
-    three distinct traversals, and a fixed order without @ leaves the traversal free. (Megatron's
-    profile has no ZeRO-2: three ZeRO stages where the sizes were counted with four.)"""
+    """Without a torus the orders are the rank orders Megatron lays out (two of the three: no
+    tp-dp-cp-pp) and the space is what it was before traversals (sizes from the commit before them,
+    counted with three orders); on 4x4x8 each order comes with the three distinct traversals, and a
+    fixed order without @ leaves the traversal free. (Megatron's profile has no ZeRO-2: three ZeRO
+    stages where the sizes were counted with four.)"""
     from clusterplan.cost.layout import ORDERS
     from clusterplan.planner.search.space import parse_bounds
 
@@ -568,18 +599,21 @@ def test_order_domain_off_and_on_a_torus():
     for cluster_id, n, size in [("dgx-h100-superpod", 64, 331776), ("gb200-nvl72", 72, 866304),
                                 ("mi300x-cluster", 32, 239616)]:
         space = build_space(model, job, build_cluster(cluster_id, num_devices=n))
-        # the sizes were counted with ZeRO 0-3 and TP overlap on and off everywhere
-        assert space.order == ORDERS and space.size == size * len(space.zero_stage) * len(space.tp_overlap) // 8
+        # the sizes were counted with ZeRO 0-3, TP overlap on and off everywhere, and three orders
+        assert space.order == ORDERS[:2]
+        assert space.size == size * len(space.zero_stage) * len(space.tp_overlap) // 8 * 2 // 3
     tpu = build_cluster("tpu-v5p-pod", num_devices=128)
     assert build_space(model, job, tpu).order == tuple(
-        o + t for t in ("", "@yzx", "@yxz") for o in ORDERS)
+        o + t for t in ("", "@yzx", "@yxz") for o in ORDERS[:2])  # the job's framework: megatron
+    maxtext = dataclasses.replace(job, framework="maxtext")
+    assert build_space(model, maxtext, tpu).order == tuple(o + t for t in ("", "@yzx", "@yxz") for o in ORDERS)
     fixed = lambda order, cluster=tpu: build_space(model, job, cluster, parse_bounds((f"order={order}",))).order
     assert fixed("tp-cp-dp-pp") == ("tp-cp-dp-pp", "tp-cp-dp-pp@yzx", "tp-cp-dp-pp@yxz")
     assert fixed("tp-cp-dp-pp@zyx") == ("tp-cp-dp-pp",)
     assert fixed("tp-cp-dp-pp@xzy") == ("tp-cp-dp-pp@xzy",)  # congruent to @yzx, kept as asked
     with pytest.raises(SpecError) as err:
         fixed("tp-cp-dp-pp@xyz", build_cluster("dgx-h100-superpod", num_devices=16))
-    for words in ("--fix order", "'tp-cp-dp-pp@xyz'", "not a torus", "tp-cp-dp-pp, tp-cp-pp-dp, tp-dp-cp-pp"):
+    for words in ("--fix order", "'tp-cp-dp-pp@xyz'", "not a torus", "tp-cp-dp-pp, tp-cp-pp-dp"):
         assert words in str(err.value)
     with pytest.raises(SpecError, match="x, y, z of the 4x4x8 slice"):
         fixed("tp-cp-dp-pp@yx")

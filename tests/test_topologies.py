@@ -364,11 +364,25 @@ def test_scale_out_override_replaces_the_nic_rate():
     ({"preset_id": "tpu-v5e-pod", "oversubscription": 2}, ["oversubscription", "fat-tree"]),
     ({"preset_id": "dgx-h100-superpod", "oversubscription": 0.5}, ["oversubscription", "from 1 to 64", "0.5"]),
     ({"preset_id": "dgx-h100-superpod", "scale_out_gbit_per_s": 0}, ["scale_out_gbit_per_s"]),
+    ({"preset_id": "dgx-h100-superpod", "domain_devices": 8}, ["domain_devices", "nvlink-domain"]),
+    ({"preset_id": "gb200-nvl72", "domain_devices": 70}, ["domain_devices", "70", "multiple of the 4"]),
+    ({"preset_id": "gb200-nvl72", "domain_devices": 80}, ["domain_devices", "80", "72"]),
 ])
 def test_bad_input_raises_spec_error_naming_the_field(kwargs, words):
     with pytest.raises(SpecError) as err:
         build_cluster(**kwargs)
     assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_domain_devices_use_part_of_each_nvl72_rack():
+    """256 GPUs as Megatron-Bridge's GB200 executor allocates them (Slurm --segment 16): four
+    NVLink domains of 64, each filling 16 of a rack's 18 trays; a 64-GPU group stays on NVLink,
+    while at 72 per domain the same group would straddle two racks."""
+    whole, part = build_cluster("gb200-nvl72", 256), build_cluster("gb200-nvl72", 256, domain_devices=64)
+    assert (whole.domain_size, part.domain_size, part.num_domains) == (72, 64, 4)
+    group = range(64, 128)
+    assert part.group_profile(group).num_domains == 1 and whole.group_profile(group).num_domains == 2
+    assert build_cluster("gb200-nvl72", 256, domain_devices=72).domain_size == 72
 
 
 def test_unknown_device_suggests_close_names():

@@ -115,6 +115,25 @@ def test_megatron_bridge_rule_applies_to_every_mbridge_run():
             assert r["layout"]["sequence_parallel"] is True, r["id"]
 
 
+def test_slurm_segment_rule_applies_to_every_multi_rack_mbridge_run():
+    """RUNS_FORMAT.md's Slurm segment rule: every mbridge run on NVL72 racks spanning more than one
+    rack uses 4 x (the largest divisor of its node count up to 18) devices per NVLink domain, as
+    Megatron-Bridge's executor asks Slurm for; no other run carries the field."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml", "sweeps.yaml", "memory_runs.yaml")]
+    files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_family_runs.yaml")]
+    covered = 0
+    for r in (r for f in files for r in load_runs(f)):
+        hw = r["hardware"]
+        expected = None
+        if str(r["id"]).startswith("mbridge") and hw["cluster"] in ("gb200-nvl72", "gb300-nvl72") and hw["count"] > 72:
+            nodes = hw["count"] // 4
+            expected = 4 * next(c for c in range(18, 0, -1) if nodes % c == 0)
+            covered += 1
+        assert hw.get("devices_per_domain") == expected, r["id"]
+    assert covered == 12
+
+
 def test_nemo_2407_rule_applies_to_every_nemo2407_run():
     """RUNS_FORMAT.md's NeMo 24.07 config rule covers every nemo2407 run, bundled or held out: each
     names where its settings were read, and sequence parallelism is never left to the search."""

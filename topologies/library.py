@@ -478,7 +478,7 @@ def list_clusters() -> list[ClusterEntry]:
 
 def build_cluster(preset_id: str, num_devices: int | None = None, num_nodes: int | None = None,
                   device: str | None = None, scale_out_gbit_per_s: float | None = None,
-                  oversubscription: float | None = None) -> Cluster:
+                  oversubscription: float | None = None, domain_devices: int | None = None) -> Cluster:
     """Build a bundled preset at a size, optionally with another device of its family.
 
     Parameters
@@ -488,6 +488,8 @@ def build_cluster(preset_id: str, num_devices: int | None = None, num_nodes: int
     device : a device id of the preset's device family (default: the preset's device).
     scale_out_gbit_per_s : NIC bandwidth per device, one direction, replacing the preset's.
     oversubscription : leaf downlink/uplink ratio (>= 1) for fat-tree presets.
+    domain_devices : devices a job uses in each multi-host NVLink Switch domain (64 of an NVL72
+        rack's 72, as SLURM's ``--segment 16`` allocates), a multiple of the devices per node.
 
     Returns
     -------
@@ -503,13 +505,15 @@ def build_cluster(preset_id: str, num_devices: int | None = None, num_nodes: int
     size = _num_devices(entry, num_devices, num_nodes)
     device_id = resolve_device_id(device) if device is not None else entry.device
     return _build_bundled(entry.id, size, device_id, _positive("scale_out_gbit_per_s", scale_out_gbit_per_s),
-                          _oversubscription(entry, oversubscription))
+                          _oversubscription(entry, oversubscription), _domain_devices(entry, domain_devices))
 
 
 @lru_cache(maxsize=64)
 def _build_bundled(preset_id: str, num_devices: int, device_id: str, scale_out: float | None,
-                   oversubscription: float | None) -> Cluster:
+                   oversubscription: float | None, domain_devices: int | None = None) -> Cluster:
     entry = _override(_presets()[preset_id], scale_out, oversubscription)
+    if domain_devices is not None:
+        entry = entry.model_copy(update={"domain_size": domain_devices})
     return assemble_cluster(entry, _family_device(entry, _bundled_device(device_id)), num_devices, _links())
 
 
@@ -519,6 +523,22 @@ def _override(entry: PresetEntry, scale_out: float | None, oversubscription: flo
     if not changes:
         return entry
     return entry.model_copy(update={"scale_out": entry.scale_out.model_copy(update=changes)})
+
+
+def _domain_devices(entry: PresetEntry, value: int | None) -> int | None:
+    """``domain_devices`` checked against the preset: an NVLink Switch domain spanning several hosts,
+    used by whole hosts, up to its size."""
+    if value is None:
+        return None
+    if entry.family != "nvlink-domain":
+        raise SpecError(f"domain_devices: preset {entry.id} ({entry.family}) has no NVLink Switch domain spanning "
+                        f"several hosts to fill in part (given: {value!r}); allowed with nvlink-domain presets "
+                        "(gb200-nvl72, gb300-nvl72)")
+    size, per_node = entry.domain_size, entry.devices_per_node
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= size or value % per_node:
+        raise SpecError(f"domain_devices: got {value!r}; allowed: a multiple of the {per_node} devices per node "
+                        f"from {per_node} to the domain's {size}")
+    return value
 
 
 def _positive(name: str, value: float | None) -> float | None:
@@ -680,7 +700,7 @@ def assemble_cluster(entry: PresetEntry, device: DeviceSpec, num_devices: int,
 # ---- cluster files ---------------------------------------------------------------------------------
 def load_cluster_file(path: str | Path, num_devices: int | None = None, num_nodes: int | None = None,
                       device: str | None = None, scale_out_gbit_per_s: float | None = None,
-                      oversubscription: float | None = None) -> Cluster:
+                      oversubscription: float | None = None, domain_devices: int | None = None) -> Cluster:
     """Build a cluster from a YAML/JSON cluster file (format in the module docstring).
 
     The keyword arguments are the command line's overrides: a size (``num_devices`` or
@@ -705,16 +725,7 @@ def load_cluster_file(path: str | Path, num_devices: int | None = None, num_node
         num_devices, num_nodes = file_devices, file_nodes
     if device is not None:
         data["device"] = device
-    if scale_out_gbit_per_s is not None or oversubscription is not None:
-        if not isinstance(data.get("scale_out") or {}, Mapping):
-            raise SpecError(f"{where}: scale_out: expected a mapping of scale-out fields (given: "
-                            f"{data['scale_out']!r:.80}); the command line's overrides go into it")
-        scale_out = dict(data.get("scale_out") or {})
-        if scale_out_gbit_per_s is not None:
-            scale_out["nic_gbit_per_s"] = scale_out_gbit_per_s
-        if oversubscription is not None:
-            scale_out["oversubscription"] = oversubscription
-        data["scale_out"] = scale_out
+    _file_scale_out(data, scale_out_gbit_per_s, oversubscription, where)
     device = _file_device(data.pop("device", None), where)
     merged = _merge_base(data, where)
     if device is not None:
@@ -726,8 +737,26 @@ def load_cluster_file(path: str | Path, num_devices: int | None = None, num_node
         merged["reference_size"] = _reference_size(num_devices, num_nodes, merged.get("devices_per_node"), where)
     entry = _validate(PresetEntry, merged, where)
     _oversubscription(entry, oversubscription)  # the command line's value, checked as for a preset
+    if _domain_devices(entry, domain_devices) is not None:
+        entry = entry.model_copy(update={"domain_size": domain_devices})
     device = device or load_device(entry.device)
     return assemble_cluster(entry, device, _num_devices(entry, num_devices, num_nodes), links)
+
+
+def _file_scale_out(data: dict, scale_out_gbit_per_s: float | None, oversubscription: float | None,
+                    where: str) -> None:
+    """The command line's NIC rate and oversubscription, written into the file's ``scale_out``."""
+    if scale_out_gbit_per_s is None and oversubscription is None:
+        return
+    if not isinstance(data.get("scale_out") or {}, Mapping):
+        raise SpecError(f"{where}: scale_out: expected a mapping of scale-out fields (given: "
+                        f"{data['scale_out']!r:.80}); the command line's overrides go into it")
+    scale_out = dict(data.get("scale_out") or {})
+    if scale_out_gbit_per_s is not None:
+        scale_out["nic_gbit_per_s"] = scale_out_gbit_per_s
+    if oversubscription is not None:
+        scale_out["oversubscription"] = oversubscription
+    data["scale_out"] = scale_out
 
 
 def _merge_base(data: dict, where: str) -> dict:

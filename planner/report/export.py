@@ -21,7 +21,7 @@ import math
 import re
 from fractions import Fraction
 
-from clusterplan.cost.layout import order_axes
+from clusterplan.cost.layout import order_axes, split_order
 from clusterplan.models.errors import SpecError
 
 FORMATS = ("megatron", "deepspeed", "torchtitan", "maxtext", "slurm")
@@ -255,9 +255,12 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
                      "--delay-wgrad-compute, which the plan does not price")
     precision = job["precision"]
     args += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format hybrid"]}[precision]
-    if L["order"] != "tp-cp-dp-pp":
-        notes.append(f"rank order {L['order']}: Megatron-Core's default is tp-cp-ep-dp-pp; set it where your "
-                     "version allows (e.g. ProcessGroupCollection / --use-tp-pp-dp-mapping)")
+    order = split_order(L["order"])[0]
+    if order == "tp-cp-pp-dp":
+        args.append("--use-tp-pp-dp-mapping")  # RankGenerator order tp-cp-ep-pp-dp (Megatron-LM 2024-04)
+    elif order != "tp-cp-dp-pp":
+        notes.append(f"rank order {L['order']}: Megatron's command line lays out tp-cp-ep-dp-pp or, with "
+                     "--use-tp-pp-dp-mapping, tp-cp-ep-pp-dp; this order needs your own process groups")
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if _needs_single_connection(doc) else {}
     return args, notes, env
 
@@ -597,6 +600,16 @@ FAMILY_NOTES = {
 }
 
 
+def _segment_line(cluster: dict, num_devices: int) -> list[str]:
+    """On NVLink Switch domains spanning several nodes, the nodes of each domain the plan assumes,
+    kept together by Slurm's topology/block plugin (``--segment``: Megatron-Bridge's GB200 executor
+    sets it the same way)."""
+    if cluster["family"] != "nvlink-domain" or not cluster.get("domain_size"):
+        return []
+    nodes = min(cluster["domain_size"], num_devices) // cluster["devices_per_node"]
+    return [f"#SBATCH --segment={nodes}"]
+
+
 def slurm_script(doc: dict, model=None) -> str:
     """An sbatch script: one torchrun per node (``srun``), which starts one Megatron-LM process per device.
 
@@ -617,6 +630,7 @@ def slurm_script(doc: dict, model=None) -> str:
               "#SBATCH --ntasks-per-node=1",  # one torchrun per node; it forks the per-device ranks
               f"#SBATCH --gpus-per-node={per_node}",
               "#SBATCH --exclusive",
+              *_segment_line(cluster, num_devices),
               ""]
     body = ["set -euo pipefail"]
     for key, value in env.items():

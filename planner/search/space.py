@@ -139,7 +139,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         sequence_parallel=pick("sequence_parallel", (False, True)),
         recompute=pick("recompute", RECOMPUTE_MODES),
         zero_stage=pick("zero_stage", (0, 1, 2, 3)),
-        order=_orders(cluster, b),
+        order=_orders(cluster, b, offered.get("order")),
         dp_overlap=pick("dp_overlap", (True, False)),
         tp_overlap=pick("tp_overlap", (False, True)),
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
@@ -176,15 +176,17 @@ def _check_fixed_offered(prof, family: str, bounds: Bounds) -> None:
         raise SpecError(f"--fix {problems[0]}; pick another --framework or drop the --fix")
 
 
-def _orders(cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:
-    """Rank orders times the cluster's distinct torus traversals, the device-id traversal first.
+def _orders(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """Rank orders (those the framework lays out, ``offered``; None: all) times the cluster's
+    distinct torus traversals, the device-id traversal first.
 
     A fixed order without ``@`` holds the rank order and leaves the traversal free; with it, both
     (checked against the cluster, and written without the suffix when it is the default).
     """
-    orders = ORDERS
+    orders = ORDERS if offered is None or bounds.allow_unavailable and "order" in bounds.fixed else \
+        tuple(o for o in ORDERS if o in offered)
     if cluster.torus_shape is not None:
-        orders = tuple(join_order(o, t) for t in ("",) + cluster.traversals()[1:] for o in ORDERS)
+        orders = tuple(join_order(o, t) for t in ("",) + cluster.traversals()[1:] for o in orders)
     fixed = bounds.fixed.get("order")
     if fixed is None:
         return orders

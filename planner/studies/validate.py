@@ -202,7 +202,8 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
         result.measured_fits = bool(measured["fits"])
     model = _model(run, result.notes)
     cluster = load_cluster(str(hw["cluster"]), num_devices=hw.get("count"), device=hw.get("device"),
-                            scale_out_gbit_per_s=hw.get("scale_out_gbit_per_s_per_device"))
+                            scale_out_gbit_per_s=hw.get("scale_out_gbit_per_s_per_device"),
+                            domain_devices=hw.get("devices_per_domain"))
     result.family = cluster.device.family
     if not run.get("global_batch_size"):
         raise SpecError("global_batch_size is not published")

@@ -119,7 +119,8 @@ class _Points:
 
     def __call__(self, settings: dict[str, Any]) -> tuple[Cluster, Job]:
         r = self.request.with_(**settings)
-        key = (r.cluster, r.num_devices, r.num_nodes, r.device, r.scale_out_gbit_per_s, r.oversubscription)
+        key = (r.cluster, r.num_devices, r.num_nodes, r.device, r.scale_out_gbit_per_s, r.oversubscription,
+               r.domain_devices)
         if key not in self._clusters:
             self._clusters[key] = r.load_cluster()
         cluster = self._clusters[key]
@@ -170,6 +171,8 @@ SWEEP_KNOBS: dict[str, Knob] = {
                                  axis_label="scale-out NIC per device (Gbit/s)"),
     "oversubscription": Knob(option="--oversubscription", param="oversubscription", kind="ratio",
                              axis_label="leaf oversubscription (downlink : uplink)"),
+    "domain-devices": Knob(option="--domain-devices", param="domain_devices", kind="int",
+                           axis_label="devices used per NVLink domain"),
     "global-batch": Knob(option="--global-batch", param="global_batch", kind="int",
                          axis_label="global batch (sequences)"),
     "seq-len": Knob(option="--seq-len", param="seq_len", kind="int", axis_label="sequence length (tokens)"),
