@@ -58,6 +58,7 @@ CASES = (
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
+from clusterplan.cost.framework import default_framework
 from clusterplan.cost.layout import Job
 from clusterplan.models.library import get_model
 from clusterplan.planner.search import SearchOptions, plan
@@ -66,7 +67,8 @@ args = json.loads(sys.argv[1])
 t1 = time.perf_counter()
 cluster = build_cluster(args["cluster"], num_devices=args["num_devices"])
 t2 = time.perf_counter()
-job = Job(global_batch_size=args["global_batch_size"], seq_len=args["seq_len"], precision=args["precision"])
+job = Job(global_batch_size=args["global_batch_size"], seq_len=args["seq_len"], precision=args["precision"],
+          framework=default_framework(cluster.platform))  # the CLI's default: maxtext on TPU, megatron elsewhere
 res = plan(get_model(args["model"]), job, cluster,
            SearchOptions(engine=args["engine"], top_k=args["top_k"], time_limit_s=args["time_limit_s"]))
 t3 = time.perf_counter()
