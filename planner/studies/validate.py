@@ -501,10 +501,36 @@ def load_runs_and_groups(path: str | Path) -> tuple[list[dict], dict[str, list[s
 def markdown_report(result: dict) -> str:
     """The validation tables as Markdown (what docs/cost-model.md embeds): runs, families,
     frameworks, the ZeRO-3 signed error, the planner's best against the published layouts, and
-    ranking agreement by source."""
+    ranking agreement by source; with the bundled file, the layout sweeps, the memory facts, and the
+    runs beyond A100/H100 with their own per-family table."""
+    lines = _markdown_runs(result["runs"]) + [""] + _markdown_stats(result["summary"])
+    rk = result["summary"].get("ranking") or {}
+    if rk.get("pairs"):
+        lines.append(f"- ranking: {rk['agreed']} of {rk['pairs']} pairs ordered as measured ({rk['agreement']:.1%}) in "
+                     f"{rk['groups']} groups; {rk['ties']} pairs within {rk['tie_threshold']:.0%} are ties; by source: "
+                     + ", ".join(f"{k} {v['agreed']}/{v['pairs']}" for k, v in rk["by_source"].items()))
+    if result.get("sweeps"):
+        st = result["sweeps"]["summary"]["overall"]
+        lines.append(f"- layout sweeps (`planner/data/sweeps.yaml`): {st['runs']} runs, median |error| "
+                     f"{st['median_abs_error']:.1%}, p90 {st['p90_abs_error']:.1%}")
+    if result.get("memory"):
+        m, facts = result["memory"]["summary"].get("memory") or {}, result["memory"]["summary"].get("fit_facts") or {}
+        if m:
+            lines.append(f"- memory (`planner/data/memory_runs.yaml`): {m['runs']} measured peaks, median |error| "
+                         f"{m['median_abs_error']:.1%}, p90 {m['p90_abs_error']:.1%}")
+        if facts:
+            lines.append(f"- fit/OOM facts: {facts['agreed']} of {facts['facts']} reproduced"
+                         + (f"; wrong: {', '.join(facts['wrong'])}" if facts["wrong"] else ""))
+    if result.get("families"):
+        lines += ["", "Runs beyond NVIDIA A100/H100 (`planner/data/family_runs.yaml`):", ""]
+        lines += _markdown_runs(result["families"]["runs"]) + [""] + _markdown_stats(result["families"]["summary"])
+    return "\n".join(lines)
+
+
+def _markdown_runs(runs: list[dict]) -> list[str]:
     lines = ["| run | device x count | framework | layout | predicted s | measured s | error | fits |",
              "|---|---|---|---|---:|---:|---:|---|"]
-    for r in result["runs"]:
+    for r in runs:
         if r["reason"]:
             lines.append(f"| {r['id']} | {r['device']} x {r['count']} | | not evaluated: {r['reason']} | | | | |")
             continue
@@ -516,9 +542,13 @@ def markdown_report(result: dict) -> str:
         err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
         lines.append(f"| {r['id']} | {r['device']} x {r['count']} | {r['framework'].split(' ')[0]} | {lay} | "
                      f"{r['predicted_step_time_s']:.3f} | {meas} | {err} | {'yes' if r['fits'] else 'NO'} |")
-    s = result["summary"]
-    lines += ["", "| hardware family or framework | runs | median abs error | p90 abs error | max abs error |",
-              "|---|---:|---:|---:|---:|"]
+    return lines
+
+
+def _markdown_stats(s: dict) -> list[str]:
+    """Per family and framework, the ZeRO-3 signed error, measured peaks and best-vs-published."""
+    lines = ["| hardware family or framework | runs | median abs error | p90 abs error | max abs error |",
+             "|---|---:|---:|---:|---:|"]
     rows = ([("all", s["overall"])] + sorted(s["by_family"].items())
             + [(f"framework {k}", v) for k, v in sorted(s.get("by_framework", {}).items())])
     for name, st in rows:
@@ -536,13 +566,4 @@ def markdown_report(result: dict) -> str:
         b = s["best_vs_published"]
         lines.append(f"- planner's best against the published layout: median {b['median_speedup']:.2f}x, max "
                      f"{b['max_speedup']:.2f}x over {b['runs']} runs; above 1.3x: {', '.join(b['above_1_3']) or 'none'}")
-    rk = s.get("ranking") or {}
-    if rk.get("pairs"):
-        lines.append(f"- ranking: {rk['agreed']} of {rk['pairs']} pairs ordered as measured ({rk['agreement']:.1%}) in "
-                     f"{rk['groups']} groups; {rk['ties']} pairs within {rk['tie_threshold']:.0%} are ties; by source: "
-                     + ", ".join(f"{k} {v['agreed']}/{v['pairs']}" for k, v in rk["by_source"].items()))
-    if result.get("sweeps"):
-        st = result["sweeps"]["summary"]["overall"]
-        lines.append(f"- layout sweeps (`planner/data/sweeps.yaml`): {st['runs']} runs, median |error| "
-                     f"{st['median_abs_error']:.1%}, p90 {st['p90_abs_error']:.1%}")
-    return "\n".join(lines)
+    return lines
