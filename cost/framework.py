@@ -113,6 +113,9 @@ class Profile:
     # Rank orders the framework lays out, by release (semantics.order_history): (since YYYY-MM,
     # orders); none: every order (the user builds the mesh)
     order_history: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # ZeRO-3 across scale-up domains: "shard" over every data-parallel rank, or "replicate" (shard
+    # inside a domain, plain data parallelism between domains: MaxText's ICI fsdp / DCN data)
+    zero3_across_domains: str = "shard"
     eager_activations: bool = False  # eager PyTorch modules: autograd keeps more than fused kernels (terms.activation_bytes)
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
@@ -361,6 +364,8 @@ def load_profile(framework_id: str) -> Profile:
         **_p2p(sem),
         zero3_fetch_history=_zero3_fetch(sem, where),
         order_history=_order_history(sem, where),
+        zero3_across_domains=_choice(sem.get("zero3_across_domains", "shard"), ("shard", "replicate"),
+                                     f"{where}: semantics.zero3_across_domains"),
         zero3_persistence_threshold=int(sem.get("zero3_persistence_threshold", 0)),
         allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
                                               f"{where}: semantics.allocator_reserved_fraction"),
@@ -434,6 +439,12 @@ def _rules(raw_rules: list, where: str) -> list[Rule]:
         until = parse_date(raw.get("until"), f"{where}: rule {raw.get('id')}: until")
         rules.append(Rule(str(raw.get("id")), str(raw.get("message", "")), str(raw.get("source", "")), frozen, until))
     return rules
+
+
+def _choice(value, allowed: tuple[str, ...], where: str) -> str:
+    if value not in allowed:
+        raise SpecError(f"{where}: got {value!r}; allowed: {', '.join(allowed)}")
+    return str(value)
 
 
 def _fraction(value, where: str) -> float:

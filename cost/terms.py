@@ -699,16 +699,31 @@ class StaticMemory:
     optimizer_bytes: float
 
 
-def owned_params(pc: ParamCounts, layout: Layout, sharded: bool) -> float:
+def owned_params(pc: ParamCounts, layout: Layout, sharded: bool, replicas: int = 1) -> float:
     """Parameters a device holds state for: all of them, or its ZeRO shard.
 
     Megatron-Core's distributed optimizer shards over the data- and context-parallel ranks;
     expert weights over the expert-data-parallel ranks (``dp * cp / ep``; folded ``tp * cp * dp / ep``).
+    ``replicas``: copies of each shard kept across scale-up domains (:func:`zero_replicas`).
     """
     if not sharded:
         return pc.dense + pc.expert
-    shard = layout.dp * layout.cp
+    shard = layout.dp * layout.cp // replicas
     return pc.dense / shard + pc.expert / (shard * (1 if layout.expert_tp else layout.tp) // layout.ep)
+
+
+def zero_replicas(ctx: Context, dp: int, pp: int, cp: int, ep: int, zero: int) -> int:
+    """Copies of each ZeRO-3 shard: 1, except where the framework shards only inside a scale-up
+    domain and runs plain data parallelism between domains (``semantics.zero3_across_domains:
+    replicate``: MaxText's base.yml puts the fsdp axis on ICI, ``ici_fsdp_parallelism: -1``, and the
+    data axis on DCN, ``dcn_data_parallelism: -1``). Then a data-parallel group spanning D slices
+    keeps D copies of each shard, gathered and reduce-scattered inside its slice, with one
+    all-reduce of the shard's gradients across slices a step. Taken where the data axis alone
+    crosses the slices (no pipeline, context or expert parallelism), so every rank order agrees."""
+    if ctx.job.profile.profile.zero3_across_domains != "replicate" or zero < 3 or pp > 1 or cp > 1 or ep > 1:
+        return 1
+    domains = ctx.cluster.num_domains
+    return domains if domains > 1 and dp % domains == 0 else 1
 
 
 def effective_zero_stage(ctx: Context, zero: int, pp: int) -> int:
@@ -727,14 +742,15 @@ def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
     """Weights, gradients and Adam states per device, divided per ZeRO stage."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
     z = effective_zero_stage(ctx, layout.zero_stage, layout.pp)
-    weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3)
+    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z)
+    weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3, copies)
     if z >= 3 and not ctx.job.profile.profile.sharded_weight_copy:
         weights = 0.0  # FSDP2: the fp32 shard (with the optimizer states) is cast at each gather
     if z >= 3:  # FSDP keeps the gathered weights of the layer in use and the one prefetched
         per_layer = (pc.dense + pc.expert) / max(1, layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
         weights += 2 * WEIGHT_BYTES * per_layer
-    grads = ctx.job.grad_bytes * owned_params(pc, layout, z >= 2)
-    optim = OPTIMIZER_STATE_BYTES * owned_params(pc, layout, z >= 1)
+    grads = ctx.job.grad_bytes * owned_params(pc, layout, z >= 2, copies)
+    optim = OPTIMIZER_STATE_BYTES * owned_params(pc, layout, z >= 1, copies)
     return StaticMemory(weights, grads, optim)
 
 
@@ -754,7 +770,8 @@ def optimizer_s(ctx: Context, layout: Layout) -> float:
     """Fused Adam step: memory-bound, per parameter it reads and writes the fp32 master weight and
     both moments (24 B), reads the gradient and writes the 16-bit weight (``grad_bytes + 2``)."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
-    count = owned_params(pc, layout, layout.zero_stage >= 1)
+    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, layout.zero_stage)
+    count = owned_params(pc, layout, layout.zero_stage >= 1, copies)
     dev = ctx.cluster.device
     return count * (24.0 + ctx.job.grad_bytes + WEIGHT_BYTES) / (dev.memory_bytes_per_s * dev.memory_efficiency)
 
@@ -775,11 +792,29 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     if layout.dp * layout.cp == 1:
         return DataParallelTerms(0.0, 0.0)
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
-    dense_prof, expert_prof = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order,
-                                          layout.expert_tp)
-    return dp_traffic(ctx.job.grad_bytes, pc, dense_prof, expert_prof,
-                      effective_zero_stage(ctx, layout.zero_stage, layout.pp), ctx.job.profile.profile.zero2_param_gather,
-                      zero3_collectives(ctx, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp))
+    profiles = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp)
+    return dp_terms_of(ctx, pc, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp,
+                       layout.vp, layout.zero_stage, profiles)
+
+
+def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: int, ep: int, order: str,
+                expert_tp: bool, vp: int, zero: int, profiles: tuple) -> DataParallelTerms:
+    """:func:`dp_traffic` for the degrees and the groups' ``profiles`` (:func:`dp_profiles`); where
+    ZeRO-3 shards inside each scale-up domain only (:func:`zero_replicas`), its collectives run
+    over the domain's ranks of the data-parallel group and the shards' gradients are all-reduced
+    across the domains once a step."""
+    z = effective_zero_stage(ctx, zero, pp)
+    modules = zero3_collectives(ctx, tp, pp, vp, ep, expert_tp) if z == 3 else None
+    prof = ctx.job.profile.profile
+    copies = zero_replicas(ctx, dp, pp, cp, ep, z)
+    if copies == 1:
+        return dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules)
+    placed, shard, stride = ctx.placed(order).cluster, dp // copies, tp  # pp = cp = 1: dp's stride is tp
+    inner = placed.strided_profile(shard, stride) if shard > 1 else None
+    t = dp_traffic(ctx.job.grad_bytes, pc, inner, inner, z, prof.zero2_param_gather, modules)
+    across = coll.all_reduce_s(ctx.job.grad_bytes * (pc.dense + pc.expert) / shard,
+                               placed.strided_profile(copies, stride * shard))
+    return DataParallelTerms(t.per_step_s + across, t.per_microbatch_s, t.blocking_s)
 
 
 def zero3_collectives(ctx: Context, tp: int, pp: int, vp: int, ep: int, expert_tp: bool) -> tuple[int, int] | None:

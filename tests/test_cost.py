@@ -491,6 +491,26 @@ def test_pipeline_p2p_follows_the_framework(cluster16, framework, date, sp, pp, 
     assert p2p_s(ctx, layout.with_(pp=1, dp=8)) == 0.0
 
 
+def test_maxtext_zero3_shards_inside_a_slice_and_replicates_across():
+    """MaxText's base.yml puts fsdp on ICI and data on DCN: on 2 slices of 256, ZeRO-3 with dp 512
+    keeps each shard twice (memory of dp 256), gathers inside the slice, and all-reduces the shard's
+    gradients across the slices once a step. Megatron's ZeRO-3 shards over all 512 ranks."""
+    from clusterplan.cost.terms import dp_terms
+    model, cluster = get_model("llama2-7b"), build_cluster("tpu-v5e-pod", 512)
+    layout = Layout(tp=1, dp=512, zero_stage=3, micro_batch_size=1, recompute="full")
+    mt, mg = (Context(model, Job(global_batch_size=512, seq_len=2048, framework=f), cluster) for f in ("maxtext", "megatron"))
+    one = Context(model, Job(global_batch_size=256, seq_len=2048, framework="maxtext"), build_cluster("tpu-v5e-pod", 256))
+    assert static_memory(mt, layout) == static_memory(one, layout.with_(dp=256))
+    assert static_memory(mg, layout).optimizer_bytes == pytest.approx(static_memory(mt, layout).optimizer_bytes / 2)
+    pc = param_counts(model, 1, 1, 1, 1)
+    inner, across = cluster.strided_profile(256, 1), cluster.strided_profile(2, 256)
+    expected = (2 * coll.all_gather_s(WEIGHT_BYTES * pc.dense, inner) + coll.reduce_scatter_s(4 * pc.dense, inner))
+    t = dp_terms(mt, layout)
+    assert t.per_microbatch_s == pytest.approx(expected, rel=REL)
+    assert t.per_step_s == pytest.approx(coll.all_reduce_s(4 * pc.dense / 256, across), rel=REL)
+    assert dp_terms(mg, layout).per_step_s == 0.0  # sharded over every rank: no per-step reduction
+
+
 def test_deepspeed_2021_zero3_gathers_module_by_module_in_the_open(cluster16):
     """DeepSpeed before v0.6.0 (deepspeed.yaml zero3_fetch_history): one collective per partitioned
     module, two gathers and a reduce-scatter per micro-batch, each paying its latency; DP overlap

@@ -205,6 +205,19 @@ def test_maxtext_gpu_mesh_splits_ici_and_dcn():
     assert eval("*".join(map(str, ici))) == 8 and eval("*".join(map(str, ici + dcn))) == 1024
 
 
+def test_maxtext_mesh_puts_data_on_dcn_across_slices():
+    """On two v5e slices the plan shards ZeRO-3 inside a slice and replicates across (maxtext.yaml
+    zero3_across_domains); the export says the same: ici_fsdp fills each slice, dcn_data joins them."""
+    from click.testing import CliRunner
+    from clusterplan import cli
+    result = CliRunner().invoke(cli.main, ["export", "--format", "maxtext", "--model", "llama2-7b", "--cluster",
+                                           "tpu-v5e-pod", "--devices", "512", "--fix", "zero=3,tp=1,cp=1,pp=1"])
+    assert result.exit_code == 0, result.output
+    pairs = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and not line.startswith("#"))
+    assert (pairs["ici_fsdp_parallelism"], pairs["dcn_data_parallelism"], pairs["dcn_fsdp_parallelism"]) == ("256", "2", "1")
+    assert "2 slice(s) of 256 devices" in result.stdout
+
+
 def test_maxtext_refuses_uneven_pipeline():
     doc = doc_for("llama3-70b-h100x1024", "maxtext")
     doc["layout"] = {**doc["layout"], "pp": 3, "vp": 1, "dp": doc["layout"]["dp"]}

@@ -167,6 +167,16 @@ def test_deepspeed_pipeline_reduces_gradients_after_the_backward():
     assert any(k == "framework" for k, _ in layout_problems(model, job, cluster, best.layout.with_(dp_overlap=True)))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_cpsat_equals_exhaustive_under_maxtext_across_slices(seed):
+    """The cross-check where MaxText's ZeRO-3 shards inside each slice and replicates across slices
+    (maxtext.yaml zero3_across_domains): static memory and data-parallel traffic both change with it."""
+    model, job, _, bounds = random_instance(4000 + seed)
+    job = Job(global_batch_size=512, seq_len=job.seq_len, precision="bf16", framework="maxtext")
+    fixed = {k: v for k, v in bounds.fixed.items() if k in ("tp", "micro_batch_size", "recompute")}
+    _check_engines_agree(model, job, build_cluster("tpu-v5e-pod", 512), dataclasses.replace(bounds, fixed=fixed))
+
+
 TORI = [("tpu-v5p-pod", 128), ("tpu-v5e-pod", 32), ("tpu-v5p-pod", 64)]  # 3, 2 and 1 distinct traversals
 
 

@@ -510,7 +510,10 @@ def maxtext_mesh(doc: dict) -> tuple[dict[str, int], dict[str, int], int]:
     dp_rest = L["dp"] // L["ep"]
     degrees = {"tensor": L["tp"], "context": L["cp"], "pipeline": L["pp"], "expert": L["ep"],
                "data": 1 if zero3 else dp_rest, "fsdp": dp_rest if zero3 else 1}
-    per_slice = doc["num_devices"] if cluster["family"] not in GPU_FAMILIES else cluster["devices_per_node"]
+    if cluster["family"] in GPU_FAMILIES:
+        per_slice = cluster["devices_per_node"]
+    else:  # a TPU pod slice: the cluster's scale-up domain (the whole job on one slice)
+        per_slice = min(cluster.get("domain_size") or doc["num_devices"], doc["num_devices"])
     if doc["num_devices"] % per_slice:
         raise SpecError(f"--format maxtext: {doc['num_devices']} devices are not whole {per_slice}-device slices")
     by_axis = {"tp": ["tensor"], "cp": ["context"], "dp": ["expert", "data", "fsdp"], "pp": ["pipeline"]}
@@ -523,6 +526,10 @@ def maxtext_mesh(doc: dict) -> tuple[dict[str, int], dict[str, int], int]:
     if room != 1:
         raise SpecError(f"--format maxtext: the layout's degrees do not fill a {per_slice}-device slice with whole "
                         "axes (ici product must equal the devices per slice)")
+    if zero3 and L["pp"] == 1 and L["cp"] == 1 and L["ep"] == 1:
+        # what the plan priced (maxtext semantics.zero3_across_domains: replicate): fsdp inside a
+        # slice, plain data parallelism across slices, as base.yml's -1 defaults do
+        dcn["data"], dcn["fsdp"] = dcn["fsdp"], 1
     return ici, dcn, per_slice
 
 

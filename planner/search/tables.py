@@ -41,9 +41,9 @@ from clusterplan.cost.framework import framework_refusal
 from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.step import inflight_layers, memory_static_bytes
 from clusterplan.cost.terms import (
-    RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_traffic, ep_comm_terms,
-    effective_zero_stage, ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s,
-    overlap_share, p2p_s, param_counts, tp_comm_terms, zero3_collectives,
+    RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
+    ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s,
+    overlap_share, p2p_s, param_counts, tp_comm_terms, zero_replicas,
 )
 from clusterplan.planner.search.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
@@ -311,10 +311,8 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     """Data-parallel traffic, optimizer step and static memory over (f, o, v, e, z)."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
     dps, dpm, dpx = np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z))
-    gather = ctx.job.profile.profile.zero2_param_gather
     opt, static, gfree = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
-    L, g = ctx.model.num_layers, ctx.job.grad_bytes
-    per_module = ctx.job.profile.zero3_fetch == "per_module_blocking"  # else one collective per pass
+    L = ctx.model.num_layers
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
             if expert_ok(ctx.model, tp, dp, cp, e, et) is not None:
@@ -337,11 +335,10 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                         if dense is None:
                             continue
                         at, src = (i, oi, vi, ei, zi), (i, first[oi], vi, ei, zi)
-                        if first[oi] != oi:
+                        if first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z) == 1:
                             dps[at], dpm[at], dpx[at] = dps[src], dpm[src], dpx[src]
                             continue
-                        t = dp_traffic(g, pc, dense, expert, effective_zero_stage(ctx, z, pp), gather,
-                                       zero3_collectives(ctx, tp, pp, v, e, et) if per_module and z == 3 else None)
+                        t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], et, v, z, (dense, expert))
                         dps[at], dpm[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.blocking_s
     return _qt(dps), _qt(dpm), _qt(dpx), _qt(opt), _qb(static), _qb(static - gfree)
 
