@@ -548,6 +548,9 @@ def test_domain_devices_reach_the_plan_and_the_slurm_segment():
     assert "#SBATCH --segment=16" in script.splitlines()
     bad = run("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--domain-devices", "8")
     assert bad.exit_code == 2 and "domain_devices" in bad.stderr and "Traceback" not in bad.output
+    # 256 GPUs do not fill 72-GPU racks evenly: the hint names the option and a value that works
+    uneven = run("plan", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--devices", "256")
+    assert uneven.exit_code == 3 and "--domain-devices 64" in uneven.stderr
 
 
 def test_slurm_export():

@@ -119,6 +119,20 @@ def objective_seconds(units: int) -> float:
 
 
 
+def _structural_hint(cluster, rejections: dict[str, int]) -> str:
+    """What to change when no layout passes the structural rules; on NVLink Switch domains that the
+    device count does not fill evenly, the devices to use per domain (``--domain-devices``)."""
+    hint = "change the batch size, sequence length or device count"
+    n, size = cluster.num_devices, cluster.domain_size
+    if "alignment" in rejections and cluster.family == "nvlink-domain" and n > size and n % size:
+        per_node = cluster.devices_per_node
+        fits = [d for d in range(size - size % per_node, 0, -per_node) if n % d == 0]
+        if fits:
+            hint += (f", or use {fits[0]} devices of each {size}-device NVLink domain (--domain-devices {fits[0]}, "
+                     f"as Slurm's --segment {fits[0] // per_node} allocates)")
+    return hint
+
+
 def _infeasible(ctx: Context, tables, rejections: dict[str, int], headroom: float) -> InfeasibleError:
     cluster, model = ctx.cluster, ctx.model
     reasons = "; ".join(f"{REASONS[r]}: {n}" for r, n in sorted(rejections.items(), key=lambda kv: -kv[1]))
@@ -126,7 +140,7 @@ def _infeasible(ctx: Context, tables, rejections: dict[str, int], headroom: floa
     if smallest is None:
         msg = (f"no layout of {model.name} on {cluster.num_devices} x {cluster.device.id} passes the structural "
                f"rules ({reasons})")
-        return InfeasibleError(msg, rejections, "change the batch size, sequence length or device count")
+        return InfeasibleError(msg, rejections, _structural_hint(cluster, rejections))
     need_bytes = smallest[0] * MEMORY_QUANTUM_BYTES + (cluster.device.memory_bytes - (tables.capacity * MEMORY_QUANTUM_BYTES))
     have = cluster.device.memory_bytes * (1 - headroom)
     layout = layout_from_indices(tables.space, smallest[1])
