@@ -27,7 +27,7 @@ from clusterplan.models.library import get_model
 from clusterplan.models.ops import (
     Op, head_ops, layer_ops, megatron_flops_per_iteration, model_flops_per_token,
 )
-from clusterplan.models.spec import MLASpec, MoESpec, ModelSpec
+from clusterplan.models.spec import MoESpec, ModelSpec
 from clusterplan.topologies.cluster import GroupProfile
 from clusterplan.topologies.library import build_cluster
 
