@@ -13,7 +13,6 @@ from clusterplan.planner.inputs import Request, build_job
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import get_model, list_models
 from clusterplan.planner.studies.fit import fewest_devices, layouts_fit
-from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.topologies.library import build_cluster, list_clusters
 
 PRESETS = [c.id for c in list_clusters()]
