@@ -1006,6 +1006,10 @@ def _figures(doc: dict, console: Console) -> None:
     torus = (doc.get("explanation") or {}).get("placement")
     if torus:  # which torus axes each parallel axis uses under the order's traversal
         console.print(f"{'':{len(label)}}  on the torus: {'; '.join(torus)}")
+    copies = doc.get("zero_shard_copies") or 1
+    if copies > 1:  # the framework shards ZeRO-3 inside each scale-up domain only (MaxText's ICI fsdp)
+        console.print(f"{'':{len(label)}}  ZeRO-3 shards over the {lay['dp'] // copies} data-parallel ranks of each "
+                      f"slice and the {copies} slices keep copies (fsdp on ICI, data parallelism over DCN)")
     console.print(f"step time {doc['step_time_s']:.3f} s   {doc['tokens_per_s']:,.0f} tokens/s   "
                   f"MFU {doc['mfu']:.1%}   HFU {doc['hfu']:.1%}   "
                   f"{doc['model_flops_per_s_per_device'] / 1e12:,.0f} model TFLOP/s per device")

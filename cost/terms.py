@@ -720,9 +720,14 @@ def zero_replicas(ctx: Context, dp: int, pp: int, cp: int, ep: int, zero: int) -
     keeps D copies of each shard, gathered and reduce-scattered inside its slice, with one
     all-reduce of the shard's gradients across slices a step. Taken where the data axis alone
     crosses the slices (no pipeline, context or expert parallelism), so every rank order agrees."""
-    if ctx.job.profile.profile.zero3_across_domains != "replicate" or zero < 3 or pp > 1 or cp > 1 or ep > 1:
+    return shard_copies(ctx.job.profile.profile, ctx.cluster, dp, pp, cp, ep, zero)
+
+
+def shard_copies(profile, cluster, dp: int, pp: int, cp: int, ep: int, zero: int) -> int:
+    """:func:`zero_replicas` from the framework profile and the cluster alone (what a report needs)."""
+    if profile.zero3_across_domains != "replicate" or zero < 3 or pp > 1 or cp > 1 or ep > 1:
         return 1
-    domains = ctx.cluster.num_domains
+    domains = cluster.num_domains
     return domains if domains > 1 and dp % domains == 0 else 1
 
 

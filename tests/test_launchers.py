@@ -216,6 +216,9 @@ def test_maxtext_mesh_puts_data_on_dcn_across_slices():
     pairs = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and not line.startswith("#"))
     assert (pairs["ici_fsdp_parallelism"], pairs["dcn_data_parallelism"], pairs["dcn_fsdp_parallelism"]) == ("256", "2", "1")
     assert "2 slice(s) of 256 devices" in result.stdout
+    shown = CliRunner().invoke(cli.main, ["plan", "--model", "llama2-7b", "--cluster", "tpu-v5e-pod", "--devices", "512",
+                                          "--fix", "zero=3,tp=1,cp=1,pp=1"])
+    assert "ZeRO-3 shards over the 256 data-parallel ranks of each slice and the 2 slices keep copies" in shown.stdout
 
 
 def test_maxtext_refuses_uneven_pipeline():

@@ -24,7 +24,7 @@ from clusterplan.cost.energy import (ASSUMED_HOST_OVER_BOARD, has_idle_power, ho
                                      step_energy_j)
 from clusterplan.cost.layout import Job
 from clusterplan.cost.step import Evaluation
-from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE, overlap_charge
+from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE, overlap_charge, shard_copies
 from clusterplan.models.errors import SpecError
 from clusterplan.models.files import bundled_yaml, parse_json, read_text
 from clusterplan.models.spec import ModelSpec
@@ -68,6 +68,8 @@ def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster, num_params: floa
         "overlap_charges": overlap_charges(ev, job, cluster),
         "energy_per_step_j": step_energy_j(cluster, ev.time),
         "cost_per_step_usd": step_cost_usd(cluster, ev.step_time_s),
+        "zero_shard_copies": shard_copies(job.profile.profile, cluster, ev.layout.dp, ev.layout.pp, ev.layout.cp,
+                                          ev.layout.ep, ev.layout.zero_stage),
     }
     out.update(training_totals(out, job, num_params, cluster.num_devices))
     return out
