@@ -312,7 +312,7 @@ def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
     """
     if tp == 1:
         return 0.0
-    prof = ctx.cluster.group_profile(range(0, tp * stride, stride))
+    prof = ctx.cluster.strided_profile(tp, stride)
     n = _tokens(ctx, cp, mbs)
     per_layer = _tp_comm_s(n, ctx.model.hidden_size, prof, sp) * _comm_multiplier(recompute)
     mlp_layers = ctx.model.num_layers if moe_tp else ctx.model.num_dense_layers
@@ -591,7 +591,7 @@ def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: in
     dev, prec = ctx.cluster.device, ctx.job.precision
     t = ops_time_s(ops, dev, prec) + ops_time_s(ops, dev, prec, backward=True)
     if tp > 1:
-        prof = ctx.cluster.group_profile(range(0, tp * tp_stride, tp_stride))
+        prof = ctx.cluster.strided_profile(tp, tp_stride)
         size = ACT_BYTES * n * ctx.model.hidden_size
         t += 2 * (coll.all_gather_s(size, prof) if sp else coll.all_reduce_s(size, prof))
     return HeadTerms(t, ctx.job.profile.logit_bytes() * n * ctx.model.vocab_size / tp)
@@ -622,8 +622,7 @@ def p2p_s(ctx: Context, layout: Layout) -> float:
     transfers = 4 if fw.profile.p2p_blocking and layout.pp > 2 else 2
     gather_s = 0.0
     if scattered:  # the receiver rebuilds the whole tensor: an all-gather over the TP ranks
-        tp_stride = layout.stride("tp")
-        tp_prof = placed.group_profile(range(0, layout.tp * tp_stride, tp_stride))
+        tp_prof = placed.strided_profile(layout.tp, layout.stride("tp"))
         gather_s = fw.profile.p2p_gathers_per_slot * coll.all_gather_s(full, tp_prof)
     return transfers * coll.p2p_s(size, prof) + gather_s
 

@@ -526,9 +526,9 @@ def maxtext_mesh(doc: dict) -> tuple[dict[str, int], dict[str, int], int]:
     if room != 1:
         raise SpecError(f"--format maxtext: the layout's degrees do not fill a {per_slice}-device slice with whole "
                         "axes (ici product must equal the devices per slice)")
-    if zero3 and L["pp"] == 1 and L["cp"] == 1 and L["ep"] == 1:
-        # what the plan priced (maxtext semantics.zero3_across_domains: replicate): fsdp inside a
-        # slice, plain data parallelism across slices, as base.yml's -1 defaults do
+    if (doc.get("zero_shard_copies") or 1) > 1:
+        # what the plan priced (maxtext semantics.zero3_across_domains: replicate, cost.terms.zero_replicas):
+        # fsdp inside a slice, plain data parallelism across slices, as base.yml's -1 defaults do
         dcn["data"], dcn["fsdp"] = dcn["fsdp"], 1
     return ici, dcn, per_slice
 
