@@ -116,6 +116,9 @@ class Profile:
     # ZeRO-3 across scale-up domains: "shard" over every data-parallel rank, or "replicate" (shard
     # inside a domain, plain data parallelism between domains: MaxText's ICI fsdp / DCN data)
     zero3_across_domains: str = "shard"
+    # Per-op SAC leaves the SDPA output unsaved from this CUDA compute capability on, by release
+    # (semantics.op_sac_unsaved_attention_history: (since YYYY-MM, capability or None for none))
+    op_sac_unsaved_attention_history: tuple[tuple[str, float | None], ...] = ()
     eager_activations: bool = False  # eager PyTorch modules: autograd keeps more than fused kernels (terms.activation_bytes)
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
@@ -171,6 +174,15 @@ class ProfileAt:
         arch = ARCHITECTURE_OF_FAMILY.get(family, family)
         return (self.has("tp_overlap") and (not fams or family in fams or arch in fams)
                 and (self.compiled or not self.profile.tp_overlap_needs_compile))
+
+    def op_sac_saves_attention(self, compute_capability: float | None) -> bool:
+        """Per-op selective checkpointing keeps the attention output on a device of this CUDA compute
+        capability at this release. torchtitan ran cuDNN's SDPA first from capability 10.0 on while
+        its save list named only the flash and memory-efficient SDPA ops: on Blackwell the attention
+        output went unsaved and attention ran again in backward
+        (``semantics.op_sac_unsaved_attention_history``)."""
+        floor = self._as_of(self.profile.op_sac_unsaved_attention_history, None)
+        return floor is None or compute_capability is None or compute_capability < floor
 
     @property
     def kv_repeated(self) -> bool:
@@ -358,9 +370,8 @@ def load_profile(framework_id: str) -> Profile:
         compiled_logit_bytes=None if sem.get("compiled_logit_bytes") is None else float(sem["compiled_logit_bytes"]),
         compiled_loss_history=_history(sem, "compiled_loss_history", "compiled", bool),
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
-        selective_recompute=str(sem.get("selective_recompute", "attention_core")),
         attention_history=_history(sem, "attention_history", "kernel", str),
-        eager_activations=bool(sem.get("eager_activations", False)),
+        **_activations(sem, where),
         **_p2p(sem),
         zero3_fetch_history=_zero3_fetch(sem, where),
         order_history=_order_history(sem, where),
@@ -372,7 +383,6 @@ def load_profile(framework_id: str) -> Profile:
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),
         sharded_weight_copy=bool(sem.get("sharded_weight_copy", True)),
         grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)),
-        kv_repeat_until=parse_date(sem.get("kv_repeat_until"), f"{where}: semantics.kv_repeat_until"),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         tp_comm_share=None if ov.get("tp_comm_share") is None else _fraction(ov["tp_comm_share"], f"{where}: overlap.tp_comm_share"),
         tp_comm_sm_margin=bool(ov.get("tp_comm_sm_margin", False)),
@@ -392,6 +402,16 @@ def _zero3_fetch(sem: dict, where: str) -> tuple[tuple[str, str], ...]:
             raise SpecError(f"{where}: semantics.zero3_fetch_history: got {fetch!r}; allowed: {', '.join(ZERO3_FETCH)}")
         parse_date(since, f"{where}: semantics.zero3_fetch_history.since")
     return history
+
+
+def _activations(sem: dict, where: str) -> dict:
+    """What the framework's modules keep for backward (``Profile.selective_recompute`` and the rest)."""
+    return dict(selective_recompute=str(sem.get("selective_recompute", "attention_core")),
+                eager_activations=bool(sem.get("eager_activations", False)),
+                kv_repeat_until=parse_date(sem.get("kv_repeat_until"), f"{where}: semantics.kv_repeat_until"),
+                op_sac_unsaved_attention_history=_history(sem, "op_sac_unsaved_attention_history",
+                                                          "min_compute_capability",
+                                                          lambda v: None if v is None else float(v)))
 
 
 def _p2p(sem: dict) -> dict:

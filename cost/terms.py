@@ -221,8 +221,9 @@ def _compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute
         gemm_bwd, attn_bwd = gemm_bwd + count * t[4], attn_bwd + count * t[5]
         op_sac = recompute == "selective" and ctx.job.profile.profile.selective_recompute == "op_sac" and not moe
         if op_sac:
-            act += count * op_sac_activation_bytes(model, n, tp, sp, ctx.job.compiled)
-            sac_rec += count * t[6]
+            saved = prof.op_sac_saves_attention(ctx.cluster.device.compute_capability)
+            act += count * op_sac_activation_bytes(model, n, tp, sp, ctx.job.compiled, saved)
+            sac_rec += count * (t[6] if saved else t[6] + t[3])  # unsaved: attention's forward again
             transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n), **style))
         else:
             act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n), **style)
@@ -273,17 +274,21 @@ def op_sac_recomputed_share(model: ModelSpec, op) -> float:
     return 0.0
 
 
-def op_sac_activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, compiled: bool = False) -> float:
+def op_sac_activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, compiled: bool = False,
+                            attention_saved: bool = True) -> float:
     """Stored activations of one dense layer under torchtitan's per-op selective checkpointing
     (:func:`op_sac_recomputed_share`): the layer input ``2nh``, Q ``2n a d``, V ``2n g d``, the SDPA
     output ``2n a d`` (and its fp32 log-sum-exp), the first up projection ``2nf`` and the down
     projection's output ``2nh`` (swiglu; gelu keeps fc1's ``2nf`` and recomputes fc2), plus the two
     reduce-scatter outputs ``2 x 2nh`` under tensor parallelism. Tensor-parallel regions divide by
-    ``tp``; torchtitan's TP always shards the sequence."""
+    ``tp``; torchtitan's TP always shards the sequence. ``attention_saved=False``: the SDPA output and
+    its log-sum-exp are not kept (:meth:`ProfileAt.op_sac_saves_attention`)."""
     h, f = model.hidden_size, model.ffn_hidden_size
     d_qk, d_v = model.attention_dims
     a, g = model.num_attention_heads, model.num_kv_heads_resolved
-    sharded = ACT_BYTES * n * (a * d_qk + g * d_v + a * d_v + f) + 4.0 * n * a  # + fp32 log-sum-exp
+    sharded = ACT_BYTES * n * (a * d_qk + g * d_v + f)
+    if attention_saved:
+        sharded += ACT_BYTES * n * a * d_v + 4.0 * n * a  # the SDPA output and its fp32 log-sum-exp
     if model.mlp_matrices == 3 and not compiled:
         # w2's output (the 7th matmul, saved by the policy though backward never reads it; the
         # compiled graph drops it: measured, benchmarks/compare_probe.py)

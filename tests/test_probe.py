@@ -193,6 +193,26 @@ def test_kv_repeat_follows_the_torchtitan_release():
     assert not load_profile("megatron").at(None).kv_repeated
 
 
+def test_op_sac_leaves_cudnn_attention_unsaved_on_blackwell():
+    """torchtitan ran cuDNN SDPA first on compute capability >= 10.0 from 2025-05 while its per-op
+    SAC save list missed that op until 2025-12: the attention output goes unsaved and attention
+    runs again in backward, on Blackwell only, in that window only."""
+    at = load_profile("torchtitan").at
+    assert not at("2025-08").op_sac_saves_attention(10.0) and not at("2025-08").op_sac_saves_attention(10.3)
+    assert at("2025-08").op_sac_saves_attention(9.0) and at("2025-08").op_sac_saves_attention(None)
+    assert at("2025-04").op_sac_saves_attention(10.0) and at("2025-12").op_sac_saves_attention(10.0)
+    m, n = get_model("llama3-8b"), 8192.0
+    a, d = m.num_attention_heads, m.attention_dims[1]
+    assert op_sac_activation_bytes(m, n, 1, False) - op_sac_activation_bytes(m, n, 1, False, attention_saved=False) \
+        == pytest.approx(2 * n * a * d + 4 * n * a)
+    cluster = build_cluster("dgx-b200-superpod", num_devices=8)
+    layout = Layout(dp=8, zero_stage=3, recompute="selective")
+    ev = {date: evaluate(m, Job(global_batch_size=8, seq_len=8192, framework="torchtitan", framework_date=date),
+                         cluster, layout) for date in ("2025-08", "2025-12")}
+    assert ev["2025-08"].memory.activations_bytes < ev["2025-12"].memory.activations_bytes
+    assert ev["2025-08"].time.recompute_s > ev["2025-12"].time.recompute_s
+
+
 def _eval(framework: str, compiled: bool = False):
     cluster = build_cluster("dgx-h100-superpod", num_devices=8)
     job = Job(global_batch_size=8, seq_len=8192, framework=framework, compiled=compiled)

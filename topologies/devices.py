@@ -88,6 +88,9 @@ class DeviceSpec(BaseModel):
                     "or a pipeline bubble. None: unknown (energy then assumes power_w throughout).",
     )
     price_per_hour_usd: float | None = Field(None, gt=0, description="Indicative cloud price per device-hour.")
+    compute_capability: float | None = Field(
+        None, gt=0, description="CUDA compute capability (NVIDIA's CUDA GPUs table), which frameworks branch on "
+                                "(e.g. torchtitan's SDPA backend); None: not an NVIDIA GPU.")
     scale_up_bytes_per_s: float = Field(
         ge=0, description="Scale-up (NVLink/ICI/xGMI/...) bandwidth per device per direction."
     )

@@ -186,6 +186,7 @@ class DeviceEntry(_Entry):
     power_w: float | None = Field(None, gt=0)
     idle_power_w: float | None = Field(None, gt=0)
     price_per_hour_usd: float | None = Field(None, gt=0)
+    compute_capability: float | None = Field(None, gt=0, le=99, description="CUDA compute capability (NVIDIA).")
     gemm: GemmEfficiency
     memory_tiers: list[MemoryTierEntry] = Field(default_factory=list, description="Tiers beyond the primary memory.")
     sources: list[str] = Field(default_factory=list)
@@ -406,6 +407,7 @@ def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
         memory_bytes_per_s=entry.memory_gbyte_per_s * GBYTE,
         memory_efficiency=entry.memory_efficiency or group.memory_efficiency,
         power_w=entry.power_w, idle_power_w=entry.idle_power_w, price_per_hour_usd=entry.price_per_hour_usd,
+        compute_capability=entry.compute_capability,
         scale_up_bytes_per_s=entry.scale_up_gbyte_per_s_per_dir * GBYTE,
         scale_out_bytes_per_s=entry.scale_out_gbit_per_s * GBIT,
         gemm=entry.gemm, memory_tiers=tuple(t.to_spec() for t in entry.memory_tiers),
