@@ -32,6 +32,7 @@ from clusterplan.topologies.cluster import TORUS_AXES
 
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+MODEL_CODES: tuple[str, ...] = ("native", "huggingface")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 
 
@@ -188,6 +189,10 @@ class Job:
     compiled : the model runs under ``torch.compile`` (torchtitan's ``compile.enable``): autograd
         then keeps what the compiled graph needs rather than what each eager op saves (the profile's
         ``eager_activations`` no longer apply; ``cost.terms``). Measured by benchmarks/gpu_probe.py.
+    model_code : whose modules implement the model: ``native`` (the framework's own: Megatron's fused
+        layers, torchtitan's Llama) or ``huggingface`` (a Hugging Face transformers model class run by
+        the framework, as DeepSpeed and FSDP users often do): its eager ops keep more for backward
+        (``cost.terms.HF_MODEL_CODE``).
     """
 
     global_batch_size: int
@@ -200,6 +205,7 @@ class Job:
     framework_date: str = ""
     compiled: bool = False
     reliability: Reliability = field(default_factory=Reliability)
+    model_code: str = "native"
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "seq_len"):
@@ -218,6 +224,8 @@ class Job:
             parse_date(self.framework_date, "job.framework_date")
         if not isinstance(self.compiled, bool):
             raise SpecError(f"job.compiled: got {self.compiled!r}; allowed: true, false")
+        if self.model_code not in MODEL_CODES:
+            raise SpecError(f"job.model_code: got {self.model_code!r}; allowed: {', '.join(MODEL_CODES)}")
         rel = self.reliability
         for name, low, high in (("failure_rate_per_device_hour", 0.0, 1.0), ("checkpoint_bytes_per_s_per_device", 1e3, 1e13),
                                 ("restart_s", 0.0, 1e6)):

@@ -24,6 +24,21 @@ from clusterplan.topologies.cluster import Cluster
 OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhandari et al. 2020)
 WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
 NUM_GRAD_BUCKETS = 8  # the last of the bucketed gradient reductions cannot overlap (PyTorch DDP, Megatron DDP)
+HF_MODEL_CODE = "huggingface"
+"""``Job.model_code`` of a Hugging Face transformers model class (transformers 4.36 to 4.45, read at
+``models/llama/modeling_llama.py``): eager modules, so autograd keeps what each op saves
+(``activation_bytes``): SwiGLU keeps ``gate``, its SiLU, ``up`` and their product (``eager``);
+``repeat_kv`` materialises K and V per query head (``kv_repeat``); ``LlamaRMSNorm`` upcasts to fp32
+(``fp32_norms``); the rotary embedding keeps nothing large (its multiplies save only cos and sin,
+which need no gradient) and the attention output's ``transpose(1, 2).contiguous()`` copies nothing.
+The loss holds ``HF_LOGIT_BYTES`` per logit."""
+HF_LOGIT_BYTES = 12.0
+"""Bytes per logit a transformers causal-LM loss holds at its peak (``logits = logits.float()``,
+``logits[..., :-1, :].contiguous()``, ``CrossEntropyLoss``): at the forward's end the fp32 logits,
+the shifted fp32 copy and log_softmax's saved output (3 x 4 B; the bf16 logits are freed once cast),
+and in backward log_softmax's output, the incoming gradient and its own (3 x 4 B). torchtitan's
+``cross_entropy(pred.float())`` peaked at the measured 12.0 B at the same backward step
+(benchmarks/gpu_probe.py)."""
 RUNTIME_RESERVE_BYTES = 1.0 * 2**30  # CUDA context, cuBLAS workspace, NCCL buffers (see docs/cost-model.md)
 # Bytes per logit held by the loss: the framework's (semantics.logit_bytes: Megatron's fused
 # vocab-parallel cross-entropy 6, torchtitan's fp32 cross-entropy 10).
@@ -213,7 +228,9 @@ def _compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute
     model = ctx.model
     n = _tokens(ctx, cp, mbs)
     prof = ctx.job.profile
-    style = {"eager": prof.profile.eager_activations and not ctx.job.compiled, "kv_repeat": prof.kv_repeated}
+    hf = ctx.job.model_code == HF_MODEL_CODE  # a transformers model class: eager ops
+    style = {"eager": hf or (prof.profile.eager_activations and not ctx.job.compiled),
+             "kv_repeat": hf or prof.kv_repeated, "fp32_norms": hf}
     fwd = bwd = gemm = attn = act = transient = gemm_bwd = attn_bwd = sac_rec = 0.0
     for moe, count in _layer_kinds(model):
         t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None, expert_tp)
@@ -517,7 +534,8 @@ def _score_elements(ctx: Context, n: float) -> float:
 
 
 def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: str, moe: bool,
-                     score_elements: float = 0.0, eager: bool = False, kv_repeat: bool = False) -> float:
+                     score_elements: float = 0.0, eager: bool = False, kv_repeat: bool = False,
+                     fp32_norms: bool = False) -> float:
     """Stored activations of one layer for one micro-batch (Korthikanti et al. 2022, section 4).
 
     Generalises ``s b h (34 + 5 a s / h)`` to GQA, any FFN width, SwiGLU and MoE. With flash
@@ -537,11 +555,16 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     GQA's K and V are repeated per query head before attention (``repeat_kv``), so attention keeps
     them at ``a`` heads. Both measured to 1% on torchtitan's own block by ``benchmarks/gpu_probe.py``
     (``benchmarks/compare_probe.py``; docs/cost-model.md), as were op-SAC and full recomputation.
+    ``fp32_norms``: the norms upcast to fp32 as Hugging Face's ``LlamaRMSNorm`` does
+    (``HF_MODEL_CODE``): each keeps its fp32 input copy (``4 n h``, saved by ``pow``) and the
+    bf16-cast normalised tensor (``2 n h``, saved by the weight multiply) instead of its bf16 input.
     """
     h, a, g = model.hidden_size, model.num_attention_heads, model.num_kv_heads_resolved
     d_qk, d_v = model.attention_dims
     # layer-norm inputs 2 x 2nh bytes, attention and MLP inputs 2nh each, masks 1 byte x 2nh
     replicated = ACT_BYTES * n * h * 2 + ACT_BYTES * n * h * 2 + (2 * n * h if model.dropout else 0)
+    if fp32_norms:  # two norms, each keeping 4 + 2 B (fp32 copy, normalised) for the 2 B input counted above
+        replicated += 2 * 4.0 * n * h
     if recompute == "full":
         return ACT_BYTES * n * h / (tp if sp else 1)
     # Q, K, V and the attention output; selective recomputation re-runs the core attention, so
@@ -599,7 +622,8 @@ def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: in
         prof = ctx.cluster.strided_profile(tp, tp_stride)
         size = ACT_BYTES * n * ctx.model.hidden_size
         t += 2 * (coll.all_gather_s(size, prof) if sp else coll.all_reduce_s(size, prof))
-    return HeadTerms(t, ctx.job.profile.logit_bytes() * n * ctx.model.vocab_size / tp)
+    per_logit = HF_LOGIT_BYTES if ctx.job.model_code == HF_MODEL_CODE else ctx.job.profile.logit_bytes()
+    return HeadTerms(t, per_logit * n * ctx.model.vocab_size / tp)
 
 
 def p2p_s(ctx: Context, layout: Layout) -> float:

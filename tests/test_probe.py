@@ -187,6 +187,26 @@ def test_eager_and_kv_repeat_terms_against_hand_count():
         pytest.approx(2 * n * h)
 
 
+def test_huggingface_model_code_keeps_fp32_norm_copies_and_its_loss_logits():
+    """A transformers Llama (model_code huggingface): each LlamaRMSNorm keeps a 4 B fp32 copy and
+    the 2 B normalised tensor instead of its 2 B input (+8nh a layer), SwiGLU keeps its SiLU as
+    eager modules do, and the loss holds 12 B per logit."""
+    from clusterplan.cost.terms import HF_LOGIT_BYTES
+    m, n = get_model("llama2-7b"), 4096.0
+    h = m.hidden_size
+    eager = activation_bytes(m, n, 1, False, "none", False, eager=True, kv_repeat=True)
+    assert activation_bytes(m, n, 1, False, "none", False, eager=True, kv_repeat=True, fp32_norms=True) - eager \
+        == pytest.approx(8 * n * h)
+    cluster = build_cluster("dgx-a100-superpod", num_devices=8)
+    layout = Layout(dp=8, zero_stage=3, recompute="none")
+    ev = {code: evaluate(m, Job(global_batch_size=8, seq_len=4096, framework="deepspeed", model_code=code),
+                         cluster, layout) for code in ("native", "huggingface")}
+    assert ev["huggingface"].memory.activations_bytes > ev["native"].memory.activations_bytes
+    assert HF_LOGIT_BYTES == 12.0
+    with pytest.raises(SpecError, match="job.model_code"):
+        Job(global_batch_size=8, seq_len=4096, model_code="hf")
+
+
 def test_kv_repeat_follows_the_torchtitan_release():
     prof = load_profile("torchtitan")
     assert prof.at("2025-06").kv_repeated and not prof.at("2026-02").kv_repeated

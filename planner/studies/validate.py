@@ -20,7 +20,7 @@ from pathlib import Path
 from clusterplan.cost.framework import (
     default_framework, load_profile, parse_date, refuses_dp_overlap, resolve_name as resolve_framework,
 )
-from clusterplan.cost.layout import Job
+from clusterplan.cost.layout import MODEL_CODES, Job
 from clusterplan.cost.step import layout_problems
 from clusterplan.models.files import load_file
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
@@ -212,12 +212,13 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     prof = load_profile(fw).at(date, compiled)
     result.framework = f"{fw}@{date} ({origin})"
     result.group = run.get("group")
-    if "dropout" not in (run.get("model") or {}):  # the framework's default dropout
+    code = _model_code(run)
+    if "dropout" not in (run.get("model") or {}) and code == "native":  # the framework's default dropout
         model = model.model_copy(update={"dropout": prof.profile.dropout > 0})
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
               precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or prof.attention),
               framework=fw, framework_date=date, grad_bytes=_grad_bytes(run, prof.profile.grad_bytes),
-              compiled=compiled)
+              compiled=compiled, model_code=code)
     fixed = _bounds(run, prof)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
     try:
@@ -248,6 +249,16 @@ def _grad_bytes(run: dict, framework_default: int) -> int:
     if value not in GRAD_REDUCE_BYTES:
         raise SpecError(f"grad_reduce_dtype: got {value!r}; allowed: {', '.join(GRAD_REDUCE_BYTES)}")
     return GRAD_REDUCE_BYTES[value]
+
+
+def _model_code(run: dict) -> str:
+    """``model_code``: ``huggingface`` where the run trained a Hugging Face transformers model class
+    under its framework (RUNS_FORMAT.md; its dropout is then the model class's own, none for Llama),
+    else ``native``: the framework's own modules."""
+    value = run.get("model_code", "native")
+    if value not in MODEL_CODES:
+        raise SpecError(f"model_code: got {value!r}; allowed: {', '.join(MODEL_CODES)}")
+    return value
 
 
 def _compiled(run: dict) -> bool:
