@@ -24,7 +24,7 @@ from clusterplan.models.files import bundled_yaml
 FORMAT = "clusterplan-framework/1"
 FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext")
 FEATURES: tuple[str, ...] = (
-    "tp", "pp", "vp", "cp", "ep", "etp1", "sequence_parallel", "recompute_selective", "recompute_full",
+    "tp", "pp", "vp", "cp", "ep", "etp1", "sequence_parallel", "recompute_selective", "recompute_full", "recompute_layers",
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
@@ -124,6 +124,7 @@ class Profile:
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
     sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
     grads_freed_between_steps: bool = False  # sharded gradients are freed after each step (zero_grad(set_to_none))
+    lp_grads_beside_fp32: bool = False  # 16-bit .grad tensors stay beside an fp32 accumulation buffer (DeepSpeed bf16)
     plan_headroom: float = 0.0  # share of device memory a plan keeps free by default (semantics.plan_headroom)
     tp_comm_sms: int | None = None
     dp_comm_sms: int | None = None
@@ -242,6 +243,8 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
     if not prof.has("sequence_parallel"):
         out["sequence_parallel"] = (False,)
     out["recompute"] = prof.recompute_modes()
+    if not prof.has("recompute_layers"):
+        out["recompute_layers"] = (0,)
     out["zero_stage"] = prof.zero_stages()
     if not prof.has("dp_overlap"):
         out["dp_overlap"] = (False,)
@@ -383,6 +386,7 @@ def load_profile(framework_id: str) -> Profile:
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),
         sharded_weight_copy=bool(sem.get("sharded_weight_copy", True)),
         grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)),
+        lp_grads_beside_fp32=bool(sem.get("lp_grads_beside_fp32", False)),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         tp_comm_share=None if ov.get("tp_comm_share") is None else _fraction(ov["tp_comm_share"], f"{where}: overlap.tp_comm_share"),
         tp_comm_sm_margin=bool(ov.get("tp_comm_sm_margin", False)),

@@ -58,6 +58,10 @@ class Layout:
     micro_batch_size : sequences per micro-batch per data-parallel rank.
     sequence_parallel : Megatron sequence parallelism inside the tensor-parallel group.
     recompute : activation recomputation, none | selective (attention core) | full (whole layer).
+    recompute_layers : with ``recompute="full"``, how many layers of each pipeline stage recompute
+        (Megatron's ``--recompute-method block --recompute-num-layers``, torchtitan's layer SAC
+        every k-th layer); the others keep all their activations. 0: every layer. Priced by
+        ``evaluate`` and ``validate``; the search does not offer it.
     zero_stage : 0 plain data parallel, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP).
     order : rank order from innermost to outermost axis, e.g. ``"tp-cp-dp-pp"``, with an optional
         torus traversal after ``@`` (module docstring).
@@ -83,6 +87,7 @@ class Layout:
     tp_overlap: bool = False
     expert_tp: bool = True
     ep_overlap: bool = False
+    recompute_layers: int = 0
 
     @property
     def num_devices(self) -> int:
@@ -152,6 +157,8 @@ class Layout:
             parts.append(f"vp={self.vp}")
         parts += [f"mbs={self.micro_batch_size}", f"sp={'on' if self.sequence_parallel else 'off'}",
                   f"recompute={self.recompute}", f"zero={self.zero_stage}"]
+        if self.recompute_layers:
+            parts.insert(-1, f"recompute_layers={self.recompute_layers}")
         if self.tp_overlap and self.tp > 1:
             parts.append("tp_overlap=on")
         if not self.dp_overlap and self.dp * self.cp > 1:
@@ -281,7 +288,7 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
     """
     aliases = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                "micro_batch": "micro_batch_size", "recomp": "recompute"}
-    ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "etp"}
+    ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "etp", "recompute_layers"}
     bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp", "ep_overlap"}
     values: dict[str, object] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
@@ -306,7 +313,7 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
 
 def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
     if key in ints:
-        if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0 and key != "zero_stage":
+        if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0 and key not in ("zero_stage", "recompute_layers"):
             raise SpecError(f"layout.{key}: got {raw!r}; must be a positive integer")
         return int(raw)
     if key in bools:
@@ -319,7 +326,8 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         return raw
     if key == "order":
         return _parse_order(raw)
-    allowed = "tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap, ep_overlap"
+    allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, zero, order, dp_overlap, "
+               "tp_overlap, ep_overlap")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

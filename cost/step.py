@@ -139,6 +139,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
         bad("recompute", f"recompute={layout.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
     if layout.zero_stage not in (0, 1, 2, 3):
         bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
+    _partial_recompute_problems(model, layout, bad)
     if layout.sequence_parallel and layout.tp == 1:
         bad("sequence_parallel", "sequence_parallel needs tp > 1")
     _alignment_problems(layout, cluster.occupied_domain_size, bad)
@@ -149,6 +150,17 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     return problems
 
 
+def _partial_recompute_problems(model: ModelSpec, layout: Layout, bad) -> None:
+    k = layout.recompute_layers
+    stage = -(-model.num_layers // layout.pp)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        bad("recompute", f"recompute_layers={k!r}; must be an integer >= 0 (0: every layer)")
+    elif k and layout.recompute != "full":
+        bad("recompute", f"recompute_layers={k} needs recompute=full (got recompute={layout.recompute})")
+    elif k > stage:
+        bad("recompute", f"recompute_layers={k} exceeds the {stage} layers of a pipeline stage")
+
+
 def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
     """Knobs the job's framework does not offer at its date, and combinations it refuses (knobs that
     are invalid anyway, e.g. zero_stage=7, are reported by their own rule only)."""
@@ -157,7 +169,8 @@ def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None
     values = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vp": layout.vp, "ep": layout.ep,
               "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
               "zero_stage": layout.zero_stage, "dp_overlap": layout.dp_overlap,
-              "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1}
+              "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1,
+              "recompute_layers": layout.recompute_layers}
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
         bad("framework", message)

@@ -128,6 +128,8 @@ def _tokens(ctx: Context, cp: int, mbs: int) -> float:
 def layer_terms(ctx: Context, layout: Layout, m: int = 1) -> LayerTerms:
     """Per-micro-batch layer terms; depends on tp, cp, ep, mbs, sp, recompute, placement, the
     overlaps, and (EP overlap only) the ``m`` micro-batches per step and the pipeline."""
+    if layout.recompute_layers and layout.recompute == "full":
+        return _partial_recompute_terms(ctx, layout, m)
     ctx = ctx.placed(layout.order)
     tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
     c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep, layout.expert_tp)
@@ -141,6 +143,22 @@ def layer_terms(ctx: Context, layout: Layout, m: int = 1) -> LayerTerms:
                                 steady, layout.expert_tp),
         act_bytes_per_layer=c.act_bytes_per_layer, act_transient_bytes=c.act_transient_bytes,
     )
+
+
+def _partial_recompute_terms(ctx: Context, layout: Layout, m: int) -> LayerTerms:
+    """``recompute_layers`` of a stage's layers recompute whole and the rest keep every activation:
+    each per-layer term is the share-weighted mean of full recomputation and none (a stage's time and
+    stored activations are sums over its layers); one layer being recomputed still needs its working
+    memory."""
+    share = min(1.0, layout.recompute_layers / layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
+    full = layer_terms(ctx, layout.with_(recompute_layers=0), m)
+    none = layer_terms(ctx, layout.with_(recompute="none", recompute_layers=0), m)
+
+    def mix(name: str) -> float:
+        return share * getattr(full, name) + (1.0 - share) * getattr(none, name)
+    return LayerTerms(forward_s=full.forward_s, backward_s=full.backward_s, recompute_s=mix("recompute_s"),
+                      tp_comm_s=mix("tp_comm_s"), cp_comm_s=mix("cp_comm_s"), ep_comm_s=mix("ep_comm_s"),
+                      act_bytes_per_layer=mix("act_bytes_per_layer"), act_transient_bytes=full.act_transient_bytes)
 
 
 def ep_overlap_steady_share(pp: int, vp: int, m: int, recompute: str) -> float:
@@ -783,8 +801,18 @@ def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
         per_layer = (pc.dense + pc.expert) / max(1, layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
         weights += 2 * WEIGHT_BYTES * per_layer
     grads = ctx.job.grad_bytes * owned_params(pc, layout, z >= 2, copies)
+    if _lp_grads_kept(ctx, z):  # DeepSpeed's BF16_Optimizer: the 16-bit .grad tensors besides
+        grads += WEIGHT_BYTES * owned_params(pc, layout, False, copies)
     optim = OPTIMIZER_STATE_BYTES * owned_params(pc, layout, z >= 1, copies)
     return StaticMemory(weights, grads, optim)
+
+
+def _lp_grads_kept(ctx: Context, zero_stage: int) -> bool:
+    """The framework keeps each parameter's 16-bit gradient beside its fp32 accumulation buffer:
+    DeepSpeed's BF16_Optimizer (ZeRO 0/1 with gradients accumulated in fp32 under a 16-bit
+    precision; ``semantics.lp_grads_beside_fp32``)."""
+    return (ctx.job.profile.profile.lp_grads_beside_fp32 and ctx.job.grad_bytes == 4 and zero_stage <= 1
+            and ctx.job.precision in ("bf16", "fp16"))
 
 
 def grads_freed_bytes(ctx: Context, layout: Layout) -> float:

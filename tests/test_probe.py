@@ -207,6 +207,22 @@ def test_huggingface_model_code_keeps_fp32_norm_copies_and_its_loss_logits():
         Job(global_batch_size=8, seq_len=4096, model_code="hf")
 
 
+def test_deepspeed_bf16_optimizer_keeps_16_bit_grads_beside_its_fp32_buffer():
+    """DeepSpeed's BF16_Optimizer (ZeRO 0/1, gradients accumulated in fp32) holds an unsharded fp32
+    buffer and the 16-bit .grad tensors: 6 B a parameter; 16-bit accumulation holds 2 B."""
+    from clusterplan.cost.terms import Context, param_counts, static_memory
+    m = get_model("llama2-7b")
+    cluster = build_cluster("dgx-a100-superpod", num_devices=8)
+    layout = Layout(dp=8, zero_stage=1, recompute="full")
+    grads = {g: static_memory(Context(m, Job(global_batch_size=8, seq_len=4096, framework="deepspeed", grad_bytes=g),
+                                      cluster), layout).gradients_bytes for g in (2, 4)}
+    pc = param_counts(m, 1, 1, 1, 1, True)
+    assert grads[2] == pytest.approx(2 * (pc.dense + pc.expert))
+    assert grads[4] == pytest.approx(6 * (pc.dense + pc.expert))
+    megatron = static_memory(Context(m, Job(global_batch_size=8, seq_len=4096, grad_bytes=4), cluster), layout)
+    assert megatron.gradients_bytes == pytest.approx(4 * (pc.dense + pc.expert))
+
+
 def test_kv_repeat_follows_the_torchtitan_release():
     prof = load_profile("torchtitan")
     assert prof.at("2025-06").kv_repeated and not prof.at("2026-02").kv_repeated

@@ -242,7 +242,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
     if L["recompute"] == "selective":
         args.append("--recompute-granularity selective")
     elif L["recompute"] == "full":
-        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        args += _megatron_recompute_args(L)
     args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
     if L["dp_overlap"]:
         args += ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if L["zero_stage"] in (1, 2) else [])
@@ -325,7 +325,22 @@ def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
         mds.append("--sequence-parallel")
     if L["recompute"] != "none":
         mds.append(f"--recompute-granularity {L['recompute']}")
+    if L.get("recompute_layers"):
+        mds += ["--recompute-method block", f"--recompute-num-layers {L['recompute_layers']}"]
     return mds
+
+
+def _megatron_recompute_args(L: dict) -> list[str]:
+    """Full recomputation of every layer (uniform, one layer a unit), or of ``recompute_layers`` of
+    each stage: ``--recompute-method block`` counts per model chunk, so an interleaved stage's count
+    must split evenly over its ``vp`` chunks."""
+    k = L.get("recompute_layers", 0)
+    if not k:
+        return ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    if k % L["vp"]:
+        raise SpecError(f"recompute_layers={k}: Megatron's --recompute-num-layers counts per model chunk, and "
+                        f"{k} layers do not split over vp={L['vp']} chunks; use a multiple of {L['vp']}")
+    return ["--recompute-granularity full", "--recompute-method block", f"--recompute-num-layers {k // L['vp']}"]
 
 
 # ---- torchtitan ------------------------------------------------------------------------------------
@@ -413,10 +428,23 @@ def torchtitan_toml(doc: dict, model=None) -> str:
         'mixed_precision_param = "bfloat16"',
         "",
     ] + _torchtitan_parallelism(L, model.num_layers)
-    lines += ["", "[activation_checkpoint]", f'mode = "{L["recompute"]}"']
+    lines += ["", "[activation_checkpoint]"] + _torchtitan_ac(L, model.num_layers)
     if job.get("compiled"):  # the plan was priced compiled (--compile); async TP is offered only then
         lines += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
     return "\n".join(lines)
+
+
+def _torchtitan_ac(L: dict, num_layers: int) -> list[str]:
+    """``[activation_checkpoint]``: the recompute mode, or for ``recompute_layers`` of a stage its
+    layer SAC, which checkpoints every k-th block whole (``selective_ac_option = "k"``)."""
+    k = L.get("recompute_layers", 0)
+    if not k:
+        return [f'mode = "{L["recompute"]}"']
+    stage = num_layers // L["pp"]
+    if num_layers % L["pp"] or stage % k:
+        raise SpecError(f"recompute_layers={k}: torchtitan checkpoints every k-th block of a stage, and {k} is not "
+                        f"{stage} layers divided by a whole k; use a divisor of {stage}")
+    return ['mode = "selective"', f'selective_ac_option = "{stage // k}"  # every {stage // k}th block, {k} of {stage}']
 
 
 def _torchtitan_header(doc: dict, L: dict, job: dict) -> list[str]:
@@ -573,6 +601,9 @@ def maxtext_overrides(doc: dict, model=None) -> str:
     # MaxText names what it saves: 'minimal' recomputes least (the nearest to none/selective here),
     # 'full' recomputes everything.
     remat = "full" if L["recompute"] == "full" else "minimal"
+    if L.get("recompute_layers"):
+        raise SpecError("--format maxtext: MaxText's remat_policy applies to every layer alike; it has no "
+                        f"recompute_layers={L['recompute_layers']} (evaluate the layout without it)")
     pairs: list[tuple[str, object]] = [*maxtext_model(model),
                                        ("hardware", "tpu" if family == "tpu-torus" else "gpu")]
     names = {"pipeline": "pipeline"}
@@ -672,7 +703,9 @@ def _layout_line(layout: dict) -> str:
     always = ("tp", "pp", "dp")
     degrees = [f"{k}={layout[k]}" for k in (*always, "cp", "ep", "vp") if k in always or layout[k] > 1]
     sp = "on" if layout["sequence_parallel"] else "off"
-    return " ".join(degrees + [f"mbs={layout['micro_batch_size']}", f"sp={sp}", f"recompute={layout['recompute']}",
+    recompute = [f"recompute={layout['recompute']}"] + (
+        [f"recompute_layers={layout['recompute_layers']}"] if layout.get("recompute_layers") else [])
+    return " ".join(degrees + [f"mbs={layout['micro_batch_size']}", f"sp={sp}", *recompute,
                                f"zero={layout['zero_stage']}"])
 
 

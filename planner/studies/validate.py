@@ -21,14 +21,14 @@ from clusterplan.cost.framework import (
     default_framework, load_profile, parse_date, refuses_dp_overlap, resolve_name as resolve_framework,
 )
 from clusterplan.cost.layout import MODEL_CODES, Job
-from clusterplan.cost.step import layout_problems
+from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.models.files import load_file
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.library import list_models, load_model
 from clusterplan.models.spec import model_from_mapping
 from clusterplan.planner.report.explain import changed_knobs
 from clusterplan.planner.inputs import load_cluster
-from clusterplan.planner.search import SearchOptions, SearchResult, plan
+from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.planner.search.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds
 
 SPACE_CANDIDATES = {"vp": VP_CANDIDATES, "micro_batch_size": MBS_CANDIDATES}
@@ -226,7 +226,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     except InfeasibleError:
         ignore = Bounds(fixed=fixed.fixed, ignore_memory=True)
         res = plan(model, job, cluster, SearchOptions(engine=options.engine, top_k=0, bounds=ignore))
-    _record(result, res)
+    _record(result, _with_partial_recompute(run, model, job, cluster, res.best))
     result.framework_problems = [msg for key, msg in layout_problems(model, job, cluster, res.best.layout)
                                  if key == "framework"]
     if best:
@@ -279,8 +279,18 @@ def _memory_kind(value) -> str:
     return kind
 
 
-def _record(result: RunResult, res: SearchResult) -> None:
-    ev = res.best
+def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation) -> Evaluation:
+    """The searched layout with the run's published ``layout.recompute_layers`` (a knob the search
+    does not offer: the other knobs were chosen without it), priced by the cost model."""
+    k = (run.get("layout") or {}).get("recompute_layers")
+    if not k:
+        return ev
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise SpecError(f"layout.recompute_layers: got {k!r}; must be an integer >= 0")
+    return evaluate(model, job, cluster, ev.layout.with_(recompute_layers=k))
+
+
+def _record(result: RunResult, ev: Evaluation) -> None:
     result.predicted_step_time_s = ev.step_time_s
     result.fits = ev.fits
     # the allocated peak (live tensors) where the run published that; else the reserved peak

@@ -90,6 +90,11 @@ def check_megatron_argv(argv: list[str], env: dict[str, str], meta: dict) -> dic
     _expect("expert_model_parallel_size", args.expert_model_parallel_size, L["ep"])
     _expect("micro-batches", calc.get(), L["num_microbatches"])
     _expect("virtual pipeline", args.virtual_pipeline_model_parallel_size or 1, L["vp"])
+    _expect("recompute granularity", args.recompute_granularity, None if L["recompute"] == "none" else L["recompute"])
+    if L.get("recompute_layers"):
+        _expect("recompute method", args.recompute_method, "block")
+        _expect("recomputed layers per stage", args.recompute_num_layers * (args.virtual_pipeline_model_parallel_size or 1),
+                L["recompute_layers"])
     return {"dp": args.data_parallel_size, "microbatches": calc.get(),
             "vp": args.virtual_pipeline_model_parallel_size, "layout": str(args.pipeline_model_parallel_layout)}
 
@@ -232,6 +237,12 @@ def check_torchtitan(text: str, meta: dict) -> dict:
     else:
         micro = accumulation
     _expect("micro-batches", micro * (accumulation if dims.pp > 1 else 1), L["num_microbatches"])
+    ac = cfg.activation_checkpoint
+    if L.get("recompute_layers"):  # layer SAC: every k-th block of a stage checkpointed whole
+        stage = m["num_layers"] // L["pp"]
+        _expect("activation checkpoint", (ac.mode, ac.selective_ac_option), ("selective", str(stage // L["recompute_layers"])))
+    else:
+        _expect("activation checkpoint mode", ac.mode, L["recompute"])
     return {"model": f"{cfg.model.name} {cfg.model.flavor}", "accumulation": accumulation,
             "fsdp": dims.fsdp_enabled, "ep": dims.ep}
 

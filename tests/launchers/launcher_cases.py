@@ -40,6 +40,12 @@ CASES = {
                              "--global-batch", "3072"], ["maxtext"]),
     "llama3-405b-gb200-nvl72": (["--model", "llama3-405b", "--cluster", "gb200-nvl72", "--devices", "576"],
                                 ["megatron", "slurm", "torchtitan"]),
+    # full recomputation of only some layers of each stage (no search offers it: evaluate prices the
+    # given layout); Megatron's block method counts per model chunk, torchtitan checkpoints every k-th block
+    "llama3-8b-partial-recompute": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
+                                     "--devices", "64", "--global-batch", "128", "--layout",
+                                     "tp=2,pp=2,dp=16,vp=2,mbs=1,sp=on,recompute=full,recompute_layers=8"],
+                                    ["megatron", "torchtitan"]),
 }
 
 MAXTEXT_TOPOLOGY = {"h100-sxm5-80gb": "a3", "tpu-v5p": "v5p-{cores}"}
@@ -69,12 +75,14 @@ def meta_for(doc: dict, model) -> dict:
 
 
 def plan_doc(options: list[str], framework: str) -> dict:
-    """The Plan document of ``clusterplan plan OPTIONS --framework F --json`` (in process)."""
+    """The Plan document of ``clusterplan plan OPTIONS --framework F --json`` (in process), or of
+    ``clusterplan evaluate ...`` for a case whose options start with ``evaluate``."""
     from click.testing import CliRunner
 
     from clusterplan.cli import main as clusterplan
 
-    result = CliRunner().invoke(clusterplan, ["plan", *options, "--framework", framework, "--json", "--top", "0"])
+    command = ["evaluate", *options[1:]] if options[0] == "evaluate" else ["plan", *options, "--top", "0"]
+    result = CliRunner().invoke(clusterplan, [*command, "--framework", framework, "--json"])
     if result.exit_code != 0:
         raise RuntimeError(f"plan {' '.join(options)} --framework {framework}: exit {result.exit_code}: "
                            f"{result.output}")
