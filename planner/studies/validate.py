@@ -22,6 +22,7 @@ from clusterplan.cost.framework import (
 )
 from clusterplan.cost.layout import MODEL_CODES, Job
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
+from clusterplan.cost.terms import Context, layer_terms
 from clusterplan.models.files import load_file
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.library import list_models, load_model
@@ -226,10 +227,11 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     except InfeasibleError:
         ignore = Bounds(fixed=fixed.fixed, ignore_memory=True)
         res = plan(model, job, cluster, SearchOptions(engine=options.engine, top_k=0, bounds=ignore))
-    _record(result, _with_partial_recompute(run, model, job, cluster, res.best))
+    ev = _with_partial_recompute(run, model, job, cluster, res.best)
+    _record(result, ev, _scoped_step_s(run, model, job, cluster, ev))
     result.framework_problems = [msg for key, msg in layout_problems(model, job, cluster, res.best.layout)
                                  if key == "framework"]
-    if best:
+    if best and (run.get("measured") or {}).get("step_scope", "step") == "step":  # a whole step to compare with
         _record_best(result, model, job, cluster, options)
 
 
@@ -290,8 +292,27 @@ def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation)
     return evaluate(model, job, cluster, ev.layout.with_(recompute_layers=k))
 
 
-def _record(result: RunResult, ev: Evaluation) -> None:
-    result.predicted_step_time_s = ev.step_time_s
+STEP_SCOPES = ("step", "layers")
+
+
+def _scoped_step_s(run: dict, model, job: Job, cluster, ev: Evaluation) -> float:
+    """The predicted time of what the run measured (``measured.step_scope``): the whole step, or
+    (``layers``) the forward and backward of its transformer layers alone, without the embedding,
+    the loss, the optimizer and the data-parallel step (a per-layer timing such as Korthikanti et
+    al. 2022's Table 4; pipeline-free layouts only)."""
+    scope = (run.get("measured") or {}).get("step_scope", "step")
+    if scope not in STEP_SCOPES:
+        raise SpecError(f"measured.step_scope: got {scope!r}; allowed: {', '.join(STEP_SCOPES)}")
+    if scope == "step":
+        return ev.step_time_s
+    if ev.layout.pp > 1:
+        raise SpecError("measured.step_scope: layers needs pp = 1 (a pipeline's layers do not run one after another)")
+    ctx = Context(model, job, cluster).placed(ev.layout.order)
+    return ev.num_microbatches * model.num_layers * layer_terms(ctx, ev.layout, ev.num_microbatches).total_s
+
+
+def _record(result: RunResult, ev: Evaluation, step_s: float | None = None) -> None:
+    result.predicted_step_time_s = ev.step_time_s if step_s is None else step_s
     result.fits = ev.fits
     # the allocated peak (live tensors) where the run published that; else the reserved peak
     # (max_memory_reserved, nvidia-smi, or unstated): what the process holds from the device
@@ -302,7 +323,7 @@ def _record(result: RunResult, ev: Evaluation) -> None:
     result.mfu = ev.mfu
     result.breakdown = {k: v for k, v in ev.time.__dict__.items()}
     if result.measured_step_time_s:
-        result.error = (ev.step_time_s - result.measured_step_time_s) / result.measured_step_time_s
+        result.error = (result.predicted_step_time_s - result.measured_step_time_s) / result.measured_step_time_s
     if result.measured_peak_memory_bytes:
         result.memory_error = ((result.predicted_peak_memory_bytes - result.measured_peak_memory_bytes)
                                / result.measured_peak_memory_bytes)
