@@ -286,6 +286,11 @@ INPUT_OPTIONS = [
                  help="Run the model under torch.compile (torchtitan's compile.enable; off by default, as in "
                       "torchtitan): memory is priced as the compiled graph keeps it, and torchtitan's async TP, "
                       "which needs compile, becomes a knob. Only --framework torchtitan has this switch."),
+    click.option("--model-code", "model_code", type=click.Choice(["native", "huggingface"]),
+                 help="Whose modules implement the model: native (default: the framework's own, e.g. Megatron's "
+                      "fused layers, torchtitan's Llama) or huggingface (a Hugging Face transformers model class "
+                      "trained under DeepSpeed ZeRO or FSDP: with --framework deepspeed or torchtitan, data "
+                      "parallelism only; memory is priced as its eager ops keep it, their extra time is not)."),
     click.option("--price-per-device-hour", "price_per_device_hour", type=BoundedNumber(float, 1e4), metavar="USD",
                  expose_value=False, callback=_remember,
                  help="Rental price per device-hour, replacing the catalogue's (cost figures and --objective cost)."),
@@ -963,6 +968,8 @@ def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
         line += f", {job['attention']} attention"
     if job.get("compiled"):
         line += ", torch.compile"
+    if job.get("model_code", "native") != "native":
+        line += ", a Hugging Face transformers model class (memory of its eager ops; their extra time unvalidated)"
     if job["tokens_to_train"]:
         line += f", {_count(job['tokens_to_train'])} tokens to train"
     console.print(line)

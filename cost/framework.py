@@ -257,6 +257,15 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
     return out
 
 
+def model_code_domains(job) -> dict[str, tuple]:
+    """The knobs a job's model code holds: a Hugging Face transformers model class (``Job.model_code``
+    huggingface) has no tensor, pipeline, context or expert parallel modules, so DeepSpeed ZeRO and
+    FSDP run it data-parallel only."""
+    if job.model_code != "huggingface":
+        return {}
+    return {"tp": (1,), "pp": (1,), "cp": (1,), "ep": (1,), "vp": (1,), "sequence_parallel": (False,)}
+
+
 def unoffered(prof: ProfileAt, family: str, values: dict, folded_experts: bool = False) -> list[str]:
     """One message per knob value (``values``: knob -> value, Layout field names) the framework does not
     offer at its date, and for folded experts (etp=1) where it has no folding."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from clusterplan.cost.framework import framework_refusal, unoffered
+from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
@@ -140,6 +140,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if layout.zero_stage not in (0, 1, 2, 3):
         bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
     _partial_recompute_problems(model, layout, bad)
+    _model_code_problems(job, layout, bad)
     if layout.sequence_parallel and layout.tp == 1:
         bad("sequence_parallel", "sequence_parallel needs tp > 1")
     _alignment_problems(layout, cluster.occupied_domain_size, bad)
@@ -148,6 +149,14 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if traversal_problem:
         bad("traversal", f"order={layout.order}: {traversal_problem}")
     return problems
+
+
+def _model_code_problems(job: Job, layout: Layout, bad) -> None:
+    held = model_code_domains(job)
+    over = [f"{k}={getattr(layout, k)}" for k, allowed in held.items() if getattr(layout, k) not in allowed]
+    if over:
+        bad("model_code", f"model_code=huggingface: a transformers model class runs data-parallel only (DeepSpeed "
+            f"ZeRO or FSDP); got {', '.join(over)}")
 
 
 def _partial_recompute_problems(model: ModelSpec, layout: Layout, bad) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from clusterplan.cost.framework import FRAMEWORKS, default_framework, load_profile, resolve_name as resolve_framework
 from clusterplan.cost.goodput import Reliability
-from clusterplan.cost.layout import Job
+from clusterplan.cost.layout import MODEL_CODES, Job
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import job_defaults, load_model, resolve_model_id
 from clusterplan.models.spec import ModelSpec
@@ -74,12 +74,15 @@ def default_global_batch(seq_len: int) -> int:
 def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: int | None = None,
               seq_len: int | None = None, precision: str | None = None, tokens: int | None = None,
               attention: str | None = None, framework: str | None = None,
-              reliability: Reliability | None = None, compiled: bool | None = None) -> tuple[Job, dict[str, str]]:
+              reliability: Reliability | None = None, compiled: bool | None = None,
+              model_code: str | None = None) -> tuple[Job, dict[str, str]]:
     """The job from the options, the model's published setup, then the defaults; and where each came from.
 
     The framework defaults to maxtext on TPU and megatron elsewhere; the attention kernel and the
     gradient dtype to that framework's (its profile's ``semantics``). ``compiled`` (``--compile``) is
-    off by default, as in torchtitan, the one profile with a torch.compile switch."""
+    off by default, as in torchtitan, the one profile with a torch.compile switch. ``model_code``
+    (``--model-code``): the framework's own modules by default, or a Hugging Face transformers model
+    class (DeepSpeed or torchtitan's FSDP only)."""
     published = published_defaults(model_arg)
     origin: dict[str, str] = {}
 
@@ -111,13 +114,32 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
         raise SpecError(f"--framework: {fw} does not run on {cluster.platform.upper()} ({cluster.device.id}); it runs on "
                         f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
     attention = attention or prof.at(None).attention
-    if compiled and not prof.at(None).has("compile"):
-        with_compile = [f for f in FRAMEWORKS if load_profile(f).at(None).has("compile")]
-        raise SpecError(f"--compile: {fw} has no torch.compile switch that clusterplan models; allowed with "
-                        f"--framework {', '.join(with_compile)} (or drop --compile)")
+    _check_compile(compiled, fw)
+    _check_model_code(model_code, fw)
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
                attention=attention, framework=fw, grad_bytes=prof.grad_bytes, compiled=bool(compiled),
-               reliability=reliability or Reliability()), origin
+               reliability=reliability or Reliability(), model_code=model_code or "native"), origin
+
+
+HF_FRAMEWORKS = ("deepspeed", "torchtitan")
+"""Profiles that run a Hugging Face transformers model class: DeepSpeed's ZeRO and PyTorch FSDP
+(torchtitan's profile is the PyTorch-native FSDP2 one)."""
+
+
+def _check_compile(compiled: bool | None, framework: str) -> None:
+    if compiled and not load_profile(framework).at(None).has("compile"):
+        with_compile = [f for f in FRAMEWORKS if load_profile(f).at(None).has("compile")]
+        raise SpecError(f"--compile: {framework} has no torch.compile switch that clusterplan models; allowed with "
+                        f"--framework {', '.join(with_compile)} (or drop --compile)")
+
+
+def _check_model_code(model_code: str | None, framework: str) -> None:
+    if model_code not in (None, *MODEL_CODES):
+        raise SpecError(f"--model-code: got {model_code!r}; allowed: {', '.join(MODEL_CODES)}")
+    if model_code == "huggingface" and framework not in HF_FRAMEWORKS:
+        raise SpecError(f"--model-code: huggingface runs a transformers model class under DeepSpeed ZeRO or FSDP; "
+                        f"{framework} runs its own modules: use --framework {' or '.join(HF_FRAMEWORKS)} "
+                        "(or --model-code native)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +167,7 @@ class Request:
     attention: str | None = None
     framework: str | None = None
     compiled: bool | None = None
+    model_code: str | None = None
     price_per_device_hour: float | None = None
     pue: float | None = None
     host_power_w: float | None = None
@@ -168,4 +191,5 @@ class Request:
 
     def build_job(self, model: ModelSpec, cluster: Cluster) -> tuple[Job, dict[str, str]]:
         return build_job(self.model, model, cluster, self.global_batch, self.seq_len, self.precision, self.tokens,
-                         self.attention, self.framework, reliability=self.reliability, compiled=self.compiled)
+                         self.attention, self.framework, reliability=self.reliability, compiled=self.compiled,
+                         model_code=self.model_code)

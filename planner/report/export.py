@@ -276,9 +276,14 @@ def deepspeed_config(doc: dict, model=None) -> str:
                         "DeepSpeed's PipelineEngine refuses it ('ZeRO-2 and ZeRO-3 are incompatible with pipeline "
                         "parallelism'); plan under --framework deepspeed, or fix zero=1 or pp=1")
     comment = [f"for {PINNED['deepspeed']}; {doc['inputs']['model']['name']} on {doc['num_devices']} x "
-               f"{doc['inputs']['cluster']['device']}, predicted {doc['step_time_s']:.3f} s/step",
-               "Megatron-DeepSpeed arguments: " + " ".join(_megatron_deepspeed_args(L, job, model))
-               + " --deepspeed --deepspeed_config ds_config.json"]
+               f"{doc['inputs']['cluster']['device']}, predicted {doc['step_time_s']:.3f} s/step"]
+    if job.get("model_code", "native") == "huggingface":
+        comment.append("a Hugging Face transformers model class: pass this file as the DeepSpeed config of the "
+                       "transformers Trainer or Accelerate (deepspeed=ds_config.json), with gradient checkpointing "
+                       "on where the plan recomputes (model.gradient_checkpointing_enable())")
+    else:
+        comment.append("Megatron-DeepSpeed arguments: " + " ".join(_megatron_deepspeed_args(L, job, model))
+                       + " --deepspeed --deepspeed_config ds_config.json")
     if L["cp"] > 1:
         comment.append(f"context parallel {L['cp']}: DeepSpeed has no ring context parallelism (Ulysses is "
                        "--ds-sequence-parallel-size, a different scheme)")
@@ -734,6 +739,9 @@ def export(doc: dict, fmt: str, model=None) -> str:
     format's framework (:func:`export_framework`). ``model`` is the plan's
     :class:`models.spec.ModelSpec` (needed for a model that is not bundled: :func:`model_spec`)."""
     fw = (doc["inputs"].get("framework") or {}).get("id")
+    if doc["inputs"]["job"].get("model_code", "native") == "huggingface" and fmt != "deepspeed":
+        raise SpecError(f"export --format {fmt}: the plan trains a Hugging Face transformers model class, which "
+                        f"{fmt} does not run; --format deepspeed writes its ZeRO config (plan with --framework deepspeed)")
     if fw and fw != FRAMEWORK_OF_FORMAT[fmt]:
         raise SpecError(f"export --format {fmt}: this plan was searched under {fw}; a {fmt} config needs a plan "
                         f"searched under {FRAMEWORK_OF_FORMAT[fmt]}")

@@ -12,7 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from clusterplan.cost.framework import framework_domains, unoffered
+from clusterplan.cost.framework import framework_domains, model_code_domains, unoffered
 from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
@@ -112,8 +112,9 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     """
     b = bounds or Bounds()
     prof = job.profile
-    offered = framework_domains(prof, cluster.device.family)
+    offered = {**framework_domains(prof, cluster.device.family), **model_code_domains(job)}
     _check_fixed_offered(prof, cluster.device.family, b)
+    _check_fixed_model_code(job, b)
     facts = _factorizations(model, cluster, offered, b)
 
     def pick(knob: str, values) -> tuple:
@@ -165,6 +166,17 @@ def _factorizations(model: ModelSpec, cluster: Cluster, offered: dict, b: Bounds
         if all(b.allows(k, v) for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp))):
             facts.append((tp, pp, dp, cp))
     return sorted(facts)
+
+
+def _check_fixed_model_code(job: Job, bounds: Bounds) -> None:
+    """A --fix value a Hugging Face transformers model class cannot run is bad input."""
+    if bounds.allow_unavailable:
+        return
+    held = model_code_domains(job)
+    bad = [f"{k}={v}" for k, v in bounds.fixed.items() if k in held and v not in held[k]]
+    if bad:
+        raise SpecError(f"--fix {', '.join(bad)}: a Hugging Face transformers model class runs data-parallel only "
+                        "(DeepSpeed ZeRO or FSDP); drop the fix or use --model-code native")
 
 
 def _check_fixed_offered(prof, family: str, bounds: Bounds) -> None:

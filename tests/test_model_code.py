@@ -1,0 +1,53 @@
+"""``--model-code huggingface``: a Hugging Face transformers model class trained under DeepSpeed ZeRO
+or FSDP. Its eager modules keep more for backward (cost.terms.HF_MODEL_CODE); it has no tensor,
+pipeline, context or expert parallel modules, so the search holds those at 1, and only DeepSpeed's
+config can be exported for it."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from clusterplan import cli
+
+BASE = ["--model", "llama2-7b", "--cluster", "dgx-a100-superpod", "--devices", "16", "--global-batch", "64",
+        "--seq-len", "4096"]
+
+
+def _run(*args: str):
+    return CliRunner().invoke(cli.main, list(args))
+
+
+def test_plan_holds_data_parallelism_and_prices_the_eager_modules():
+    docs = {}
+    for code in ("native", "huggingface"):
+        result = _run("plan", *BASE, "--framework", "deepspeed", "--model-code", code, "--fix", "recompute=none",
+                      "--fix", "mbs=1", "--fix", "zero=3", "--json")
+        assert result.exit_code == 0, result.output
+        docs[code] = json.loads(result.stdout)
+    hf = docs["huggingface"]
+    assert hf["inputs"]["job"]["model_code"] == "huggingface"
+    assert all(hf["layout"][k] == 1 for k in ("tp", "pp", "cp", "ep", "vp"))
+    assert hf["memory"]["activations"] > docs["native"]["memory"]["activations"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("plan", *BASE, "--model-code", "huggingface"), "--framework deepspeed or torchtitan"),
+    (("plan", *BASE, "--framework", "deepspeed", "--model-code", "huggingface", "--fix", "tp=2"), "data-parallel only"),
+    (("evaluate", *BASE, "--framework", "deepspeed", "--model-code", "huggingface", "--layout", "tp=2,dp=8"),
+     "data-parallel only"),
+    (("export", "--format", "torchtitan", *BASE, "--model-code", "huggingface"), "does not run"),
+    (("plan", *BASE, "--model-code", "hf"), "hf"),
+])
+def test_refusals_name_the_option(args, needle):
+    result = _run(*args)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+
+
+def test_deepspeed_export_says_how_a_transformers_class_takes_it():
+    result = _run("export", "--format", "deepspeed", *BASE, "--model-code", "huggingface")
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)
+    assert any("transformers Trainer" in line for line in config["_comment"])
+    assert not any("Megatron-DeepSpeed arguments" in line for line in config["_comment"])
