@@ -497,6 +497,8 @@ def explain_command(as_json, **options):
               help="Training framework for every candidate (default: maxtext on TPU, megatron elsewhere).")
 @click.option("--compile/--no-compile", "compiled", default=None,
               help="Run the model under torch.compile (torchtitan only; see plan --help).")
+@click.option("--model-code", "model_code", type=click.Choice(["native", "huggingface"]),
+              help="A Hugging Face transformers model class under DeepSpeed or FSDP (see plan --help).")
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Search engine for each candidate.")
 @click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
@@ -505,8 +507,8 @@ def explain_command(as_json, **options):
                    "are searched for time and ranked last).")
 @_apply(WHATIF_OUTPUT_OPTIONS)
 @guarded
-def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, framework, compiled, engine,
-                    objective, as_json, csv_path, chart_path):
+def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, framework, compiled, model_code,
+                    engine, objective, as_json, csv_path, chart_path):
     """What-if: the best layout of MODEL on each candidate cluster, side by side (step time, MFU,
     time, energy and cost to train the job's tokens).
 
@@ -519,7 +521,8 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
     _check_outputs(as_json, csv_path, chart_path)
     candidates = [parse_candidate(c) for c in clusters]
     request = _request(model_arg, candidates[0].cluster, global_batch=global_batch, seq_len=seq_len,
-                       precision=precision, tokens=tokens, framework=framework, compiled=compiled)
+                       precision=precision, tokens=tokens, framework=framework, compiled=compiled,
+                       model_code=model_code)
     model = request.load_model()
     with progress_bar("clusters", not as_json) as tick:
         rows = rank(compare(request, candidates, SearchOptions(engine=engine, top_k=0, objective=objective),

@@ -51,3 +51,13 @@ def test_deepspeed_export_says_how_a_transformers_class_takes_it():
     config = json.loads(result.stdout)
     assert any("transformers Trainer" in line for line in config["_comment"])
     assert not any("Megatron-DeepSpeed arguments" in line for line in config["_comment"])
+
+
+def test_compare_carries_the_model_code_to_every_candidate():
+    result = _run("compare", "--model", "llama2-7b", "--cluster", "dgx-a100-superpod:16", "--cluster",
+                  "dgx-h100-superpod:16", "--framework", "deepspeed", "--model-code", "huggingface",
+                  "--global-batch", "64", "--seq-len", "4096", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert len(rows) == 2 and all(r["layout"]["tp"] == 1 and r["layout"]["pp"] == 1 for r in rows)
