@@ -200,6 +200,9 @@ class Job:
         layers, torchtitan's Llama) or ``huggingface`` (a Hugging Face transformers model class run by
         the framework, as DeepSpeed and FSDP users often do): its eager ops keep more for backward
         (``cost.terms.HF_MODEL_CODE``).
+    fp8_all_gather : an FP8 job's sharded data parallelism all-gathers the weights already cast to
+        FP8, one byte each (torchao's ``enable_fsdp_float8_all_gather`` under FSDP2, its tensorwise
+        recipe; ``cost.terms.gather_bytes``).
     """
 
     global_batch_size: int
@@ -213,6 +216,7 @@ class Job:
     compiled: bool = False
     reliability: Reliability = field(default_factory=Reliability)
     model_code: str = "native"
+    fp8_all_gather: bool = False
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "seq_len"):
@@ -231,6 +235,8 @@ class Job:
             parse_date(self.framework_date, "job.framework_date")
         if not isinstance(self.compiled, bool):
             raise SpecError(f"job.compiled: got {self.compiled!r}; allowed: true, false")
+        if not isinstance(self.fp8_all_gather, bool):
+            raise SpecError(f"job.fp8_all_gather: got {self.fp8_all_gather!r}; allowed: true, false")
         if self.model_code not in MODEL_CODES:
             raise SpecError(f"job.model_code: got {self.model_code!r}; allowed: {', '.join(MODEL_CODES)}")
         rel = self.reliability

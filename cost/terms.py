@@ -869,10 +869,11 @@ def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: in
     prof = ctx.job.profile.profile
     copies = zero_replicas(ctx, dp, pp, cp, ep, z)
     if copies == 1:
-        return dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules)
+        return dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
+                          gather_bytes(ctx.job))
     placed, shard, stride = ctx.placed(order).cluster, dp // copies, tp  # pp = cp = 1: dp's stride is tp
     inner = placed.strided_profile(shard, stride) if shard > 1 else None
-    t = dp_traffic(ctx.job.grad_bytes, pc, inner, inner, z, prof.zero2_param_gather, modules)
+    t = dp_traffic(ctx.job.grad_bytes, pc, inner, inner, z, prof.zero2_param_gather, modules, gather_bytes(ctx.job))
     across = coll.all_reduce_s(ctx.job.grad_bytes * (pc.dense + pc.expert) / shard,
                                placed.strided_profile(copies, stride * shard))
     return DataParallelTerms(t.per_step_s + across, t.per_microbatch_s, t.blocking_s)
@@ -890,9 +891,16 @@ def zero3_collectives(ctx: Context, tp: int, pp: int, vp: int, ep: int, expert_t
     return partitioned_modules(ctx.model, tp, pp, vp, ep, expert_tp, prof.profile.zero3_persistence_threshold)
 
 
+def gather_bytes(job: Job) -> float:
+    """Bytes per parameter a sharded data-parallel group all-gathers: the 16-bit weights, or one byte
+    where an FP8 job gathers them already cast (torchao's float8 all-gather under FSDP2,
+    ``Job.fp8_all_gather``: ``enable_fsdp_float8_all_gather``)."""
+    return 1.0 if job.fp8_all_gather and job.precision == "fp8" else WEIGHT_BYTES
+
+
 def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_stage: int,
                zero2_param_gather: str | None = "per_step",
-               zero3_modules: tuple[int, int] | None = None) -> DataParallelTerms:
+               zero3_modules: tuple[int, int] | None = None, weight_bytes: float = WEIGHT_BYTES) -> DataParallelTerms:
     """The collectives of :func:`dp_terms` for given parameter counts and group profiles.
 
     - ZeRO-0 (DDP): one all-reduce of the gradients per step.
@@ -922,7 +930,7 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
         return coll.reduce_scatter_s(grad_bytes * count, prof)
 
     def ag(count, prof):
-        return coll.all_gather_s(WEIGHT_BYTES * count, prof)
+        return coll.all_gather_s(weight_bytes * count, prof)
 
     if zero_stage == 0:
         return DataParallelTerms(over(lambda c, p: coll.all_reduce_s(grad_bytes * c, p)), 0.0)

@@ -223,6 +223,25 @@ def test_deepspeed_bf16_optimizer_keeps_16_bit_grads_beside_its_fp32_buffer():
     assert megatron.gradients_bytes == pytest.approx(4 * (pc.dense + pc.expert))
 
 
+def test_fp8_all_gather_halves_the_fsdp_weight_gathers():
+    """torchao's float8 all-gather (tensorwise, FSDP2) gathers one byte per weight, not two; a bf16
+    job or a job without it gathers 16-bit weights."""
+    from clusterplan.cost.terms import Context, dp_terms, gather_bytes
+    m = get_model("llama3-8b")
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    layout = Layout(dp=64, zero_stage=3, recompute="selective")
+
+    def gathers(**job):
+        ctx = Context(m, Job(global_batch_size=64, seq_len=8192, framework="torchtitan", **job), cluster)
+        return dp_terms(ctx.placed(layout.order), layout).per_microbatch_s
+    base = gathers(precision="fp8")
+    assert gathers(precision="fp8", fp8_all_gather=True) < base
+    assert gathers(precision="bf16", fp8_all_gather=True) == pytest.approx(gathers(precision="bf16"))
+    assert gather_bytes(Job(global_batch_size=8, seq_len=8, precision="fp8", fp8_all_gather=True)) == 1.0
+    with pytest.raises(SpecError, match="fp8_all_gather"):
+        Job(global_batch_size=8, seq_len=8, fp8_all_gather="yes")
+
+
 def test_kv_repeat_follows_the_torchtitan_release():
     prof = load_profile("torchtitan")
     assert prof.at("2025-06").kv_repeated and not prof.at("2026-02").kv_repeated

@@ -219,7 +219,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
               precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or prof.attention),
               framework=fw, framework_date=date, grad_bytes=_grad_bytes(run, prof.profile.grad_bytes),
-              compiled=compiled, model_code=code)
+              compiled=compiled, model_code=code, fp8_all_gather=_flag(run, "fp8_all_gather"))
     fixed = _bounds(run, prof)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
     try:
@@ -266,9 +266,14 @@ def _model_code(run: dict) -> str:
 def _compiled(run: dict) -> bool:
     """``compile``: true where the run's source says the model ran under ``torch.compile``
     (RUNS_FORMAT.md); absent or false otherwise."""
-    value = run.get("compile", False)
+    return _flag(run, "compile")
+
+
+def _flag(run: dict, key: str) -> bool:
+    """A run's true/false field (``compile``, ``fp8_all_gather``: RUNS_FORMAT.md); absent: false."""
+    value = run.get(key, False)
     if not isinstance(value, bool):
-        raise SpecError(f"compile: got {value!r}; allowed: true, false")
+        raise SpecError(f"{key}: got {value!r}; allowed: true, false")
     return value
 
 
