@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clusterplan.cost.framework import FRAMEWORKS, resolve_name as resolve_framework
-from clusterplan.cost.layout import Layout
+from clusterplan.cost.layout import MODEL_CODES, Layout
 from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
@@ -286,7 +286,7 @@ INPUT_OPTIONS = [
                  help="Run the model under torch.compile (torchtitan's compile.enable; off by default, as in "
                       "torchtitan): memory is priced as the compiled graph keeps it, and torchtitan's async TP, "
                       "which needs compile, becomes a knob. Only --framework torchtitan has this switch."),
-    click.option("--model-code", "model_code", type=click.Choice(["native", "huggingface"]),
+    click.option("--model-code", "model_code", type=click.Choice(list(MODEL_CODES)),
                  help="Whose modules implement the model: native (default: the framework's own, e.g. Megatron's "
                       "fused layers, torchtitan's Llama) or huggingface (a Hugging Face transformers model class "
                       "trained under DeepSpeed ZeRO or FSDP: with --framework deepspeed or torchtitan, data "
@@ -497,7 +497,7 @@ def explain_command(as_json, **options):
               help="Training framework for every candidate (default: maxtext on TPU, megatron elsewhere).")
 @click.option("--compile/--no-compile", "compiled", default=None,
               help="Run the model under torch.compile (torchtitan only; see plan --help).")
-@click.option("--model-code", "model_code", type=click.Choice(["native", "huggingface"]),
+@click.option("--model-code", "model_code", type=click.Choice(list(MODEL_CODES)),
               help="A Hugging Face transformers model class under DeepSpeed or FSDP (see plan --help).")
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Search engine for each candidate.")

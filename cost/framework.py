@@ -309,13 +309,20 @@ def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: i
     return None
 
 
+def refuses_overlap(prof: ProfileAt, overlap: str, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int,
+                    recompute: str, sp: bool, tp_overlap: bool = False) -> bool:
+    """A profile rule refuses ``overlap`` (``dp_overlap`` or ``ep_overlap``) for these knobs, and
+    nothing refuses them without it (DeepSpeed's ZeRO-3 before v0.6.0 on DP overlap; Megatron's EP
+    overlap with full recomputation)."""
+    def refusal(on: bool) -> str | None:
+        return framework_refusal(prof, tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap, **{overlap: on})
+    return refusal(True) is not None and refusal(False) is None
+
+
 def refuses_dp_overlap(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
                        sp: bool, tp_overlap: bool) -> bool:
-    """A profile rule refuses DP overlap for these knobs, and nothing refuses them without it
-    (DeepSpeed's ZeRO-3 before v0.6.0)."""
-    def refusal(dp_overlap: bool) -> str | None:
-        return framework_refusal(prof, tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap, dp_overlap)
-    return refusal(True) is not None and refusal(False) is None
+    """:func:`refuses_overlap` on DP overlap."""
+    return refuses_overlap(prof, "dp_overlap", tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap)
 
 
 def framework_defaults(layout, given: set[str], prof: ProfileAt, family: str):

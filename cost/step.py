@@ -161,7 +161,7 @@ def _model_code_problems(job: Job, layout: Layout, bad) -> None:
 
 def _partial_recompute_problems(model: ModelSpec, layout: Layout, bad) -> None:
     k = layout.recompute_layers
-    stage = -(-model.num_layers // layout.pp)
+    stage = layers_on_stage(model.num_layers, layout.pp, layout.vp)  # what the pricing divides by
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         bad("recompute", f"recompute_layers={k!r}; must be an integer >= 0 (0: every layer)")
     elif k and layout.recompute != "full":

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clusterplan.cost.framework import framework_refusal
+from clusterplan.cost.framework import framework_refusal, refuses_overlap
 from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.step import inflight_layers, memory_static_bytes
 from clusterplan.cost.terms import (
@@ -458,9 +458,7 @@ def _ep_overlap_mask(ctx: Context, S: Space) -> np.ndarray:
     prof = ctx.job.profile
 
     def refused(pp: int, v: int, r: str) -> bool:  # by a rule on EP overlap, the other knobs neutral
-        def refusal(eo: bool) -> str | None:
-            return framework_refusal(prof, 1, pp, 1, 2, v, 1, r, False, ep_overlap=eo)
-        return refusal(True) is not None and refusal(False) is None
+        return refuses_overlap(prof, "ep_overlap", 1, pp, 1, 2, v, 1, r, False)
     by_pp = {pp: np.array([[refused(pp, v, r) for r in S.recompute] for v in S.vp], bool).reshape(len(S.vp), -1)
              for pp in {f[1] for f in S.factorizations}}
     no = np.stack([by_pp[f[1]] for f in S.factorizations])  # (F, V, R)
