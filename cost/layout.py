@@ -319,8 +319,9 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
 
 def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
     if key in ints:
-        if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0 and key not in ("zero_stage", "recompute_layers"):
-            raise SpecError(f"layout.{key}: got {raw!r}; must be a positive integer")
+        zero_ok = key in ("zero_stage", "recompute_layers")
+        if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0 and not zero_ok:
+            raise SpecError(f"layout.{key}: got {raw!r}; must be a {'non-negative' if zero_ok else 'positive'} integer")
         return int(raw)
     if key in bools:
         if raw.lower() not in ("on", "off", "true", "false", "1", "0", "yes", "no"):

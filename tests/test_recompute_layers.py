@@ -24,7 +24,7 @@ def _eval(recompute: str, k: int = 0, framework: str = "torchtitan"):
 def test_parse_and_print():
     layout = parse_layout("dp=16,recompute=full,recompute_layers=16")
     assert layout.recompute_layers == 16 and "recompute_layers=16" in layout.short()
-    with pytest.raises(SpecError, match="recompute_layers"):
+    with pytest.raises(SpecError, match="recompute_layers: got 'x'; must be a non-negative integer"):
         parse_layout("recompute_layers=x")
 
 
