@@ -21,11 +21,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from clusterplan.cost.compute import ops_time_s  # noqa: E402
+from clusterplan.cost.compute import fp8_cast_s, op_time_s, ops_time_s  # noqa: E402
 from clusterplan.cost.framework import load_profile  # noqa: E402
 from clusterplan.cost.terms import (activation_bytes, comm_kernel_slowdown, moe_mlp_activation_bytes,  # noqa: E402
                                     op_sac_activation_bytes)
-from clusterplan.models.ops import ACT_BYTES, layer_ops, moe_ops  # noqa: E402
+from clusterplan.models.ops import ACT_BYTES, _gemm, layer_ops, moe_ops  # noqa: E402
 from clusterplan.models.spec import ModelSpec, MoESpec  # noqa: E402
 from clusterplan.topologies.library import load_device  # noqa: E402
 
@@ -36,7 +36,8 @@ PROBES = (RESULTS / "gpu_probe_h200_2026-11-26.json", RESULTS / "gpu_probe2_h200
           RESULTS / "gpu_probe_h100_small_run_2026-11-26.json", RESULTS / "gpu_probe_h100_tp_shard_2026-11-26.json",
           RESULTS / "gpu_probe_overlap_h100_2026-11-26.json", RESULTS / "gpu_probe_overlap2_h100_2026-11-26.json",
           RESULTS / "gpu_probe_overlap3_h100_2026-11-26.json", RESULTS / "gpu_probe_overlap4_h100_2026-11-26.json",
-          RESULTS / "gpu_probe_overlap5_h100_2026-11-26.json", RESULTS / "gpu_probe_moe_h100_2026-11-26.json")
+          RESULTS / "gpu_probe_overlap5_h100_2026-11-26.json", RESULTS / "gpu_probe_moe_h100_2026-11-26.json",
+          RESULTS / "gpu_probe_fp8_h100_2026-11-27.json", RESULTS / "gpu_probe_fp8_h200_2026-11-27.json")
 LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, style="llama")
 
 
@@ -190,6 +191,28 @@ def moe_rows(probe: dict) -> list[dict]:
     return out
 
 
+def fp8_rows(probe: dict) -> list[dict]:
+    """The probe's ``fp8_linear`` cases: one linear layer's FP8 forward and backward (cast-transpose of
+    the input and of the output gradient, three tensorwise-scaled GEMMs) against ``cost.compute``'s
+    price of the same GEMM with unfused casts (``fp8_cast_s``), and the sustained FP8 and bf16
+    GEMM rates against ``DeviceSpec.gemm_flops_per_s`` (burst MAMF x sustained fraction)."""
+    dev = load_device(DEVICE_OF[probe["device"]["name"]])
+    out = []
+    for row in (probe.get("fp8_linear") or {}).get("rows") or []:
+        op = _gemm(row["name"], row["tokens"], row["k"], row["n"])
+        casts = fp8_cast_s(op, dev, False) + fp8_cast_s(op, dev, True)
+        out.append({"case": f"{row['name']} K{row['k']} N{row['n']} x {row['tokens']} tokens",
+                    "measured_s": sum(row["gemm_s"].values()) + sum(row["cast_transpose_s"].values()),
+                    "predicted_s": op_time_s(op, dev, "fp8") + op_time_s(op, dev, "fp8", backward=True),
+                    "measured_cast_s": sum(row["cast_transpose_s"].values()), "predicted_cast_s": casts})
+    for key, dtype in (("sustained", "bf16"), ("sustained_fp8", "fp8")):
+        if isinstance(probe.get(key), dict) and "steady_tflops" in probe[key]:
+            out.append({"case": f"{dtype} 8192^3 GEMM for 30 s: ms per TFLOP",
+                        "measured_s": 1 / probe[key]["steady_tflops"],
+                        "predicted_s": 1e12 / dev.gemm_flops_per_s(dtype), "measured_cast_s": 0.0, "predicted_cast_s": 0.0})
+    return out
+
+
 COPY_MIN_BYTES_PER_S = 20e9
 
 
@@ -284,6 +307,11 @@ def main() -> int:
                  lambda r: (f"  {r['case']:44} {r['measured']:8.1%} "
                             + (f"{r['curve']:6.1%}" if r["curve"] is not None else f"{'-':>6}")
                             + f" {r['sm_share_slowdown']:8.1%}" + ("" if r["valid"] else "  invalid: compile timed")))
+        _section(f"  {'FP8 linear layer fwd+bwd (GEMMs and casts)':44} {'meas ms':>8} {'pred ms':>8} {'err':>6}"
+                 f" {'casts meas':>10} {'pred':>6}", fp8_rows(probe),
+                 lambda r: (f"  {r['case']:44} {r['measured_s'] * 1e3:8.3f} {r['predicted_s'] * 1e3:8.3f}"
+                            f" {_err(r['predicted_s'], r['measured_s'])} {r['measured_cast_s'] * 1e3:10.3f}"
+                            f" {r['predicted_cast_s'] * 1e3:6.3f}"))
         _section(f"  {'FSDP2 training run on one rank, peak GiB':48} {'allocated':>9} {'pred':>6} {'err':>6}"
                  f" {'reserved':>9} {'pred':>6} {'err':>6} {'step s':>7} {'pred':>6} {'err':>6}",
                  small_run_rows(probe), _small_run_line)

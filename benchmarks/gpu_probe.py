@@ -37,6 +37,13 @@ that fails records its error and the others still run. What it measures, and whi
   three), against ``cost.terms.overlap_share``. ``overlap_more``: a GEMM of few waves and causal
   attention; ``overlap_waves``: GEMMs of 3 to 54 waves and one fp8 GEMM. One GPU: no link traffic,
   only the SM and memory contention.
+- ``sustained_fp8``: the ``sustained`` run with an FP8 GEMM (``sustained_fraction_fp8``).
+- ``fp8_linear``: Llama 3 8B's four linear layers at 8192 tokens in FP8 as Transformer Engine runs
+  them: a one-pass Triton cast-transpose of the input and of the output gradient (the fastest of a
+  few tile shapes), the three tensorwise-scaled GEMMs, a rowwise-scaled forward GEMM beside them, and
+  the GEMM chain run back to back (``cost.compute.fp8_cast_s``, ``CAST_TRANSPOSE_RATE_SHARE``).
+- ``sustained_layer``: Llama 3 8B decoder layers trained back to back: a real layer's mix under
+  the power limit, against the GEMM-only ``sustained`` figure.
 - ``allocator``: a short AdamW training loop (fp32 master weights, bf16 autocast): peak allocated
   vs peak reserved bytes of PyTorch's caching allocator.
 """
@@ -153,23 +160,35 @@ def mamf(quick: bool):
     return out
 
 
-@section("sustained")
-def sustained(seconds: float):
-    m, n, k = 8192, 8192, 8192
-    fn = gemm_fn(m, n, k, "bf16")
-    flops = 2 * m * n * k
+def _sustain(name: str, fn, flops: float, seconds: float, iters: int) -> dict:
+    """Run ``fn`` back to back for ``seconds`` in windows of ``iters`` calls: TFLOP/s per window with
+    the SM clock and board power read after it; steady = median of the second half of the windows."""
     windows = []
     t_end = time.time() + seconds
     while time.time() < t_end:
-        t = timed(fn, iters=200, warmup=0)
+        t = timed(fn, iters=iters, warmup=0)
         windows.append({"tflops": round(flops / t / 1e12, 1), **smi()})
-    first, last = windows[0]["tflops"], windows[-1]["tflops"]
+    first = windows[0]["tflops"]
     tail = sorted(w["tflops"] for w in windows[len(windows) // 2:])
-    res = {"shape": [m, n, k], "windows": windows, "first_tflops": first,
-           "steady_tflops": tail[len(tail) // 2], "steady_over_first": round(tail[len(tail) // 2] / first, 3)}
-    log(f"[sustained] first {first}, steady {res['steady_tflops']} TFLOP/s over {len(windows)} windows; "
+    res = {"windows": windows, "first_tflops": first, "steady_tflops": tail[len(tail) // 2],
+           "steady_over_first": round(tail[len(tail) // 2] / first, 3)}
+    log(f"[{name}] first {first}, steady {res['steady_tflops']} TFLOP/s over {len(windows)} windows; "
         f"last {windows[-1]}")
     return res
+
+
+@section("sustained")
+def sustained(seconds: float):
+    m, n, k = 8192, 8192, 8192
+    return {"shape": [m, n, k], **_sustain("sustained", gemm_fn(m, n, k, "bf16"), 2 * m * n * k, seconds, 200)}
+
+
+@section("sustained_fp8")
+def sustained_fp8(seconds: float):
+    """The same power-saturated run with an FP8 GEMM (tensorwise scales, bf16 output): whether FP8
+    keeps the bf16 sustained fraction of its burst rate, which ``sustained_fraction`` assumes."""
+    m, n, k = 8192, 8192, 8192
+    return {"shape": [m, n, k], **_sustain("sustained_fp8", gemm_fn(m, n, k, "fp8"), 2 * m * n * k, seconds, 300)}
 
 
 @section("attention")
@@ -710,6 +729,122 @@ class MoEMLP(torch.nn.Module):
         return torch.zeros_like(x).scatter_add_(0, token_of.unsqueeze(-1).expand(-1, x.shape[-1]), y)
 
 
+FP8_LINEARS = (("qkv", 4096, 6144), ("proj", 4096, 4096), ("fc1", 4096, 28672), ("fc2", 14336, 4096))
+"""Llama 3 8B's linear layers as (name, in features K, out features N); fc1 is gate and up fused."""
+
+
+def _cast_transpose_kernel():
+    """A one-pass FP8 cast that writes the row-major copy and the transposed copy and folds the tile's
+    absolute maximum into a global amax (Transformer Engine's delayed-scaling ``cast_transpose``: the
+    scale comes from earlier steps' amax, so one read of the 16-bit input suffices)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x_ptr, y_ptr, yt_ptr, amax_ptr, scale_ptr, M, N, fp8_max,
+               BM: tl.constexpr, BN: tl.constexpr):
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        x = tl.load(x_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+        y = tl.minimum(tl.maximum(x * tl.load(scale_ptr), -fp8_max), fp8_max).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y, mask=mask)
+        tl.store(yt_ptr + rn[:, None] * M + rm[None, :], tl.trans(y), mask=tl.trans(mask))
+
+    def cast_transpose(x, dtype, tile=(64, 64, 4)):
+        m, n = x.shape
+        bm, bn, warps = tile
+        y = torch.empty((m, n), device=x.device, dtype=dtype)
+        yt = torch.empty((n, m), device=x.device, dtype=dtype)
+        amax = torch.zeros((), device=x.device, dtype=torch.float32)
+        scale = torch.ones((), device=x.device, dtype=torch.float32)
+        kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](x, y, yt, amax, scale, m, n, torch.finfo(dtype).max,
+                                                         BM=bm, BN=bn, num_warps=warps)
+        return y, yt, amax
+    return cast_transpose
+
+
+CAST_TILES = ((64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 128, 4), (128, 32, 4))
+"""Tile shapes (rows, columns, warps) tried for the cast-transpose; the fastest per tensor is kept."""
+
+
+def _best_cast_s(cast_transpose, x, dtype) -> tuple[float, list]:
+    times = [(timed(lambda: cast_transpose(x, dtype, tile), 20), tile) for tile in CAST_TILES]
+    return min(times)[0], sorted(times)
+
+
+def _fp8_linear_row(name, k, n, tokens, cast_transpose) -> dict:
+    """One linear layer's FP8 forward and backward as Transformer Engine runs it on Hopper: a
+    cast-transpose of the input and of the output gradient, then three tensorwise-scaled FP8 GEMMs
+    (forward, input gradient, weight gradient; Hopper's FP8 GEMMs take only the TN layout, hence the
+    transposed copies); weights cast once per step and not timed here."""
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    one = torch.ones((), device="cuda")
+    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
+    w8 = torch.randn(n, k, device="cuda").to(e4)
+    wt8 = w8.t().contiguous()
+    x8, xt8, _ = cast_transpose(x, e4)
+    dy8, dyt8, _ = cast_transpose(dy, e5)
+    mm = functools.partial(torch._scaled_mm, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    gemms = {"fwd": lambda: mm(x8, w8.t()), "dgrad": lambda: mm(dy8, wt8.t()), "wgrad": lambda: mm(dyt8, xt8.t())}
+    gemm_s = {key: timed(fn, 20) for key, fn in gemms.items()}
+    (cast_x, tiles_x), (cast_dy, tiles_dy) = _best_cast_s(cast_transpose, x, e4), _best_cast_s(cast_transpose, dy, e5)
+    cast_s = {"x": cast_x, "dy": cast_dy}
+    eager_s = timed(lambda: ((x.float() * one).clamp(-448, 448).to(e4).t().contiguous(), x.abs().amax()), 20)
+    rowwise_s = None
+    try:
+        sa, sb = torch.ones(tokens, 1, device="cuda"), torch.ones(1, n, device="cuda")
+        rowwise_s = timed(lambda: torch._scaled_mm(x8, w8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), 20)
+    except Exception as exc:  # noqa: BLE001 - a probe reports what it can
+        log(f"[fp8_linear] rowwise scaled_mm: {exc!r}")
+    flops = 2 * tokens * k * n
+    return {"name": name, "tokens": tokens, "k": k, "n": n, "gemm_s": gemm_s, "cast_transpose_s": cast_s,
+            "gemm_tflops": {key: round(flops / t / 1e12, 1) for key, t in gemm_s.items()},
+            "cast_bytes_per_s": {"x": 4 * tokens * k / cast_s["x"], "dy": 4 * tokens * n / cast_s["dy"]},
+            "eager_cast_transpose_amax_s": eager_s, "rowwise_fwd_s": rowwise_s, "cast_tiles": {"x": tiles_x, "dy": tiles_dy},
+            "cast_share": sum(cast_s.values()) / (sum(cast_s.values()) + sum(gemm_s.values()))}
+
+
+@section("fp8_linear")
+def fp8_linear(seconds: float):
+    """Llama 3 8B's four linear layers at 8192 tokens in FP8 as Transformer Engine runs them: GEMM
+    time, cast-transpose time (one fused pass, 2 B read and 2 B written per element) and their share,
+    the rowwise-scaled forward GEMM beside the tensorwise one, then the whole chain run back to back
+    for ``seconds`` (the GEMMs' sustained rate at real layer shapes under the power limit)."""
+    cast_transpose = _cast_transpose_kernel()
+    rows = []
+    for name, k, n in FP8_LINEARS:
+        row = _fp8_linear_row(name, k, n, 8192, cast_transpose)
+        rows.append(row)
+        log(f"[fp8_linear] {name} K{k} N{n}: GEMM TFLOP/s {row['gemm_tflops']}, cast-transpose "
+            f"{ {key: round(v / 1e9) for key, v in row['cast_bytes_per_s'].items()} } GB/s, cast share "
+            f"{row['cast_share']:.1%}, rowwise fwd {row['rowwise_fwd_s']}, eager cast {row['eager_cast_transpose_amax_s']:.2e} s")
+        torch.cuda.empty_cache()
+    chain = [gemm_fn(8192, n, k, "fp8") for _, k, n in FP8_LINEARS]
+    flops = sum(2 * 8192 * k * n for _, k, n in FP8_LINEARS)
+    steady = _sustain("fp8_linear", lambda: [fn() for fn in chain], flops, seconds, 60)
+    return {"rows": rows, "chain_sustained": steady}
+
+
+@section("sustained_layer")
+def sustained_layer(seconds: float):
+    """Llama 3 8B decoder layers (eager, bf16, 8192 tokens) trained fwd+bwd back to back for
+    ``seconds``: whether a real layer's mix of GEMMs, attention and element-wise kernels slows under
+    the power limit as much as a GEMM alone does (``sustained_fraction``)."""
+    name, hidden, heads, kv, ffn, style, seq, mb, n = LAYER_CASES[0]
+    stack = torch.nn.Sequential(*[Layer(hidden, heads, kv, ffn, style) for _ in range(n)]).cuda().bfloat16()
+    x = torch.randn(mb, seq, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn_like(x)
+    params = sum(p.numel() for p in stack.parameters())
+    flops = 3 * 2 * mb * seq * params + 3.5 * 4 * mb * heads * seq * seq * (hidden // heads) / 2 * n
+    res = _sustain("sustained_layer", lambda: stack(x).backward(g), flops, seconds, 20)
+    res["case"] = name
+    res["layers"] = n
+    return res
+
+
 def _kernel_times(fn, iters: int) -> list[dict]:
     """GPU kernels of ``iters`` calls of ``fn`` under torch.profiler: seconds and calls per call,
     longest first (where the time of a block goes)."""
@@ -960,7 +1095,10 @@ def main() -> int:
     sections = {"loss": (loss_memory, ()), "small_run": (small_run, (not a.no_compile,)),
                 "launch": (launch, ()), "memory_bandwidth": (memory_bandwidth, ()), "mamf": (mamf, (a.quick,)),
                 "attention": (attention, ()), "layers": (layers, ()), "titan_layers": (titan_layers, (not a.no_compile,)),
-                "tp_shard": (tp_shard, ()), "moe": (moe, ()), "overlap": (overlap, ()), "overlap_more": (overlap_more, ()), "overlap_waves": (overlap_waves, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,))}
+                "tp_shard": (tp_shard, ()), "moe": (moe, ()), "overlap": (overlap, ()), "overlap_more": (overlap_more, ()), "overlap_waves": (overlap_waves, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,)),
+                "sustained_fp8": (sustained_fp8, (5.0 if a.quick else a.sustain_s,)),
+                "fp8_linear": (fp8_linear, (5.0 if a.quick else a.sustain_s / 2,)),
+                "sustained_layer": (sustained_layer, (5.0 if a.quick else a.sustain_s / 2,))}
     only = [x for x in a.only.split(",") if x]
     for name in only:
         if name not in sections:

@@ -31,7 +31,24 @@ cost exactly as much per model FLOP (PaLM count, no causal halving) as the GEMMs
 under the device's matmul ceiling. Taking the MAMF fraction itself (the former fallback) ran
 attention at twice the GEMM rate per model FLOP: MFU 109.7% for Mixtral at 32k tokens on Gaudi 2."""
 GEMM_TILE = (128, 256)  # output tile of a large cuBLAS/CUTLASS GEMM (ml-engineering MAMF shape rules)
-FP8_CAST_BYTES_PER_ELEMENT = 3.0  # read a 16-bit input, write an 8-bit copy (Transformer Engine cast)
+FP8_CAST_TRANSPOSE_BYTES = 4.0
+"""Bytes per element of an FP8 cast-transpose: read the 16-bit tensor once, write its 8-bit copy and
+the transposed 8-bit copy (Hopper's FP8 GEMMs take only the TN layout, so the weight- and
+input-gradient GEMMs need transposed operands: Transformer Engine's ``fp8_cast_transpose_fused``;
+Blackwell's MXFP8 writes row- and column-wise scaled copies alike). One pass: delayed scaling takes
+its scale from earlier steps, MX block scaling from the block itself."""
+CAST_TRANSPOSE_RATE_SHARE = 0.5
+"""Share of the device's streaming rate (``memory_rate``) that a cast-transpose reaches: its
+transposed writes go through shared-memory tiles, and its tensors are short. Measured on H100 SXM:
+Transformer Engine's kernel casts FP16 to FP8 with transpose, 4096 x 4096 in 51.5 us and 3072 x 3072
+in 24.5 us (NVIDIA/TransformerEngine PR #101, 2023-03), 1.30 and 1.54 TB/s counting 4 B per element,
+0.44 and 0.52 of the 2.97 TB/s a copy streams; benchmarks/gpu_probe.py's one-pass Triton kernel on
+Llama 3 8B's activations and gradients, 8192 tokens, 0.31 to 0.80 (median 0.49) on an H100 and 0.51 to
+0.74 (median 0.62) on an H200 (benchmarks/results/gpu_probe_fp8_*_2026-11-27.json)."""
+FP8_TRANSPOSE_BYTES = 2.0
+"""Bytes per element of the backward transpose of an input cast inside its norm (read and write 1 B:
+Transformer Engine's ``LayerNormLinear`` keeps the norm's FP8 output and transposes it for the
+weight gradient)."""
 
 
 def gemm_rate(device: DeviceSpec, precision: str) -> float:
@@ -107,22 +124,42 @@ def _epilogue_s(op: Op, device: DeviceSpec, backward: bool) -> float:
     return ACT_BYTES * _output_elements(op, backward) / memory_rate(device)
 
 
+def fp8_cast_s(op: Op, device: DeviceSpec, backward: bool) -> float:
+    """The FP8 casts around one FP8 GEMM: their own memory-bound kernels, run before the GEMM on the
+    same stream, so they add to its time (an earlier version hid them under the GEMM's compute).
+
+    Forward, the input's cast-transpose (``FP8_CAST_TRANSPOSE_BYTES`` per element) unless the norm
+    before the GEMM casts it (``Op.fp8_input_fused``); backward, the output gradient's
+    cast-transpose, plus the transpose of a norm-cast input, at ``CAST_TRANSPOSE_RATE_SHARE`` of the
+    streaming rate. On the probe's H100 and H200 the casts took 8% to 24% of the time of Llama 3 8B's
+    linear layers at 8192 tokens (``benchmarks/gpu_probe.py --only fp8_linear``). Weights are cast
+    once per step (Transformer Engine's ``is_first_microbatch``) and not counted."""
+    if backward:
+        outputs = op.groups * op.rows * op.cols if op.rows and op.cols else op.input_elements
+        data = FP8_CAST_TRANSPOSE_BYTES * outputs + (FP8_TRANSPOSE_BYTES * op.input_elements if op.fp8_input_fused else 0.0)
+    else:
+        data = 0.0 if op.fp8_input_fused else FP8_CAST_TRANSPOSE_BYTES * op.input_elements
+    return data / (CAST_TRANSPOSE_RATE_SHARE * memory_rate(device)) + (device.kernel_overhead_s if data else 0.0)
+
+
 def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False) -> float:
     """Seconds for ``op`` (its backward when ``backward``) on one device."""
     factor = (op.backward_factor or BACKWARD_FACTOR[op.kind]) if backward else 1.0
     mem_s = op.bytes * factor / memory_rate(device)
+    cast_s = 0.0
     if op.kind == "memory":
         compute_s = 0.0
     elif op.kind == "attention":
         compute_s = op.flops * op.causal_fraction * factor / attention_rate(device, precision, op.variant)
-    else:  # GEMMs; unfused attention's batched GEMMs ("bmm") run in 16 bits even in FP8 training
-        dtype = "bf16" if op.kind == "bmm" and precision == "fp8" else precision
+    else:  # GEMMs; unfused attention's batched GEMMs ("bmm"), the LM head and the router stay in 16 bits
+        sixteen = precision == "fp8" and (op.kind == "bmm" or op.high_precision)
+        dtype = "bf16" if sixteen else precision
         compute_s = op.flops * factor / gemm_rate(device, dtype)
         compute_s = compute_s / _shape_efficiency(op, device) + _epilogue_s(op, device, backward)
-        if op.kind == "gemm" and precision == "fp8" and device.supports("fp8"):
-            mem_s += FP8_CAST_BYTES_PER_ELEMENT * op.input_elements * factor / memory_rate(device)
+        if op.kind == "gemm" and dtype == "fp8" and device.supports("fp8"):
+            cast_s = fp8_cast_s(op, device, backward)
     kernels = 2 if backward and op.kind == "gemm" else 1
-    return max(compute_s, mem_s) + kernels * device.kernel_overhead_s
+    return max(compute_s, mem_s) + cast_s + kernels * device.kernel_overhead_s
 
 
 def ops_time_s(ops: list[Op], device: DeviceSpec, precision: str, backward: bool = False) -> float:

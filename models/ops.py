@@ -38,12 +38,24 @@ class Op:
     cols: float = 0.0  # GEMM output columns (N) of one group
     groups: int = 1  # independent GEMMs of that shape in one launch (grouped experts, batched heads)
     variant: str = ""  # kernel variant of a fused attention op: "" (the device's best) or "fa2"
+    fp8_input_fused: bool = False  # an FP8 job casts this GEMM's input inside the norm before it
+    high_precision: bool = False  # a GEMM that stays in 16 bits in FP8 jobs (LM head, MoE router)
 
 
-def _gemm(name: str, m: float, k: float, n: float) -> Op:
+def _gemm(name: str, m: float, k: float, n: float, fp8_input_fused: bool = False,
+          high_precision: bool = False) -> Op:
+    """A linear layer's GEMM: ``m`` tokens x ``k`` in-features x ``n`` out-features.
+
+    ``fp8_input_fused``: the input comes straight from a norm, and FP8 training casts it there
+    (Transformer Engine's ``LayerNormLinear``, Megatron-Core's QKV and dense fc1). ``high_precision``:
+    FP8 training leaves this GEMM in 16 bits: the LM head (Megatron-Core's output layer is a plain
+    ``ColumnParallelLinear``, outside Transformer Engine; torchtitan's float8 converter skips
+    ``output``: ``fqn != "output"`` until 2025-04, ``filter_fqns = ["output"]`` in its configs since,
+    PR #1063) and the MoE router (Megatron-Core's ``TopKRouter`` is a plain linear)."""
     flops = 2.0 * m * k * n
     data = ACT_BYTES * (m * k + k * n + m * n)
-    return Op(name, "gemm", flops, data, input_elements=m * k, rows=m, cols=n)
+    return Op(name, "gemm", flops, data, input_elements=m * k, rows=m, cols=n,
+              fp8_input_fused=fp8_input_fused, high_precision=high_precision)
 
 
 def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, attention: str = "flash") -> list[Op]:
@@ -68,7 +80,7 @@ def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, a
         core_bytes = ACT_BYTES * num_tokens * (2 * a + 2 * g) * d / tp
         core = [Op("attention", "attention", core_flops, core_bytes, causal_fraction=0.5, core=True,
                    variant="fa2" if attention == "flash2" else "")]
-    return [_gemm("qkv", num_tokens, h, qkv_params / h / tp), *core,
+    return [_gemm("qkv", num_tokens, h, qkv_params / h / tp, fp8_input_fused=True), *core,
             _gemm("attn_out", num_tokens, out_params / h / tp, h)]
 
 
@@ -107,7 +119,7 @@ def mlp_ops(model: ModelSpec, num_tokens: float, ffn: int, tp: int, name: str = 
     ups = model.mlp_matrices - 1
     act_reads = ups  # gelu reads one tensor, swiglu two
     return [
-        _gemm(f"{name}_up", num_tokens, h, ups * ffn / tp),
+        _gemm(f"{name}_up", num_tokens, h, ups * ffn / tp, fp8_input_fused=name == "mlp"),
         Op(f"{name}_act", "memory", 0.0, ACT_BYTES * num_tokens * ffn * (act_reads + 1) / tp),
         _gemm(f"{name}_down", num_tokens, ffn / tp, h),
     ]
@@ -142,7 +154,7 @@ def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_expert
     up_weights, down_weights = experts * h * ups * ffn / shards, experts * ffn / shards * h
     per_expert = routed / experts / (1 if expert_tp else tp)  # rows of each expert's GEMM on this rank
     ops = [
-        _gemm("router", local, h, e.num_experts),
+        _gemm("router", local, h, e.num_experts, high_precision=True),
         Op("permute", "memory", 0.0, 2 * ACT_BYTES * routed * h / tp),
         Op("unpermute", "memory", 0.0, ACT_BYTES * (routed + num_tokens) * h / tp),
         Op("experts_up", "gemm", 2.0 * routed * h * ups * ffn / tp,
@@ -192,7 +204,7 @@ def head_ops(model: ModelSpec, num_tokens: float, tp: int) -> list[Op]:
     h, v = model.hidden_size, model.vocab_size
     return [
         Op("final_norm", "memory", 0.0, ACT_BYTES * num_tokens * h * 2),
-        _gemm("lm_head", num_tokens, h, v / tp),
+        _gemm("lm_head", num_tokens, h, v / tp, high_precision=True),
         Op("cross_entropy", "memory", 0.0, 4.0 * num_tokens * v / tp * 3),  # fp32 read, exp, write
     ]
 

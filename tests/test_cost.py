@@ -15,7 +15,8 @@ import math
 import pytest
 
 from clusterplan.cost import collectives as coll
-from clusterplan.cost.compute import BACKWARD_FACTOR, gemm_rate, memory_rate, op_time_s
+from clusterplan.cost.compute import (BACKWARD_FACTOR, CAST_TRANSPOSE_RATE_SHARE, fp8_cast_s, gemm_rate, memory_rate,
+                                      op_time_s)
 from clusterplan.cost.layout import Job, Layout, parse_layout
 from clusterplan.cost.step import evaluate, evaluate_ctx, inflight_layers, layout_problems, num_microbatches
 from clusterplan.cost.terms import (
@@ -25,7 +26,7 @@ from clusterplan.cost.terms import (
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import get_model
 from clusterplan.models.ops import (
-    Op, head_ops, layer_ops, megatron_flops_per_iteration, model_flops_per_token,
+    Op, _gemm, head_ops, layer_ops, megatron_flops_per_iteration, model_flops_per_token,
 )
 from clusterplan.models.spec import MoESpec, ModelSpec
 from clusterplan.topologies.cluster import GroupProfile
@@ -171,6 +172,31 @@ def test_roofline_attention_executes_causal_half(cluster16):
     rate = dev.peak("bf16") * dev.attention_efficiency * dev.sustained_fraction
     assert op_time_s(att, dev, "fp8") == pytest.approx(0.5e13 / rate + dev.kernel_overhead_s, rel=REL)
     assert op_time_s(att, dev, "bf16", True) == pytest.approx(2.5 * 0.5e13 / rate + dev.kernel_overhead_s, rel=REL)
+
+
+def test_fp8_casts_add_to_the_gemm_and_follow_the_norm_fusion():
+    """FP8 casts are kernels of their own: a compute-bound GEMM's FP8 time is its compute plus the
+    cast-transpose of its input (forward) and of its output gradient (backward), 4 B per element at
+    half the streaming rate; a norm-fed GEMM casts its input inside the norm and only transposes it
+    in backward (2 B per element); the LM head stays in 16 bits, casts and all."""
+    dev = build_cluster("dgx-h100-superpod").device
+    share = CAST_TRANSPOSE_RATE_SHARE * memory_rate(dev)
+    m, k, n = 8192, 4096, 4096
+    plain, fused = _gemm("proj", m, k, n), _gemm("qkv", m, k, n, fp8_input_fused=True)
+    compute_fwd = op_time_s(plain, dev, "fp8") - fp8_cast_s(plain, dev, False)
+    assert fp8_cast_s(plain, dev, False) == pytest.approx(4.0 * m * k / share + dev.kernel_overhead_s, rel=REL)
+    assert fp8_cast_s(fused, dev, False) == 0.0
+    assert op_time_s(fused, dev, "fp8") == pytest.approx(compute_fwd, rel=REL)
+    assert fp8_cast_s(plain, dev, True) == pytest.approx(4.0 * m * n / share + dev.kernel_overhead_s, rel=REL)
+    assert fp8_cast_s(fused, dev, True) == pytest.approx((4.0 * m * n + 2.0 * m * k) / share + dev.kernel_overhead_s,
+                                                         rel=REL)
+    # compute-bound: the casts add, they do not hide under the math
+    assert op_time_s(plain, dev, "fp8") > plain.flops / gemm_rate(dev, "fp8") + fp8_cast_s(plain, dev, False)
+    head = _gemm("lm_head", m, k, 128256, high_precision=True)
+    assert op_time_s(head, dev, "fp8") == op_time_s(head, dev, "bf16")
+    assert op_time_s(head, dev, "fp8", backward=True) == op_time_s(head, dev, "bf16", backward=True)
+    assert gemm_rate(dev, "fp8") == pytest.approx(dev.peak("fp8") * dev.gemm.large_fp8 * dev.sustained_fraction_fp8,
+                                                  rel=REL)
 
 
 # ---- cost/terms.activation_bytes: Korthikanti et al. 2022 section 4, flash attention ----------------

@@ -102,6 +102,11 @@ class DeviceSpec(BaseModel):
         1.0, gt=0, le=1,
         description="Sustained (power-saturated clocks) over burst matmul throughput; applies to all compute.",
     )
+    sustained_fraction_fp8: float | None = Field(
+        None, gt=0, le=1,
+        description="The same for FP8 GEMMs where measured (they keep more of their burst rate); None: "
+                    "sustained_fraction.",
+    )
     attention_efficiency: float | None = Field(
         None, gt=0, le=1,
         description="Achieved fraction of 16-bit peak for fused (flash) attention, fwd+bwd; None: not measured "
@@ -144,8 +149,8 @@ class DeviceSpec(BaseModel):
         """
         if precision == "fp8" and self.supports("fp8"):
             rate = self.peak("fp8") * (self.gemm.large_fp8 or self.gemm.large)
-        else:
-            rate = self.peak("bf16" if precision == "fp8" else precision) * self.gemm.large
+            return rate * (self.sustained_fraction_fp8 or self.sustained_fraction)
+        rate = self.peak("bf16" if precision == "fp8" else precision) * self.gemm.large
         return rate * self.sustained_fraction
 
     def matmul_ceiling(self, precision: str) -> float:

@@ -115,6 +115,9 @@ class CalibrationEntry(_Entry):
     sustained_fraction: float = Field(
         1.0, gt=0, le=1, description="Sustained (power-saturated) over burst matmul throughput.")
     sustained_fraction_source: str = Field("", description="Where it was measured.")
+    sustained_fraction_fp8: float | None = Field(
+        None, gt=0, le=1, description="The same for FP8 GEMMs, where measured; None: sustained_fraction.")
+    sustained_fraction_fp8_source: str = Field("", description="Where it was measured.")
     attention_efficiency: float | None = Field(
         None, gt=0, le=1, description="Fused attention fwd+bwd achieved fraction of 16-bit peak.")
     attention_efficiency_source: str = Field("", description="Where it was measured.")
@@ -412,6 +415,7 @@ def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
         scale_out_bytes_per_s=entry.scale_out_gbit_per_s * GBIT,
         gemm=entry.gemm, memory_tiers=tuple(t.to_spec() for t in entry.memory_tiers),
         sustained_fraction=group.sustained_fraction if group else 1.0,
+        sustained_fraction_fp8=group.sustained_fraction_fp8 if group else None,
         attention_efficiency=group.attention_efficiency if group else None,
         attention_efficiency_fa2=group.attention_efficiency_fa2 if group else None,
         comm_kernel_slowdown=tuple(sorted(map(tuple, group.comm_kernel_slowdown))) if group else (),
