@@ -25,7 +25,7 @@ from clusterplan.cost.compute import fp8_cast_s, op_time_s, ops_time_s  # noqa: 
 from clusterplan.cost.framework import load_profile  # noqa: E402
 from clusterplan.cost.terms import (activation_bytes, comm_kernel_slowdown, moe_mlp_activation_bytes,  # noqa: E402
                                     op_sac_activation_bytes)
-from clusterplan.models.ops import ACT_BYTES, _gemm, layer_ops, moe_ops  # noqa: E402
+from clusterplan.models.ops import ACT_BYTES, Op, _gemm, layer_ops, moe_ops  # noqa: E402
 from clusterplan.models.spec import ModelSpec, MoESpec  # noqa: E402
 from clusterplan.topologies.library import load_device  # noqa: E402
 
@@ -37,7 +37,8 @@ PROBES = (RESULTS / "gpu_probe_h200_2026-11-26.json", RESULTS / "gpu_probe2_h200
           RESULTS / "gpu_probe_overlap_h100_2026-11-26.json", RESULTS / "gpu_probe_overlap2_h100_2026-11-26.json",
           RESULTS / "gpu_probe_overlap3_h100_2026-11-26.json", RESULTS / "gpu_probe_overlap4_h100_2026-11-26.json",
           RESULTS / "gpu_probe_overlap5_h100_2026-11-26.json", RESULTS / "gpu_probe_moe_h100_2026-11-26.json",
-          RESULTS / "gpu_probe_fp8_h100_2026-11-27.json", RESULTS / "gpu_probe_fp8_h200_2026-11-27.json")
+          RESULTS / "gpu_probe_fp8_h100_2026-11-27.json", RESULTS / "gpu_probe_fp8_h200_2026-11-27.json",
+          RESULTS / "gpu_probe_expert_gemms_h100_2026-11-27.json")
 LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, style="llama")
 
 
@@ -213,6 +214,26 @@ def fp8_rows(probe: dict) -> list[dict]:
     return out
 
 
+def expert_gemm_rows(probe: dict) -> list[dict]:
+    """The probe's ``expert_gemms`` cases: one rank's expert GEMMs of one projection (forward), the
+    rate ``cost.compute`` gives them as one grouped op (``models.ops.moe_ops``, casts left out as the
+    probe has none) beside each measured way of launching them."""
+    dev = load_device(DEVICE_OF[probe["device"]["name"]])
+    out = []
+    for row in probe.get("expert_gemms") or []:
+        if not isinstance(row, dict) or "case" not in row:
+            continue
+        e, m, k, n = row["experts"], row["rows"], row["k"], row["n"]
+        flops = 2.0 * m * k * n * e
+        op = Op("experts", "gemm", flops, ACT_BYTES * e * (m * k + k * n + m * n), input_elements=e * m * k,
+                rows=m, cols=n, groups=e)
+        t = op_time_s(op, dev, row["dtype"]) - (fp8_cast_s(op, dev, False) if row["dtype"] == "fp8" else 0.0)
+        measured = {key: row.get(f"{key}_tflops") for key in ("sequential", "four_streams", "grouped", "one_gemm")}
+        out.append({"case": f"{row['case']} {row['proj']} {row['dtype']}", "gemm_flops": flops / e,
+                    "predicted_tflops": flops / t / 1e12, **measured})
+    return out
+
+
 COPY_MIN_BYTES_PER_S = 20e9
 
 
@@ -312,6 +333,10 @@ def main() -> int:
                  lambda r: (f"  {r['case']:44} {r['measured_s'] * 1e3:8.3f} {r['predicted_s'] * 1e3:8.3f}"
                             f" {_err(r['predicted_s'], r['measured_s'])} {r['measured_cast_s'] * 1e3:10.3f}"
                             f" {r['predicted_cast_s'] * 1e3:6.3f}"))
+        _section(f"  {'expert GEMMs of one rank (TFLOP/s)':40} {'model':>7} {'1 by 1':>7} {'4 strm':>7} {'grouped':>7}"
+                 f" {'1 GEMM':>7}", expert_gemm_rows(probe),
+                 lambda r: f"  {r['case']:40} {r['predicted_tflops']:7.1f} " + " ".join(
+                     f"{r[k]:7.1f}" if r[k] else f"{'-':>7}" for k in ("sequential", "four_streams", "grouped", "one_gemm")))
         _section(f"  {'FSDP2 training run on one rank, peak GiB':48} {'allocated':>9} {'pred':>6} {'err':>6}"
                  f" {'reserved':>9} {'pred':>6} {'err':>6} {'step s':>7} {'pred':>6} {'err':>6}",
                  small_run_rows(probe), _small_run_line)

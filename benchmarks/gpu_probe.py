@@ -44,6 +44,9 @@ that fails records its error and the others still run. What it measures, and whi
   the GEMM chain run back to back (``cost.compute.fp8_cast_s``, ``CAST_TRANSPOSE_RATE_SHARE``).
 - ``sustained_layer``: Llama 3 8B decoder layers trained back to back: a real layer's mix under
   the power limit, against the GEMM-only ``sustained`` figure.
+- ``expert_gemms``: MoE expert GEMMs at Megatron-Bridge's per-rank shapes, launched one per expert
+  over four streams (Transformer Engine's grouped GEMM until 2026), in sequence, grouped, and as one
+  GEMM (``models.ops.moe_ops``).
 - ``allocator``: a short AdamW training loop (fp32 master weights, bf16 autocast): peak allocated
   vs peak reserved bytes of PyTorch's caching allocator.
 """
@@ -845,6 +848,78 @@ def sustained_layer(seconds: float):
     return res
 
 
+EXPERT_GEMM_CASES = [
+    # name, hidden, expert ffn, local experts, rows per expert (one rank of Megatron-Bridge's tables)
+    ("qwen3-30b-a3b-ep8-mbs2", 2048, 768, 16, 4096),
+    ("qwen3-235b-a22b-ep8-mbs1", 4096, 1536, 16, 2048),
+    ("gpt-oss-120b-ep8-mbs4", 2880, 2880, 16, 4096),
+    ("deepseek-v3-ep64-mbs1", 7168, 2048, 4, 8192),
+]
+
+
+def _expert_gemm_fns(rows, k, n, experts, dtype):
+    """The experts' GEMMs of one projection (``experts`` GEMMs of ``rows x k x n``) launched four ways:
+    one after another on one stream; round-robin over four streams joined by events (Transformer
+    Engine's ``general_grouped_gemm`` up to 2026: one cuBLAS GEMM per expert, ``num_compute_streams``
+    = 4, ``transformer_engine/common/gemm/cublaslt_gemm.cu`` at v2.9); as one grouped launch
+    (``torch._grouped_mm``, bf16 only); and as a single GEMM of all the rows (the ideal)."""
+    if dtype == "fp8":
+        one = torch.ones((), device="cuda")
+        xs = [torch.randn(rows, k, device="cuda").to(torch.float8_e4m3fn) for _ in range(experts)]
+        ws = [torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn) for _ in range(experts)]
+        mm = lambda a, b: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+        big_x = torch.randn(rows * experts, k, device="cuda").to(torch.float8_e4m3fn)
+        big = lambda: mm(big_x, ws[0])  # noqa: E731
+        grouped = None
+    else:
+        xs = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(experts)]
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(experts)]
+        mm = lambda a, b: a @ b.t()  # noqa: E731
+        big_x = torch.cat(xs)
+        big = lambda: big_x @ ws[0].t()  # noqa: E731
+        w3 = torch.stack(ws)
+        offs = torch.arange(rows, rows * experts + 1, rows, device="cuda", dtype=torch.int32)
+        grouped = (lambda: torch._grouped_mm(big_x, w3.transpose(-2, -1), offs=offs)) if hasattr(torch, "_grouped_mm") else None
+    streams = [torch.cuda.Stream() for _ in range(4)]
+
+    def sequential():
+        for a, b in zip(xs, ws):
+            mm(a, b)
+
+    def four_streams():
+        main = torch.cuda.current_stream()
+        for st in streams:
+            st.wait_stream(main)
+        for i, (a, b) in enumerate(zip(xs, ws)):
+            with torch.cuda.stream(streams[i % 4]):
+                mm(a, b)
+        for st in streams:
+            main.wait_stream(st)
+    return {"sequential": sequential, "four_streams": four_streams, "grouped": grouped, "one_gemm": big}
+
+
+@section("expert_gemms")
+def expert_gemms():
+    """MoE expert GEMMs at the per-rank shapes of Megatron-Bridge's MoE rows, bf16 and FP8, launched
+    as Transformer Engine did until 2026 (one GEMM per expert over four streams), one after another,
+    as one grouped launch and as one GEMM of all rows: TFLOP/s of each (``models.ops.moe_ops`` prices
+    them as one grouped launch)."""
+    out = []
+    for name, hidden, ffn, experts, rows in EXPERT_GEMM_CASES:
+        for proj, k, n in (("up", hidden, 2 * ffn), ("down", ffn, hidden)):
+            for dtype in ("bf16", "fp8"):
+                fns = _expert_gemm_fns(rows, k, n, experts, dtype)
+                flops = 2 * rows * k * n * experts
+                row = {"case": name, "proj": proj, "dtype": dtype, "rows": rows, "k": k, "n": n, "experts": experts}
+                for key, fn in fns.items():
+                    row[f"{key}_tflops"] = round(flops / timed(fn, 20) / 1e12, 1) if fn else None
+                out.append(row)
+                log(f"[expert_gemms] {name} {proj} {dtype}: " + ", ".join(f"{k_} {v}" for k_, v in row.items() if k_.endswith("tflops")))
+                del fns
+                torch.cuda.empty_cache()
+    return out
+
+
 def _kernel_times(fn, iters: int) -> list[dict]:
     """GPU kernels of ``iters`` calls of ``fn`` under torch.profiler: seconds and calls per call,
     longest first (where the time of a block goes)."""
@@ -1098,7 +1173,8 @@ def main() -> int:
                 "tp_shard": (tp_shard, ()), "moe": (moe, ()), "overlap": (overlap, ()), "overlap_more": (overlap_more, ()), "overlap_waves": (overlap_waves, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,)),
                 "sustained_fp8": (sustained_fp8, (5.0 if a.quick else a.sustain_s,)),
                 "fp8_linear": (fp8_linear, (5.0 if a.quick else a.sustain_s / 2,)),
-                "sustained_layer": (sustained_layer, (5.0 if a.quick else a.sustain_s / 2,))}
+                "sustained_layer": (sustained_layer, (5.0 if a.quick else a.sustain_s / 2,)),
+                "expert_gemms": (expert_gemms, ())}
     only = [x for x in a.only.split(",") if x]
     for name in only:
         if name not in sections:
