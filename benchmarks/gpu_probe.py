@@ -47,6 +47,8 @@ that fails records its error and the others still run. What it measures, and whi
 - ``expert_gemms``: MoE expert GEMMs at Megatron-Bridge's per-rank shapes, launched one per expert
   over four streams (Transformer Engine's grouped GEMM until 2026), in sequence, grouped, and as one
   GEMM (``models.ops.moe_ops``).
+- ``zero3_list_copies``: the per-partition copies DeepSpeed ZeRO-3 made around each module's
+  all-gather before v0.5.6, at GPT-3 175B's module sizes and 384-1536 ranks (host time per copy).
 - ``allocator``: a short AdamW training loop (fp32 master weights, bf16 autocast): peak allocated
   vs peak reserved bytes of PyTorch's caching allocator.
 """
@@ -920,6 +922,55 @@ def expert_gemms():
     return out
 
 
+def _ds_gather_copies(numels, world):
+    """The copies DeepSpeed ZeRO-3 made around one module's parameter all-gather before v0.5.6
+    (``partition_parameters._allgather_params`` until PR #1188, 2021-10-31): PyTorch's list
+    ``all_gather`` copies the flat NCCL output into each of the ``world`` partitions (the implicit
+    memcpy the PR names), then a Python loop copies each partition's slice of each parameter into the
+    parameter's full tensor. The NCCL call itself is left out (one GPU)."""
+    parts = [math.ceil(n / world) for n in numels]
+    size = sum(parts)
+    flat = torch.empty(size * world, device="cuda", dtype=torch.float16)
+    partitions = [flat.narrow(0, size * i, size) for i in range(world)]
+    nccl_out = torch.empty_like(flat)
+
+    def fetch():
+        for i in range(world):  # the list all_gather's copy-back
+            partitions[i].copy_(nccl_out.narrow(0, size * i, size))
+        offset = 0
+        for numel, part in zip(numels, parts):
+            full = torch.empty(numel, device="cuda", dtype=torch.float16)
+            for i in range(world):
+                start = i * part
+                if start < numel:
+                    n = min(numel - start, part)
+                    full.narrow(0, start, n).copy_(partitions[i].narrow(0, offset, n))
+            offset += part
+    return fetch
+
+
+@section("zero3_list_copies")
+def zero3_list_copies():
+    """Host time of DeepSpeed ZeRO-3's per-partition copies around each module's all-gather before
+    v0.5.6, at GPT-3 175B's module sizes and 384-1536 ranks (the 2021 ZeRO-3 runs of Narayanan et
+    al. 2021, Table 2): seconds per fetch and per copy (``semantics.zero3_fetch_history``)."""
+    modules = {"qkv (w, b)": (3 * 12288 * 12288, 3 * 12288), "fc1 (w, b)": (4 * 12288 * 12288, 4 * 12288),
+               "layernorm (w, b)": (12288, 12288)}
+    out = []
+    for world in (384, 768, 1536):
+        for name, numels in modules.items():
+            fetch = _ds_gather_copies(numels, world)
+            t = timed(fetch, 5, warmup=1)
+            copies = world * (1 + len(numels))
+            out.append({"world": world, "module": name, "numels": numels, "fetch_s": t, "copies": copies,
+                        "s_per_copy": t / copies})
+            log(f"[zero3_list_copies] {world} ranks, {name}: {t * 1e3:.2f} ms per fetch, {copies} copies, "
+                f"{t / copies * 1e6:.2f} us each")
+            del fetch
+            torch.cuda.empty_cache()
+    return out
+
+
 def _kernel_times(fn, iters: int) -> list[dict]:
     """GPU kernels of ``iters`` calls of ``fn`` under torch.profiler: seconds and calls per call,
     longest first (where the time of a block goes)."""
@@ -1174,7 +1225,7 @@ def main() -> int:
                 "sustained_fp8": (sustained_fp8, (5.0 if a.quick else a.sustain_s,)),
                 "fp8_linear": (fp8_linear, (5.0 if a.quick else a.sustain_s / 2,)),
                 "sustained_layer": (sustained_layer, (5.0 if a.quick else a.sustain_s / 2,)),
-                "expert_gemms": (expert_gemms, ())}
+                "expert_gemms": (expert_gemms, ()), "zero3_list_copies": (zero3_list_copies, ())}
     only = [x for x in a.only.split(",") if x]
     for name in only:
         if name not in sections:

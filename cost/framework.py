@@ -109,6 +109,9 @@ class Profile:
     # overlapped, one collective per layer or bucket) or "per_module_blocking" (one collective per
     # partitioned module, each waiting for the device to go idle: DeepSpeed before v0.6.0)
     zero3_fetch_history: tuple[tuple[str, str], ...] = ()
+    # Host copies per rank of the gather group around each ZeRO-3 module gather, by release
+    # (semantics.zero3_gather_copies_history): (since YYYY-MM, (Python-loop copies, list copies))
+    zero3_gather_copies_history: tuple[tuple[str, tuple[int, int]], ...] = ()
     zero3_persistence_threshold: int = 0  # parameters with fewer elements are kept whole on every rank
     # Rank orders the framework lays out, by release (semantics.order_history): (since YYYY-MM,
     # orders); none: every order (the user builds the mesh)
@@ -213,6 +216,13 @@ class ProfileAt:
     def zero3_fetch(self) -> str:
         """How ZeRO-3 fetches parameters at this release (``semantics.zero3_fetch_history``)."""
         return self._as_of(self.profile.zero3_fetch_history, "bucketed")
+
+    @property
+    def zero3_gather_copies(self) -> tuple[int, int]:
+        """Per rank of the gather group, the copies a ZeRO-3 module gather makes on the host at this
+        release: (Python-loop copies, copies of a list all_gather) (``semantics.
+        zero3_gather_copies_history``); (0, 0) where the gather lands in one flat buffer."""
+        return self._as_of(self.profile.zero3_gather_copies_history, (0, 0))
 
     @property
     def attention(self) -> str:
@@ -393,6 +403,7 @@ def load_profile(framework_id: str) -> Profile:
         **_activations(sem, where),
         **_p2p(sem),
         zero3_fetch_history=_zero3_fetch(sem, where),
+        zero3_gather_copies_history=_zero3_copies(sem, where),
         order_history=_order_history(sem, where),
         zero3_across_domains=_choice(sem.get("zero3_across_domains", "shard"), ("shard", "replicate"),
                                      f"{where}: semantics.zero3_across_domains"),
@@ -422,6 +433,23 @@ def _zero3_fetch(sem: dict, where: str) -> tuple[tuple[str, str], ...]:
             raise SpecError(f"{where}: semantics.zero3_fetch_history: got {fetch!r}; allowed: {', '.join(ZERO3_FETCH)}")
         parse_date(since, f"{where}: semantics.zero3_fetch_history.since")
     return history
+
+
+def _zero3_copies(sem: dict, where: str) -> tuple[tuple[str, tuple[int, int]], ...]:
+    """``semantics.zero3_gather_copies_history``: ``{since, python, list}`` entries, non-negative integers."""
+    out = []
+    for entry in sem.get("zero3_gather_copies_history") or ():
+        key = f"{where}: semantics.zero3_gather_copies_history"
+        since = str(entry.get("since"))
+        parse_date(since, f"{key}.since")
+        counts = []
+        for field in ("python", "list"):
+            value = entry.get(field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SpecError(f"{key}.{field}: got {value!r}; allowed: a non-negative integer")
+            counts.append(value)
+        out.append((since, (counts[0], counts[1])))
+    return tuple(out)
 
 
 def _activations(sem: dict, where: str) -> dict:

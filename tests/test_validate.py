@@ -92,8 +92,9 @@ def test_fidelity_target_median(bundled):
     assert bundled["summary"]["overall"]["median_abs_error"] <= 0.10
 
 
-@pytest.mark.xfail(reason="issue targets not met yet: see docs/cost-model.md, 'Runs still off'", strict=False)
 def test_fidelity_targets_tail(bundled):
+    """Issue 3's tail targets, met since 2026-11-27 (the FP8 casts and DeepSpeed 2021's ZeRO-3 host
+    copies priced): p90 24.3%, max 41.7%, every run within 2x."""
     s = bundled["summary"]["overall"]
     assert s["p90_abs_error"] <= 0.25
     assert s["max_abs_error"] < 1.0  # predicted within 2x: error in (-50%, +100%)
