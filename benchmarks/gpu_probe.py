@@ -949,6 +949,26 @@ def _ds_gather_copies(numels, world):
     return fetch
 
 
+def _ds_reduce_scatter_views(numel, world):
+    """The Python side of DeepSpeed ZeRO-3's per-parameter gradient reduce-scatter before v0.6.0
+    (``partition_parameters._reduce_scatter_gradient`` at v0.3.15): one ``narrow`` view of the
+    gradient per rank, collected into the list ``torch.distributed.reduce_scatter`` takes (which
+    then copies each into a flat buffer from C++; not timed here)."""
+    part = math.ceil(numel / world)
+    grad = torch.empty(numel, device="cuda", dtype=torch.float16)
+
+    def views():
+        out = []
+        for i in range(world):
+            start = i * part
+            if start < numel and start + part <= numel:
+                out.append(grad.view(-1).narrow(0, start, part))
+            else:
+                out.append(torch.zeros(part, dtype=grad.dtype, device=grad.device))
+        return out
+    return views
+
+
 @section("zero3_list_copies")
 def zero3_list_copies():
     """Host time of DeepSpeed ZeRO-3's per-partition copies around each module's all-gather before
@@ -967,6 +987,15 @@ def zero3_list_copies():
             log(f"[zero3_list_copies] {world} ranks, {name}: {t * 1e3:.2f} ms per fetch, {copies} copies, "
                 f"{t / copies * 1e6:.2f} us each")
             del fetch
+            views = _ds_reduce_scatter_views(numels[0], world)
+            t0 = time.perf_counter()
+            for _ in range(5):
+                views()
+            t_views = (time.perf_counter() - t0) / 5
+            out[-1].update({"reduce_scatter_views_s": t_views, "s_per_view": t_views / world})
+            log(f"[zero3_list_copies] {world} ranks, {name}: reduce-scatter views {t_views * 1e3:.2f} ms, "
+                f"{t_views / world * 1e6:.2f} us each")
+            del views
             torch.cuda.empty_cache()
     return out
 

@@ -867,7 +867,7 @@ def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: in
     z = effective_zero_stage(ctx, zero, pp)
     modules = zero3_collectives(ctx, tp, pp, vp, ep, expert_tp) if z == 3 else None
     prof = ctx.job.profile.profile
-    copy_s = zero3_gather_copy_s(ctx) if modules else 0.0
+    copy_s = zero3_gather_copy_s(ctx) if modules else (0.0, 0.0)
     copies = zero_replicas(ctx, dp, pp, cp, ep, z)
     if copies == 1:
         return dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
@@ -893,21 +893,30 @@ def zero3_collectives(ctx: Context, tp: int, pp: int, vp: int, ep: int, expert_t
     return partitioned_modules(ctx.model, tp, pp, vp, ep, expert_tp, prof.profile.zero3_persistence_threshold)
 
 
-PYTHON_COPY_S = 19e-6
+PYTHON_COPY_S = 18e-6
 """Host seconds of one ``full.narrow(...).copy_(part.narrow(...))`` in a Python loop, the copy
-DeepSpeed's ZeRO-3 made per rank and gathered module before v0.5.5: 18.0 to 20.0 us each, the same
-at 384, 768 and 1,536 ranks and at every GPT-3 175B module size (the copies are host-bound), on the
-probe's host (``benchmarks/gpu_probe.py --only zero3_list_copies``, H100 machine, torch 2.11;
-benchmarks/results/gpu_probe_zero3_copies_h100_2026-11-27.json; an eager add took 9.7 us there)."""
+DeepSpeed's ZeRO-3 made per rank and gathered module before v0.5.5: 16 to 20 us each (median 18.4
+over two runs), the same at 384, 768 and 1,536 ranks and at every GPT-3 175B module size (the copies
+are host-bound), on the probe's host (``benchmarks/gpu_probe.py --only launch,zero3_list_copies``,
+H100 machine, torch 2.11; benchmarks/results/gpu_probe_zero3_copies_h100_2026-11-27.json; an eager
+add took 9.0-9.7 us there)."""
+PYTHON_VIEW_S = 6e-6
+"""Host seconds of one ``grad.view(-1).narrow(...)`` appended to a list in a Python loop, the view
+DeepSpeed's ZeRO-3 built per rank for each parameter's gradient reduce-scatter before v0.6.0: 5.4 to
+6.5 us each in the same probe run."""
 
 
-def zero3_gather_copy_s(ctx: Context) -> float:
-    """Host seconds per rank of the gather group that one ZeRO-3 module gather spends copying
-    partitions, at the framework's release (``ProfileAt.zero3_gather_copies``): each Python-loop copy
-    at ``PYTHON_COPY_S``, each copy PyTorch's list ``all_gather`` issues from C++ at the device's
-    per-kernel overhead. The fetch is blocking, so they run with the device idle."""
-    python, listed = ctx.job.profile.zero3_gather_copies
-    return python * PYTHON_COPY_S + listed * ctx.cluster.device.kernel_overhead_s
+def zero3_gather_copy_s(ctx: Context) -> tuple[float, float]:
+    """Host seconds per rank of the group that one ZeRO-3 module gather and one gradient
+    reduce-scatter spend building and copying partitions, at the framework's release
+    (``ProfileAt.zero3_gather_copies``): each Python-loop copy at ``PYTHON_COPY_S``, each Python view
+    at ``PYTHON_VIEW_S``, each copy PyTorch's list collectives issue from C++ at the device's
+    per-kernel overhead. The fetch is blocking, so they run with the device idle. Only the weights
+    the model counts as partitioned modules are counted (biases and norms under the persistence
+    threshold have their own, smaller reduce-scatters, left out)."""
+    python, listed, views, scattered = ctx.job.profile.zero3_gather_copies
+    launch = ctx.cluster.device.kernel_overhead_s
+    return python * PYTHON_COPY_S + listed * launch, views * PYTHON_VIEW_S + scattered * launch
 
 
 def gather_bytes(job: Job) -> float:
@@ -920,7 +929,7 @@ def gather_bytes(job: Job) -> float:
 def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_stage: int,
                zero2_param_gather: str | None = "per_step",
                zero3_modules: tuple[int, int] | None = None, weight_bytes: float = WEIGHT_BYTES,
-               gather_copy_s: float = 0.0) -> DataParallelTerms:
+               host_s: tuple[float, float] = (0.0, 0.0)) -> DataParallelTerms:
     """The collectives of :func:`dp_terms` for given parameter counts and group profiles.
 
     - ZeRO-0 (DDP): one all-reduce of the gradients per step.
@@ -934,8 +943,8 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
     - ZeRO-3 (FSDP, DeepSpeed ZeRO-3): weights all-gathered in forward and again in backward, and
       gradients reduce-scattered, every micro-batch (Rajbhandari et al. 2020, section 7). Each pass
       is one collective, or ``zero3_modules`` (dense, expert) collectives each paying its latency
-      (:func:`zero3_collectives`) and, per rank of its group, ``gather_copy_s`` of host copies
-      around each gather (:func:`zero3_gather_copy_s`).
+      (:func:`zero3_collectives`) and, per rank of its group, ``host_s`` (gather, reduce-scatter)
+      of host work around each (:func:`zero3_gather_copy_s`).
     """
     if expert_prof is dense_prof:  # ep = 1: experts are reduced with the dense weights, one stream
         pc = ParamCounts(pc.dense + pc.expert, 0.0)
@@ -962,8 +971,9 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
             return DataParallelTerms(0.0, over(rs) + over(ag))
         return DataParallelTerms(0.0, over(rs), over(ag))
     per_pass = (1, 1) if zero3_modules is None else tuple(max(1, k) for k in zero3_modules)
-    copies = over(lambda count, prof: prof.num_ranks * gather_copy_s, per_pass) if zero3_modules else 0.0
-    return DataParallelTerms(0.0, 2 * (over(ag, per_pass) + copies) + over(rs, per_pass))
+    def host(per_rank_s: float) -> float:
+        return over(lambda count, prof: prof.num_ranks * per_rank_s, per_pass) if zero3_modules else 0.0
+    return DataParallelTerms(0.0, 2 * (over(ag, per_pass) + host(host_s[0])) + over(rs, per_pass) + host(host_s[1]))
 
 
 @lru_cache(maxsize=65536)
