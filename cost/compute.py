@@ -135,7 +135,7 @@ def fp8_cast_s(op: Op, device: DeviceSpec, backward: bool) -> float:
     linear layers at 8192 tokens (``benchmarks/gpu_probe.py --only fp8_linear``). Weights are cast
     once per step (Transformer Engine's ``is_first_microbatch``) and not counted."""
     if backward:
-        outputs = op.groups * op.rows * op.cols if op.rows and op.cols else op.input_elements
+        outputs = _output_elements(op, False) if op.rows and op.cols else op.input_elements
         data = FP8_CAST_TRANSPOSE_BYTES * outputs + (FP8_TRANSPOSE_BYTES * op.input_elements if op.fp8_input_fused else 0.0)
     else:
         data = 0.0 if op.fp8_input_fused else FP8_CAST_TRANSPOSE_BYTES * op.input_elements

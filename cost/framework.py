@@ -110,9 +110,9 @@ class Profile:
     # partitioned module, each waiting for the device to go idle: DeepSpeed before v0.6.0)
     zero3_fetch_history: tuple[tuple[str, str], ...] = ()
     # Host work per rank of the group around each ZeRO-3 module gather and gradient reduce-scatter,
-    # by release (semantics.zero3_gather_copies_history): (since YYYY-MM, (gather Python-loop copies,
+    # by release (semantics.zero3_host_copies_history): (since YYYY-MM, (gather Python-loop copies,
     # gather list copies, reduce-scatter Python views, reduce-scatter list copies))
-    zero3_gather_copies_history: tuple[tuple[str, tuple[int, int, int, int]], ...] = ()
+    zero3_host_copies_history: tuple[tuple[str, tuple[int, int, int, int]], ...] = ()
     zero3_persistence_threshold: int = 0  # parameters with fewer elements are kept whole on every rank
     # Rank orders the framework lays out, by release (semantics.order_history): (since YYYY-MM,
     # orders); none: every order (the user builds the mesh)
@@ -219,12 +219,12 @@ class ProfileAt:
         return self._as_of(self.profile.zero3_fetch_history, "bucketed")
 
     @property
-    def zero3_gather_copies(self) -> tuple[int, int, int, int]:
+    def zero3_host_copies(self) -> tuple[int, int, int, int]:
         """Per rank of the group, the host work around a ZeRO-3 module gather and gradient
         reduce-scatter at this release: (gather Python-loop copies, gather list copies, reduce-scatter
-        Python views, reduce-scatter list copies) (``semantics.zero3_gather_copies_history``); zeros
+        Python views, reduce-scatter list copies) (``semantics.zero3_host_copies_history``); zeros
         where the collectives use one flat buffer."""
-        return self._as_of(self.profile.zero3_gather_copies_history, (0, 0, 0, 0))
+        return self._as_of(self.profile.zero3_host_copies_history, (0, 0, 0, 0))
 
     @property
     def attention(self) -> str:
@@ -405,7 +405,7 @@ def load_profile(framework_id: str) -> Profile:
         **_activations(sem, where),
         **_p2p(sem),
         zero3_fetch_history=_zero3_fetch(sem, where),
-        zero3_gather_copies_history=_zero3_copies(sem, where),
+        zero3_host_copies_history=_zero3_copies(sem, where),
         order_history=_order_history(sem, where),
         zero3_across_domains=_choice(sem.get("zero3_across_domains", "shard"), ("shard", "replicate"),
                                      f"{where}: semantics.zero3_across_domains"),
@@ -437,22 +437,23 @@ def _zero3_fetch(sem: dict, where: str) -> tuple[tuple[str, str], ...]:
     return history
 
 
-ZERO3_COPY_FIELDS = ("python", "list", "scatter_python", "scatter_list")
+ZERO3_COPY_FIELDS = ("gather_python", "gather_list", "scatter_python", "scatter_list")
 
 
 def _zero3_copies(sem: dict, where: str) -> tuple[tuple[str, tuple[int, int, int, int]], ...]:
-    """``semantics.zero3_gather_copies_history``: ``{since, python, list, scatter_python, scatter_list}``
-    entries, non-negative integers (``python`` and ``list`` required, the scatter fields default to 0)."""
+    """``semantics.zero3_host_copies_history``: ``{since, gather_python, gather_list,
+    scatter_python, scatter_list}`` entries, non-negative integers (the gather fields required, the
+    scatter fields default to 0)."""
     out = []
-    for entry in sem.get("zero3_gather_copies_history") or ():
-        key = f"{where}: semantics.zero3_gather_copies_history"
+    for entry in sem.get("zero3_host_copies_history") or ():
+        key = f"{where}: semantics.zero3_host_copies_history"
         since = str(entry.get("since"))
         parse_date(since, f"{key}.since")
         counts = []
-        for field in ZERO3_COPY_FIELDS:
-            value = entry.get(field, 0 if field.startswith("scatter") else None)
+        for name in ZERO3_COPY_FIELDS:
+            value = entry.get(name, 0 if name.startswith("scatter") else None)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SpecError(f"{key}.{field}: got {value!r}; allowed: a non-negative integer")
+                raise SpecError(f"{key}.{name}: got {value!r}; allowed: a non-negative integer")
             counts.append(value)
         out.append((since, tuple(counts)))
     return tuple(out)

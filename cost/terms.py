@@ -867,7 +867,7 @@ def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: in
     z = effective_zero_stage(ctx, zero, pp)
     modules = zero3_collectives(ctx, tp, pp, vp, ep, expert_tp) if z == 3 else None
     prof = ctx.job.profile.profile
-    copy_s = zero3_gather_copy_s(ctx) if modules else (0.0, 0.0)
+    copy_s = zero3_host_s(ctx) if modules else (0.0, 0.0)
     copies = zero_replicas(ctx, dp, pp, cp, ep, z)
     if copies == 1:
         return dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
@@ -906,15 +906,15 @@ DeepSpeed's ZeRO-3 built per rank for each parameter's gradient reduce-scatter b
 6.5 us each in the same probe run."""
 
 
-def zero3_gather_copy_s(ctx: Context) -> tuple[float, float]:
+def zero3_host_s(ctx: Context) -> tuple[float, float]:
     """Host seconds per rank of the group that one ZeRO-3 module gather and one gradient
     reduce-scatter spend building and copying partitions, at the framework's release
-    (``ProfileAt.zero3_gather_copies``): each Python-loop copy at ``PYTHON_COPY_S``, each Python view
+    (``ProfileAt.zero3_host_copies``): each Python-loop copy at ``PYTHON_COPY_S``, each Python view
     at ``PYTHON_VIEW_S``, each copy PyTorch's list collectives issue from C++ at the device's
     per-kernel overhead. The fetch is blocking, so they run with the device idle. Only the weights
     the model counts as partitioned modules are counted (biases and norms under the persistence
     threshold have their own, smaller reduce-scatters, left out)."""
-    python, listed, views, scattered = ctx.job.profile.zero3_gather_copies
+    python, listed, views, scattered = ctx.job.profile.zero3_host_copies
     launch = ctx.cluster.device.kernel_overhead_s
     return python * PYTHON_COPY_S + listed * launch, views * PYTHON_VIEW_S + scattered * launch
 
@@ -944,7 +944,7 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
       gradients reduce-scattered, every micro-batch (Rajbhandari et al. 2020, section 7). Each pass
       is one collective, or ``zero3_modules`` (dense, expert) collectives each paying its latency
       (:func:`zero3_collectives`) and, per rank of its group, ``host_s`` (gather, reduce-scatter)
-      of host work around each (:func:`zero3_gather_copy_s`).
+      of host work around each (:func:`zero3_host_s`).
     """
     if expert_prof is dense_prof:  # ep = 1: experts are reduced with the dense weights, one stream
         pc = ParamCounts(pc.dense + pc.expert, 0.0)
@@ -971,8 +971,9 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
             return DataParallelTerms(0.0, over(rs) + over(ag))
         return DataParallelTerms(0.0, over(rs), over(ag))
     per_pass = (1, 1) if zero3_modules is None else tuple(max(1, k) for k in zero3_modules)
+
     def host(per_rank_s: float) -> float:
-        return over(lambda count, prof: prof.num_ranks * per_rank_s, per_pass) if zero3_modules else 0.0
+        return over(lambda count, prof: prof.num_ranks * per_rank_s, per_pass)
     return DataParallelTerms(0.0, 2 * (over(ag, per_pass) + host(host_s[0])) + over(rs, per_pass) + host(host_s[1]))
 
 

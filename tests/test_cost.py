@@ -542,7 +542,7 @@ def test_deepspeed_2021_zero3_gathers_module_by_module_in_the_open(cluster16):
     module, two gathers and a reduce-scatter per micro-batch, each paying its latency; DP overlap
     refused with ZeRO-3. From v0.6.0: one collective per pass, overlap allowed."""
     from clusterplan.cost.terms import (PYTHON_COPY_S, PYTHON_VIEW_S, dp_profiles, dp_terms, partitioned_modules,
-                                        zero3_gather_copy_s)
+                                        zero3_host_s)
     layout = Layout(tp=1, dp=16, zero_stage=3, micro_batch_size=1, recompute="full")
     old = Job(global_batch_size=64, seq_len=2048, precision="fp16", framework="deepspeed", framework_date="2021-04")
     new = dataclasses.replace(old, framework_date="2022-03")
@@ -556,15 +556,15 @@ def test_deepspeed_2021_zero3_gathers_module_by_module_in_the_open(cluster16):
     # gradient reduce-scatter built one Python view per rank (PYTHON_VIEW_S) that PyTorch copied
     launch = cluster16.device.kernel_overhead_s
     gather, scatter = 16 * (PYTHON_COPY_S + launch), 16 * (PYTHON_VIEW_S + launch)
-    assert zero3_gather_copy_s(ctx) == pytest.approx((gather / 16, scatter / 16), rel=REL)
+    assert zero3_host_s(ctx) == pytest.approx((gather / 16, scatter / 16), rel=REL)
     expected = (2 * modules * (coll.all_gather_s(WEIGHT_BYTES * count / modules, prof) + gather)
                 + modules * (coll.reduce_scatter_s(old.grad_bytes * count / modules, prof) + scatter))
     assert dp_terms(ctx, layout).per_microbatch_s == pytest.approx(expected, rel=REL)
     v055 = Context(GPT, dataclasses.replace(old, framework_date="2021-11"), cluster16)
-    assert zero3_gather_copy_s(v055) == pytest.approx((launch, PYTHON_VIEW_S + launch), rel=REL)
+    assert zero3_host_s(v055) == pytest.approx((launch, PYTHON_VIEW_S + launch), rel=REL)
     assert dp_terms(v055, layout).per_microbatch_s == pytest.approx(
         expected - 2 * modules * 16 * PYTHON_COPY_S, rel=REL)
-    assert zero3_gather_copy_s(Context(GPT, new, cluster16)) == (0.0, 0.0)
+    assert zero3_host_s(Context(GPT, new, cluster16)) == (0.0, 0.0)
     bucketed = dp_terms(Context(GPT, new, cluster16), layout).per_microbatch_s
     assert bucketed < expected  # the same bytes, fewer latencies
     assert any(k == "framework" for k, _ in layout_problems(GPT, old, cluster16, layout))
@@ -574,13 +574,15 @@ def test_deepspeed_2021_zero3_gathers_module_by_module_in_the_open(cluster16):
     assert partitioned_modules(gpt_like(h=128, a=2), 1, 1, 1, 1, True, 100_000) == (2, 0)
 
 
-@pytest.mark.parametrize("entry", [{"since": "2021-03", "python": -1, "list": 1}, {"since": "2021-03", "python": 1},
-                                   {"since": "2021-03", "python": True, "list": 0}, {"since": "21-3", "python": 0, "list": 0},
-                                   {"since": "2021-03", "python": 0, "list": 0, "scatter_list": 1.5}])
-def test_zero3_gather_copies_history_names_the_bad_field(entry):
+@pytest.mark.parametrize("entry", [{"since": "2021-03", "gather_python": -1, "gather_list": 1},
+                                   {"since": "2021-03", "gather_python": 1},
+                                   {"since": "2021-03", "gather_python": True, "gather_list": 0},
+                                   {"since": "21-3", "gather_python": 0, "gather_list": 0},
+                                   {"since": "2021-03", "gather_python": 0, "gather_list": 0, "scatter_list": 1.5}])
+def test_zero3_host_copies_history_names_the_bad_field(entry):
     from clusterplan.cost.framework import _zero3_copies
-    with pytest.raises(SpecError, match="zero3_gather_copies_history"):
-        _zero3_copies({"zero3_gather_copies_history": [entry]}, "framework profile test")
+    with pytest.raises(SpecError, match="zero3_host_copies_history"):
+        _zero3_copies({"zero3_host_copies_history": [entry]}, "framework profile test")
 
 
 @pytest.mark.parametrize("pp,vp,m,recompute,share", [
