@@ -245,7 +245,7 @@ def test_search_options_are_applied():
                    "--fix", "tp=2", "--max", "cp=2", "--memory-headroom", "10%", "--top", "1",
                    "--search", "exhaustive", "--global-batch", "64", "--seq-len", "4096", "--tokens", "1e9")
     assert doc["layout"]["tp"] == 2 and doc["layout"]["cp"] <= 2
-    assert doc["peak_memory_bytes"] <= 0.9 * doc["device_memory_bytes"]
+    assert doc["fit_memory_bytes"] <= 0.9 * doc["device_memory_bytes"]  # the headroom binds what must fit
     assert len(doc["runners_up"]) == 1 and doc["search"]["engine"] == "exhaustive"
     assert doc["inputs"]["job"]["global_batch_size"] == 64 and doc["inputs"]["job"]["seq_len"] == 4096
     # failure-free time is tokens / throughput; the effective time divides it by the goodput

@@ -292,7 +292,10 @@ def check_invariants(res: SearchResult, headroom: float = 0.0) -> None:
         l = ev.layout
         assert l.tp * l.pp * l.dp * l.cp == res.cluster.num_devices
         assert layout_problems(res.model, res.job, res.cluster, l) == []
-        assert ev.fits and ev.peak_memory_bytes <= ev.capacity_bytes * (1 - headroom)
+        # the headroom binds what must fit (live tensors and the runtime); the allocator's cache,
+        # released before an allocation fails, may fill the rest but never past the device
+        assert ev.fits and ev.memory.fit_bytes <= ev.capacity_bytes * (1 - headroom)
+        assert ev.peak_memory_bytes <= ev.capacity_bytes * (1 + REL)
         assert sum(dataclasses.asdict(ev.time).values()) == pytest.approx(ev.step_time_s, rel=REL)
         assert sum(dataclasses.asdict(ev.memory).values()) == pytest.approx(ev.peak_memory_bytes, rel=REL)
         assert all(v >= 0 for v in dataclasses.asdict(ev.time).values())
