@@ -114,6 +114,10 @@ class Profile:
     # gather list copies, reduce-scatter Python views, reduce-scatter list copies))
     zero3_host_copies_history: tuple[tuple[str, tuple[int, int, int, int]], ...] = ()
     zero3_persistence_threshold: int = 0  # parameters with fewer elements are kept whole on every rank
+    # ZeRO-3 releases a module after its recomputed forward unless it is reused within this many
+    # elements of other gathers (DeepSpeed's stage3_max_reuse_distance); 0: it keeps what the
+    # recompute gathered for the backward (FSDP2)
+    zero3_reuse_distance_numel: int = 0
     # Rank orders the framework lays out, by release (semantics.order_history): (since YYYY-MM,
     # orders); none: every order (the user builds the mesh)
     order_history: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -370,6 +374,19 @@ def resolve_name(name: str) -> str:
     raise SpecError(f"framework: got {name!r}; allowed: {allowed} (NeMo and Megatron-Bridge are megatron)")
 
 
+def _zero3(sem: dict, where: str) -> dict:
+    """The ZeRO-3 semantics: fetch and host work by release, sharding across domains, the
+    persistence threshold and the reuse distance under which a module stays gathered."""
+    return dict(
+        zero3_fetch_history=_zero3_fetch(sem, where),
+        zero3_host_copies_history=_zero3_copies(sem, where),
+        zero3_across_domains=_choice(sem.get("zero3_across_domains", "shard"), ("shard", "replicate"),
+                                     f"{where}: semantics.zero3_across_domains"),
+        zero3_persistence_threshold=int(sem.get("zero3_persistence_threshold", 0)),
+        zero3_reuse_distance_numel=int(sem.get("zero3_reuse_distance_numel", 0)),
+    )
+
+
 @lru_cache(maxsize=None)
 def load_profile(framework_id: str) -> Profile:
     """Read and check one profile file."""
@@ -404,12 +421,8 @@ def load_profile(framework_id: str) -> Profile:
         attention_history=_history(sem, "attention_history", "kernel", str),
         **_activations(sem, where),
         **_p2p(sem),
-        zero3_fetch_history=_zero3_fetch(sem, where),
-        zero3_host_copies_history=_zero3_copies(sem, where),
+        **_zero3(sem, where),
         order_history=_order_history(sem, where),
-        zero3_across_domains=_choice(sem.get("zero3_across_domains", "shard"), ("shard", "replicate"),
-                                     f"{where}: semantics.zero3_across_domains"),
-        zero3_persistence_threshold=int(sem.get("zero3_persistence_threshold", 0)),
         allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
                                               f"{where}: semantics.allocator_reserved_fraction"),
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),

@@ -20,7 +20,7 @@ from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axi
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
     grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
-    param_counts, static_memory,
+    param_counts, regather_share, static_memory,
 )
 
 from clusterplan.models.ops import model_flops_per_token
@@ -275,7 +275,8 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     share = overlap_share(ctx, "dp")
     to = layout.tp_overlap and layout.tp > 1
     eo = layout.ep_overlap and layout.ep > 1
-    dp_exposed = m * _exposed(dp.per_microbatch_s, frac * c.fsdp_window_s(to, layout.cp, eo), layout.dp_overlap, share)
+    per_mb = dp.per_microbatch_s + regather_share(ctx, layout) * dp.regather_s
+    dp_exposed = m * _exposed(per_mb, frac * c.fsdp_window_s(to, layout.cp, eo), layout.dp_overlap, share)
     dp_exposed += _exposed(dp.per_step_s, frac * c.dp_window_s(to, layout.cp), layout.dp_overlap, share)
     dp_exposed += dp.blocking_s
     return TimeBreakdown(

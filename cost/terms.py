@@ -11,7 +11,7 @@ All results are seconds or bytes for one device.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from clusterplan.cost import collectives as coll
@@ -846,6 +846,7 @@ class DataParallelTerms:
     per_step_s: float
     per_microbatch_s: float
     blocking_s: float = 0.0
+    regather_s: float = 0.0  # per micro-batch, with full recomputation (zero3_regather_s)
 
 
 def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
@@ -870,15 +871,28 @@ def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: in
     copy_s = zero3_host_s(ctx) if modules else (0.0, 0.0)
     copies = zero_replicas(ctx, dp, pp, cp, ep, z)
     if copies == 1:
-        return dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
-                          gather_bytes(ctx.job), copy_s)
+        t = dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
+                       gather_bytes(ctx.job), copy_s)
+        return replace(t, regather_s=zero3_regather_s(ctx, tp, pp, vp, z, profiles[0]))
     placed, shard, stride = ctx.placed(order).cluster, dp // copies, tp  # pp = cp = 1: dp's stride is tp
     inner = placed.strided_profile(shard, stride) if shard > 1 else None
     t = dp_traffic(ctx.job.grad_bytes, pc, inner, inner, z, prof.zero2_param_gather, modules, gather_bytes(ctx.job),
                    copy_s)
     across = coll.all_reduce_s(ctx.job.grad_bytes * (pc.dense + pc.expert) / shard,
                                placed.strided_profile(copies, stride * shard))
-    return DataParallelTerms(t.per_step_s + across, t.per_microbatch_s, t.blocking_s)
+    return DataParallelTerms(t.per_step_s + across, t.per_microbatch_s, t.blocking_s,
+                             zero3_regather_s(ctx, tp, pp, vp, z, inner))
+
+
+def regather_share(ctx: Context, layout: Layout) -> float:
+    """The share of a stage's layers whose recomputation gathers ZeRO-3's released modules a third
+    time (``DataParallelTerms.regather_s``): all with full recomputation, ``recompute_layers`` of
+    them with partial recomputation, none otherwise."""
+    if layout.recompute != "full":
+        return 0.0
+    if not layout.recompute_layers:
+        return 1.0
+    return min(1.0, layout.recompute_layers / layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
 
 
 def zero3_collectives(ctx: Context, tp: int, pp: int, vp: int, ep: int, expert_tp: bool) -> tuple[int, int] | None:
@@ -917,6 +931,45 @@ def zero3_host_s(ctx: Context) -> tuple[float, float]:
     python, listed, views, scattered = ctx.job.profile.zero3_host_copies
     launch = ctx.cluster.device.kernel_overhead_s
     return python * PYTHON_COPY_S + listed * launch, views * PYTHON_VIEW_S + scattered * launch
+
+
+def zero3_released_modules(ctx: Context, tp: int) -> tuple[float, int]:
+    """Weights (elements per rank) and modules of one dense layer that ZeRO-3 gathers a third time
+    per micro-batch under full recomputation: the framework releases a module after its recomputed
+    forward unless it is reused within ``semantics.zero3_reuse_distance_numel`` elements of other
+    gathers (DeepSpeed's ``stage3_max_reuse_distance``, 1e9 by default: ``_keep_for_later``), and
+    gathers it again for its backward. Between a module's recomputed forward and its backward run
+    the later modules' forwards and their backwards, ``2 x`` their elements; the last module is
+    reused at once. Modules in forward order: QKV, the attention output, the first and the second
+    MLP projection (Megatron's fused linears). (0, 0) where the framework keeps what the recompute
+    gathered (FSDP2 skips resharding in a forward run inside backward)."""
+    limit = ctx.job.profile.profile.zero3_reuse_distance_numel
+    if not limit:
+        return 0.0, 0
+    m = ctx.model
+    heads = m.num_attention_heads * (m.mla.v_head_dim if m.mla is not None else m.head_dim_resolved)
+    out = heads * m.hidden_size
+    first_mlp = m.dense_mlp_params * (m.mlp_matrices - 1) / m.mlp_matrices
+    sizes = [(m.attention_params - out) / tp, out / tp, first_mlp / tp, (m.dense_mlp_params - first_mlp) / tp]
+    sizes = [x for x in sizes if x >= ctx.job.profile.profile.zero3_persistence_threshold]
+    released = [x for i, x in enumerate(sizes) if 2 * sum(sizes[i + 1:]) >= limit]
+    return sum(released), len(released)
+
+
+def zero3_regather_s(ctx: Context, tp: int, pp: int, vp: int, zero: int, profile) -> float:
+    """Seconds per micro-batch of the stage's third ZeRO-3 gathers under full recomputation
+    (:func:`zero3_released_modules`) over the data-parallel group ``profile``: the dense layers'
+    released modules, one collective each (with its host work) where the framework fetches module
+    by module, else one per pass. MoE layers are left out (their experts' reuse is not modelled)."""
+    numel, k = zero3_released_modules(ctx, tp) if zero == 3 and profile is not None else (0.0, 0)
+    if not k:
+        return 0.0
+    dense_layers = min(layers_on_stage(ctx.model.num_layers, pp, vp), ctx.model.num_dense_layers)
+    if not dense_layers:
+        return 0.0
+    n = dense_layers * k if zero3_collectives(ctx, tp, pp, vp, 1, True) is not None else 1
+    size = gather_bytes(ctx.job) * dense_layers * numel / n
+    return n * (coll.all_gather_s(size, profile) + profile.num_ranks * zero3_host_s(ctx)[0])
 
 
 def gather_bytes(job: Job) -> float:

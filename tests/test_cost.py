@@ -574,6 +574,31 @@ def test_deepspeed_2021_zero3_gathers_module_by_module_in_the_open(cluster16):
     assert partitioned_modules(gpt_like(h=128, a=2), 1, 1, 1, 1, True, 100_000) == (2, 0)
 
 
+def test_deepspeed_zero3_gathers_released_modules_again_under_full_recompute(cluster16):
+    """DeepSpeed releases a module after its recomputed forward unless its backward comes within
+    stage3_max_reuse_distance (1e9) elements of other gathers: at GPT-3 175B's width (h 12288) the
+    QKV (453M), attention output (151M) and first MLP projection (604M) are gathered a third time,
+    the second (604M, reused at once) is not; a 7B model's modules stay; FSDP2 keeps them all."""
+    from clusterplan.cost.terms import dp_profiles, dp_terms, zero3_released_modules
+    gpt3 = gpt_like(h=12288, a=96, layers=8)
+    ds = Job(global_batch_size=64, seq_len=2048, precision="fp16", framework="deepspeed", framework_date="2022-03")
+    h = 12288
+    assert zero3_released_modules(Context(gpt3, ds, cluster16), 1) == (3 * h * h + h * h + 4 * h * h, 3)
+    assert zero3_released_modules(Context(get_model("llama2-7b"), ds, cluster16), 1) == (0.0, 0)
+    tt = dataclasses.replace(ds, framework="torchtitan", framework_date="2025-06", precision="bf16")
+    assert zero3_released_modules(Context(gpt3, tt, cluster16), 1) == (0.0, 0)
+    ctx = Context(gpt3, ds, cluster16)
+    layout = Layout(tp=1, dp=16, zero_stage=3, micro_batch_size=1, recompute="full", dp_overlap=False)
+    prof = dp_profiles(ctx, 1, 1, 16, 1, 1, layout.order)[0]
+    t = dp_terms(ctx, layout)
+    assert t.regather_s == pytest.approx(coll.all_gather_s(WEIGHT_BYTES * 8 * 8 * h * h, prof), rel=REL)
+    # paid with full recomputation only: the step grows by exactly it
+    full = evaluate(gpt3, ds, cluster16, layout)
+    sel = evaluate(gpt3, ds, cluster16, layout.with_(recompute="selective"))
+    assert full.time.dp_comm_s - sel.time.dp_comm_s == pytest.approx(full.num_microbatches * t.regather_s, rel=REL)
+    assert dp_terms(ctx, layout.with_(zero_stage=1)).regather_s == 0.0
+
+
 @pytest.mark.parametrize("entry", [{"since": "2021-03", "gather_python": -1, "gather_list": 1},
                                    {"since": "2021-03", "gather_python": 1},
                                    {"since": "2021-03", "gather_python": True, "gather_list": 0},

@@ -127,6 +127,24 @@ def test_cpsat_equals_exhaustive_under_deepspeed_2021(seed):
     _check_engines_agree(model, job, cluster, dataclasses.replace(bounds, fixed=fixed, minimum={}, maximum={}))
 
 
+@pytest.mark.parametrize("date,zero", [("2021-06", 3), ("2022-03", None)])
+def test_engines_agree_where_zero3_gathers_a_third_time(date, zero):
+    """A GPT-3-wide model under DeepSpeed: with full recomputation ZeRO-3 gathers the released
+    modules a third time (tables RG, cost.terms.zero3_regather_s); both engines price it, and the
+    searched step equals the evaluated one."""
+    model = ModelSpec(name="wide", num_layers=4, hidden_size=12288, num_attention_heads=96, ffn_hidden_size=49152,
+                      vocab_size=32000)
+    cluster = build_cluster("dgx-a100-superpod", num_devices=16)
+    job = Job(global_batch_size=32, seq_len=2048, precision="fp16", framework="deepspeed", framework_date=date)
+    bounds = Bounds(fixed={"zero_stage": zero, "tp": 1} if zero else {"tp": 1}, ignore_memory=True)
+    assert _tables(model, job, cluster, bounds).RG.any()
+    _check_engines_agree(model, job, cluster, bounds)
+    for rc in ("full", "none"):
+        fixed = {"zero_stage": 3, "tp": 1, "pp": 1, "recompute": rc}
+        best = plan(model, job, cluster, SearchOptions(bounds=Bounds(fixed=fixed, ignore_memory=True))).best
+        assert best.step_time_s == pytest.approx(evaluate(model, job, cluster, best.layout).step_time_s, rel=1e-6)
+
+
 def test_deepspeed_2021_zero3_plans_keep_dp_overlap_off():
     """Under DeepSpeed 2021-06 a ZeRO-3 plan never claims overlapped gathers; from v0.6.0 it may."""
     model, cluster = get_model("gpt3-1.3b"), build_cluster("dgx-a100-superpod", num_devices=64)

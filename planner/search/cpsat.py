@@ -34,9 +34,9 @@ from ortools.sat.python import cp_model
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
 from clusterplan.planner.search.exhaustive import (
-    DIMS, _place, ep_saving, frees_gradients, layer_time, overlapped, peak_memory,
+    DIMS, _place, ep_saving, frees_gradients, layer_time, overlapped, peak_memory, per_microbatch_traffic,
 )
-from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables
+from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute
 
 ELEMENT_MAX_ENTRIES = 64
 OBJECTIVE_LIMIT = 2**59  # objective units: 5.8e7 s of step time at weight 1; eight such terms fit in 2^62
@@ -231,7 +231,7 @@ class _Model:
         dp_step, dp_mb = self._dp_traffic()
         dp_exp = self._exposed("dp", dp_step, frac, bwd, int(T.BWD.max()))
         fsdp_mb = self._exposed("fsdp", dp_mb, frac, fw, int(T.FW.max()))
-        fsdp = self._product("fsdp_total", mb_count, fsdp_mb, int(T.M.max()) * int(T.DPM.max()) * Q, tw)
+        fsdp = self._product("fsdp_total", mb_count, fsdp_mb, int(T.M.max()) * int((T.DPM + T.RG).max()) * Q, tw)
         opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
         blocking = self._lookup("dp_blocking", self._fv_table(np.transpose(T.DPX, (0, 2, 1, 3, 4))),
                                 [self.fv, x["o"], x["e"], x["z"]])
@@ -280,12 +280,20 @@ class _Model:
         axes = [self.fv, x["o"], x["e"], x["z"]]
         step = self._lookup("dp_step", self._fv_table(np.transpose(T.DPS, (0, 2, 1, 3, 4))), axes)
         per_mb = self._lookup("dp_mb", self._fv_table(np.transpose(T.DPM, (0, 2, 1, 3, 4))), axes)
-        return step, per_mb
+        if not T.RG.any():
+            return step, per_mb
+        # ZeRO-3's third gathers, paid with full recomputation only
+        regather = self._lookup("dp_regather", self._fv_table(np.transpose(T.RG, (0, 2, 1, 3, 4))), axes)
+        full = self._lookup("recompute_full", full_recompute(T.space), [x["r"]])
+        paid = self._product("dp_regather_paid", regather, full, int(T.RG.max()))
+        total = self.m.new_int_var(0, int(T.DPM.max() + T.RG.max()), "dp_mb_total")
+        self.m.add(total == per_mb + paid)
+        return step, total
 
     def _exposed(self, name: str, traffic, frac, window_base, window_hi: int):
         """``exposed = max(last bucket, slowdown, traffic - overlap window)``, or all of it without overlap."""
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
-        hi_traffic = int(max(T.DPS.max(), T.DPM.max())) * Q
+        hi_traffic = int(max(T.DPS.max(), (T.DPM + T.RG).max())) * Q
         hi_window = int(T.FRAC.max()) * window_hi
         window = self._product(f"{name}_window", frac, window_base, hi_window)
         overlap = self._lookup(f"{name}_overlap_on", np.array(T.space.dp_overlap, dtype=np.int64), [x["do"]])
@@ -375,7 +383,7 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     bwd = _place(T.BWD[tc], window_dims).max(axis=axis["to"], keepdims=True)
     comp = _place(T.FW[tc], window_dims + ("eo",)).max(axis=(axis["to"], axis["eo"]), keepdims=True)
     step_tr = Q * min_over_orders(_place(T.DPS[sl], dims5))
-    mb_tr = Q * min_over_orders(_place(T.DPM[sl], dims5))
+    mb_tr = Q * min_over_orders(per_microbatch_traffic(T, sl))
     dp = overlapped(T, step_tr, frac * bwd) + M * overlapped(T, mb_tr, frac * comp)
     dp = dp + Q * min_over_orders(_place(T.DPX[sl], dims5))
     opt = Q * _place(T.OPT[sl], ("f", "v", "e", "z"))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
-from clusterplan.planner.search.tables import REASON_ORDER, SHARE_PARTS, SLOT_QUANTUM, Tables
+from clusterplan.planner.search.tables import REASON_ORDER, SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute
 
 DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to", "eo")
 
@@ -72,7 +72,7 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     head = lm_head + _place(T.P2P[sl], ("f", "o", "mb", "s"))
     do = _place(np.array(T.space.dp_overlap), ("do",))
     dims5 = ("f", "o", "v", "e", "z")
-    dps, dpm = _place(T.DPS[sl], dims5) * Q, _place(T.DPM[sl], dims5) * Q
+    dps, dpm = _place(T.DPS[sl], dims5) * Q, per_microbatch_traffic(T, sl) * Q
     window_dims = ("f", "e", "mb", "s", "r", "to")
     dp_exp = np.where(do, overlapped(T, dps, FRAC * _place(T.BWD[tc], window_dims)), dps)
     fsdp = np.where(do, overlapped(T, dpm, FRAC * _place(T.FW[tc], window_dims + ("eo",))), dpm)
@@ -85,6 +85,13 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     elif T.time_weight != 1:
         objective = T.time_weight * objective
     return Scored(objective, code, memory, canon)
+
+
+def per_microbatch_traffic(T: Tables, sl: slice) -> np.ndarray:
+    """Per-micro-batch ZeRO-2/3 traffic over (f, o, v, e, z, r): ``DPM``, plus ZeRO-3's third
+    gathers (``RG``) where the recompute knob is full."""
+    dims5 = ("f", "o", "v", "e", "z")
+    return _place(T.DPM[sl], dims5) + _place(T.RG[sl], dims5) * _place(full_recompute(T.space), ("r",))
 
 
 def overlapped(T: Tables, traffic: np.ndarray, window: np.ndarray) -> np.ndarray:
@@ -235,7 +242,7 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "EPC": (None, "mb", "s", "r"), "WE": (None, "mb", "s", "r", "to"), "UG": ("f", "mb", "v"),
         "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r", "to"), "FW": (None, "mb", "s", "r", "to", "eo"),
         "H": (None, "mb", "s"), "P2P": ("f", "o", "mb", "s"), "DPS": ("f", "o", "v", "e", "z"),
-        "DPM": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
+        "DPM": ("f", "o", "v", "e", "z"), "RG": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
         "tpc_of_foe": ("f", "o", "e"),
         "OPT": ("f", "v", "e", "z"), "STATIC": ("f", "v", "e", "z"), "STATIC1": ("f", "v", "e", "z"),
         "ACT": (None, "mb", "s", "r"),

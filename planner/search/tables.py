@@ -86,6 +86,7 @@ class Tables:
     P2P: np.ndarray  # (F, O, MB, S)
     DPS: np.ndarray  # (F, O, V, E, Z) per-step data-parallel traffic
     DPM: np.ndarray  # (F, O, V, E, Z) per-micro-batch FSDP traffic
+    RG: np.ndarray  # (F, O, V, E, Z) ZeRO-3's third gathers per micro-batch, paid with full recomputation
     DPX: np.ndarray  # (F, O, V, E, Z) per-step traffic that is never overlapped (ZeRO-2's weight gather)
     OPT: np.ndarray  # (F, V, E, Z)
     # counts (exact integers or SLOT_QUANTUM)
@@ -186,7 +187,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     EPC = _qt(ep_open)
     P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) for sp in S.sequence_parallel]
                  for mb in S.micro_batch_size] for l in row] for row in probe])
-    DPS, DPM, DPX, OPT, STATIC, STATIC1 = _dp_tables(ctx, S)
+    DPS, DPM, RG, DPX, OPT, STATIC, STATIC1 = _dp_tables(ctx, S)
     U, UG, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
     order_ok = _order_representatives(S)
@@ -194,7 +195,8 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         def rows(i, j):
             return (TPC[tpc_of_foe[i, j]].tobytes(), H[tpg_of_fo[i, j]].tobytes(), CPC[cpg_of_fo[i, j]].tobytes(),
                     EPC[epg_of_foe[i, j]].tobytes(), P2P[i, j].tobytes(), DPS[i, j].tobytes(),
-                    DPM[i, j].tobytes(), DPX[i, j].tobytes(), int(ok_fo[i, j]), ok_eo[:, j].tobytes())
+                    DPM[i, j].tobytes(), RG[i, j].tobytes(), DPX[i, j].tobytes(), int(ok_fo[i, j]),
+                    ok_eo[:, j].tobytes())
         for i in range(len(S.factorizations)):
             order_ok[i] &= ~np.array(traversal_duplicates(S.order, list(order_ok[i]),
                                                           [rows(i, j) for j in range(len(S.order))]))
@@ -210,8 +212,8 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         ACT, TRANS, LOGITS, STATIC, STATIC1 = (np.minimum(a, capacity + 1) for a in (ACT, TRANS, LOGITS, STATIC, STATIC1))
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe,
                   cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
-                  C=C, BWD=BWD, FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM, DPX=DPX,
-                  OPT=OPT, U=U, UG=UG, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
+                  C=C, BWD=BWD, FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM, RG=RG,
+                  DPX=DPX,                   OPT=OPT, U=U, UG=UG, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fes=ok_fes,
                   ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=eo_ok, time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
@@ -308,9 +310,10 @@ def _qb(values) -> np.ndarray:
 
 
 def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
-    """Data-parallel traffic, optimizer step and static memory over (f, o, v, e, z)."""
+    """Data-parallel traffic (per step, per micro-batch, ZeRO-3's third gathers under full
+    recomputation, never overlapped), optimizer step and static memory over (f, o, v, e, z)."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
-    dps, dpm, dpx = np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z)), np.zeros((F, O, V, E, Z))
+    dps, dpm, rg, dpx = (np.zeros((F, O, V, E, Z)) for _ in range(4))
     opt, static, gfree = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
     L = ctx.model.num_layers
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
@@ -336,11 +339,16 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                             continue
                         at, src = (i, oi, vi, ei, zi), (i, first[oi], vi, ei, zi)
                         if first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z) == 1:
-                            dps[at], dpm[at], dpx[at] = dps[src], dpm[src], dpx[src]
+                            dps[at], dpm[at], rg[at], dpx[at] = dps[src], dpm[src], rg[src], dpx[src]
                             continue
                         t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], et, v, z, (dense, expert))
-                        dps[at], dpm[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.blocking_s
-    return _qt(dps), _qt(dpm), _qt(dpx), _qt(opt), _qb(static), _qb(static - gfree)
+                        dps[at], dpm[at], rg[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s
+    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(opt), _qb(static), _qb(static - gfree)
+
+
+def full_recompute(S: Space) -> np.ndarray:
+    """1 where the recompute knob is full recomputation (ZeRO-3's third gathers, ``RG``), else 0."""
+    return np.array([r == "full" for r in S.recompute], dtype=np.int64)
 
 
 def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
