@@ -17,6 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 import clusterplan.cli as cli
+from clusterplan.cost.framework import load_profile
 from clusterplan.planner.search import SearchOptions
 from clusterplan.planner.studies.validate import bundled_runs_path, load_runs, validate
 
@@ -246,3 +247,18 @@ def test_async_tp_saves_what_torchtitan_measured():
         measured = v.measured_step_time_s - a.measured_step_time_s
         predicted = v.predicted_step_time_s - a.predicted_step_time_s
         assert predicted == pytest.approx(measured, rel=0.25), (vanilla, predicted, measured)
+
+
+@pytest.mark.parametrize("source,date", [
+    ("Narayanan et al. 2021 (SC21, arXiv:2104.04473); Table 2", "2021-04"),  # the preprint's month
+    ("https://arxiv.org/abs/2410.06511, torchtitan 2025 camera-ready", "2024-10"),
+    ("a 2022 blog post, updated 2023", "2023-12"),  # no preprint: December of the latest year
+    ("arXiv:3012.00001", "2026-08"),  # never past the profile's release
+    ("no year at all", "2026-08"),
+])
+def test_a_runs_framework_date_follows_one_written_rule(source, date):
+    """RUNS_FORMAT.md's framework rule, for a run without framework.date."""
+    from clusterplan.planner.studies.validate import run_framework
+    fw, got, origin = run_framework({"id": "x-deepspeed-run", "source": source}, "gpu")
+    assert (fw, origin) == ("deepspeed", "inferred from the run's id or source")
+    assert got == min(date, load_profile("deepspeed").date)

@@ -172,11 +172,20 @@ def run_framework(run: dict, platform: str) -> tuple[str, str, str]:
         origin = "inferred from the run's id or source" if fw else "inferred: platform default"
         fw = fw or default_framework(platform)
     prof = load_profile(fw)
-    date = parse_date(given.get("date"), f"run {run.get('id')}: framework.date")
-    if date is None:
-        years = [int(y) for y in re.findall(r"\b(20[0-3]\d)\b", str(run.get("source", "")))]
-        date = min(f"{max(years)}-12", prof.date) if years else prof.date
+    date = parse_date(given.get("date"), f"run {run.get('id')}: framework.date") or _source_date(run, prof.date)
     return fw, date, origin
+
+
+def _source_date(run: dict, latest: str) -> str:
+    """The date of a run's code when its ``framework.date`` is not given: the month of the arXiv
+    preprint its source cites (``arXiv:YYMM.NNNNN``: the measured code predates the preprint's first
+    version), else December of the latest year its source names, never past the profile's date."""
+    source = str(run.get("source", ""))
+    preprints = re.findall(r"arxiv[:./a-z]*\s*(\d{2})(\d{2})\.\d{4,5}", source.lower())
+    if preprints:
+        return min(max(f"20{yy}-{mm}" for yy, mm in preprints), latest)
+    years = [int(y) for y in re.findall(r"\b(20[0-3]\d)\b", source)]
+    return min(f"{max(years)}-12", latest) if years else latest
 
 
 def evaluate_run(run: dict, options: SearchOptions, best: bool = True) -> RunResult:
