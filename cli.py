@@ -473,13 +473,13 @@ def explain_command(as_json, **options):
         console.print(f"on the torus: {'; '.join(doc['explanation']['placement'])}")
     console.print()
     _why(doc, console)
-    table = _table("move", ("step time s", "right"), ("change", "right"), ("peak GiB", "right"), "note",
+    table = _table("move", ("step time s", "right"), ("change", "right"), ("fit GiB", "right"), "note",
                    title="one step in each knob")
     for row in doc["explanation"]["sensitivity"]:
         step = row.get("step_time_s")
         table.add_row(row["move"], "-" if step is None else f"{step:.3f}",
                       "-" if step is None else f"{row['delta']:+.1%}",
-                      "-" if row.get("peak_memory_bytes") is None else _gib(row["peak_memory_bytes"]),
+                      "-" if row.get("fit_memory_bytes") is None else _gib(row["fit_memory_bytes"]),
                       row.get("reason", ""))
     console.print(table)
 
@@ -1129,18 +1129,19 @@ def _runners_up(doc: dict, console: Console) -> None:
         return
     best = doc["step_time_s"]
     energy = (doc.get("search") or {}).get("objective") == "energy"
-    columns = [("#", "right"), "runner-up layout", ("step s", "right"), ("MFU", "right"), ("peak GiB", "right"),
+    columns = [("#", "right"), "runner-up layout", ("step s", "right"), ("MFU", "right"), ("fit GiB", "right"),
                ("vs best", "right")] + ([("kWh/step", "right"), ("energy vs best", "right")] if energy else [])
     table = _table(*columns)
     for i, ev in enumerate(runners):
         delta_ms = (ev["step_time_s"] - best) * 1e3
         row = [str(i + 2), _layout_text(ev["layout"]), f"{ev['step_time_s']:.3f}", f"{ev['mfu']:.1%}",
-               _gib(ev["peak_memory_bytes"]), f"{delta_ms:+,.1f} ms"]
+               _gib(ev["fit_memory_bytes"]), f"{delta_ms:+,.1f} ms"]
         if energy:
             row += [f"{ev['energy_per_step_j'] / 3.6e6:,.2f}",
                     f"{ev['energy_per_step_j'] / doc['energy_per_step_j'] - 1:+.2%}"]
         table.add_row(*row)
     console.print(table)
+    console.print("fit GiB: the peak allocated with the runtime, what must fit (the caching allocator may reserve more)")
     console.print()
 
 
@@ -1162,7 +1163,7 @@ def _why(doc: dict, console: Console) -> None:
                 continue
             if v["term"] == "tie":
                 console.print(f"  #{i + 2} {changed}: same step time, "
-                              f"{v['memory_delta_bytes'] / GIB:+,.1f} GiB peak memory (ties go to the least memory)")
+                              f"{v['memory_delta_bytes'] / GIB:+,.1f} GiB to fit (ties go to the least memory)")
                 continue
             term = TIME_LABELS.get(v["term"], v["term"]).split(" (")[0]
             console.print(f"  #{i + 2} {changed}: {term} {v['delta_s'] * 1e3:+,.1f} ms, "
