@@ -1058,7 +1058,8 @@ def _memory(doc: dict, console: Console) -> None:
                       "tensors (nvidia-smi and max_memory_reserved show it); it is released before an "
                       "allocation fails, so the fit counts live tensors and the runtime")
     else:
-        console.print("allocator cache: not measured for this framework (unvalidated)")
+        console.print("allocator cache: none counted (XLA plans its buffers at compile time; SRAM machines have no "
+                      "caching allocator): unvalidated")
     headroom = (doc.get("search") or {}).get("memory_headroom")
     if headroom:
         console.print(f"the search kept {headroom:.1%} of device memory free (--memory-headroom; by default the "
