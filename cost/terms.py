@@ -967,9 +967,10 @@ def zero3_regather_s(ctx: Context, tp: int, pp: int, vp: int, zero: int, profile
     dense_layers = min(layers_on_stage(ctx.model.num_layers, pp, vp), ctx.model.num_dense_layers)
     if not dense_layers:
         return 0.0
-    n = dense_layers * k if zero3_collectives(ctx, tp, pp, vp, 1, True) is not None else 1
-    size = gather_bytes(ctx.job) * dense_layers * numel / n
-    return n * (coll.all_gather_s(size, profile) + profile.num_ranks * zero3_host_s(ctx)[0])
+    per_module = ctx.job.profile.zero3_fetch == "per_module_blocking"
+    n = dense_layers * k if per_module else 1
+    host = zero3_host_s(ctx)[0] if per_module else 0.0
+    return n * (coll.all_gather_s(gather_bytes(ctx.job) * dense_layers * numel / n, profile) + profile.num_ranks * host)
 
 
 def gather_bytes(job: Job) -> float:
