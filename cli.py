@@ -1057,6 +1057,8 @@ def _memory(doc: dict, console: Console) -> None:
         console.print("the allocator cache is what PyTorch's caching allocator keeps reserved beyond live "
                       "tensors (nvidia-smi and max_memory_reserved show it); it is released before an "
                       "allocation fails, so the fit counts live tensors and the runtime")
+    elif need >= capacity:
+        console.print("allocator cache: no room left for one (live tensors and the runtime fill the device)")
     else:
         console.print("allocator cache: none counted (XLA plans its buffers at compile time; SRAM machines have no "
                       "caching allocator): unvalidated")
