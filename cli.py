@@ -930,7 +930,7 @@ def _print_catalogue(table: Table, footer: str) -> None:
 
 
 MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
-                 "activations": "activations", "working": "working buffers", "reserved": "runtime reserve",
+                 "activations": "activations", "working": "working buffers", "reserved": "runtime (CUDA context, NCCL buffers)",
                  "allocator": "allocator cache (reserved, not allocated)"}
 TIME_LABELS = {"compute": "compute (forward + backward)", "recompute": "recompute",
                "tp_comm": "tensor-parallel comm (exposed)", "cp_comm": "context-parallel comm (exposed)",

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis
 from clusterplan.cost.terms import (
-    NUM_GRAD_BUCKETS, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
+    NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
     grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
-    param_counts, regather_share, static_memory,
+    param_counts, regather_share, runtime_bytes, static_memory,
 )
 
 from clusterplan.models.ops import model_flops_per_token
@@ -324,7 +324,7 @@ def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
         activations, working = 0.0, lt.act_transient_bytes
     elif freed:
         grads -= freed
-    reserve = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
+    reserve = runtime_bytes(ctx, layout)
     allocator = _allocator_cache(ctx, weights + grads + optim + activations + working, reserve)
     return MemoryBreakdown(weights, grads, optim, activations, working, reserve, allocator)
 
@@ -347,7 +347,7 @@ def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
     first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m)
     end = memory_static_bytes(ctx, layout) + lt.act_transient_bytes  # backward's end: every gradient
     base = end - (grads_freed_bytes(ctx, layout) if m == 1 else 0.0)
-    runtime = RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0
+    runtime = runtime_bytes(ctx, layout)
     first_b = max(end, base + lt.act_bytes_per_layer * first)
     last_b = max(end, base + lt.act_bytes_per_layer * last + head.logits_bytes)
     return tuple(runtime + b + _allocator_cache(ctx, b, runtime) for b in (first_b, last_b))

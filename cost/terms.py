@@ -39,7 +39,31 @@ the shifted fp32 copy and log_softmax's saved output (3 x 4 B; the bf16 logits a
 and in backward log_softmax's output, the incoming gradient and its own (3 x 4 B). torchtitan's
 ``cross_entropy(pred.float())`` peaked at the measured 12.0 B at the same backward step
 (benchmarks/gpu_probe.py)."""
-RUNTIME_RESERVE_BYTES = 1.0 * 2**30  # CUDA context, cuBLAS workspace, NCCL buffers (see docs/cost-model.md)
+RUNTIME_RESERVE_BYTES = 1.0 * 2**30
+"""Device memory outside the framework's allocator where no measurement applies (XLA on TPU, HCCL on
+Gaudi, the Neuron runtime, MaxText anywhere): a placeholder (docs/cost-model.md). The GPU frameworks
+that run on PyTorch and NCCL (``semantics.nccl_runtime``) on NVIDIA and AMD devices count the CUDA
+context and NCCL's buffers instead (``runtime_bytes``)."""
+CUDA_CONTEXT_EAGER_BYTES = 1573 * 2**20
+"""The CUDA context with every kernel module loaded at start-up: ``nvidia-smi`` after
+``torch.ones(1).cuda()`` on an A100 40GB, PyTorch of February 2022 (BigScience tr11 chronicles-prequel:
+"40GB A100 takes 1573MiB for cuda kernels"; 1271 MiB on V100 in 2021)."""
+CUDA_CONTEXT_LAZY_BYTES = 883_752_960
+"""The same with lazy module loading: device memory in use outside PyTorch's allocator on one H100,
+torch 2.11 + CUDA 13.0, before NCCL (``context_bytes``, benchmarks/results/gpu_probe_h100_2026-11-26.json;
+0.806 GB on H200)."""
+LAZY_LOADING_SINCE = "2022-11"
+"""PyTorch 1.13 (2022-10-28) sets ``CUDA_MODULE_LOADING=LAZY`` when the user has not (pytorch/pytorch
+#86509: 287 MB instead of 667 MB for one small program); frameworks dated from then on load lazily."""
+NCCL_COMMUNICATOR_BYTES = 688e6
+"""Device memory one NCCL communicator of three or more ranks holds once it has run a collective:
+its per-channel FIFOs (Simple 4 MiB, LL128 4.7 MB, LL 0.5 MB per connection: 9.19 MiB; ring and
+tree connections on every channel). Measured through PyTorch process groups on 4 A100 with NVLink
+after a 4 MB all-reduce (NVIDIA/nccl#964, 2023): 688 MB; two ranks 544 MB. NCCL's maintainers: more
+communicators use more memory, linear in the channel count, no longer growing beyond two nodes
+(NVIDIA/nccl#864, #986)."""
+NCCL_PAIR_COMMUNICATOR_BYTES = 544e6
+"""The same for a communicator of two ranks (NVIDIA/nccl#964): a pipeline stage's sends to its neighbour."""
 # Bytes per logit held by the loss: the framework's (semantics.logit_bytes: Megatron's fused
 # vocab-parallel cross-entropy 6, torchtitan's fp32 cross-entropy 10).
 # Overlapped communication is not free: its kernels occupy SMs (one CTA per NCCL channel, or the
@@ -619,6 +643,44 @@ def allocator_fraction(ctx: Context) -> float:
     if ctx.cluster.device.memory_kind != "hbm":
         return 0.0
     return ctx.job.profile.profile.allocator_reserved_fraction
+
+
+def nccl_communicator_sizes(layout: Layout) -> tuple[int, ...]:
+    """Ranks of each NCCL communicator a rank of the first pipeline stage runs collectives on: the
+    default group (start-up barrier, loss and timer reductions), the tensor-, context-, data- (with
+    context: the gradients' dp x cp group), expert- and expert-data-parallel groups, and with
+    pipeline parallelism the pipeline group (gradient norm) and the pair it sends activations to.
+    A group with the ranks of one already counted is counted once (torchtitan's mesh and DeepSpeed
+    reuse the default group for a dimension that spans every rank)."""
+    world = layout.tp * layout.cp * layout.dp * layout.pp
+    inner = layout.tp if layout.expert_tp else 1
+    groups = {("world", world), ("tp", layout.tp), ("cp", layout.cp), ("dp", layout.dp * layout.cp)}
+    if layout.ep > 1:
+        groups |= {("ep", layout.ep), ("edp", layout.tp * layout.dp * layout.cp // (layout.ep * inner))}
+    if layout.pp > 1:
+        groups |= {("pp", layout.pp), ("p2p", 2)}
+    sizes = {name: size for name, size in groups if size > 1}
+    spans_world = [name for name, size in sizes.items() if size == world and name != "world"]
+    if spans_world:
+        sizes.pop("world", None)
+    return tuple(sorted(sizes.values()))
+
+
+def runtime_bytes(ctx: Context, layout: Layout) -> float:
+    """Device memory a rank holds outside its framework's allocator: on NVIDIA and AMD devices under
+    a PyTorch framework (``semantics.nccl_runtime``) the CUDA context, eager or lazily loaded by the
+    framework's date (``LAZY_LOADING_SINCE``), plus NCCL's buffers for each communicator it uses
+    (``nccl_communicator_sizes``); elsewhere ``RUNTIME_RESERVE_BYTES``; nothing on SRAM machines."""
+    device = ctx.cluster.device
+    if device.memory_kind != "hbm":
+        return 0.0
+    prof = ctx.job.profile
+    if not (prof.profile.nccl_runtime and device.family.startswith(("nvidia", "amd"))):
+        return RUNTIME_RESERVE_BYTES
+    context = CUDA_CONTEXT_LAZY_BYTES if prof.date >= LAZY_LOADING_SINCE else CUDA_CONTEXT_EAGER_BYTES
+    buffers = sum(NCCL_PAIR_COMMUNICATOR_BYTES if size == 2 else NCCL_COMMUNICATOR_BYTES
+                  for size in nccl_communicator_sizes(layout))
+    return context + buffers
 
 
 @dataclass(frozen=True, slots=True)

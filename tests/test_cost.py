@@ -20,8 +20,9 @@ from clusterplan.cost.compute import (BACKWARD_FACTOR, CAST_TRANSPOSE_RATE_SHARE
 from clusterplan.cost.layout import Job, Layout, parse_layout
 from clusterplan.cost.step import evaluate, evaluate_ctx, inflight_layers, layout_problems, num_microbatches
 from clusterplan.cost.terms import (
-    OPTIMIZER_STATE_BYTES, WEIGHT_BYTES, Context, activation_bytes, head_terms, layer_terms,
-    layers_on_stage, p2p_s, param_counts, static_memory, tp_comm_terms,
+    CUDA_CONTEXT_EAGER_BYTES, CUDA_CONTEXT_LAZY_BYTES, NCCL_COMMUNICATOR_BYTES, NCCL_PAIR_COMMUNICATOR_BYTES,
+    OPTIMIZER_STATE_BYTES, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, activation_bytes, head_terms, layer_terms,
+    layers_on_stage, nccl_communicator_sizes, p2p_s, param_counts, runtime_bytes, static_memory, tp_comm_terms,
 )
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import get_model
@@ -1113,3 +1114,54 @@ def test_stage_memory_first_and_last(cluster16):
     assert first != last
     flat = evaluate(GPT, job, cluster16, Layout(tp=2, pp=1, dp=8, micro_batch_size=1, zero_stage=1))
     assert flat.stage_memory_bytes is None
+
+
+# ---- runtime outside the allocator: CUDA context and NCCL buffers -------------------------------
+@pytest.mark.parametrize("layout, sizes", [
+    (Layout(dp=64), (64,)),  # the data-parallel group spans every rank: one communicator
+    (Layout(tp=8, dp=8), (8, 8, 64)),
+    (Layout(tp=8, pp=6, dp=8), (2, 6, 8, 8, 384)),  # + pipeline group and the pair it sends to
+    (Layout(tp=2, cp=2, dp=4), (2, 2, 8, 16)),  # gradients over dp x cp
+    (Layout(tp=2, dp=8, ep=4), (2, 2, 4, 8, 16)),  # + expert (4) and expert-data (2 x 8 / (4 x 2)) groups
+])
+def test_nccl_communicators_per_rank(layout, sizes):
+    assert nccl_communicator_sizes(layout) == sizes
+
+
+def _runtime(framework: str, date: str, layout: Layout, cluster) -> float:
+    job = Job(global_batch_size=64, seq_len=2048, framework=framework, framework_date=date)
+    return runtime_bytes(Context(GPT, job, cluster), layout)
+
+
+def test_runtime_counts_context_by_release_and_nccl_buffers_per_communicator(cluster16):
+    """PyTorch 1.13 loads CUDA modules lazily: an older framework pays the eager context; each
+    communicator adds its buffers, a pair less than a larger group."""
+    three_d = Layout(tp=4, pp=2, dp=2)
+    comms = (NCCL_COMMUNICATOR_BYTES * 2  # tp (4 ranks) and the default group (16)
+             + NCCL_PAIR_COMMUNICATOR_BYTES * 3)  # two-rank groups: pp, dp and the pair sends go to
+    assert _runtime("megatron", "2021-04", three_d, cluster16) == pytest.approx(CUDA_CONTEXT_EAGER_BYTES + comms)
+    assert _runtime("megatron", "2024-06", three_d, cluster16) == pytest.approx(CUDA_CONTEXT_LAZY_BYTES + comms)
+    assert (_runtime("torchtitan", "2025-01", Layout(dp=16), cluster16)
+            == pytest.approx(CUDA_CONTEXT_LAZY_BYTES + NCCL_COMMUNICATOR_BYTES))
+    assert _runtime("megatron", "2024-06", three_d, cluster16) > _runtime("megatron", "2024-06", Layout(dp=16), cluster16)
+
+
+def test_runtime_placeholder_off_nccl_and_none_on_sram():
+    """MaxText on TPU keeps the unmeasured 1 GiB reserve; an SRAM machine has no runtime heap."""
+    tpu = build_cluster("tpu-v5p-pod", num_devices=64)
+    assert _runtime("maxtext", "2025-01", Layout(tp=4, dp=16), tpu) == RUNTIME_RESERVE_BYTES
+    gaudi = build_cluster("gaudi2-cluster", num_devices=16)
+    assert _runtime("deepspeed", "2025-01", Layout(dp=16), gaudi) == RUNTIME_RESERVE_BYTES
+    wafer = build_cluster("cerebras-cs3-cluster", num_devices=4)
+    assert _runtime("megatron", "2025-01", Layout(dp=4), wafer) == 0.0
+
+
+def test_runtime_is_in_what_must_fit(cluster16):
+    """The runtime counts in the fit and in nvidia-smi's view, not in the allocator's peaks."""
+    ev = evaluate(GPT, Job(global_batch_size=64, seq_len=2048), cluster16,
+                  Layout(tp=2, pp=2, dp=4, micro_batch_size=1, zero_stage=1))
+    mem = ev.memory
+    assert mem.reserved_bytes == pytest.approx(runtime_bytes(Context(GPT, Job(global_batch_size=64, seq_len=2048),
+                                                                     cluster16), ev.layout))
+    assert mem.fit_bytes == pytest.approx(mem.allocated_bytes + mem.reserved_bytes)
+    assert ev.peak_memory_bytes == pytest.approx(mem.fit_bytes + mem.allocator_bytes)

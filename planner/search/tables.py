@@ -41,9 +41,9 @@ from clusterplan.cost.framework import framework_refusal, refuses_overlap
 from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.step import inflight_layers, memory_static_bytes
 from clusterplan.cost.terms import (
-    RUNTIME_RESERVE_BYTES, Context, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
+    Context, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
     ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s,
-    overlap_share, p2p_s, param_counts, tp_comm_terms, zero_replicas,
+    overlap_share, p2p_s, param_counts, runtime_bytes, tp_comm_terms, zero_replicas,
 )
 from clusterplan.planner.search.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
@@ -284,12 +284,11 @@ def _comm_tables(S: Space, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_c
 
 
 def _capacity(ctx: Context, memory_headroom: float, ignore_memory: bool) -> int:
-    """Device memory in quanta: the allocated peak and the runtime must fit (Evaluation.fits:
-    cached blocks are released first)."""
+    """Device memory in quanta: the allocated peak and the runtime (in ``STATIC``) must fit
+    (Evaluation.fits: cached blocks are released first)."""
     if ignore_memory:
         return 2**50
-    capacity = int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
-    return capacity - q_bytes_up(RUNTIME_RESERVE_BYTES if ctx.cluster.device.memory_kind == "hbm" else 0.0)
+    return int(math.floor(ctx.cluster.device.memory_bytes * (1 - memory_headroom) / MEMORY_QUANTUM_BYTES))
 
 
 MAX_TERM_S = 1e9  # about 30 years per step: any term beyond it comes from input no real cluster has
@@ -332,7 +331,8 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 for zi, z in enumerate(S.zero_stage):
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et)
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base)
-                    static[i, vi, ei, zi] = memory_static_bytes(ctx, base)
+                    # the runtime outside the allocator (CUDA context, NCCL buffers) depends on the groups
+                    static[i, vi, ei, zi] = memory_static_bytes(ctx, base) + runtime_bytes(ctx, base)
                     gfree[i, vi, ei, zi] = grads_freed_bytes(ctx, base)
                     for oi, (dense, expert) in enumerate(profiles):
                         if dense is None:

@@ -244,7 +244,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
         _record_best(result, model, job, cluster, options)
 
 
-MEMORY_KINDS = ("allocated", "reserved", "unspecified")
+MEMORY_KINDS = ("allocated", "reserved", "device", "unspecified")
 
 
 GRAD_REDUCE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -288,11 +288,22 @@ def _flag(run: dict, key: str) -> bool:
 
 def _memory_kind(value) -> str:
     """``measured.peak_memory_kind``: allocated (``torch.cuda.max_memory_allocated``), reserved
-    (``max_memory_reserved`` or nvidia-smi) or unspecified (compared as reserved)."""
+    (``max_memory_reserved``: the caching allocator's blocks), device (nvidia-smi, NVML or
+    ``mem_get_info``: the allocator's blocks and the runtime outside it, CUDA context and NCCL
+    buffers) or unspecified (compared as device: what the process holds of the device)."""
     kind = "unspecified" if value is None else str(value)
     if kind not in MEMORY_KINDS:
         raise SpecError(f"measured.peak_memory_kind: got {value!r}; allowed: {', '.join(MEMORY_KINDS)}")
     return kind
+
+
+def predicted_peak(ev: Evaluation, kind: str | None) -> float:
+    """The predicted peak a measurement of ``kind`` (MEMORY_KINDS) is compared with."""
+    if kind == "allocated":
+        return ev.memory.allocated_bytes
+    if kind == "reserved":
+        return ev.memory.allocated_bytes + ev.memory.allocator_bytes
+    return ev.peak_memory_bytes
 
 
 def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation) -> Evaluation:
@@ -328,10 +339,9 @@ def _scoped_step_s(run: dict, model, job: Job, cluster, ev: Evaluation) -> float
 def _record(result: RunResult, ev: Evaluation, step_s: float | None = None) -> None:
     result.predicted_step_time_s = ev.step_time_s if step_s is None else step_s
     result.fits = ev.fits
-    # the allocated peak (live tensors) where the run published that; else the reserved peak
-    # (max_memory_reserved, nvidia-smi, or unstated): what the process holds from the device
-    allocated = result.memory_kind == "allocated"
-    result.predicted_peak_memory_bytes = ev.memory.allocated_bytes if allocated else ev.peak_memory_bytes
+    # the allocated peak (live tensors), the allocator's reserved peak (max_memory_reserved), or
+    # what the process holds of the device with its runtime (nvidia-smi, or unstated), as published
+    result.predicted_peak_memory_bytes = predicted_peak(ev, result.memory_kind)
     result.layout = ev.layout.as_dict()
     result.zero_stage = ev.layout.zero_stage
     result.mfu = ev.mfu
