@@ -76,7 +76,9 @@ def test_regression_bounds(bundled):
     memory = bundled["memory"]["summary"]
     assert memory["memory"]["runs"] >= 25 and memory["memory"]["median_abs_error"] <= 0.08  # 5.5% today
     assert memory["memory"]["p90_abs_error"] <= 0.15  # 13.7% today (issue 9's target)
-    assert memory["fit_facts"]["facts"] >= 5 and memory["fit_facts"]["agreed"] >= memory["fit_facts"]["facts"] - 1
+    # 15 of 19 today: the 530B ZeRO-3 run on 640 GPUs and three of the BigScience prequel's six OOM
+    # rows are wrong (docs/cost-model.md, "Published fit/OOM facts the model gets wrong")
+    assert memory["fit_facts"]["facts"] >= 19 and memory["fit_facts"]["agreed"] >= memory["fit_facts"]["facts"] - 4
 
 
 @pytest.mark.xfail(reason="issue 8's targets not met yet: see docs/cost-model.md, 'Runs still off'", strict=False)
