@@ -64,6 +64,18 @@ communicators use more memory, linear in the channel count, no longer growing be
 (NVIDIA/nccl#864, #986)."""
 NCCL_PAIR_COMMUNICATOR_BYTES = 544e6
 """The same for a communicator of two ranks (NVIDIA/nccl#964): a pipeline stage's sends to its neighbour."""
+NCCL_LAZY_CONNECT_SINCE = "2024-07"
+"""NCCL 2.22.3 (2024-06-11, commit 178b6b75: "Add lazy connection establishment for collective
+operations ... reduce memory usage"; NCCL_RUNTIME_CONNECT=1 by default) connects an algorithm's
+peers and allocates their buffers at its first collective; before, ``initTransportsRank`` connected
+the ring and the tree of every channel at start-up. From then a communicator is charged its ring
+share of the measured figure (``NCCL_RING_SHARE``); frameworks dated from 2024-07 on (NGC containers
+of that month ship 2.22) pay that."""
+NCCL_RING_SHARE = {2: 1 / 2, 3: 1 / 3}
+"""The ring's connections among those measured per channel: one receive connection of three (ring,
+tree up, tree down) for three or more ranks, one of two for a pair. Training collectives at their
+sizes run the ring (reduce-scatter and all-gather have no tree); derived, not measured: a small
+all-reduce on the tree would add its connections."""
 # Bytes per logit held by the loss: the framework's (semantics.logit_bytes: Megatron's fused
 # vocab-parallel cross-entropy 6, torchtitan's fp32 cross-entropy 10).
 # Overlapped communication is not free: its kernels occupy SMs (one CTA per NCCL channel, or the
@@ -670,7 +682,8 @@ def runtime_bytes(ctx: Context, layout: Layout) -> float:
     """Device memory a rank holds outside its framework's allocator: on NVIDIA and AMD devices under
     a PyTorch framework (``semantics.nccl_runtime``) the CUDA context, eager or lazily loaded by the
     framework's date (``LAZY_LOADING_SINCE``), plus NCCL's buffers for each communicator it uses
-    (``nccl_communicator_sizes``); elsewhere ``RUNTIME_RESERVE_BYTES``; nothing on SRAM machines."""
+    (``nccl_communicator_sizes``), their ring share once NCCL connects lazily
+    (``NCCL_LAZY_CONNECT_SINCE``); elsewhere ``RUNTIME_RESERVE_BYTES``; nothing on SRAM machines."""
     device = ctx.cluster.device
     if device.memory_kind != "hbm":
         return 0.0
@@ -678,8 +691,11 @@ def runtime_bytes(ctx: Context, layout: Layout) -> float:
     if not (prof.profile.nccl_runtime and device.family.startswith(("nvidia", "amd"))):
         return RUNTIME_RESERVE_BYTES
     context = CUDA_CONTEXT_LAZY_BYTES if prof.date >= LAZY_LOADING_SINCE else CUDA_CONTEXT_EAGER_BYTES
-    buffers = sum(NCCL_PAIR_COMMUNICATOR_BYTES if size == 2 else NCCL_COMMUNICATOR_BYTES
-                  for size in nccl_communicator_sizes(layout))
+    lazy = prof.date >= NCCL_LAZY_CONNECT_SINCE
+    buffers = 0.0
+    for size in nccl_communicator_sizes(layout):
+        measured = NCCL_PAIR_COMMUNICATOR_BYTES if size == 2 else NCCL_COMMUNICATOR_BYTES
+        buffers += measured * (NCCL_RING_SHARE[min(size, 3)] if lazy else 1.0)
     return context + buffers
 
 

@@ -1135,14 +1135,18 @@ def _runtime(framework: str, date: str, layout: Layout, cluster) -> float:
 
 def test_runtime_counts_context_by_release_and_nccl_buffers_per_communicator(cluster16):
     """PyTorch 1.13 loads CUDA modules lazily: an older framework pays the eager context; each
-    communicator adds its buffers, a pair less than a larger group."""
+    communicator adds its buffers, a pair less than a larger group, and from NCCL 2.22 only its
+    ring's."""
     three_d = Layout(tp=4, pp=2, dp=2)
     comms = (NCCL_COMMUNICATOR_BYTES * 2  # tp (4 ranks) and the default group (16)
              + NCCL_PAIR_COMMUNICATOR_BYTES * 3)  # two-rank groups: pp, dp and the pair sends go to
     assert _runtime("megatron", "2021-04", three_d, cluster16) == pytest.approx(CUDA_CONTEXT_EAGER_BYTES + comms)
     assert _runtime("megatron", "2024-06", three_d, cluster16) == pytest.approx(CUDA_CONTEXT_LAZY_BYTES + comms)
+    # NCCL 2.22 connects lazily: from 2024-07 a communicator holds its ring's share only
     assert (_runtime("torchtitan", "2025-01", Layout(dp=16), cluster16)
-            == pytest.approx(CUDA_CONTEXT_LAZY_BYTES + NCCL_COMMUNICATOR_BYTES))
+            == pytest.approx(CUDA_CONTEXT_LAZY_BYTES + NCCL_COMMUNICATOR_BYTES / 3))
+    assert (_runtime("megatron", "2024-07", three_d, cluster16)
+            == pytest.approx(CUDA_CONTEXT_LAZY_BYTES + NCCL_COMMUNICATOR_BYTES * 2 / 3 + NCCL_PAIR_COMMUNICATOR_BYTES * 3 / 2))
     assert _runtime("megatron", "2024-06", three_d, cluster16) > _runtime("megatron", "2024-06", Layout(dp=16), cluster16)
 
 
