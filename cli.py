@@ -643,8 +643,23 @@ def _whatif_table(rows: list[dict], label: str, title: str, console: Console) ->
     if any("error" not in r for r in rows):
         console.print("used GiB: the peak allocated with the runtime, what must fit (the caching allocator may "
                       "reserve more; plan shows both)")
+        _print_row_trust(rows, name)
     for line in errors:
         console.print(line)
+
+
+def _print_row_trust(rows: list[dict], name: Callable[[dict], str]) -> None:
+    """Per row: its hardware family's validated step-time error, and how many placeholders its
+    prediction rests on (``plan`` lists them)."""
+    console = _console()
+    console.print("trust per row: the hardware family's validated step-time error (clusterplan validate), and the "
+                  "unvalidated assumptions behind the prediction (plan lists them)")
+    for r in rows:
+        if "error" in r:
+            continue
+        more = [line for line in r.get("unvalidated", []) if "no published run on this hardware" not in line]
+        extra = f"; {len(more)} unvalidated assumption{'s' if len(more) != 1 else ''}" if more else ""
+        console.print(f"  {name(r)}: {r['validated_error']}{extra}")
 
 
 def _compact(layout: dict) -> str:

@@ -349,6 +349,21 @@ def test_compare_runs_every_candidate():
     assert table.exit_code == 0 and "what-if" in table.stdout and "Traceback" not in table.output
 
 
+def test_compare_table_says_how_far_each_row_can_be_trusted():
+    """Issue 10: every prediction carries its family's validated error or the unvalidated label, in
+    the table as in the JSON; a placeholder-calibrated device says how many assumptions it rests on."""
+    args = ["compare", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod:64", "--cluster", "trn2-cluster:64"]
+    rows = {r["cluster"]: r for r in run_json(*args)}
+    assert rows["dgx-h100-superpod:64"]["validated_error"].startswith("median ")
+    assert rows["trn2-cluster:64"]["validated_error"].startswith("unvalidated")
+    assert any("unvalidated" in line for line in rows["trn2-cluster:64"]["unvalidated"])
+    table = run(*args).stdout
+    lines = [line.strip() for line in table.splitlines()]
+    assert any(line.startswith("dgx-h100-superpod:64: median ") for line in lines)
+    assert any(line.startswith("trn2-cluster:64: unvalidated: no published run") and "unvalidated assumption" in line
+               for line in lines)
+
+
 def test_compare_exit_code_when_nothing_runs():
     result = CliRunner().invoke(cli.main, ["compare", "--model", "llama3-405b", "--cluster", "dgx-h100-superpod:8"])
     assert result.exit_code == 3

@@ -77,6 +77,7 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
         energy_j=doc["energy_j"], cost_usd=doc["cost_usd"], search=doc["search"],
         goodput=None if doc.get("goodput") is None else doc["goodput"]["goodput"],
         device_hours=doc.get("device_hours"), validated_error=_validated(doc),
+        unvalidated=list(doc["inputs"]["caveats"].get("unvalidated", [])),
     )
 
 
