@@ -559,10 +559,11 @@ def _ep_comm_s(ctx: Context, n: float, tp: int, prof, sp: bool) -> float:
     """
     e = ctx.model.moe
     token_bytes = ACT_BYTES * n * ctx.model.hidden_size / tp
-    size = token_bytes * e.top_k
+    size = token_bytes * e.top_k * e.load_factor  # the most loaded rank receives the most
     if prof.num_domains <= 1:
         return 4 * coll.all_to_all_s(size, prof)
-    remote = token_bytes * remote_nodes_per_token(e.num_experts, e.top_k, prof.num_domains, e.max_nodes_per_token)
+    remote = token_bytes * e.load_factor * remote_nodes_per_token(e.num_experts, e.top_k, prof.num_domains,
+                                                                  e.max_nodes_per_token)
     return 4 * coll.hierarchical_all_to_all_s(size, remote, prof)
 
 
@@ -638,13 +639,23 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     return replicated + sharded / tp
 
 
+ROUTER_BYTES_PER_SCORE = 4.0
+"""The router's fp32 softmax over every expert, kept for its backward (Megatron-Core
+``moe/router.py`` scores in fp32; torchtitan's router likewise)."""
+ROUTER_BYTES_PER_CHOICE = 12.0
+"""Per chosen expert: its int64 index and the fp32 probability the combine multiplies by and keeps."""
+
+
 def moe_mlp_activation_bytes(model: ModelSpec, n: float, kept: int) -> float:
-    """What an MoE MLP keeps for ``n`` tokens (before tensor-parallel sharding): the permuted tokens
-    into and out of the experts (``2 x 2 n top_k h``), ``kept`` tensors of the expert width per
-    routed token (SwiGLU fused: 3; eager: 4) and the shared experts' alike."""
+    """What an MoE MLP keeps for ``n`` tokens (before tensor-parallel sharding) on the most loaded
+    expert-parallel rank: the router's scores and choices, the permuted tokens into and out of the
+    experts (``2 x 2 n top_k h`` times the routing's load factor, ``MoESpec.load_factor``),
+    ``kept`` tensors of the expert width per routed token (SwiGLU fused: 3; eager: 4) and the
+    shared experts' alike."""
     e = model.moe
-    routed = n * e.top_k
-    return (ACT_BYTES * routed * model.hidden_size * 2 + ACT_BYTES * routed * e.expert_ffn_hidden_size * kept
+    routed = n * e.top_k * e.load_factor
+    router = n * (e.num_experts * ROUTER_BYTES_PER_SCORE + e.top_k * ROUTER_BYTES_PER_CHOICE)
+    return (router + ACT_BYTES * routed * model.hidden_size * 2 + ACT_BYTES * routed * e.expert_ffn_hidden_size * kept
             + ACT_BYTES * n * e.num_shared_experts * e.expert_ffn_hidden_size * kept)
 
 

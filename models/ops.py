@@ -127,8 +127,10 @@ def mlp_ops(model: ModelSpec, num_tokens: float, ffn: int, tp: int, name: str = 
 
 def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_experts: int | None = None,
             expert_tp: bool = True) -> list[Op]:
-    """Router, token permutation and un-permutation, routed and shared experts (uniform load: top_k
-    per token).
+    """Router, token permutation and un-permutation, routed and shared experts, on the most loaded
+    expert-parallel rank: ``top_k`` copies per token times the routing's load factor
+    (``MoESpec.load_factor``: 1 for balanced routing, the capacity factor when experts are padded
+    to capacity); the step waits for that rank.
 
     Dispatch gathers each token's ``top_k`` copies into expert order before the all-to-all, and the
     combine reads the experts' outputs back, weights them by the router probabilities and sums
@@ -146,7 +148,7 @@ def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_expert
     assert model.moe is not None
     e, h = model.moe, model.hidden_size
     local = num_tokens / tp if sp else num_tokens
-    routed = num_tokens * e.top_k
+    routed = num_tokens * e.top_k * e.load_factor
     experts = e.num_experts if local_experts is None else local_experts
     ups = model.mlp_matrices - 1
     ffn = e.expert_ffn_hidden_size

@@ -36,6 +36,23 @@ class MoESpec(BaseModel):
         description="Node-limited routing: each token's experts lie on at most this many nodes "
                     "(DeepSeek-V3: 4, section 3.2; config.json topk_group). None: unlimited.",
     )
+    capacity_factor: float | None = Field(
+        None, ge=1.0, le=64.0, allow_inf_nan=False,
+        description="Expert capacity as a multiple of the mean load, tokens beyond it dropped and each "
+                    "expert's input padded to it (Megatron-Core --moe-expert-capacity-factor with "
+                    "--moe-pad-expert-input-to-capacity; GShard/Switch). None: dropless routing.",
+    )
+    load_imbalance: float = Field(
+        1.0, ge=1.0, le=64.0, allow_inf_nan=False,
+        description="Dropless routing: routed tokens on the most loaded expert-parallel rank over the mean "
+                    "(1: balanced, as benchmarks that force balance run). Ignored with a capacity factor.",
+    )
+
+    @property
+    def load_factor(self) -> float:
+        """Routed tokens the most loaded expert-parallel rank processes, over the mean: the capacity
+        factor where tokens are capped and padded to it, else the dropless imbalance."""
+        return self.capacity_factor if self.capacity_factor is not None else self.load_imbalance
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> "MoESpec":

@@ -1169,3 +1169,34 @@ def test_runtime_is_in_what_must_fit(cluster16):
                                                                      cluster16), ev.layout))
     assert mem.fit_bytes == pytest.approx(mem.allocated_bytes + mem.reserved_bytes)
     assert ev.peak_memory_bytes == pytest.approx(mem.fit_bytes + mem.allocator_bytes)
+
+
+# ---- MoE routing: capacity factor and load imbalance ----------------------------------------------
+def _moe_variant(**update) -> ModelSpec:
+    base = get_model("mixtral")
+    return base.model_copy(update={"moe": base.moe.model_copy(update=update)})
+
+
+def test_moe_load_factor_prices_the_most_loaded_rank(cluster16):
+    """Padding to a capacity factor, or a dropless router's imbalance, makes the most loaded
+    expert-parallel rank process (and keep) that many more routed tokens: slower and heavier, with
+    the model FLOPs (MFU's numerator) unchanged."""
+    job = Job(global_batch_size=64, seq_len=4096)
+    layout = Layout(tp=2, dp=8, ep=8, micro_batch_size=1, recompute="none", zero_stage=1, sequence_parallel=True)
+    base, padded, skewed = (evaluate(m, job, cluster16, layout) for m in (
+        _moe_variant(), _moe_variant(capacity_factor=1.25), _moe_variant(load_imbalance=1.5)))
+    assert base.step_time_s < padded.step_time_s < skewed.step_time_s
+    assert base.memory.activations_bytes < padded.memory.activations_bytes < skewed.memory.activations_bytes
+    assert padded.mfu * padded.step_time_s == pytest.approx(base.mfu * base.step_time_s, rel=1e-9)
+    assert _moe_variant(capacity_factor=1.25, load_imbalance=3.0).moe.load_factor == 1.25  # capacity caps the load
+    assert _moe_variant().moe.load_factor == 1.0
+
+
+def test_moe_router_keeps_fp32_scores_per_expert():
+    """The router's fp32 softmax over every expert and its choices stay for backward."""
+    from clusterplan.cost.terms import ROUTER_BYTES_PER_CHOICE, ROUTER_BYTES_PER_SCORE, moe_mlp_activation_bytes
+    m = get_model("mixtral")
+    few, many = m, m.model_copy(update={"moe": m.moe.model_copy(update={"num_experts": 64})})
+    extra = moe_mlp_activation_bytes(many, 1000.0, 3) - moe_mlp_activation_bytes(few, 1000.0, 3)
+    assert extra == pytest.approx(1000.0 * (64 - m.moe.num_experts) * ROUTER_BYTES_PER_SCORE)
+    assert ROUTER_BYTES_PER_CHOICE > 0
