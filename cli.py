@@ -313,6 +313,15 @@ INPUT_OPTIONS = [
     click.option("--restart-minutes", "restart_minutes", type=BoundedNumber(float, 1e4, minimum=0.0), metavar="MIN",
                  expose_value=False, callback=_remember,
                  help="Time to restart after a failure (default 10: an assumption, labelled unvalidated)."),
+    click.option("--moe-capacity-factor", "moe_capacity_factor", type=BoundedNumber(float, 64.0, minimum=1.0),
+                 metavar="RATIO",
+                 help="MoE models: expert capacity as a multiple of the mean load, each expert's input padded "
+                      "to it (Megatron-Core --moe-expert-capacity-factor); the most loaded rank computes, sends "
+                      "and keeps that many routed tokens. Default: the model's (dropless)."),
+    click.option("--moe-load-imbalance", "moe_load_imbalance", type=BoundedNumber(float, 64.0, minimum=1.0),
+                 metavar="RATIO",
+                 help="MoE models, dropless routing: the most loaded expert-parallel rank's routed tokens over "
+                      "the mean (default: the model's, 1 = balanced, as benchmarks that force balance run)."),
     click.option("--attention", type=click.Choice(list(ATTENTION_KINDS)), default=None,
                  help="Attention kernel (default: the framework's): flash (fused, the device's best: FlashAttention-3/cuDNN on Hopper), "
                       "flash2 (FlashAttention-2 kernels, e.g. PyTorch SDPA: slower on Hopper) or unfused "
@@ -971,12 +980,23 @@ def render_report(doc: dict, console: Console) -> None:
         _search(doc, console)
 
 
+def _print_routing(console: Console, routing: dict | None) -> None:
+    """An MoE model's routing, where it is not balanced: the load the slowest expert rank takes."""
+    if not routing or routing["load_factor"] == 1:
+        return
+    how = (f"experts padded to capacity factor {routing['capacity_factor']:g}" if routing["capacity_factor"]
+           else f"dropless, load imbalance {routing['load_imbalance']:g}")
+    console.print(f"         MoE routing: {how}: the most loaded expert rank takes {routing['load_factor']:g}x "
+                  "the mean's tokens, and the step waits for it")
+
+
 def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
     model, job, cluster = doc["inputs"]["model"], doc["inputs"]["job"], doc["inputs"]["cluster"]
     params = f"{_count(model['num_params'])} parameters"
     if model["num_active_params"] != model["num_params"]:
         params += f", {_count(model['num_active_params'])} active"
     console.print(f"model    {model['name']} ({params}, {model['num_layers']} layers)")
+    _print_routing(console, model.get("moe_routing"))
     console.print(f"cluster  {cluster['name']} ({cluster['id']}): {doc['num_devices']:,} x {cluster['device_name']}, "
                   f"{doc['device_memory_bytes'] / GIB:.1f} GiB {cluster['device_memory_kind'].upper()} each")
     tokens = job["global_batch_size"] * job["seq_len"]

@@ -141,6 +141,19 @@ def _check_model_code(model_code: str | None, framework: str) -> None:
                         "(or --model-code native)")
 
 
+def with_moe_routing(model: ModelSpec, capacity_factor: float | None, load_imbalance: float | None) -> ModelSpec:
+    """The model with its routing's capacity factor or load imbalance replaced (``--moe-capacity-factor``,
+    ``--moe-load-imbalance``); refused for a model without experts."""
+    changes = {k: v for k, v in (("capacity_factor", capacity_factor), ("load_imbalance", load_imbalance))
+               if v is not None}
+    if not changes:
+        return model
+    if model.moe is None:
+        option = "--moe-" + next(iter(changes)).replace("_", "-")
+        raise SpecError(f"{option}: {model.name} has no experts (moe is null); the option applies to MoE models only")
+    return model.model_copy(update={"moe": model.moe.model_copy(update=changes)})
+
+
 @dataclass(frozen=True, kw_only=True)
 class Request:
     """What a user asks about, as given: the model and the cluster (ids or file paths), then the
@@ -170,6 +183,8 @@ class Request:
     price_per_device_hour: float | None = None
     pue: float | None = None
     host_power_w: float | None = None
+    moe_capacity_factor: float | None = None
+    moe_load_imbalance: float | None = None
     reliability: Reliability = field(default_factory=Reliability)
 
     def with_(self, **changes: Any) -> Request:
@@ -181,7 +196,7 @@ class Request:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def load_model(self) -> ModelSpec:
-        return load_model(self.model)
+        return with_moe_routing(load_model(self.model), self.moe_capacity_factor, self.moe_load_imbalance)
 
     def load_cluster(self) -> Cluster:
         return load_cluster(self.cluster, self.num_devices, self.num_nodes, self.device, self.scale_out_gbit_per_s,

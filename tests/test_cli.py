@@ -789,3 +789,21 @@ def test_grid_heatmap_is_written(tmp_path):
                  "--over", "seq-len=2048,4096", "--chart", str(chart), "--jobs", "1")
     assert result.exit_code == 0, result.stderr
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_moe_routing_options_price_the_slowest_expert_rank():
+    """--moe-load-imbalance and --moe-capacity-factor reach the plan (slower, recorded, reported);
+    a dense model refuses them with exit 2, naming the option."""
+    args = ["plan", "--model", "mixtral", "--cluster", "dgx-h100-superpod", "--devices", "64"]
+    balanced = run_json(*args)
+    skewed = run_json(*args, "--moe-load-imbalance", "1.5")
+    assert skewed["step_time_s"] > balanced["step_time_s"]
+    assert skewed["inputs"]["model"]["moe_routing"]["load_factor"] == 1.5
+    assert balanced["inputs"]["model"]["moe_routing"]["load_factor"] == 1.0
+    report = run(*args, "--moe-capacity-factor", "1.25").stdout
+    assert "capacity factor 1.25" in report
+    dense = run("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8",
+                "--moe-capacity-factor", "1.25")
+    assert dense.exit_code == 2 and "--moe-capacity-factor" in dense.stderr and "no experts" in dense.stderr
+    low = run(*args, "--moe-load-imbalance", "0.5")
+    assert low.exit_code == 2 and "--moe-load-imbalance" in low.stderr

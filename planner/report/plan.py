@@ -128,7 +128,10 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
     host_w, host_assumed = host_power_w(cluster)
     return {
         "model": {"name": model.name, "num_layers": model.num_layers, "hidden_size": model.hidden_size,
-                  "num_params": model.num_params, "num_active_params": model.num_active_params},
+                  "num_params": model.num_params, "num_active_params": model.num_active_params,
+                  "moe_routing": None if model.moe is None else {
+                      "capacity_factor": model.moe.capacity_factor, "load_imbalance": model.moe.load_imbalance,
+                      "load_factor": model.moe.load_factor}},
         "cluster": {"id": cluster.id, "name": cluster.name, "family": cluster.family,
                     "device": cluster.device.id, "num_devices": cluster.num_devices,
                     "devices_per_node": cluster.devices_per_node, "domain_size": cluster.domain_size,
