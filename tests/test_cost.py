@@ -326,11 +326,12 @@ def test_activation_gqa_and_swiglu_generalisation():
 
 
 def test_activation_moe_layer_by_hand():
-    """MoE layer: the dense MLP part is replaced by permuted tokens in and out (2 x 2 n k h) and
-    the routed experts' intermediates ``2 n k f_e (1 + ups)``."""
+    """MoE layer: the dense MLP part is replaced by the router's fp32 scores over the 8 experts and
+    its k choices (index and probability, 12 B), permuted tokens in and out (2 x 2 n k h) and the
+    routed experts' intermediates ``2 n k f_e (1 + ups)``."""
     n, k, h, fe = N_TOK, 2, 1024, 2816
     dense_mlp = 2 * n * MOE.ffn_hidden_size * 3
-    moe_mlp = 2 * n * k * h * 2 + 2 * n * k * fe * 3
+    moe_mlp = 4 * n * 8 + 12 * n * k + 2 * n * k * h * 2 + 2 * n * k * fe * 3
     assert _act(MOE, moe=True) - _act(MOE, moe=False) == pytest.approx(moe_mlp - dense_mlp, rel=REL)
 
 
