@@ -508,6 +508,11 @@ def explain_command(as_json, **options):
               help="Run the model under torch.compile (torchtitan only; see plan --help).")
 @click.option("--model-code", "model_code", type=click.Choice(list(MODEL_CODES)),
               help="A Hugging Face transformers model class under DeepSpeed or FSDP (see plan --help).")
+@click.option("--moe-capacity-factor", "moe_capacity_factor", type=BoundedNumber(float, 64.0, minimum=1.0),
+              metavar="RATIO", help="MoE models: experts padded to this multiple of the mean load (see plan --help).")
+@click.option("--moe-load-imbalance", "moe_load_imbalance", type=BoundedNumber(float, 64.0, minimum=1.0),
+              metavar="RATIO", help="MoE models, dropless: the most loaded expert rank's tokens over the mean "
+                                    "(see plan --help).")
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Search engine for each candidate.")
 @click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
@@ -517,7 +522,7 @@ def explain_command(as_json, **options):
 @_apply(WHATIF_OUTPUT_OPTIONS)
 @guarded
 def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, framework, compiled, model_code,
-                    engine, objective, as_json, csv_path, chart_path):
+                    moe_capacity_factor, moe_load_imbalance, engine, objective, as_json, csv_path, chart_path):
     """What-if: the best layout of MODEL on each candidate cluster, side by side (step time, MFU,
     time, energy and cost to train the job's tokens).
 
@@ -531,7 +536,8 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
     candidates = [parse_candidate(c) for c in clusters]
     request = _request(model_arg, candidates[0].cluster, global_batch=global_batch, seq_len=seq_len,
                        precision=precision, tokens=tokens, framework=framework, compiled=compiled,
-                       model_code=model_code)
+                       model_code=model_code, moe_capacity_factor=moe_capacity_factor,
+                       moe_load_imbalance=moe_load_imbalance)
     model = request.load_model()
     with progress_bar("clusters", not as_json) as tick:
         rows = rank(compare(request, candidates, SearchOptions(engine=engine, top_k=0, objective=objective),

@@ -807,3 +807,5 @@ def test_moe_routing_options_price_the_slowest_expert_rank():
     assert dense.exit_code == 2 and "--moe-capacity-factor" in dense.stderr and "no experts" in dense.stderr
     low = run(*args, "--moe-load-imbalance", "0.5")
     assert low.exit_code == 2 and "--moe-load-imbalance" in low.stderr
+    compared = run_json("compare", "--model", "mixtral", "--cluster", "dgx-h100-superpod:64", "--moe-load-imbalance", "1.5")
+    assert compared[0]["step_time_s"] == pytest.approx(skewed["step_time_s"])
