@@ -673,8 +673,10 @@ def nccl_communicator_sizes(layout: Layout) -> tuple[int, ...]:
     default group (start-up barrier, loss and timer reductions), the tensor-, context-, data- (with
     context: the gradients' dp x cp group), expert- and expert-data-parallel groups, and with
     pipeline parallelism the pipeline group (gradient norm) and the pair it sends activations to.
-    A group with the ranks of one already counted is counted once (torchtitan's mesh and DeepSpeed
-    reuse the default group for a dimension that spans every rank)."""
+    The default group is not counted again where another group spans every rank (torchtitan's mesh
+    and DeepSpeed reuse it for such a dimension); groups over the same ranks for different purposes
+    (an expert group equal to the data-parallel one) are separate communicators, as the frameworks
+    create them."""
     world = layout.tp * layout.cp * layout.dp * layout.pp
     inner = layout.tp if layout.expert_tp else 1
     groups = {("world", world), ("tp", layout.tp), ("cp", layout.cp), ("dp", layout.dp * layout.cp)}
