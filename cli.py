@@ -41,7 +41,7 @@ from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.library import job_defaults, list_models
-from clusterplan.planner.report.plan import PLANNER_VERSION, plan_document, read_plan_document
+from clusterplan.planner.report.plan import NO_PUBLISHED_RUN, PLANNER_VERSION, plan_document, read_plan_document
 from clusterplan.planner.inputs import Request, default_global_batch  # noqa: F401 (re-exported: tests, API)
 from clusterplan.planner.requests import Planned, evaluate_request, fit_request, plan_request
 from clusterplan.planner.search import ENGINES, SearchOptions
@@ -244,6 +244,17 @@ def _given(name: str) -> Any:
     return None if ctx is None else ctx.meta.get(f"clusterplan.{name}")
 
 
+MOE_ROUTING_OPTIONS = [
+    click.option("--moe-capacity-factor", "moe_capacity_factor", type=BoundedNumber(float, 64.0, minimum=1.0),
+                 metavar="RATIO",
+                 help="MoE models: expert capacity as a multiple of the mean load, each expert's input padded "
+                      "to it (Megatron-Core --moe-expert-capacity-factor); the most loaded rank computes, sends "
+                      "and keeps that many routed tokens. Default: the model's (dropless)."),
+    click.option("--moe-load-imbalance", "moe_load_imbalance", type=BoundedNumber(float, 64.0, minimum=1.0),
+                 metavar="RATIO",
+                 help="MoE models, dropless routing: the most loaded expert-parallel rank's routed tokens over "
+                      "the mean (default: the model's, 1 = balanced, as benchmarks that force balance run)."),
+]
 INPUT_OPTIONS = [
     click.option("--model", "model_arg", required=True, metavar="ID|FILE",
                  help="Bundled model id or alias (see `clusterplan models`), or the path of a YAML/JSON "
@@ -313,15 +324,7 @@ INPUT_OPTIONS = [
     click.option("--restart-minutes", "restart_minutes", type=BoundedNumber(float, 1e4, minimum=0.0), metavar="MIN",
                  expose_value=False, callback=_remember,
                  help="Time to restart after a failure (default 10: an assumption, labelled unvalidated)."),
-    click.option("--moe-capacity-factor", "moe_capacity_factor", type=BoundedNumber(float, 64.0, minimum=1.0),
-                 metavar="RATIO",
-                 help="MoE models: expert capacity as a multiple of the mean load, each expert's input padded "
-                      "to it (Megatron-Core --moe-expert-capacity-factor); the most loaded rank computes, sends "
-                      "and keeps that many routed tokens. Default: the model's (dropless)."),
-    click.option("--moe-load-imbalance", "moe_load_imbalance", type=BoundedNumber(float, 64.0, minimum=1.0),
-                 metavar="RATIO",
-                 help="MoE models, dropless routing: the most loaded expert-parallel rank's routed tokens over "
-                      "the mean (default: the model's, 1 = balanced, as benchmarks that force balance run)."),
+    *MOE_ROUTING_OPTIONS,
     click.option("--attention", type=click.Choice(list(ATTENTION_KINDS)), default=None,
                  help="Attention kernel (default: the framework's): flash (fused, the device's best: FlashAttention-3/cuDNN on Hopper), "
                       "flash2 (FlashAttention-2 kernels, e.g. PyTorch SDPA: slower on Hopper) or unfused "
@@ -508,11 +511,7 @@ def explain_command(as_json, **options):
               help="Run the model under torch.compile (torchtitan only; see plan --help).")
 @click.option("--model-code", "model_code", type=click.Choice(list(MODEL_CODES)),
               help="A Hugging Face transformers model class under DeepSpeed or FSDP (see plan --help).")
-@click.option("--moe-capacity-factor", "moe_capacity_factor", type=BoundedNumber(float, 64.0, minimum=1.0),
-              metavar="RATIO", help="MoE models: experts padded to this multiple of the mean load (see plan --help).")
-@click.option("--moe-load-imbalance", "moe_load_imbalance", type=BoundedNumber(float, 64.0, minimum=1.0),
-              metavar="RATIO", help="MoE models, dropless: the most loaded expert rank's tokens over the mean "
-                                    "(see plan --help).")
+@_apply(MOE_ROUTING_OPTIONS)
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Search engine for each candidate.")
 @click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
@@ -672,7 +671,7 @@ def _print_row_trust(rows: list[dict], name: Callable[[dict], str]) -> None:
     for r in rows:
         if "error" in r:
             continue
-        more = [line for line in r.get("unvalidated", []) if "no published run on this hardware" not in line]
+        more = [line for line in r.get("unvalidated", []) if not line.startswith(NO_PUBLISHED_RUN)]
         extra = f"; {len(more)} unvalidated assumption{'s' if len(more) != 1 else ''}" if more else ""
         console.print(f"  {name(r)}: {r['validated_error']}{extra}")
 

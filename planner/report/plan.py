@@ -162,7 +162,7 @@ def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
                      f"board power per device for the host (the DGX systems' ratio; --host-power-w to set it)")
     validated = family_error(dev.family)
     if validated is None:
-        lines.append(f"unvalidated: no published run on this hardware ({dev.family}) in clusterplan's validation data")
+        lines.append(f"{NO_PUBLISHED_RUN} ({dev.family}) in clusterplan's validation data")
     if dev.attention_efficiency is None:
         lines.append(f"unvalidated: no measured fused-attention efficiency for {dev.name}; attention runs at "
                      f"{UNMEASURED_ATTENTION_OVER_MAMF:.0%} of the matmul efficiency (assumed, docs/cost-model.md)")
@@ -208,6 +208,9 @@ def family_error(family: str) -> dict | None:
     return {**entry, "line": line}
 
 
+NO_PUBLISHED_RUN = "unvalidated: no published run on this hardware"
+"""The label of a prediction whose hardware family no validated run covers (plan's caveats, the
+what-if rows' ``validated_error``)."""
 NO_PUBLISHED_TRAINING = ("groq-lpu",)  # Groq publishes inference only (issue 10)
 GPU_FRAMEWORK_VENDORS = ("nvidia", "amd", "intel")  # vendors whose parts Megatron/torchtitan/DeepSpeed run on
 

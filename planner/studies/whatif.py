@@ -22,7 +22,7 @@ from clusterplan.cost.layout import Job, Layout
 from clusterplan.models.errors import ClusterplanError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
-from clusterplan.planner.report.plan import plan_document
+from clusterplan.planner.report.plan import NO_PUBLISHED_RUN, plan_document
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.topologies.cluster import Cluster
 
@@ -85,7 +85,7 @@ def _validated(doc: dict) -> str:
     """The family's validated error for a row: ``median 5% over 25 runs``, or ``unvalidated``."""
     entry = doc["inputs"]["caveats"].get("validated_error")
     if not entry:
-        return "unvalidated: no published run on this hardware"
+        return NO_PUBLISHED_RUN
     return f"median {entry['median_abs_error']:.0%} over {entry['runs']} runs"
 
 
