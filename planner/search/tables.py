@@ -213,7 +213,8 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe,
                   cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
                   C=C, BWD=BWD, FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM, RG=RG,
-                  DPX=DPX,                   OPT=OPT, U=U, UG=UG, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS, IF1=IF1,
+                  DPX=DPX, OPT=OPT, U=U, UG=UG, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ACT=ACT, TRANS=TRANS,
+                  LOGITS=LOGITS, IF1=IF1,
                   IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fes=ok_fes,
                   ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=eo_ok, time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
@@ -324,6 +325,8 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
             # traffic: ``first[oi]`` is the first order with oi's profiles.
             seen: dict = {}
             first = [seen.setdefault((d, x, x is d), oi) for oi, (d, x) in enumerate(profiles)]
+            # the runtime outside the allocator (CUDA context, NCCL buffers) depends on the groups only
+            runtime = runtime_bytes(ctx, Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, expert_tp=et))
             for vi, v in enumerate(S.vp):
                 if pp * v > L or (v > 1 and pp == 1):
                     continue
@@ -331,8 +334,7 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 for zi, z in enumerate(S.zero_stage):
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et)
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base)
-                    # the runtime outside the allocator (CUDA context, NCCL buffers) depends on the groups
-                    static[i, vi, ei, zi] = memory_static_bytes(ctx, base) + runtime_bytes(ctx, base)
+                    static[i, vi, ei, zi] = memory_static_bytes(ctx, base) + runtime
                     gfree[i, vi, ei, zi] = grads_freed_bytes(ctx, base)
                     for oi, (dense, expert) in enumerate(profiles):
                         if dense is None:
