@@ -128,6 +128,9 @@ class Profile:
     # (semantics.op_sac_unsaved_attention_history: (since YYYY-MM, capability or None for none))
     op_sac_unsaved_attention_history: tuple[tuple[str, float | None], ...] = ()
     eager_activations: bool = False  # eager PyTorch modules: autograd keeps more than fused kernels (terms.activation_bytes)
+    # The RMSNorm kernel eager modules run, by release (semantics.eager_norm_history): (since YYYY-MM,
+    # "fused" or "composite"); before the first entry, fused (models.ops.Kernels)
+    eager_norm_history: tuple[tuple[str, str], ...] = ()
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
     sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
@@ -193,6 +196,12 @@ class ProfileAt:
         (``semantics.op_sac_unsaved_attention_history``)."""
         floor = self._as_of(self.profile.op_sac_unsaved_attention_history, None)
         return floor is None or compute_capability is None or compute_capability < floor
+
+    @property
+    def eager_norm_composite(self) -> bool:
+        """Eager modules at this release run RMSNorm as PyTorch ops rather than a fused kernel
+        (``semantics.eager_norm_history``)."""
+        return self._as_of(self.profile.eager_norm_history, "fused") == "composite"
 
     @property
     def kv_repeated(self) -> bool:
@@ -420,6 +429,7 @@ def load_profile(framework_id: str) -> Profile:
         compiled_loss_history=_history(sem, "compiled_loss_history", "compiled", bool),
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
         attention_history=_history(sem, "attention_history", "kernel", str),
+        eager_norm_history=_eager_norm_history(sem, where),
         **_activations(sem, where),
         **_p2p(sem),
         **_zero3(sem, where),
@@ -441,6 +451,18 @@ def load_profile(framework_id: str) -> Profile:
 def _history(sem: dict, key: str, field: str, cast) -> tuple[tuple[str, object], ...]:
     """A ``semantics`` list of ``{since: YYYY-MM, field: value}`` entries as ``(since, value)`` pairs."""
     return tuple((str(e["since"]), cast(e[field])) for e in sem.get(key) or ())
+
+
+EAGER_NORMS = ("fused", "composite")
+
+
+def _eager_norm_history(sem: dict, where: str) -> tuple[tuple[str, str], ...]:
+    history = _history(sem, "eager_norm_history", "kernel", str)
+    for since, kernel in history:
+        if kernel not in EAGER_NORMS:
+            raise SpecError(f"{where}: semantics.eager_norm_history: got {kernel!r}; allowed: {', '.join(EAGER_NORMS)}")
+        parse_date(since, f"{where}: semantics.eager_norm_history.since")
+    return history
 
 
 def _zero3_fetch(sem: dict, where: str) -> tuple[tuple[str, str], ...]:

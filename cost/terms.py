@@ -17,7 +17,7 @@ from functools import lru_cache
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import gemm_time_s, op_time_s, ops_time_s
 from clusterplan.cost.layout import Job, Layout, split_order
-from clusterplan.models.ops import ACT_BYTES, head_ops, layer_ops
+from clusterplan.models.ops import ACT_BYTES, Kernels, head_ops, layer_ops
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
@@ -282,9 +282,8 @@ def _compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute
     model = ctx.model
     n = _tokens(ctx, cp, mbs)
     prof = ctx.job.profile
-    hf = ctx.job.model_code == HF_MODEL_CODE  # a transformers model class: eager ops
-    style = {"eager": hf or (prof.profile.eager_activations and not ctx.job.compiled),
-             "kv_repeat": hf or prof.kv_repeated, "fp32_norms": hf}
+    kernels = layer_kernels(ctx)
+    style = {"eager": kernels.eager, "kv_repeat": kernels.kv_repeat, "fp32_norms": ctx.job.model_code == HF_MODEL_CODE}
     fwd = bwd = gemm = attn = act = transient = gemm_bwd = attn_bwd = sac_rec = 0.0
     for moe, count in _layer_kinds(model):
         t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None, expert_tp)
@@ -307,6 +306,19 @@ def _compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute
     return ComputeTerms(fwd, bwd, rec, gemm, act / model.num_layers, transient, gemm_bwd, attn + attn_bwd, attn_bwd)
 
 
+def layer_kernels(ctx: Context) -> Kernels:
+    """How the job's layers run their element-wise passes (:class:`models.ops.Kernels`): eager
+    PyTorch ops for a Hugging Face transformers class (``HF_MODEL_CODE``: its ``LlamaRMSNorm`` is
+    always PyTorch ops) and for a profile of eager modules (``semantics.eager_activations``, with
+    its release's RMSNorm kernel) not run under ``torch.compile``; K and V copied per query head
+    where the code calls ``repeat_kv`` (compiled or not: the copy is the graph's output either way)."""
+    prof = ctx.job.profile
+    hf = ctx.job.model_code == HF_MODEL_CODE
+    eager = hf or (prof.profile.eager_activations and not ctx.job.compiled)
+    return Kernels(eager=eager, composite_norm=eager and (hf or prof.eager_norm_composite),
+                   kv_repeat=hf or prof.kv_repeated)
+
+
 @lru_cache(maxsize=65536)
 def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
                 local_experts: int | None, expert_tp: bool = True) -> tuple[float, ...]:
@@ -314,7 +326,7 @@ def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
     per-op-SAC recompute time of one layer of a kind."""
     dev, prec = ctx.cluster.device, ctx.job.precision
     ops = layer_ops(ctx.model, _tokens(ctx, cp, mbs), ctx.job.seq_len, tp, sp, moe, local_experts, ctx.job.attention,
-                    expert_tp)
+                    expert_tp, layer_kernels(ctx))
     core = [op for op in ops if op.core]
     gemm_bwd = gemm_time_s(ops, dev, prec, backward=True)
     return (ops_time_s(ops, dev, prec), ops_time_s(ops, dev, prec, backward=True),

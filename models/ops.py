@@ -42,6 +42,42 @@ class Op:
     high_precision: bool = False  # a GEMM that stays in 16 bits in FP8 jobs (LM head, MoE router)
 
 
+EAGER_RMSNORM_BYTES = 36.0
+"""Bytes per element of an RMSNorm written as PyTorch ops and run eagerly (torchtitan's ``RMSNorm``
+class ``x.float()``, ``pow(2).mean(-1)``, ``rsqrt``, ``x * rsqrt``, ``.type_as(x)``, ``* weight``;
+Hugging Face's ``LlamaRMSNorm`` the same ops; PyTorch's ``F.rms_norm`` before its fused CUDA kernel
+was the same composite): upcast r2 w4, square r4 w4, mean r4, scale r4 w4, cast back r4 w2,
+weight r2 w2. A fused kernel reads 2 and writes 2 (``FUSED_NORM_BYTES``): 9x, as PyTorch PR
+#153666 (2025-05) measured for its fused kernel against the unfused one ("around 9x speedup")."""
+FUSED_NORM_BYTES = 2.0 * ACT_BYTES
+EAGER_ROTARY_BYTES = 20.0
+"""Bytes per query/key element of rotary embedding run as eager ops: torchtitan's
+``view_as_complex(x.float())`` (r2 w4), the complex product with ``freqs_cis`` (r4 w4) and
+``type_as`` (r4 w2); Hugging Face's ``q * cos + rotate_half(q) * sin`` (product r2 w2, negate
+and concatenate the halves r2 w2 plus r1 w1, product r2 w2, sum r4 w2) comes to the same 20. A fused
+kernel (Transformer Engine, Megatron's Apex rope, a compiled graph) reads 2 and writes 2."""
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """How a layer's element-wise passes run.
+
+    ``eager``: as separate eager PyTorch kernels (torchtitan's Llama modules without
+    ``torch.compile``, a Hugging Face transformers class): rotary in fp32 complex arithmetic
+    (``EAGER_ROTARY_BYTES``) and SwiGLU as ``silu`` then a product, whose intermediate is written and
+    read back; LayerNorm and GELU are one kernel each even then. ``composite_norm``: the RMSNorm is
+    PyTorch ops (``EAGER_RMSNORM_BYTES``), not a fused kernel. ``kv_repeat``: K and V are copied per
+    query head before attention (``repeat_kv``). The default is the fused kernels of Megatron-LM,
+    Transformer Engine and compiled graphs."""
+
+    eager: bool = False
+    composite_norm: bool = False
+    kv_repeat: bool = False
+
+
+FUSED = Kernels()
+
+
 def _gemm(name: str, m: float, k: float, n: float, fp8_input_fused: bool = False,
           high_precision: bool = False) -> Op:
     """A linear layer's GEMM: ``m`` tokens x ``k`` in-features x ``n`` out-features.
@@ -113,20 +149,29 @@ def unfused_attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp
     return ops
 
 
-def mlp_ops(model: ModelSpec, num_tokens: float, ffn: int, tp: int, name: str = "mlp") -> list[Op]:
+def activation_bytes_per_element(model: ModelSpec, kernels: Kernels = FUSED) -> float:
+    """Bytes per element of the MLP width that the activation moves: GELU reads one tensor and
+    writes one, SwiGLU reads two; eager SwiGLU (``F.silu(w1 x) * w3 x``) also writes the SiLU's
+    output and reads it back."""
+    ups = model.mlp_matrices - 1
+    extra = 2 if kernels.eager and ups == 2 else 0
+    return ACT_BYTES * (ups + 1 + extra)
+
+
+def mlp_ops(model: ModelSpec, num_tokens: float, ffn: int, tp: int, name: str = "mlp",
+            kernels: Kernels = FUSED) -> list[Op]:
     """Up (and gate) projection, activation, down projection of one MLP of width ``ffn``."""
     h = model.hidden_size
     ups = model.mlp_matrices - 1
-    act_reads = ups  # gelu reads one tensor, swiglu two
     return [
         _gemm(f"{name}_up", num_tokens, h, ups * ffn / tp, fp8_input_fused=name == "mlp"),
-        Op(f"{name}_act", "memory", 0.0, ACT_BYTES * num_tokens * ffn * (act_reads + 1) / tp),
+        Op(f"{name}_act", "memory", 0.0, activation_bytes_per_element(model, kernels) * num_tokens * ffn / tp),
         _gemm(f"{name}_down", num_tokens, ffn / tp, h),
     ]
 
 
 def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_experts: int | None = None,
-            expert_tp: bool = True) -> list[Op]:
+            expert_tp: bool = True, kernels: Kernels = FUSED) -> list[Op]:
     """Router, token permutation and un-permutation, routed and shared experts, on the most loaded
     expert-parallel rank: ``top_k`` copies per token times the routing's load factor
     (``MoESpec.load_factor``: 1 for balanced routing, the capacity factor when experts are padded
@@ -162,19 +207,20 @@ def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_expert
         Op("experts_up", "gemm", 2.0 * routed * h * ups * ffn / tp,
            ACT_BYTES * (routed * h + up_weights + routed * ups * ffn / tp), input_elements=routed * h,
            rows=per_expert, cols=ups * ffn / shards, groups=max(1, round(experts))),
-        Op("experts_act", "memory", 0.0, ACT_BYTES * routed * ffn * (ups + 1) / tp),
+        Op("experts_act", "memory", 0.0, activation_bytes_per_element(model, kernels) * routed * ffn / tp),
         Op("experts_down", "gemm", 2.0 * routed * ffn / tp * h,
            ACT_BYTES * (routed * ffn / tp + down_weights + routed * h), input_elements=routed * ffn / tp,
            rows=per_expert, cols=h, groups=max(1, round(experts))),
     ]
     if e.num_shared_experts:
-        ops += mlp_ops(model, num_tokens, e.num_shared_experts * ffn, tp, name="shared")
+        ops += mlp_ops(model, num_tokens, e.num_shared_experts * ffn, tp, name="shared", kernels=kernels)
     return ops
 
 
-def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool) -> list[Op]:
+def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, kernels: Kernels = FUSED) -> list[Op]:
     """Two norms, two residual adds (Megatron's fused bias-dropout-add, with its masks when the model
-    uses dropout), rotary embedding: memory-bound passes over ``h``.
+    uses dropout), rotary embedding where the model has it: memory-bound passes over ``h``; with ``kernels.kv_repeat`` the
+    copy of K and V per query head (read ``g``, write ``a`` heads of each).
 
     Without sequence parallelism these run replicated on the full ``num_tokens`` on every
     tensor-parallel rank; with it each rank handles ``1/tp`` of the tokens (Korthikanti et al.).
@@ -182,23 +228,32 @@ def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool) -> l
     h = model.hidden_size
     local = num_tokens / tp if sp else num_tokens
     d, a, g = model.head_dim_resolved, model.num_attention_heads, model.num_kv_heads_resolved
+    composite = kernels.composite_norm and model.norm_resolved == "rmsnorm"
+    norm_bytes = EAGER_RMSNORM_BYTES if composite else FUSED_NORM_BYTES
+    rotary_bytes = EAGER_ROTARY_BYTES if kernels.eager else 2 * ACT_BYTES
     ops = [
-        Op("norms", "memory", 0.0, ACT_BYTES * local * h * 4),  # 2 x (read h, write h)
+        Op("norms", "memory", 0.0, norm_bytes * local * h * 2),  # two norms
         Op("residuals", "memory", 0.0, ACT_BYTES * local * h * 6),  # 2 x (read 2h, write h)
-        Op("rotary", "memory", 0.0, ACT_BYTES * num_tokens * (a + g) * d * 2 / tp),
     ]
+    if model.rotary:
+        # backward rotates the gradient back (no saved input): the forward's bytes again
+        ops.append(Op("rotary", "memory", 0.0, rotary_bytes * num_tokens * (a + g) * d / tp, backward_factor=1.0))
+    if kernels.kv_repeat and g < a:
+        # backward sums the copies' gradients back into g heads: the forward's bytes again
+        ops.append(Op("kv_repeat", "memory", 0.0, 2 * ACT_BYTES * num_tokens * (g + a) * d / tp, backward_factor=1.0))
     if model.dropout:  # the fused bias-dropout-add kernels also write a 1-byte mask each; backward reads it
         ops.append(Op("dropout_masks", "memory", 0.0, 2 * local * h, backward_factor=1.0))
     return ops
 
 
 def layer_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, sp: bool, moe: bool,
-              local_experts: int | None = None, attention: str = "flash", expert_tp: bool = True) -> list[Op]:
+              local_experts: int | None = None, attention: str = "flash", expert_tp: bool = True,
+              kernels: Kernels = FUSED) -> list[Op]:
     """All forward ops of one dense (``moe=False``) or MoE layer on one device."""
-    ops = attention_ops(model, num_tokens, kv_len, tp, attention) + elementwise_ops(model, num_tokens, tp, sp)
+    ops = attention_ops(model, num_tokens, kv_len, tp, attention) + elementwise_ops(model, num_tokens, tp, sp, kernels)
     if moe:
-        return ops + moe_ops(model, num_tokens, tp, sp, local_experts, expert_tp)
-    return ops + mlp_ops(model, num_tokens, model.ffn_hidden_size, tp)
+        return ops + moe_ops(model, num_tokens, tp, sp, local_experts, expert_tp, kernels)
+    return ops + mlp_ops(model, num_tokens, model.ffn_hidden_size, tp, kernels=kernels)
 
 
 def head_ops(model: ModelSpec, num_tokens: float, tp: int) -> list[Op]:

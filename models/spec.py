@@ -103,6 +103,14 @@ class ModelSpec(BaseModel):
     ffn_activation: Literal["gelu", "swiglu"] = Field(
         "gelu", description="gelu: 2 MLP matrices; swiglu: 3 (gate, up, down)."
     )
+    norm: Literal["layernorm", "rmsnorm"] | None = Field(
+        None, description="Normalisation: rmsnorm (Llama, DeepSeek, Qwen) or layernorm (GPT-2/3, BLOOM, MPT); "
+        "None: rmsnorm with swiglu, layernorm with gelu."
+    )
+    position_embedding: Literal["rope", "learned", "alibi"] | None = Field(
+        None, description="rope (Llama, DeepSeek, Qwen, Nemotron-4), learned (GPT-2/3) or alibi (BLOOM, MPT); "
+        "None: rope with swiglu, learned with gelu. Only rope runs a kernel in every layer."
+    )
     tied_embeddings: bool = Field(False, description="Output layer shares the input embedding.")
     dropout: bool = Field(
         False, description="Hidden/attention dropout on (GPT-3 era); stores 1-byte masks per Korthikanti."
@@ -139,6 +147,18 @@ class ModelSpec(BaseModel):
     @property
     def head_dim_resolved(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def norm_resolved(self) -> str:
+        """``norm``, else the norm that goes with the MLP in the published families: RMSNorm with
+        SwiGLU (Llama, Mistral, DeepSeek, Qwen), LayerNorm with GELU (GPT-2/3, BLOOM, MPT)."""
+        return self.norm or ("rmsnorm" if self.ffn_activation == "swiglu" else "layernorm")
+
+    @property
+    def rotary(self) -> bool:
+        """Rotary position embedding in every layer: ``position_embedding``, else the family default
+        (RoPE with SwiGLU; learned absolute positions with GELU, GPT-2/3)."""
+        return (self.position_embedding or ("rope" if self.ffn_activation == "swiglu" else "learned")) == "rope"
 
     @property
     def attention_dims(self) -> tuple[int, int]:
