@@ -299,9 +299,11 @@ INPUT_OPTIONS = [
                       "which needs compile, becomes a knob. Only --framework torchtitan has this switch."),
     click.option("--model-code", "model_code", type=click.Choice(list(MODEL_CODES)),
                  help="Whose modules implement the model: native (default: the framework's own, e.g. Megatron's "
-                      "fused layers, torchtitan's Llama) or huggingface (a Hugging Face transformers model class "
-                      "trained under DeepSpeed ZeRO or FSDP: with --framework deepspeed or torchtitan, data "
-                      "parallelism only; memory is priced as its eager ops keep it, their extra time is not)."),
+                      "fused layers, torchtitan's eager Llama), huggingface (a Hugging Face transformers model "
+                      "class trained under DeepSpeed ZeRO or FSDP: with --framework deepspeed or torchtitan, data "
+                      "parallelism only; memory and time priced as its eager ops keep and run them) or fused (a "
+                      "model built from Transformer Engine layers under a framework whose own modules are eager, "
+                      "e.g. NeMo Automodel's TE models with --framework torchtitan)."),
     click.option("--price-per-device-hour", "price_per_device_hour", type=BoundedNumber(float, 1e4), metavar="USD",
                  expose_value=False, callback=_remember,
                  help="Rental price per device-hour, replacing the catalogue's (cost figures and --objective cost)."),
@@ -1011,8 +1013,11 @@ def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
         line += f", {job['attention']} attention"
     if job.get("compiled"):
         line += ", torch.compile"
-    if job.get("model_code", "native") != "native":
-        line += ", a Hugging Face transformers model class (memory of its eager ops; their extra time unvalidated)"
+    if job.get("model_code", "native") == "huggingface":
+        line += (", a Hugging Face transformers model class (memory of its eager ops; their time derived from "
+                 "torchtitan's measured eager kernels, unvalidated on transformers)")
+    elif job.get("model_code", "native") == "fused":
+        line += ", a model of fused (Transformer Engine) kernels"
     if job["tokens_to_train"]:
         line += f", {_count(job['tokens_to_train'])} tokens to train"
     console.print(line)

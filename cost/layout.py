@@ -32,7 +32,7 @@ from clusterplan.topologies.cluster import TORUS_AXES
 
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
-MODEL_CODES: tuple[str, ...] = ("native", "huggingface")
+MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 
 
@@ -199,7 +199,9 @@ class Job:
     model_code : whose modules implement the model: ``native`` (the framework's own: Megatron's fused
         layers, torchtitan's Llama) or ``huggingface`` (a Hugging Face transformers model class run by
         the framework, as DeepSpeed and FSDP users often do): its eager ops keep more for backward
-        (``cost.terms.HF_MODEL_CODE``).
+        and run as separate kernels (``cost.terms.HF_MODEL_CODE``, ``models.ops.Kernels``); or
+        ``fused`` (a model built from fused kernels, Transformer Engine layers, run by a framework
+        whose own modules are eager: NeMo Automodel's TE models under the torchtitan profile).
     fp8_all_gather : an FP8 job's sharded data parallelism all-gathers the weights already cast to
         FP8, one byte each (torchao's ``enable_fsdp_float8_all_gather`` under FSDP2, its tensorwise
         recipe; ``cost.terms.gather_bytes``).

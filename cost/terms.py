@@ -17,7 +17,7 @@ from functools import lru_cache
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import gemm_time_s, op_time_s, ops_time_s
 from clusterplan.cost.layout import Job, Layout, split_order
-from clusterplan.models.ops import ACT_BYTES, Kernels, head_ops, layer_ops
+from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
@@ -25,6 +25,7 @@ OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhand
 WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
 NUM_GRAD_BUCKETS = 8  # the last of the bucketed gradient reductions cannot overlap (PyTorch DDP, Megatron DDP)
 HF_MODEL_CODE = "huggingface"
+FUSED_MODEL_CODE = "fused"  # a model of fused kernels (Transformer Engine layers) under any framework
 """``Job.model_code`` of a Hugging Face transformers model class (transformers 4.36 to 4.45, read at
 ``models/llama/modeling_llama.py``): eager modules, so autograd keeps what each op saves
 (``activation_bytes``): SwiGLU keeps ``gate``, its SiLU, ``up`` and their product (``eager``);
@@ -311,8 +312,11 @@ def layer_kernels(ctx: Context) -> Kernels:
     PyTorch ops for a Hugging Face transformers class (``HF_MODEL_CODE``: its ``LlamaRMSNorm`` is
     always PyTorch ops) and for a profile of eager modules (``semantics.eager_activations``, with
     its release's RMSNorm kernel) not run under ``torch.compile``; K and V copied per query head
-    where the code calls ``repeat_kv`` (compiled or not: the copy is the graph's output either way)."""
+    where the code calls ``repeat_kv`` (compiled or not: the copy is the graph's output either way).
+    A model of fused kernels (``FUSED_MODEL_CODE``) runs none of these."""
     prof = ctx.job.profile
+    if ctx.job.model_code == FUSED_MODEL_CODE:
+        return FUSED
     hf = ctx.job.model_code == HF_MODEL_CODE
     eager = hf or (prof.profile.eager_activations and not ctx.job.compiled)
     return Kernels(eager=eager, composite_norm=eager and (hf or prof.eager_norm_composite),

@@ -61,3 +61,37 @@ def test_compare_carries_the_model_code_to_every_candidate():
     rows = json.loads(result.stdout)
     rows = rows["rows"] if isinstance(rows, dict) else rows
     assert len(rows) == 2 and all(r["layout"]["tp"] == 1 and r["layout"]["pp"] == 1 for r in rows)
+
+
+def _titan_step(*extra: str) -> dict:
+    result = _run("evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8",
+                  "--global-batch", "16", "--seq-len", "8192", "--framework", "torchtitan",
+                  "--layout", "dp=8,zero=3,mbs=2,recompute=none", *extra, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_eager_kernels_cost_time_that_compile_and_fused_code_do_not():
+    """torchtitan's own modules run eager element-wise kernels (models.ops.Kernels) unless compiled;
+    a model of Transformer Engine layers under the same profile (``--model-code fused``) does not."""
+    eager = _titan_step()["step_time_s"]
+    compiled = _titan_step("--compile")["step_time_s"]
+    fused = _titan_step("--model-code", "fused")["step_time_s"]
+    assert eager > fused and eager > compiled
+    assert fused <= compiled  # compiled still copies K and V per query head (repeat_kv) at this release
+
+
+def test_rotary_is_priced_only_where_the_model_has_it():
+    from clusterplan.models.library import get_model
+    from clusterplan.models.ops import Kernels, layer_ops
+    llama = get_model("llama3-8b")
+    names = {op.name for op in layer_ops(llama, 4096, 4096, 1, False, False)}
+    assert "rotary" in names
+    learned = llama.model_copy(update={"position_embedding": "learned"})
+    assert "rotary" not in {op.name for op in layer_ops(learned, 4096, 4096, 1, False, False)}
+    eager = {op.name: op.bytes for op in layer_ops(llama, 4096, 4096, 1, False, False, kernels=Kernels(eager=True))}
+    fused = {op.name: op.bytes for op in layer_ops(llama, 4096, 4096, 1, False, False)}
+    assert eager["rotary"] == 5 * fused["rotary"] and eager["mlp_act"] > fused["mlp_act"]
+    composite = {op.name: op.bytes for op in layer_ops(llama, 4096, 4096, 1, False, False,
+                                                        kernels=Kernels(eager=True, composite_norm=True))}
+    assert composite["norms"] == 9 * fused["norms"]

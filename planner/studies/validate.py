@@ -265,7 +265,8 @@ def _grad_bytes(run: dict, framework_default: int) -> int:
 def _model_code(run: dict) -> str:
     """``model_code``: ``huggingface`` where the run trained a Hugging Face transformers model class
     under its framework (RUNS_FORMAT.md; its dropout is then the model class's own, none for Llama),
-    else ``native``: the framework's own modules."""
+    ``fused`` where it ran Transformer Engine layers under the torchtitan profile (the fused-model-code
+    rule), else ``native``: the framework's own modules."""
     value = run.get("model_code", "native")
     if value not in MODEL_CODES:
         raise SpecError(f"model_code: got {value!r}; allowed: {', '.join(MODEL_CODES)}")
