@@ -25,7 +25,7 @@ FORMAT = "clusterplan-framework/1"
 FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext")
 FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "cp", "ep", "etp1", "sequence_parallel", "recompute_selective", "recompute_full", "recompute_layers",
-    "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
+    "recompute_modules", "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
              "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap")
@@ -271,6 +271,8 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
     out["recompute"] = prof.recompute_modes()
     if not prof.has("recompute_layers"):
         out["recompute_layers"] = (0,)
+    if not prof.has("recompute_modules"):
+        out["recompute_modules"] = ((),)
     out["zero_stage"] = prof.zero_stages()
     if not prof.has("dp_overlap"):
         out["dp_overlap"] = (False,)
@@ -314,7 +316,10 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
 
 
 def knob_text(value) -> str:
-    """A knob value as the CLI takes it: switches as on/off."""
+    """A knob value as the CLI takes it: switches as on/off, module lists joined with + (none: the
+    framework's default)."""
+    if isinstance(value, tuple):
+        return "+".join(value) or "default"
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 

@@ -31,6 +31,11 @@ from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.topologies.cluster import TORUS_AXES
 
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts")
+"""Megatron-Core's selective recomputation submodules (``--recompute-modules``, TransformerConfig
+``recompute_modules``) that clusterplan prices: core attention, the two layer norms, MLA's up
+projections with their RoPE, the dense MLP, the experts' activation and the shared experts. ``moe``
+(the whole MoE layer, all-to-alls included) is not priced."""
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
@@ -62,6 +67,10 @@ class Layout:
         (Megatron's ``--recompute-method block --recompute-num-layers``, torchtitan's layer SAC
         every k-th layer); the others keep all their activations. 0: every layer. Priced by
         ``evaluate`` and ``validate``; the search does not offer it.
+    recompute_modules : with ``recompute="selective"``, the Megatron-Core submodules recomputed
+        (``--recompute-modules``, from ``RECOMPUTE_MODULES``) in place of the default core attention;
+        empty: the framework's own selective recomputation. Priced by ``evaluate`` and ``validate``;
+        the search does not offer it.
     zero_stage : 0 plain data parallel, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP).
     order : rank order from innermost to outermost axis, e.g. ``"tp-cp-dp-pp"``, with an optional
         torus traversal after ``@`` (module docstring).
@@ -88,6 +97,7 @@ class Layout:
     expert_tp: bool = True
     ep_overlap: bool = False
     recompute_layers: int = 0
+    recompute_modules: tuple[str, ...] = ()
 
     @property
     def num_devices(self) -> int:
@@ -140,7 +150,10 @@ class Layout:
     @classmethod
     def from_dict(cls, d: dict) -> "Layout":
         """The layout of a Plan document's ``layout`` block (which adds ``num_microbatches``)."""
-        return cls(**{k: v for k, v in d.items() if k != "num_microbatches"})
+        fields = {k: v for k, v in d.items() if k != "num_microbatches"}
+        if isinstance(fields.get("recompute_modules"), list):
+            fields["recompute_modules"] = tuple(fields["recompute_modules"])
+        return cls(**fields)
 
     def with_(self, **changes) -> "Layout":
         return replace(self, **changes)
@@ -159,6 +172,8 @@ class Layout:
                   f"recompute={self.recompute}", f"zero={self.zero_stage}"]
         if self.recompute_layers:
             parts.insert(-1, f"recompute_layers={self.recompute_layers}")
+        if self.recompute_modules:
+            parts.insert(-1, f"recompute_modules={'+'.join(self.recompute_modules)}")
         if self.tp_overlap and self.tp > 1:
             parts.append("tp_overlap=on")
         if not self.dp_overlap and self.dp * self.cp > 1:
@@ -335,9 +350,29 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         return raw
     if key == "order":
         return _parse_order(raw)
-    allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, zero, order, dp_overlap, "
-               "tp_overlap, ep_overlap")
+    if key == "recompute_modules":
+        return parse_recompute_modules(raw.split("+"), "layout.recompute_modules")
+    allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
+               "dp_overlap, tp_overlap, ep_overlap")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
+
+
+def parse_recompute_modules(names, where: str) -> tuple[str, ...]:
+    """Megatron-Core submodule names (``RECOMPUTE_MODULES``), each once, in the order given."""
+    if isinstance(names, str) or not isinstance(names, (list, tuple)):
+        raise SpecError(f"{where}: got {names!r}; expected a list of: {', '.join(RECOMPUTE_MODULES)}")
+    out = []
+    for name in names:
+        if name not in RECOMPUTE_MODULES:
+            hint = " (the whole MoE layer is not priced)" if name == "moe" else ""
+            raise SpecError(f"{where}: got {name!r}{hint}; allowed: {', '.join(RECOMPUTE_MODULES)} "
+                            "(joined with + in a layout string, e.g. recompute_modules=layernorm+moe_act)")
+        if name in out:
+            raise SpecError(f"{where}: {name!r} is given twice")
+        out.append(name)
+    if not out:
+        raise SpecError(f"{where}: empty; name at least one of {', '.join(RECOMPUTE_MODULES)}")
+    return tuple(out)
 
 
 def _parse_order(raw: str) -> str:

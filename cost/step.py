@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
-from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis
+from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis, parse_recompute_modules
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
     grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
     param_counts, regather_share, runtime_bytes, static_memory,
 )
 
+from clusterplan.models.errors import SpecError
 from clusterplan.models.ops import model_flops_per_token
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -168,6 +169,31 @@ def _partial_recompute_problems(model: ModelSpec, layout: Layout, bad) -> None:
         bad("recompute", f"recompute_layers={k} needs recompute=full (got recompute={layout.recompute})")
     elif k > stage:
         bad("recompute", f"recompute_layers={k} exceeds the {stage} layers of a pipeline stage")
+    _recompute_module_problems(model, layout, bad)
+
+
+def _recompute_module_problems(model: ModelSpec, layout: Layout, bad) -> None:
+    """``recompute_modules`` name Megatron-Core submodules of a selective recomputation, each of a
+    part the model has."""
+    mods = layout.recompute_modules
+    if not mods:
+        return
+    text = "+".join(mods) if isinstance(mods, tuple) else repr(mods)
+    try:
+        parse_recompute_modules(list(mods) if isinstance(mods, tuple) else mods, "recompute_modules")
+    except SpecError as exc:
+        bad("recompute", str(exc))
+        return
+    if layout.recompute != "selective":
+        bad("recompute", f"recompute_modules={text} needs recompute=selective (got recompute={layout.recompute})")
+    needs = {"mla_up_proj": (model.mla is not None, "multi-head latent attention"),
+             "moe_act": (model.moe is not None, "MoE layers"),
+             "shared_experts": (model.moe is not None and model.moe.num_shared_experts > 0, "shared experts"),
+             "mlp": (model.num_dense_layers > 0, "dense MLP layers")}
+    for name in mods:
+        ok, what = needs.get(name, (True, ""))
+        if not ok:
+            bad("recompute", f"recompute_modules: {name} needs a model with {what}; {model.name} has none")
 
 
 def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
@@ -179,7 +205,7 @@ def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None
               "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
               "zero_stage": layout.zero_stage, "dp_overlap": layout.dp_overlap,
               "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1,
-              "recompute_layers": layout.recompute_layers}
+              "recompute_layers": layout.recompute_layers, "recompute_modules": layout.recompute_modules}
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
         bad("framework", message)

@@ -17,7 +17,7 @@ from functools import lru_cache
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import gemm_time_s, op_time_s, ops_time_s
 from clusterplan.cost.layout import Job, Layout, split_order
-from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops
+from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops, linear_op
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
@@ -167,6 +167,8 @@ def layer_terms(ctx: Context, layout: Layout, m: int = 1) -> LayerTerms:
     overlaps, and (EP overlap only) the ``m`` micro-batches per step and the pipeline."""
     if layout.recompute_layers and layout.recompute == "full":
         return _partial_recompute_terms(ctx, layout, m)
+    if layout.recompute_modules and layout.recompute == "selective":
+        return _module_recompute_terms(ctx, layout, m)
     ctx = ctx.placed(layout.order)
     tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
     c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep, layout.expert_tp)
@@ -180,6 +182,94 @@ def layer_terms(ctx: Context, layout: Layout, m: int = 1) -> LayerTerms:
                                 steady, layout.expert_tp),
         act_bytes_per_layer=c.act_bytes_per_layer, act_transient_bytes=c.act_transient_bytes,
     )
+
+
+def _module_recompute_terms(ctx: Context, layout: Layout, m: int) -> LayerTerms:
+    """Megatron-Core's selective recomputation of the named submodules (``layout.recompute_modules``):
+    the layer as without recomputation, less what those modules no longer keep, plus their forward
+    run again in backward (:func:`recompute_module_terms`). The tensor-parallel collectives of a
+    recomputed dense MLP are not priced again (the recomputed ops are local to a rank otherwise)."""
+    none = layer_terms(ctx, layout.with_(recompute="none", recompute_modules=()), m)
+    rec_s, dropped = recompute_module_terms(ctx._base, layout.tp, layout.cp, layout.micro_batch_size,
+                                            layout.sequence_parallel, layout.ep, layout.expert_tp,
+                                            tuple(layout.recompute_modules))
+    return replace(none, recompute_s=rec_s, act_bytes_per_layer=none.act_bytes_per_layer - dropped / ctx.model.num_layers)
+
+
+def recompute_module_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, ep: int, expert_tp: bool,
+                           modules: tuple[str, ...]) -> tuple[float, float]:
+    """Seconds of forward re-run and bytes no longer kept, over all layers of one micro-batch, for
+    Megatron-Core's ``recompute_modules`` (TransformerConfig: "moe_act, layernorm and mla_up_proj use
+    output-discarding checkpointing": their outputs are freed once consumed and restored before
+    backward; core_attn, mlp and shared_experts checkpoint the module, keeping its input):
+
+    * ``core_attn``: the attention output and any kept scores (as ``recompute="selective"``), the
+      attention core again;
+    * ``layernorm``: the two norms' outputs (the attention and MLP inputs, ``2 x 2 n h``), the norms;
+    * ``mla_up_proj``: the up-projected queries, keys and values (``2 n a (2 d_qk + d_v)``), the
+      query and key-value up-projection GEMMs and the rotary;
+    * ``mlp`` (dense layers): the MLP intermediates, the MLP;
+    * ``moe_act`` (MoE layers): the experts' activation output (``2`` bytes per routed token and
+      expert width), the activation;
+    * ``shared_experts`` (MoE layers): their intermediates, the shared MLP.
+
+    Sharding as :func:`activation_bytes`: the norms' outputs are replicated across tensor-parallel
+    ranks unless sequence parallelism splits them; the rest is split ``tp`` ways."""
+    model, job = ctx.model, ctx.job
+    n = _tokens(ctx, cp, mbs)
+    dev, prec = ctx.cluster.device, job.precision
+    kernels = layer_kernels(ctx)
+    rec = dropped = 0.0
+    for moe, count in _layer_kinds(model):
+        ops = {op.name: op for op in layer_ops(model, n, job.seq_len, tp, sp, moe, _local_experts(model, ep) if moe else None,
+                                                job.attention, expert_tp, kernels)}
+        names, replicated, sharded = _recompute_module_parts(ctx, n, modules, moe, kernels)
+        extra = [op for name in names for op in ([ops[name]] if name in ops else _mla_up_ops(model, n, tp, name))]
+        core = [op for op in ops.values() if op.core] if "core_attn" in modules else []
+        rec += count * sum(op_time_s(op, dev, prec) for op in extra + core)
+        dropped += count * ((replicated / tp if sp else replicated) + sharded / tp)
+    return rec, dropped
+
+
+def _recompute_module_parts(ctx: Context, n: float, modules: tuple[str, ...], moe: bool,
+                            kernels: Kernels) -> tuple[list[str], float, float]:
+    """For one layer kind: the ops re-run (by name; ``mla_up`` stands for the up-projection GEMMs),
+    and the bytes no longer kept, replicated and tensor-parallel-split (before dividing)."""
+    model = ctx.model
+    h, a = model.hidden_size, model.num_attention_heads
+    d_qk, d_v = model.attention_dims
+    kept = 1 + (model.mlp_matrices - 1) + (1 if kernels.eager and model.mlp_matrices == 3 else 0)
+    names, replicated, sharded = [], 0.0, 0.0
+    if "core_attn" in modules:
+        sharded += ACT_BYTES * n * a * d_v + _score_elements(ctx, n) * (ACT_BYTES + (3 if model.dropout else 0))
+    if "layernorm" in modules:
+        names.append("norms")
+        replicated += 2 * ACT_BYTES * n * h
+    if "mla_up_proj" in modules and model.mla is not None:
+        names += ["mla_up", "rotary"]
+        sharded += ACT_BYTES * n * a * (2 * d_qk + d_v)
+    if "mlp" in modules and not moe:
+        names += ["mlp_up", "mlp_act", "mlp_down"]
+        sharded += ACT_BYTES * n * model.ffn_hidden_size * kept
+    if "moe_act" in modules and moe:
+        names.append("experts_act")
+        sharded += ACT_BYTES * n * model.moe.top_k * model.moe.load_factor * model.moe.expert_ffn_hidden_size
+    if "shared_experts" in modules and moe and model.moe.num_shared_experts:
+        names += ["shared_up", "shared_act", "shared_down"]
+        sharded += ACT_BYTES * n * model.moe.num_shared_experts * model.moe.expert_ffn_hidden_size * kept
+    return names, replicated, sharded
+
+
+def _mla_up_ops(model: ModelSpec, n: float, tp: int, name: str) -> list:
+    """MLA's query and key-value up-projection GEMMs (``name == "mla_up"``; the query is projected
+    straight from the hidden state when ``q_lora_rank`` is 0, not an up-projection)."""
+    if name != "mla_up" or model.mla is None:
+        return []
+    m, a = model.mla, model.num_attention_heads
+    ops = [linear_op("kv_up", n, m.kv_lora_rank, a * (m.qk_nope_head_dim + m.v_head_dim) / tp)]
+    if m.q_lora_rank:
+        ops.append(linear_op("q_up", n, m.q_lora_rank, a * (m.qk_nope_head_dim + m.qk_rope_head_dim) / tp))
+    return ops
 
 
 def _partial_recompute_terms(ctx: Context, layout: Layout, m: int) -> LayerTerms:

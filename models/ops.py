@@ -94,6 +94,12 @@ def _gemm(name: str, m: float, k: float, n: float, fp8_input_fused: bool = False
               fp8_input_fused=fp8_input_fused, high_precision=high_precision)
 
 
+def linear_op(name: str, m: float, k: float, n: float) -> Op:
+    """A linear layer's forward GEMM (``m`` tokens, ``k`` in, ``n`` out features) outside the
+    layer's op list, e.g. a recomputed up-projection."""
+    return _gemm(name, m, k, n)
+
+
 def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, attention: str = "flash") -> list[Op]:
     """QKV projection, attention core, output projection.
 

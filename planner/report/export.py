@@ -241,6 +241,8 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         args.append("--sequence-parallel")
     if L["recompute"] == "selective":
         args.append("--recompute-granularity selective")
+        if L.get("recompute_modules"):
+            args.append("--recompute-modules " + " ".join(L["recompute_modules"]))
     elif L["recompute"] == "full":
         args += _megatron_recompute_args(L)
     args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
@@ -709,7 +711,8 @@ def _layout_line(layout: dict) -> str:
     degrees = [f"{k}={layout[k]}" for k in (*always, "cp", "ep", "vp") if k in always or layout[k] > 1]
     sp = "on" if layout["sequence_parallel"] else "off"
     recompute = [f"recompute={layout['recompute']}"] + (
-        [f"recompute_layers={layout['recompute_layers']}"] if layout.get("recompute_layers") else [])
+        [f"recompute_layers={layout['recompute_layers']}"] if layout.get("recompute_layers") else []) + (
+        [f"recompute_modules={'+'.join(layout['recompute_modules'])}"] if layout.get("recompute_modules") else [])
     return " ".join(degrees + [f"mbs={layout['micro_batch_size']}", f"sp={sp}", *recompute,
                                f"zero={layout['zero_stage']}"])
 

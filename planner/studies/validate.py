@@ -20,7 +20,7 @@ from pathlib import Path
 from clusterplan.cost.framework import (
     default_framework, load_profile, parse_date, refuses_dp_overlap, resolve_name as resolve_framework,
 )
-from clusterplan.cost.layout import MODEL_CODES, Job
+from clusterplan.cost.layout import MODEL_CODES, Job, parse_recompute_modules
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.cost.terms import Context, layer_terms
 from clusterplan.models.files import load_file
@@ -308,14 +308,21 @@ def predicted_peak(ev: Evaluation, kind: str | None) -> float:
 
 
 def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation) -> Evaluation:
-    """The searched layout with the run's published ``layout.recompute_layers`` (a knob the search
-    does not offer: the other knobs were chosen without it), priced by the cost model."""
-    k = (run.get("layout") or {}).get("recompute_layers")
-    if not k:
+    """The searched layout with the run's published ``layout.recompute_layers`` and
+    ``layout.recompute_modules`` (knobs the search does not offer: the other knobs were chosen
+    without them), priced by the cost model."""
+    published = run.get("layout") or {}
+    k, mods = published.get("recompute_layers"), published.get("recompute_modules")
+    if not k and not mods:
         return ev
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise SpecError(f"layout.recompute_layers: got {k!r}; must be an integer >= 0")
-    return evaluate(model, job, cluster, ev.layout.with_(recompute_layers=k))
+    changes = {}
+    if k:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise SpecError(f"layout.recompute_layers: got {k!r}; must be an integer >= 0")
+        changes["recompute_layers"] = k
+    if mods:
+        changes["recompute_modules"] = parse_recompute_modules(mods, "layout.recompute_modules")
+    return evaluate(model, job, cluster, ev.layout.with_(**changes))
 
 
 STEP_SCOPES = ("step", "layers")
