@@ -136,6 +136,7 @@ class Profile:
     sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
     grads_freed_between_steps: bool = False  # sharded gradients are freed after each step (zero_grad(set_to_none))
     lp_grads_beside_fp32: bool = False  # 16-bit .grad tensors stay beside an fp32 accumulation buffer (DeepSpeed bf16)
+    fp8_saved_inputs: bool = False  # FP8 linears keep their FP8 input copy for the weight gradient (1 B; terms.activation_bytes)
     nccl_runtime: bool = False  # PyTorch on CUDA/ROCm with NCCL: the CUDA context and NCCL buffers (terms.runtime_bytes)
     plan_headroom: float = 0.0  # share of device memory a plan keeps free by default (semantics.plan_headroom)
     tp_comm_sms: int | None = None
@@ -446,6 +447,7 @@ def load_profile(framework_id: str) -> Profile:
         grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)),
         lp_grads_beside_fp32=bool(sem.get("lp_grads_beside_fp32", False)),
         nccl_runtime=bool(sem.get("nccl_runtime", False)),
+        fp8_saved_inputs=bool(sem.get("fp8_saved_inputs", False)),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         tp_comm_share=None if ov.get("tp_comm_share") is None else _fraction(ov["tp_comm_share"], f"{where}: overlap.tp_comm_share"),
         tp_comm_sm_margin=bool(ov.get("tp_comm_sm_margin", False)),

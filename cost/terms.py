@@ -239,24 +239,26 @@ def _recompute_module_parts(ctx: Context, n: float, modules: tuple[str, ...], mo
     h, a = model.hidden_size, model.num_attention_heads
     d_qk, d_v = model.attention_dims
     kept = 1 + (model.mlp_matrices - 1) + (1 if kernels.eager and model.mlp_matrices == 3 else 0)
+    lin = linear_input_bytes(fp8_saved_inputs(ctx))
+    per_width = ACT_BYTES * (kept - 1) + lin  # an MLP's kept tensors of its width, the last the fc2 input
     names, replicated, sharded = [], 0.0, 0.0
     if "core_attn" in modules:
         sharded += ACT_BYTES * n * a * d_v + _score_elements(ctx, n) * (ACT_BYTES + (3 if model.dropout else 0))
     if "layernorm" in modules:
         names.append("norms")
-        replicated += 2 * ACT_BYTES * n * h
+        replicated += 2 * lin * n * h
     if "mla_up_proj" in modules and model.mla is not None:
         names += ["mla_up", "rotary"]
         sharded += ACT_BYTES * n * a * (2 * d_qk + d_v)
     if "mlp" in modules and not moe:
         names += ["mlp_up", "mlp_act", "mlp_down"]
-        sharded += ACT_BYTES * n * model.ffn_hidden_size * kept
+        sharded += n * model.ffn_hidden_size * per_width
     if "moe_act" in modules and moe:
         names.append("experts_act")
-        sharded += ACT_BYTES * n * model.moe.top_k * model.moe.load_factor * model.moe.expert_ffn_hidden_size
+        sharded += lin * n * model.moe.top_k * model.moe.load_factor * model.moe.expert_ffn_hidden_size
     if "shared_experts" in modules and moe and model.moe.num_shared_experts:
         names += ["shared_up", "shared_act", "shared_down"]
-        sharded += ACT_BYTES * n * model.moe.num_shared_experts * model.moe.expert_ffn_hidden_size * kept
+        sharded += n * model.moe.num_shared_experts * model.moe.expert_ffn_hidden_size * per_width
     return names, replicated, sharded
 
 
@@ -374,7 +376,8 @@ def _compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute
     n = _tokens(ctx, cp, mbs)
     prof = ctx.job.profile
     kernels = layer_kernels(ctx)
-    style = {"eager": kernels.eager, "kv_repeat": kernels.kv_repeat, "fp32_norms": ctx.job.model_code == HF_MODEL_CODE}
+    style = {"eager": kernels.eager, "kv_repeat": kernels.kv_repeat, "fp32_norms": ctx.job.model_code == HF_MODEL_CODE,
+             "fp8_inputs": fp8_saved_inputs(ctx)}
     fwd = bwd = gemm = attn = act = transient = gemm_bwd = attn_bwd = sac_rec = 0.0
     for moe, count in _layer_kinds(model):
         t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None, expert_tp)
@@ -694,9 +697,15 @@ def _score_elements(ctx: Context, n: float) -> float:
     return ctx.model.num_attention_heads * n * ctx.job.seq_len
 
 
+def fp8_saved_inputs(ctx: Context) -> bool:
+    """An FP8 job whose framework's linears keep their FP8 input copy for the weight gradient
+    (``semantics.fp8_saved_inputs``: Transformer Engine under Megatron)."""
+    return ctx.job.precision == "fp8" and ctx.job.profile.profile.fp8_saved_inputs
+
+
 def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: str, moe: bool,
                      score_elements: float = 0.0, eager: bool = False, kv_repeat: bool = False,
-                     fp32_norms: bool = False) -> float:
+                     fp32_norms: bool = False, fp8_inputs: bool = False) -> float:
     """Stored activations of one layer for one micro-batch (Korthikanti et al. 2022, section 4).
 
     Generalises ``s b h (34 + 5 a s / h)`` to GQA, any FFN width, SwiGLU and MoE. With flash
@@ -719,11 +728,16 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     ``fp32_norms``: the norms upcast to fp32 as Hugging Face's ``LlamaRMSNorm`` does
     (``HF_MODEL_CODE``): each keeps its fp32 input copy (``4 n h``, saved by ``pow``) and the
     bf16-cast normalised tensor (``2 n h``, saved by the weight multiply) instead of its bf16 input.
+    ``fp8_inputs``: FP8 training under Transformer Engine (:func:`fp8_saved_inputs`): the linears
+    keep their FP8 inputs, 1 byte per element (the attention and MLP inputs, the MLP activation
+    output, the experts' inputs), and the out-projection keeps an FP8 copy of the attention output
+    beside the 16-bit one the attention backward needs.
     """
     h, a, g = model.hidden_size, model.num_attention_heads, model.num_kv_heads_resolved
     d_qk, d_v = model.attention_dims
-    # layer-norm inputs 2 x 2nh bytes, attention and MLP inputs 2nh each, masks 1 byte x 2nh
-    replicated = ACT_BYTES * n * h * 2 + ACT_BYTES * n * h * 2 + (2 * n * h if model.dropout else 0)
+    lin = linear_input_bytes(fp8_inputs)
+    # layer-norm inputs 2 x 2nh bytes, attention and MLP inputs (the linears' inputs), masks 1 byte x 2nh
+    replicated = ACT_BYTES * n * h * 2 + lin * n * h * 2 + (2 * n * h if model.dropout else 0)
     if fp32_norms:  # two norms, each keeping 4 + 2 B (fp32 copy, normalised) for the 2 B input counted above
         replicated += 2 * 4.0 * n * h
     if recompute == "full":
@@ -732,14 +746,16 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     # its output (the out-projection input) is not kept.
     g_kv = a if kv_repeat else g
     sharded = ACT_BYTES * n * (a * d_qk + g_kv * d_qk + g_kv * d_v) + (0 if recompute == "selective" else ACT_BYTES * n * a * d_v)
+    if fp8_inputs:  # the out-projection's FP8 copy of the attention output
+        sharded += 1.0 * n * a * d_v
     if recompute != "selective":  # softmax output, and dropout mask and output (heads split by tp)
         sharded += score_elements * (ACT_BYTES + (3 if model.dropout else 0))
     ups = model.mlp_matrices - 1
     kept = 1 + ups + (1 if eager and ups == 2 else 0)  # MLP tensors of width f kept per token
     if moe:
-        sharded += moe_mlp_activation_bytes(model, n, kept)
-    else:
-        sharded += ACT_BYTES * n * model.ffn_hidden_size * kept
+        sharded += moe_mlp_activation_bytes(model, n, kept, lin)
+    else:  # the kept tensors of width f, the last of them the fc2 input
+        sharded += n * model.ffn_hidden_size * (ACT_BYTES * (kept - 1) + lin)
     if sp:
         return (replicated + sharded) / tp
     return replicated + sharded / tp
@@ -752,17 +768,25 @@ ROUTER_BYTES_PER_CHOICE = 12.0
 """Per chosen expert: its int64 index and the fp32 probability the combine multiplies by and keeps."""
 
 
-def moe_mlp_activation_bytes(model: ModelSpec, n: float, kept: int) -> float:
+def linear_input_bytes(fp8_inputs: bool) -> float:
+    """Bytes per element a linear layer keeps of its input for the weight gradient: 16-bit, or the
+    FP8 copy Transformer Engine keeps in FP8 training (``semantics.fp8_saved_inputs``)."""
+    return 1.0 if fp8_inputs else float(ACT_BYTES)
+
+
+def moe_mlp_activation_bytes(model: ModelSpec, n: float, kept: int, lin: float = ACT_BYTES) -> float:
     """What an MoE MLP keeps for ``n`` tokens (before tensor-parallel sharding) on the most loaded
     expert-parallel rank: the router's scores and choices, the permuted tokens into and out of the
-    experts (``2 x 2 n top_k h`` times the routing's load factor, ``MoESpec.load_factor``),
-    ``kept`` tensors of the expert width per routed token (SwiGLU fused: 3; eager: 4) and the
-    shared experts' alike."""
+    experts (``2 n top_k h`` each, times the routing's load factor, ``MoESpec.load_factor``; the
+    way in is the experts' fc1 input, ``lin`` bytes per element), ``kept`` tensors of the expert
+    width per routed token (SwiGLU fused: 3; eager: 4; the last the fc2 input) and the shared
+    experts' alike."""
     e = model.moe
     routed = n * e.top_k * e.load_factor
     router = n * (e.num_experts * ROUTER_BYTES_PER_SCORE + e.top_k * ROUTER_BYTES_PER_CHOICE)
-    return (router + ACT_BYTES * routed * model.hidden_size * 2 + ACT_BYTES * routed * e.expert_ffn_hidden_size * kept
-            + ACT_BYTES * n * e.num_shared_experts * e.expert_ffn_hidden_size * kept)
+    per_width = ACT_BYTES * (kept - 1) + lin
+    return (router + (lin + ACT_BYTES) * routed * model.hidden_size + routed * e.expert_ffn_hidden_size * per_width
+            + n * e.num_shared_experts * e.expert_ffn_hidden_size * per_width)
 
 
 def allocator_fraction(ctx: Context) -> float:
