@@ -242,8 +242,8 @@ def _recompute_module_parts(ctx: Context, n: float, modules: tuple[str, ...], mo
     lin = linear_input_bytes(fp8_saved_inputs(ctx))
     per_width = ACT_BYTES * (kept - 1) + lin  # an MLP's kept tensors of its width, the last the fc2 input
     names, replicated, sharded = [], 0.0, 0.0
-    if "core_attn" in modules:
-        sharded += ACT_BYTES * n * a * d_v + _score_elements(ctx, n) * (ACT_BYTES + (3 if model.dropout else 0))
+    if "core_attn" in modules:  # only the scores: the output stays as the out-projection's input
+        sharded += _score_elements(ctx, n) * (ACT_BYTES + (3 if model.dropout else 0))
     if "layernorm" in modules:
         names.append("norms")
         replicated += 2 * lin * n * h
@@ -712,7 +712,7 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     attention there is no ``5 a s^2 b`` score term; with unfused attention (``score_elements`` > 0)
     the softmax output is kept (2 bytes per score) and, with dropout, its mask and output (1 + 2
     bytes): Korthikanti's ``5 a s^2 b``. Selective recomputation re-runs the attention core and so
-    drops the scores and its output ``2 n a d``:
+    drops the scores (Korthikanti's selective ``34 s b h / t``; with flash attention nothing large):
     layer norms ``4 n h``, attention input ``2 n h``, Q/K/V ``2 n (a + 2g) d`` (MLA: its own
     query/key and value widths), attention output
     ``2 n a d``, MLP input ``2 n h``, MLP intermediates ``2 n f (1 + ups)``, dropout masks ``2 n h``
@@ -742,10 +742,12 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
         replicated += 2 * 4.0 * n * h
     if recompute == "full":
         return ACT_BYTES * n * h / (tp if sp else 1)
-    # Q, K, V and the attention output; selective recomputation re-runs the core attention, so
-    # its output (the out-projection input) is not kept.
+    # Q, K, V and the attention output. Selective recomputation re-runs the core attention, but its
+    # output stays: the out-projection keeps it as its input (Korthikanti et al. Table 2: selective
+    # is 34 s b h / t, only the 5 a s^2 b scores term goes; Megatron-Core's checkpointed core
+    # attention returns the output that Transformer Engine's linear_proj then saves).
     g_kv = a if kv_repeat else g
-    sharded = ACT_BYTES * n * (a * d_qk + g_kv * d_qk + g_kv * d_v) + (0 if recompute == "selective" else ACT_BYTES * n * a * d_v)
+    sharded = ACT_BYTES * n * (a * d_qk + g_kv * d_qk + g_kv * d_v) + ACT_BYTES * n * a * d_v
     if fp8_inputs:  # the out-projection's FP8 copy of the attention output
         sharded += 1.0 * n * a * d_v
     if recompute != "selective":  # softmax output, and dropout mask and output (heads split by tp)
