@@ -463,22 +463,22 @@ def _history(sem: dict, key: str, field: str, cast) -> tuple[tuple[str, object],
 EAGER_NORMS = ("fused", "composite")
 
 
-def _eager_norm_history(sem: dict, where: str) -> tuple[tuple[str, str], ...]:
-    history = _history(sem, "eager_norm_history", "kernel", str)
-    for since, kernel in history:
-        if kernel not in EAGER_NORMS:
-            raise SpecError(f"{where}: semantics.eager_norm_history: got {kernel!r}; allowed: {', '.join(EAGER_NORMS)}")
-        parse_date(since, f"{where}: semantics.eager_norm_history.since")
+def _choice_history(sem: dict, where: str, key: str, field: str, allowed: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """A ``semantics`` history whose values are names from ``allowed``, each entry checked."""
+    history = _history(sem, key, field, str)
+    for since, value in history:
+        if value not in allowed:
+            raise SpecError(f"{where}: semantics.{key}: got {value!r}; allowed: {', '.join(allowed)}")
+        parse_date(since, f"{where}: semantics.{key}.since")
     return history
+
+
+def _eager_norm_history(sem: dict, where: str) -> tuple[tuple[str, str], ...]:
+    return _choice_history(sem, where, "eager_norm_history", "kernel", EAGER_NORMS)
 
 
 def _zero3_fetch(sem: dict, where: str) -> tuple[tuple[str, str], ...]:
-    history = _history(sem, "zero3_fetch_history", "fetch", str)
-    for since, fetch in history:
-        if fetch not in ZERO3_FETCH:
-            raise SpecError(f"{where}: semantics.zero3_fetch_history: got {fetch!r}; allowed: {', '.join(ZERO3_FETCH)}")
-        parse_date(since, f"{where}: semantics.zero3_fetch_history.since")
-    return history
+    return _choice_history(sem, where, "zero3_fetch_history", "fetch", ZERO3_FETCH)
 
 
 ZERO3_COPY_FIELDS = ("gather_python", "gather_list", "scatter_python", "scatter_list")
