@@ -733,8 +733,7 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     output, the experts' inputs), and the out-projection keeps an FP8 copy of the attention output
     beside the 16-bit one the attention backward needs.
     """
-    h, a, g = model.hidden_size, model.num_attention_heads, model.num_kv_heads_resolved
-    d_qk, d_v = model.attention_dims
+    h = model.hidden_size
     lin = linear_input_bytes(fp8_inputs)
     # layer-norm inputs 2 x 2nh bytes, attention and MLP inputs (the linears' inputs), masks 1 byte x 2nh
     replicated = ACT_BYTES * n * h * 2 + lin * n * h * 2 + (2 * n * h if model.dropout else 0)
@@ -742,16 +741,7 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
         replicated += 2 * 4.0 * n * h
     if recompute == "full":
         return ACT_BYTES * n * h / (tp if sp else 1)
-    # Q, K, V and the attention output. Selective recomputation re-runs the core attention, but its
-    # output stays: the out-projection keeps it as its input (Korthikanti et al. Table 2: selective
-    # is 34 s b h / t, only the 5 a s^2 b scores term goes; Megatron-Core's checkpointed core
-    # attention returns the output that Transformer Engine's linear_proj then saves).
-    g_kv = a if kv_repeat else g
-    sharded = ACT_BYTES * n * (a * d_qk + g_kv * d_qk + g_kv * d_v) + ACT_BYTES * n * a * d_v
-    if fp8_inputs:  # the out-projection's FP8 copy of the attention output
-        sharded += 1.0 * n * a * d_v
-    if recompute != "selective":  # softmax output, and dropout mask and output (heads split by tp)
-        sharded += score_elements * (ACT_BYTES + (3 if model.dropout else 0))
+    sharded = _attention_kept_bytes(model, n, recompute, score_elements, kv_repeat, fp8_inputs)
     ups = model.mlp_matrices - 1
     kept = 1 + ups + (1 if eager and ups == 2 else 0)  # MLP tensors of width f kept per token
     if moe:
@@ -761,6 +751,25 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     if sp:
         return (replicated + sharded) / tp
     return replicated + sharded / tp
+
+
+def _attention_kept_bytes(model: ModelSpec, n: float, recompute: str, score_elements: float, kv_repeat: bool,
+                         fp8_inputs: bool) -> float:
+    """Q, K, V and the attention output an attention block keeps (before tensor-parallel sharding).
+    Selective recomputation re-runs the core attention, but its output stays: the out-projection
+    keeps it as its input (Korthikanti et al. Table 2: selective is ``34 s b h / t``, only the
+    ``5 a s^2 b`` scores term goes; Megatron-Core's checkpointed core attention returns the output
+    that Transformer Engine's linear_proj then saves). In FP8 (``fp8_inputs``) the out-projection
+    keeps its FP8 copy beside it."""
+    a, g = model.num_attention_heads, model.num_kv_heads_resolved
+    d_qk, d_v = model.attention_dims
+    g_kv = a if kv_repeat else g
+    kept = ACT_BYTES * n * (a * d_qk + g_kv * d_qk + g_kv * d_v) + ACT_BYTES * n * a * d_v
+    if fp8_inputs:
+        kept += 1.0 * n * a * d_v
+    if recompute != "selective":  # softmax output, and dropout mask and output (heads split by tp)
+        kept += score_elements * (ACT_BYTES + (3 if model.dropout else 0))
+    return kept
 
 
 ROUTER_BYTES_PER_SCORE = 4.0

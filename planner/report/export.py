@@ -239,12 +239,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         args.append(f"--num-layers-per-virtual-pipeline-stage {model.num_layers // (L['pp'] * L['vp'])}")
     if L["sequence_parallel"]:
         args.append("--sequence-parallel")
-    if L["recompute"] == "selective":
-        args.append("--recompute-granularity selective")
-        if L.get("recompute_modules"):
-            args.append("--recompute-modules " + " ".join(L["recompute_modules"]))
-    elif L["recompute"] == "full":
-        args += _megatron_recompute_args(L)
+    args += _megatron_recompute_args(L)
     args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
     if L["dp_overlap"]:
         args += ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if L["zero_stage"] in (1, 2) else [])
@@ -338,9 +333,15 @@ def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
 
 
 def _megatron_recompute_args(L: dict) -> list[str]:
-    """Full recomputation of every layer (uniform, one layer a unit), or of ``recompute_layers`` of
+    """Selective recomputation (of the named ``recompute_modules``, else Megatron's core attention);
+    full recomputation of every layer (uniform, one layer a unit), or of ``recompute_layers`` of
     each stage: ``--recompute-method block`` counts per model chunk, so an interleaved stage's count
     must split evenly over its ``vp`` chunks."""
+    if L["recompute"] == "selective":
+        modules = L.get("recompute_modules")
+        return ["--recompute-granularity selective"] + (["--recompute-modules " + " ".join(modules)] if modules else [])
+    if L["recompute"] != "full":
+        return []
     k = L.get("recompute_layers", 0)
     if not k:
         return ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
