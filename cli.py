@@ -1038,8 +1038,8 @@ def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
         console.print(f"framework {fw['id']} ({fw['version']}{when}): the search offers only what it runs "
                       "(--framework to change)")
         if fw.get("compile_switch") and not fw.get("compiled"):
-            console.print("         eager, as the framework's default: --compile prices torch.compile "
-                          "(and offers async TP, which needs it)")
+            console.print("         eager, as the framework's default (its element-wise ops priced as separate "
+                          "kernels): --compile prices torch.compile, which fuses them (and offers async TP)")
     caveats = doc["inputs"].get("caveats", {})
     if caveats.get("validated_error"):
         console.print(f"         {caveats['validated_error']['line']}")
