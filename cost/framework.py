@@ -131,6 +131,9 @@ class Profile:
     # The RMSNorm kernel eager modules run, by release (semantics.eager_norm_history): (since YYYY-MM,
     # "fused" or "composite"); before the first entry, fused (models.ops.Kernels)
     eager_norm_history: tuple[tuple[str, str], ...] = ()
+    # The AdamW implementation by release (semantics.optimizer_history): (since YYYY-MM, "fused" or
+    # "foreach"); before the first entry, fused (cost.terms.optimizer_s)
+    optimizer_history: tuple[tuple[str, str], ...] = ()
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
     sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
@@ -203,6 +206,12 @@ class ProfileAt:
         """Eager modules at this release run RMSNorm as PyTorch ops rather than a fused kernel
         (``semantics.eager_norm_history``)."""
         return self._as_of(self.profile.eager_norm_history, "fused") == "composite"
+
+    @property
+    def optimizer_kernel(self) -> str:
+        """The AdamW implementation at this release: ``fused`` (one kernel per step) or ``foreach``
+        (PyTorch's multi-tensor ops, one pass each; ``semantics.optimizer_history``)."""
+        return self._as_of(self.profile.optimizer_history, "fused")
 
     @property
     def kv_repeated(self) -> bool:
@@ -436,6 +445,7 @@ def load_profile(framework_id: str) -> Profile:
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
         attention_history=_history(sem, "attention_history", "kernel", str),
         eager_norm_history=_eager_norm_history(sem, where),
+        optimizer_history=_choice_history(sem, where, "optimizer_history", "kernel", OPTIMIZER_KERNELS),
         **_activations(sem, where),
         **_p2p(sem),
         **_zero3(sem, where),
@@ -461,6 +471,7 @@ def _history(sem: dict, key: str, field: str, cast) -> tuple[tuple[str, object],
 
 
 EAGER_NORMS = ("fused", "composite")
+OPTIMIZER_KERNELS = ("fused", "foreach")
 
 
 def _choice_history(sem: dict, where: str, key: str, field: str, allowed: tuple[str, ...]) -> tuple[tuple[str, str], ...]:

@@ -1060,13 +1060,20 @@ def grads_freed_bytes(ctx: Context, layout: Layout) -> float:
 
 
 def optimizer_s(ctx: Context, layout: Layout) -> float:
-    """Fused Adam step: memory-bound, per parameter it reads and writes the fp32 master weight and
-    both moments (24 B), reads the gradient and writes the 16-bit weight (``grad_bytes + 2``)."""
+    """The Adam step, memory-bound. Fused (one kernel): per parameter it reads and writes the fp32
+    master weight and both moments (24 B), reads the gradient and writes the 16-bit weight
+    (``grad_bytes + 2``). PyTorch's foreach AdamW (``ProfileAt.optimizer_kernel``) makes one pass
+    per multi-tensor op (``torch.optim.adamw._multi_tensor_adamw``): weight decay on p (r+w 8 B),
+    lerp of m toward g (8 + g), scale v (8), addcmul of g squared into v (8 + 2 g), sqrt of v,
+    divide, add eps (8 each), addcdiv into p (16): ``72 + 3 grad_bytes``, 84 B with fp32
+    gradients."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
     copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, layout.zero_stage)
     count = owned_params(pc, layout, layout.zero_stage >= 1, copies)
     dev = ctx.cluster.device
-    return count * (24.0 + ctx.job.grad_bytes + WEIGHT_BYTES) / (dev.memory_bytes_per_s * dev.memory_efficiency)
+    gb = ctx.job.grad_bytes
+    per_param = 72.0 + 3 * gb if ctx.job.profile.optimizer_kernel == "foreach" else 24.0 + gb + WEIGHT_BYTES
+    return count * per_param / (dev.memory_bytes_per_s * dev.memory_efficiency)
 
 
 @dataclass(frozen=True, slots=True)

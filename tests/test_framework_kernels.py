@@ -1,6 +1,7 @@
-"""FP8 training's saved activations: Transformer Engine (the megatron profile) keeps the FP8 copy of
-each linear's input for the weight gradient (``semantics.fp8_saved_inputs``); torchao's float8
-under torchtitan keeps the high-precision input."""
+"""What a framework's kernels keep and move: FP8 training's saved activations (Transformer Engine,
+the megatron profile, keeps the FP8 copy of each linear's input for the weight gradient,
+``semantics.fp8_saved_inputs``; torchao's float8 under torchtitan keeps the high-precision input)
+and the AdamW implementation by release (``semantics.optimizer_history``)."""
 
 import pytest
 
@@ -34,3 +35,15 @@ def test_transformer_engine_keeps_fp8_inputs():
 def test_torchao_float8_keeps_high_precision_inputs():
     layout = Layout(tp=1, pp=1, dp=64, recompute="none", zero_stage=3)
     assert _act("torchtitan", "fp8", layout) == pytest.approx(_act("torchtitan", "bf16", layout))
+
+
+def test_torchtitan_adamw_was_foreach_until_2025_02():
+    """torchtitan passed foreach=True until its fused-AdamW default (#881, 2025-02): one memory pass
+    per multi-tensor op, 84 B a parameter with fp32 gradients against the fused kernel's 30."""
+    from clusterplan.cost.terms import Context, optimizer_s
+    layout = Layout(tp=1, pp=1, dp=64, recompute="none", zero_stage=3)
+
+    def opt(date: str) -> float:
+        job = Job(global_batch_size=64, seq_len=8192, framework="torchtitan", framework_date=date)
+        return optimizer_s(Context(LLAMA, job, CLUSTER), layout)
+    assert opt("2024-12") == pytest.approx(opt("2025-06") * 84 / 30)
