@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clusterplan.cost.framework import FRAMEWORKS, resolve_name as resolve_framework
-from clusterplan.cost.layout import MODEL_CODES, Layout
+from clusterplan.cost.layout import MODEL_CODES, Layout, recompute_text
 from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
@@ -681,7 +681,7 @@ def _print_row_trust(rows: list[dict], name: Callable[[dict], str]) -> None:
 def _compact(layout: dict) -> str:
     """The degrees and micro-batch of a layout, for narrow tables."""
     parts = [f"{k}{layout[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vp") if layout[k] > 1 or k in ("tp", "pp", "dp")]
-    return " ".join(parts + [f"mbs{layout['micro_batch_size']}", layout["recompute"], f"z{layout['zero_stage']}"])
+    return " ".join(parts + [f"mbs{layout['micro_batch_size']}", recompute_text(layout), f"z{layout['zero_stage']}"])
 
 
 @click.command("export")

@@ -357,6 +357,15 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 
+def recompute_text(layout: dict) -> str:
+    """A layout document's recomputation in a table cell: the mode, with its module list or layer
+    count where it has one (``selective:layernorm+moe_act``, ``full:8``)."""
+    mods, k = layout.get("recompute_modules"), layout.get("recompute_layers")
+    if mods:
+        return f"{layout['recompute']}:{'+'.join(mods)}"
+    return f"{layout['recompute']}:{k}" if k else layout["recompute"]
+
+
 def parse_recompute_modules(names, where: str) -> tuple[str, ...]:
     """Megatron-Core submodule names (``RECOMPUTE_MODULES``), each once, in the order given."""
     if isinstance(names, str) or not isinstance(names, (list, tuple)):

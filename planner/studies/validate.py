@@ -20,7 +20,7 @@ from pathlib import Path
 from clusterplan.cost.framework import (
     default_framework, load_profile, parse_date, refuses_dp_overlap, resolve_name as resolve_framework,
 )
-from clusterplan.cost.layout import MODEL_CODES, Job, parse_recompute_modules
+from clusterplan.cost.layout import MODEL_CODES, Job, parse_recompute_modules, recompute_text
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.cost.terms import Context, layer_terms
 from clusterplan.models.files import load_file
@@ -610,7 +610,7 @@ def _markdown_runs(runs: list[dict]) -> list[str]:
             continue
         L = r["layout"]
         lay = (f"tp{L['tp']} pp{L['pp']} dp{L['dp']} cp{L['cp']} ep{L['ep']} vp{L['vp']} mbs{L['micro_batch_size']} "
-               f"{L['recompute']} z{L['zero_stage']}" + (" tpo" if L.get("tp_overlap") and L["tp"] > 1 else "")
+               f"{recompute_text(L)} z{L['zero_stage']}" + (" tpo" if L.get("tp_overlap") and L["tp"] > 1 else "")
                + (" epo" if L.get("ep_overlap") and L["ep"] > 1 else ""))
         meas = f"{r['measured_step_time_s']:.3f}" if r["measured_step_time_s"] else "-"
         err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
