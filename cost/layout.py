@@ -169,11 +169,8 @@ class Layout:
         if self.vp > 1:
             parts.append(f"vp={self.vp}")
         parts += [f"mbs={self.micro_batch_size}", f"sp={'on' if self.sequence_parallel else 'off'}",
-                  f"recompute={self.recompute}", f"zero={self.zero_stage}"]
-        if self.recompute_layers:
-            parts.insert(-1, f"recompute_layers={self.recompute_layers}")
-        if self.recompute_modules:
-            parts.insert(-1, f"recompute_modules={'+'.join(self.recompute_modules)}")
+                  *recompute_words(self.recompute, self.recompute_layers, self.recompute_modules),
+                  f"zero={self.zero_stage}"]
         if self.tp_overlap and self.tp > 1:
             parts.append("tp_overlap=on")
         if not self.dp_overlap and self.dp * self.cp > 1:
@@ -355,6 +352,12 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
                "dp_overlap, tp_overlap, ep_overlap")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
+
+
+def recompute_words(recompute: str, layers: int = 0, modules=()) -> list[str]:
+    """A layout's recomputation as ``key=value`` words, as ``--layout`` takes them."""
+    return ([f"recompute={recompute}"] + ([f"recompute_layers={layers}"] if layers else [])
+            + ([f"recompute_modules={'+'.join(modules)}"] if modules else []))
 
 
 def recompute_text(layout: dict) -> str:

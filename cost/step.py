@@ -178,14 +178,13 @@ def _recompute_module_problems(model: ModelSpec, layout: Layout, bad) -> None:
     mods = layout.recompute_modules
     if not mods:
         return
-    text = "+".join(mods) if isinstance(mods, tuple) else repr(mods)
     try:
-        parse_recompute_modules(list(mods) if isinstance(mods, tuple) else mods, "recompute_modules")
+        parse_recompute_modules(mods, "recompute_modules")
     except SpecError as exc:
         bad("recompute", str(exc))
         return
     if layout.recompute != "selective":
-        bad("recompute", f"recompute_modules={text} needs recompute=selective (got recompute={layout.recompute})")
+        bad("recompute", f"recompute_modules={'+'.join(mods)} needs recompute=selective (got recompute={layout.recompute})")
     needs = {"mla_up_proj": (model.mla is not None, "multi-head latent attention"),
              "moe_act": (model.moe is not None, "MoE layers"),
              "shared_experts": (model.moe is not None and model.moe.num_shared_experts > 0, "shared experts"),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from clusterplan.cost import collectives as coll
-from clusterplan.cost.compute import gemm_time_s, op_time_s, ops_time_s
+from clusterplan.cost.compute import gemm_time_s, memory_rate, op_time_s, ops_time_s
 from clusterplan.cost.layout import Job, Layout, split_order
 from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops, linear_op
 from clusterplan.models.spec import ModelSpec
@@ -25,7 +25,6 @@ OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhand
 WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
 NUM_GRAD_BUCKETS = 8  # the last of the bucketed gradient reductions cannot overlap (PyTorch DDP, Megatron DDP)
 HF_MODEL_CODE = "huggingface"
-FUSED_MODEL_CODE = "fused"  # a model of fused kernels (Transformer Engine layers) under any framework
 """``Job.model_code`` of a Hugging Face transformers model class (transformers 4.36 to 4.45, read at
 ``models/llama/modeling_llama.py``): eager modules, so autograd keeps what each op saves
 (``activation_bytes``): SwiGLU keeps ``gate``, its SiLU, ``up`` and their product (``eager``);
@@ -33,6 +32,7 @@ FUSED_MODEL_CODE = "fused"  # a model of fused kernels (Transformer Engine layer
 (``fp32_norms``); the rotary embedding keeps nothing large (its multiplies save only cos and sin,
 which need no gradient) and the attention output's ``transpose(1, 2).contiguous()`` copies nothing.
 The loss holds ``HF_LOGIT_BYTES`` per logit."""
+FUSED_MODEL_CODE = "fused"  # a model of fused kernels (Transformer Engine layers) under any framework
 HF_LOGIT_BYTES = 12.0
 """Bytes per logit a transformers causal-LM loss holds at its peak (``logits = logits.float()``,
 ``logits[..., :-1, :].contiguous()``, ``CrossEntropyLoss``): at the forward's end the fp32 logits,
@@ -224,31 +224,34 @@ def recompute_module_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, e
         ops = {op.name: op for op in layer_ops(model, n, job.seq_len, tp, sp, moe, _local_experts(model, ep) if moe else None,
                                                 job.attention, expert_tp, kernels)}
         names, replicated, sharded = _recompute_module_parts(ctx, n, modules, moe, kernels)
-        extra = [op for name in names for op in ([ops[name]] if name in ops else _mla_up_ops(model, n, tp, name))]
-        core = [op for op in ops.values() if op.core] if "core_attn" in modules else []
-        rec += count * sum(op_time_s(op, dev, prec) for op in extra + core)
+        rerun = [ops[name] for name in names if name in ops]
+        if "core_attn" in modules:
+            rerun += [op for op in ops.values() if op.core]
+        if "mla_up_proj" in modules and model.mla is not None:
+            rerun += _mla_up_ops(model, n, tp)
+        rec += count * sum(op_time_s(op, dev, prec) for op in rerun)
         dropped += count * ((replicated / tp if sp else replicated) + sharded / tp)
     return rec, dropped
 
 
 def _recompute_module_parts(ctx: Context, n: float, modules: tuple[str, ...], moe: bool,
                             kernels: Kernels) -> tuple[list[str], float, float]:
-    """For one layer kind: the ops re-run (by name; ``mla_up`` stands for the up-projection GEMMs),
-    and the bytes no longer kept, replicated and tensor-parallel-split (before dividing)."""
+    """For one layer kind: the layer's ops re-run, by name (the attention core and MLA's
+    up-projection GEMMs are added by the caller), and the bytes no longer kept, replicated and
+    tensor-parallel-split (before dividing)."""
     model = ctx.model
     h, a = model.hidden_size, model.num_attention_heads
     d_qk, d_v = model.attention_dims
-    kept = 1 + (model.mlp_matrices - 1) + (1 if kernels.eager and model.mlp_matrices == 3 else 0)
     lin = linear_input_bytes(fp8_saved_inputs(ctx))
-    per_width = ACT_BYTES * (kept - 1) + lin  # an MLP's kept tensors of its width, the last the fc2 input
+    per_width = mlp_width_bytes(mlp_kept_tensors(model, kernels.eager), lin)
     names, replicated, sharded = [], 0.0, 0.0
     if "core_attn" in modules:  # only the scores: the output stays as the out-projection's input
-        sharded += _score_elements(ctx, n) * (ACT_BYTES + (3 if model.dropout else 0))
+        sharded += score_bytes(model, _score_elements(ctx, n))
     if "layernorm" in modules:
         names.append("norms")
         replicated += 2 * lin * n * h
     if "mla_up_proj" in modules and model.mla is not None:
-        names += ["mla_up", "rotary"]
+        names.append("rotary")
         sharded += ACT_BYTES * n * a * (2 * d_qk + d_v)
     if "mlp" in modules and not moe:
         names += ["mlp_up", "mlp_act", "mlp_down"]
@@ -262,11 +265,9 @@ def _recompute_module_parts(ctx: Context, n: float, modules: tuple[str, ...], mo
     return names, replicated, sharded
 
 
-def _mla_up_ops(model: ModelSpec, n: float, tp: int, name: str) -> list:
-    """MLA's query and key-value up-projection GEMMs (``name == "mla_up"``; the query is projected
-    straight from the hidden state when ``q_lora_rank`` is 0, not an up-projection)."""
-    if name != "mla_up" or model.mla is None:
-        return []
+def _mla_up_ops(model: ModelSpec, n: float, tp: int) -> list:
+    """MLA's query and key-value up-projection GEMMs (the query is projected straight from the
+    hidden state when ``q_lora_rank`` is 0, not an up-projection)."""
     m, a = model.mla, model.num_attention_heads
     ops = [linear_op("kv_up", n, m.kv_lora_rank, a * (m.qk_nope_head_dim + m.v_head_dim) / tp)]
     if m.q_lora_rank:
@@ -742,12 +743,11 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     if recompute == "full":
         return ACT_BYTES * n * h / (tp if sp else 1)
     sharded = _attention_kept_bytes(model, n, recompute, score_elements, kv_repeat, fp8_inputs)
-    ups = model.mlp_matrices - 1
-    kept = 1 + ups + (1 if eager and ups == 2 else 0)  # MLP tensors of width f kept per token
+    kept = mlp_kept_tensors(model, eager)
     if moe:
         sharded += moe_mlp_activation_bytes(model, n, kept, lin)
-    else:  # the kept tensors of width f, the last of them the fc2 input
-        sharded += n * model.ffn_hidden_size * (ACT_BYTES * (kept - 1) + lin)
+    else:
+        sharded += n * model.ffn_hidden_size * mlp_width_bytes(kept, lin)
     if sp:
         return (replicated + sharded) / tp
     return replicated + sharded / tp
@@ -767,9 +767,28 @@ def _attention_kept_bytes(model: ModelSpec, n: float, recompute: str, score_elem
     kept = ACT_BYTES * n * (a * d_qk + g_kv * d_qk + g_kv * d_v) + ACT_BYTES * n * a * d_v
     if fp8_inputs:
         kept += 1.0 * n * a * d_v
-    if recompute != "selective":  # softmax output, and dropout mask and output (heads split by tp)
-        kept += score_elements * (ACT_BYTES + (3 if model.dropout else 0))
+    if recompute != "selective":
+        kept += score_bytes(model, score_elements)
     return kept
+
+
+def score_bytes(model: ModelSpec, score_elements: float) -> float:
+    """What unfused attention keeps of its scores: the softmax output (2 B) and, with dropout, its
+    mask and output (1 + 2 B); heads split by tp. Selective recomputation drops exactly this."""
+    return score_elements * (ACT_BYTES + (3 if model.dropout else 0))
+
+
+def mlp_kept_tensors(model: ModelSpec, eager: bool = False) -> int:
+    """Tensors of the MLP width an MLP keeps per token: fc1's outputs (GELU one, SwiGLU gate and up),
+    the activation's output (fc2's input), and eager SwiGLU's SiLU output besides."""
+    ups = model.mlp_matrices - 1
+    return 1 + ups + (1 if eager and ups == 2 else 0)
+
+
+def mlp_width_bytes(kept: int, lin: float) -> float:
+    """Bytes per element of the MLP width for ``kept`` tensors: 16-bit, except the last, fc2's
+    input, at ``lin`` bytes (:func:`linear_input_bytes`)."""
+    return ACT_BYTES * (kept - 1) + lin
 
 
 ROUTER_BYTES_PER_SCORE = 4.0
@@ -795,7 +814,7 @@ def moe_mlp_activation_bytes(model: ModelSpec, n: float, kept: int, lin: float =
     e = model.moe
     routed = n * e.top_k * e.load_factor
     router = n * (e.num_experts * ROUTER_BYTES_PER_SCORE + e.top_k * ROUTER_BYTES_PER_CHOICE)
-    per_width = ACT_BYTES * (kept - 1) + lin
+    per_width = mlp_width_bytes(kept, lin)
     return (router + (lin + ACT_BYTES) * routed * model.hidden_size + routed * e.expert_ffn_hidden_size * per_width
             + n * e.num_shared_experts * e.expert_ffn_hidden_size * per_width)
 
@@ -1073,7 +1092,7 @@ def optimizer_s(ctx: Context, layout: Layout) -> float:
     dev = ctx.cluster.device
     gb = ctx.job.grad_bytes
     per_param = 72.0 + 3 * gb if ctx.job.profile.optimizer_kernel == "foreach" else 24.0 + gb + WEIGHT_BYTES
-    return count * per_param / (dev.memory_bytes_per_s * dev.memory_efficiency)
+    return count * per_param / memory_rate(dev)
 
 
 @dataclass(frozen=True, slots=True)

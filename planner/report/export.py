@@ -21,7 +21,7 @@ import math
 import re
 from fractions import Fraction
 
-from clusterplan.cost.layout import order_axes, split_order
+from clusterplan.cost.layout import order_axes, recompute_words, split_order
 from clusterplan.models.errors import SpecError
 
 FORMATS = ("megatron", "deepspeed", "torchtitan", "maxtext", "slurm")
@@ -711,9 +711,7 @@ def _layout_line(layout: dict) -> str:
     always = ("tp", "pp", "dp")
     degrees = [f"{k}={layout[k]}" for k in (*always, "cp", "ep", "vp") if k in always or layout[k] > 1]
     sp = "on" if layout["sequence_parallel"] else "off"
-    recompute = [f"recompute={layout['recompute']}"] + (
-        [f"recompute_layers={layout['recompute_layers']}"] if layout.get("recompute_layers") else []) + (
-        [f"recompute_modules={'+'.join(layout['recompute_modules'])}"] if layout.get("recompute_modules") else [])
+    recompute = recompute_words(layout["recompute"], layout.get("recompute_layers", 0), layout.get("recompute_modules") or ())
     return " ".join(degrees + [f"mbs={layout['micro_batch_size']}", f"sp={sp}", *recompute,
                                f"zero={layout['zero_stage']}"])
 
