@@ -406,7 +406,9 @@ def _load_and_search(*, model_arg, cluster_arg, top_k, engine, time_limit_s, fix
 @click.option("--layout", "layout_text", required=True, metavar="SPEC",
               help='The layout, e.g. "tp=8,pp=8,dp=16,vp=2,mbs=1,recompute=selective,zero=1,sp=on" '
                    "(degrees left out are 1, dp takes the devices left over; zero, recompute and overlap "
-                   "left out take a value the framework offers).")
+                   "left out take a value the framework offers). With recompute=full, recompute_layers=K "
+                   "recomputes K layers of each stage; with recompute=selective under Megatron, "
+                   "recompute_modules=layernorm+moe_act names Megatron-Core's --recompute-modules.")
 @_apply(PROBLEM_OPTIONS)
 @guarded
 def evaluate_command(layout_text, as_json, **options):
