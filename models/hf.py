@@ -3,10 +3,10 @@
 Supported ``model_type`` values and the keys read (transformers' configuration classes):
 
 - ``llama``, ``mistral``: num_hidden_layers, hidden_size, num_attention_heads,
-  num_key_value_heads, head_dim, intermediate_size, vocab_size, tie_word_embeddings.
-  Mistral's sliding window does not change parameters or the dense FLOP count and is ignored.
+  num_key_value_heads, head_dim, intermediate_size, vocab_size, tie_word_embeddings; for
+  ``mistral``, sliding_window (every layer windowed, as transformers' Mistral applies it; null: none).
 - ``mixtral``: the Llama keys plus num_local_experts and num_experts_per_tok; intermediate_size is
-  the width of one expert.
+  the width of one expert; sliding_window as for Mistral.
 - ``gpt2``: n_layer, n_embd, n_head, n_inner (None means 4 * n_embd), vocab_size, n_positions.
 - ``gpt_neox``: num_hidden_layers, hidden_size, num_attention_heads, intermediate_size, vocab_size.
 
@@ -165,8 +165,16 @@ def _llama_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _mixtral_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _mistral_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Llama's keys plus ``sliding_window``, which Mistral's and Mixtral's attention applies to every
+    layer (Mistral 7B v0.1: 4096; v0.2 onwards and Mixtral: null)."""
     fields = _llama_fields(cfg)
+    fields["sliding_window"] = cfg.get("sliding_window")
+    return fields
+
+
+def _mixtral_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    fields = _mistral_fields(cfg)
     fields["moe"] = {
         "num_experts": _require(cfg, "num_local_experts"),
         "top_k": _require(cfg, "num_experts_per_tok"),
@@ -239,7 +247,7 @@ def _check_every_layer_moe(cfg: Mapping[str, Any]) -> None:
 
 _BUILDERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "llama": _llama_fields,
-    "mistral": _llama_fields,
+    "mistral": _mistral_fields,
     "mixtral": _mixtral_fields,
     "gpt2": _gpt2_fields,
     "gpt_neox": _gpt_neox_fields,

@@ -20,6 +20,10 @@ from clusterplan.models.spec import ModelSpec
 OpKind = Literal["gemm", "attention", "bmm", "memory"]
 ACT_BYTES = 2  # 16-bit activations
 ATTENTION_KINDS: tuple[str, ...] = ("flash", "flash2", "unfused")
+ATTENTION_KEY_TILE = 128
+"""Keys per block of a fused attention kernel: FlashAttention-2's and -3's forward tiles on Ampere and
+Hopper are 128 x 128 for head dims up to 128 (Dao 2023, Shah et al. 2024), as are cuDNN's. Only the
+windowed layers' cost depends on it (``ModelSpec.attention_pair_fraction``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +109,8 @@ def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, a
 
     The attention core counts ``4 * n * kv_len * a * d`` FLOPs (scores and values, no causal
     halving: the PaLM/MFU convention). ``attention="flash"``: one fused kernel that never writes
-    the scores and skips the masked half (``causal_fraction``), at the device's best attention
+    the scores and skips the masked half (``causal_fraction``), and in a sliding-window layer all but
+    the window's band (``ModelSpec.attention_pair_fraction``), at the device's best attention
     efficiency; ``"flash2"``: the same with FlashAttention-2 kernels (slower on Hopper); ``"unfused"``:
     the pre-FlashAttention path (:func:`unfused_attention_ops`).
     """
@@ -120,7 +125,8 @@ def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, a
     else:
         core_flops = 2.0 * num_tokens * kv_len * a * (qk + v) / tp
         core_bytes = ACT_BYTES * num_tokens * (2 * a + 2 * g) * d / tp
-        core = [Op("attention", "attention", core_flops, core_bytes, causal_fraction=0.5, core=True,
+        executed = model.attention_pair_fraction(kv_len, ATTENTION_KEY_TILE)
+        core = [Op("attention", "attention", core_flops, core_bytes, causal_fraction=executed, core=True,
                    variant="fa2" if attention == "flash2" else "")]
     return [_gemm("qkv", num_tokens, h, qkv_params / h / tp, fp8_input_fused=True), *core,
             _gemm("attn_out", num_tokens, out_params / h / tp, h)]
@@ -274,7 +280,8 @@ def head_ops(model: ModelSpec, num_tokens: float, tp: int) -> list[Op]:
 
 def model_flops_per_token(model: ModelSpec, seq_len: int, causal: bool = True) -> float:
     """Training FLOPs per token for MFU: ``6 N + 12 L s a d`` (PaLM, Chowdhery et al. 2022, app. B),
-    with the attention term halved for causal attention (``causal``, the default).
+    with the attention term halved for causal attention (``causal``, the default), and cut to the
+    window's band in sliding-window layers.
 
     ``N`` counts the active parameters that take part in matrix multiplies (input embedding
     lookup excluded, LM head included); the attention term counts scores and values, forward and
@@ -290,7 +297,7 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, causal: bool = True) -
         n_matmul += model.embedding_params  # the tied matrix still does the LM-head GEMM
     qk, v = model.attention_dims
     attention = 6.0 * model.num_layers * seq_len * model.num_attention_heads * (qk + v)
-    return 6.0 * n_matmul + attention * (0.5 if causal else 1.0)
+    return 6.0 * n_matmul + attention * (model.attention_pair_fraction(seq_len) if causal else 1.0)
 
 
 def megatron_flops_per_iteration(model: ModelSpec, batch: int, seq_len: int, recompute: bool) -> float:

@@ -111,6 +111,14 @@ class ModelSpec(BaseModel):
         None, description="rope (Llama, DeepSeek, Qwen, Nemotron-4), learned (GPT-2/3) or alibi (BLOOM, MPT); "
         "None: rope with swiglu, learned with gelu. Only rope runs a kernel in every layer."
     )
+    sliding_window: int | None = Field(
+        None, gt=0, description="Keys a query attends back over in the windowed layers (Mistral 7B v0.1: 4096, "
+        "gpt-oss: 128); None: every layer attends over the whole causal context."
+    )
+    sliding_window_pattern: int | None = Field(
+        None, ge=2, description="With sliding_window: every n-th layer attends over the whole context and the "
+        "others over the window (gpt-oss: 2, Gemma 3: 6); None: every layer is windowed (Mistral)."
+    )
     tied_embeddings: bool = Field(False, description="Output layer shares the input embedding.")
     dropout: bool = Field(
         False, description="Hidden/attention dropout on (GPT-3 era); stores 1-byte masks per Korthikanti."
@@ -132,6 +140,11 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
                 f"{self.num_attention_heads}; give head_dim explicitly"
+            )
+        if self.sliding_window_pattern is not None and self.sliding_window is None:
+            raise ValueError(
+                f"sliding_window_pattern={self.sliding_window_pattern} needs sliding_window (the window's "
+                "length in tokens); without it every layer attends over the whole context"
             )
         if self.moe is not None and self.moe.num_dense_layers > self.num_layers:
             raise ValueError(
@@ -159,6 +172,29 @@ class ModelSpec(BaseModel):
         """Rotary position embedding in every layer: ``position_embedding``, else the family default
         (RoPE with SwiGLU; learned absolute positions with GELU, GPT-2/3)."""
         return (self.position_embedding or ("rope" if self.ffn_activation == "swiglu" else "learned")) == "rope"
+
+    @property
+    def num_windowed_layers(self) -> int:
+        """Layers that attend over ``sliding_window`` only: all of them without a pattern, else all but
+        every ``sliding_window_pattern``-th (gpt-oss alternates windowed and full layers)."""
+        if self.sliding_window is None:
+            return 0
+        p = self.sliding_window_pattern
+        return self.num_layers if p is None else self.num_layers - self.num_layers // p
+
+    def attention_pair_fraction(self, seq_len: float, tile: int = 0) -> float:
+        """Share of the ``seq_len x seq_len`` score square a causal attention kernel computes,
+        averaged over the layers: half in a full causal layer; in a windowed one, query ``i`` attends
+        ``min(i, w)`` keys, ``w / s - w^2 / (2 s^2)`` of the square. ``tile``: the kernel's key block,
+        computed whole where the window's edge cuts it (FlashAttention skips only fully masked
+        blocks, Dao 2023 section 3.1), so a windowed query pays about ``w + tile / 2`` keys, the same
+        half block the causal count leaves out on the diagonal."""
+        windowed = self.num_windowed_layers
+        if windowed == 0:
+            return 0.5
+        w = min(float(seq_len), self.sliding_window + tile / 2)
+        local = w / seq_len - w * w / (2.0 * seq_len * seq_len)
+        return (0.5 * (self.num_layers - windowed) + local * windowed) / self.num_layers
 
     @property
     def attention_dims(self) -> tuple[int, int]:

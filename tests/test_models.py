@@ -357,3 +357,56 @@ def test_widths_off_the_tensor_core_alignment_are_labelled_unvalidated():
     (line,) = shape_caveats(odd)
     assert line.startswith("unvalidated:") and "attention head size 225" in line and "hidden size" not in line
     assert shape_caveats(get_model("llama3-8b")) == []
+
+
+# ---- sliding-window attention -----------------------------------------------------------------
+def _windowed(window: int | None = None, pattern: int | None = None, layers: int = 12) -> ModelSpec:
+    return ModelSpec(name="swa", num_layers=layers, hidden_size=2048, num_attention_heads=16, num_kv_heads=4,
+                     ffn_hidden_size=8192, vocab_size=32000, ffn_activation="swiglu", seq_len=8192,
+                     sliding_window=window, sliding_window_pattern=pattern)
+
+
+def test_sliding_window_fraction_of_the_score_square():
+    assert _windowed().attention_pair_fraction(8192) == 0.5
+    assert _windowed(8192).attention_pair_fraction(8192) == 0.5  # a window as long as the sequence
+    # every layer windowed at 1024 of 8192: w/s - w^2/(2 s^2) = 0.125 - 0.0078125
+    assert _windowed(1024).attention_pair_fraction(8192) == pytest.approx(0.1171875)
+    # every 2nd layer full (gpt-oss): half the layers at 0.5, half windowed
+    assert _windowed(1024, 2).num_windowed_layers == 6
+    assert _windowed(1024, 2).attention_pair_fraction(8192) == pytest.approx((0.5 + 0.1171875) / 2)
+    # every 6th full (Gemma 3): 12 layers -> 2 full, 10 windowed
+    assert _windowed(1024, 6).num_windowed_layers == 10
+    # the kernel's partly masked key blocks are computed whole: a tile costs half a block more per query
+    assert _windowed(128).attention_pair_fraction(4096, tile=128) > _windowed(128).attention_pair_fraction(4096)
+
+
+def test_sliding_window_makes_attention_cheaper_and_mfu_stays_under_the_ceiling():
+    from clusterplan.cost.layout import Job, Layout
+    from clusterplan.cost.step import evaluate
+    from clusterplan.topologies.library import build_cluster
+
+    cluster = build_cluster("dgx-h100-superpod", num_devices=8)
+    job, layout = Job(global_batch_size=64, seq_len=8192), Layout(dp=8)
+    full = evaluate(_windowed(), job, cluster, layout)
+    gemma = evaluate(_windowed(1024, 6), job, cluster, layout)
+    mistral = evaluate(_windowed(1024), job, cluster, layout)
+    assert mistral.step_time_s < gemma.step_time_s < full.step_time_s
+    assert mistral.time.compute_s < full.time.compute_s
+    ceiling = cluster.device.gemm.large
+    assert max(full.mfu, gemma.mfu, mistral.mfu) < ceiling
+
+
+def test_sliding_window_pattern_without_window_is_refused():
+    with pytest.raises(SpecError, match="sliding_window"):
+        model_from_mapping({"name": "x", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                            "ffn_hidden_size": 256, "vocab_size": 100, "sliding_window_pattern": 2}, where="test")
+    with pytest.raises(SpecError, match="sliding_window"):
+        model_from_mapping({"name": "x", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                            "ffn_hidden_size": 256, "vocab_size": 100, "sliding_window": 0}, where="test")
+
+
+def test_mistral_config_keeps_its_sliding_window():
+    v01 = dict(MISTRAL_NEMO, sliding_window=4096, head_dim=None)
+    assert from_hf_config(v01, name="mistral-7b-v0.1").sliding_window == 4096
+    assert from_hf_config(MISTRAL_NEMO, name="nemo").sliding_window is None
+    assert from_hf_config(MIXTRAL, name="mixtral").sliding_window is None
