@@ -303,7 +303,9 @@ INPUT_OPTIONS = [
                       "class trained under DeepSpeed ZeRO or FSDP: with --framework deepspeed or torchtitan, data "
                       "parallelism only; memory and time priced as its eager ops keep and run them) or fused (a "
                       "model built from Transformer Engine layers under a framework whose own modules are eager, "
-                      "e.g. NeMo Automodel's TE models with --framework torchtitan)."),
+                      "e.g. NeMo Automodel's TE models with --framework torchtitan) or llmfoundry (llm-foundry's MPT "
+                      "modules under Composer's FSDP, with --framework torchtitan: its fused cross-entropy holds "
+                      "4 B per logit)."),
     click.option("--price-per-device-hour", "price_per_device_hour", type=BoundedNumber(float, 1e4), metavar="USD",
                  expose_value=False, callback=_remember,
                  help="Rental price per device-hour, replacing the catalogue's (cost figures and --objective cost)."),
@@ -329,7 +331,8 @@ INPUT_OPTIONS = [
     *MOE_ROUTING_OPTIONS,
     click.option("--attention", type=click.Choice(list(ATTENTION_KINDS)), default=None,
                  help="Attention kernel (default: the framework's): flash (fused, the device's best: FlashAttention-3/cuDNN on Hopper), "
-                      "flash2 (FlashAttention-2 kernels, e.g. PyTorch SDPA: slower on Hopper) or unfused "
+                      "flash2 (FlashAttention-2 kernels, e.g. PyTorch SDPA: slower on Hopper), flash1 (FlashAttention-1-era "
+                      "kernels: flash-attn 1.x, 2023 Triton ports; 0.55 of flash2's rate) or unfused "
                       "(scores written to memory, separate softmax and dropout: stacks from before "
                       "FlashAttention, e.g. Megatron-LM 2021)."),
 ]
@@ -1020,6 +1023,8 @@ def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
                  "torchtitan's measured eager kernels, unvalidated on transformers)")
     elif job.get("model_code", "native") == "fused":
         line += ", a model of fused (Transformer Engine) kernels"
+    elif job.get("model_code", "native") == "llmfoundry":
+        line += ", llm-foundry's MPT modules (fused cross-entropy; priced with the torchtitan profile)"
     if job["tokens_to_train"]:
         line += f", {_count(job['tokens_to_train'])} tokens to train"
     console.print(line)

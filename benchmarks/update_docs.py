@@ -20,6 +20,7 @@ BLOCKS = {
     "runs": [],  # the bundled runs, with the sweeps, memory and family datasets
     "holdout": ["benchmarks/holdout_runs.yaml"],
     "holdout_family": ["benchmarks/holdout_family_runs.yaml"],
+    "holdout_llmfoundry": ["benchmarks/holdout_llmfoundry.yaml"],
 }
 
 

@@ -30,6 +30,15 @@ calibration). 0.5 sits inside that range, and it makes the causal kernel (half t
 cost exactly as much per model FLOP (PaLM count, no causal halving) as the GEMMs, so that MFU stays
 under the device's matmul ceiling. Taking the MAMF fraction itself (the former fallback) ran
 attention at twice the GEMM rate per model FLOP: MFU 109.7% for Mixtral at 32k tokens on Gaudi 2."""
+FA1_OVER_FA2 = 0.55
+"""FlashAttention-1-era kernels' forward-plus-backward rate as a share of FlashAttention-2's. Dao 2023
+(FlashAttention-2, section 4.1, A100): FlashAttention-2 is "around 1.3-1.5x faster than
+FlashAttention in Triton in the forward pass and around 2x faster in the backward pass", and "around
+2x" faster than FlashAttention (CUDA, flash-attn 1.x) in both. With the backward's 2.5 forwards of
+work (``BACKWARD_FACTOR``), the Triton kernel takes (1.4 + 2.5 x 2) / (1 + 2.5) = 1.83 times
+FlashAttention-2's time: 0.55 (flash-attn 1.x: 0.5). For 2023's Triton FlashAttention ports
+(llm-foundry's ``attn_impl: triton``) and flash-attn 1.x; on Hopper neither uses its new features, so
+the same share of FlashAttention-2's Hopper rate (not measured there)."""
 GEMM_TILE = (128, 256)  # output tile of a large cuBLAS/CUTLASS GEMM (ml-engineering MAMF shape rules)
 FP8_CAST_TRANSPOSE_BYTES = 4.0
 """Bytes per element of an FP8 cast-transpose: read the 16-bit tensor once, write its 8-bit copy and
@@ -58,8 +67,11 @@ def gemm_rate(device: DeviceSpec, precision: str) -> float:
 
 def attention_rate(device: DeviceSpec, precision: str, variant: str = "") -> float:
     """Achieved FLOP/s of fused attention; it runs in 16-bit even in FP8 training. ``variant="fa2"``:
-    FlashAttention-2 kernels, slower where the device has a figure for them (Hopper). A device with no
-    fused-attention measurement gets ``UNMEASURED_ATTENTION_OVER_MAMF`` of its MAMF fraction."""
+    FlashAttention-2 kernels, slower where the device has a figure for them (Hopper); ``"fa1"``:
+    FlashAttention-1-era kernels, ``FA1_OVER_FA2`` of that. A device with no fused-attention
+    measurement gets ``UNMEASURED_ATTENTION_OVER_MAMF`` of its MAMF fraction."""
+    if variant == "fa1":
+        return attention_rate(device, precision, "fa2") * FA1_OVER_FA2
     dtype = "bf16" if precision == "fp8" else precision
     eff = (device.attention_efficiency_fa2 if variant == "fa2" else None) or device.attention_efficiency
     if eff is None:

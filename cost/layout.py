@@ -37,7 +37,7 @@ RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "
 projections with their RoPE, the dense MLP, the experts' activation and the shared experts. ``moe``
 (the whole MoE layer, all-to-alls included) is not priced."""
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
-MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused")
+MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused", "llmfoundry")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 
 
@@ -196,7 +196,8 @@ class Job:
         Megatron-LM default for 16-bit training).
     attention : flash (a fused kernel at the device's best: FlashAttention-3 / cuDNN on Hopper; the
         default), flash2 (FlashAttention-2 kernels, e.g. PyTorch SDPA's flash backend: 35% of peak
-        on H100) or unfused (scores written to memory, softmax and dropout as separate kernels:
+        on H100), flash1 (FlashAttention-1-era kernels, flash-attn 1.x or 2023's Triton ports: 0.55 of
+        flash2's rate, ``cost.compute.FA1_OVER_FA2``) or unfused (scores written to memory, softmax and dropout as separate kernels:
         training stacks from before FlashAttention, e.g. Megatron-LM 2021;
         ``models.ops.unfused_attention_ops``).
     framework : the framework profile that runs the job (``cost.framework``: megatron, torchtitan,
@@ -213,7 +214,10 @@ class Job:
         the framework, as DeepSpeed and FSDP users often do): its eager ops keep more for backward
         and run as separate kernels (``cost.terms.HF_MODEL_CODE``, ``models.ops.Kernels``); or
         ``fused`` (a model built from fused kernels, Transformer Engine layers, run by a framework
-        whose own modules are eager: NeMo Automodel's TE models under the torchtitan profile).
+        whose own modules are eager: NeMo Automodel's TE models under the torchtitan profile); or
+        ``llmfoundry`` (llm-foundry's MPT modules under Composer's FSDP, priced with the torchtitan
+        profile: LayerNorm and GELU are one kernel each, and the loss is flash-attn's fused
+        cross-entropy over the 16-bit logits, ``cost.terms.FUSED_LOSS_LOGIT_BYTES``).
     fp8_all_gather : an FP8 job's sharded data parallelism all-gathers the weights already cast to
         FP8, one byte each (torchao's ``enable_fsdp_float8_all_gather`` under FSDP2, its tensorwise
         recipe; ``cost.terms.gather_bytes``).

@@ -33,6 +33,14 @@ HF_MODEL_CODE = "huggingface"
 which need no gradient) and the attention output's ``transpose(1, 2).contiguous()`` copies nothing.
 The loss holds ``HF_LOGIT_BYTES`` per logit."""
 FUSED_MODEL_CODE = "fused"  # a model of fused kernels (Transformer Engine layers) under any framework
+LLMFOUNDRY_MODEL_CODE = "llmfoundry"  # llm-foundry's MPT modules (Composer FSDP, priced with the torchtitan profile)
+FUSED_LOSS_LOGIT_BYTES = 4.0
+"""Bytes per logit a fused cross-entropy kernel holds at its peak: the 16-bit logits it saves for
+backward and the 16-bit gradient its backward writes (a per-row log-sum-exp besides). llm-foundry's
+MPT defaults to it (``llmfoundry/models/mpt/modeling_mpt.py``: ``loss_fn`` 'fused_crossentropy',
+flash-attn's ``CrossEntropyLoss`` on its ``xentropy_cuda_lib``, installed by the ``gpu`` extras at
+commit b2a43a147); the same 4.0 the GPU probe measured for a compiled loss (torchtitan profile,
+``compiled_logit_bytes``)."""
 HF_LOGIT_BYTES = 12.0
 """Bytes per logit a transformers causal-LM loss holds at its peak (``logits = logits.float()``,
 ``logits[..., :-1, :].contiguous()``, ``CrossEntropyLoss``): at the forward's end the fp32 logits,
@@ -891,7 +899,9 @@ def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: in
         prof = ctx.cluster.strided_profile(tp, tp_stride)
         size = ACT_BYTES * n * ctx.model.hidden_size
         t += 2 * (coll.all_gather_s(size, prof) if sp else coll.all_reduce_s(size, prof))
-    per_logit = HF_LOGIT_BYTES if ctx.job.model_code == HF_MODEL_CODE else ctx.job.profile.logit_bytes()
+    code = ctx.job.model_code
+    per_logit = (HF_LOGIT_BYTES if code == HF_MODEL_CODE else FUSED_LOSS_LOGIT_BYTES if code == LLMFOUNDRY_MODEL_CODE
+                 else ctx.job.profile.logit_bytes())
     return HeadTerms(t, per_logit * n * ctx.model.vocab_size / tp)
 
 

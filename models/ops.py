@@ -19,7 +19,8 @@ from clusterplan.models.spec import ModelSpec
 
 OpKind = Literal["gemm", "attention", "bmm", "memory"]
 ACT_BYTES = 2  # 16-bit activations
-ATTENTION_KINDS: tuple[str, ...] = ("flash", "flash2", "unfused")
+ATTENTION_KINDS: tuple[str, ...] = ("flash", "flash2", "flash1", "unfused")
+_VARIANTS = {"flash2": "fa2", "flash1": "fa1"}  # cost.compute.attention_rate
 ATTENTION_KEY_TILE = 128
 """Keys per block of a fused attention kernel: FlashAttention-2's and -3's forward tiles on Ampere and
 Hopper are 128 x 128 for head dims up to 128 (Dao 2023, Shah et al. 2024), as are cuDNN's. Only the
@@ -111,7 +112,8 @@ def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, a
     halving: the PaLM/MFU convention). ``attention="flash"``: one fused kernel that never writes
     the scores and skips the masked half (``causal_fraction``), and in a sliding-window layer all but
     the window's band (``ModelSpec.attention_pair_fraction``), at the device's best attention
-    efficiency; ``"flash2"``: the same with FlashAttention-2 kernels (slower on Hopper); ``"unfused"``:
+    efficiency; ``"flash2"``: the same with FlashAttention-2 kernels (slower on Hopper); ``"flash1"``:
+    FlashAttention-1-era kernels (flash-attn 1.x, 2023's Triton ports), 0.55 of FlashAttention-2's rate; ``"unfused"``:
     the pre-FlashAttention path (:func:`unfused_attention_ops`).
     """
     h, a = model.hidden_size, model.num_attention_heads
@@ -127,7 +129,7 @@ def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, a
         core_bytes = ACT_BYTES * num_tokens * (2 * a + 2 * g) * d / tp
         executed = model.attention_pair_fraction(kv_len, ATTENTION_KEY_TILE)
         core = [Op("attention", "attention", core_flops, core_bytes, causal_fraction=executed, core=True,
-                   variant="fa2" if attention == "flash2" else "")]
+                   variant=_VARIANTS.get(attention, ""))]
     return [_gemm("qkv", num_tokens, h, qkv_params / h / tp, fp8_input_fused=True), *core,
             _gemm("attn_out", num_tokens, out_params / h / tp, h)]
 

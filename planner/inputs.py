@@ -139,6 +139,10 @@ def _check_model_code(model_code: str | None, framework: str) -> None:
         raise SpecError(f"--model-code: huggingface runs a transformers model class under DeepSpeed ZeRO or FSDP; "
                         f"{framework} runs its own modules: use --framework {' or '.join(HF_FRAMEWORKS)} "
                         "(or --model-code native)")
+    if model_code == "llmfoundry" and framework != "torchtitan":
+        raise SpecError(f"--model-code: llmfoundry is llm-foundry's modules under Composer's FSDP, priced with the "
+                        f"torchtitan profile; got --framework {framework}: use --framework torchtitan "
+                        "(or --model-code native)")
 
 
 def with_moe_routing(model: ModelSpec, capacity_factor: float | None, load_imbalance: float | None) -> ModelSpec:

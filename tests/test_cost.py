@@ -1106,6 +1106,38 @@ def test_flash2_attention_is_slower_on_hopper_only():
         assert t(fa2) / t(best) == pytest.approx(ratio, rel=1e-6), preset
 
 
+def test_flash1_attention_runs_at_its_share_of_flash2():
+    """FlashAttention-1-era kernels (2023's Triton ports, flash-attn 1.x) at FA1_OVER_FA2 of
+    FlashAttention-2's rate (Dao 2023 section 4.1), on every device; the other ops are unchanged."""
+    from clusterplan.cost.compute import FA1_OVER_FA2
+    from clusterplan.models.ops import attention_ops
+
+    n = 8192
+    for preset in ("dgx-h100-superpod", "dgx-a100-superpod", "gaudi2-cluster"):
+        dev = build_cluster(preset, num_devices=8).device
+        fa2, fa1 = (attention_ops(GPT, n, n, 1, kind) for kind in ("flash2", "flash1"))
+        t = lambda op: op_time_s(op, dev, "bf16") - dev.kernel_overhead_s
+        core2, core1 = (next(op for op in ops if op.kind == "attention") for ops in (fa2, fa1))
+        assert t(core1) * FA1_OVER_FA2 == pytest.approx(t(core2), rel=1e-6), preset
+        assert [t(op) for op in fa1 if op.kind != "attention"] == [t(op) for op in fa2 if op.kind != "attention"]
+
+
+def test_llmfoundry_model_code_holds_the_fused_loss_bytes():
+    """llm-foundry's MPT loss (flash-attn's fused cross-entropy) holds 4 B per logit at its peak, not
+    the 12 of torchtitan's eager loss; the step time is the same."""
+    import dataclasses
+
+    from clusterplan.cost.terms import FUSED_LOSS_LOGIT_BYTES
+    cluster = build_cluster("dgx-h100-superpod", num_devices=8)
+    job = Job(global_batch_size=64, seq_len=2048, framework="torchtitan")
+    layout = Layout(dp=8, micro_batch_size=4, zero_stage=3)
+    native = evaluate(GPT, job, cluster, layout)
+    mpt = evaluate(GPT, dataclasses.replace(job, model_code="llmfoundry"), cluster, layout)
+    logits = 4 * 2048 * GPT.vocab_size
+    assert native.memory.working_bytes - mpt.memory.working_bytes == pytest.approx((12 - FUSED_LOSS_LOGIT_BYTES) * logits)
+    assert mpt.step_time_s == pytest.approx(native.step_time_s)
+
+
 def test_stage_memory_first_and_last(cluster16):
     """With pp > 1 both stages are reported and the peak is the larger of the two."""
     job = Job(global_batch_size=64, seq_len=2048)

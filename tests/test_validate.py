@@ -104,6 +104,20 @@ def test_fidelity_targets_tail(bundled):
     assert all(r["error"] is None or -0.5 <= r["error"] <= 1.0 for r in bundled["runs"])
 
 
+def test_attention_rule_applies_to_every_llmfoundry_run():
+    """RUNS_FORMAT.md's attention rule: every llm-foundry run, bundled or held out, ran the Triton
+    FlashAttention of its benchmark script (attn_impl triton): flash1, never flash2."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "planner" / "data" / "runs.yaml"]
+    files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_llmfoundry.yaml")]
+    runs = [r for f in files for r in load_runs(f) if str(r["id"]).startswith("llmfoundry")]
+    assert len(runs) == 201
+    assert all(r.get("attention") == "flash1" for r in runs)
+    # the model-code rule: MPT's fused cross-entropy, tied embeddings, ALiBi
+    assert all(r.get("model_code") == "llmfoundry" for r in runs)
+    assert all(r["model"]["tied_embeddings"] is True and r["model"]["position_embedding"] == "alibi" for r in runs)
+
+
 def test_megatron_bridge_rule_applies_to_every_mbridge_run():
     """RUNS_FORMAT.md's Megatron-Bridge config rule is one rule for every run it covers: each mbridge
     run, bundled or held out, carries the performance configs' bf16 gradient reduce, SP where tp > 1,
