@@ -1002,6 +1002,15 @@ def _print_routing(console: Console, routing: dict | None) -> None:
                   "the mean's tokens, and the step waits for it")
 
 
+MODEL_CODE_WORDS = {
+    "huggingface": (", a Hugging Face transformers model class (memory of its eager ops; their time derived from "
+                    "torchtitan's measured eager kernels, unvalidated on transformers)"),
+    "fused": ", a model of fused (Transformer Engine) kernels",
+    "llmfoundry": ", llm-foundry's MPT modules (fused cross-entropy; priced with the torchtitan profile)",
+}
+"""What the job line of a report adds for each ``--model-code`` other than native."""
+
+
 def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
     model, job, cluster = doc["inputs"]["model"], doc["inputs"]["job"], doc["inputs"]["cluster"]
     params = f"{_count(model['num_params'])} parameters"
@@ -1018,13 +1027,7 @@ def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
         line += f", {job['attention']} attention"
     if job.get("compiled"):
         line += ", torch.compile"
-    if job.get("model_code", "native") == "huggingface":
-        line += (", a Hugging Face transformers model class (memory of its eager ops; their time derived from "
-                 "torchtitan's measured eager kernels, unvalidated on transformers)")
-    elif job.get("model_code", "native") == "fused":
-        line += ", a model of fused (Transformer Engine) kernels"
-    elif job.get("model_code", "native") == "llmfoundry":
-        line += ", llm-foundry's MPT modules (fused cross-entropy; priced with the torchtitan profile)"
+    line += MODEL_CODE_WORDS.get(job.get("model_code", "native"), "")
     if job["tokens_to_train"]:
         line += f", {_count(job['tokens_to_train'])} tokens to train"
     console.print(line)
