@@ -444,7 +444,7 @@ def load_profile(framework_id: str) -> Profile:
         compiled_loss_history=_history(sem, "compiled_loss_history", "compiled", bool),
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
         attention_history=_history(sem, "attention_history", "kernel", str),
-        eager_norm_history=_eager_norm_history(sem, where),
+        eager_norm_history=_choice_history(sem, where, "eager_norm_history", "kernel", EAGER_NORMS),
         optimizer_history=_choice_history(sem, where, "optimizer_history", "kernel", OPTIMIZER_KERNELS),
         **_activations(sem, where),
         **_p2p(sem),
@@ -482,10 +482,6 @@ def _choice_history(sem: dict, where: str, key: str, field: str, allowed: tuple[
             raise SpecError(f"{where}: semantics.{key}: got {value!r}; allowed: {', '.join(allowed)}")
         parse_date(since, f"{where}: semantics.{key}.since")
     return history
-
-
-def _eager_norm_history(sem: dict, where: str) -> tuple[tuple[str, str], ...]:
-    return _choice_history(sem, where, "eager_norm_history", "kernel", EAGER_NORMS)
 
 
 def _zero3_fetch(sem: dict, where: str) -> tuple[tuple[str, str], ...]:

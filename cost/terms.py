@@ -48,6 +48,8 @@ the shifted fp32 copy and log_softmax's saved output (3 x 4 B; the bf16 logits a
 and in backward log_softmax's output, the incoming gradient and its own (3 x 4 B). torchtitan's
 ``cross_entropy(pred.float())`` peaked at the measured 12.0 B at the same backward step
 (benchmarks/gpu_probe.py)."""
+MODEL_CODE_LOGIT_BYTES = {HF_MODEL_CODE: HF_LOGIT_BYTES, LLMFOUNDRY_MODEL_CODE: FUSED_LOSS_LOGIT_BYTES}
+"""Bytes per logit of the loss of model code that brings its own; other code: the profile's."""
 RUNTIME_RESERVE_BYTES = 1.0 * 2**30
 """Device memory outside the framework's allocator where no measurement applies (XLA on TPU, HCCL on
 Gaudi, the Neuron runtime, MaxText anywhere): a placeholder (docs/cost-model.md). The GPU frameworks
@@ -899,9 +901,7 @@ def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: in
         prof = ctx.cluster.strided_profile(tp, tp_stride)
         size = ACT_BYTES * n * ctx.model.hidden_size
         t += 2 * (coll.all_gather_s(size, prof) if sp else coll.all_reduce_s(size, prof))
-    code = ctx.job.model_code
-    per_logit = (HF_LOGIT_BYTES if code == HF_MODEL_CODE else FUSED_LOSS_LOGIT_BYTES if code == LLMFOUNDRY_MODEL_CODE
-                 else ctx.job.profile.logit_bytes())
+    per_logit = MODEL_CODE_LOGIT_BYTES.get(ctx.job.model_code) or ctx.job.profile.logit_bytes()
     return HeadTerms(t, per_logit * n * ctx.model.vocab_size / tp)
 
 

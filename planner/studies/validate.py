@@ -266,7 +266,8 @@ def _model_code(run: dict) -> str:
     """``model_code``: ``huggingface`` where the run trained a Hugging Face transformers model class
     under its framework (RUNS_FORMAT.md; its dropout is then the model class's own, none for Llama),
     ``fused`` where it ran Transformer Engine layers under the torchtitan profile (the fused-model-code
-    rule), else ``native``: the framework's own modules."""
+    rule), ``llmfoundry`` on llm-foundry's MPT runs (the llm-foundry model-code rule), else
+    ``native``: the framework's own modules."""
     value = run.get("model_code", "native")
     if value not in MODEL_CODES:
         raise SpecError(f"model_code: got {value!r}; allowed: {', '.join(MODEL_CODES)}")
