@@ -186,7 +186,7 @@ def layer_terms(ctx: Context, layout: Layout, m: int = 1) -> LayerTerms:
     return LayerTerms(
         forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
         tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap,
-                                layout.expert_tp or layout.ep == 1),
+                                layout.expert_tp or layout.ep == 1, layout.ep, layout.expert_tp),
         cp_comm_s=cp_comm_terms(ctx, tp, cp, mbs, sp, layout.stride("cp")),
         ep_comm_s=ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_ranks(layout), layout.tp_overlap and tp > 1,
                                 steady, layout.expert_tp),
@@ -499,12 +499,14 @@ def _comm_multiplier(recompute: str) -> float:
 
 @lru_cache(maxsize=65536)
 def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, stride: int,
-                  overlap: bool, moe_tp: bool = True) -> float:
+                  overlap: bool, moe_tp: bool = True, ep: int = 1, expert_tp: bool = True) -> float:
     """Exposed tensor-parallel traffic of all layers, one micro-batch.
 
     Each layer has two collectives around attention and two around the MLP (forward and
     backward). ``moe_tp=False`` (folded experts): MoE layers keep their tokens sequence-sharded
-    through dispatch, experts and combine, so only their attention collectives remain.
+    through dispatch, experts and combine, so only their attention collectives remain. With
+    ``overlap`` they hide behind the GEMMs of the compute the step prices, at the layout's ``ep``
+    and ``expert_tp`` (EP overlap's window is the rest of that same compute: ``ep_window_s``).
     """
     if tp == 1:
         return 0.0
@@ -514,7 +516,7 @@ def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
     mlp_layers = ctx.model.num_layers if moe_tp else ctx.model.num_dense_layers
     total = per_layer * (ctx.model.num_layers + mlp_layers) / 2
     if overlap:
-        window = compute_terms(ctx._base, tp, cp, mbs, sp, recompute).gemm_s
+        window = compute_terms(ctx._base, tp, cp, mbs, sp, recompute, ep, expert_tp).gemm_s
         total = overlapped_exposed_s(total, window, overlap_share(ctx, "tp"))
     return total
 

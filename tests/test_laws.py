@@ -204,3 +204,17 @@ def test_comm_kernel_slowdown_grows_with_the_sms_held(a, b):
     curve = CLUSTERS["h100"].device.comm_kernel_slowdown
     lo, hi = sorted((a, b))
     assert 0.0 <= comm_kernel_slowdown(curve, lo) <= comm_kernel_slowdown(curve, hi)
+
+
+def test_tp_overlap_window_is_the_compute_of_the_layouts_expert_parallelism():
+    """Regression (found by the property above in CI): TP overlap's window was the GEMMs of the
+    layer priced at ep 1 while the EP-overlap window was the rest of the compute at the layout's
+    ep, so a wider expert FFN could hide more than it added. The case that failed: 64 tokens x 4096
+    at tp 8, ep 4, both overlaps on, on an H100 pod."""
+    c = CLUSTERS["h100"]
+    layout = Layout(tp=8, pp=1, dp=4, ep=4, micro_batch_size=1, sequence_parallel=True, recompute="none",
+                    zero_stage=0, dp_overlap=False, tp_overlap=True, ep_overlap=True)
+    job = Job(global_batch_size=64, seq_len=4096, framework="megatron")
+    t_small = evaluate(_moe(512), job, c, layout).step_time_s
+    t_big = evaluate(_moe(576), job, c, layout).step_time_s
+    assert t_big >= t_small

@@ -162,7 +162,7 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
             tp_keys[i, j] = (l.tp, l.cp, l.stride("tp"), where(c, l.tp, l.stride("tp")))
             cp_keys[i, j] = (l.tp, l.cp, l.stride("cp"), where(c, min(l.cp, 2), l.stride("cp")))
             for k, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
-                tpc_keys[i, j, k] = tp_keys[i, j] + (et or e == 1,)
+                tpc_keys[i, j, k] = tp_keys[i, j] + (et or e == 1, e, et)
                 ranks = ()
                 if e > 1 and expert_ok(ctx.model, l.tp, l.dp, l.cp, e, et) is None:
                     ranks = l.with_(ep=e, expert_tp=et).group("ep")
@@ -270,8 +270,8 @@ def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarra
 def _comm_tables(S: Space, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx):
     """Tensor-, context- and expert-parallel communication per layer, and the head's time, per group."""
     MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
-    TPC = _qt([[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp) for to in TO] for rc in RC] for sp in SP]
-                for mb in MB] for (tp, cp, st, _, moe_tp), c in zip(tpc_keys, tpc_ctx)])
+    TPC = _qt([[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp, e, et) for to in TO] for rc in RC] for sp in SP]
+                for mb in MB] for (tp, cp, st, _, moe_tp, e, et), c in zip(tpc_keys, tpc_ctx)])
     CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB]
                for (tp, cp, st, _), c in zip(cpg_keys, cpg_ctx)])
     # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
