@@ -121,7 +121,7 @@ def test_attention_rule_applies_to_every_llmfoundry_run():
 def test_megatron_bridge_rule_applies_to_every_mbridge_run():
     """RUNS_FORMAT.md's Megatron-Bridge config rule is one rule for every run it covers: each mbridge
     run, bundled or held out, carries the performance configs' bf16 gradient reduce, SP where tp > 1,
-    and a note naming where the settings were read."""
+    the model providers' zero dropout, and a note naming where the settings were read."""
     root = Path(__file__).resolve().parent.parent
     files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml")]
     files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_family_runs.yaml")]
@@ -129,6 +129,7 @@ def test_megatron_bridge_rule_applies_to_every_mbridge_run():
     assert len(runs) == 44
     for r in runs:
         assert r.get("grad_reduce_dtype") == "bf16", r["id"]
+        assert r["model"].get("dropout") is False, r["id"]  # the providers' hidden/attention dropout 0.0
         assert any("Megatron-Bridge config rule" in str(n) for n in r.get("notes", [])), r["id"]
         if r["layout"]["tp"] > 1:
             assert r["layout"]["sequence_parallel"] is True, r["id"]
