@@ -115,7 +115,7 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
                         f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
     attention = attention or prof.at(None).attention
     _check_compile(compiled, fw)
-    _check_model_code(model_code, fw)
+    check_model_code(model_code, fw)
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
                attention=attention, framework=fw, grad_bytes=prof.grad_bytes, compiled=bool(compiled),
                reliability=reliability or Reliability(), model_code=model_code or "native"), origin
@@ -133,16 +133,18 @@ def _check_compile(compiled: bool | None, framework: str) -> None:
                         f"--framework {', '.join(with_compile)} (or drop --compile)")
 
 
-def _check_model_code(model_code: str | None, framework: str) -> None:
-    """The frameworks a transformers model class runs under (the value itself: ``Job``)."""
+def check_model_code(model_code: str | None, framework: str, names: tuple[str, str] = ("--model-code", "--framework")) -> None:
+    """The frameworks a model code runs under (the value itself: ``Job``); ``names``: how the
+    caller spells the two fields (the CLI options, or a runs file's ``model_code`` and ``framework``)."""
+    code, fw = names
     if model_code == "huggingface" and framework not in HF_FRAMEWORKS:
-        raise SpecError(f"--model-code: huggingface runs a transformers model class under DeepSpeed ZeRO or FSDP; "
-                        f"{framework} runs its own modules: use --framework {' or '.join(HF_FRAMEWORKS)} "
-                        "(or --model-code native)")
+        raise SpecError(f"{code}: huggingface runs a transformers model class under DeepSpeed ZeRO or FSDP; "
+                        f"{framework} runs its own modules: use {fw} {' or '.join(HF_FRAMEWORKS)} "
+                        f"(or {code} native)")
     if model_code == "llmfoundry" and framework != "torchtitan":
-        raise SpecError(f"--model-code: llmfoundry is llm-foundry's modules under Composer's FSDP, priced with the "
-                        f"torchtitan profile; got --framework {framework}: use --framework torchtitan "
-                        "(or --model-code native)")
+        raise SpecError(f"{code}: llmfoundry is llm-foundry's modules under Composer's FSDP, priced with the "
+                        f"torchtitan profile; got {fw} {framework}: use {fw} torchtitan "
+                        f"(or {code} native)")
 
 
 def with_moe_routing(model: ModelSpec, capacity_factor: float | None, load_imbalance: float | None) -> ModelSpec:

@@ -185,6 +185,21 @@ def test_unseen_file_with_a_bad_run(tmp_path):
     assert out["summary"]["overall"]["runs"] == 3
 
 
+def test_model_code_under_a_framework_that_does_not_run_it_is_refused(tmp_path):
+    """A runs file's ``model_code`` is checked against its framework as ``--model-code`` is on the
+    command line: llm-foundry's modules under megatron are named, field by field, not priced."""
+    run = next(r for r in load_runs(bundled_runs_path()) if r.get("model_code") == "llmfoundry")
+    bad = dict(run, id="mpt-under-megatron", framework={"name": "megatron", "date": "2023-10"})
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"format": "clusterplan-runs/1", "runs": [run, bad]}))
+    result = CliRunner().invoke(cli.main, ["validate", str(path), "--json", "--no-best"])
+    assert result.exit_code == 0, result.output
+    out = {r["id"]: r for r in json.loads(result.stdout)["runs"]}
+    assert out[run["id"]]["predicted_step_time_s"] and out["mpt-under-megatron"]["predicted_step_time_s"] is None
+    reason = out["mpt-under-megatron"]["reason"]
+    assert "model_code" in reason and "framework.name megatron" in reason and "torchtitan" in reason
+
+
 def test_layer_scope_compares_the_layers_alone(tmp_path):
     """``measured.step_scope: layers`` (a per-layer timing, Korthikanti et al. 2022 Table 4) is
     compared with the layers' predicted time alone, which is below the whole step's."""

@@ -28,7 +28,7 @@ from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecErr
 from clusterplan.models.library import list_models, load_model
 from clusterplan.models.spec import model_from_mapping
 from clusterplan.planner.report.explain import changed_knobs
-from clusterplan.planner.inputs import load_cluster
+from clusterplan.planner.inputs import check_model_code, load_cluster
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.planner.search.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds
 
@@ -223,6 +223,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     result.framework = f"{fw}@{date} ({origin})"
     result.group = run.get("group")
     code = _model_code(run)
+    check_model_code(code, fw, ("model_code", "framework.name"))
     if "dropout" not in (run.get("model") or {}) and code == "native":  # the framework's default dropout
         model = model.model_copy(update={"dropout": prof.profile.dropout > 0})
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
