@@ -279,6 +279,25 @@ class Job:
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
 
+    def microbatch_group(self, m: int, pp: int, vp: int) -> int | None:
+        """:func:`microbatch_group_size` of ``m`` micro-batches under this job's framework."""
+        return microbatch_group_size(m, pp, vp, self.profile.has("vp_groups"))
+
+
+def microbatch_group_size(m: int, pp: int, vp: int, groups: bool) -> int | None:
+    """Micro-batches an interleaved schedule runs through one model chunk before the next
+    (Megatron-Core's ``microbatch_group_size_per_vp_stage``, default ``pp``): ``pp`` where ``pp``
+    divides the ``m`` micro-batches or there is no interleaving; else, where the framework takes a
+    group size (``groups``: Megatron-LM since 2024-11, ``--microbatch-group-size-per-virtual-pipeline-
+    stage``), the smallest ``N`` in ``[pp, m]`` whose remainder ``m % N`` is 0 or at least ``pp``
+    (``schedules.py`` refuses the others: the last group would stall the pipeline); None where no
+    such ``N`` exists or the framework has no group size (interleaving refused)."""
+    if vp == 1 or pp == 1 or m % pp == 0:
+        return pp
+    if not groups:
+        return None
+    return next((n for n in range(pp, m + 1) if m % n == 0 or m % n >= pp), None)
+
 
 def misaligned_axis(degrees: dict[str, int], order: str, domain_size: int) -> tuple[str, int] | None:
     """The first axis whose groups straddle scale-up domains unevenly, with their span; or None.

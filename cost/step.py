@@ -131,8 +131,11 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
         bad("layers", f"pp*vp = {layout.pp * layout.vp} exceeds num_layers={model.num_layers}")
     if layout.vp > 1 and layout.pp == 1:
         bad("interleave", f"vp={layout.vp} needs pp > 1")
-    if layout.vp > 1 and layout.pp > 1 and (job.global_batch_size // max(1, layout.dp * layout.micro_batch_size)) % layout.pp:
-        bad("interleave", "interleaved 1F1B needs the micro-batch count divisible by pp (Megatron-LM)")
+    m = num_microbatches(job, layout)
+    if layout.vp > 1 and layout.pp > 1 and job.microbatch_group(m, layout.pp, layout.vp) is None:
+        bad("interleave", f"interleaved 1F1B with {m} micro-batches and pp={layout.pp}: "
+            + (f"needs at least pp micro-batches ({job.framework} groups them per model chunk)"
+               if job.profile.has("vp_groups") else f"needs the micro-batch count divisible by pp ({job.framework})"))
     if layout.cp > 1 and job.seq_len % (2 * layout.cp):
         bad("context", f"seq_len={job.seq_len} is not divisible by 2*cp = {2 * layout.cp} (load-balanced causal chunks)")
     _moe_problems(model, layout, bad)
@@ -248,20 +251,27 @@ def num_microbatches(job: Job, layout: Layout) -> int:
     return max(1, job.global_batch_size // (layout.dp * layout.micro_batch_size))
 
 
-def inflight_layers(num_layers: int, pp: int, vp: int, m: int) -> tuple[float, float]:
+def inflight_layers(num_layers: int, pp: int, vp: int, m: int, group: int | None = None) -> tuple[float, float]:
     """Layers' worth of stored activations on the first and on the last pipeline rank.
 
     1F1B: the first rank holds ``min(m, pp)`` micro-batches of its layers, the last one
-    (Narayanan et al. 2021). Interleaved: Megatron-LM's warm-up holds ``2 (pp - 1) + (vp - 1) pp + 1``
-    model chunks on the first rank (Korthikanti et al.: about ``L (1 + (pp - 1) / (pp vp))``).
+    (Narayanan et al. 2021). Interleaved: Megatron-LM's warm-up holds ``2 (pp - 1) + (vp - 1) N + 1``
+    model chunks on the first rank, ``N`` the micro-batch group (``group``, default ``pp``:
+    :func:`cost.layout.microbatch_group_size`; with ``pp``, Korthikanti et al.'s about
+    ``L (1 + (pp - 1) / (pp vp))``).
     """
     per_stage = layers_on_stage(num_layers, pp, vp)
     if vp == 1:
         return per_stage * min(m, pp), per_stage * 1.0
+    n = group or pp
     chunk = per_stage / vp
-    first = min(m * vp, 2 * (pp - 1) + (vp - 1) * pp + 1) * chunk
-    last = min(m * vp, (vp - 1) * pp + 1) * chunk
+    first = min(m * vp, 2 * (pp - 1) + (vp - 1) * n + 1) * chunk
+    last = min(m * vp, (vp - 1) * n + 1) * chunk
     return first, last
+
+
+def _group(ctx: Context, layout: Layout, m: int) -> int | None:
+    return ctx.job.microbatch_group(m, layout.pp, layout.vp)
 
 
 def evaluate(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> Evaluation:
@@ -331,7 +341,7 @@ def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
     lt = layer_terms(ctx, layout)
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
-    first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m)
+    first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m, _group(ctx, layout, m))
     act_first = lt.act_bytes_per_layer * first
     act_last = lt.act_bytes_per_layer * last
     working = lt.act_transient_bytes + head.logits_bytes
@@ -369,7 +379,7 @@ def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
     lt = layer_terms(ctx, layout)
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
-    first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m)
+    first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m, _group(ctx, layout, m))
     end = memory_static_bytes(ctx, layout) + lt.act_transient_bytes  # backward's end: every gradient
     base = end - (grads_freed_bytes(ctx, layout) if m == 1 else 0.0)
     runtime = runtime_bytes(ctx, layout)

@@ -182,7 +182,8 @@ def layer_terms(ctx: Context, layout: Layout, m: int = 1) -> LayerTerms:
     ctx = ctx.placed(layout.order)
     tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
     c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep, layout.expert_tp)
-    steady = ep_overlap_steady_share(layout.pp, layout.vp, m, rc) if layout.ep_overlap else 0.0
+    group = ctx.job.microbatch_group(m, layout.pp, layout.vp)
+    steady = ep_overlap_steady_share(layout.pp, layout.vp, m, rc, group) if layout.ep_overlap else 0.0
     return LayerTerms(
         forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
         tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap,
@@ -301,17 +302,17 @@ def _partial_recompute_terms(ctx: Context, layout: Layout, m: int) -> LayerTerms
                       act_bytes_per_layer=mix("act_bytes_per_layer"), act_transient_bytes=full.act_transient_bytes)
 
 
-def ep_overlap_steady_share(pp: int, vp: int, m: int, recompute: str) -> float:
+def ep_overlap_steady_share(pp: int, vp: int, m: int, recompute: str, group: int | None = None) -> float:
     """Share of a stage's micro-batch chunks whose expert all-to-alls Megatron-Core's EP overlap
     hides (``--overlap-moe-expert-parallel-comm``, combined 1F1B): only the steady state pairs one
-    chunk's forward with another's backward. The first rank warms up with ``2 (pp - 1) + (vp - 1) pp``
-    chunks plus the one extra the overlap schedules (``schedules.py``), one chunk without a
+    chunk's forward with another's backward. The first rank warms up with ``2 (pp - 1) + (vp - 1) N``
+    chunks (``N``: the micro-batch ``group``, default ``pp``) plus the one extra the overlap schedules (``schedules.py``), one chunk without a
     pipeline; warm-up forwards and cool-down backwards run alone. 0 where Megatron refuses the
     overlap (full recomputation; pp > 1 without virtual stages): priced as off."""
     if recompute == "full" or (pp > 1 and vp == 1):
         return 0.0
     chunks = m * vp
-    warmup = 1 if pp == 1 else 2 * (pp - 1) + (vp - 1) * pp + 1
+    warmup = 1 if pp == 1 else 2 * (pp - 1) + (vp - 1) * (group or pp) + 1
     return max(0, chunks - warmup) / chunks
 
 

@@ -17,7 +17,7 @@ import pytest
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import (BACKWARD_FACTOR, CAST_TRANSPOSE_RATE_SHARE, fp8_cast_s, gemm_rate, memory_rate,
                                       op_time_s)
-from clusterplan.cost.layout import Job, Layout, parse_layout
+from clusterplan.cost.layout import Job, Layout, microbatch_group_size, parse_layout
 from clusterplan.cost.step import evaluate, evaluate_ctx, inflight_layers, layout_problems, num_microbatches
 from clusterplan.cost.terms import (
     CUDA_CONTEXT_EAGER_BYTES, CUDA_CONTEXT_LAZY_BYTES, NCCL_COMMUNICATOR_BYTES, NCCL_PAIR_COMMUNICATOR_BYTES,
@@ -689,6 +689,36 @@ def test_inflight_layers_interleaved_matches_korthikanti(L, pp, vp):
     assert last == pytest.approx(((vp - 1) * pp + 1) * L / (pp * vp), rel=1e-12)
     # few micro-batches: at most m * v chunks are ever in flight
     assert inflight_layers(L, pp, vp, 1)[0] == pytest.approx(vp * L / (pp * vp), rel=1e-12)
+
+
+@pytest.mark.parametrize("m,pp,want", [(24, 8, 8), (12, 8, 12), (20, 8, 10), (17, 8, 9), (9, 8, 9), (7, 8, None),
+                                       (26, 8, 9), (100, 16, 20)])
+def test_microbatch_group_follows_megatron_schedule_rule(m, pp, want):
+    """Megatron-Core's interleaved schedule (since 2024-11): a group N in [pp, m] with m % N 0 or
+    >= pp; the smallest such N (fewest chunks in flight); without group sizes, pp dividing m."""
+    n = microbatch_group_size(m, pp, 2, groups=True)
+    assert n == want
+    if n is not None:
+        assert pp <= n <= m and (m % n == 0 or m % n >= pp)
+        assert all(not (m % k == 0 or m % k >= pp) for k in range(pp, n))
+    assert microbatch_group_size(m, pp, 2, groups=False) == (pp if m % pp == 0 else None)
+    assert microbatch_group_size(m, pp, 1, groups=False) == pp  # no interleaving: no rule
+
+
+def test_interleaving_with_uneven_micro_batches_follows_the_release():
+    """12 micro-batches on 8 stages interleave in Megatron-LM since 2024-11, with the first rank
+    holding (vp - 1) x 12 + 2 x 7 + 1 chunks (at most all 12 x vp); the 2024-06 release refuses it."""
+    model = get_model("gpt3-175b")
+    cluster = build_cluster("dgx-h100-superpod", num_devices=1024)
+    layout = Layout(tp=4, pp=8, dp=32, vp=4, micro_batch_size=4, sequence_parallel=True, recompute="full",
+                    zero_stage=1)
+    new = Job(global_batch_size=1536, seq_len=2048, framework="megatron")
+    old = Job(global_batch_size=1536, seq_len=2048, framework="megatron", framework_date="2024-06")
+    assert not [p for p in layout_problems(model, new, cluster, layout) if p[0] == "interleave"]
+    assert [p for p in layout_problems(model, old, cluster, layout) if p[0] == "interleave"]
+    first, _ = inflight_layers(96, 8, 4, 12, microbatch_group_size(12, 8, 4, True))
+    assert first == pytest.approx(min(12 * 4, 3 * 12 + 2 * 7 + 1) * 96 / 32)
+    assert first > inflight_layers(96, 8, 4, 16)[0]  # a bigger group holds more than the default would
 
 
 LAYOUTS_16 = [

@@ -30,7 +30,7 @@ REASONS = {
     "heads": "attention heads not divisible by tp",
     "batch": "global batch not divisible by dp * micro_batch_size",
     "layers": "pp * vp exceeds the number of layers",
-    "interleave": "interleaving needs pp > 1 and micro-batches divisible by pp",
+    "interleave": "interleaving needs pp > 1 and a micro-batch count its schedule takes",
     "context": "seq_len not divisible by 2 * cp",
     "experts": "ep does not divide the experts or dp (with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
     "placement": "expert groups laid across pipeline stages",
@@ -239,7 +239,7 @@ def batch_ok(model: ModelSpec, job: Job, pp: int, dp: int, mbs: int, vp: int) ->
         return "batch"
     if pp * vp > model.num_layers:
         return "layers"
-    if vp > 1 and (pp == 1 or (job.global_batch_size // (dp * mbs)) % pp):
+    if vp > 1 and (pp == 1 or job.microbatch_group(job.global_batch_size // (dp * mbs), pp, vp) is None):
         return "interleave"
     return None
 

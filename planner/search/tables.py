@@ -369,9 +369,10 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
             for vi, v in enumerate(S.vp):
                 slots = SLOT_QUANTUM * (m + (pp - 1) / v) * layers_on_stage(L, pp, v) / L
                 U[i, j, vi] = round(slots)
-                UG[i, j, vi] = round(slots * ep_overlap_steady_share(pp, v, m, "none"))
+                group = ctx.job.microbatch_group(m, pp, v)
+                UG[i, j, vi] = round(slots * ep_overlap_steady_share(pp, v, m, "none", group))
                 if pp * v <= L:
-                    first, last = inflight_layers(L, pp, v, m)
+                    first, last = inflight_layers(L, pp, v, m, group)
                     IF1[i, j, vi], IF2[i, j, vi] = math.ceil(first), math.ceil(last)
     return U, UG, FRAC, M, IF1, IF2
 

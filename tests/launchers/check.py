@@ -95,8 +95,32 @@ def check_megatron_argv(argv: list[str], env: dict[str, str], meta: dict) -> dic
         _expect("recompute method", args.recompute_method, "block")
         _expect("recomputed layers per stage", args.recompute_num_layers * (args.virtual_pipeline_model_parallel_size or 1),
                 L["recompute_layers"])
+    if meta.get("interleave"):
+        _check_interleave(args, calc.get(), meta["interleave"])
     return {"dp": args.data_parallel_size, "microbatches": calc.get(),
             "vp": args.virtual_pipeline_model_parallel_size, "layout": str(args.pipeline_model_parallel_layout)}
+
+
+def _check_interleave(args, m: int, want: dict) -> None:
+    """The interleaved schedule Megatron-Core builds from the arguments: its micro-batch group (the
+    two conditions forward_backward_pipelining_with_interleaving raises on, restated: it needs a
+    model to run), the schedule table of schedules.py, and the first pipeline rank's warm-up from
+    get_pp_rank_microbatches against what the cost model holds in flight."""
+    from types import SimpleNamespace
+
+    from megatron.core.pipeline_parallel import schedules
+
+    pp, vp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size
+    group = args.microbatch_group_size_per_vp_stage or pp
+    _expect("micro-batch group per virtual stage", group, want["group"])
+    if not pp <= group <= m or 0 < m % group < pp:
+        _fail(f"schedules.py refuses a micro-batch group of {group} with {m} micro-batches and pp={pp}")
+    table = schedules.get_schedule_table(m, vp, group)
+    _expect("schedule table entries", sorted(table), sorted((i, c) for c in range(vp) for i in range(m)))
+    rank0 = SimpleNamespace(pp_group=SimpleNamespace(size=lambda: pp, rank=lambda: 0),
+                            virtual_pipeline_model_parallel_size=vp)
+    _, _, warmup, _ = schedules.get_pp_rank_microbatches(m, vp, group, p2p_communicator=rank0)
+    _expect("first rank's warm-up micro-batch chunks", warmup, want["first_rank_warmup"])
 
 
 def check_megatron(text: str, meta: dict) -> dict:

@@ -40,6 +40,9 @@ CASES = {
                              "--global-batch", "3072"], ["maxtext"]),
     "llama3-405b-gb200-nvl72": (["--model", "llama3-405b", "--cluster", "gb200-nvl72", "--devices", "576"],
                                 ["megatron", "slurm", "torchtitan"]),
+    # 12 micro-batches over pp 8 with interleaving: Megatron-Core groups them (since 2024-11)
+    "gpt3-175b-vp-groups": (["--model", "gpt3-175b", "--cluster", "dgx-h100-superpod", "--devices", "1024",
+                             "--fix", "tp=4,pp=8,dp=32,mbs=4,vp=4"], ["megatron", "slurm"]),
     # full recomputation of only some layers of each stage (no search offers it: evaluate prices the
     # given layout); Megatron's block method counts per model chunk, torchtitan checkpoints every k-th block
     "llama3-8b-partial-recompute": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
@@ -65,6 +68,11 @@ def meta_for(doc: dict, model) -> dict:
                       "num_attention_heads": model.num_attention_heads, "num_kv_heads": model.num_kv_heads_resolved,
                       "ffn_hidden_size": model.ffn_hidden_size, "vocab_size": model.vocab_size,
                       "num_experts": model.moe.num_experts if model.moe else None, "mla": model.mla is not None}}
+    if L["vp"] > 1:  # the interleaved schedule's micro-batch group and the first rank's warm-up the model prices
+        from clusterplan.cost.layout import microbatch_group_size
+        m, pp, vp = L["num_microbatches"], L["pp"], L["vp"]
+        group = microbatch_group_size(m, pp, vp, groups=True)
+        meta["interleave"] = {"group": group, "first_rank_warmup": min(m * vp, 2 * (pp - 1) + (vp - 1) * group)}
     if doc["inputs"]["framework"]["id"] == "maxtext":
         _, _, per_slice = maxtext_mesh(doc)
         meta["maxtext_devices_per_slice"] = per_slice
