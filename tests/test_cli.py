@@ -670,6 +670,23 @@ def test_hardware_without_published_training_or_framework_says_so():
     assert h100["inputs"]["caveats"]["validated_error"]["runs"] > 0
 
 
+def test_validated_error_is_the_model_kinds_where_the_family_has_both():
+    """A plan quotes its model kind's validated error where its hardware family has published dense
+    and MoE runs (planner/data/validated_error.yaml), the family's whole figure beside it."""
+    import yaml
+    from importlib import resources
+    stored = yaml.safe_load((resources.files("clusterplan.planner") / "data" / "validated_error.yaml").read_text())
+    b200 = stored["families"]["nvidia-b200"]
+    assert b200["dense"]["runs"] >= 2 and b200["moe"]["runs"] >= 2
+    common = ("--cluster", "dgx-b200-superpod", "--devices", "256", "--top", "0")
+    moe = run_json("plan", "--model", "deepseek-v3", *common)["inputs"]["caveats"]["validated_error"]
+    dense = run_json("plan", "--model", "llama3-70b", *common)["inputs"]["caveats"]["validated_error"]
+    assert (moe["kind"], moe["runs"], moe["median_abs_error"]) == ("MoE", b200["moe"]["runs"],
+                                                                   b200["moe"]["median_abs_error"])
+    assert (dense["kind"], dense["runs"]) == ("dense", b200["dense"]["runs"])
+    assert f"all {b200['runs']} published runs on nvidia-b200" in moe["line"]
+
+
 # ---- render ---------------------------------------------------------------------------------------------
 def _report_lines(text: str) -> list[str]:
     """The report without the search timing lines (wall time differs between runs)."""

@@ -160,7 +160,7 @@ def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
     if host_power_w(cluster)[1]:
         lines.append(f"unvalidated: no host power figure for {cluster.id}: energy counts {ASSUMED_HOST_OVER_BOARD:g} x "
                      f"board power per device for the host (the DGX systems' ratio; --host-power-w to set it)")
-    validated = family_error(dev.family)
+    validated = family_error(dev.family, None if model is None else model.moe is not None)
     if validated is None:
         lines.append(f"{NO_PUBLISHED_RUN} ({dev.family}) in clusterplan's validation data")
     if dev.attention_efficiency is None:
@@ -196,16 +196,38 @@ def _family_errors() -> dict:
     return (bundled_yaml("clusterplan.planner", "data", "validated_error.yaml") or {}).get("families", {})
 
 
-def family_error(family: str) -> dict | None:
+def family_error(family: str, moe: bool | None = None) -> dict | None:
     """The validated step-time error of a hardware family: ``{runs, median_abs_error, p90_abs_error,
-    line}`` from ``planner/data/validated_error.yaml`` (written by ``benchmarks/update_docs.py``
-    from ``clusterplan validate``), or None where no published run of the family was evaluated."""
-    entry = _family_errors().get(family)
-    if not entry:
+    kind, line}`` from ``planner/data/validated_error.yaml`` (written by ``benchmarks/update_docs.py``
+    from ``clusterplan validate``), or None where no published run of the family was evaluated.
+    With the model's kind (``moe``) and at least :data:`KIND_MIN_RUNS` runs of that kind on the
+    family, the figure is that kind's (its MoE runs can be off where its dense runs are not), the
+    family's whole figure named beside it (``kind``: ``"MoE"`` or ``"dense"``; None: the family's)."""
+    family_entry = _family_errors().get(family)
+    if not family_entry:
         return None
-    line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {entry['runs']} published runs "
-            f"on {family} (p90 {entry['p90_abs_error']:.0%}; clusterplan validate)")
-    return {**entry, "line": line}
+    kind = None if moe is None else ("moe" if moe else "dense")
+    entry = family_entry.get(kind) if kind else None
+    whole = f"{family_entry['runs']} published runs on {family}"
+    label = None
+    if entry and entry["runs"] >= KIND_MIN_RUNS:
+        label = "MoE" if moe else "dense"
+        line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {entry['runs']} published "
+                f"{label} runs on {family} (p90 {entry['p90_abs_error']:.0%}; all {whole}: "
+                f"{family_entry['median_abs_error']:.0%}; clusterplan validate)")
+    else:
+        entry = family_entry
+        moe_runs = family_entry.get("moe_runs", 0)
+        none_of_kind = kind and moe_runs == (0 if moe else family_entry["runs"])
+        line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {whole}"
+                + (f", none of them {'MoE' if moe else 'dense'}" if none_of_kind else "")
+                + f" (p90 {entry['p90_abs_error']:.0%}; clusterplan validate)")
+    return {"runs": entry["runs"], "median_abs_error": entry["median_abs_error"],
+            "p90_abs_error": entry["p90_abs_error"], "kind": label, "line": line}
+
+
+KIND_MIN_RUNS = 2
+"""Runs of one model kind on a family before a plan quotes that kind's validated error."""
 
 
 NO_PUBLISHED_RUN = "unvalidated: no published run on this hardware"

@@ -56,6 +56,7 @@ class RunResult:
 
     id: str
     family: str = ""
+    moe: bool = False  # the run's model routes tokens to experts (the validated error is kept by kind too)
     device: str = ""
     cluster: str = ""
     count: int = 0
@@ -214,7 +215,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     cluster = load_cluster(str(hw["cluster"]), num_devices=hw.get("count"), device=hw.get("device"),
                             scale_out_gbit_per_s=hw.get("scale_out_gbit_per_s_per_device"),
                             domain_devices=hw.get("devices_per_domain"))
-    result.family = cluster.device.family
+    result.family, result.moe = cluster.device.family, model.moe is not None
     if not run.get("global_batch_size"):
         raise SpecError("global_batch_size is not published")
     fw, date, origin = run_framework(run, cluster.platform)
@@ -549,18 +550,28 @@ STEP_TIME_FILES = ("runs.yaml", "sweeps.yaml", "family_runs.yaml")
 
 def error_by_family(options: SearchOptions | None = None) -> dict[str, dict]:
     """Per hardware family: runs, median and p90 |step-time error| over every bundled published run
-    with a measured step time (:data:`STEP_TIME_FILES`), rounded to 0.1%: what
+    with a measured step time (:data:`STEP_TIME_FILES`), rounded to 0.1%, and the same for its dense
+    and its MoE runs (``dense``, ``moe``) where the family has runs of both kinds, and how many of
+    its runs are MoE (``moe_runs``): what
     ``planner/data/validated_error.yaml`` holds (``benchmarks/update_docs.py`` writes it; a test
     recomputes it)."""
     opts = options or SearchOptions(engine="exhaustive", top_k=0)
     results: list[RunResult] = []
     for name in STEP_TIME_FILES:
         results += [evaluate_run(run, opts, best=False) for run in load_runs(bundled_data_path(name))]
+    def entry(rows: list[RunResult]) -> dict:
+        errors = sorted(abs(r.error) for r in rows)
+        return {"runs": len(errors), "median_abs_error": round(statistics.median(errors), 3),
+                "p90_abs_error": round(_percentile(errors, 0.9), 3)}
+
     out = {}
     for family in sorted({r.family for r in results if r.error is not None}):
-        errors = sorted(abs(r.error) for r in results if r.family == family and r.error is not None)
-        out[family] = {"runs": len(errors), "median_abs_error": round(statistics.median(errors), 3),
-                       "p90_abs_error": round(_percentile(errors, 0.9), 3)}
+        rows = [r for r in results if r.family == family and r.error is not None]
+        out[family] = {**entry(rows), "moe_runs": sum(r.moe for r in rows)}
+        for kind, moe in (("dense", False), ("moe", True)):  # by model kind, where the family has both
+            kind_rows = [r for r in rows if r.moe is moe]
+            if kind_rows and len(kind_rows) < len(rows):
+                out[family][kind] = entry(kind_rows)
     return out
 
 

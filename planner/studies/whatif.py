@@ -82,11 +82,13 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
 
 
 def _validated(doc: dict) -> str:
-    """The family's validated error for a row: ``median 5% over 25 runs``, or ``unvalidated``."""
+    """The family's validated error for a row: ``median 5% over 25 runs`` (``over 5 MoE runs`` where the
+    plan's model kind has its own figure), or ``unvalidated``."""
     entry = doc["inputs"]["caveats"].get("validated_error")
     if not entry:
         return NO_PUBLISHED_RUN
-    return f"median {entry['median_abs_error']:.0%} over {entry['runs']} runs"
+    kind = f" {entry['kind']}" if entry.get("kind") else ""
+    return f"median {entry['median_abs_error']:.0%} over {entry['runs']}{kind} runs"
 
 
 def compare(request: Request, candidates: list[Candidate], options: SearchOptions,
