@@ -299,6 +299,13 @@ def microbatch_group_size(m: int, pp: int, vp: int, groups: bool) -> int | None:
     return next((n for n in range(pp, m + 1) if m % n == 0 or m % n >= pp), None)
 
 
+def interleaved_warmup(pp: int, vp: int, group: int | None = None, rank: int = 0) -> int:
+    """Model chunks pipeline rank ``rank`` runs forward before its first backward in interleaved
+    1F1B: ``2 (pp - rank - 1) + (vp - 1) N``, ``N`` the micro-batch ``group`` (default ``pp``;
+    Megatron-Core's ``get_pp_rank_microbatches``, before the ``m vp`` cap)."""
+    return 2 * (pp - rank - 1) + (vp - 1) * (group or pp)
+
+
 def misaligned_axis(degrees: dict[str, int], order: str, domain_size: int) -> tuple[str, int] | None:
     """The first axis whose groups straddle scale-up domains unevenly, with their span; or None.
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
-from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, misaligned_axis, parse_recompute_modules
+from clusterplan.cost.layout import (RECOMPUTE_MODES, Job, Layout, interleaved_warmup, misaligned_axis,
+                                      parse_recompute_modules)
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
     grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
@@ -263,15 +264,16 @@ def inflight_layers(num_layers: int, pp: int, vp: int, m: int, group: int | None
     per_stage = layers_on_stage(num_layers, pp, vp)
     if vp == 1:
         return per_stage * min(m, pp), per_stage * 1.0
-    n = group or pp
     chunk = per_stage / vp
-    first = min(m * vp, 2 * (pp - 1) + (vp - 1) * n + 1) * chunk
-    last = min(m * vp, (vp - 1) * n + 1) * chunk
+    first = min(m * vp, interleaved_warmup(pp, vp, group) + 1) * chunk
+    last = min(m * vp, interleaved_warmup(pp, vp, group, rank=pp - 1) + 1) * chunk
     return first, last
 
 
-def _group(ctx: Context, layout: Layout, m: int) -> int | None:
-    return ctx.job.microbatch_group(m, layout.pp, layout.vp)
+def _inflight(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
+    """:func:`inflight_layers` of ``layout`` with the micro-batch group its framework runs."""
+    group = ctx.job.microbatch_group(m, layout.pp, layout.vp)
+    return inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m, group)
 
 
 def evaluate(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> Evaluation:
@@ -341,7 +343,7 @@ def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
     lt = layer_terms(ctx, layout)
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
-    first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m, _group(ctx, layout, m))
+    first, last = _inflight(ctx, layout, m)
     act_first = lt.act_bytes_per_layer * first
     act_last = lt.act_bytes_per_layer * last
     working = lt.act_transient_bytes + head.logits_bytes
@@ -379,7 +381,7 @@ def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
     lt = layer_terms(ctx, layout)
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
-    first, last = inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m, _group(ctx, layout, m))
+    first, last = _inflight(ctx, layout, m)
     end = memory_static_bytes(ctx, layout) + lt.act_transient_bytes  # backward's end: every gradient
     base = end - (grads_freed_bytes(ctx, layout) if m == 1 else 0.0)
     runtime = runtime_bytes(ctx, layout)

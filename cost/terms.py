@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import gemm_time_s, memory_rate, op_time_s, ops_time_s
-from clusterplan.cost.layout import Job, Layout, split_order
+from clusterplan.cost.layout import Job, Layout, interleaved_warmup, split_order
 from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops, linear_op
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -182,8 +182,8 @@ def layer_terms(ctx: Context, layout: Layout, m: int = 1) -> LayerTerms:
     ctx = ctx.placed(layout.order)
     tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
     c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep, layout.expert_tp)
-    group = ctx.job.microbatch_group(m, layout.pp, layout.vp)
-    steady = ep_overlap_steady_share(layout.pp, layout.vp, m, rc, group) if layout.ep_overlap else 0.0
+    steady = (ep_overlap_steady_share(layout.pp, layout.vp, m, rc, ctx.job.microbatch_group(m, layout.pp, layout.vp))
+              if layout.ep_overlap else 0.0)
     return LayerTerms(
         forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
         tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap,
@@ -306,13 +306,14 @@ def ep_overlap_steady_share(pp: int, vp: int, m: int, recompute: str, group: int
     """Share of a stage's micro-batch chunks whose expert all-to-alls Megatron-Core's EP overlap
     hides (``--overlap-moe-expert-parallel-comm``, combined 1F1B): only the steady state pairs one
     chunk's forward with another's backward. The first rank warms up with ``2 (pp - 1) + (vp - 1) N``
-    chunks (``N``: the micro-batch ``group``, default ``pp``) plus the one extra the overlap schedules (``schedules.py``), one chunk without a
-    pipeline; warm-up forwards and cool-down backwards run alone. 0 where Megatron refuses the
-    overlap (full recomputation; pp > 1 without virtual stages): priced as off."""
+    chunks (``N``: the micro-batch ``group``, default ``pp``) plus the one extra the overlap
+    schedules (``schedules.py``), one chunk without a pipeline; warm-up forwards and cool-down
+    backwards run alone. 0 where Megatron refuses the overlap (full recomputation; pp > 1 without
+    virtual stages): priced as off."""
     if recompute == "full" or (pp > 1 and vp == 1):
         return 0.0
     chunks = m * vp
-    warmup = 1 if pp == 1 else 2 * (pp - 1) + (vp - 1) * (group or pp) + 1
+    warmup = 1 if pp == 1 else interleaved_warmup(pp, vp, group) + 1
     return max(0, chunks - warmup) / chunks
 
 

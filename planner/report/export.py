@@ -214,12 +214,12 @@ def _megatron_sharding_args(zero_stage: int, tied_embeddings: bool, ep: int, not
     return ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format torch_dist"]
 
 
-def _megatron_group_args(L: dict, job: dict, notes: list[str]) -> list[str]:
+def _megatron_group_args(L: dict, notes: list[str]) -> list[str]:
     """The interleaved schedule's micro-batch group where ``pp`` does not divide the micro-batches
     (Megatron-Core's default group is ``pp``: :func:`cost.layout.microbatch_group_size`)."""
     if L["vp"] == 1 or L["pp"] == 1:
         return []
-    m = job["global_batch_size"] // (L["dp"] * L["micro_batch_size"])
+    m = L["num_microbatches"]
     n = microbatch_group_size(m, L["pp"], L["vp"], groups=True)
     if n is None or n == L["pp"]:
         return []
@@ -252,7 +252,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
                      f"{math.ceil(model.num_layers / (L['pp'] * L['vp']))} layers")
     elif L["vp"] > 1:
         args.append(f"--num-layers-per-virtual-pipeline-stage {model.num_layers // (L['pp'] * L['vp'])}")
-    args += _megatron_group_args(L, job, notes)
+    args += _megatron_group_args(L, notes)
     if L["sequence_parallel"]:
         args.append("--sequence-parallel")
     args += _megatron_recompute_args(L)

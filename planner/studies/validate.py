@@ -559,6 +559,7 @@ def error_by_family(options: SearchOptions | None = None) -> dict[str, dict]:
     results: list[RunResult] = []
     for name in STEP_TIME_FILES:
         results += [evaluate_run(run, opts, best=False) for run in load_runs(bundled_data_path(name))]
+
     def entry(rows: list[RunResult]) -> dict:
         errors = sorted(abs(r.error) for r in rows)
         return {"runs": len(errors), "median_abs_error": round(statistics.median(errors), 3),

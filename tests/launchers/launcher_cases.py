@@ -69,10 +69,10 @@ def meta_for(doc: dict, model) -> dict:
                       "ffn_hidden_size": model.ffn_hidden_size, "vocab_size": model.vocab_size,
                       "num_experts": model.moe.num_experts if model.moe else None, "mla": model.mla is not None}}
     if L["vp"] > 1:  # the interleaved schedule's micro-batch group and the first rank's warm-up the model prices
-        from clusterplan.cost.layout import microbatch_group_size
+        from clusterplan.cost.layout import interleaved_warmup, microbatch_group_size
         m, pp, vp = L["num_microbatches"], L["pp"], L["vp"]
         group = microbatch_group_size(m, pp, vp, groups=True)
-        meta["interleave"] = {"group": group, "first_rank_warmup": min(m * vp, 2 * (pp - 1) + (vp - 1) * group)}
+        meta["interleave"] = {"group": group, "first_rank_warmup": min(m * vp, interleaved_warmup(pp, vp, group))}
     if doc["inputs"]["framework"]["id"] == "maxtext":
         _, _, per_slice = maxtext_mesh(doc)
         meta["maxtext_devices_per_slice"] = per_slice
