@@ -386,31 +386,53 @@ def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
 def _compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int = 1,
                    expert_tp: bool = True) -> ComputeTerms:
     model = ctx.model
-    n = _tokens(ctx, cp, mbs)
-    prof = ctx.job.profile
-    kernels = layer_kernels(ctx)
-    style = {"eager": kernels.eager, "kv_repeat": kernels.kv_repeat, "fp32_norms": ctx.job.model_code == HF_MODEL_CODE,
-             "fp8_inputs": fp8_saved_inputs(ctx)}
-    fwd = bwd = gemm = attn = act = transient = gemm_bwd = attn_bwd = sac_rec = 0.0
+    fwd = bwd = gemm = attn = gemm_bwd = attn_bwd = sac_rec = 0.0
     for moe, count in _layer_kinds(model):
         t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None, expert_tp)
         fwd, bwd, gemm, attn = fwd + count * t[0], bwd + count * t[1], gemm + count * t[2], attn + count * t[3]
         gemm_bwd, attn_bwd = gemm_bwd + count * t[4], attn_bwd + count * t[5]
-        op_sac = recompute == "selective" and ctx.job.profile.profile.selective_recompute == "op_sac" and not moe
-        if op_sac:
-            saved = prof.op_sac_saves_attention(ctx.cluster.device.compute_capability)
-            act += count * op_sac_activation_bytes(model, n, tp, sp, ctx.job.compiled, saved)
-            sac_rec += count * (t[6] if saved else t[6] + t[3])  # unsaved: attention's forward again
-            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n), **style))
-        else:
-            act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n), **style)
-            sac_rec += count * t[3]
-        if recompute == "full":  # the layer being recomputed holds its full activations once
-            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n), **style))
+        saved = _op_sac_saved(ctx, recompute, moe)
+        # per-op SAC re-runs what it does not save; an unsaved attention runs its forward again
+        sac_rec += count * (t[3] if saved is None else t[6] + (0.0 if saved else t[3]))
     # full: the whole forward again; selective: Megatron-Core checkpoints the core-attention module,
     # so one more flash forward; torchtitan's per-op SAC re-runs what it does not save (op_sac_*)
     rec = {"full": fwd, "selective": sac_rec}.get(recompute, 0.0)
-    return ComputeTerms(fwd, bwd, rec, gemm, act / model.num_layers, transient, gemm_bwd, attn + attn_bwd, attn_bwd)
+    act, transient = _activation_terms(ctx, tp, cp, mbs, sp, recompute)
+    return ComputeTerms(fwd, bwd, rec, gemm, act, transient, gemm_bwd, attn + attn_bwd, attn_bwd)
+
+
+def activation_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str) -> tuple[float, float]:
+    """Stored activations per layer (averaged over the layers) and one layer's transient working
+    memory for one micro-batch: :class:`ComputeTerms`' memory without its times (the memory-only
+    tables of ``clusterplan fit``)."""
+    return _activation_terms(_compute_context(ctx), tp, cp, mbs, sp, recompute)
+
+
+def _op_sac_saved(ctx: Context, recompute: str, moe: bool) -> bool | None:
+    """Under torchtitan's per-op selective checkpointing of a dense layer, whether it saves the
+    attention's output (:meth:`ProfileAt.op_sac_saves_attention`); None where it does not apply."""
+    if recompute != "selective" or ctx.job.profile.profile.selective_recompute != "op_sac" or moe:
+        return None
+    return ctx.job.profile.op_sac_saves_attention(ctx.cluster.device.compute_capability)
+
+
+@lru_cache(maxsize=65536)
+def _activation_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str) -> tuple[float, float]:
+    model = ctx.model
+    n = _tokens(ctx, cp, mbs)
+    kernels = layer_kernels(ctx)
+    style = {"eager": kernels.eager, "kv_repeat": kernels.kv_repeat, "fp32_norms": ctx.job.model_code == HF_MODEL_CODE,
+             "fp8_inputs": fp8_saved_inputs(ctx)}
+    act = transient = 0.0
+    for moe, count in _layer_kinds(model):
+        saved = _op_sac_saved(ctx, recompute, moe)
+        if saved is not None:
+            act += count * op_sac_activation_bytes(model, n, tp, sp, ctx.job.compiled, saved)
+        else:
+            act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n), **style)
+        if saved is not None or recompute == "full":  # the layer being recomputed holds its full activations once
+            transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n), **style))
+    return act / model.num_layers, transient
 
 
 def layer_kernels(ctx: Context) -> Kernels:

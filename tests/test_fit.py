@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from clusterplan.cli import main
+from clusterplan.cost.terms import Context
+from clusterplan.planner.search.exhaustive import any_feasible, score_factorization, smallest_memory
+from clusterplan.planner.search.space import Bounds, build_space
+from clusterplan.planner.search.tables import build_tables
 from clusterplan.planner.inputs import Request, build_job
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import get_model, list_models
@@ -81,3 +86,29 @@ def test_fit_command_and_smallest_device():
     # 8 GPUs: Adam states alone (16 B x 70 B / 8 = 140 GB) exceed every Hopper part: exit 3, devices named
     none = RUN.invoke(main, ["fit", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "8"])
     assert none.exit_code == 3 and "h200-sxm-141gb" in none.stderr
+
+
+@pytest.mark.parametrize("model_id,preset,devices,framework", [
+    ("deepseek-v3", "dgx-h100-superpod", 256, None), ("mixtral-8x7b", "dgx-h100-superpod", 16, None),
+    ("llama3-70b", "dgx-h100-superpod", 64, "torchtitan"), ("llama3-8b", "tpu-v5p-pod", 64, None),
+    ("gpt3-175b", "dgx-a100-superpod", 64, "deepspeed"),
+])
+def test_memory_only_tables_decide_fit_as_the_full_tables(model_id, preset, devices, framework):
+    """``fit`` builds the rules and memory tables alone at each size (``memory_only``); every layout's
+    rejection code and peak memory, and so the answer, are those of the tables ``plan`` solves, and
+    an objective read through the memory-only tables fails instead of pricing nothing."""
+    model = get_model(model_id)
+    cluster = build_cluster(preset, num_devices=devices)
+    job = build_job(model_id, model, cluster, framework=framework)[0]
+    bounds = Bounds()
+    space = build_space(model, job, cluster, bounds)
+    ctx = Context(model, job, cluster)
+    full = build_tables(ctx, space, bounds.headroom(job, cluster))
+    mem = build_tables(ctx, space, bounds.headroom(job, cluster), memory_only=True)
+    for i in range(len(space.factorizations)):
+        a, b = score_factorization(full, i, with_objective=False), score_factorization(mem, i, with_objective=False)
+        assert np.array_equal(a.code, b.code) and np.array_equal(a.memory, b.memory), space.factorizations[i]
+    assert any_feasible(mem) == any_feasible(full)
+    assert smallest_memory(mem)[0] == smallest_memory(full)[0]
+    with pytest.raises(ValueError, match="memory-only"):
+        score_factorization(mem, 0)

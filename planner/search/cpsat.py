@@ -73,6 +73,8 @@ class _Model:
         """``cap``: a known upper bound on every objective the caller wants (the k-th best of a
         sub-space bounds the k-th best of the space); (f, mb, v) triples whose lower bound exceeds
         it cannot hold any of them and are left out of the model."""
+        if T.memory_only:
+            raise ValueError("memory-only tables (build_tables(memory_only=True)) have no time terms to optimise")
         self.T = T
         self.cap = cap
         self.m = cp_model.CpModel()

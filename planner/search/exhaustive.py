@@ -65,6 +65,8 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
              & _place(T.eo_ok[sl], ("f", "v", "r", "eo")))
     if not with_objective:
         return Scored(np.zeros(1, np.int64), code, memory, canon)
+    if T.memory_only:
+        raise ValueError("memory-only tables (build_tables(memory_only=True)) have no time terms to score")
     Q = SLOT_QUANTUM
     X = layer_time(T, sl)
     U, M, FRAC = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))

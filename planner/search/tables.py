@@ -41,7 +41,7 @@ from clusterplan.cost.framework import framework_refusal, refuses_overlap
 from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.step import inflight_layers, memory_static_bytes
 from clusterplan.cost.terms import (
-    Context, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
+    Context, activation_terms, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
     ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s,
     overlap_share, p2p_s, param_counts, runtime_bytes, tp_comm_terms, zero_replicas,
 )
@@ -119,6 +119,8 @@ class Tables:
     # the share of compute overlapped DP traffic takes (cost.terms.overlap_share), as SHARE_PARTS ths
     dp_share: int = 0
     ep_share: int = 0  # the same for EP overlap's all-to-alls
+    # the rules and memory alone (build_tables(memory_only=True)): the time tables are empty
+    memory_only: bool = False
 
 
 def _index(keys: list) -> tuple[dict, list]:
@@ -172,53 +174,78 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
 
 
 def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignore_memory: bool = False,
-                 weights: tuple[int, int] = (1, 0)) -> Tables:
+                 weights: tuple[int, int] = (1, 0), memory_only: bool = False) -> Tables:
     """Tabulate every term over its own domain (see module docstring); ``weights`` are the
-    objective's ``(time_weight, busy_weight)``."""
+    objective's ``(time_weight, busy_weight)``. ``memory_only``: the rules and the memory terms
+    alone, the time tables left empty (``Tables.memory_only``): whether some layout fits, as
+    ``clusterplan fit`` asks at each size, without the price of every layout's step time."""
     S = space
-    probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
-    placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     tc_of_fe, tc_keys, ta_of_f, ta_keys = _compute_keys(ctx, S)
-    (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
-     epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    C, BWD, FW, WE = _compute_tables(ctx, S, tc_keys)
     ACT, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
-    TPC, CPC, ep_open, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx)
-    EPC = _qt(ep_open)
-    P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) for sp in S.sequence_parallel]
-                 for mb in S.micro_batch_size] for l in row] for row in probe])
-    DPS, DPM, RG, DPX, OPT, STATIC, STATIC1 = _dp_tables(ctx, S)
+    masks = _masks(ctx, S)
+    timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_keys, masks)
+    static = _dp_tables(ctx, S, times=not memory_only)
+    DPS, DPM, RG, DPX, OPT, STATIC, STATIC1 = static
     U, UG, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
-    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
+    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = masks
     order_ok = _order_representatives(S)
-    if len({split_order(o)[1] for o in S.order}) > 1:  # torus traversals that change nothing count once
-        def rows(i, j):
-            return (TPC[tpc_of_foe[i, j]].tobytes(), H[tpg_of_fo[i, j]].tobytes(), CPC[cpg_of_fo[i, j]].tobytes(),
-                    EPC[epg_of_foe[i, j]].tobytes(), P2P[i, j].tobytes(), DPS[i, j].tobytes(),
-                    DPM[i, j].tobytes(), RG[i, j].tobytes(), DPX[i, j].tobytes(), int(ok_fo[i, j]),
-                    ok_eo[:, j].tobytes())
-        for i in range(len(S.factorizations)):
-            order_ok[i] &= ~np.array(traversal_duplicates(S.order, list(order_ok[i]),
-                                                          [rows(i, j) for j in range(len(S.order))]))
+    if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
+        order_ok &= _traversal_representatives(S, timed, static, masks, order_ok)
     canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, :, :]
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
-    eo_ok = _ep_overlap_mask(ctx, S)
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
     if not ignore_memory:
         # A memory term beyond the capacity rules its layouts out whatever it is, so it is clamped
         # to capacity + 1: the integer model then never multiplies huge byte counts (unfused
         # attention at 32k tokens gives terabytes per layer), which made CP-SAT exhaust memory.
         ACT, TRANS, LOGITS, STATIC, STATIC1 = (np.minimum(a, capacity + 1) for a in (ACT, TRANS, LOGITS, STATIC, STATIC1))
-    return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe,
-                  cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe,
-                  C=C, BWD=BWD, FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=EPC, H=H, P2P=P2P, DPS=DPS, DPM=DPM, RG=RG,
-                  DPX=DPX, OPT=OPT, U=U, UG=UG, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ACT=ACT, TRANS=TRANS,
-                  LOGITS=LOGITS, IF1=IF1,
-                  IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo, ok_fes=ok_fes,
-                  ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=eo_ok, time_weight=int(weights[0]), busy_weight=int(weights[1]),
+    return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, OPT=OPT,
+                  U=U, UG=UG, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS,
+                  IF1=IF1, IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
+                  ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=_ep_overlap_mask(ctx, S),
+                  time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
-                  ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))))
+                  ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))), memory_only=memory_only)
+
+
+def _time_tables(ctx: Context, S: Space, tc_keys: list, masks: tuple) -> dict:
+    """The per-layer and per-micro-batch time tables with the group index maps they are read through."""
+    probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
+    placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
+    (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
+     epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
+    C, BWD, FW, WE = _compute_tables(ctx, S, tc_keys)
+    TPC, CPC, ep_open, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx)
+    P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) for sp in S.sequence_parallel]
+                 for mb in S.micro_batch_size] for l in row] for row in probe])
+    return dict(tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe, C=C, BWD=BWD,
+                FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, P2P=P2P)
+
+
+def _no_time_tables(S: Space) -> dict:
+    """Empty time tables (a memory-only build); an objective read through them fails loudly."""
+    F, O, E = len(S.factorizations), len(S.order), len(S.ep)
+    none = np.zeros(0, np.int64)
+    return dict(tpg_of_fo=np.zeros((F, O), np.int64), tpc_of_foe=np.zeros((F, O, E), np.int64),
+                cpg_of_fo=np.zeros((F, O), np.int64), epg_of_foe=np.zeros((F, O, E), np.int64),
+                C=none, BWD=none, FW=none, WE=none, TPC=none, CPC=none, EPC=none, H=none, P2P=none)
+
+
+def _traversal_representatives(S: Space, timed: dict, static: tuple, masks: tuple, order_ok: np.ndarray) -> np.ndarray:
+    """(f, o): False for a torus traversal that changes nothing (every term of its row equal to an
+    earlier traversal's): it counts once."""
+    DPS, DPM, RG, DPX = static[:4]
+    ok_eo, ok_fo = masks[3], masks[5]
+    t = timed
+
+    def rows(i, j):
+        return (t["TPC"][t["tpc_of_foe"][i, j]].tobytes(), t["H"][t["tpg_of_fo"][i, j]].tobytes(),
+                t["CPC"][t["cpg_of_fo"][i, j]].tobytes(), t["EPC"][t["epg_of_foe"][i, j]].tobytes(),
+                t["P2P"][i, j].tobytes(), DPS[i, j].tobytes(), DPM[i, j].tobytes(), RG[i, j].tobytes(),
+                DPX[i, j].tobytes(), int(ok_fo[i, j]), ok_eo[:, j].tobytes())
+    return np.array([~np.array(traversal_duplicates(S.order, list(order_ok[i]), [rows(i, j) for j in range(len(S.order))]))
+                     for i in range(len(S.factorizations))], bool).reshape(order_ok.shape)
 
 
 def _compute_keys(ctx: Context, S: Space):
@@ -260,9 +287,9 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list) -> tuple[np.ndarray, 
 def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Activation bytes per layer, the transient bytes of the largest op, and the logits' bytes."""
     MB, SP, RC = S.micro_batch_size, S.sequence_parallel, S.recompute
-    mem = [[[[compute_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
-    ACT = _qb([[[[c.act_bytes_per_layer for c in r] for r in s] for s in m] for m in mem])
-    TRANS = _qb([[[[c.act_transient_bytes for c in r] for r in s] for s in m] for m in mem])
+    mem = [[[[activation_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
+    ACT = _qb([[[[c[0] for c in r] for r in s] for s in m] for m in mem])
+    TRANS = _qb([[[[c[1] for c in r] for r in s] for s in m] for m in mem])
     LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
     return ACT, TRANS, LOGITS
 
@@ -309,9 +336,10 @@ def _qb(values) -> np.ndarray:
     return np.ceil(np.asarray(values, dtype=float) / MEMORY_QUANTUM_BYTES).astype(np.int64)
 
 
-def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
+def _dp_tables(ctx: Context, S: Space, times: bool = True) -> tuple[np.ndarray, ...]:
     """Data-parallel traffic (per step, per micro-batch, ZeRO-3's third gathers under full
-    recomputation, never overlapped), optimizer step and static memory over (f, o, v, e, z)."""
+    recomputation, never overlapped), optimizer step and static memory over (f, o, v, e, z);
+    ``times=False``: the static memory alone (the time tables stay 0)."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
     dps, dpm, rg, dpx = (np.zeros((F, O, V, E, Z)) for _ in range(4))
     opt, static, gfree = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
@@ -320,7 +348,8 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
             if expert_ok(ctx.model, tp, dp, cp, e, et) is not None:
                 continue
-            profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o, et) if dp * cp > 1 else (None, None) for o in S.order]
+            profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o, et) if times and dp * cp > 1 else (None, None)
+                        for o in S.order]
             # Orders whose groups get the same fabric profiles (torus traversals, often) share the
             # traffic: ``first[oi]`` is the first order with oi's profiles.
             seen: dict = {}
@@ -333,7 +362,7 @@ def _dp_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 pc = param_counts(ctx.model, tp, pp, v, e, et)
                 for zi, z in enumerate(S.zero_stage):
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et)
-                    opt[i, vi, ei, zi] = optimizer_s(ctx, base)
+                    opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0
                     static[i, vi, ei, zi] = memory_static_bytes(ctx, base) + runtime
                     gfree[i, vi, ei, zi] = grads_freed_bytes(ctx, base)
                     for oi, (dense, expert) in enumerate(profiles):

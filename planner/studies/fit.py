@@ -39,13 +39,14 @@ class FitAnswer:
 
 
 def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | None = None) -> bool:
-    """Whether any layout of the space fits (the test ``plan`` applies before it solves)."""
+    """Whether any layout of the space fits (the test ``plan`` applies before it solves), from the
+    rules and memory tables alone: a layout's step time does not decide whether it fits."""
     b = bounds or Bounds()
     try:
         space = build_space(model, job, cluster, b)
     except SpecError:
         return False
-    tables = build_tables(Context(model, job, cluster), space, b.headroom(job, cluster))
+    tables = build_tables(Context(model, job, cluster), space, b.headroom(job, cluster), memory_only=True)
     least = smallest_memory(tables)  # over the structurally valid layouts: a quick no
     if least is None or least[0] > tables.capacity:
         return False
