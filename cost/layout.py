@@ -279,6 +279,13 @@ class Job:
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
 
+    def one_microbatch(self, pp: int) -> bool:
+        """Whether a step is one micro-batch per data-parallel replica: without pipeline parallelism
+        under a framework release that does not accumulate gradients (``features.grad_accumulation``:
+        torchtitan before 2025-06, MaxText before 2024-08). A pipeline's schedule splits the batch
+        into its own micro-batches either way."""
+        return pp == 1 and not self.profile.has("grad_accumulation")
+
     def microbatch_group(self, m: int, pp: int, vp: int) -> int | None:
         """:func:`microbatch_group_size` of ``m`` micro-batches under this job's framework."""
         return microbatch_group_size(m, pp, vp, self.profile.has("vp_groups"))

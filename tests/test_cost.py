@@ -30,6 +30,8 @@ from clusterplan.models.ops import (
     Op, _gemm, head_ops, layer_ops, megatron_flops_per_iteration, model_flops_per_token,
 )
 from clusterplan.models.spec import MoESpec, ModelSpec
+from clusterplan.planner.search import SearchOptions
+from clusterplan.planner.search.engine import plan
 from clusterplan.topologies.cluster import GroupProfile
 from clusterplan.topologies.library import build_cluster
 
@@ -703,6 +705,38 @@ def test_microbatch_group_follows_megatron_schedule_rule(m, pp, want):
         assert all(not (m % k == 0 or m % k >= pp) for k in range(pp, n))
     assert microbatch_group_size(m, pp, 2, groups=False) == (pp if m % pp == 0 else None)
     assert microbatch_group_size(m, pp, 1, groups=False) == pp  # no interleaving: no rule
+
+
+@pytest.mark.parametrize("framework,before,after", [("torchtitan", "2025-05", "2025-06"), ("maxtext", "2024-07", "2024-08")])
+def test_one_micro_batch_a_step_without_gradient_accumulation(framework, before, after):
+    """torchtitan before 2025-06 and MaxText before 2024-08 do not accumulate gradients: without a
+    pipeline a step is one micro-batch (global / dp), and the search offers only that; a pipeline's
+    schedule splits the batch either way; Megatron-LM has accumulated since 2020-10."""
+    model = get_model("llama3-8b")
+    cluster = build_cluster("tpu-v5p-pod" if framework == "maxtext" else "dgx-h100-superpod", num_devices=64)
+    two = Layout(tp=4, dp=16, micro_batch_size=4, sequence_parallel=True, recompute="full", zero_stage=3)
+    one = two.with_(micro_batch_size=8)
+    old, new = (Job(global_batch_size=128, seq_len=8192, framework=framework, framework_date=d) for d in (before, after))
+    assert [p for p in layout_problems(model, old, cluster, two) if p[0] == "batch"]
+    assert not [p for p in layout_problems(model, new, cluster, two) if p[0] == "batch"]
+    assert not [p for p in layout_problems(model, old, cluster, one) if p[0] == "batch"]
+    piped = Layout(tp=4, pp=2, dp=8, micro_batch_size=2, sequence_parallel=True, recompute="full", zero_stage=0)
+    assert not [p for p in layout_problems(model, old, cluster, piped) if p[0] == "batch"]
+    res = plan(model, old, cluster, SearchOptions(top_k=3))
+    best = [res.best, *res.runners_up]
+    assert best and all(e.layout.pp > 1 or e.layout.dp * e.layout.micro_batch_size == 128 for e in best)
+    assert not Job(global_batch_size=128, seq_len=8192, framework="megatron", framework_date="2021-04").one_microbatch(1)
+
+
+def test_maxtext_tensor_parallelism_shards_the_activations():
+    """MaxText's TP shards the activations' embed dimension over the tensor axis (since 2023-01):
+    sequence parallelism's memory, so a tp > 1 layout without it is not a MaxText layout."""
+    model = get_model("llama3-8b")
+    cluster = build_cluster("tpu-v5p-pod", num_devices=64)
+    job = Job(global_batch_size=128, seq_len=8192, framework="maxtext")
+    layout = Layout(tp=4, dp=16, micro_batch_size=8, sequence_parallel=False, recompute="full", zero_stage=3)
+    assert [p for p in layout_problems(model, job, cluster, layout) if p[0] == "framework"]
+    assert not layout_problems(model, job, cluster, layout.with_(sequence_parallel=True))
 
 
 def test_interleaving_with_uneven_micro_batches_follows_the_release():

@@ -9,6 +9,8 @@ figures the model reaches today, so a change that makes predictions worse fails 
 
 from __future__ import annotations
 
+import copy
+
 import json
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from click.testing import CliRunner
 import clusterplan.cli as cli
 from clusterplan.cost.framework import load_profile
 from clusterplan.planner.search import SearchOptions
-from clusterplan.planner.studies.validate import bundled_runs_path, load_runs, validate
+from clusterplan.planner.studies.validate import bundled_runs_path, evaluate_run, load_runs, validate
 
 REPO = Path(__file__).resolve().parents[1]
 HOLDOUT = REPO / "benchmarks" / "holdout_runs.yaml"
@@ -133,6 +135,28 @@ def test_megatron_bridge_rule_applies_to_every_mbridge_run():
         assert any("Megatron-Bridge config rule" in str(n) for n in r.get("notes", [])), r["id"]
         if r["layout"]["tp"] > 1:
             assert r["layout"]["sequence_parallel"] is True, r["id"]
+
+
+def test_one_micro_batch_rule_applies_to_every_maxtext_run():
+    """RUNS_FORMAT.md's one-micro-batch rule: every MaxText row writes the per-replica batch (none
+    sets gradient accumulation), and validate reads a pipeline-free run of a release without
+    gradient accumulation as one micro-batch a step whatever its file says (the shared file's
+    MaxText rows hold the per-chip batch), with a note."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml")]
+    files += [root / "benchmarks" / "holdout_family_runs.yaml"]
+    runs = [r for f in files for r in load_runs(f) if (r.get("framework") or {}).get("name") == "maxtext"]
+    assert len(runs) == 31
+    for r in runs:
+        assert r["micro_batch_size"] * r["layout"]["dp"] == r["global_batch_size"], r["id"]
+    run = copy.deepcopy(next(r for r in load_runs(files[0]) if r["id"] == "maxtext-32b-v5p-128"))
+    run["micro_batch_size"] = 7  # the per-chip figure, as the shared file gives it
+    res = evaluate_run(run, SearchOptions(), best=False)
+    assert res.layout["micro_batch_size"] == 28 and any("read as 28" in n for n in res.notes), res.notes
+    # a release with gradient accumulation keeps the file's micro-batch
+    run["framework"] = {"name": "maxtext", "date": "2024-09"}
+    res = evaluate_run(run, SearchOptions(), best=False)
+    assert res.layout["micro_batch_size"] == 7 and not any("read as" in n for n in res.notes)
 
 
 def test_slurm_segment_rule_applies_to_every_multi_rack_mbridge_run():

@@ -28,13 +28,13 @@ CP_MAX = 32
 
 REASONS = {
     "heads": "attention heads not divisible by tp",
-    "batch": "global batch not divisible by dp * micro_batch_size",
+    "batch": "global batch not divisible by dp * micro_batch_size (or not equal, without grad accumulation)",
     "layers": "pp * vp exceeds the number of layers",
     "interleave": "interleaving needs pp > 1 and a micro-batch count its schedule takes",
     "context": "seq_len not divisible by 2 * cp",
     "experts": "ep does not divide the experts or dp (with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
     "placement": "expert groups laid across pipeline stages",
-    "sequence_parallel": "sequence parallelism without tensor parallelism",
+    "sequence_parallel": "sequence parallelism without tp, or with a sequence tp does not split",
     "alignment": "parallel groups not aligned with the scale-up domains",
     "memory": "does not fit in device memory",
 }
@@ -136,7 +136,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         ep=tuple(e for e, _ in experts),
         expert_tp=tuple(t for _, t in experts),
         vp=pick("vp", VP_CANDIDATES),
-        micro_batch_size=pick("micro_batch_size", MBS_CANDIDATES),
+        micro_batch_size=pick("micro_batch_size", _micro_batch_candidates(job, facts)),
         sequence_parallel=pick("sequence_parallel", (False, True)),
         recompute=pick("recompute", RECOMPUTE_MODES),
         zero_stage=pick("zero_stage", (0, 1, 2, 3)),
@@ -146,8 +146,17 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
         framework_rules=not b.allow_unavailable,
     )
-    _check_nonempty(space, b)
+    _check_nonempty(space, b, cluster.num_devices)
     return space
+
+
+def _micro_batch_candidates(job: Job, facts: list[tuple[int, int, int, int]]) -> tuple[int, ...]:
+    """:data:`MBS_CANDIDATES`, and where a step is one micro-batch without a pipeline
+    (:meth:`Job.one_microbatch`) each pipeline-free factorization's whole per-replica batch
+    ``global / dp``: the only micro-batch that framework can run there."""
+    whole = {job.global_batch_size // dp for tp, pp, dp, cp in facts
+             if job.one_microbatch(pp) and job.global_batch_size % dp == 0}
+    return tuple(sorted(set(MBS_CANDIDATES) | whole))
 
 
 def _factorizations(model: ModelSpec, cluster: Cluster, offered: dict, b: Bounds) -> list[tuple[int, int, int, int]]:
@@ -211,14 +220,31 @@ def _orders(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...] | None = 
     return (join_order(axes, "" if traversal == cluster.default_traversal else traversal),)
 
 
-def _check_nonempty(space: Space, bounds: Bounds) -> None:
+def _check_nonempty(space: Space, bounds: Bounds, num_devices: int) -> None:
     if not space.factorizations:
-        raise SpecError("no (tp, pp, dp, cp) multiplies to the device count within the bounds given "
-                        f"(fixed={bounds.fixed}, min={bounds.minimum}, max={bounds.maximum})")
+        raise SpecError(_no_factorization(bounds, num_devices))
     for name in ("ep", "vp", "micro_batch_size", "sequence_parallel", "recompute", "zero_stage", "order",
                  "dp_overlap", "tp_overlap", "ep_overlap"):
         if not getattr(space, name):
             raise SpecError(f"--fix/--min/--max leave no value for {name}")
+
+
+def _no_factorization(b: Bounds, n: int) -> str:
+    """Why no (tp, pp, dp, cp) is left: the first bound that contradicts another or the device count."""
+    for k in sorted(set(b.minimum) & set(b.maximum)):
+        if b.minimum[k] > b.maximum[k]:
+            return f"--min {k}={b.minimum[k]} is above --max {k}={b.maximum[k]}"
+    for k, v in b.fixed.items():
+        if k in b.minimum and isinstance(v, int) and v < b.minimum[k]:
+            return f"--fix {k}={v} is below --min {k}={b.minimum[k]}"
+        if k in b.maximum and isinstance(v, int) and v > b.maximum[k]:
+            return f"--fix {k}={v} is above --max {k}={b.maximum[k]}"
+        if k in ("tp", "pp", "dp", "cp") and n % v:
+            return f"--fix {k}={v}: {k} must divide the {n:,} devices (tp x pp x dp x cp = devices)"
+    given = " ".join([*(f"--fix {k}={v}" for k, v in b.fixed.items() if k in ("tp", "pp", "dp", "cp")),
+                      *(f"--min {k}={v}" for k, v in b.minimum.items()), *(f"--max {k}={v}" for k, v in b.maximum.items())])
+    return (f"no (tp, pp, dp, cp) with tp x pp x dp x cp = {n:,} devices is left by {given or 'the searched degrees'} "
+            f"(tp at most the larger of the scale-up domain and 8, and the head count; cp at most {CP_MAX})")
 
 
 # ---- structural rules on small groups of knobs (shared by CP-SAT and exhaustive) --------------
@@ -235,7 +261,7 @@ def factor_ok(model: ModelSpec, job: Job, tp: int, pp: int, dp: int, cp: int) ->
 
 def batch_ok(model: ModelSpec, job: Job, pp: int, dp: int, mbs: int, vp: int) -> str | None:
     """Rules on the degrees, micro-batch and interleaving."""
-    if job.global_batch_size % (dp * mbs):
+    if job.global_batch_size % (dp * mbs) or (job.one_microbatch(pp) and job.global_batch_size != dp * mbs):
         return "batch"
     if pp * vp > model.num_layers:
         return "layers"

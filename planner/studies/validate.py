@@ -151,6 +151,23 @@ def _bounds(run: dict, prof) -> Bounds:
     return Bounds(fixed=fixed, allow_unavailable=True, memory_headroom=0.0)
 
 
+def _one_microbatch_rule(run: dict, job: Job, bounds: Bounds, notes: list[str]) -> None:
+    """A run without pipeline parallelism under a release that does not accumulate gradients
+    (``Job.one_microbatch``: torchtitan before 2025-06, MaxText before 2024-08) ran one micro-batch
+    a step: its micro-batch is the whole per-replica batch, ``global_batch_size / dp``, whatever the
+    file says (MaxText's per-chip ``per_device_batch_size`` is often written there). One rule for
+    every run it applies to (RUNS_FORMAT.md)."""
+    layout = run.get("layout") or {}
+    dp, given = layout.get("dp"), bounds.fixed.get("micro_batch_size")
+    if not dp or not job.one_microbatch(int(layout.get("pp") or 1)) or job.global_batch_size % int(dp):
+        return
+    whole = job.global_batch_size // int(dp)
+    if given is not None and given != whole:
+        notes.append(f"micro_batch_size {given} read as {whole} = global_batch_size / dp: "
+                     f"{job.framework} at {job.framework_date} runs one micro-batch a step without a pipeline")
+    bounds.fixed["micro_batch_size"] = whole
+
+
 def _dp_overlap_refused(fixed: dict, prof) -> bool:
     """A profile rule refuses DP overlap for these published knobs (unpublished ones at 1 / none)
     and not without it (``cost.framework.refuses_dp_overlap``)."""
@@ -232,6 +249,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
               framework=fw, framework_date=date, grad_bytes=_grad_bytes(run, prof.profile.grad_bytes),
               compiled=compiled, model_code=code, fp8_all_gather=_flag(run, "fp8_all_gather"))
     fixed = _bounds(run, prof)
+    _one_microbatch_rule(run, job, fixed, result.notes)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
     try:
         res = plan(model, job, cluster, opts)
