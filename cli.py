@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import contextlib
 import json
 import math
@@ -50,7 +51,7 @@ from clusterplan.planner.search.space import REASONS, parse_bounds
 from clusterplan.planner.studies.validate import markdown_report, validate
 from clusterplan.planner.report.chart import check_chart_path, compare_chart, grid_heatmap, sweep_chart
 from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
-                                        parse_candidate, parse_grid, rank, sweep)
+                                        check_distinct, parse_candidate, parse_grid, rank, sweep)
 from clusterplan.planner.report.export import FORMATS as EXPORT_FORMATS, export, export_framework
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import list_clusters, list_devices
@@ -110,6 +111,8 @@ class TokenCount(click.ParamType):
                 number = math.nan
         if not math.isfinite(number) or number < 0:
             self.fail(f"{value!r} is not a token count; write e.g. 300e9, 300B or 1.5T", param, ctx)
+        if round(number) < 1:
+            self.fail(f"{value!r}: a training run has at least 1 token; write e.g. 300e9, 300B or 1.5T", param, ctx)
         return int(round(number))
 
 
@@ -321,7 +324,8 @@ INPUT_OPTIONS = [
                  expose_value=False, callback=_remember,
                  help="Failures per device-hour, for the goodput in time to train (default 1.97e-5: Llama 3's 419 "
                       "unexpected interruptions in 54 days on 16,384 H100s; 0 for none)."),
-    click.option("--checkpoint-gbyte-per-s", "checkpoint_gbyte_per_s", type=BoundedNumber(float, 1e4), metavar="GBYTE",
+    click.option("--checkpoint-gbyte-per-s", "checkpoint_gbyte_per_s", type=BoundedNumber(float, 1e4, minimum=1e-6),
+                 metavar="GBYTE",
                  expose_value=False, callback=_remember,
                  help="Storage write bandwidth per device for checkpoints, GB/s (default 0.122: Llama 3's 2 TB/s "
                       "for 16,384 GPUs)."),
@@ -540,6 +544,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
     """
     _check_outputs(as_json, csv_path, chart_path)
     candidates = [parse_candidate(c) for c in clusters]
+    check_distinct(candidates)
     request = _request(model_arg, candidates[0].cluster, global_batch=global_batch, seq_len=seq_len,
                        precision=precision, tokens=tokens, framework=framework, compiled=compiled,
                        model_code=model_code, moe_capacity_factor=moe_capacity_factor,
@@ -851,7 +856,18 @@ def render_command(plan_file):
     Example:  clusterplan plan --model gpt --cluster dgx-superpod --json > plan.json
               clusterplan render plan.json
     """
-    render_report(read_plan_document(plan_file), _console())
+    doc = read_plan_document(plan_file)
+    screen = _console()
+    text = io.StringIO()  # the whole report or none of it: a malformed document stops before printing
+    buffered = Console(file=text, width=screen.width, force_terminal=screen.is_terminal, color_system=screen.color_system,
+                       highlight=False, markup=False, emoji=False, soft_wrap=True)
+    try:
+        render_report(doc, buffered)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, IndexError) as err:
+        raise SpecError(f"PLAN.json: a field the report reads is missing or malformed ({type(err).__name__}: {err}); "
+                        "write it with plan/evaluate --json and do not edit it (if the file is unedited, this is a "
+                        "bug: please report it)") from None
+    sys.stdout.write(text.getvalue())
 
 
 @click.group("clusterplan", cls=Group)

@@ -353,7 +353,10 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
             raise SpecError(f"layout: {item!r} is not key=value (e.g. tp=8,pp=4,dp=32)")
         key, raw = (x.strip() for x in item.split("=", 1))
         key = aliases.get(key, key)
-        values[key] = _parse_value(key, raw, ints, bools)
+        value = _parse_value(key, raw, ints, bools)
+        if key in values:
+            raise SpecError(f"layout: {key} is given twice ({values[key]} and {value}); give it once")
+        values[key] = value
     if "etp" in values:  # expert tensor parallelism: 1 (folded) or the dense tp
         etp = values.pop("etp")
         if etp != 1 and "tp" in values and etp != values["tp"]:

@@ -137,6 +137,9 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     _model_code_problems(job, layout, bad)
     if layout.sequence_parallel and layout.tp == 1:
         bad("sequence_parallel", "sequence_parallel needs tp > 1")
+    elif layout.sequence_parallel and (job.seq_len // layout.cp) % layout.tp:
+        bad("sequence_parallel", f"sequence_parallel splits each sequence over the tp ranks: seq_len/cp = "
+            f"{job.seq_len}/{layout.cp} is not divisible by tp={layout.tp}")
     _alignment_problems(layout, cluster.occupied_domain_size, bad)
     _framework_problems(job, cluster, layout, bad)
     traversal_problem = cluster.traversal_problem(layout.traversal)
@@ -239,6 +242,9 @@ def _alignment_problems(layout: Layout, domain_size: int, bad) -> None:
 
 
 def _moe_problems(model: ModelSpec, layout: Layout, bad) -> None:
+    if model.moe is None and layout.ep == 1 and (layout.ep_overlap or not layout.expert_tp):
+        knob = "ep_overlap=on" if layout.ep_overlap else "etp=1"
+        bad("experts", f"{knob} concerns expert layers; {model.name} is dense (no experts)")
     if layout.ep == 1:
         return
     if model.moe is None:

@@ -104,6 +104,14 @@ def _model_type(cfg: Mapping[str, Any]) -> str:
     return model_type
 
 
+def _flag(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A true/false key of config.json; anything else (a string, a number) is refused, not guessed."""
+    value = cfg.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"config.json: {key}: got {value!r}; allowed: true or false")
+    return value
+
+
 def _require(cfg: Mapping[str, Any], key: str) -> Any:
     if cfg.get(key) is None:
         raise SpecError(
@@ -159,7 +167,7 @@ def _llama_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "ffn_hidden_size": _require(cfg, "intermediate_size"),
         "vocab_size": _require(cfg, "vocab_size"),
         "ffn_activation": "swiglu",
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "tied_embeddings": _flag(cfg, "tie_word_embeddings", False),
         "dropout": _has_dropout(cfg, ("attention_dropout",)),
         "seq_len": _default_seq_len(cfg),
     }
@@ -192,7 +200,7 @@ def _gpt2_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "ffn_hidden_size": cfg.get("n_inner") or 4 * hidden,
         "vocab_size": _require(cfg, "vocab_size"),
         "ffn_activation": "gelu",
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),  # GPT2Config ties by default
+        "tied_embeddings": _flag(cfg, "tie_word_embeddings", True),  # GPT2Config ties by default
         "dropout": _has_dropout(cfg, ("resid_pdrop", "attn_pdrop"), default=0.1),  # GPT2Config: 0.1
         "seq_len": _default_seq_len(cfg, key="n_positions"),
     }
@@ -206,7 +214,7 @@ def _gpt_neox_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "ffn_hidden_size": _require(cfg, "intermediate_size"),
         "vocab_size": _require(cfg, "vocab_size"),
         "ffn_activation": "gelu",
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "tied_embeddings": _flag(cfg, "tie_word_embeddings", False),
         "dropout": _has_dropout(cfg, ("attention_dropout", "hidden_dropout")),
         "seq_len": _default_seq_len(cfg),
     }

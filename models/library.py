@@ -193,6 +193,8 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
         For an unknown name, a missing or malformed file, or an invalid spec.
     """
     text = str(name_or_path)
+    if not text.strip():
+        raise SpecError("model: the name is empty; give a bundled model id (clusterplan models) or a file path")
     if _looks_like_path(text):
         return load_model_file(text)
     return get_model(text)

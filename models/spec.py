@@ -11,14 +11,27 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from clusterplan.models.errors import SpecError, format_validation_error
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
-class MoESpec(BaseModel):
+class _Spec(BaseModel):
+    """A spec whose numeric fields refuse true/false: YAML and JSON booleans would otherwise pass as
+    1 and 0 (``num_layers: true`` a one-layer model)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value, info: ValidationInfo):
+        annotation = str(cls.model_fields[info.field_name].annotation)
+        if isinstance(value, bool) and "bool" not in annotation and ("int" in annotation or "float" in annotation):
+            raise ValueError(f"got {value!r}; expected a number")
+        return value
+
+
+class MoESpec(_Spec):
     """Mixture-of-experts feed-forward layers (Switch/GShard style, top-k routing)."""
 
     model_config = _FROZEN
@@ -63,7 +76,7 @@ class MoESpec(BaseModel):
         return self
 
 
-class MLASpec(BaseModel):
+class MLASpec(_Spec):
     """Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed queries and keys/values."""
 
     model_config = _FROZEN
@@ -75,7 +88,7 @@ class MLASpec(BaseModel):
     v_head_dim: int = Field(gt=0, description="Per-head value dim.")
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(_Spec):
     """A decoder-only transformer, dense or MoE.
 
     Examples

@@ -42,6 +42,8 @@ def load_cluster(name_or_path: str, num_devices: int | None = None, num_nodes: i
                  domain_devices: int | None = None) -> Cluster:
     """A preset or a cluster file, sized and overridden by the options (which win over the file),
     with a rental price, a facility PUE and a host power per device applied where given."""
+    if not str(name_or_path).strip():
+        raise SpecError("cluster: the name is empty; give a bundled preset id (clusterplan clusters) or a file path")
     if not _looks_like_file(name_or_path):
         cluster = build_cluster(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
                                 scale_out_gbit_per_s=scale_out_gbit_per_s, oversubscription=oversubscription,
@@ -114,12 +116,21 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
         raise SpecError(f"--framework: {fw} does not run on {cluster.platform.upper()} ({cluster.device.id}); it runs on "
                         f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
     attention = attention or prof.at(None).attention
+    _check_attention(attention, cluster)
     _check_compile(compiled, fw)
     check_model_code(model_code, fw)
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
                attention=attention, framework=fw, grad_bytes=prof.grad_bytes, compiled=bool(compiled),
                reliability=reliability or Reliability(), model_code=model_code or "native"), origin
 
+
+FLASH_VENDORS = ("nvidia", "amd")  # FlashAttention 1/2 ship CUDA kernels and ROCm ports only
+
+
+def _check_attention(attention: str, cluster: Cluster) -> None:
+    if attention in ("flash1", "flash2") and cluster.device.vendor.lower() not in FLASH_VENDORS:
+        raise SpecError(f"--attention: {attention} names FlashAttention's CUDA/ROCm kernels; {cluster.device.id} "
+                        f"({cluster.device.vendor}) runs neither: use flash (its fused attention) or unfused")
 
 HF_FRAMEWORKS = ("deepspeed", "torchtitan")
 """Profiles that run a Hugging Face transformers model class: DeepSpeed's ZeRO and PyTorch FSDP

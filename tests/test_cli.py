@@ -649,6 +649,10 @@ def test_each_overlap_in_the_plan_says_what_it_costs():
     (["--fix", "tp=2", "--fix", "tp=4"], ["tp is given twice (2 and 4)"]),
     (["--fix", "zero=7"], ["zero_stage=7", "allowed: 0, 1, 2, 3"]),
     (["--bogus"], ["No such option '--bogus'"]),
+    (["--fix", "ep=2"], ["--fix ep=2", "is dense"]),
+    (["--fix", "etp=1"], ["--fix etp=1", "is dense"]),
+    (["--fix", "vp=2", "--fix", "pp=1"], ["--fix vp=2", "pp > 1"]),
+    (["--tokens", "0"], ["--tokens", "at least 1 token"]),
 ])
 def test_bad_values_are_bad_input_with_the_field_named(args, words):
     """Issue 12's reproducers: exit 2 with `error: <message>` naming the field, never a traceback
@@ -717,6 +721,26 @@ def test_render_refuses_what_is_not_a_plan(tmp_path, content, message):
         path.write_text(content)
     result = run("render", str(path))
     assert result.exit_code == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("step_time_s", "fast", "step_time_s: got 'fast'"), ("step_time_s", None, "step_time_s: got None"),
+    ("step_time_s", -5, "step_time_s: got -5"), ("mfu", 7.5, "mfu: got 7.5"),
+    ("device_memory_bytes", 0, "device_memory_bytes: got 0"), ("fits", "yes", "fits: got 'yes'"),
+    ("num_devices", 0, "num_devices: got 0"), ("layout", "tp=8", "layout: got str"),
+    ("runners_up", [{}], "runners_up:"), ("breakdown", {"compute_s": "x"}, "breakdown.compute_s"),
+])
+def test_render_refuses_an_edited_plan_before_printing(tmp_path, field, value, message):
+    """A Plan document with a figure no plan writes (wrong type, impossible value) is bad input named
+    by its field (exit 2), and nothing of the report is printed before the error."""
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8", "--json"]
+    doc = json.loads(run(*args).stdout)
+    doc[field] = value
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    result = run("render", str(path))
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+    assert result.stdout == ""
 
 
 def test_render_refuses_a_directory(tmp_path):
@@ -826,3 +850,84 @@ def test_moe_routing_options_price_the_slowest_expert_rank():
     assert low.exit_code == 2 and "--moe-load-imbalance" in low.stderr
     compared = run_json("compare", "--model", "mixtral", "--cluster", "dgx-h100-superpod:64", "--moe-load-imbalance", "1.5")
     assert compared[0]["step_time_s"] == pytest.approx(skewed["step_time_s"])
+
+
+# ---- adversarial pass of 2026-11-27: each was a traceback or a silent wrong answer -------------------------
+@pytest.mark.parametrize("args, message", [
+    (["evaluate", "--model", "gpt", "--cluster", "dgx-superpod", "--layout", "tp=8,tp=4"], "tp is given twice"),
+    (["evaluate", "--model", "gpt", "--cluster", "dgx-superpod", "--seq-len", "2047", "--layout", "tp=8,pp=8,sp=on"],
+     "seq_len/cp = 2047/1 is not divisible by tp=8"),
+    (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-superpod", "--devices", "64", "--layout",
+      "tp=8,ep_overlap=on"], "ep_overlap=on concerns expert layers"),
+    (["compare", "--model", "llama3-8b", "--cluster", "dgx-superpod:64", "--cluster", "h100-superpod:64"],
+     "same candidate"),
+    (["compare", "--model", "llama3-8b", "--cluster", "dgx-superpod:"], "ends with ':'"),
+    (["plan", "--model", "gpt", "--cluster", "tpu-v5p-pod", "--attention", "flash1"], "CUDA/ROCm kernels"),
+])
+def test_contradictory_or_impossible_requests_are_bad_input(args, message):
+    result = run(*args)
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_sequence_parallelism_needs_a_sequence_tp_divides():
+    """Megatron splits each sequence over the TP ranks under SP: a plan at seq_len 2049 does not
+    offer it (it did, and the export wrote --sequence-parallel with --seq-length 2049)."""
+    doc = run_json("plan", "--model", "gpt", "--cluster", "dgx-superpod", "--seq-len", "2049", "--top", "0")
+    layout = doc["layout"]
+    assert not layout["sequence_parallel"] or (2049 // layout["cp"]) % layout["tp"] == 0
+
+
+@pytest.mark.parametrize("content, message", [
+    ("base: dgx-h100-superpod\nnum_nodes: 4\ndevice: mi300x\n", "cannot run on dgx-h100-superpod"),
+])
+def test_cluster_file_device_follows_the_preset_family(tmp_path, content, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(content)
+    result = run("plan", "--model", "llama3-8b", "--cluster", str(path), "--top", "0")
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("content, name, message", [
+    ("name: x\nnum_layers: true\nhidden_size: 4096\nnum_attention_heads: 32\nffn_hidden_size: 11008\n"
+     "vocab_size: 32000\n", "m.yaml", "num_layers: got True; expected a number"),
+    ('{"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, '
+     '"intermediate_size": 11008, "vocab_size": 32000, "tie_word_embeddings": "yes"}', "config.json",
+     "tie_word_embeddings: got 'yes'"),
+])
+def test_model_file_booleans_are_not_numbers(tmp_path, content, name, message):
+    path = tmp_path / name
+    path.write_text(content)
+    result = run("plan", "--model", str(path), "--cluster", "dgx-h100-superpod", "--devices", "8", "--top", "0")
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("runs, message", [
+    ("runs: [null]\n", "runs[0]: id: got None"),
+    ("runs: [{id: a}, {id: a}]\n", "id 'a' appears twice"),
+])
+def test_validate_refuses_a_runs_file_with_bad_entries(tmp_path, runs, message):
+    path = tmp_path / "runs.yaml"
+    path.write_text("format: clusterplan-runs/1\n" + runs)
+    result = run("validate", str(path))
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (("measured", "step_time_s", -3.5), "measured.step_time_s: got -3.5"),
+    (("measured", "step_time_s", float("nan")), "measured.step_time_s: got nan"),
+    (("layout", "foo", 1), "layout.foo: unknown key"),
+])
+def test_validate_does_not_score_impossible_measurements(tmp_path, edit, reason):
+    """A run with an impossible measured figure or a layout typo is not evaluated, with the field
+    named; it no longer feeds the error statistics (a -3.5 s step gave a 201% error)."""
+    import yaml
+    from clusterplan.planner.studies.validate import bundled_runs_path, load_runs
+    run_ = next(r for r in load_runs(bundled_runs_path()) if r["id"] == "megatron2021-t1-gpt1.7b-32gpu")
+    block, key, value = edit
+    run_[block][key] = value
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"format": "clusterplan-runs/1", "runs": [run_]}))
+    doc = json.loads(run("validate", str(path), "--json", "--no-best").stdout)
+    row = doc["runs"][0]
+    assert row["error"] is None and reason in row["reason"], row["reason"]

@@ -732,7 +732,12 @@ def load_cluster_file(path: str | Path, num_devices: int | None = None, num_node
     if device is not None:
         data["device"] = device
     _file_scale_out(data, scale_out_gbit_per_s, oversubscription, where)
-    device = _file_device(data.pop("device", None), where)
+    raw_device = data.pop("device", None)
+    device = _file_device(raw_device, where)
+    if isinstance(raw_device, str) and data.get("base") is not None and "device_family" not in data:
+        # a bundled device on a preset's fabric: the same family rule as --device (a file that means
+        # another fabric says so with device_family, or describes its own device)
+        _family_device(_presets()[resolve_cluster_id(str(data["base"]))], device)
     merged = _merge_base(data, where)
     if device is not None:
         merged["device"] = device.id

@@ -14,6 +14,8 @@ rejections{...}, search{objective, ...}``.
 
 from __future__ import annotations
 
+import math
+
 
 from dataclasses import asdict
 
@@ -277,6 +279,8 @@ def evaluation_document(model: ModelSpec, job: Job, cluster: Cluster, ev: Evalua
 
 # ---- a saved Plan document, read back (clusterplan render) ---------------------------------------
 PLAN_FILE_MAX_BYTES = 16 * 2**20  # a Plan document is a few KB; anything near this is not one
+MAX_FIGURE = 1e30  # beyond any step time, throughput or byte count a plan writes
+
 REPORT_KEYS = ("inputs", "layout", "num_devices", "step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_bytes",
                "device_memory_bytes", "fits", "overflow_bytes", "memory", "breakdown")
 
@@ -294,4 +298,50 @@ def read_plan_document(path_text: str) -> dict:
         missing = ["inputs.cluster.device_name"]
     if missing:
         raise SpecError(f"PLAN.json: missing {', '.join(missing)}; write it with this version's plan/evaluate --json")
+    problem = plan_document_problem(doc)
+    if problem:
+        raise SpecError(f"PLAN.json: {problem}; write it with plan/evaluate --json and do not edit it")
     return doc
+
+
+# (field, lowest, highest, lowest allowed itself): the figures the report prints, as a plan writes them
+_PLAN_FIGURES = (("step_time_s", 0.0, MAX_FIGURE, False), ("tokens_per_s", 0.0, MAX_FIGURE, False),
+                 ("mfu", 0.0, 1.0, True), ("hfu", 0.0, 1.0, True), ("peak_memory_bytes", 0.0, MAX_FIGURE, True),
+                 ("device_memory_bytes", 0.0, MAX_FIGURE, False), ("overflow_bytes", 0.0, MAX_FIGURE, True))
+
+
+def plan_document_problem(doc: dict) -> str | None:
+    """What in a Plan document no plan or evaluation writes (a wrong type, a non-finite or
+    impossible figure), named with its field and value; None if the figures the report reads hold."""
+    for key, low, high, closed in _PLAN_FIGURES:
+        value = doc.get(key)
+        if not _number_in(value, low, high, closed):
+            return f"{key}: got {value!r}; allowed: a number {'>=' if closed else '>'} {low:g} and <= {high:g}"
+    if not (isinstance(doc["num_devices"], int) and not isinstance(doc["num_devices"], bool) and doc["num_devices"] >= 1):
+        return f"num_devices: got {doc['num_devices']!r}; allowed: a whole number >= 1"
+    if not isinstance(doc["fits"], bool):
+        return f"fits: got {doc['fits']!r}; allowed: true or false"
+    for name in ("inputs", "layout", "memory", "breakdown"):
+        if not isinstance(doc[name], dict):
+            return f"{name}: got {type(doc[name]).__name__}; allowed: an object"
+    for name in ("model", "cluster", "job"):
+        if not isinstance(doc["inputs"].get(name), dict):
+            return f"inputs.{name}: got {doc['inputs'].get(name)!r}; allowed: an object"
+    bad = next(((k, v) for k, v in doc["layout"].items() if k in ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size")
+                and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1)), None)
+    if bad:
+        return f"layout.{bad[0]}: got {bad[1]!r}; allowed: a whole number >= 1"
+    bad = next(((k, v) for k, v in doc["breakdown"].items() if not _number_in(v, 0.0, MAX_FIGURE, True)), None)
+    if bad:
+        return f"breakdown.{bad[0]}: got {bad[1]!r}; allowed: seconds >= 0"
+    runners = doc.get("runners_up", [])
+    if not isinstance(runners, list) or not all(isinstance(r, dict) and _number_in(r.get("step_time_s"), 0.0,
+                                                                                   MAX_FIGURE, False) for r in runners):
+        return "runners_up: allowed: a list of layouts as plan writes them, each with its step_time_s > 0"
+    return None
+
+
+def _number_in(value, low: float, high: float, closed: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return (value >= low if closed else value > low) and value <= high

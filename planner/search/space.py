@@ -115,6 +115,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     offered = {**framework_domains(prof, cluster.device.family), **model_code_domains(job)}
     _check_fixed_offered(prof, cluster.device.family, b)
     _check_fixed_model_code(job, b)
+    _check_fixed_consistent(model, b)
     facts = _factorizations(model, cluster, offered, b)
 
     def pick(knob: str, values) -> tuple:
@@ -186,6 +187,20 @@ def _check_fixed_model_code(job: Job, bounds: Bounds) -> None:
     if bad:
         raise SpecError(f"--fix {', '.join(bad)}: a Hugging Face transformers model class runs data-parallel only "
                         "(DeepSpeed ZeRO or FSDP); drop the fix or use --model-code native")
+
+
+def _check_fixed_consistent(model: ModelSpec, bounds: Bounds) -> None:
+    """--fix values no layout of this model can have are bad input (exit 2), not "nothing fits"."""
+    fixed = bounds.fixed
+    if model.moe is None:
+        moe_only = [f"ep={fixed['ep']}"] if fixed.get("ep", 1) != 1 else []
+        moe_only += ["etp=1"] if fixed.get("expert_tp") is False else []
+        moe_only += ["ep_overlap=on"] if fixed.get("ep_overlap") else []
+        if moe_only:
+            raise SpecError(f"--fix {moe_only[0]}: {model.name} is dense (no experts); drop it or plan an MoE model")
+    vp, pp = fixed.get("vp"), fixed.get("pp", bounds.maximum.get("pp"))
+    if vp is not None and vp > 1 and pp == 1:
+        raise SpecError(f"--fix vp={vp}: interleaving needs pp > 1, and pp is held at 1; drop one of them")
 
 
 def _check_fixed_offered(prof, family: str, bounds: Bounds) -> None:
@@ -355,9 +370,13 @@ def alignment_ok(tp: int, pp: int, dp: int, cp: int, order: str, domain_size: in
     return None if misaligned_axis(degrees, order, domain_size) is None else "alignment"
 
 
-def sequence_parallel_ok(tp: int, sp: bool) -> str | None:
-    """Sequence parallelism splits the tensor-parallel group's activations: it needs tp > 1."""
-    return "sequence_parallel" if sp and tp == 1 else None
+def sequence_parallel_ok(tp: int, sp: bool, seq_len: int = 0, cp: int = 1) -> str | None:
+    """Sequence parallelism splits each (context-parallel) sequence over the tensor-parallel ranks:
+    it needs tp > 1 and ``seq_len / cp`` divisible by tp (Megatron-Core's scatter to the sequence-
+    parallel region asserts it)."""
+    if sp and (tp == 1 or (seq_len and (seq_len // cp) % tp)):
+        return "sequence_parallel"
+    return None
 
 
 def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool, recompute: str,

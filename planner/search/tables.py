@@ -424,7 +424,7 @@ def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
             reason = expert_ok(model, tp, dp, cp, e, et)
             ok_fe[i, ei] = -1 if reason is None else code[reason]
     ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
-    ok_fes = np.array([[[_sp_code(code, f[0], e, et, sp) for sp in S.sequence_parallel]
+    ok_fes = np.array([[[_sp_code(code, f, e, et, sp, job.seq_len) for sp in S.sequence_parallel]
                         for e, et in zip(S.ep, S.expert_tp)] for f in S.factorizations]).reshape(
         len(S.factorizations), len(S.ep), len(S.sequence_parallel))
     domain = ctx.cluster.occupied_domain_size
@@ -433,8 +433,9 @@ def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo
 
 
-def _sp_code(code: dict, tp: int, ep: int, expert_tp: bool, sp: bool) -> int:
-    reason = sequence_parallel_ok(tp, sp) or folding_ok(tp, ep, expert_tp, sp)
+def _sp_code(code: dict, f: tuple[int, int, int, int], ep: int, expert_tp: bool, sp: bool, seq_len: int) -> int:
+    tp, cp = f[0], f[3]
+    reason = sequence_parallel_ok(tp, sp, seq_len, cp) or folding_ok(tp, ep, expert_tp, sp)
     return -1 if reason is None else code[reason]
 
 

@@ -57,7 +57,8 @@ def fewest_devices(model: ModelSpec, request: Request, bounds: Bounds | None = N
                    max_devices: int = MAX_DEVICES, max_checks: int | None = None, step: int | None = None,
                    budget_s: float | None = None) -> FitAnswer:
     """The smallest multiple of ``step`` devices (default: the cluster's node size), from ``start``,
-    on which some layout fits.
+    on which some layout fits; where one ``step`` fits and no ``start`` is given, the fewest devices
+    of it that fit (divisors of ``step`` the fabric accepts: part of a node or board).
 
     Each size is the request at that device count (its other options kept), built as ``plan``
     builds it; a size the fabric cannot take is skipped. ``max_checks`` sizes or ``budget_s``
@@ -86,7 +87,8 @@ def fewest_devices(model: ModelSpec, request: Request, bounds: Bounds | None = N
         n, low = _first_fit_by_doubling(fits, step, start, max_devices)
         if n is None:
             return FitAnswer(None, device, checked, f"no layout fits on up to {max_devices:,} devices")
-        for m in range(low + step, n, step):  # every accepted size between, smallest first
+        below = [d for d in range(1, step) if step % d == 0] if n == step and not start else []
+        for m in [*below, *range(low + step, n, step)]:  # every accepted size under n, smallest first
             if fits(m):
                 return FitAnswer(m, device, checked)
     except _Budget:

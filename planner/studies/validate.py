@@ -8,6 +8,8 @@ be evaluated says why and does not stop the others.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 
 import re
@@ -106,7 +108,40 @@ def _load_doc(path: str | Path) -> dict:
         raise SpecError(f"validate FILE: {p}: format is {got!r}; expected {FORMAT!r} (see shared/validation/README.md)")
     if not isinstance(doc.get("runs"), list):
         raise SpecError(f"validate FILE: {p}: 'runs' must be a list of runs")
+    seen: set[str] = set()
+    for k, run in enumerate(doc["runs"]):
+        if not isinstance(run, dict) or not isinstance(run.get("id"), str) or not run["id"].strip():
+            got = run.get("id") if isinstance(run, dict) else run
+            raise SpecError(f"validate FILE: {p}: runs[{k}]: id: got {got!r}; each run is a mapping with a "
+                            "non-empty text id (see shared/validation/README.md)")
+        if run["id"] in seen:
+            raise SpecError(f"validate FILE: {p}: runs[{k}]: id {run['id']!r} appears twice; ids must be unique")
+        seen.add(run["id"])
     return doc
+
+
+# what a run's layout may name (RUNS_FORMAT.md); anything else is a typo the run would be priced without
+RUN_LAYOUT_KEYS = LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "recompute_layers", "recompute_modules",
+                                 "expert_tp", "order")
+
+
+def _check_measured(run: dict) -> None:
+    """A run's layout keys and measured figures, as RUNS_FORMAT.md defines them: a typo or an
+    impossible figure (0, negative, not finite) is the run's bad input, not a prediction error."""
+    layout = run.get("layout") or {}
+    if not isinstance(layout, dict):
+        raise SpecError(f"layout: got {type(layout).__name__}; expected a mapping of knobs")
+    unknown = sorted(str(k) for k in layout if k not in RUN_LAYOUT_KEYS)
+    if unknown:
+        raise SpecError(f"layout.{unknown[0]}: unknown key; allowed: {', '.join(RUN_LAYOUT_KEYS)}")
+    measured = run.get("measured") or {}
+    if not isinstance(measured, dict):
+        raise SpecError(f"measured: got {type(measured).__name__}; expected a mapping")
+    for key in ("step_time_s", "peak_memory_gib", "tokens_per_s_per_device", "tflops_per_device", "mfu"):
+        value = measured.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise SpecError(f"measured.{key}: got {value!r}; allowed: a finite number > 0 (or null: not published)")
 
 
 def _model(run: dict, notes: list[str]):
@@ -221,6 +256,7 @@ def evaluate_run(run: dict, options: SearchOptions, best: bool = True) -> RunRes
 def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) -> None:
     hw = run.get("hardware") or {}
     result.cluster, result.device, result.count = hw.get("cluster", ""), hw.get("device", ""), int(hw.get("count") or 0)
+    _check_measured(run)
     measured = run.get("measured") or {}
     result.measured_step_time_s = measured.get("step_time_s")
     if measured.get("peak_memory_gib") is not None:

@@ -20,6 +20,7 @@ from clusterplan.cost.energy import objective_available
 
 from clusterplan.cost.layout import Job, Layout
 from clusterplan.models.errors import ClusterplanError, SpecError
+from clusterplan.topologies.library import resolve_cluster_id
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
 from clusterplan.planner.report.plan import NO_PUBLISHED_RUN, plan_document
@@ -45,14 +46,31 @@ class Candidate:
 
 def parse_candidate(text: str) -> Candidate:
     """``ID`` or ``ID:DEVICES``; raise :class:`SpecError` on a bad size."""
-    name, _, size = text.partition(":")
+    name, colon, size = text.partition(":")
     if not name:
         raise SpecError(f"--cluster: {text!r} has no cluster id; use ID or ID:DEVICES (e.g. gb200-nvl72:576)")
+    if not size and colon:
+        raise SpecError(f"--cluster: {text!r} ends with ':' but no device count; use ID or ID:DEVICES (e.g. gb200-nvl72:576)")
     if not size:
         return Candidate(name)
     if not (size.isascii() and size.isdigit()) or int(size) <= 0:
         raise SpecError(f"--cluster: {text!r}: the size after ':' must be a positive device count")
     return Candidate(name, int(size))
+
+
+def check_distinct(candidates: list[Candidate]) -> None:
+    """Each candidate once: the same preset (by any of its names) at the same size twice is a typo,
+    not a comparison."""
+    seen: dict = {}
+    for c in candidates:
+        try:
+            key = (resolve_cluster_id(c.cluster), c.num_devices)
+        except ClusterplanError:
+            key = (c.cluster, c.num_devices)  # a file or an unknown name: its own error comes later
+        if key in seen:
+            size = f":{c.num_devices}" if c.num_devices else ""
+            raise SpecError(f"--cluster: {c.cluster}{size} is the same candidate as {seen[key]}; list each once")
+        seen[key] = f"{c.cluster}{':' + str(c.num_devices) if c.num_devices else ''}"
 
 
 def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], options: SearchOptions) -> dict:
