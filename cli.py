@@ -619,6 +619,8 @@ def _check_outputs(as_json: bool, csv_path: str | None, chart_path: str | None) 
         raise SpecError("--csv -: stdout already carries the --json rows; write the CSV to a file (--csv rows.csv)")
     if csv_path and csv_path != "-" and not Path(csv_path).parent.is_dir():
         raise SpecError(f"--csv: folder {str(Path(csv_path).parent)!r} does not exist; create it or write elsewhere")
+    if csv_path and csv_path != "-" and Path(csv_path).is_dir():
+        raise SpecError(f"--csv: {csv_path!r} is a directory; give a file name (e.g. --csv rows.csv)")
     if chart_path:
         check_chart_path(chart_path)
 
@@ -760,6 +762,8 @@ def validate_command(file, as_json, markdown, engine, no_best):
     Each run keeps its published layout; unpublished knobs are chosen by the search. Without FILE,
     the runs bundled with clusterplan are used.
     """
+    if as_json and markdown:
+        raise SpecError("--json and --markdown both format the output; give one")
     with progress_bar("runs", not as_json and not markdown) as tick:
         result = validate(file, SearchOptions(engine=engine, top_k=0), best=not no_best, progress=tick)
     if as_json:

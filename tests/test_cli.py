@@ -530,14 +530,13 @@ BAD_OVER = {
     "size given as nodes": (["--over", "devices=16,32", "--nodes", "2"], "--nodes 2 is also given"),
     "csv to stdout with json": (["--over", "devices=16", "--json", "--csv", "-"], "--csv -"),
     "chart format": (["--over", "devices=16", "--chart", "sweep.txt"], "allowed: .png, .svg, .pdf"),
+    "csv into a folder": (["--over", "devices=16", "--csv", "."], "is a directory"),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_OVER))
 def test_sweep_bad_input_exits_2(case):
     args, expected = BAD_OVER[case]
-    if case == "chart format":
-        pytest.importorskip("matplotlib")
     result = run(*SWEEP, *args)
     assert result.exit_code == 2, (result.stdout, result.stderr)
     assert result.stdout == "" and result.stderr.startswith("error: ")
@@ -653,6 +652,10 @@ def test_each_overlap_in_the_plan_says_what_it_costs():
     (["--fix", "etp=1"], ["--fix etp=1", "is dense"]),
     (["--fix", "vp=2", "--fix", "pp=1"], ["--fix vp=2", "pp > 1"]),
     (["--tokens", "0"], ["--tokens", "at least 1 token"]),
+    (["--fix", "tp_overlap=on", "--fix", "sp=off"], ["tp_overlap=on with sp=off", "needs --sequence-parallel"]),
+    (["--fix", "tp_overlap=on", "--fix", "tp=1"], ["tp_overlap=on", "tp is held at 1"]),
+    (["--fix", "tp=3"], ["--fix tp=3: tp must divide the 16 devices"]),
+    (["--min", "tp=4", "--max", "tp=2"], ["--min tp=4 is above --max tp=2"]),
 ])
 def test_bad_values_are_bad_input_with_the_field_named(args, words):
     """Issue 12's reproducers: exit 2 with `error: <message>` naming the field, never a traceback

@@ -19,14 +19,17 @@ TIME_COLOR, MFU_COLOR = "tab:blue", "tab:orange"
 
 
 def check_chart_path(path: str) -> None:
-    """Fail before any search: matplotlib missing, a format it will not write, or no such folder."""
-    _pyplot()
+    """Fail before any search: a format matplotlib will not write, no such folder, a directory in
+    the way, or matplotlib missing (checked last: a wrong name is worth saying first)."""
     target = Path(path)
     if target.suffix.lower() not in CHART_SUFFIXES:
         raise SpecError(f"--chart: {path!r} has no chart extension; allowed: {', '.join(CHART_SUFFIXES)} "
                         "(e.g. --chart sweep.png)")
     if not target.parent.is_dir():
         raise SpecError(f"--chart: folder {str(target.parent)!r} does not exist; create it or write elsewhere")
+    if target.is_dir():
+        raise SpecError(f"--chart: {path!r} is a directory; give a file name (e.g. --chart sweep.png)")
+    _pyplot()
 
 
 def _pyplot():

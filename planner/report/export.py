@@ -289,7 +289,7 @@ def deepspeed_config(doc: dict, model=None) -> str:
                         "DeepSpeed's PipelineEngine refuses it ('ZeRO-2 and ZeRO-3 are incompatible with pipeline "
                         "parallelism'); plan under --framework deepspeed, or fix zero=1 or pp=1")
     comment = [f"for {PINNED['deepspeed']}; {doc['inputs']['model']['name']} on {doc['num_devices']} x "
-               f"{doc['inputs']['cluster']['device']}, predicted {doc['step_time_s']:.3f} s/step"]
+               f"{doc['inputs']['cluster']['device']}, predicted {doc['step_time_s']:.3f} s/step", profile_line(doc)]
     if job.get("model_code", "native") == "huggingface":
         comment.append("a Hugging Face transformers model class: pass this file as the DeepSpeed config of the "
                        "transformers Trainer or Accelerate (deepspeed=ds_config.json), with gradient checkpointing "
@@ -763,5 +763,19 @@ def export(doc: dict, fmt: str, model=None) -> str:
     if fw and fw != FRAMEWORK_OF_FORMAT[fmt]:
         raise SpecError(f"export --format {fmt}: this plan was searched under {fw}; a {fmt} config needs a plan "
                         f"searched under {FRAMEWORK_OF_FORMAT[fmt]}")
-    return {"megatron": megatron_args, "deepspeed": deepspeed_config, "torchtitan": torchtitan_toml,
+    text = {"megatron": megatron_args, "deepspeed": deepspeed_config, "torchtitan": torchtitan_toml,
             "maxtext": maxtext_overrides, "slurm": slurm_script}[fmt](doc, model)
+    if fmt == "deepspeed" or not text.startswith("#"):  # JSON carries it in its comment; a script's shebang stays first
+        return text
+    first, _, rest = text.partition("\n")
+    return f"{first}\n# {profile_line(doc)}\n{rest}"
+
+
+def profile_line(doc: dict) -> str:
+    """What the plan was searched under, beside the launcher release the config is written for: the
+    profile describes a framework release's features (possibly as of an earlier date), the pinned
+    launcher is the package the flags are checked against (tests/launchers)."""
+    fw = doc["inputs"].get("framework") or {}
+    when = f", features as of {fw['date']}" if fw.get("as_of") else ""
+    return (f"planned with the {fw.get('id', '?')} profile ({fw.get('version', '?')}{when}); written for the "
+            "launcher release this header names")

@@ -12,7 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from clusterplan.cost.framework import framework_domains, model_code_domains, unoffered
+from clusterplan.cost.framework import framework_domains, framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
@@ -116,6 +116,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     _check_fixed_offered(prof, cluster.device.family, b)
     _check_fixed_model_code(job, b)
     _check_fixed_consistent(model, b)
+    _check_fixed_overlap(prof, b)
     facts = _factorizations(model, cluster, offered, b)
 
     def pick(knob: str, values) -> tuple:
@@ -201,6 +202,20 @@ def _check_fixed_consistent(model: ModelSpec, bounds: Bounds) -> None:
     vp, pp = fixed.get("vp"), fixed.get("pp", bounds.maximum.get("pp"))
     if vp is not None and vp > 1 and pp == 1:
         raise SpecError(f"--fix vp={vp}: interleaving needs pp > 1, and pp is held at 1; drop one of them")
+
+
+def _check_fixed_overlap(prof, bounds: Bounds) -> None:
+    """--fix tp_overlap=on that no layout can honour (tp held at 1, or sp held off where the framework
+    needs it for TP overlap) would leave a plan at tp = 1 where the knob means nothing: bad input."""
+    fixed = bounds.fixed
+    if not fixed.get("tp_overlap") or bounds.allow_unavailable:
+        return
+    if fixed.get("tp", bounds.maximum.get("tp")) == 1:
+        raise SpecError("--fix tp_overlap=on: TP overlap needs tp > 1, and tp is held at 1; drop one of them")
+    if fixed.get("sequence_parallel") is False:
+        refused = framework_refusal(prof, 2, 1, 1, 1, 1, 1, "none", False, tp_overlap=True)
+        if refused:
+            raise SpecError(f"--fix tp_overlap=on with sp=off: {refused}")
 
 
 def _check_fixed_offered(prof, family: str, bounds: Bounds) -> None:
