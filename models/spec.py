@@ -102,17 +102,18 @@ class ModelSpec(_Spec):
     model_config = _FROZEN
 
     name: str = Field(description="Identifier shown in reports.")
-    num_layers: int = Field(gt=0, description="Transformer layers (L).")
-    hidden_size: int = Field(gt=0, description="Model width (h).")
-    num_attention_heads: int = Field(gt=0, description="Query heads (a).")
+    num_layers: int = Field(gt=0, le=100_000, description="Transformer layers (L; at most 100,000: beyond any model described).")
+    hidden_size: int = Field(gt=0, le=1_000_000, description="Model width (h; at most 1,000,000).")
+    num_attention_heads: int = Field(gt=0, le=1_000_000, description="Query heads (a; at most 1,000,000).")
     num_kv_heads: int | None = Field(
         None, gt=0, description="Key/value heads (g); None means equal to num_attention_heads."
     )
     head_dim: int | None = Field(
         None, gt=0, description="Per-head dimension; None means hidden_size / num_attention_heads."
     )
-    ffn_hidden_size: int = Field(gt=0, description="Dense MLP width (f); per up projection for SwiGLU.")
-    vocab_size: int = Field(gt=0, description="Vocabulary (V).")
+    ffn_hidden_size: int = Field(gt=0, le=10_000_000, description="Dense MLP width (f); per up projection for SwiGLU "
+                                 "(at most 10,000,000).")
+    vocab_size: int = Field(gt=0, le=100_000_000, description="Vocabulary (V; at most 100,000,000).")
     ffn_activation: Literal["gelu", "swiglu"] = Field(
         "gelu", description="gelu: 2 MLP matrices; swiglu: 3 (gate, up, down)."
     )

@@ -883,6 +883,7 @@ def test_sequence_parallelism_needs_a_sequence_tp_divides():
 
 @pytest.mark.parametrize("content, message", [
     ("base: dgx-h100-superpod\nnum_nodes: 4\ndevice: mi300x\n", "cannot run on dgx-h100-superpod"),
+    ("base: dgx-h100-superpod\nnum_nodez: 4\n", "num_nodez: unknown key (did you mean num_nodes?)"),
 ])
 def test_cluster_file_device_follows_the_preset_family(tmp_path, content, message):
     path = tmp_path / "c.yaml"
@@ -897,6 +898,8 @@ def test_cluster_file_device_follows_the_preset_family(tmp_path, content, messag
     ('{"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, '
      '"intermediate_size": 11008, "vocab_size": 32000, "tie_word_embeddings": "yes"}', "config.json",
      "tie_word_embeddings: got 'yes'"),
+    ("name: x\nnum_layers: 1000000000000000000000\nhidden_size: 4096\nnum_attention_heads: 32\n"
+     "ffn_hidden_size: 11008\nvocab_size: 32000\n", "m.yaml", "num_layers: Input should be less than or equal to 100000"),
 ])
 def test_model_file_booleans_are_not_numbers(tmp_path, content, name, message):
     path = tmp_path / name

@@ -732,6 +732,7 @@ def load_cluster_file(path: str | Path, num_devices: int | None = None, num_node
     if device is not None:
         data["device"] = device
     _file_scale_out(data, scale_out_gbit_per_s, oversubscription, where)
+    _check_file_keys(data, where)
     raw_device = data.pop("device", None)
     device = _file_device(raw_device, where)
     if isinstance(raw_device, str) and data.get("base") is not None and "device_family" not in data:
@@ -752,6 +753,20 @@ def load_cluster_file(path: str | Path, num_devices: int | None = None, num_node
         entry = entry.model_copy(update={"domain_size": domain_devices})
     device = device or load_device(entry.device)
     return assemble_cluster(entry, device, _num_devices(entry, num_devices, num_nodes), links)
+
+
+CLUSTER_FILE_KEYS = ("format", "base", "num_devices", "num_nodes", "links")  # read before the preset fields
+
+
+def _check_file_keys(data: dict, where: str) -> None:
+    """A key that is neither a preset field nor a cluster-file key is a typo: named, with the
+    closest allowed key (``num_nodez`` -> ``num_nodes``) and the whole list."""
+    allowed = [*CLUSTER_FILE_KEYS, *(k for k in PresetEntry.model_fields if k != "id")]
+    unknown = [str(k) for k in data if k not in allowed and k != "id"]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise SpecError(f"{where}: {unknown[0]}: unknown key{hint}; allowed: {', '.join(['id', *allowed])}")
 
 
 def _file_scale_out(data: dict, scale_out_gbit_per_s: float | None, oversubscription: float | None,
