@@ -150,19 +150,19 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
 
 def _batch_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
     """The global batch over dp x micro-batch, gradient accumulation, layers and interleaving."""
+    m = num_microbatches(job, layout)
     if job.global_batch_size % (layout.dp * layout.micro_batch_size):
         bad("batch", f"global_batch_size={job.global_batch_size} is not divisible by "
             f"dp*micro_batch_size = {layout.dp}*{layout.micro_batch_size}")
     elif job.one_microbatch(layout.pp) and job.global_batch_size != layout.dp * layout.micro_batch_size:
         release = job.profile.profile.describe(job.profile.date)
-        bad("batch", f"{num_microbatches(job, layout)} micro-batches a step: {release} does not accumulate "
+        bad("batch", f"{m} micro-batches a step: {release} does not accumulate "
             f"gradients, so without pipeline parallelism a step is one micro-batch: micro_batch_size = "
             f"global_batch_size / dp = {job.global_batch_size}/{layout.dp}")
     if layout.pp * layout.vp > model.num_layers:
         bad("layers", f"pp*vp = {layout.pp * layout.vp} exceeds num_layers={model.num_layers}")
     if layout.vp > 1 and layout.pp == 1:
         bad("interleave", f"vp={layout.vp} needs pp > 1")
-    m = num_microbatches(job, layout)
     if layout.vp > 1 and layout.pp > 1 and job.microbatch_group(m, layout.pp, layout.vp) is None:
         bad("interleave", f"interleaved 1F1B with {m} micro-batches and pp={layout.pp}: "
             + (f"needs at least pp micro-batches ({job.framework} groups them per model chunk)"

@@ -25,8 +25,9 @@ HINT_CHECKS = 12
 HINT_BUDGET_S = 30.0
 """Sizes and seconds the exit-3 hint may spend: DeepSeek-V3 from 64 H100s checks 9 sizes in about 6 s
 on 2 busy cores (each size builds the rules and memory tables alone, ``build_tables(memory_only=True)``:
-``clusterplan fit`` of it from 8 devices took 47 s with every layout's step time priced, 11 s now); bounded where no size fits and each takes seconds to rule out (a large
-MoE on SRAM chips); past them the hint points at ``clusterplan fit``."""
+``clusterplan fit`` of it from 8 devices took 47 s with every layout's step time priced, 11 s now);
+bounded where no size fits and each takes seconds to rule out (a large MoE on SRAM chips); past them
+the hint points at ``clusterplan fit``."""
 
 
 @dataclass

@@ -182,15 +182,13 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     S = space
     tc_of_fe, tc_keys, ta_of_f, ta_keys = _compute_keys(ctx, S)
     ACT, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
-    masks = _masks(ctx, S)
-    timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_keys, masks)
-    static = _dp_tables(ctx, S, times=not memory_only)
-    DPS, DPM, RG, DPX, OPT, STATIC, STATIC1 = static
+    timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_keys)
+    DPS, DPM, RG, DPX, OPT, STATIC, STATIC1 = _dp_tables(ctx, S, times=not memory_only)
     U, UG, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
-    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = masks
+    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
     order_ok = _order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
-        order_ok &= _traversal_representatives(S, timed, static, masks, order_ok)
+        order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX), ok_fo, ok_eo, order_ok)
     canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, :, :]
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
@@ -209,7 +207,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
                   ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))), memory_only=memory_only)
 
 
-def _time_tables(ctx: Context, S: Space, tc_keys: list, masks: tuple) -> dict:
+def _time_tables(ctx: Context, S: Space, tc_keys: list) -> dict:
     """The per-layer and per-micro-batch time tables with the group index maps they are read through."""
     probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
@@ -232,18 +230,16 @@ def _no_time_tables(S: Space) -> dict:
                 C=none, BWD=none, FW=none, WE=none, TPC=none, CPC=none, EPC=none, H=none, P2P=none)
 
 
-def _traversal_representatives(S: Space, timed: dict, static: tuple, masks: tuple, order_ok: np.ndarray) -> np.ndarray:
+def _traversal_representatives(S: Space, t: dict, dp: tuple[np.ndarray, ...], ok_fo: np.ndarray, ok_eo: np.ndarray,
+                               order_ok: np.ndarray) -> np.ndarray:
     """(f, o): False for a torus traversal that changes nothing (every term of its row equal to an
-    earlier traversal's): it counts once."""
-    DPS, DPM, RG, DPX = static[:4]
-    ok_eo, ok_fo = masks[3], masks[5]
-    t = timed
-
+    earlier traversal's: the time tables ``t``, the data-parallel tables ``dp`` over (f, o, ...) and
+    the masks): it counts once."""
     def rows(i, j):
         return (t["TPC"][t["tpc_of_foe"][i, j]].tobytes(), t["H"][t["tpg_of_fo"][i, j]].tobytes(),
                 t["CPC"][t["cpg_of_fo"][i, j]].tobytes(), t["EPC"][t["epg_of_foe"][i, j]].tobytes(),
-                t["P2P"][i, j].tobytes(), DPS[i, j].tobytes(), DPM[i, j].tobytes(), RG[i, j].tobytes(),
-                DPX[i, j].tobytes(), int(ok_fo[i, j]), ok_eo[:, j].tobytes())
+                t["P2P"][i, j].tobytes(), *(table[i, j].tobytes() for table in dp), int(ok_fo[i, j]),
+                ok_eo[:, j].tobytes())
     return np.array([~np.array(traversal_duplicates(S.order, list(order_ok[i]), [rows(i, j) for j in range(len(S.order))]))
                      for i in range(len(S.factorizations))], bool).reshape(order_ok.shape)
 

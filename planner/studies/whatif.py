@@ -67,10 +67,10 @@ def check_distinct(candidates: list[Candidate]) -> None:
             key = (resolve_cluster_id(c.cluster), c.num_devices)
         except ClusterplanError:
             key = (c.cluster, c.num_devices)  # a file or an unknown name: its own error comes later
+        label = c.cluster + (f":{c.num_devices}" if c.num_devices else "")
         if key in seen:
-            size = f":{c.num_devices}" if c.num_devices else ""
-            raise SpecError(f"--cluster: {c.cluster}{size} is the same candidate as {seen[key]}; list each once")
-        seen[key] = f"{c.cluster}{':' + str(c.num_devices) if c.num_devices else ''}"
+            raise SpecError(f"--cluster: {label} is the same candidate as {seen[key]}; list each once")
+        seen[key] = label
 
 
 def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], options: SearchOptions) -> dict:
