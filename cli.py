@@ -1098,6 +1098,10 @@ def _figures(doc: dict, console: Console) -> None:
     console.print(f"step time {doc['step_time_s']:.3f} s   {doc['tokens_per_s']:,.0f} tokens/s   "
                   f"MFU {doc['mfu']:.1%}   HFU {doc['hfu']:.1%}   "
                   f"{doc['model_flops_per_s_per_device'] / 1e12:,.0f} model TFLOP/s per device")
+    low = doc.get("gemm_precision")
+    if low not in (None, "bf16", "fp16"):  # MFU is over the 16-bit peak; say so where it is not the bound
+        console.print(f"{'':10}MFU and HFU are over the dense bf16 peak; over the dense {low} peak the GEMMs "
+                      f"run at, MFU is {doc['mfu_precision_peak']:.1%}")
     per_step = []
     if doc.get("energy_per_step_j") is not None:
         per_step.append(f"energy {doc['energy_per_step_j'] / 3.6e6:,.2f} kWh per step")

@@ -95,6 +95,9 @@ class Evaluation:
     hfu: float
     mfu_palm_count: float = 0.0  # attention counted over the full square (PaLM's count)
     stage_memory_bytes: tuple[float, float] | None = None  # (first, last) pipeline stage, with pp > 1
+    # MFU over the dense peak of the precision the GEMMs run in (the FP8 peak for an FP8 job on a
+    # device with FP8 math; otherwise equal to ``mfu``): at most 1, unlike ``mfu`` under FP8
+    mfu_precision_peak: float = 0.0
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -312,7 +315,14 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
     palm = model_flops_per_token(model, job.seq_len, causal=False) * tokens_per_s / cluster.num_devices / peak16
     return Evaluation(layout, m, step, time, memory, cluster.device.memory_bytes, tokens_per_s,
                       flops_per_device, mfu, mfu * (1 + recompute_share), palm,
-                      stage_memory(ctx, layout, m) if layout.pp > 1 else None)
+                      stage_memory(ctx, layout, m) if layout.pp > 1 else None,
+                      flops_per_device / cluster.device.peak(gemm_precision(job, cluster)))
+
+
+def gemm_precision(job: Job, cluster: Cluster) -> str:
+    """The precision whose dense peak bounds the job's GEMMs: FP8 where the job asks for it and the
+    device has FP8 math, else the 16-bit peak (a device without FP8 math runs them in bf16)."""
+    return "fp8" if job.precision == "fp8" and cluster.device.supports("fp8") else "bf16"
 
 
 def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:

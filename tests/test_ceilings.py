@@ -50,6 +50,7 @@ def test_best_layout_mfu_within_matmul_ceiling(preset, model_id):
     except InfeasibleError:
         pytest.skip(f"{model_id} fits no layout on {preset} at {cluster.num_devices} devices")
     ceiling = device.matmul_ceiling(job.precision)
+    assert 0 < result.best.mfu_precision_peak <= 1
     assert result.best.mfu <= ceiling * (1 + REL), (
         f"{model_id} on {preset} ({job.precision}): MFU {result.best.mfu:.4f} exceeds the matmul ceiling "
         f"{ceiling:.4f} of {device.id} ({device.efficiency_note})")

@@ -711,6 +711,19 @@ def test_render_prints_the_report_of_a_saved_plan(tmp_path):
     assert "global batch" in rendered.stdout and "memory per device" in rendered.stdout
 
 
+def test_render_prints_a_saved_fp8_plan_whose_mfu_exceeds_the_16bit_peak(tmp_path):
+    """MFU is over the bf16 peak, which an FP8 job on an FP8 device may exceed: the saved plan still
+    renders, and the report gives MFU over the FP8 peak too (at most 1)."""
+    args = ["plan", "--model", "llama2-7b", "--cluster", "gaudi2-cluster", "--devices", "8", "--precision", "fp8"]
+    doc = json.loads(run(*args, "--json").stdout)
+    assert doc["gemm_precision"] == "fp8" and doc["mfu"] > 1 >= doc["mfu_precision_peak"] > 0.5 * doc["mfu"] * 0.99
+    saved = tmp_path / "plan.json"
+    saved.write_text(json.dumps(doc))
+    rendered = run("render", str(saved))
+    assert rendered.exit_code == 0, rendered.stderr
+    assert f"over the dense fp8 peak the GEMMs run at, MFU is {doc['mfu_precision_peak']:.1%}" in rendered.stdout
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "does not exist"),
     ("", "invalid JSON"),
@@ -729,6 +742,7 @@ def test_render_refuses_what_is_not_a_plan(tmp_path, content, message):
 @pytest.mark.parametrize("field, value, message", [
     ("step_time_s", "fast", "step_time_s: got 'fast'"), ("step_time_s", None, "step_time_s: got None"),
     ("step_time_s", -5, "step_time_s: got -5"), ("mfu", 7.5, "mfu: got 7.5"),
+    ("mfu_precision_peak", 1.2, "mfu_precision_peak: got 1.2"),
     ("device_memory_bytes", 0, "device_memory_bytes: got 0"), ("fits", "yes", "fits: got 'yes'"),
     ("num_devices", 0, "num_devices: got 0"), ("layout", "tp=8", "layout: got str"),
     ("runners_up", [{}], "runners_up:"), ("breakdown", {"compute_s": "x"}, "breakdown.compute_s"),

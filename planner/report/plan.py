@@ -25,7 +25,7 @@ from clusterplan.cost.goodput import goodput
 from clusterplan.cost.energy import (ASSUMED_HOST_OVER_BOARD, has_idle_power, host_power_w, step_cost_usd,
                                      step_energy_j)
 from clusterplan.cost.layout import Job
-from clusterplan.cost.step import Evaluation
+from clusterplan.cost.step import Evaluation, gemm_precision
 from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE, overlap_charge, shard_copies
 from clusterplan.models.errors import SpecError
 from clusterplan.models.files import bundled_yaml, parse_json, read_text
@@ -55,6 +55,8 @@ def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster, num_params: floa
         "tokens_per_s": ev.tokens_per_s,
         "mfu": ev.mfu,
         "mfu_palm_count": ev.mfu_palm_count,
+        "mfu_precision_peak": ev.mfu_precision_peak,
+        "gemm_precision": gemm_precision(job, cluster),
         "hfu": ev.hfu,
         "model_flops_per_s_per_device": ev.model_flops_per_s_per_device,
         "peak_memory_bytes": ev.peak_memory_bytes,
@@ -280,6 +282,10 @@ def evaluation_document(model: ModelSpec, job: Job, cluster: Cluster, ev: Evalua
 # ---- a saved Plan document, read back (clusterplan render) ---------------------------------------
 PLAN_FILE_MAX_BYTES = 16 * 2**20  # a Plan document is a few KB; anything near this is not one
 MAX_FIGURE = 1e30  # beyond any step time, throughput or byte count a plan writes
+# MFU and HFU are over the dense 16-bit peak: an FP8 job may exceed 1 there (its peak is 2x), never
+# this (no device's low-precision dense peak is more than 4x its 16-bit one); over the peak of the
+# precision its GEMMs run in (``mfu_precision_peak``) at most 1
+MAX_MFU_OVER_16BIT = 4.0
 
 REPORT_KEYS = ("inputs", "layout", "num_devices", "step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_bytes",
                "device_memory_bytes", "fits", "overflow_bytes", "memory", "breakdown")
@@ -306,7 +312,8 @@ def read_plan_document(path_text: str) -> dict:
 
 # (field, lowest, highest, lowest allowed itself): the figures the report prints, as a plan writes them
 _PLAN_FIGURES = (("step_time_s", 0.0, MAX_FIGURE, False), ("tokens_per_s", 0.0, MAX_FIGURE, False),
-                 ("mfu", 0.0, 1.0, True), ("hfu", 0.0, 1.0, True), ("peak_memory_bytes", 0.0, MAX_FIGURE, True),
+                 ("mfu", 0.0, MAX_MFU_OVER_16BIT, True), ("hfu", 0.0, MAX_MFU_OVER_16BIT, True),
+                 ("peak_memory_bytes", 0.0, MAX_FIGURE, True),
                  ("device_memory_bytes", 0.0, MAX_FIGURE, False), ("overflow_bytes", 0.0, MAX_FIGURE, True))
 
 
@@ -317,6 +324,8 @@ def plan_document_problem(doc: dict) -> str | None:
         value = doc.get(key)
         if not _number_in(value, low, high, closed):
             return f"{key}: got {value!r}; allowed: a number {'>=' if closed else '>'} {low:g} and <= {high:g}"
+    if "mfu_precision_peak" in doc and not _number_in(doc["mfu_precision_peak"], 0.0, 1.0, True):
+        return f"mfu_precision_peak: got {doc['mfu_precision_peak']!r}; allowed: a number >= 0 and <= 1"
     if not (isinstance(doc["num_devices"], int) and not isinstance(doc["num_devices"], bool) and doc["num_devices"] >= 1):
         return f"num_devices: got {doc['num_devices']!r}; allowed: a whole number >= 1"
     if not isinstance(doc["fits"], bool):
