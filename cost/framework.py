@@ -26,7 +26,7 @@ FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext")
 FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "vp_groups", "grad_accumulation", "cp", "ep", "etp1", "sequence_parallel", "recompute_selective",
     "recompute_full", "recompute_layers",
-    "recompute_modules", "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
+    "recompute_modules", "head_slots", "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
              "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap")
@@ -88,6 +88,8 @@ class Profile:
     sequence_parallel_with_tp: bool = False
     tp_overlap_families: tuple[str, ...] = ()
     tp_overlap_needs_compile: bool = False  # TP overlap runs only under torch.compile (torchtitan's async TP)
+    head_slots_even: bool = False  # head_slots needs num_layers + 2 divisible over the stages (Megatron-Core)
+    head_slots_default: bool = False  # the framework's own pipeline split counts the embedding and head (torchtitan)
     grad_bytes: int = 4
     zero2_param_gather: str | None = "per_step"
     dropout: float = 0.0
@@ -284,6 +286,8 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
         out["recompute_layers"] = (0,)
     if not prof.has("recompute_modules"):
         out["recompute_modules"] = ((),)
+    if not prof.has("head_slots"):
+        out["head_slots"] = (False,)
     out["zero_stage"] = prof.zero_stages()
     if not prof.has("dp_overlap"):
         out["dp_overlap"] = (False,)
@@ -435,9 +439,7 @@ def load_profile(framework_id: str) -> Profile:
         id=framework_id, name=str(doc.get("name")), version=str(doc.get("version")), date=date,
         aliases=tuple(str(a).lower() for a in doc.get("aliases") or ()),
         platforms=tuple(doc.get("platforms") or ("gpu",)), since=since, feature_sources=feature_sources,
-        rules=tuple(rules), sequence_parallel_with_tp=bool(req.get("sequence_parallel_with_tp", False)),
-        tp_overlap_families=tuple(req.get("tp_overlap_families") or ()),
-        tp_overlap_needs_compile=bool(req.get("tp_overlap_needs_compile", False)),
+        rules=tuple(rules), **_requires(req), head_slots_default=bool(sem.get("head_slots_default", False)),
         grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
         dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
         logit_bytes=float(sem.get("logit_bytes", 6.0)),
@@ -464,6 +466,14 @@ def load_profile(framework_id: str) -> Profile:
         tp_comm_sm_margin=bool(ov.get("tp_comm_sm_margin", False)),
         sources=sources, notes=tuple(doc.get("notes") or ()),
     )
+
+
+def _requires(req: dict) -> dict:
+    """The profile's ``requires`` section: what a knob needs beside it."""
+    return {"sequence_parallel_with_tp": bool(req.get("sequence_parallel_with_tp", False)),
+            "tp_overlap_families": tuple(req.get("tp_overlap_families") or ()),
+            "tp_overlap_needs_compile": bool(req.get("tp_overlap_needs_compile", False)),
+            "head_slots_even": bool(req.get("head_slots_even", False))}
 
 
 def _history(sem: dict, key: str, field: str, cast) -> tuple[tuple[str, object], ...]:

@@ -79,6 +79,13 @@ class Layout:
     ep_overlap : overlap the expert-parallel all-to-alls of one micro-batch with the compute of
         another (Megatron-Core's ``--overlap-moe-expert-parallel-comm``, its combined 1F1B schedule).
     expert_tp : experts sharded over the tensor-parallel group (True) or whole (False, ``etp=1``).
+    head_slots : with pp > 1, the embedding and the output layer (LM head and loss) each take one
+        layer's place when the layers are split over the pipeline ranks, so the first and the last
+        rank hold one layer fewer (Megatron-Core's ``--account-for-embedding-in-pipeline-split
+        --account-for-loss-in-pipeline-split``, DeepSpeed's ``partition_method='type:transformer|
+        embedding'``, torchtitan's split since 2025-04). Off: ``ceil(L / (pp vp))`` layers per rank
+        and the head on top of the last one's. Priced by ``evaluate``, ``compare`` and ``validate``;
+        the search prices the even split.
     """
 
     tp: int = 1
@@ -98,6 +105,7 @@ class Layout:
     ep_overlap: bool = False
     recompute_layers: int = 0
     recompute_modules: tuple[str, ...] = ()
+    head_slots: bool = False
 
     @property
     def num_devices(self) -> int:
@@ -177,6 +185,8 @@ class Layout:
             parts.append("dp_overlap=off")
         if self.ep_overlap and self.ep > 1:
             parts.append("ep_overlap=on")
+        if self.head_slots and self.pp > 1:
+            parts.append("head_slots=on")
         if self.order != DEFAULT_ORDER:
             parts.append(f"order={self.order}")
         return " ".join(parts)
@@ -346,7 +356,7 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
     aliases = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                "micro_batch": "micro_batch_size", "recomp": "recompute"}
     ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "etp", "recompute_layers"}
-    bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp", "ep_overlap"}
+    bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp", "ep_overlap", "head_slots"}
     values: dict[str, object] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
@@ -390,7 +400,7 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
     if key == "recompute_modules":
         return parse_recompute_modules(raw.split("+"), "layout.recompute_modules")
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
-               "dp_overlap, tp_overlap, ep_overlap")
+               "dp_overlap, tp_overlap, ep_overlap, head_slots")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

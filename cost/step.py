@@ -21,7 +21,7 @@ from clusterplan.cost.layout import (RECOMPUTE_MODES, Job, Layout, interleaved_w
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
     grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
-    param_counts, regather_share, runtime_bytes, static_memory,
+    param_counts, period_layers, regather_share, runtime_bytes, stage_split, static_memory,
 )
 
 from clusterplan.models.errors import SpecError
@@ -137,6 +137,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if layout.zero_stage not in (0, 1, 2, 3):
         bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
     _partial_recompute_problems(model, layout, bad)
+    _head_slot_problems(model, job, layout, bad)
     _model_code_problems(job, layout, bad)
     if layout.sequence_parallel and layout.tp == 1:
         bad("sequence_parallel", "sequence_parallel needs tp > 1")
@@ -192,6 +193,29 @@ def _partial_recompute_problems(model: ModelSpec, layout: Layout, bad) -> None:
     _recompute_module_problems(model, layout, bad)
 
 
+def _head_slot_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
+    message = head_slot_problem(model, job, layout.pp, layout.vp) if layout.head_slots else None
+    if message:
+        bad("layers", message)
+
+
+def head_slot_problem(model: ModelSpec, job: Job, pp: int, vp: int) -> str | None:
+    """Why ``head_slots`` cannot split this model over ``pp x vp`` stages, or None: it needs a
+    slot per stage (the first or the last may hold the embedding or the head alone, as torchtitan's
+    split allows), and under Megatron-Core an even split
+    (``TransformerConfig``: ``num_layers + 2`` divisible by pp, and each rank's share by vp)."""
+    L = model.num_layers
+    if pp == 1:
+        return None  # no pipeline: nothing to split (the knob does nothing)
+    if L + 2 < pp * vp:  # a stage may hold the embedding or the head alone (torchtitan's split allows it)
+        return f"head_slots=on: {L} layers + the embedding and the head fill fewer than pp*vp = {pp * vp} stages"
+    if job.profile.profile.head_slots_even and ((L + 2) % pp or (L + 2) // pp % vp):
+        return (f"head_slots=on under {job.framework}: num_layers + 2 = {L + 2} must be divisible by pp={pp}"
+                + (f" and each rank's {(L + 2) // pp} slots by vp={vp}" if vp > 1 else "")
+                + " (Megatron-Core's --account-for-embedding/loss-in-pipeline-split)")
+    return None
+
+
 def _recompute_module_problems(model: ModelSpec, layout: Layout, bad) -> None:
     """``recompute_modules`` name Megatron-Core submodules of a selective recomputation, each of a
     part the model has."""
@@ -224,7 +248,8 @@ def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None
               "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
               "zero_stage": layout.zero_stage, "dp_overlap": layout.dp_overlap,
               "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1,
-              "recompute_layers": layout.recompute_layers, "recompute_modules": layout.recompute_modules}
+              "recompute_layers": layout.recompute_layers, "recompute_modules": layout.recompute_modules,
+              "head_slots": layout.head_slots}
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
         bad("framework", message)
@@ -271,28 +296,34 @@ def num_microbatches(job: Job, layout: Layout) -> int:
     return max(1, job.global_batch_size // (layout.dp * layout.micro_batch_size))
 
 
-def inflight_layers(num_layers: int, pp: int, vp: int, m: int, group: int | None = None) -> tuple[float, float]:
+def inflight_layers(num_layers: int, pp: int, vp: int, m: int, group: int | None = None,
+                    head_slots: bool = False) -> tuple[float, float]:
     """Layers' worth of stored activations on the first and on the last pipeline rank.
 
     1F1B: the first rank holds ``min(m, pp)`` micro-batches of its layers, the last one
     (Narayanan et al. 2021). Interleaved: Megatron-LM's warm-up holds ``2 (pp - 1) + (vp - 1) N + 1``
     model chunks on the first rank, ``N`` the micro-batch group (``group``, default ``pp``:
     :func:`cost.layout.microbatch_group_size`; with ``pp``, Korthikanti et al.'s about
-    ``L (1 + (pp - 1) / (pp vp))``).
+    ``L (1 + (pp - 1) / (pp vp))``). With ``head_slots`` the first rank holds a layer fewer, and the
+    second rank's ``pp - 1`` micro-batches of its full share can be the larger (reported as the first).
     """
-    per_stage = layers_on_stage(num_layers, pp, vp)
+    split = stage_split(num_layers, pp, vp, head_slots)
     if vp == 1:
-        return per_stage * min(m, pp), per_stage * 1.0
-    chunk = per_stage / vp
-    first = min(m * vp, interleaved_warmup(pp, vp, group) + 1) * chunk
-    last = min(m * vp, interleaved_warmup(pp, vp, group, rank=pp - 1) + 1) * chunk
+        first = split.first * min(m, pp)
+        if head_slots and pp > 2:
+            first = max(first, split.middle * min(m, pp - 1))
+        return first, split.last * 1.0
+    first = min(m * vp, interleaved_warmup(pp, vp, group) + 1) * split.first / vp
+    if head_slots and pp > 2:
+        first = max(first, min(m * vp, interleaved_warmup(pp, vp, group, rank=1) + 1) * split.middle / vp)
+    last = min(m * vp, interleaved_warmup(pp, vp, group, rank=pp - 1) + 1) * split.last / vp
     return first, last
 
 
 def _inflight(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
     """:func:`inflight_layers` of ``layout`` with the micro-batch group its framework runs."""
     group = ctx.job.microbatch_group(m, layout.pp, layout.vp)
-    return inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m, group)
+    return inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m, group, layout.head_slots)
 
 
 def evaluate(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> Evaluation:
@@ -328,9 +359,11 @@ def gemm_precision(job: Job, cluster: Cluster) -> str:
 def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     ctx = ctx.placed(layout.order)
     lt = layer_terms(ctx, layout, m)
-    frac = layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp) / ctx.model.num_layers
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
+    layers, head_in_period = period_layers(ctx.model, ctx.job.seq_len, layout.pp, layout.vp, layout.head_slots)
+    frac = layers / ctx.model.num_layers
+    head_s = head.time_s if head_in_period else 0.0  # else the last rank's spare slot hides it
     stage_s = frac * lt.total_s
     dp = dp_terms(ctx, layout)
     c = compute_terms(ctx._base, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
@@ -343,7 +376,7 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     dp_exposed += _exposed(dp.per_step_s, frac * c.dp_window_s(to, layout.cp), layout.dp_overlap, share)
     dp_exposed += dp.blocking_s
     return TimeBreakdown(
-        compute_s=m * (frac * (lt.forward_s + lt.backward_s) + head.time_s),
+        compute_s=m * (frac * (lt.forward_s + lt.backward_s) + head_s),
         recompute_s=m * frac * lt.recompute_s,
         tp_comm_s=m * frac * lt.tp_comm_s,
         cp_comm_s=m * frac * lt.cp_comm_s,
@@ -423,7 +456,7 @@ def _static_parts(ctx: Context, layout: Layout) -> tuple[float, float, float]:
     weights at a time, double-buffered.
     """
     if ctx.cluster.weight_streaming:
-        pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
+        pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
         per_layer = (pc.dense + pc.expert) / ctx.model.num_layers
         return 2 * WEIGHT_BYTES * per_layer, 0.0, 0.0
     static = static_memory(ctx, layout)

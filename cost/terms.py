@@ -17,7 +17,7 @@ from functools import lru_cache
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import gemm_time_s, memory_rate, op_time_s, ops_time_s
 from clusterplan.cost.layout import Job, Layout, interleaved_warmup, split_order
-from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops, linear_op
+from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops, linear_op, model_flops_per_token
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
@@ -976,12 +976,90 @@ def layers_on_stage(num_layers: int, pp: int, vp: int) -> int:
     return math.ceil(num_layers / (pp * vp)) * vp
 
 
+@dataclass(frozen=True, slots=True)
+class StageSplit:
+    """Layers per pipeline rank: the first, the most loaded of the middle ones (the first's with
+    pp = 2) and the last."""
+
+    first: int
+    middle: int
+    last: int
+
+
+@lru_cache(maxsize=4096)
+def stage_split(num_layers: int, pp: int, vp: int, head_slots: bool = False) -> StageSplit:
+    """How the layers fall on the pipeline ranks (``Layout.head_slots``).
+
+    Even split: every rank is charged ``ceil(L / (pp vp)) vp`` layers (:func:`layers_on_stage`), the
+    LM head on top of the last rank's. With ``head_slots`` the embedding and the output layer each
+    count as one layer: ``L + 2`` slots over the ``pp vp`` stages, the larger parts first (torchtitan
+    gives the extra layers to the first stages, DeepSpeed's balanced partition likewise; Megatron
+    needs them even), and the first and the last rank give one slot each to the embedding and the
+    head."""
+    if not head_slots or pp == 1:
+        n = layers_on_stage(num_layers, pp, vp)
+        return StageSplit(n, n, n)
+    stages = pp * vp
+    high = math.ceil((num_layers + 2) / stages) * vp
+    low = (num_layers + 2) // stages * vp
+    return StageSplit(high - 1, high if pp > 2 else high - 1, low - 1)
+
+
+@lru_cache(maxsize=4096)
+def head_layer_ratio(model: ModelSpec, seq_len: int) -> float:
+    """The LM head's training FLOPs over one layer's, the layers averaged (``6 V h`` against the
+    rest of ``models.ops.model_flops_per_token`` over ``L``): what the head weighs on the last
+    rank, in layers. BLOOM (250,880 x 14,336): 1.4; Llama 3 8B: 2.1; Llama 3 405B: 0.6; GPT-3 175B: 0.3."""
+    head = 6.0 * model.vocab_size * model.hidden_size
+    layers = max(1e-30, model_flops_per_token(model, seq_len) - head)
+    return head / (layers / model.num_layers)
+
+
+def period_layers(model: ModelSpec, seq_len: int, pp: int, vp: int, head_slots: bool = False) -> tuple[int, bool]:
+    """The layers whose time sets the pipeline's steady-state period (one micro-batch on the slowest
+    rank), and whether the LM head's time adds to it.
+
+    Even split: ``ceil(L / (pp vp)) vp`` layers and the head, on the last rank. With ``head_slots``
+    each rank has ``n = ceil((L + 2) / (pp vp)) vp`` slots: the last rank runs ``n - 1`` layers and
+    the head, a middle rank ``n`` layers; the head sets the period where it is heavier than a layer
+    (:func:`head_layer_ratio` >= 1), else a middle rank does and the head hides in the last rank's
+    spare slot. The ratio is taken without recomputation (which lengthens a layer and not the head),
+    where the split is uneven the last rank is charged ``n - 1`` layers though it may hold one fewer,
+    and with pp = 2 (no middle rank) a light head is charged a whole layer: each errs toward the
+    slower period. The choice depends on the model alone, so the search's tables take it whole."""
+    if not head_slots or pp == 1:
+        return layers_on_stage(model.num_layers, pp, vp), True
+    n = stage_split(model.num_layers, pp, vp, True).first + 1
+    return (n - 1, True) if head_in_period(model, seq_len, head_slots) else (n, False)
+
+
+def head_in_period(model: ModelSpec, seq_len: int, head_slots: bool) -> bool:
+    """Whether the LM head's time adds to the pipeline period (:func:`period_layers`, pp > 1):
+    always on the even split; with ``head_slots`` where the head is heavier than a layer."""
+    return not head_slots or head_layer_ratio(model, seq_len) >= 1
+
+
 @lru_cache(maxsize=65536)
-def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp: bool = True) -> ParamCounts:
-    """Parameters on the heaviest stage: its layers (MoE layers first, they are the heavier) plus
-    the larger of the embedding and the output layer, sharded ``tp`` ways (vocab-parallel). Routed
-    experts: ``num_experts / ep`` of them, split ``tp`` ways unless folded (whole experts)."""
-    n_stage = layers_on_stage(model.num_layers, pp, vp)
+def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp: bool = True,
+                 head_slots: bool = False) -> ParamCounts:
+    """Parameters on the heaviest stage: its layers (MoE layers first, they are the heavier) plus,
+    on the first and the last stage, the larger of the embedding and the output layer, sharded
+    ``tp`` ways (vocab-parallel). Routed experts: ``num_experts / ep`` of them, split ``tp`` ways
+    unless folded (whole experts). With ``head_slots`` the ranks that hold the vocabulary matrix
+    hold one layer fewer (:func:`stage_split`): the heaviest is then either of them or a middle one."""
+    if pp == 1:
+        whole = _stage_params(model, layers_on_stage(model.num_layers, pp, vp), tp, ep, expert_tp)
+        return ParamCounts(whole.dense + (model.embedding_params + model.output_params) / tp, whole.expert)
+    split = stage_split(model.num_layers, pp, vp, head_slots)
+    vocab = max(model.embedding_params, model.vocab_size * model.hidden_size) / tp
+    ends = _stage_params(model, max(split.first, split.last), tp, ep, expert_tp)
+    ends = ParamCounts(ends.dense + vocab, ends.expert)
+    middle = _stage_params(model, split.middle, tp, ep, expert_tp)
+    return max(ends, middle, key=lambda pc: pc.dense + pc.expert) if head_slots else ends
+
+
+def _stage_params(model: ModelSpec, n_stage: int, tp: int, ep: int, expert_tp: bool) -> ParamCounts:
+    """Parameters of ``n_stage`` layers on one rank (MoE layers first)."""
     n_moe = min(n_stage, model.num_moe_layers)
     n_dense = n_stage - n_moe
     shared = model.attention_params + model.norm_params_per_layer
@@ -991,10 +1069,6 @@ def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp
         e = model.moe
         dense += n_moe * (model.hidden_size * e.num_experts + e.num_shared_experts * model.expert_params / tp)
         expert = n_moe * e.num_experts / ep * model.expert_params / (tp if expert_tp else 1)
-    if pp == 1:
-        dense += (model.embedding_params + model.output_params) / tp
-    else:
-        dense += max(model.embedding_params, model.vocab_size * model.hidden_size) / tp
     return ParamCounts(dense, expert)
 
 
@@ -1078,7 +1152,7 @@ def effective_zero_stage(ctx: Context, zero: int, pp: int) -> int:
 
 def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
     """Weights, gradients and Adam states per device, divided per ZeRO stage."""
-    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
     z = effective_zero_stage(ctx, layout.zero_stage, layout.pp)
     copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z)
     weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3, copies)
@@ -1122,7 +1196,7 @@ def optimizer_s(ctx: Context, layout: Layout) -> float:
     lerp of m toward g (8 + g), scale v (8), addcmul of g squared into v (8 + 2 g), sqrt of v,
     divide, add eps (8 each), addcdiv into p (16): ``72 + 3 grad_bytes``, 84 B with fp32
     gradients."""
-    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
     copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, layout.zero_stage)
     count = owned_params(pc, layout, layout.zero_stage >= 1, copies)
     dev = ctx.cluster.device
@@ -1147,7 +1221,7 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     """The data-parallel collectives of ``layout`` under the job's framework (:func:`dp_traffic`)."""
     if layout.dp * layout.cp == 1:
         return DataParallelTerms(0.0, 0.0)
-    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp)
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
     profiles = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp)
     return dp_terms_of(ctx, pc, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp,
                        layout.vp, layout.zero_stage, profiles)

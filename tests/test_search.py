@@ -127,6 +127,26 @@ def test_cpsat_equals_exhaustive_under_deepspeed_2021(seed):
     _check_engines_agree(model, job, cluster, dataclasses.replace(bounds, fixed=fixed, minimum={}, maximum={}))
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_cpsat_equals_exhaustive_with_head_slots(seed):
+    """The cross-check with the embedding and the head each in a layer's slot (Layout.head_slots):
+    Megatron's even split of num_layers + 2 (uneven pipelines rejected as 'layers') and torchtitan's
+    balanced one; the winner's step time is what evaluate prices."""
+    model, job, cluster, bounds = random_instance(5000 + seed)
+    framework = "torchtitan" if seed % 2 else "megatron"
+    job = Job(global_batch_size=job.global_batch_size, seq_len=job.seq_len, precision=job.precision, framework=framework)
+    fixed = {k: v for k, v in bounds.fixed.items() if (k, v) != ("zero_stage", 1) or framework == "megatron"}
+    fixed["head_slots"] = True
+    bounds = dataclasses.replace(bounds, fixed=fixed, maximum={k: v for k, v in bounds.maximum.items() if k != "pp"})
+    _check_engines_agree(model, job, cluster, bounds)
+    try:
+        res = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=bounds))
+    except (InfeasibleError, SpecError):
+        return
+    assert res.best.layout.head_slots == (res.best.layout.pp > 1)
+    assert objective_seconds(res.objective_units[0]) == pytest.approx(res.best.step_time_s, rel=1e-3)
+
+
 @pytest.mark.parametrize("date,zero", [("2021-06", 3), ("2022-03", None)])
 def test_engines_agree_where_zero3_gathers_a_third_time(date, zero):
     """A GPT-3-wide model under DeepSpeed: with full recomputation ZeRO-3 gathers the released

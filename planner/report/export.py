@@ -148,6 +148,24 @@ def pipeline_layout(num_layers: int, pp: int, vp: int) -> str | None:
     return "|".join(parts)
 
 
+def _megatron_pipeline_args(num_layers: int, L: dict, notes: list[str]) -> list[str]:
+    """How the layers split over the pipeline stages: the embedding and the loss each as a layer
+    (``head_slots``; an even split of ``num_layers + 2``, checked by the plan), a layout string where
+    ``num_layers`` does not split evenly, else the plain per-chunk count."""
+    if L["pp"] == 1:
+        return []
+    if L.get("head_slots"):
+        args = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+        # uneven splits take the chunk count, not a per-chunk layer count (!1961)
+        return args + ([f"--num-virtual-stages-per-pipeline-rank {L['vp']}"] if L["vp"] > 1 else [])
+    layout = pipeline_layout(num_layers, L["pp"], L["vp"])
+    if layout is not None:
+        notes.append(f"{num_layers} layers do not split evenly over {L['pp'] * L['vp']} pipeline stages: "
+                     f"the layout string gives each stage at most {math.ceil(num_layers / (L['pp'] * L['vp']))} layers")
+        return [f"--pipeline-model-parallel-layout '{layout}'"]
+    return [f"--num-layers-per-virtual-pipeline-stage {num_layers // (L['pp'] * L['vp'])}"] if L["vp"] > 1 else []
+
+
 def _megatron_model_args(model, seq_len: int) -> tuple[list[str], list[str]]:
     """Model-shape arguments (what validate_args and the GPT model builder need) and their notes."""
     args = [f"--num-layers {model.num_layers}", f"--hidden-size {model.hidden_size}",
@@ -244,14 +262,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         args.append(f"--expert-model-parallel-size {L['ep']}")
         if not L.get("expert_tp", True):
             args.append("--expert-tensor-parallel-size 1")
-    layout = pipeline_layout(model.num_layers, L["pp"], L["vp"]) if L["pp"] > 1 else None
-    if layout is not None:
-        args.append(f"--pipeline-model-parallel-layout '{layout}'")
-        notes.append(f"{model.num_layers} layers do not split evenly over {L['pp'] * L['vp']} pipeline stages: "
-                     "the layout string gives each stage at most "
-                     f"{math.ceil(model.num_layers / (L['pp'] * L['vp']))} layers")
-    elif L["vp"] > 1:
-        args.append(f"--num-layers-per-virtual-pipeline-stage {model.num_layers // (L['pp'] * L['vp'])}")
+    args += _megatron_pipeline_args(model.num_layers, L, notes)
     args += _megatron_group_args(L, notes)
     if L["sequence_parallel"]:
         args.append("--sequence-parallel")
@@ -345,6 +356,8 @@ def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
         mds.append(f"--recompute-granularity {L['recompute']}")
     if L.get("recompute_layers"):
         mds += ["--recompute-method block", f"--recompute-num-layers {L['recompute_layers']}"]
+    if L.get("head_slots") and L["pp"] > 1:
+        mds.append("--pp-partition-method 'type:transformer|embedding'")
     return mds
 
 
@@ -401,27 +414,31 @@ def torchtitan_flavor(model) -> tuple[str, str]:
                     "gpt_oss). Register a TrainSpec for it (experimental.custom_import) or use --format megatron")
 
 
-def _torchtitan_pipeline(num_layers: int, pp: int, vp: int) -> tuple[str, list[list[str]] | None]:
-    """The schedule, and the modules of each of the ``pp * vp`` stages when torchtitan's own split
-    (one stage per rank for 1F1B, two for Interleaved1F1B) does not give that many: then no stage
-    holds more than ``ceil(L / (pp vp))`` layers, the embedding opens the first and norm + output
-    close the last."""
-    if vp == 1:
-        return "1F1B", None
-    if vp == 2:
-        return "Interleaved1F1B", None
+def _torchtitan_pipeline(num_layers: int, pp: int, vp: int, head_slots: bool = False) -> tuple[str, list[list[str]]]:
+    """The schedule (1F1B for one stage per rank, else Interleaved1F1B), and the modules of each of
+    the ``pp * vp`` stages, written out so that torchtitan runs the split the plan priced: its own
+    split counts the embedding and the output as a layer each since 2025-04 (``head_slots``).
+    Even: no stage holds more than ``ceil(L / (pp vp))`` layers; with ``head_slots``:
+    ``L + 2`` slots, the larger parts first, the first and the last stage giving one slot each to
+    ``tok_embeddings`` and to ``norm`` + ``output``."""
     stages = pp * vp
-    q, r = divmod(num_layers, stages)
-    if q == 0:
+    if head_slots:
+        q, r = divmod(num_layers + 2, stages)
+        counts = [q + 1] * r + [q] * (stages - r)
+        counts[0] -= 1
+        counts[-1] -= 1
+    else:
+        q, r = divmod(num_layers, stages)
+        counts = [q] + [q + 1] * r + [q] * (stages - 1 - r)
+    if min(counts[1:-1] or [1]) < 1 or min(counts) < 0:  # the first or last may hold the embedding or head alone
         raise SpecError(f"--format torchtitan: {num_layers} layers cannot fill {stages} pipeline stages")
-    counts = [q] + [q + 1] * r + [q] * (stages - 1 - r)
     parts, first = [], 0
     for count in counts:
         parts.append([f"layers.{i}" for i in range(first, first + count)])
         first += count
     parts[0].insert(0, "tok_embeddings")
     parts[-1] += ["norm", "output"]
-    return "Interleaved1F1B", parts
+    return ("1F1B" if vp == 1 else "Interleaved1F1B"), parts
 
 
 def torchtitan_toml(doc: dict, model=None) -> str:
@@ -508,10 +525,9 @@ def _torchtitan_parallelism(L: dict, num_layers: int) -> list[str]:
         f'fsdp_reshard_after_forward = "{"never" if L["zero_stage"] == 2 else "default"}"',
     ]
     if L["pp"] > 1:
-        schedule, parts = _torchtitan_pipeline(num_layers, L["pp"], L["vp"])
-        lines += [f'pipeline_parallel_schedule = "{schedule}"', f"pipeline_parallel_microbatch_size = {L['micro_batch_size']}"]
-        if parts is not None:
-            lines.append(f"module_fqns_per_model_part = {json.dumps(parts)}")
+        schedule, parts = _torchtitan_pipeline(num_layers, L["pp"], L["vp"], bool(L.get("head_slots")))
+        lines += [f'pipeline_parallel_schedule = "{schedule}"', f"pipeline_parallel_microbatch_size = {L['micro_batch_size']}",
+                  f"module_fqns_per_model_part = {json.dumps(parts)}"]
     return lines
 
 

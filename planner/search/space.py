@@ -19,7 +19,7 @@ from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
-         "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap")
+         "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order", "expert_tp": "etp"}
 MBS_CANDIDATES = (1, 2, 4, 8)
@@ -29,7 +29,7 @@ CP_MAX = 32
 REASONS = {
     "heads": "attention heads not divisible by tp",
     "batch": "global batch not divisible by dp * micro_batch_size (or not equal, without grad accumulation)",
-    "layers": "pp * vp exceeds the number of layers",
+    "layers": "pp * vp exceeds the number of layers (with head_slots: or an uneven split the framework refuses)",
     "interleave": "interleaving needs pp > 1 and a micro-batch count its schedule takes",
     "context": "seq_len not divisible by 2 * cp",
     "experts": "ep does not divide the experts or dp (with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
@@ -87,6 +87,9 @@ class Space:
     dp_overlap: tuple[bool, ...]
     tp_overlap: tuple[bool, ...]
     ep_overlap: tuple[bool, ...] = (False,)
+    # one value per search: the framework's own pipeline split (torchtitan counts the embedding and
+    # the head as layers) unless fixed; Layout.head_slots
+    head_slots: tuple[bool, ...] = (False,)
     framework_rules: bool = True  # apply the profile's combination rules (off: validation of published layouts)
 
     @property
@@ -146,6 +149,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         dp_overlap=pick("dp_overlap", (True, False)),
         tp_overlap=pick("tp_overlap", (False, True)),
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
+        head_slots=pick("head_slots", (prof.profile.head_slots_default and prof.has("head_slots"),)),
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b, cluster.num_devices)
@@ -396,11 +400,12 @@ def sequence_parallel_ok(tp: int, sp: bool, seq_len: int = 0, cp: int = 1) -> st
 
 def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool, recompute: str,
               zero: int, order: str, dp_overlap: bool, tp_overlap: bool, expert_tp: bool = True,
-              ep_overlap: bool = False) -> Layout:
+              ep_overlap: bool = False, head_slots: bool = False) -> Layout:
     tp, pp, dp, cp = f
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, micro_batch_size=mbs, sequence_parallel=sp,
                   recompute=recompute, zero_stage=zero, order=order, dp_overlap=dp_overlap,
-                  tp_overlap=tp_overlap, expert_tp=expert_tp, ep_overlap=ep_overlap)
+                  tp_overlap=tp_overlap, expert_tp=expert_tp, ep_overlap=ep_overlap,
+                  head_slots=head_slots and f[1] > 1)
 
 
 def _once(out: dict, key: str, value, flag: str) -> None:

@@ -39,11 +39,11 @@ import numpy as np
 
 from clusterplan.cost.framework import framework_refusal, refuses_overlap
 from clusterplan.cost.layout import Layout, split_order
-from clusterplan.cost.step import inflight_layers, memory_static_bytes
+from clusterplan.cost.step import head_slot_problem, inflight_layers, memory_static_bytes
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
-    ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_terms, layers_on_stage, optimizer_s,
-    overlap_share, p2p_s, param_counts, runtime_bytes, tp_comm_terms, zero_replicas,
+    ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_in_period, head_terms, optimizer_s,
+    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, tp_comm_terms, zero_replicas,
 )
 from clusterplan.planner.search.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
@@ -157,11 +157,14 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
         return c.cluster.devices(range(0, count * stride, stride)) if torus and count * stride <= n_dev else None
 
     F, O, E = len(probe), len(S.order), len(S.ep)
-    tp_keys, cp_keys = np.empty((F, O), object), np.empty((F, O), object)
+    tp_keys, cp_keys, head_keys = np.empty((F, O), object), np.empty((F, O), object), np.empty((F, O), object)
     tpc_keys, ep_keys = np.empty((F, O, E), object), np.empty((F, O, E), object)
+    # with head_slots and a head lighter than a layer, a pipeline's head hides in its last rank's spare slot
+    hidden = not head_in_period(ctx.model, ctx.job.seq_len, S.head_slots[0])
     for i, row in enumerate(probe):
         for j, (l, c) in enumerate(zip(row, placed)):
             tp_keys[i, j] = (l.tp, l.cp, l.stride("tp"), where(c, l.tp, l.stride("tp")))
+            head_keys[i, j] = tp_keys[i, j][:3] + ((tp_keys[i, j][3], hidden and l.pp > 1),)
             cp_keys[i, j] = (l.tp, l.cp, l.stride("cp"), where(c, min(l.cp, 2), l.stride("cp")))
             for k, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
                 tpc_keys[i, j, k] = tp_keys[i, j] + (et or e == 1, e, et)
@@ -169,7 +172,7 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
                 if e > 1 and expert_ok(ctx.model, l.tp, l.dp, l.cp, e, et) is None:
                     ranks = l.with_(ep=e, expert_tp=et).group("ep")
                 ep_keys[i, j, k] = (l.tp, l.cp, e, et, c.cluster.devices(ranks) if torus and ranks else ranks)
-    return (*_group_index(tp_keys, placed), *_group_index(tpc_keys, placed), *_group_index(cp_keys, placed),
+    return (*_group_index(head_keys, placed), *_group_index(tpc_keys, placed), *_group_index(cp_keys, placed),
             *_group_index(ep_keys, placed))
 
 
@@ -302,8 +305,9 @@ def _comm_tables(S: Space, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_c
     EPC = np.array([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks, expert_tp=et) if ranks else 0.0 for rc in RC]
                       for sp in SP] for mb in MB] for (tp, cp, e, et, _), c, ranks in zip(epg_keys, epg_ctx, ep_ranks)],
                    dtype=float).reshape(len(epg_keys), len(MB), len(SP), len(RC))  # seconds: build_tables quantizes
-    heads = [[[head_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB] for (tp, cp, st, _), c in zip(tpg_keys, tpg_ctx)]
-    H = _qt([[[h.time_s for h in s] for s in m] for m in heads])
+    # a key (tp, cp, stride, (devices, hidden)): hidden, the head hides in a pipeline's spare slot
+    H = _qt([[[0.0 if hidden else head_terms(c, tp, cp, mb, sp, st).time_s for sp in SP] for mb in MB]
+             for (tp, cp, st, (_, hidden)), c in zip(tpg_keys, tpg_ctx)])
     return TPC, CPC, EPC, H
 
 
@@ -352,12 +356,13 @@ def _dp_tables(ctx: Context, S: Space, times: bool = True) -> tuple[np.ndarray, 
             first = [seen.setdefault((d, x, x is d), oi) for oi, (d, x) in enumerate(profiles)]
             # the runtime outside the allocator (CUDA context, NCCL buffers) depends on the groups only
             runtime = runtime_bytes(ctx, Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, expert_tp=et))
+            hs = S.head_slots[0] and pp > 1
             for vi, v in enumerate(S.vp):
-                if pp * v > L or (v > 1 and pp == 1):
+                if pp * v > L or (v > 1 and pp == 1) or hs and head_slot_problem(ctx.model, ctx.job, pp, v):
                     continue
-                pc = param_counts(ctx.model, tp, pp, v, e, et)
+                pc = param_counts(ctx.model, tp, pp, v, e, et, hs)
                 for zi, z in enumerate(S.zero_stage):
-                    base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et)
+                    base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs)
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0
                     static[i, vi, ei, zi] = memory_static_bytes(ctx, base) + runtime
                     gfree[i, vi, ei, zi] = grads_freed_bytes(ctx, base)
@@ -385,19 +390,20 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
     U, UG, IF1, IF2 = (np.zeros((F, MB, V), np.int64) for _ in range(4))
     M, FRAC = np.zeros((F, MB), np.int64), np.zeros((F, V), np.int64)
-    L, B = ctx.model.num_layers, ctx.job.global_batch_size
+    L, B, hs = ctx.model.num_layers, ctx.job.global_batch_size, S.head_slots[0]
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+        period = [period_layers(ctx.model, ctx.job.seq_len, pp, v, hs)[0] for v in S.vp]
         for vi, v in enumerate(S.vp):
-            FRAC[i, vi] = round(SLOT_QUANTUM * layers_on_stage(L, pp, v) / L)
+            FRAC[i, vi] = round(SLOT_QUANTUM * period[vi] / L)
         for j, mb in enumerate(S.micro_batch_size):
             M[i, j] = m = max(1, B // (dp * mb))
             for vi, v in enumerate(S.vp):
-                slots = SLOT_QUANTUM * (m + (pp - 1) / v) * layers_on_stage(L, pp, v) / L
+                slots = SLOT_QUANTUM * (m + (pp - 1) / v) * period[vi] / L
                 U[i, j, vi] = round(slots)
                 group = ctx.job.microbatch_group(m, pp, v)
                 UG[i, j, vi] = round(slots * ep_overlap_steady_share(pp, v, m, "none", group))
-                if pp * v <= L:
-                    first, last = inflight_layers(L, pp, v, m, group)
+                if pp * v <= L and not (hs and head_slot_problem(ctx.model, ctx.job, pp, v)):
+                    first, last = inflight_layers(L, pp, v, m, group, hs)
                     IF1[i, j, vi], IF2[i, j, vi] = math.ceil(first), math.ceil(last)
     return U, UG, FRAC, M, IF1, IF2
 
@@ -414,7 +420,8 @@ def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
         ok_f[i] = -1 if reason is None else code[reason]
         for j, mb in enumerate(S.micro_batch_size):
             for vi, v in enumerate(S.vp):
-                reason = batch_ok(model, job, pp, dp, mb, v)
+                reason = batch_ok(model, job, pp, dp, mb, v) or ("layers" if S.head_slots[0] and head_slot_problem(
+                    model, job, pp, v) else None)
                 ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
             reason = expert_ok(model, tp, dp, cp, e, et)
@@ -541,4 +548,4 @@ def layout_from_indices(space: Space, idx: dict) -> Layout:
     return layout_of(S.factorizations[idx["f"]], S.ep[idx["e"]], S.vp[idx["v"]], S.micro_batch_size[idx["mb"]],
                      S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],
                      S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]], S.expert_tp[idx["e"]],
-                     S.ep_overlap[idx.get("eo", 0)])
+                     S.ep_overlap[idx.get("eo", 0)], S.head_slots[0])

@@ -122,7 +122,7 @@ def _load_doc(path: str | Path) -> dict:
 
 # what a run's layout may name (RUNS_FORMAT.md); anything else is a typo the run would be priced without
 RUN_LAYOUT_KEYS = LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "recompute_layers", "recompute_modules",
-                                 "expert_tp", "order")
+                                 "expert_tp", "order", "head_slots")
 
 
 def _check_measured(run: dict) -> None:
@@ -173,10 +173,13 @@ def _bounds(run: dict, prof) -> Bounds:
     Overlap, when the run does not say (``layout.tp_overlap`` / ``dp_overlap`` / ``ep_overlap``), follows one
     rule for every run: data-parallel overlap where the framework has it at the run's date and can
     overlap the published layout's traffic (no profile rule refuses it, e.g. DeepSpeed's ZeRO-3
-    before v0.6.0), TP and EP overlap off (opt-in in every framework profile). Published values the
+    before v0.6.0), TP and EP overlap off (opt-in in every framework profile). The pipeline split
+    (``layout.head_slots``), when the run does not say, is the framework's own (Space.head_slots:
+    torchtitan's counts the embedding and the head as layers from 2025-04). Published values the
     framework profile lacks are kept: the run used them."""
     layout = dict(run.get("layout") or {})
-    fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap") if layout.get(k) is not None}
+    fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "head_slots")
+             if layout.get(k) is not None}
     fixed.setdefault("dp_overlap", prof.has("dp_overlap") and not _dp_overlap_refused(fixed, prof))
     fixed.setdefault("tp_overlap", False)
     fixed.setdefault("ep_overlap", False)

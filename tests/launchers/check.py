@@ -254,6 +254,9 @@ def check_torchtitan(text: str, meta: dict) -> dict:
             _expect("layers in the stages", layers, [f"layers.{i}" for i in range(m["num_layers"])])
             _expect("layers on the fullest stage", max(sum(x.startswith("layers.") for x in part) for part in parts),
                     meta["layers_per_stage_max"])
+            if meta.get("head_slots"):  # the plan priced torchtitan's own split: the parts must be it
+                _expect("the stages' modules (torchtitan's own split)", [list(x) for x in parts],
+                        [list(x) for x in generate_llm_fqn_per_model_part(stages, m["num_layers"], 1, 1)])
         else:
             stages = dims.pp * stages_per_rank
             generate_llm_fqn_per_model_part(stages, m["num_layers"], 1, 1)  # torchtitan's own split

@@ -43,6 +43,10 @@ CASES = {
     # 12 micro-batches over pp 8 with interleaving: Megatron-Core groups them (since 2024-11)
     "gpt3-175b-vp-groups": (["--model", "gpt3-175b", "--cluster", "dgx-h100-superpod", "--devices", "1024",
                              "--fix", "tp=4,pp=8,dp=32,mbs=4,vp=4"], ["megatron", "slurm"]),
+    # the embedding and the head each take a layer's slot (126 + 2 = 128 over 16 x 2 stages): Megatron's
+    # --account-for-embedding/loss-in-pipeline-split; torchtitan writes its own split's modules
+    "llama3-405b-head-slots": (["--model", "llama3-405b", "--cluster", "dgx-h100-superpod", "--devices", "2048",
+                                "--fix", "pp=16,vp=2,head_slots=on"], ["megatron", "slurm", "torchtitan"]),
     # full recomputation of only some layers of each stage (no search offers it: evaluate prices the
     # given layout); Megatron's block method counts per model chunk, torchtitan checkpoints every k-th block
     "llama3-8b-partial-recompute": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
@@ -55,6 +59,20 @@ MAXTEXT_TOPOLOGY = {"h100-sxm5-80gb": "a3", "tpu-v5p": "v5p-{cores}"}
 """MaxText's AOT target per device (utils/accelerator_to_spec_map.py); others use internal_compile."""
 
 
+def layers_per_stage_max(num_layers: int, pp: int, vp: int, head_slots: bool) -> int:
+    """The most layers on one (virtual) stage of the split the plan priced: ``ceil(L / stages)``,
+    or with ``head_slots`` ``L + 2`` slots, the larger parts first, the first and last giving one
+    slot each to the embedding and the head (torchtitan's own rule since 2025-04)."""
+    stages = pp * vp
+    if not head_slots or pp == 1:
+        return math.ceil(num_layers / stages)
+    q, r = divmod(num_layers + 2, stages)
+    counts = [q + 1] * r + [q] * (stages - r)
+    counts[0] -= 1
+    counts[-1] -= 1
+    return max(counts)
+
+
 def meta_for(doc: dict, model) -> dict:
     """What check.py compares the launcher's view against."""
     from clusterplan.planner.report.export import cuda_arch, maxtext_mesh
@@ -63,7 +81,8 @@ def meta_for(doc: dict, model) -> dict:
     meta = {"world_size": doc["num_devices"], "devices_per_node": cluster["devices_per_node"],
             "global_batch_size": doc["inputs"]["job"]["global_batch_size"], "layout": L,
             "cuda_arch": cuda_arch(cluster["device"]),
-            "layers_per_stage_max": math.ceil(model.num_layers / (L["pp"] * L["vp"])),
+            "layers_per_stage_max": layers_per_stage_max(model.num_layers, L["pp"], L["vp"], bool(L.get("head_slots"))),
+            "head_slots": bool(L.get("head_slots")),
             "model": {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
                       "num_attention_heads": model.num_attention_heads, "num_kv_heads": model.num_kv_heads_resolved,
                       "ffn_hidden_size": model.ffn_hidden_size, "vocab_size": model.vocab_size,
