@@ -145,3 +145,10 @@ def test_megatron_and_deepspeed_exports_name_the_split():
     ds = CliRunner().invoke(main, ["export", "--format", "deepspeed", *args[:-2], "--fix", "pp=16,head_slots=on,zero=1",
                                    "--framework", "deepspeed"]).stdout
     assert "type:transformer|embedding" in ds
+
+
+def test_explain_prices_the_split_the_search_held_fixed():
+    result = CliRunner().invoke(main, ["explain", "--model", "llama3-405b", "--cluster", "dgx-h100-superpod",
+                                       "--devices", "2048", "--fix", "pp=16", "--json"])
+    row = next(r for r in json.loads(result.stdout)["sensitivity"] if r["move"] == "head_slots on")
+    assert row["allowed"] and row["delta"] < -0.03 and "--fix head_slots=on" in row["reason"]
