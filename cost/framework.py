@@ -89,6 +89,7 @@ class Profile:
     tp_overlap_families: tuple[str, ...] = ()
     tp_overlap_needs_compile: bool = False  # TP overlap runs only under torch.compile (torchtitan's async TP)
     head_slots_even: bool = False  # head_slots needs num_layers + 2 divisible over the stages (Megatron-Core)
+    head_slots_moe_from: str | None = None  # before this month head_slots is refused for MoE (Megatron's aux loss check)
     head_slots_default: bool = False  # the framework's own pipeline split counts the embedding and head (torchtitan)
     grad_bytes: int = 4
     zero2_param_gather: str | None = "per_step"
@@ -473,7 +474,8 @@ def _requires(req: dict) -> dict:
     return {"sequence_parallel_with_tp": bool(req.get("sequence_parallel_with_tp", False)),
             "tp_overlap_families": tuple(req.get("tp_overlap_families") or ()),
             "tp_overlap_needs_compile": bool(req.get("tp_overlap_needs_compile", False)),
-            "head_slots_even": bool(req.get("head_slots_even", False))}
+            "head_slots_even": bool(req.get("head_slots_even", False)),
+            "head_slots_moe_from": parse_date(req.get("head_slots_moe_from"), "requires.head_slots_moe_from")}
 
 
 def _history(sem: dict, key: str, field: str, cast) -> tuple[tuple[str, object], ...]:

@@ -209,7 +209,11 @@ def head_slot_problem(model: ModelSpec, job: Job, pp: int, vp: int) -> str | Non
         return None  # no pipeline: nothing to split (the knob does nothing)
     if L + 2 < pp * vp:  # a stage may hold the embedding or the head alone (torchtitan's split allows it)
         return f"head_slots=on: {L} layers + the embedding and the head fill fewer than pp*vp = {pp * vp} stages"
-    if job.profile.profile.head_slots_even and ((L + 2) % pp or (L + 2) // pp % vp):
+    prof = job.profile.profile
+    if model.moe is not None and prof.head_slots_moe_from and job.profile.date < prof.head_slots_moe_from:
+        return (f"head_slots=on: {prof.describe(job.profile.date)} refuses it for MoE models with a load-balancing "
+                f"loss (validate_args, until {prof.head_slots_moe_from})")
+    if prof.head_slots_even and ((L + 2) % pp or (L + 2) // pp % vp):
         return (f"head_slots=on under {job.framework}: num_layers + 2 = {L + 2} must be divisible by pp={pp}"
                 + (f" and each rank's {(L + 2) // pp} slots by vp={vp}" if vp > 1 else "")
                 + " (Megatron-Core's --account-for-embedding/loss-in-pipeline-split)")

@@ -152,3 +152,14 @@ def test_explain_prices_the_split_the_search_held_fixed():
                                        "--devices", "2048", "--fix", "pp=16", "--json"])
     row = next(r for r in json.loads(result.stdout)["sensitivity"] if r["move"] == "head_slots on")
     assert row["allowed"] and row["delta"] < -0.03 and "--fix head_slots=on" in row["reason"]
+
+
+def test_megatron_refused_it_for_moe_until_2025_04():
+    """validate_args asserted 'Cannot support load balancing loss and z loss with
+    --account-for-embedding-in-pipeline-split' from the flags' arrival (2025-02) until 2025-04-07."""
+    mixtral, cluster = get_model("mixtral-8x7b"), build_cluster("dgx-h100-superpod", 64)
+    layout = parse_layout("tp=2,pp=2,dp=16,ep=8,sp=on,head_slots=on")
+    for date, refused in (("2025-03", True), ("2025-05", False)):
+        job = Job(global_batch_size=256, seq_len=4096, framework="megatron", framework_date=date)
+        messages = [m for _, m in layout_problems(mixtral, job, cluster, layout)]
+        assert any("refuses it for MoE" in m for m in messages) == refused, (date, messages)
