@@ -214,9 +214,9 @@ def head_slot_problem(model: ModelSpec, job: Job, pp: int, vp: int) -> str | Non
         return (f"head_slots=on: {prof.describe(job.profile.date)} refuses it for MoE models with a load-balancing "
                 f"loss (validate_args, until {prof.head_slots_moe_from})")
     if prof.head_slots_even and ((L + 2) % pp or (L + 2) // pp % vp):
-        return (f"head_slots=on under {job.framework}: num_layers + 2 = {L + 2} must be divisible by pp={pp}"
-                + (f" and each rank's {(L + 2) // pp} slots by vp={vp}" if vp > 1 else "")
-                + " (Megatron-Core's --account-for-embedding/loss-in-pipeline-split)")
+        need = (f"num_layers + 2 = {L + 2} must be divisible by pp={pp}" if (L + 2) % pp else
+                f"each rank's {(L + 2) // pp} slots (num_layers + 2 over pp={pp}) must be divisible by vp={vp}")
+        return f"head_slots=on under {job.framework}: {need} (Megatron-Core's --account-for-embedding/loss-in-pipeline-split)"
     return None
 
 

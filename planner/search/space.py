@@ -12,7 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from clusterplan.cost.framework import framework_domains, framework_refusal, model_code_domains, unoffered
+from clusterplan.cost.framework import framework_domains, framework_refusal, knob_text, model_code_domains, unoffered
 from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
@@ -411,7 +411,7 @@ def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool
 def _once(out: dict, key: str, value, flag: str) -> None:
     """A knob given twice in one option with different values is ambiguous: bad input."""
     if key in out and out[key] != value:
-        raise SpecError(f"{flag}: {key} is given twice ({out[key]} and {value}); give it once")
+        raise SpecError(f"{flag}: {key} is given twice ({knob_text(out[key])} and {knob_text(value)}); give it once")
     out[key] = value
 
 
