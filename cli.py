@@ -356,8 +356,9 @@ ENGINE_OPTIONS = [
                  help="Stop CP-SAT after this long and report the best layout found and its gap."),
     click.option("--fix", multiple=True, metavar="KNOB=VALUE",
                  help="Hold a knob: tp, pp, dp, cp, ep, etp (1: whole experts, ep carved from tp*cp*dp; or "
-                      "tp), vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap, ep_overlap (repeatable, or "
-                      "comma-separated: --fix tp=8,pp=4)."),
+                      "tp), vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap, ep_overlap, head_slots "
+                      "(on: the embedding and the LM head each take a layer's slot in the pipeline split; default: "
+                      "the framework's own split) (repeatable, or comma-separated: --fix tp=8,pp=4)."),
     click.option("--min", "minimum", multiple=True, metavar="KNOB=VALUE",
                  help="Lower bound on a numeric knob, e.g. --min dp=4 (repeatable)."),
     click.option("--max", "maximum", multiple=True, metavar="KNOB=VALUE",
@@ -415,7 +416,8 @@ def _load_and_search(*, model_arg, cluster_arg, top_k, engine, time_limit_s, fix
                    "(degrees left out are 1, dp takes the devices left over; zero, recompute and overlap "
                    "left out take a value the framework offers). With recompute=full, recompute_layers=K "
                    "recomputes K layers of each stage; with recompute=selective under Megatron, "
-                   "recompute_modules=layernorm+moe_act names Megatron-Core's --recompute-modules.")
+                   "recompute_modules=layernorm+moe_act names Megatron-Core's --recompute-modules; "
+                   "head_slots=on gives the embedding and the LM head a layer's slot each in the pipeline split.")
 @_apply(PROBLEM_OPTIONS)
 @guarded
 def evaluate_command(layout_text, as_json, **options):
