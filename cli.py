@@ -38,6 +38,7 @@ from rich.table import Table
 
 from clusterplan.cost.framework import FRAMEWORKS, resolve_name as resolve_framework
 from clusterplan.cost.layout import MODEL_CODES, Layout, recompute_text
+from clusterplan.cost.terms import stage_split
 from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
@@ -1090,6 +1091,11 @@ def _figures(doc: dict, console: Console) -> None:
     console.print(f"{label}  {_layout_text(lay)}", style="bold")
     console.print(f"{'':{len(label)}}  {lay['num_microbatches']:,} micro-batches of {lay['micro_batch_size']} "
                   f"per pipeline per step, rank order {lay['order']} (innermost first)")
+    layers = doc["inputs"]["model"].get("num_layers")
+    if lay.get("head_slots") is True and lay["pp"] > 1 and isinstance(layers, int) and layers >= lay["pp"] * lay["vp"]:
+        split = stage_split(layers, lay["pp"], lay["vp"], True)  # the pipeline split the plan priced
+        console.print(f"{'':{len(label)}}  pipeline split: the embedding and the LM head each take a layer's slot "
+                      f"(first rank {split.first} layers, last {split.last}, the others up to {split.middle})")
     torus = (doc.get("explanation") or {}).get("placement")
     if torus:  # which torus axes each parallel axis uses under the order's traversal
         console.print(f"{'':{len(label)}}  on the torus: {'; '.join(torus)}")

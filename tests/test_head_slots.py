@@ -126,6 +126,8 @@ def test_torchtitan_prices_its_own_split_and_exports_it():
             "--fix", "pp=4,tp=1,vp=1"]
     doc = json.loads(CliRunner().invoke(main, ["plan", *args, "--json"]).stdout)
     assert doc["layout"]["head_slots"] is True
+    report = CliRunner().invoke(main, ["plan", *args]).stdout
+    assert "pipeline split: the embedding and the LM head each take a layer's slot (first rank 8 layers, last 7" in report
     toml = CliRunner().invoke(main, ["export", "--format", "torchtitan", *args]).stdout
     parts = json.loads(next(line for line in toml.splitlines() if line.startswith("module_fqns_per_model_part"))
                        .split("=", 1)[1])
