@@ -84,8 +84,8 @@ class Layout:
         rank hold one layer fewer (Megatron-Core's ``--account-for-embedding-in-pipeline-split
         --account-for-loss-in-pipeline-split``, DeepSpeed's ``partition_method='type:transformer|
         embedding'``, torchtitan's split since 2025-04). Off: ``ceil(L / (pp vp))`` layers per rank
-        and the head on top of the last one's. Priced by ``evaluate``, ``compare`` and ``validate``;
-        the search prices the even split.
+        and the head on top of the last one's. The search prices one value (``--fix``, else the
+        framework's own split: on under torchtitan); ``explain`` prices the other.
     """
 
     tp: int = 1

@@ -979,11 +979,13 @@ def layers_on_stage(num_layers: int, pp: int, vp: int) -> int:
 @dataclass(frozen=True, slots=True)
 class StageSplit:
     """Layers per pipeline rank: the first, the most loaded of the middle ones (the first's with
-    pp = 2) and the last."""
+    pp = 2) and the last; ``slots``, the places a rank has (with ``head_slots`` the first and the
+    last give one each to the embedding and the head)."""
 
     first: int
     middle: int
     last: int
+    slots: int
 
 
 @lru_cache(maxsize=4096)
@@ -998,11 +1000,11 @@ def stage_split(num_layers: int, pp: int, vp: int, head_slots: bool = False) -> 
     head."""
     if not head_slots or pp == 1:
         n = layers_on_stage(num_layers, pp, vp)
-        return StageSplit(n, n, n)
+        return StageSplit(n, n, n, n)
     stages = pp * vp
     high = math.ceil((num_layers + 2) / stages) * vp
     low = (num_layers + 2) // stages * vp
-    return StageSplit(high - 1, high if pp > 2 else high - 1, low - 1)
+    return StageSplit(high - 1, high if pp > 2 else high - 1, low - 1, high)
 
 
 @lru_cache(maxsize=4096)
@@ -1029,7 +1031,7 @@ def period_layers(model: ModelSpec, seq_len: int, pp: int, vp: int, head_slots: 
     slower period. The choice depends on the model alone, so the search's tables take it whole."""
     if not head_slots or pp == 1:
         return layers_on_stage(model.num_layers, pp, vp), True
-    n = stage_split(model.num_layers, pp, vp, True).first + 1
+    n = stage_split(model.num_layers, pp, vp, True).slots
     return (n - 1, True) if head_in_period(model, seq_len, head_slots) else (n, False)
 
 
