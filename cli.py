@@ -1094,8 +1094,9 @@ def _figures(doc: dict, console: Console) -> None:
     layers = doc["inputs"]["model"].get("num_layers")
     if lay.get("head_slots") is True and lay["pp"] > 1 and isinstance(layers, int) and layers >= lay["pp"] * lay["vp"]:
         split = stage_split(layers, lay["pp"], lay["vp"], True)  # the pipeline split the plan priced
+        others = f", the others up to {split.middle}" if lay["pp"] > 2 else ""
         console.print(f"{'':{len(label)}}  pipeline split: the embedding and the LM head each take a layer's slot "
-                      f"(first rank {split.first} layers, last {split.last}, the others up to {split.middle})")
+                      f"(first rank {split.first} layers, last {split.last}{others})")
     torus = (doc.get("explanation") or {}).get("placement")
     if torus:  # which torus axes each parallel axis uses under the order's traversal
         console.print(f"{'':{len(label)}}  on the torus: {'; '.join(torus)}")
