@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-from clusterplan.cost.framework import FRAMEWORKS, ProfileAt, load_profile, parse_date
+from clusterplan.cost.framework import FRAMEWORKS, ProfileAt, knob_text, load_profile, parse_date
 from clusterplan.cost.goodput import Reliability
 from clusterplan.cost.orders import DEFAULT_ORDER, ORDERS, TRAVERSAL_SEP, join_order, split_order  # noqa: F401 (re-exported)
 
@@ -365,7 +365,7 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
         key = aliases.get(key, key)
         value = _parse_value(key, raw, ints, bools)
         if key in values:
-            raise SpecError(f"layout: {key} is given twice ({values[key]} and {value}); give it once")
+            raise SpecError(f"layout: {key} is given twice ({knob_text(values[key])} and {knob_text(value)}); give it once")
         values[key] = value
     if "etp" in values:  # expert tensor parallelism: 1 (folded) or the dense tp
         etp = values.pop("etp")
