@@ -38,7 +38,8 @@ PROBES = (RESULTS / "gpu_probe_h200_2026-11-26.json", RESULTS / "gpu_probe2_h200
           RESULTS / "gpu_probe_overlap3_h100_2026-11-26.json", RESULTS / "gpu_probe_overlap4_h100_2026-11-26.json",
           RESULTS / "gpu_probe_overlap5_h100_2026-11-26.json", RESULTS / "gpu_probe_moe_h100_2026-11-26.json",
           RESULTS / "gpu_probe_fp8_h100_2026-11-27.json", RESULTS / "gpu_probe_fp8_h200_2026-11-27.json",
-          RESULTS / "gpu_probe_expert_gemms_h100_2026-11-27.json")
+          RESULTS / "gpu_probe_expert_gemms_h100_2026-11-27.json",
+          RESULTS / "gpu_probe_tp_shard_unfused_h100_2026-11-28.json")
 LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, style="llama")
 
 
@@ -122,6 +123,26 @@ def tp_shard_rows(probe: dict) -> list[dict]:
         out.append({"case": f"h{row['hidden']} tp{row['tp']} mbs{row['micro_batch']}", "micro_batch": row["micro_batch"],
                     "hidden": row["hidden"], "measured_s": row["fwd_bwd_s_per_layer"], "predicted_s": pred,
                     "measured_s_per_token": row["fwd_bwd_s_per_layer"] / n, "predicted_s_per_token": pred / n})
+    return out
+
+
+def tp_shard_unfused_rows(probe: dict) -> list[dict]:
+    """One tensor-parallel rank of a 2022 Megatron-DeepSpeed GPT layer (unfused attention, fp16,
+    dropout 0.1): fwd+bwd time, measured and priced (``attention="unfused"``), by head size and
+    micro-batch."""
+    dev = load_device(DEVICE_OF[probe["device"]["name"]])
+    out = []
+    for row in (probe.get("tp_shard_unfused") or {}).get("layers") or []:
+        model = ModelSpec(name="probe-tp-shard-unfused", num_layers=1, hidden_size=row["hidden"],
+                          num_attention_heads=row["heads"], num_kv_heads=row["heads"],
+                          ffn_hidden_size=4 * row["hidden"], vocab_size=32000, ffn_activation="gelu",
+                          dropout=True, seq_len=row["seq"])
+        n = row["seq"] * row["micro_batch"]
+        ops = layer_ops(model, n, row["seq"], row["tp"], False, False, attention="unfused")
+        pred = ops_time_s(ops, dev, "fp16") + ops_time_s(ops, dev, "fp16", backward=True)
+        out.append({"case": f"h{row['hidden']} d{row['head_dim']} tp{row['tp']} mbs{row['micro_batch']}",
+                    "head_dim": row["head_dim"], "hidden": row["hidden"], "tp": row["tp"],
+                    "micro_batch": row["micro_batch"], "measured_s": row["fwd_bwd_s_per_layer"], "predicted_s": pred})
     return out
 
 
@@ -318,6 +339,10 @@ def main() -> int:
                  tp_shard_rows(probe),
                  lambda r: (f"  {r['case']:34} {r['measured_s_per_token'] * 1e9:11.1f}"
                             f" {r['predicted_s_per_token'] * 1e9:11.1f} {_err(r['predicted_s'], r['measured_s'])}"))
+        _section(f"  {'2022 Megatron-DeepSpeed TP rank, unfused attn, fp16':52} {'meas ms':>8} {'pred ms':>8} {'err':>6}",
+                 tp_shard_unfused_rows(probe),
+                 lambda r: (f"  {r['case']:52} {r['measured_s'] * 1e3:8.2f} {r['predicted_s'] * 1e3:8.2f}"
+                            f" {_err(r['predicted_s'], r['measured_s'])}"))
         _section(f"  {'MoE MLP on one rank (eager, bf16)':34} {'meas ms':>8} {'pred ms':>8} {'err':>6}"
                  f" {'meas MiB':>9} {'pred MiB':>9} {'err':>6}", moe_rows(probe),
                  lambda r: (f"  {r['case']:34} {r['measured_s'] * 1e3:8.2f} {r['predicted_s'] * 1e3:8.2f}"

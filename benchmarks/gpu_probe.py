@@ -47,6 +47,10 @@ that fails records its error and the others still run. What it measures, and whi
 - ``expert_gemms``: MoE expert GEMMs at Megatron-Bridge's per-rank shapes, launched one per expert
   over four streams (Transformer Engine's grouped GEMM until 2026), in sequence, grouped, and as one
   GEMM (``models.ops.moe_ops``).
+- ``tp_shard_unfused``: one tensor-parallel rank of a 2022 Megatron-DeepSpeed GPT layer (unfused
+  attention as batched GEMMs, fp16, dropout 0.1) at BigScience's head sizes 225, 224, 216 and 108
+  and micro-batches 1 to 8, and the attention's batched GEMMs alone at head sizes 216-225, 128 and
+  120 (``unaligned_gemm_fraction``: a GEMM whose K or N is not a multiple of 8 elements).
 - ``zero3_list_copies``: the per-partition copies DeepSpeed ZeRO-3 made around each module's
   all-gather before v0.5.6, at GPT-3 175B's module sizes and 384-1536 ranks (host time per copy).
 - ``allocator``: a short AdamW training loop (fp32 master weights, bf16 autocast): peak allocated
@@ -382,6 +386,81 @@ def tp_shard():
             log(f"[tp_shard] h{hidden} nh{heads} tp{tp} mbs{mb}: fwd+bwd {t / n * 1e3:.2f} ms/layer, "
                 f"{t / n / (mb * seq) * 1e9:.1f} ns/token")
             del stack, x, g
+    return out
+
+
+class UnfusedTPShard(torch.nn.Module):
+    """One tensor-parallel rank's GPT layer as 2022 Megatron-DeepSpeed ran it (BigScience's layout
+    trials): attention unfused (baddbmm of Q and K into a scores buffer, a masked softmax, dropout,
+    bmm with V), LayerNorm, bias-GELU and dropout 0.1, fp16. The fused scale-mask-softmax kernel is
+    not built here: the causal mask, scale and softmax run as PyTorch ops (an upper bound on that
+    part; the GEMMs, whose inner dimension is the head size, are what the case isolates)."""
+
+    def __init__(self, hidden, heads, tp, dropout=0.1):
+        super().__init__()
+        self.hl, self.heads, self.d, self.p = hidden // tp, heads // tp, hidden // heads, dropout
+        self.n1, self.n2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        self.qkv = torch.nn.Linear(hidden, 3 * self.hl)
+        self.proj = torch.nn.Linear(self.hl, hidden)
+        self.up = torch.nn.Linear(hidden, 4 * hidden // tp)
+        self.down = torch.nn.Linear(4 * hidden // tp, hidden)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.n1(x)).view(b, s, 3, self.heads, self.d).unbind(2)
+        q = q.permute(0, 2, 1, 3).reshape(b * self.heads, s, self.d)
+        k = k.permute(0, 2, 3, 1).reshape(b * self.heads, self.d, s)
+        v = v.permute(0, 2, 1, 3).reshape(b * self.heads, s, self.d)
+        scores = torch.baddbmm(torch.empty(b * self.heads, s, s, device=x.device, dtype=x.dtype), q, k,
+                               beta=0.0, alpha=1.0 / math.sqrt(self.d))
+        mask = torch.ones(s, s, device=x.device, dtype=torch.bool).triu_(1)
+        probs = F.dropout(torch.softmax(scores.masked_fill(mask, -10000.0), -1), self.p, True)
+        a = torch.bmm(probs, v).view(b, self.heads, s, self.d).permute(0, 2, 1, 3).reshape(b, s, self.hl)
+        x = x + F.dropout(self.proj(a), self.p, True)
+        return x + F.dropout(self.down(F.gelu(self.up(self.n2(x)))), self.p, True)
+
+
+TP_SHARD_UNFUSED = [  # hidden, heads, tp, micro-batches: BigScience 2022-02 trials (head size 225, 224, 216, 108)
+    (14400, 64, 8, (1, 2, 4, 8)), (14336, 64, 8, (1, 2, 4, 8)), (13824, 64, 8, (1, 2, 4, 8)),
+    (13824, 128, 8, (2, 4)), (14336, 64, 4, (1, 2, 4)), (13824, 64, 4, (1, 2, 4)),
+]
+
+
+@section("tp_shard_unfused")
+def tp_shard_unfused():
+    """Time per token of one TP rank's 2022 Megatron-DeepSpeed layer (unfused attention, fp16)
+    against the micro-batch size and the head size, and the attention GEMMs alone at head sizes 224
+    and 225 (16-byte alignment: tensor-core kernels want the inner dimension a multiple of 8)."""
+    out = {"layers": [], "bmm": []}
+    for hidden, heads, tp, mbs in TP_SHARD_UNFUSED:
+        for mb in mbs:
+            torch.cuda.empty_cache()
+            seq, n = 2048, 2
+            stack = torch.nn.Sequential(*[UnfusedTPShard(hidden, heads, tp) for _ in range(n)]).cuda().half()
+            x = torch.randn(mb, seq, hidden, device="cuda", dtype=torch.half, requires_grad=True)
+            g = torch.randn_like(x)
+            t = timed(lambda: stack(x).backward(g), 5, warmup=2)
+            t_f = timed(lambda: stack(x).detach(), 5, warmup=1)
+            row = {"hidden": hidden, "heads": heads, "tp": tp, "head_dim": hidden // heads, "seq": seq,
+                   "micro_batch": mb, "layers": n, "fwd_bwd_s_per_layer": t / n, "fwd_s_per_layer": t_f / n,
+                   "s_per_token_per_layer": t / n / (mb * seq)}
+            out["layers"].append(row)
+            log(f"[tp_shard_unfused] h{hidden} nh{heads} d{hidden // heads} tp{tp} mbs{mb}: fwd+bwd "
+                f"{t / n * 1e3:.2f} ms/layer, {t / n / (mb * seq) * 1e9:.1f} ns/token")
+            del stack, x, g
+    for d in (216, 224, 225, 128, 120):
+        for batch in (8, 32):
+            q = torch.randn(batch, 2048, d, device="cuda", dtype=torch.half)
+            kt = torch.randn(batch, d, 2048, device="cuda", dtype=torch.half)
+            p_ = torch.randn(batch, 2048, 2048, device="cuda", dtype=torch.half)
+            v = torch.randn(batch, 2048, d, device="cuda", dtype=torch.half)
+            flops = 2 * batch * 2048 * 2048 * d
+            t_qk, t_pv = timed(lambda: torch.bmm(q, kt), 20), timed(lambda: torch.bmm(p_, v), 20)
+            row = {"head_dim": d, "batch": batch, "qk_tflops": round(flops / t_qk / 1e12, 1),
+                   "pv_tflops": round(flops / t_pv / 1e12, 1)}
+            out["bmm"].append(row)
+            log(f"[tp_shard_unfused] bmm {row}")
+            del q, kt, p_, v
     return out
 
 
@@ -1250,7 +1329,7 @@ def main() -> int:
     sections = {"loss": (loss_memory, ()), "small_run": (small_run, (not a.no_compile,)),
                 "launch": (launch, ()), "memory_bandwidth": (memory_bandwidth, ()), "mamf": (mamf, (a.quick,)),
                 "attention": (attention, ()), "layers": (layers, ()), "titan_layers": (titan_layers, (not a.no_compile,)),
-                "tp_shard": (tp_shard, ()), "moe": (moe, ()), "overlap": (overlap, ()), "overlap_more": (overlap_more, ()), "overlap_waves": (overlap_waves, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,)),
+                "tp_shard": (tp_shard, ()), "tp_shard_unfused": (tp_shard_unfused, ()), "moe": (moe, ()), "overlap": (overlap, ()), "overlap_more": (overlap_more, ()), "overlap_waves": (overlap_waves, ()), "allocator": (allocator, ()), "sustained": (sustained, (5.0 if a.quick else a.sustain_s,)),
                 "sustained_fp8": (sustained_fp8, (5.0 if a.quick else a.sustain_s,)),
                 "fp8_linear": (fp8_linear, (5.0 if a.quick else a.sustain_s / 2,)),
                 "sustained_layer": (sustained_layer, (5.0 if a.quick else a.sustain_s / 2,)),

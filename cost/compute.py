@@ -167,6 +167,8 @@ def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False
         sixteen = precision == "fp8" and (op.kind == "bmm" or op.high_precision)
         dtype = "bf16" if sixteen else precision
         compute_s = op.flops * factor / gemm_rate(device, dtype)
+        if op.unaligned:  # no 16-byte loads: the narrower-load kernel's measured rate
+            compute_s /= device.unaligned_gemm_fraction
         compute_s = compute_s / _shape_efficiency(op, device) + _epilogue_s(op, device, backward)
         if op.kind == "gemm" and dtype == "fp8" and device.supports("fp8"):
             cast_s = fp8_cast_s(op, device, backward)

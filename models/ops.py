@@ -45,6 +45,20 @@ class Op:
     variant: str = ""  # kernel variant of a fused attention op: "" (the device's best) or "fa2"
     fp8_input_fused: bool = False  # an FP8 job casts this GEMM's input inside the norm before it
     high_precision: bool = False  # a GEMM that stays in 16 bits in FP8 jobs (LM head, MoE router)
+    unaligned: bool = False  # K or N not a multiple of ALIGN_ELEMENTS: no 16-byte tensor-core loads
+
+
+ALIGN_ELEMENTS = 8
+"""Elements of a 16-bit operand per 16-byte load: tensor-core GEMM kernels load their operands 16
+bytes at a time and need the leading dimensions (K of the first operand, N of the second and the
+output, in row-major storage) to be multiples of it; otherwise the library runs a narrower-load
+kernel (cuBLAS, "Tensor Core Usage" restrictions; NVIDIA's Matrix Multiplication Background guide,
+"Tensor Core Requirements"). Priced at the device's ``unaligned_gemm_fraction``."""
+
+
+def is_unaligned(*dims: float) -> bool:
+    """Whether any of ``dims`` (integral element counts) is not a multiple of ``ALIGN_ELEMENTS``."""
+    return any(float(d).is_integer() and int(d) % ALIGN_ELEMENTS for d in dims)
 
 
 EAGER_RMSNORM_BYTES = 36.0
@@ -143,7 +157,9 @@ def unfused_attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp
     skipping). Backward: two batched GEMMs per forward one (their bytes twice: the score gradient
     is written once and read twice); the softmax backward reads the probabilities and their
     gradient and writes one gradient (3 passes against the forward's 2); the dropout backward
-    reads a gradient and the mask and writes one gradient (as many bytes as its forward).
+    reads a gradient and the mask and writes one gradient (as many bytes as its forward). A head size
+    that is not a multiple of 8 (BigScience's 225 and 108) leaves both batched GEMMs, forward and
+    backward, without 16-byte loads (``Op.unaligned``: K of the scores GEMM, N of the context GEMM).
     """
     a, g = model.num_attention_heads, model.num_kv_heads_resolved
     qk, v = model.attention_dims
@@ -153,13 +169,13 @@ def unfused_attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp
     heads = max(1, round(a / tp))
     ops = [
         Op("scores", "bmm", 2.0 * num_tokens * kv_len * a * qk / tp, q + k + scores, core=True,
-           rows=num_tokens, cols=kv_len, groups=heads),
+           rows=num_tokens, cols=kv_len, groups=heads, unaligned=is_unaligned(qk)),
         Op("softmax", "memory", 0.0, 2 * scores, core=True, backward_factor=1.5),
     ]
     if model.dropout:
         ops.append(Op("attention_dropout", "memory", 0.0, 2.5 * scores, core=True, backward_factor=1.0))
     ops.append(Op("context", "bmm", 2.0 * num_tokens * kv_len * a * v / tp, scores + vals + out, core=True,
-                  rows=num_tokens, cols=v, groups=heads))
+                  rows=num_tokens, cols=v, groups=heads, unaligned=is_unaligned(v)))
     return ops
 
 

@@ -45,7 +45,8 @@ def test_probe_files_are_present():
                            "gpu_probe_overlap3_h100_2026-11-26.json", "gpu_probe_overlap4_h100_2026-11-26.json",
                            "gpu_probe_overlap5_h100_2026-11-26.json", "gpu_probe_moe_h100_2026-11-26.json",
                            "gpu_probe_fp8_h100_2026-11-27.json", "gpu_probe_fp8_h200_2026-11-27.json",
-                           "gpu_probe_expert_gemms_h100_2026-11-27.json"}
+                           "gpu_probe_expert_gemms_h100_2026-11-27.json",
+                           "gpu_probe_tp_shard_unfused_h100_2026-11-28.json"}
 
 
 EXPERTS = CP.expert_gemm_rows(PROBES["gpu_probe_expert_gemms_h100_2026-11-27.json"])
@@ -101,6 +102,28 @@ def test_tp_shard_per_token_time_falls_from_micro_batch_1_to_4_as_measured(hidde
     for small, large in ((1, 2), (2, 4)):
         assert rows[large]["measured_s_per_token"] < rows[small]["measured_s_per_token"]
         assert rows[large]["predicted_s_per_token"] < rows[small]["predicted_s_per_token"]
+
+
+UNFUSED = CP.tp_shard_unfused_rows(PROBES["gpu_probe_tp_shard_unfused_h100_2026-11-28.json"])
+
+
+@pytest.mark.parametrize("row", UNFUSED, ids=lambda r: r["case"])
+def test_unfused_tp_shard_within_11_percent_of_measured_at_every_head_size(row):
+    """One tensor-parallel rank of 2022 Megatron-DeepSpeed's GPT layer (unfused attention, fp16,
+    dropout) on an H100, at head sizes 225 and 108 (not multiples of 8) as at 224 and 216: priced
+    within 11%. Without the unaligned-GEMM rate the head-size-225 layers were 11-16% fast."""
+    assert row["predicted_s"] == pytest.approx(row["measured_s"], rel=0.11)
+
+
+@pytest.mark.parametrize("mbs", [1, 2, 4, 8])
+def test_unaligned_head_size_priced_slower_as_measured(mbs):
+    """Hidden 14400 with 64 heads (head size 225) ran 10-15% slower per token than hidden 14336
+    (head size 224) on the probe; the model prices it at least 5% slower per token, not 0.4% (the
+    FLOPs' difference) as when every GEMM was priced aligned."""
+    rows = {r["hidden"]: r for r in UNFUSED if r["micro_batch"] == mbs and r["tp"] == 8}
+    scale = 14336 / 14400
+    assert rows[14400]["measured_s"] * scale > 1.08 * rows[14336]["measured_s"]
+    assert rows[14400]["predicted_s"] * scale > 1.05 * rows[14336]["predicted_s"]
 
 
 @pytest.mark.parametrize("row", CP.layer_rows(PROBES["gpu_probe_h100_2026-11-26.json"])[:4], ids=lambda r: r["case"])

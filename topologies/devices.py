@@ -125,6 +125,10 @@ class DeviceSpec(BaseModel):
                         "SMs, as (SM share, slowdown) points; empty: not measured (cost.terms.overlap_share).")
     comm_kernel_slowdown_measured: bool = Field(
         False, description="Whether comm_kernel_slowdown was measured on this device family (else borrowed).")
+    unaligned_gemm_fraction: float = Field(
+        1.0, gt=0, le=1,
+        description="Rate of a 16-bit GEMM whose K or N is not a multiple of 8 elements over the aligned rate "
+                    "(models.ops.ALIGN_ELEMENTS); 1: not measured, not priced.")
     memory_tiers: tuple[MemoryTier, ...] = Field(
         (), description="Memory tiers besides ``memory_bytes`` (see MemoryTier); empty for most devices.")
     sources: list[str] = Field(default_factory=list, description="Sources of the figures.")

@@ -131,6 +131,10 @@ class CalibrationEntry(_Entry):
     comm_kernel_slowdown_source: str = Field("", description="Where it was measured.")
     comm_kernel_slowdown_measured: bool = Field(
         False, description="True where the curve was measured on this family; False where borrowed.")
+    unaligned_gemm_fraction: float | None = Field(
+        None, gt=0, le=1, description="A 16-bit GEMM with K or N not a multiple of 8 elements over the aligned "
+                                      "rate (benchmarks/gpu_probe.py, section tp_shard_unfused); None: not priced.")
+    unaligned_gemm_fraction_source: str = Field("", description="Where it was measured, or whose it borrows.")
 
     @model_validator(mode="after")
     def _curve(self) -> "CalibrationEntry":
@@ -420,6 +424,7 @@ def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
         attention_efficiency_fa2=group.attention_efficiency_fa2 if group else None,
         comm_kernel_slowdown=tuple(sorted(map(tuple, group.comm_kernel_slowdown))) if group else (),
         comm_kernel_slowdown_measured=bool(group and group.comm_kernel_slowdown_measured),
+        unaligned_gemm_fraction=(group.unaligned_gemm_fraction or 1.0) if group else 1.0,
         kernel_overhead_s=entry.kernel_overhead_s if entry.kernel_overhead_s is not None else group.kernel_overhead_s,
         sources=list(resolve_sources(entry.sources)), contested=list(entry.contested),
     )
