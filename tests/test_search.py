@@ -24,7 +24,7 @@ from clusterplan.models.spec import MoESpec, ModelSpec
 from clusterplan.planner.search.cpsat import solve_cpsat
 from clusterplan.planner.search.exhaustive import DIMS, count_rejections, score_factorization, solve_exhaustive
 from clusterplan.planner.search import SearchOptions, SearchResult, objective_seconds, plan
-from clusterplan.planner.search.space import Bounds, build_space
+from clusterplan.planner.search.space import Bounds, build_space, split_spaces
 from clusterplan.planner.search.tables import build_tables, layout_from_indices
 from clusterplan.topologies.library import build_cluster, list_clusters
 
@@ -229,11 +229,35 @@ def test_cpsat_equals_exhaustive_on_tpu_tori(seed):
 
 def _check_engines_agree(model, job, cluster, bounds) -> None:
     try:
-        T = _tables(model, job, cluster, bounds)
+        space = build_space(model, job, cluster, bounds)
     except SpecError:
         with pytest.raises(SpecError):
             plan(model, job, cluster, SearchOptions(engine="cpsat", bounds=bounds))
         return
+    # each pipeline split the framework offers is its own search (split_spaces); plan merges them
+    rejections, feasible, objectives = {}, 0, []
+    for sub in split_spaces(space, model, job):
+        T = build_tables(Context(model, job, cluster), sub, bounds.headroom(job, cluster), bounds.ignore_memory)
+        sub_rejections, sub_feasible = _check_split_agrees(model, job, cluster, T)
+        for key, count in sub_rejections.items():
+            rejections[key] = rejections.get(key, 0) + count
+        feasible += sub_feasible
+        objectives += [o for o, _ in solve_exhaustive(T, 2)[0]]
+    options = {e: SearchOptions(engine=e, top_k=2, bounds=bounds) for e in ("cpsat", "exhaustive")}
+    if feasible == 0:
+        for opts in options.values():
+            with pytest.raises(InfeasibleError) as err:
+                plan(model, job, cluster, opts)
+            assert err.value.rejections == rejections and err.value.hint
+        return
+    cp, ex = (plan(model, job, cluster, options[e]) for e in ("cpsat", "exhaustive"))
+    assert cp.rejections == rejections and cp.num_feasible == feasible
+    _assert_same_search(cp, ex)
+    assert cp.objective_units == sorted(objectives)[:3]
+
+
+def _check_split_agrees(model, job, cluster, T) -> tuple[dict, int]:
+    """CP-SAT equals the brute force on one split's tables; its rejection counts and feasible count."""
     rejections, feasible = count_rejections(T)
     exhaustive, _ = solve_exhaustive(T, 2)
     assert len(exhaustive) == min(3, feasible)
@@ -251,17 +275,7 @@ def _check_engines_agree(model, job, cluster, bounds) -> None:
     for value, idx in solutions:
         assert _score(T, idx) == (value, -1, True)
         assert layout_problems(model, job, cluster, layout_from_indices(T.space, idx)) == []
-    options = {e: SearchOptions(engine=e, top_k=2, bounds=bounds) for e in ("cpsat", "exhaustive")}
-    if feasible == 0:
-        for opts in options.values():
-            with pytest.raises(InfeasibleError) as err:
-                plan(model, job, cluster, opts)
-            assert err.value.rejections == rejections and err.value.hint
-        return
-    cp, ex = (plan(model, job, cluster, options[e]) for e in ("cpsat", "exhaustive"))
-    assert cp.rejections == rejections and cp.num_feasible == feasible
-    _assert_same_search(cp, ex)
-    assert cp.objective_units == [o for o, _ in exhaustive]
+    return rejections, feasible
 
 
 INFEASIBLE = [
@@ -278,14 +292,18 @@ INFEASIBLE = [
 @pytest.mark.parametrize("model,job,where,bounds", INFEASIBLE, ids=["memory", "headroom", "structure"])
 def test_infeasible_instances_raise_for_both_engines(model, job, where, bounds):
     cluster = build_cluster(where[0], num_devices=where[1])
-    T = _tables(model, job, cluster, bounds)
-    rejections, feasible = count_rejections(T)
-    assert feasible == 0 and rejections
-    assert solve_exhaustive(T, 2)[0] == []
-    try:
-        assert solve_cpsat(T, 2).solutions == []
-    except SolverError:
-        assert "memory" not in rejections  # only when nothing passes the structural rules
+    rejections = {}
+    for sub in split_spaces(build_space(model, job, cluster, bounds), model, job):  # each pipeline split the framework offers
+        T = build_tables(Context(model, job, cluster), sub, bounds.headroom(job, cluster), bounds.ignore_memory)
+        sub_rejections, feasible = count_rejections(T)
+        assert feasible == 0 and sub_rejections
+        assert solve_exhaustive(T, 2)[0] == []
+        try:
+            assert solve_cpsat(T, 2).solutions == []
+        except SolverError:
+            assert "memory" not in sub_rejections  # only when nothing passes the structural rules
+        for key, count in sub_rejections.items():
+            rejections[key] = rejections.get(key, 0) + count
     errors = []
     for engine in ("cpsat", "exhaustive"):
         with pytest.raises(InfeasibleError) as err:

@@ -55,7 +55,7 @@ def _moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
     out.append((f"tp_overlap {'off' if lay.tp_overlap else 'on'}", lay.with_(tp_overlap=not lay.tp_overlap)))
     if moe and lay.ep > 1:
         out.append((f"ep_overlap {'off' if lay.ep_overlap else 'on'}", lay.with_(ep_overlap=not lay.ep_overlap)))
-    if lay.pp > 1:  # the embedding and the head in layer slots: searched at one value (--fix head_slots)
+    if lay.pp > 1:  # the embedding and the head in layer slots (searched where the framework offers it)
         out.append((f"head_slots {'off' if lay.head_slots else 'on'}", lay.with_(head_slots=not lay.head_slots)))
     if lay.traversal:
         out.append(("default torus traversal", lay.with_(order=split_order(lay.order)[0])))
@@ -86,8 +86,7 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
     """For each one-step move: the new step time and its change, or why the move is not allowed."""
     rows = []
     for name, lay in _moves(best.layout, model.is_moe):
-        # the search holds head_slots at one value: the move is priced all the same
-        outside = None if name.startswith("head_slots") else _outside(space, lay)
+        outside = _outside(space, lay)
         if outside:
             rows.append({"move": name, "allowed": False, "reason": outside})
             continue
@@ -101,8 +100,6 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
                "fit_memory_bytes": ev.memory.fit_bytes}
         if not ev.fits:
             row["reason"] = (f"needs {ev.memory.fit_bytes / GIB:.1f} GiB of {ev.capacity_bytes / GIB:.1f} GiB")
-        elif name.startswith("head_slots"):
-            row["reason"] = f"not searched: --fix {name.replace(' ', '=')} plans with it"
         rows.append(row)
     return rows
 

@@ -477,12 +477,15 @@ unfused attention on Gaudi 2 exhausted the machine's memory after two minutes) s
 ``planner.search`` falls back to the exhaustive engine on the same tables."""
 
 
-def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, workers: int = 0) -> CpSatResult:
-    """Optimum (proven, unless ``time_limit_s`` cuts the search) and ``top_k`` runners-up."""
+def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, workers: int = 0,
+                ceiling: int | None = None) -> CpSatResult:
+    """Optimum (proven, unless ``time_limit_s`` cuts the search) and ``top_k`` runners-up; with a
+    ``ceiling``, only layouts whose objective is at most it (none: status INFEASIBLE)."""
     start = time.perf_counter()
     bounds = warm_start(T, top_k + 1)
     cap = bounds[top_k][0] if len(bounds) > top_k else None
-    model = _Model(T, cap=cap)
+    cap = ceiling if cap is None else cap if ceiling is None else min(cap, ceiling)
+    model = _capped_model(T, cap, ceiling)
     solver = _solver(model, workers)
     solutions: list[tuple[int, dict]] = []
     status_name, gap, branches = "UNKNOWN", 0.0, 0
@@ -508,7 +511,7 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
         solutions.append((value, idx))
         if k == 0 and top_k > 0 and len(bounds) > top_k and (cap is None or bounds[top_k][0] < cap):
             cap = bounds[top_k][0]  # the neighbourhood tightened the bound: re-solve on a smaller model
-            model = _Model(T, cap=cap)
+            model = _capped_model(T, cap, ceiling)
         model.m.clear_hints()
         _hint(model, bounds[k + 1][1] if k + 1 < len(bounds) else idx)
         _exclude(model, idx, value)
@@ -516,6 +519,15 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
         raise SolverError(f"CP-SAT stopped with status {status_name} before finding any layout "
                           f"(time limit {time_limit_s} s); raise --time-limit")
     return CpSatResult(solutions, status_name, gap, time.perf_counter() - start, branches)
+
+
+def _capped_model(T: Tables, cap: int | None, ceiling: int | None) -> _Model:
+    """The model with the rows no answer under ``cap`` can use pruned, and the objective held at or
+    below ``ceiling`` (a bound another search already reached)."""
+    model = _Model(T, cap=cap)
+    if ceiling is not None:
+        model.m.add(model.objective <= ceiling)
+    return model
 
 
 def _solver(model: _Model, workers: int) -> cp_model.CpSolver:

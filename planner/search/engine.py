@@ -14,7 +14,7 @@ from clusterplan.models.errors import InfeasibleError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.search.cpsat import solve_cpsat
 from clusterplan.planner.search.exhaustive import count_rejections, smallest_memory, solve_exhaustive
-from clusterplan.planner.search.space import REASONS, Bounds, Space, build_space
+from clusterplan.planner.search.space import REASONS, Bounds, Space, build_space, split_spaces
 from clusterplan.planner.search.tables import MEMORY_QUANTUM_BYTES, TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
 from clusterplan.topologies.cluster import Cluster
 
@@ -73,7 +73,9 @@ class SearchResult:
 
 def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | None = None) -> SearchResult:
     """Search the layout space for the layout that fits and minimises ``options.objective`` (step
-    time by default; ties at the optimum go to the least memory).
+    time by default; ties at the optimum go to the least memory). Each pipeline split the framework
+    offers (``Space.head_slots``) is searched on its own and the winners merged, so the result is the
+    optimum over both splits (the framework's own split wins a tie).
 
     Raises
     ------
@@ -90,27 +92,55 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     weights = (weights[0] // scale, weights[1] // scale)
     space = build_space(model, job, cluster, opts.bounds)
     headroom = opts.bounds.headroom(job, cluster)
-    tables = build_tables(ctx, space, headroom, opts.bounds.ignore_memory, weights)
-    rejections, feasible = count_rejections(tables)
-    considered = feasible + sum(rejections.values())
+    subs = split_spaces(space, model, job)
+    limit_s = opts.time_limit_s / len(subs) if opts.time_limit_s else None  # --time-limit shared by the splits
+    parts: list[_SplitSearch] = []
+    for sub in subs:  # each later split only has to beat the answers already kept (their worst)
+        kept = sorted(o for p in parts for o, _ in p.solutions)
+        ceiling = kept[opts.top_k] if len(kept) > opts.top_k else None
+        parts.append(_SplitSearch(ctx, sub, headroom, weights, opts, limit_s, ceiling))
+    rejections: dict[str, int] = {}
+    for part in parts:
+        for key, count in part.rejections.items():
+            rejections[key] = rejections.get(key, 0) + count
+    feasible = sum(p.feasible for p in parts)
     if feasible == 0:
-        raise _infeasible(ctx, tables, rejections, headroom)
-    if opts.engine == "exhaustive":
-        solutions, _ = solve_exhaustive(tables, opts.top_k)
-        status, gap = "OPTIMAL", 0.0
-    else:
+        raise _infeasible(ctx, parts[0].tables, rejections, headroom)
+    # the splits' winners merged by objective (a stable sort: the framework's own split wins ties)
+    ranked = sorted(((obj, part.tables.space, idx) for part in parts if part.feasible for obj, idx in part.solutions),
+                    key=lambda row: row[0])[:opts.top_k + 1]
+    evaluations = [evaluate_ctx(ctx, layout_from_indices(sub, idx)) for _, sub, idx in ranked]
+    done = [p for p in parts if p.feasible]
+    status = next((p.status for p in done if p.status != "OPTIMAL"), done[0].status)
+    return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible,
+                        feasible + sum(rejections.values()), opts.engine, status, max(p.gap for p in done),
+                        time.perf_counter() - start, [o for o, _, _ in ranked], space, opts.objective, headroom)
+
+
+class _SplitSearch:
+    """The search over one pipeline split's space (``split_spaces``): its tables, rejection counts,
+    and, where some layout is feasible, the engine's best ``top_k + 1`` solutions."""
+
+    def __init__(self, ctx: Context, space: Space, headroom: float, weights: tuple[int, int], opts: SearchOptions,
+                 limit_s: float | None, ceiling: int | None = None):
+        self.tables = build_tables(ctx, space, headroom, opts.bounds.ignore_memory, weights)
+        self.rejections, self.feasible = count_rejections(self.tables)
+        self.solutions, self.status, self.gap = [], "OPTIMAL", 0.0
+        if not self.feasible:
+            return
+        if opts.engine == "exhaustive":
+            self.solutions, _ = solve_exhaustive(self.tables, opts.top_k)
+            return
         try:
-            result = solve_cpsat(tables, opts.top_k, opts.time_limit_s, opts.workers)
-            solutions, status, gap = result.solutions, result.status, result.gap
+            result = solve_cpsat(self.tables, opts.top_k, limit_s, opts.workers, ceiling)
+            self.solutions, self.status, self.gap = result.solutions, result.status, result.gap
+            if ceiling is not None and result.status == "INFEASIBLE":
+                self.status = "OPTIMAL"  # proven: no layout of this split beats the answers already kept
         except MemoryError:
             # CP-SAT gave up on memory (its limit, CPSAT_MAX_MEMORY_MB): the exhaustive engine
             # scores the same tables (the tests hold the two engines equal) and proves the optimum
-            solutions, _ = solve_exhaustive(tables, opts.top_k)
-            status, gap = "OPTIMAL (exhaustive: CP-SAT ran out of memory)", 0.0
-    evaluations = [evaluate_ctx(ctx, layout_from_indices(space, idx)) for _, idx in solutions]
-    return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible, considered,
-                        opts.engine, status, gap, time.perf_counter() - start, [o for o, _ in solutions], space,
-                        opts.objective, headroom)
+            self.solutions, _ = solve_exhaustive(self.tables, opts.top_k)
+            self.status = "OPTIMAL (exhaustive: CP-SAT ran out of memory)"
 
 
 def objective_seconds(units: int) -> float:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clusterplan.cost.framework import framework_domains, framework_refusal, knob_text, model_code_domains, unoffered
+from clusterplan.cost.step import head_slot_problem
 from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
@@ -87,8 +88,8 @@ class Space:
     dp_overlap: tuple[bool, ...]
     tp_overlap: tuple[bool, ...]
     ep_overlap: tuple[bool, ...] = (False,)
-    # one value per search: the framework's own pipeline split (torchtitan counts the embedding and
-    # the head as layers) unless fixed; Layout.head_slots
+    # the pipeline splits the framework offers, its own first (torchtitan counts the embedding and
+    # the head as layers); each is searched on its own (split_spaces); Layout.head_slots
     head_slots: tuple[bool, ...] = (False,)
     framework_rules: bool = True  # apply the profile's combination rules (off: validation of published layouts)
 
@@ -149,11 +150,35 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         dp_overlap=pick("dp_overlap", (True, False)),
         tp_overlap=pick("tp_overlap", (False, True)),
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
-        head_slots=pick("head_slots", (prof.profile.head_slots_default and prof.has("head_slots"),)),
+        head_slots=pick("head_slots", _pipeline_splits(prof)),
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b, cluster.num_devices)
     return space
+
+
+def _pipeline_splits(prof) -> tuple[bool, ...]:
+    """The pipeline splits the framework runs, its default first: the layers alone, and, where it
+    offers it at its date, the embedding and the head each in a layer's slot (``head_slots``)."""
+    default = bool(prof.profile.head_slots_default and prof.has("head_slots"))
+    return (default, not default) if prof.has("head_slots") else (default,)
+
+
+def split_spaces(space: Space, model: ModelSpec, job: Job) -> list[Space]:
+    """One space per pipeline split of ``space.head_slots``, searched one after the other (the split
+    sets which layers each rank holds, which every pipeline table depends on): the first split over
+    every factorization, the others over those with a pipeline (without one the split changes
+    nothing, and the first search has those layouts already) that the split can divide at some vp
+    of the space (``cost.step.head_slot_problem``: Megatron's needs ``num_layers + 2`` divisible by
+    pp)."""
+    first, *others = space.head_slots
+    out = [replace(space, head_slots=(first,))]
+    for hs in others:
+        facts = tuple(f for f in space.factorizations if f[1] > 1 and (not hs or any(
+            head_slot_problem(model, job, f[1], v) is None for v in space.vp)))
+        if facts:
+            out.append(replace(space, head_slots=(hs,), factorizations=facts))
+    return out
 
 
 def _micro_batch_candidates(job: Job, facts: list[tuple[int, int, int, int]]) -> tuple[int, ...]:

@@ -183,6 +183,7 @@ def _bounds(run: dict, prof) -> Bounds:
     fixed.setdefault("dp_overlap", prof.has("dp_overlap") and not _dp_overlap_refused(fixed, prof))
     fixed.setdefault("tp_overlap", False)
     fixed.setdefault("ep_overlap", False)
+    fixed.setdefault("head_slots", bool(prof.profile.head_slots_default and prof.has("head_slots")))
     if run.get("micro_batch_size") is not None:
         fixed["micro_batch_size"] = run["micro_batch_size"]
     # the run ran: its unpublished knobs are chosen by what fits, without a plan's headroom
