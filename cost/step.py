@@ -365,7 +365,7 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     lt = layer_terms(ctx, layout, m)
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
-    layers, head_in_period = period_layers(ctx.model, ctx.job.seq_len, layout.pp, layout.vp, layout.head_slots)
+    layers, head_in_period = period_layers(ctx, layout.pp, layout.vp, layout.head_slots)
     frac = layers / ctx.model.num_layers
     head_s = head.time_s if head_in_period else 0.0  # else the last rank's spare slot hides it
     stage_s = frac * lt.total_s

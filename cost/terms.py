@@ -17,7 +17,7 @@ from functools import lru_cache
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import gemm_time_s, memory_rate, op_time_s, ops_time_s
 from clusterplan.cost.layout import Job, Layout, interleaved_warmup, split_order
-from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops, linear_op, model_flops_per_token
+from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops, linear_op
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
@@ -1008,37 +1008,44 @@ def stage_split(num_layers: int, pp: int, vp: int, head_slots: bool = False) -> 
 
 
 @lru_cache(maxsize=4096)
-def head_layer_ratio(model: ModelSpec, seq_len: int) -> float:
-    """The LM head's training FLOPs over one layer's, the layers averaged (``6 V h`` against the
-    rest of ``models.ops.model_flops_per_token`` over ``L``): what the head weighs on the last
-    rank, in layers. BLOOM (250,880 x 14,336): 1.4; Llama 3 8B: 2.1; Llama 3 405B: 0.6; GPT-3 175B: 0.3."""
-    head = 6.0 * model.vocab_size * model.hidden_size
-    layers = max(1e-30, model_flops_per_token(model, seq_len) - head)
-    return head / (layers / model.num_layers)
+def head_layer_ratio(ctx: Context) -> float:
+    """The LM head's time over one layer's, forward and backward, at the job's precision on its
+    device (one sequence, no parallelism, no recomputation): what the head weighs on the last rank,
+    in layers. Time, not FLOPs: an FP8 job keeps the head in 16 bits (``Op.high_precision``) and the
+    loss is memory-bound. BLOOM (250,880 x 14,336) on an A100: 1.4; Llama 3 405B in bf16 on an H100:
+    0.65, in FP8 there 1.08 and on a GB200 1.16; GPT-3 175B: 0.34; Llama 3 8B: 2.3."""
+    model, job = ctx.model, ctx.job
+    n = float(job.seq_len)
+    ops = head_ops(model, n, 1)
+    dev, prec = ctx.cluster.device, job.precision
+    head = ops_time_s(ops, dev, prec) + ops_time_s(ops, dev, prec, backward=True)
+    c = compute_terms(ctx._base, 1, 1, 1, False, "none")
+    return head / max(1e-30, (c.forward_s + c.backward_s) / model.num_layers)
 
 
-def period_layers(model: ModelSpec, seq_len: int, pp: int, vp: int, head_slots: bool = False) -> tuple[int, bool]:
+def period_layers(ctx: Context, pp: int, vp: int, head_slots: bool = False) -> tuple[int, bool]:
     """The layers whose time sets the pipeline's steady-state period (one micro-batch on the slowest
     rank), and whether the LM head's time adds to it.
 
     Even split: ``ceil(L / (pp vp)) vp`` layers and the head, on the last rank. With ``head_slots``
     each rank has ``n = ceil((L + 2) / (pp vp)) vp`` slots: the last rank runs ``n - 1`` layers and
-    the head, a middle rank ``n`` layers; the head sets the period where it is heavier than a layer
+    the head, a middle rank ``n`` layers; the head sets the period where it takes longer than a layer
     (:func:`head_layer_ratio` >= 1), else a middle rank does and the head hides in the last rank's
-    spare slot. The ratio is taken without recomputation (which lengthens a layer and not the head),
-    where the split is uneven the last rank is charged ``n - 1`` layers though it may hold one fewer,
-    and with pp = 2 (no middle rank) a light head is charged a whole layer: each errs toward the
-    slower period. The choice depends on the model alone, so the search's tables take it whole."""
+    spare slot. The ratio is taken without recomputation (which lengthens a layer and not the head)
+    and without tensor parallelism, where the split is uneven the last rank is charged ``n - 1``
+    layers though it may hold one fewer, and with pp = 2 (no middle rank) a light head is charged a
+    whole layer: each errs toward the slower period. The choice depends on the model and the job
+    alone, so the search's tables take it whole."""
     if not head_slots or pp == 1:
-        return layers_on_stage(model.num_layers, pp, vp), True
-    n = stage_split(model.num_layers, pp, vp, True).slots
-    return (n - 1, True) if head_in_period(model, seq_len, head_slots) else (n, False)
+        return layers_on_stage(ctx.model.num_layers, pp, vp), True
+    n = stage_split(ctx.model.num_layers, pp, vp, True).slots
+    return (n - 1, True) if head_in_period(ctx, head_slots) else (n, False)
 
 
-def head_in_period(model: ModelSpec, seq_len: int, head_slots: bool) -> bool:
+def head_in_period(ctx: Context, head_slots: bool) -> bool:
     """Whether the LM head's time adds to the pipeline period (:func:`period_layers`, pp > 1):
-    always on the even split; with ``head_slots`` where the head is heavier than a layer."""
-    return not head_slots or head_layer_ratio(model, seq_len) >= 1
+    always on the even split; with ``head_slots`` where the head takes longer than a layer."""
+    return not head_slots or head_layer_ratio(ctx) >= 1
 
 
 @lru_cache(maxsize=65536)

@@ -39,11 +39,26 @@ def test_split_gives_the_first_and_last_rank_a_layer_fewer():
     assert split(70, 1, 1, True) == (70, 70, 70)  # no pipeline: nothing to split
 
 
+def _ctx(model, precision="bf16", cluster=("dgx-a100-superpod", 8)):
+    return Context(model, Job(global_batch_size=8, seq_len=2048, precision=precision), build_cluster(*cluster))
+
+
 def test_the_head_sets_the_period_only_where_it_outweighs_a_layer():
-    assert head_layer_ratio(BLOOM, 2048) > 1 > head_layer_ratio(GPT3, 2048)
-    assert period_layers(BLOOM, 2048, 12, 1, True) == (5, True)  # the last rank: 5 layers and the head
-    assert period_layers(GPT3, 2048, 8, 1, True) == (math.ceil(98 / 8), False)  # a middle rank's 13 layers
-    assert period_layers(BLOOM, 2048, 12, 1, False) == (6, True)
+    bloom, gpt3 = _ctx(BLOOM), _ctx(GPT3)
+    assert head_layer_ratio(bloom) > 1 > head_layer_ratio(gpt3)
+    assert period_layers(bloom, 12, 1, True) == (5, True)  # the last rank: 5 layers and the head
+    assert period_layers(gpt3, 8, 1, True) == (math.ceil(98 / 8), False)  # a middle rank's 13 layers
+    assert period_layers(bloom, 12, 1, False) == (6, True)
+
+
+def test_an_fp8_job_weighs_its_16_bit_head_by_time():
+    """FP8 runs the layers' GEMMs at twice the 16-bit rate and leaves the head in 16 bits: Llama 3
+    405B's head, 0.6 of a layer by FLOPs and by time in bf16, outweighs an FP8 layer on an H100, so
+    with head_slots it sets the period there (the GB200 FP8 rows of Megatron-Bridge run so)."""
+    llama = get_model("llama3-405b")
+    bf16, fp8 = _ctx(llama, "bf16", ("dgx-h100-superpod", 8)), _ctx(llama, "fp8", ("dgx-h100-superpod", 8))
+    assert head_layer_ratio(bf16) < 1 < head_layer_ratio(fp8)
+    assert period_layers(bf16, 16, 4, True) == (8, False) and period_layers(fp8, 16, 4, True) == (7, True)
 
 
 def _bloom(head_slots: bool):
@@ -77,7 +92,7 @@ def test_a_light_head_hides_in_the_last_ranks_spare_slot():
     # 98 slots over 8 ranks: 13 on a middle rank, as the even split's ceil(96 / 8) = 12 plus the head
     # minus the head: the period is 13 layers with no head against 12 layers and the head
     assert on.step_time_s != off.step_time_s
-    assert period_layers(GPT3, 2048, 8, 1, True) == (13, False)
+    assert period_layers(Context(GPT3, job, cluster), 8, 1, True) == (13, False)
 
 
 def test_megatron_needs_an_even_split_of_the_slots():

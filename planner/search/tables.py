@@ -160,7 +160,7 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
     tp_keys, cp_keys, head_keys = np.empty((F, O), object), np.empty((F, O), object), np.empty((F, O), object)
     tpc_keys, ep_keys = np.empty((F, O, E), object), np.empty((F, O, E), object)
     # with head_slots and a head lighter than a layer, a pipeline's head hides in its last rank's spare slot
-    hidden = not head_in_period(ctx.model, ctx.job.seq_len, S.head_slots[0])
+    hidden = not head_in_period(ctx, S.head_slots[0])
     for i, row in enumerate(probe):
         for j, (l, c) in enumerate(zip(row, placed)):
             tp_keys[i, j] = (l.tp, l.cp, l.stride("tp"), where(c, l.tp, l.stride("tp")))
@@ -392,7 +392,7 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     M, FRAC = np.zeros((F, MB), np.int64), np.zeros((F, V), np.int64)
     L, B, hs = ctx.model.num_layers, ctx.job.global_batch_size, S.head_slots[0]
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
-        period = [period_layers(ctx.model, ctx.job.seq_len, pp, v, hs)[0] for v in S.vp]
+        period = [period_layers(ctx, pp, v, hs)[0] for v in S.vp]
         for vi, v in enumerate(S.vp):
             FRAC[i, vi] = round(SLOT_QUANTUM * period[vi] / L)
         for j, mb in enumerate(S.micro_batch_size):
