@@ -20,7 +20,7 @@ from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecErr
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
 from clusterplan.planner.search.exhaustive import any_feasible, smallest_memory
-from clusterplan.planner.search.space import Bounds, build_space
+from clusterplan.planner.search.space import Bounds, build_space, split_spaces
 from clusterplan.planner.search.tables import build_tables
 from clusterplan.topologies.cluster import Cluster
 
@@ -46,11 +46,12 @@ def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         space = build_space(model, job, cluster, b)
     except SpecError:
         return False
-    tables = build_tables(Context(model, job, cluster), space, b.headroom(job, cluster), memory_only=True)
-    least = smallest_memory(tables)  # over the structurally valid layouts: a quick no
-    if least is None or least[0] > tables.capacity:
-        return False
-    return any_feasible(tables)
+    for sub in split_spaces(space, model, job):  # each pipeline split the framework offers, as plan tries them
+        tables = build_tables(Context(model, job, cluster), sub, b.headroom(job, cluster), memory_only=True)
+        least = smallest_memory(tables)  # over the structurally valid layouts: a quick no
+        if least is not None and least[0] <= tables.capacity and any_feasible(tables):
+            return True
+    return False
 
 
 def fewest_devices(model: ModelSpec, request: Request, bounds: Bounds | None = None, start: int | None = None,
