@@ -105,6 +105,15 @@ def _titan_layer_s(probe: dict, row: dict) -> float:
     return (ct.forward_s + ct.backward_s + ct.recompute_s) / model.num_layers
 
 
+def _shard_time_s(row: dict, dev, attention: str, precision: str, dropout: bool) -> float:
+    """Forward and backward of one tensor-parallel rank's GPT layer of the probe's row, as priced."""
+    model = ModelSpec(name="probe-tp-shard", num_layers=1, hidden_size=row["hidden"], num_attention_heads=row["heads"],
+                      num_kv_heads=row["heads"], ffn_hidden_size=4 * row["hidden"], vocab_size=32000,
+                      ffn_activation="gelu", dropout=dropout, seq_len=row["seq"])
+    ops = layer_ops(model, row["seq"] * row["micro_batch"], row["seq"], row["tp"], False, False, attention=attention)
+    return ops_time_s(ops, dev, precision) + ops_time_s(ops, dev, precision, backward=True)
+
+
 def tp_shard_rows(probe: dict) -> list[dict]:
     """One tensor-parallel rank's GPT layer (no communication) at micro-batch sizes 1 to 8: time per
     token, measured and by the roofline (FlashAttention-2, as PyTorch SDPA picks for head dim 216)."""
@@ -113,13 +122,8 @@ def tp_shard_rows(probe: dict) -> list[dict]:
     for row in probe.get("tp_shard") or []:
         if not isinstance(row, dict):
             continue
-        model = ModelSpec(name="probe-tp-shard", num_layers=1, hidden_size=row["hidden"],
-                          num_attention_heads=row["heads"], num_kv_heads=row["heads"],
-                          ffn_hidden_size=4 * row["hidden"], vocab_size=32000, ffn_activation="gelu",
-                          dropout=False, seq_len=row["seq"])
         n = row["seq"] * row["micro_batch"]
-        ops = layer_ops(model, n, row["seq"], row["tp"], False, False, attention="flash2")
-        pred = ops_time_s(ops, dev, "bf16") + ops_time_s(ops, dev, "bf16", backward=True)
+        pred = _shard_time_s(row, dev, "flash2", "bf16", False)
         out.append({"case": f"h{row['hidden']} tp{row['tp']} mbs{row['micro_batch']}", "micro_batch": row["micro_batch"],
                     "hidden": row["hidden"], "measured_s": row["fwd_bwd_s_per_layer"], "predicted_s": pred,
                     "measured_s_per_token": row["fwd_bwd_s_per_layer"] / n, "predicted_s_per_token": pred / n})
@@ -131,19 +135,10 @@ def tp_shard_unfused_rows(probe: dict) -> list[dict]:
     dropout 0.1): fwd+bwd time, measured and priced (``attention="unfused"``), by head size and
     micro-batch."""
     dev = load_device(DEVICE_OF[probe["device"]["name"]])
-    out = []
-    for row in (probe.get("tp_shard_unfused") or {}).get("layers") or []:
-        model = ModelSpec(name="probe-tp-shard-unfused", num_layers=1, hidden_size=row["hidden"],
-                          num_attention_heads=row["heads"], num_kv_heads=row["heads"],
-                          ffn_hidden_size=4 * row["hidden"], vocab_size=32000, ffn_activation="gelu",
-                          dropout=True, seq_len=row["seq"])
-        n = row["seq"] * row["micro_batch"]
-        ops = layer_ops(model, n, row["seq"], row["tp"], False, False, attention="unfused")
-        pred = ops_time_s(ops, dev, "fp16") + ops_time_s(ops, dev, "fp16", backward=True)
-        out.append({"case": f"h{row['hidden']} d{row['head_dim']} tp{row['tp']} mbs{row['micro_batch']}",
-                    "head_dim": row["head_dim"], "hidden": row["hidden"], "tp": row["tp"],
-                    "micro_batch": row["micro_batch"], "measured_s": row["fwd_bwd_s_per_layer"], "predicted_s": pred})
-    return out
+    return [{"case": f"h{row['hidden']} d{row['head_dim']} tp{row['tp']} mbs{row['micro_batch']}",
+             "head_dim": row["head_dim"], "hidden": row["hidden"], "tp": row["tp"], "micro_batch": row["micro_batch"],
+             "measured_s": row["fwd_bwd_s_per_layer"], "predicted_s": _shard_time_s(row, dev, "unfused", "fp16", True)}
+            for row in (probe.get("tp_shard_unfused") or {}).get("layers") or []]
 
 
 def small_run_rows(probe: dict) -> list[dict]:

@@ -367,6 +367,17 @@ class TPShard(torch.nn.Module):
         return x + self.down(F.gelu(self.up(self.n2(x))))
 
 
+def _stack_s(layer, n: int, mb: int, seq: int, hidden: int, dtype, iters: int, fwd_too: bool = False):
+    """Mean seconds of forward+backward (and of the forward alone, with ``fwd_too``) of ``n`` layers
+    built by ``layer()`` on a micro-batch of ``mb`` sequences of ``seq`` tokens."""
+    torch.cuda.empty_cache()
+    stack = torch.nn.Sequential(*[layer() for _ in range(n)]).cuda().to(dtype)
+    x = torch.randn(mb, seq, hidden, device="cuda", dtype=dtype, requires_grad=True)
+    g = torch.randn_like(x)
+    t = timed(lambda: stack(x).backward(g), iters, warmup=2)
+    return t, (timed(lambda: stack(x).detach(), iters, warmup=1) if fwd_too else None)
+
+
 @section("tp_shard")
 def tp_shard():
     """Time per token of one TP rank's layer against the micro-batch size: BigScience's 2022 layout
@@ -374,22 +385,17 @@ def tp_shard():
     out = []
     for hidden, heads, tp in ((13824, 64, 8), (14336, 64, 8)):
         for mb in (1, 2, 4, 8):
-            torch.cuda.empty_cache()
             seq, n = 2048, 4
-            stack = torch.nn.Sequential(*[TPShard(hidden, heads, tp) for _ in range(n)]).cuda().bfloat16()
-            x = torch.randn(mb, seq, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            g = torch.randn_like(x)
-            t = timed(lambda: stack(x).backward(g), 6, warmup=2)
+            t, _ = _stack_s(lambda: TPShard(hidden, heads, tp), n, mb, seq, hidden, torch.bfloat16, 6)
             row = {"hidden": hidden, "heads": heads, "tp": tp, "seq": seq, "micro_batch": mb, "layers": n,
                    "fwd_bwd_s_per_layer": t / n, "s_per_token_per_layer": t / n / (mb * seq)}
             out.append(row)
             log(f"[tp_shard] h{hidden} nh{heads} tp{tp} mbs{mb}: fwd+bwd {t / n * 1e3:.2f} ms/layer, "
                 f"{t / n / (mb * seq) * 1e9:.1f} ns/token")
-            del stack, x, g
     return out
 
 
-class UnfusedTPShard(torch.nn.Module):
+class UnfusedTPShard(TPShard):
     """One tensor-parallel rank's GPT layer as 2022 Megatron-DeepSpeed ran it (BigScience's layout
     trials): attention unfused (baddbmm of Q and K into a scores buffer, a masked softmax, dropout,
     bmm with V), LayerNorm, bias-GELU and dropout 0.1, fp16. The fused scale-mask-softmax kernel is
@@ -397,13 +403,8 @@ class UnfusedTPShard(torch.nn.Module):
     part; the GEMMs, whose inner dimension is the head size, are what the case isolates)."""
 
     def __init__(self, hidden, heads, tp, dropout=0.1):
-        super().__init__()
-        self.hl, self.heads, self.d, self.p = hidden // tp, heads // tp, hidden // heads, dropout
-        self.n1, self.n2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
-        self.qkv = torch.nn.Linear(hidden, 3 * self.hl)
-        self.proj = torch.nn.Linear(self.hl, hidden)
-        self.up = torch.nn.Linear(hidden, 4 * hidden // tp)
-        self.down = torch.nn.Linear(4 * hidden // tp, hidden)
+        super().__init__(hidden, heads, tp)
+        self.p = dropout
 
     def forward(self, x):
         b, s, _ = x.shape
@@ -434,20 +435,14 @@ def tp_shard_unfused():
     out = {"layers": [], "bmm": []}
     for hidden, heads, tp, mbs in TP_SHARD_UNFUSED:
         for mb in mbs:
-            torch.cuda.empty_cache()
             seq, n = 2048, 2
-            stack = torch.nn.Sequential(*[UnfusedTPShard(hidden, heads, tp) for _ in range(n)]).cuda().half()
-            x = torch.randn(mb, seq, hidden, device="cuda", dtype=torch.half, requires_grad=True)
-            g = torch.randn_like(x)
-            t = timed(lambda: stack(x).backward(g), 5, warmup=2)
-            t_f = timed(lambda: stack(x).detach(), 5, warmup=1)
+            t, t_f = _stack_s(lambda: UnfusedTPShard(hidden, heads, tp), n, mb, seq, hidden, torch.half, 5, fwd_too=True)
             row = {"hidden": hidden, "heads": heads, "tp": tp, "head_dim": hidden // heads, "seq": seq,
                    "micro_batch": mb, "layers": n, "fwd_bwd_s_per_layer": t / n, "fwd_s_per_layer": t_f / n,
                    "s_per_token_per_layer": t / n / (mb * seq)}
             out["layers"].append(row)
             log(f"[tp_shard_unfused] h{hidden} nh{heads} d{hidden // heads} tp{tp} mbs{mb}: fwd+bwd "
                 f"{t / n * 1e3:.2f} ms/layer, {t / n / (mb * seq) * 1e9:.1f} ns/token")
-            del stack, x, g
     for d in (216, 224, 225, 128, 120):
         for batch in (8, 32):
             q = torch.randn(batch, 2048, d, device="cuda", dtype=torch.half)
