@@ -79,6 +79,24 @@ def attention_rate(device: DeviceSpec, precision: str, variant: str = "") -> flo
     return device.peak(dtype) * eff * device.sustained_fraction
 
 
+SMALL_HEAD_DIM, FULL_HEAD_DIM = 64, 128
+
+
+def head_dim_factor(device: DeviceSpec, variant: str, head_dim: int) -> float:
+    """Fused attention's rate at head size ``head_dim`` over its rate at 128, where the rates are
+    measured (``attention_d64_fraction``; FlashAttention-2's ``attention_d64_fraction_fa2``, which the
+    FlashAttention-1-era kernels priced from FlashAttention-2's rate take too): a
+    kernel's tile does half the FLOPs per byte of K and V at head size 64, and its softmax (the
+    exponentials of a tile) costs the same. 1 at 128 and above; the measured fraction at 64 and
+    below; a straight line between (not measured). 1 where the device has no figure."""
+    frac = (device.attention_d64_fraction_fa2 if variant in ("fa2", "fa1") else None) or device.attention_d64_fraction
+    if not frac or not head_dim or head_dim >= FULL_HEAD_DIM:
+        return 1.0
+    if head_dim <= SMALL_HEAD_DIM:
+        return frac
+    return frac + (1.0 - frac) * (head_dim - SMALL_HEAD_DIM) / (FULL_HEAD_DIM - SMALL_HEAD_DIM)
+
+
 def memory_rate(device: DeviceSpec) -> float:
     return device.memory_bytes_per_s * device.memory_efficiency
 
@@ -162,7 +180,8 @@ def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False
     if op.kind == "memory":
         compute_s = 0.0
     elif op.kind == "attention":
-        compute_s = op.flops * op.causal_fraction * factor / attention_rate(device, precision, op.variant)
+        compute_s = (op.flops * op.causal_fraction * factor / attention_rate(device, precision, op.variant)
+                     / head_dim_factor(device, op.variant, op.head_dim))
     else:  # GEMMs; unfused attention's batched GEMMs ("bmm"), the LM head and the router stay in 16 bits
         sixteen = precision == "fp8" and (op.kind == "bmm" or op.high_precision)
         dtype = "bf16" if sixteen else precision

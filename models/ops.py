@@ -46,6 +46,7 @@ class Op:
     fp8_input_fused: bool = False  # an FP8 job casts this GEMM's input inside the norm before it
     high_precision: bool = False  # a GEMM that stays in 16 bits in FP8 jobs (LM head, MoE router)
     unaligned: bool = False  # K or N not a multiple of ALIGN_ELEMENTS: no 16-byte tensor-core loads
+    head_dim: int = 0  # fused attention: the query/key head size (cost.compute.attention_rate); 0: not given
 
 
 ALIGN_ELEMENTS = 8
@@ -143,7 +144,7 @@ def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, a
         core_bytes = ACT_BYTES * num_tokens * (2 * a + 2 * g) * d / tp
         executed = model.attention_pair_fraction(kv_len, ATTENTION_KEY_TILE)
         core = [Op("attention", "attention", core_flops, core_bytes, causal_fraction=executed, core=True,
-                   variant=_VARIANTS.get(attention, ""))]
+                   variant=_VARIANTS.get(attention, ""), head_dim=int(qk))]
     return [_gemm("qkv", num_tokens, h, qkv_params / h / tp, fp8_input_fused=True), *core,
             _gemm("attn_out", num_tokens, out_params / h / tp, h)]
 

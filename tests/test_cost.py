@@ -1158,7 +1158,10 @@ def _square(n: int):
 
 def test_flash2_attention_is_slower_on_hopper_only():
     """FlashAttention-2 reaches 35% of peak on H100 against the FA3-derived 54% (both cited in
-    devices.yaml); on A100 FA2 is the family's best, so the two agree."""
+    devices.yaml), at head size 128; at GPT's head size the two kernels' measured head-size factors
+    (0.88 and 0.79 of their rates at 128 on Hopper) scale them; on A100 FA2 is the family's best, so
+    the two agree."""
+    from clusterplan.cost.compute import head_dim_factor
     from clusterplan.models.ops import attention_ops
 
     n = 8192
@@ -1167,7 +1170,8 @@ def test_flash2_attention_is_slower_on_hopper_only():
         best = next(op for op in attention_ops(GPT, n, n, 1) if op.kind == "attention")
         fa2 = next(op for op in attention_ops(GPT, n, n, 1, "flash2") if op.kind == "attention")
         t = lambda op: op_time_s(op, dev, "bf16") - dev.kernel_overhead_s
-        assert t(fa2) / t(best) == pytest.approx(ratio, rel=1e-6), preset
+        heads = head_dim_factor(dev, "", best.head_dim) / head_dim_factor(dev, "fa2", fa2.head_dim)
+        assert t(fa2) / t(best) == pytest.approx(ratio * heads, rel=1e-6), preset
 
 
 def test_flash1_attention_runs_at_its_share_of_flash2():

@@ -104,6 +104,22 @@ def test_tp_shard_per_token_time_falls_from_micro_batch_1_to_4_as_measured(hidde
         assert rows[large]["predicted_s_per_token"] < rows[small]["predicted_s_per_token"]
 
 
+@pytest.mark.parametrize("name", ["gpu_probe_h100_2026-11-26.json", "gpu_probe_h200_2026-11-26.json"])
+def test_head_size_64_attention_priced_at_the_measured_share_of_head_size_128(name):
+    """SDPA causal attention fwd+bwd at head size 64 ran at 0.76-0.82 (cuDNN) and 0.86-0.89
+    (FlashAttention-2) of its head-size-128 rate at 2k-8k tokens on an H100 and an H200; the model's
+    head_dim_factor holds each within 0.04 (it was 1: head size 64 priced as fast as 128)."""
+    from clusterplan.cost.compute import head_dim_factor
+    from clusterplan.topologies.library import load_device
+    dev = load_device(CP.DEVICE_OF[PROBES[name]["device"]["name"]])
+    rows = {(r["backend"], r["seq"], r["head_dim"]): r["fwd_bwd_tflops"] for r in PROBES[name]["attention"]}
+    for backend, variant in (("CUDNN_ATTENTION", ""), ("FLASH_ATTENTION", "fa2")):
+        for seq in (2048, 4096, 8192):
+            measured = rows[(backend, seq, 64)] / rows[(backend, seq, 128)]
+            assert head_dim_factor(dev, variant, 64) == pytest.approx(measured, abs=0.04)
+    assert head_dim_factor(dev, "", 128) == head_dim_factor(dev, "", 192) == 1.0
+
+
 UNFUSED = CP.tp_shard_unfused_rows(PROBES["gpu_probe_tp_shard_unfused_h100_2026-11-28.json"])
 
 

@@ -125,6 +125,10 @@ class DeviceSpec(BaseModel):
                         "SMs, as (SM share, slowdown) points; empty: not measured (cost.terms.overlap_share).")
     comm_kernel_slowdown_measured: bool = Field(
         False, description="Whether comm_kernel_slowdown was measured on this device family (else borrowed).")
+    attention_d64_fraction: float | None = Field(
+        None, gt=0, le=1, description="Fused attention fwd+bwd at head size 64 over head size 128; None: not priced.")
+    attention_d64_fraction_fa2: float | None = Field(
+        None, gt=0, le=1, description="The same for FlashAttention-2 kernels; None: attention_d64_fraction.")
     unaligned_gemm_fraction: float = Field(
         1.0, gt=0, le=1,
         description="Rate of a 16-bit GEMM whose K or N is not a multiple of 8 elements over the aligned rate "

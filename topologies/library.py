@@ -131,6 +131,12 @@ class CalibrationEntry(_Entry):
     comm_kernel_slowdown_source: str = Field("", description="Where it was measured.")
     comm_kernel_slowdown_measured: bool = Field(
         False, description="True where the curve was measured on this family; False where borrowed.")
+    attention_d64_fraction: float | None = Field(
+        None, gt=0, le=1, description="Fused attention fwd+bwd at head size 64 over 128 (benchmarks/gpu_probe.py, "
+                                      "section attention); None: not priced.")
+    attention_d64_fraction_fa2: float | None = Field(
+        None, gt=0, le=1, description="The same for FlashAttention-2 kernels where measured apart.")
+    attention_d64_fraction_source: str = Field("", description="Where it was measured, or whose it borrows.")
     unaligned_gemm_fraction: float | None = Field(
         None, gt=0, le=1, description="A 16-bit GEMM with K or N not a multiple of 8 elements over the aligned "
                                       "rate (benchmarks/gpu_probe.py, section tp_shard_unfused); None: not priced.")
@@ -425,6 +431,8 @@ def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
         comm_kernel_slowdown=tuple(sorted(map(tuple, group.comm_kernel_slowdown))) if group else (),
         comm_kernel_slowdown_measured=bool(group and group.comm_kernel_slowdown_measured),
         unaligned_gemm_fraction=(group.unaligned_gemm_fraction or 1.0) if group else 1.0,
+        attention_d64_fraction=group.attention_d64_fraction if group else None,
+        attention_d64_fraction_fa2=group.attention_d64_fraction_fa2 if group else None,
         kernel_overhead_s=entry.kernel_overhead_s if entry.kernel_overhead_s is not None else group.kernel_overhead_s,
         sources=list(resolve_sources(entry.sources)), contested=list(entry.contested),
     )
