@@ -189,3 +189,31 @@ def test_megatron_refused_it_for_moe_until_2025_04():
         job = Job(global_batch_size=256, seq_len=4096, framework="megatron", framework_date=date)
         messages = [m for _, m in layout_problems(mixtral, job, cluster, layout)]
         assert any("refuses it for MoE" in m for m in messages) == refused, (date, messages)
+
+
+def test_a_split_stopped_by_the_time_limit_leaves_the_other_splits_answer(monkeypatch):
+    """Each pipeline split is its own CP-SAT solve under a share of --time-limit: where the second
+    stops before any layout, the plan keeps the first split's answer and says the search was not
+    proven (status FEASIBLE) instead of failing; where every split stops, the solver's error."""
+    from clusterplan.models.errors import SolverError
+    from clusterplan.planner.search import engine
+
+    real = engine.solve_cpsat
+
+    def second_stops(tables, top_k, limit_s, workers, ceiling=None):
+        if ceiling is not None:
+            raise SolverError("CP-SAT stopped with status UNKNOWN before finding any layout")
+        return real(tables, top_k, limit_s, workers, ceiling)
+
+    monkeypatch.setattr(engine, "solve_cpsat", second_stops)
+    model, cluster = get_model("llama3-405b"), build_cluster("dgx-h100-superpod", 2048)
+    job = Job(global_batch_size=2048, seq_len=8192)
+    res = plan(model, job, cluster, SearchOptions(bounds=parse_bounds(("pp=16",))))
+    assert res.status == "FEASIBLE" and res.best.layout.head_slots is False
+
+    def always_stops(tables, top_k, limit_s, workers, ceiling=None):
+        raise SolverError("CP-SAT stopped with status UNKNOWN before finding any layout")
+
+    monkeypatch.setattr(engine, "solve_cpsat", always_stops)
+    with pytest.raises(SolverError):
+        plan(model, job, cluster, SearchOptions(bounds=parse_bounds(("pp=16",))))

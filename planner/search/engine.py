@@ -10,7 +10,7 @@ from clusterplan.cost.energy import OBJECTIVES, objective_weights
 from clusterplan.cost.layout import Job, Layout
 from clusterplan.cost.step import Evaluation, evaluate_ctx, layout_problems
 from clusterplan.cost.terms import Context
-from clusterplan.models.errors import InfeasibleError, SpecError
+from clusterplan.models.errors import InfeasibleError, SolverError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.search.cpsat import solve_cpsat
 from clusterplan.planner.search.exhaustive import count_rejections, smallest_memory, solve_exhaustive
@@ -111,6 +111,8 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
                     key=lambda row: row[0])[:opts.top_k + 1]
     evaluations = [evaluate_ctx(ctx, layout_from_indices(sub, idx)) for _, sub, idx in ranked]
     done = [p for p in parts if p.feasible]
+    if not ranked:  # every split's solve stopped before a layout (the time limit)
+        raise next((p.error for p in parts if p.error), SolverError("CP-SAT found no layout in any pipeline split"))
     status = next((p.status for p in done if p.status != "OPTIMAL"), done[0].status)
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible,
                         feasible + sum(rejections.values()), opts.engine, status, max(p.gap for p in done),
@@ -125,7 +127,7 @@ class _SplitSearch:
                  limit_s: float | None, ceiling: int | None = None):
         self.tables = build_tables(ctx, space, headroom, opts.bounds.ignore_memory, weights)
         self.rejections, self.feasible = count_rejections(self.tables)
-        self.solutions, self.status, self.gap = [], "OPTIMAL", 0.0
+        self.solutions, self.status, self.gap, self.error = [], "OPTIMAL", 0.0, None
         if not self.feasible:
             return
         if opts.engine == "exhaustive":
@@ -136,6 +138,8 @@ class _SplitSearch:
             self.solutions, self.status, self.gap = result.solutions, result.status, result.gap
             if ceiling is not None and result.status == "INFEASIBLE":
                 self.status = "OPTIMAL"  # proven: no layout of this split beats the answers already kept
+        except SolverError as exc:  # the time limit came before any layout: another split may answer
+            self.error, self.status = exc, "FEASIBLE"
         except MemoryError:
             # CP-SAT gave up on memory (its limit, CPSAT_MAX_MEMORY_MB): the exhaustive engine
             # scores the same tables (the tests hold the two engines equal) and proves the optimum
