@@ -84,11 +84,11 @@ SMALL_HEAD_DIM, FULL_HEAD_DIM = 64, 128
 
 def head_dim_factor(device: DeviceSpec, variant: str, head_dim: int) -> float:
     """Fused attention's rate at head size ``head_dim`` over its rate at 128, where the rates are
-    measured (``attention_d64_fraction``; FlashAttention-2's ``attention_d64_fraction_fa2``, which the
-    FlashAttention-1-era kernels priced from FlashAttention-2's rate take too): a
-    kernel's tile does half the FLOPs per byte of K and V at head size 64, and its softmax (the
-    exponentials of a tile) costs the same. 1 at 128 and above; the measured fraction at 64 and
-    below; a straight line between (not measured). 1 where the device has no figure."""
+    measured (``attention_d64_fraction``; FlashAttention-2's ``attention_d64_fraction_fa2``, which
+    the FlashAttention-1-era kernels priced from FlashAttention-2's rate take too): at head size 64
+    a kernel's tile does half the FLOPs per byte of K and V, and its softmax (the exponentials of a
+    tile) costs the same. 1 at 128 and above; the measured fraction at 64 and below; a straight
+    line between (not measured). 1 where the device has no figure."""
     frac = (device.attention_d64_fraction_fa2 if variant in ("fa2", "fa1") else None) or device.attention_d64_fraction
     if not frac or not head_dim or head_dim >= FULL_HEAD_DIM:
         return 1.0
