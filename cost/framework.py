@@ -185,6 +185,11 @@ class ProfileAt:
     def zero_stages(self) -> tuple[int, ...]:
         return tuple(z for z in (0, 1, 2, 3) if self.has(f"zero{z}"))
 
+    def own_split_has_head_slots(self) -> bool:
+        """The framework's own pipeline split, at this release, counts the embedding and the output
+        layer as a layer each (``Layout.head_slots``: torchtitan from 2025-04)."""
+        return self.profile.head_slots_default and self.has("head_slots")
+
     def recompute_modes(self) -> tuple[str, ...]:
         return tuple(r for r in ("none", "selective", "full") if r == "none" or self.has(f"recompute_{r}"))
 

@@ -84,8 +84,8 @@ class Layout:
         rank hold one layer fewer (Megatron-Core's ``--account-for-embedding-in-pipeline-split
         --account-for-loss-in-pipeline-split``, DeepSpeed's ``partition_method='type:transformer|
         embedding'``, torchtitan's split since 2025-04). Off: ``ceil(L / (pp vp))`` layers per rank
-        and the head on top of the last one's. The search prices one value (``--fix``, else the
-        framework's own split: on under torchtitan); ``explain`` prices the other.
+        and the head on top of the last one's. The search tries both where the framework offers both
+        (its own split, on under torchtitan, wins a tie); ``--fix`` holds one.
     """
 
     tp: int = 1

@@ -1045,7 +1045,7 @@ def period_layers(ctx: Context, pp: int, vp: int, head_slots: bool = False) -> t
 def head_in_period(ctx: Context, head_slots: bool) -> bool:
     """Whether the LM head's time adds to the pipeline period (:func:`period_layers`, pp > 1):
     always on the even split; with ``head_slots`` where the head takes longer than a layer."""
-    return not head_slots or head_layer_ratio(ctx) >= 1
+    return not head_slots or head_layer_ratio(ctx._base) >= 1  # tp 1: the rank order does not enter it
 
 
 @lru_cache(maxsize=65536)

@@ -107,12 +107,12 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     if feasible == 0:
         raise _infeasible(ctx, parts[0].tables, rejections, headroom)
     # the splits' winners merged by objective (a stable sort: the framework's own split wins ties)
-    ranked = sorted(((obj, part.tables.space, idx) for part in parts if part.feasible for obj, idx in part.solutions),
+    ranked = sorted(((obj, part.tables.space, idx) for part in parts for obj, idx in part.solutions),
                     key=lambda row: row[0])[:opts.top_k + 1]
-    evaluations = [evaluate_ctx(ctx, layout_from_indices(sub, idx)) for _, sub, idx in ranked]
-    done = [p for p in parts if p.feasible]
     if not ranked:  # every split's solve stopped before a layout (the time limit)
         raise next((p.error for p in parts if p.error), SolverError("CP-SAT found no layout in any pipeline split"))
+    evaluations = [evaluate_ctx(ctx, layout_from_indices(sub, idx)) for _, sub, idx in ranked]
+    done = [p for p in parts if p.feasible]
     status = next((p.status for p in done if p.status != "OPTIMAL"), done[0].status)
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible,
                         feasible + sum(rejections.values()), opts.engine, status, max(p.gap for p in done),

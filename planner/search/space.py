@@ -160,7 +160,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
 def _pipeline_splits(prof) -> tuple[bool, ...]:
     """The pipeline splits the framework runs, its default first: the layers alone, and, where it
     offers it at its date, the embedding and the head each in a layer's slot (``head_slots``)."""
-    default = bool(prof.profile.head_slots_default and prof.has("head_slots"))
+    default = prof.own_split_has_head_slots()
     return (default, not default) if prof.has("head_slots") else (default,)
 
 

@@ -46,8 +46,9 @@ def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         space = build_space(model, job, cluster, b)
     except SpecError:
         return False
+    ctx, headroom = Context(model, job, cluster), b.headroom(job, cluster)
     for sub in split_spaces(space, model, job):  # each pipeline split the framework offers, as plan tries them
-        tables = build_tables(Context(model, job, cluster), sub, b.headroom(job, cluster), memory_only=True)
+        tables = build_tables(ctx, sub, headroom, memory_only=True)
         least = smallest_memory(tables)  # over the structurally valid layouts: a quick no
         if least is not None and least[0] <= tables.capacity and any_feasible(tables):
             return True

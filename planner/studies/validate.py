@@ -174,8 +174,9 @@ def _bounds(run: dict, prof) -> Bounds:
     rule for every run: data-parallel overlap where the framework has it at the run's date and can
     overlap the published layout's traffic (no profile rule refuses it, e.g. DeepSpeed's ZeRO-3
     before v0.6.0), TP and EP overlap off (opt-in in every framework profile). The pipeline split
-    (``layout.head_slots``), when the run does not say, is the framework's own (Space.head_slots:
-    torchtitan's counts the embedding and the head as layers from 2025-04). Published values the
+    (``layout.head_slots``), when the run does not say, is the framework's own
+    (``ProfileAt.own_split_has_head_slots``: torchtitan's counts the embedding and the head as layers
+    from 2025-04). Published values the
     framework profile lacks are kept: the run used them."""
     layout = dict(run.get("layout") or {})
     fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "head_slots")
@@ -183,7 +184,7 @@ def _bounds(run: dict, prof) -> Bounds:
     fixed.setdefault("dp_overlap", prof.has("dp_overlap") and not _dp_overlap_refused(fixed, prof))
     fixed.setdefault("tp_overlap", False)
     fixed.setdefault("ep_overlap", False)
-    fixed.setdefault("head_slots", bool(prof.profile.head_slots_default and prof.has("head_slots")))
+    fixed.setdefault("head_slots", prof.own_split_has_head_slots())
     if run.get("micro_batch_size") is not None:
         fixed["micro_batch_size"] = run["micro_batch_size"]
     # the run ran: its unpublished knobs are chosen by what fits, without a plan's headroom
