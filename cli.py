@@ -56,6 +56,7 @@ from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, c
 from clusterplan.planner.report.export import FORMATS as EXPORT_FORMATS, export, export_framework
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import list_clusters, list_devices
+from clusterplan.topologies.precisions import PRECISIONS
 
 EXIT_BUG = 1
 GIB = 2**30
@@ -287,8 +288,10 @@ INPUT_OPTIONS = [
                       "of two nearest to 4,194,304 / seq-len (about 4M tokens per step)."),
     click.option("--seq-len", "seq_len", type=POSITIVE_INT, metavar="TOKENS",
                  help="Tokens per sequence (default: the model's published training length)."),
-    click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]),
-                 help="Training precision (default: the model's published one, else bf16)."),
+    click.option("--precision", type=click.Choice(list(PRECISIONS)),
+                 help="Training precision: bf16, fp16, or the linear layers' GEMMs in fp8 (per-tensor "
+                      "scales), mxfp8 or nvfp4 (block-scaled; NVIDIA Blackwell; megatron, torchtitan "
+                      "mxfp8). Default: the model's published one, else bf16."),
     click.option("--tokens", "tokens", type=TokenCount(), metavar="N",
                  help="Tokens to train, for time, energy and cost to train: 300e9, 300B, 1.5T "
                       "(default: the model's published figure, if any)."),
@@ -517,7 +520,7 @@ def explain_command(as_json, **options):
                    "e.g. --cluster dgx-h100-superpod:512 --cluster gb200-nvl72:576.")
 @click.option("--global-batch", "global_batch", type=POSITIVE_INT, metavar="SEQUENCES", help="Sequences per step.")
 @click.option("--seq-len", "seq_len", type=POSITIVE_INT, metavar="TOKENS", help="Tokens per sequence.")
-@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), help="Training precision.")
+@click.option("--precision", type=click.Choice(list(PRECISIONS)), help="Training precision.")
 @click.option("--tokens", "tokens", type=TokenCount(), metavar="N", help="Tokens to train (300e9, 300B, 1.5T).")
 @click.option("--framework", "framework", type=click.Choice(list(FRAMEWORK_NAMES), case_sensitive=False),
               help="Training framework for every candidate (default: maxtext on TPU, megatron elsewhere).")

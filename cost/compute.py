@@ -20,6 +20,7 @@ import math
 
 from clusterplan.models.ops import ACT_BYTES, Op
 from clusterplan.topologies.devices import DeviceSpec
+from clusterplan.topologies.precisions import LOW_PRECISIONS, low_precision
 
 BACKWARD_FACTOR = {"gemm": 2.0, "attention": 2.5, "bmm": 2.0, "memory": 2.0}
 UNMEASURED_ATTENTION_OVER_MAMF = 0.5
@@ -40,8 +41,8 @@ FlashAttention-2's time: 0.55 (flash-attn 1.x: 0.5). For 2023's Triton FlashAtte
 (llm-foundry's ``attn_impl: triton``) and flash-attn 1.x; on Hopper neither uses its new features, so
 the same share of FlashAttention-2's Hopper rate (not measured there)."""
 GEMM_TILE = (128, 256)  # output tile of a large cuBLAS/CUTLASS GEMM (ml-engineering MAMF shape rules)
-FP8_CAST_TRANSPOSE_BYTES = 4.0
-"""Bytes per element of an FP8 cast-transpose: read the 16-bit tensor once, write its 8-bit copy and
+FP8_CAST_TRANSPOSE_BYTES = LOW_PRECISIONS["fp8"].cast_bytes
+"""Bytes per element of an FP8 cast-transpose (4): read the 16-bit tensor once, write its 8-bit copy and
 the transposed 8-bit copy (Hopper's FP8 GEMMs take only the TN layout, so the weight- and
 input-gradient GEMMs need transposed operands: Transformer Engine's ``fp8_cast_transpose_fused``;
 Blackwell's MXFP8 writes row- and column-wise scaled copies alike). One pass: delayed scaling takes
@@ -54,7 +55,7 @@ in 24.5 us (NVIDIA/TransformerEngine PR #101, 2023-03), 1.30 and 1.54 TB/s count
 0.44 and 0.52 of the 2.97 TB/s a copy streams; benchmarks/gpu_probe.py's one-pass Triton kernel on
 Llama 3 8B's activations and gradients, 8192 tokens, 0.31 to 0.80 (median 0.49) on an H100 and 0.51 to
 0.74 (median 0.62) on an H200 (benchmarks/results/gpu_probe_fp8_*_2026-11-27.json)."""
-FP8_TRANSPOSE_BYTES = 2.0
+FP8_TRANSPOSE_BYTES = 2.0 * LOW_PRECISIONS["fp8"].element_bytes
 """Bytes per element of the backward transpose of an input cast inside its norm (read and write 1 B:
 Transformer Engine's ``LayerNormLinear`` keeps the norm's FP8 output and transposes it for the
 weight gradient)."""
@@ -72,7 +73,7 @@ def attention_rate(device: DeviceSpec, precision: str, variant: str = "") -> flo
     measurement gets ``UNMEASURED_ATTENTION_OVER_MAMF`` of its MAMF fraction."""
     if variant == "fa1":
         return attention_rate(device, precision, "fa2") * FA1_OVER_FA2
-    dtype = "bf16" if precision == "fp8" else precision
+    dtype = "bf16" if low_precision(precision) else precision
     eff = (device.attention_efficiency_fa2 if variant == "fa2" else None) or device.attention_efficiency
     if eff is None:
         eff = device.gemm.large * UNMEASURED_ATTENTION_OVER_MAMF
@@ -154,21 +155,24 @@ def _epilogue_s(op: Op, device: DeviceSpec, backward: bool) -> float:
     return ACT_BYTES * _output_elements(op, backward) / memory_rate(device)
 
 
-def fp8_cast_s(op: Op, device: DeviceSpec, backward: bool) -> float:
-    """The FP8 casts around one FP8 GEMM: their own memory-bound kernels, run before the GEMM on the
-    same stream, so they add to its time (an earlier version hid them under the GEMM's compute).
+def fp8_cast_s(op: Op, device: DeviceSpec, backward: bool, precision: str = "fp8") -> float:
+    """The casts around one low-precision GEMM: their own memory-bound kernels, run before the GEMM on
+    the same stream, so they add to its time (an earlier version hid them under the GEMM's compute).
 
-    Forward, the input's cast-transpose (``FP8_CAST_TRANSPOSE_BYTES`` per element) unless the norm
-    before the GEMM casts it (``Op.fp8_input_fused``); backward, the output gradient's
-    cast-transpose, plus the transpose of a norm-cast input, at ``CAST_TRANSPOSE_RATE_SHARE`` of the
-    streaming rate. On the probe's H100 and H200 the casts took 8% to 24% of the time of Llama 3 8B's
-    linear layers at 8192 tokens (``benchmarks/gpu_probe.py --only fp8_linear``). Weights are cast
-    once per step (Transformer Engine's ``is_first_microbatch``) and not counted."""
+    Forward, the input's cast-transpose (``FP8_CAST_TRANSPOSE_BYTES`` per element for FP8; a block
+    format's ``LowPrecision.cast_bytes``, its two quantized copies) unless the norm before the GEMM
+    casts it (``Op.fp8_input_fused``); backward, the output gradient's cast, plus the transpose of a
+    norm-cast input (2 x its element bytes), at ``CAST_TRANSPOSE_RATE_SHARE`` of the streaming rate.
+    On the probe's H100 and H200 the FP8 casts took 8% to 24% of the time of Llama 3 8B's linear
+    layers at 8192 tokens (``benchmarks/gpu_probe.py --only fp8_linear``); the block formats' casts
+    are priced by the same rate, not measured. Weights are cast once per step (Transformer Engine's
+    ``is_first_microbatch``) and not counted."""
+    fmt = low_precision(precision) or LOW_PRECISIONS["fp8"]
     if backward:
         outputs = _output_elements(op, False) if op.rows and op.cols else op.input_elements
-        data = FP8_CAST_TRANSPOSE_BYTES * outputs + (FP8_TRANSPOSE_BYTES * op.input_elements if op.fp8_input_fused else 0.0)
+        data = fmt.cast_bytes * outputs + (2.0 * fmt.element_bytes * op.input_elements if op.fp8_input_fused else 0.0)
     else:
-        data = 0.0 if op.fp8_input_fused else FP8_CAST_TRANSPOSE_BYTES * op.input_elements
+        data = 0.0 if op.fp8_input_fused else fmt.cast_bytes * op.input_elements
     return data / (CAST_TRANSPOSE_RATE_SHARE * memory_rate(device)) + (device.kernel_overhead_s if data else 0.0)
 
 
@@ -183,14 +187,14 @@ def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False
         compute_s = (op.flops * op.causal_fraction * factor / attention_rate(device, precision, op.variant)
                      / head_dim_factor(device, op.variant, op.head_dim))
     else:  # GEMMs; unfused attention's batched GEMMs ("bmm"), the LM head and the router stay in 16 bits
-        sixteen = precision == "fp8" and (op.kind == "bmm" or op.high_precision)
+        sixteen = bool(low_precision(precision)) and (op.kind == "bmm" or op.high_precision)
         dtype = "bf16" if sixteen else precision
         compute_s = op.flops * factor / gemm_rate(device, dtype)
         if op.unaligned:  # no 16-byte loads: the narrower-load kernel's measured rate
             compute_s /= device.unaligned_gemm_fraction
         compute_s = compute_s / _shape_efficiency(op, device) + _epilogue_s(op, device, backward)
-        if op.kind == "gemm" and dtype == "fp8" and device.supports("fp8"):
-            cast_s = fp8_cast_s(op, device, backward)
+        if op.kind == "gemm" and low_precision(dtype) and device.supports(dtype):
+            cast_s = fp8_cast_s(op, device, backward, dtype)
     kernels = 2 if backward and op.kind == "gemm" else 1
     return max(compute_s, mem_s) + cast_s + kernels * device.kernel_overhead_s
 

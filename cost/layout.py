@@ -29,6 +29,7 @@ _DEFAULT_RELIABILITY = Reliability()
 from clusterplan.models.errors import SpecError
 from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.topologies.cluster import TORUS_AXES
+from clusterplan.topologies.precisions import PRECISIONS  # noqa: F401 (bf16, fp16, fp8, mxfp8, nvfp4; re-exported)
 
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts")
@@ -36,7 +37,6 @@ RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "
 ``recompute_modules``) that clusterplan prices: core attention, the two layer norms, MLA's up
 projections with their RoPE, the dense MLP, the experts' activation and the shared experts. ``moe``
 (the whole MoE layer, all-to-alls included) is not priced."""
-PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused", "llmfoundry")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 
@@ -200,7 +200,8 @@ class Job:
     ----------
     global_batch_size : sequences per optimizer step.
     seq_len : tokens per sequence.
-    precision : bf16 | fp16 | fp8 (fp8 GEMMs in the linear layers, the rest in bf16).
+    precision : bf16 | fp16 | fp8 | mxfp8 | nvfp4 (the low precisions run the linear layers' GEMMs
+        in 8 or 4 bits, the rest in bf16: ``topologies.precisions``).
     tokens_to_train : total tokens, for time, cost and energy to train.
     grad_bytes : bytes per gradient element kept for the optimizer (4: fp32 main grads, the
         Megatron-LM default for 16-bit training).

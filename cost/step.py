@@ -28,6 +28,7 @@ from clusterplan.models.errors import SpecError
 from clusterplan.models.ops import model_flops_per_token
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
+from clusterplan.topologies.precisions import low_precision
 
 
 @dataclass(frozen=True)
@@ -355,9 +356,11 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
 
 
 def gemm_precision(job: Job, cluster: Cluster) -> str:
-    """The precision whose dense peak bounds the job's GEMMs: FP8 where the job asks for it and the
-    device has FP8 math, else the 16-bit peak (a device without FP8 math runs them in bf16)."""
-    return "fp8" if job.precision == "fp8" and cluster.device.supports("fp8") else "bf16"
+    """The precision whose dense peak bounds the job's GEMMs: the job's low precision (FP8, MXFP8,
+    NVFP4) where the device has its math, else the 16-bit peak (a device without it runs them in
+    bf16)."""
+    low = low_precision(job.precision) and cluster.device.supports(job.precision)
+    return job.precision if low else "bf16"
 
 
 def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:

@@ -20,6 +20,7 @@ from clusterplan.cost.layout import Job, Layout, interleaved_warmup, split_order
 from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops, linear_op
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
+from clusterplan.topologies.precisions import low_precision
 
 OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhandari et al. 2020)
 WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
@@ -734,15 +735,17 @@ def _score_elements(ctx: Context, n: float) -> float:
     return ctx.model.num_attention_heads * n * ctx.job.seq_len
 
 
-def fp8_saved_inputs(ctx: Context) -> bool:
-    """An FP8 job whose framework's linears keep their FP8 input copy for the weight gradient
-    (``semantics.fp8_saved_inputs``: Transformer Engine under Megatron)."""
-    return ctx.job.precision == "fp8" and ctx.job.profile.profile.fp8_saved_inputs
+def fp8_saved_inputs(ctx: Context) -> float:
+    """Bytes per element of the low-precision input copy a job's linears keep for the weight
+    gradient, where its framework keeps one (``semantics.fp8_saved_inputs``: Transformer Engine under
+    Megatron keeps the column-wise FP8, MXFP8 or NVFP4 copy, scales included); 0: none kept."""
+    fmt = low_precision(ctx.job.precision)
+    return fmt.element_bytes if fmt and ctx.job.profile.profile.fp8_saved_inputs else 0.0
 
 
 def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: str, moe: bool,
                      score_elements: float = 0.0, eager: bool = False, kv_repeat: bool = False,
-                     fp32_norms: bool = False, fp8_inputs: bool = False) -> float:
+                     fp32_norms: bool = False, fp8_inputs: float = 0.0) -> float:
     """Stored activations of one layer for one micro-batch (Korthikanti et al. 2022, section 4).
 
     Generalises ``s b h (34 + 5 a s / h)`` to GQA, any FFN width, SwiGLU and MoE. With flash
@@ -765,10 +768,11 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     ``fp32_norms``: the norms upcast to fp32 as Hugging Face's ``LlamaRMSNorm`` does
     (``HF_MODEL_CODE``): each keeps its fp32 input copy (``4 n h``, saved by ``pow``) and the
     bf16-cast normalised tensor (``2 n h``, saved by the weight multiply) instead of its bf16 input.
-    ``fp8_inputs``: FP8 training under Transformer Engine (:func:`fp8_saved_inputs`): the linears
-    keep their FP8 inputs, 1 byte per element (the attention and MLP inputs, the MLP activation
-    output, the experts' inputs), and the out-projection keeps an FP8 copy of the attention output
-    beside the 16-bit one the attention backward needs.
+    ``fp8_inputs``: low-precision training under Transformer Engine (:func:`fp8_saved_inputs`, the
+    bytes per element; 0: none): the linears keep their low-precision inputs (the attention and MLP
+    inputs, the MLP activation output, the experts' inputs), 1 byte per element in FP8, and the
+    out-projection keeps such a copy of the attention output beside the 16-bit one the attention
+    backward needs.
     """
     h = model.hidden_size
     lin = linear_input_bytes(fp8_inputs)
@@ -790,7 +794,7 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
 
 
 def _attention_kept_bytes(model: ModelSpec, n: float, recompute: str, score_elements: float, kv_repeat: bool,
-                         fp8_inputs: bool) -> float:
+                         fp8_inputs: float) -> float:
     """Q, K, V and the attention output an attention block keeps (before tensor-parallel sharding).
     Selective recomputation re-runs the core attention, but its output stays: the out-projection
     keeps it as its input (Korthikanti et al. Table 2: selective is ``34 s b h / t``, only the
@@ -802,7 +806,7 @@ def _attention_kept_bytes(model: ModelSpec, n: float, recompute: str, score_elem
     g_kv = a if kv_repeat else g
     kept = ACT_BYTES * n * (a * d_qk + g_kv * d_qk + g_kv * d_v) + ACT_BYTES * n * a * d_v
     if fp8_inputs:
-        kept += 1.0 * n * a * d_v
+        kept += fp8_inputs * n * a * d_v
     if recompute != "selective":
         kept += score_bytes(model, score_elements)
     return kept
@@ -834,10 +838,11 @@ ROUTER_BYTES_PER_CHOICE = 12.0
 """Per chosen expert: its int64 index and the fp32 probability the combine multiplies by and keeps."""
 
 
-def linear_input_bytes(fp8_inputs: bool) -> float:
+def linear_input_bytes(fp8_inputs: float) -> float:
     """Bytes per element a linear layer keeps of its input for the weight gradient: 16-bit, or the
-    FP8 copy Transformer Engine keeps in FP8 training (``semantics.fp8_saved_inputs``)."""
-    return 1.0 if fp8_inputs else float(ACT_BYTES)
+    low-precision copy (``fp8_inputs`` bytes: 1 in FP8) Transformer Engine keeps in FP8, MXFP8 or
+    NVFP4 training (``semantics.fp8_saved_inputs``)."""
+    return float(fp8_inputs) if fp8_inputs else float(ACT_BYTES)
 
 
 def moe_mlp_activation_bytes(model: ModelSpec, n: float, kept: int, lin: float = ACT_BYTES) -> float:
@@ -1182,7 +1187,7 @@ def _lp_grads_kept(ctx: Context, zero_stage: int) -> bool:
     DeepSpeed's BF16_Optimizer (ZeRO 0/1 with gradients accumulated in fp32 under a 16-bit
     precision; ``semantics.lp_grads_beside_fp32``)."""
     return (ctx.job.profile.profile.lp_grads_beside_fp32 and ctx.job.grad_bytes == 4 and zero_stage <= 1
-            and ctx.job.precision in ("bf16", "fp16"))
+            and not low_precision(ctx.job.precision))
 
 
 def grads_freed_bytes(ctx: Context, layout: Layout) -> float:

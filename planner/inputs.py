@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from clusterplan.cost.framework import FRAMEWORKS, default_framework, load_profile, resolve_name as resolve_framework
+from clusterplan.cost.framework import (FRAMEWORKS, ProfileAt, default_framework, load_profile,
+                                        resolve_name as resolve_framework)
 from clusterplan.cost.goodput import Reliability
 from clusterplan.cost.layout import Job
 from clusterplan.models.errors import SpecError
@@ -24,6 +25,7 @@ from clusterplan.models.library import job_defaults, load_model, resolve_model_i
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster, with_what_if
 from clusterplan.topologies.library import build_cluster, load_cluster_file
+from clusterplan.topologies.precisions import low_precision
 
 DEFAULT_TOKENS_PER_STEP = 4 * 2**20
 FILE_SUFFIXES = (".yaml", ".yml", ".json")
@@ -104,14 +106,10 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
     batch = pick("global_batch_size", global_batch, lambda: default_global_batch(seq))
     prec = pick("precision", precision, "bf16")
     tokens_to_train = pick("tokens_to_train", tokens, 0)
-    if prec == "fp8" and not cluster.device.supports("fp8"):
-        has = ", ".join(sorted(cluster.device.peak_flops_per_s))
-        if origin["precision"] == "given":
-            raise SpecError(f"--precision: fp8 needs a device with FP8 math; {cluster.device.id} has {has}; "
-                            "use --precision bf16, or a device with FP8 (--device, another --cluster)")
-        prec, origin["precision"] = "bf16", f"bf16: published fp8, but {cluster.device.id} has no FP8"
+    prec = _device_precision(prec, origin, cluster)
     fw = resolve_framework(framework) if framework else default_framework(cluster.platform)
     prof = load_profile(fw)
+    check_precision_framework(prec, prof.at(None))
     if cluster.platform not in prof.platforms:
         raise SpecError(f"--framework: {fw} does not run on {cluster.platform.upper()} ({cluster.device.id}); it runs on "
                         f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
@@ -122,6 +120,30 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
                attention=attention, framework=fw, grad_bytes=prof.grad_bytes, compiled=bool(compiled),
                reliability=reliability or Reliability(), model_code=model_code or "native"), origin
+
+def _device_precision(prec: str, origin: dict, cluster: Cluster) -> str:
+    """The job's precision on this device: a low precision the device has no math for is refused
+    when given, and a published one falls back to bf16 (said in ``origin``)."""
+    if not low_precision(prec) or cluster.device.supports(prec):
+        return prec
+    dev = cluster.device
+    has = ", ".join(dev.low_precisions()) or "none"
+    if origin["precision"] == "given":
+        raise SpecError(f"--precision: {prec} needs a device with {prec.upper()} math; {dev.id} has low precisions: "
+                        f"{has}; use --precision bf16{''.join(', ' + p for p in dev.low_precisions())}, or a device "
+                        f"with {prec.upper()} (--device, another --cluster)")
+    origin["precision"] = f"bf16: published {prec}, but {dev.id} has no {prec.upper()}"
+    return "bf16"
+
+
+def check_precision_framework(precision: str, prof: ProfileAt, name: str = "--precision") -> None:
+    """MXFP8 and NVFP4 need a framework release with that recipe (the profile's features)."""
+    if precision in ("mxfp8", "nvfp4") and not prof.has(precision):
+        since = prof.profile.since.get(precision)
+        when = f"from {since} on" if since else "in no release clusterplan knows"
+        raise SpecError(f"{name}: {precision} is not a recipe of {prof.profile.describe(prof.date)}: it has it {when}; "
+                        f"use --precision bf16 or fp8, or --framework megatron")
+
 
 
 FLASH_VENDORS = ("nvidia", "amd")  # FlashAttention 1/2 ship CUDA kernels and ROCm ports only

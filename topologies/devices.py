@@ -11,9 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from clusterplan.topologies.precisions import low_precision
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
-Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4"]
 
 
 class GemmEfficiency(BaseModel):
@@ -28,6 +30,14 @@ class GemmEfficiency(BaseModel):
 
     large: float = Field(gt=0, le=1, description="Fraction of peak for large bf16/fp16 GEMMs (MAMF / peak).")
     large_fp8: float | None = Field(None, gt=0, le=1, description="Same for FP8 GEMMs, if measured.")
+    large_mxfp8: float | None = Field(
+        None, gt=0, le=1, description="Same for MXFP8 GEMMs (of the MXFP8 peak); None: large_fp8.")
+    large_nvfp4: float | None = Field(
+        None, gt=0, le=1, description="Same for NVFP4 GEMMs (of the NVFP4 peak); None: large_fp8.")
+    low_measured: tuple[str, ...] = Field(
+        (), description="The block-scaled formats (mxfp8, nvfp4) whose large_* figure was measured on this very "
+                        "device; the others are borrowed and labelled unvalidated in plans.")
+    low_source: str = Field("", description="Where large_mxfp8 and large_nvfp4 come from (or are borrowed from).")
     source: str = Field(description="Where the efficiency was measured (or borrowed from).")
     measured: bool = Field(
         False,
@@ -139,8 +149,8 @@ class DeviceSpec(BaseModel):
     contested: list[str] = Field(default_factory=list, description="Figures sources disagree on.")
 
     def peak(self, dtype: str) -> float:
-        """Dense peak FLOP/s for ``dtype``; fp8 falls back to bf16/fp16 where the device has none."""
-        for key in (dtype, "bf16", "fp16") if dtype == "fp8" else (dtype, "fp16", "bf16"):
+        """Dense peak FLOP/s for ``dtype``; a low precision falls back to bf16/fp16 where the device has none."""
+        for key in (dtype, "bf16", "fp16") if low_precision(dtype) else (dtype, "fp16", "bf16"):
             value = self.peak_flops_per_s.get(key)
             if value:
                 return value
@@ -149,16 +159,28 @@ class DeviceSpec(BaseModel):
     def supports(self, dtype: str) -> bool:
         return bool(self.peak_flops_per_s.get(dtype))
 
+    def low_precisions(self) -> tuple[str, ...]:
+        """The low-precision GEMM formats this device has tensor-core math for."""
+        return tuple(p for p in ("fp8", "mxfp8", "nvfp4") if self.supports(p))
+
+    def gemm_fraction(self, precision: str) -> float:
+        """MAMF over dense peak for ``precision``'s GEMMs: ``gemm.large_mxfp8`` / ``gemm.large_nvfp4``
+        for the block formats where the data gives them, else ``gemm.large_fp8`` (then ``gemm.large``)."""
+        fp8 = self.gemm.large_fp8 or self.gemm.large
+        own = {"mxfp8": self.gemm.large_mxfp8, "nvfp4": self.gemm.large_nvfp4}.get(precision)
+        return own or fp8
+
     def gemm_flops_per_s(self, precision: str) -> float:
         """Achieved FLOP/s of a large GEMM in ``precision``: dense peak x MAMF fraction x sustained fraction.
 
-        FP8 uses the FP8 peak and ``gemm.large_fp8`` (``gemm.large`` where FP8 was not measured); a
-        device without FP8 math runs an FP8 job's GEMMs in bf16.
+        A low precision uses its own peak and :meth:`gemm_fraction`, and the FP8 sustained fraction
+        (measured for FP8; the 4-bit format takes it too); a device without that math runs a
+        low-precision job's GEMMs in bf16.
         """
-        if precision == "fp8" and self.supports("fp8"):
-            rate = self.peak("fp8") * (self.gemm.large_fp8 or self.gemm.large)
+        if low_precision(precision) and self.supports(precision):
+            rate = self.peak(precision) * self.gemm_fraction(precision)
             return rate * (self.sustained_fraction_fp8 or self.sustained_fraction)
-        rate = self.peak("bf16" if precision == "fp8" else precision) * self.gemm.large
+        rate = self.peak("bf16" if low_precision(precision) else precision) * self.gemm.large
         return rate * self.sustained_fraction
 
     def matmul_ceiling(self, precision: str) -> float:
@@ -181,3 +203,11 @@ class DeviceSpec(BaseModel):
         if self.gemm.measured:
             return f"measured: {self.gemm.source}"
         return f"unvalidated: no measured matmul ceiling for {self.name}; {self.gemm.source}"
+
+    def low_precision_note(self, precision: str) -> str | None:
+        """The label of a block-scaled (MXFP8, NVFP4) plan whose GEMM rate was not measured on this
+        device (``gemm.low_measured``): borrowed from another part, or the FP8 fraction."""
+        if precision not in ("mxfp8", "nvfp4") or not self.supports(precision) or precision in self.gemm.low_measured:
+            return None
+        where = self.gemm.low_source or "the per-tensor FP8 fraction taken"
+        return f"unvalidated: no measured {precision.upper()} GEMM rate for {self.name}; {where}"

@@ -23,6 +23,7 @@ from fractions import Fraction
 
 from clusterplan.cost.layout import microbatch_group_size, order_axes, recompute_words, split_order
 from clusterplan.models.errors import SpecError
+from clusterplan.topologies.precisions import LOW_PRECISIONS
 
 FORMATS = ("megatron", "deepspeed", "torchtitan", "maxtext", "slurm")
 PINNED = {
@@ -33,6 +34,18 @@ PINNED = {
     "slurm": "Megatron-Core 0.19.2 pretrain_gpt.py under torchrun (PyTorch 2.13)",
 }
 """The launcher release each format is written for and tested against (tests/launchers/README.md)."""
+TORCHTITAN_CONVERTERS = {
+    "fp8": ['converters = ["quantize.linear.float8"]'],
+    "mxfp8": ['converters = ["quantize.linear.mx"]'],  # [quantize.linear.mx] recipe_name defaults to mxfp8_cublas
+}
+"""torchtitan's model converters per job precision (job_config.py Float8Linear, MXLinear; 0.2.2)."""
+MEGATRON_PRECISION_ARGS = {
+    "bf16": ["--bf16"], "fp16": ["--fp16"],
+    "fp8": ["--bf16", "--fp8-format hybrid"],  # --fp8-recipe defaults to delayed (per-tensor scales)
+    "mxfp8": ["--bf16", "--fp8-format e4m3", "--fp8-recipe mxfp8"],  # Megatron-Bridge bf16_with_mxfp8_mixed
+    "nvfp4": ["--bf16", "--fp4-format e2m1", "--fp4-recipe nvfp4"],  # Megatron-Bridge bf16_with_nvfp4_mixed
+}
+"""Megatron-LM precision flags per job precision (TransformerConfig fp8, fp8_recipe, fp4, fp4_recipe)."""
 TORCHRUN_FAMILIES = ("nvswitch", "nvlink-domain", "xgmi", "gaudi")
 """Cluster families whose devices PyTorch drives, one process per device: torchrun can start them.
 TPU slices run under XLA/JAX launchers, Cerebras and Groq under their own compilers and runtimes."""
@@ -278,7 +291,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
                      "(left unset, as Megatron-Bridge does); Megatron's MoE README pairs it with "
                      "--delay-wgrad-compute, which the plan does not price")
     precision = job["precision"]
-    args += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format hybrid"]}[precision]
+    args += MEGATRON_PRECISION_ARGS[precision]
     order = split_order(L["order"])[0]
     if order == "tp-cp-pp-dp":
         args.append("--use-tp-pp-dp-mapping")  # RankGenerator order tp-cp-ep-pp-dp (Megatron-LM 2024-04)
@@ -311,9 +324,9 @@ def deepspeed_config(doc: dict, model=None) -> str:
     if L["cp"] > 1:
         comment.append(f"context parallel {L['cp']}: DeepSpeed has no ring context parallelism (Ulysses is "
                        "--ds-sequence-parallel-size, a different scheme)")
-    if job["precision"] == "fp8":
-        comment.append("fp8: DeepSpeed's config has no fp8 training switch; bf16 is written (FP8 comes from "
-                       "Transformer Engine layers in the model code)")
+    if job["precision"] in LOW_PRECISIONS:
+        comment.append(f"{job['precision']}: DeepSpeed's config has no {job['precision']} training switch; bf16 is "
+                       "written (low-precision GEMMs come from Transformer Engine layers in the model code)")
     if model.mla is not None:
         comment.append("multi-latent attention: Megatron-DeepSpeed has no MLA; the shape above is the MHA "
                        "approximation")
@@ -324,7 +337,7 @@ def deepspeed_config(doc: dict, model=None) -> str:
         "gradient_accumulation_steps": L["num_microbatches"],
         "zero_optimization": {"stage": L["zero_stage"], "overlap_comm": bool(L["dp_overlap"]),
                               "contiguous_gradients": True},
-        "bf16": {"enabled": job["precision"] in ("bf16", "fp8")},
+        "bf16": {"enabled": job["precision"] == "bf16" or job["precision"] in LOW_PRECISIONS},
         "fp16": {"enabled": job["precision"] == "fp16"},
         "gradient_clipping": 1.0,
         "activation_checkpointing": {"partition_activations": bool(L["sequence_parallel"]),
@@ -458,8 +471,7 @@ def torchtitan_toml(doc: dict, model=None) -> str:
         f'name = "{name}"',
         f'flavor = "{flavor}"',
     ]
-    if job["precision"] == "fp8":
-        lines.append('converters = ["quantize.linear.float8"]')
+    lines += TORCHTITAN_CONVERTERS.get(job["precision"], [])
     lines += [
         "",
         "[training]",

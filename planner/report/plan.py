@@ -155,6 +155,7 @@ def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
     device's matmul ceiling (no MFU can exceed it)."""
     dev, prof = cluster.device, job.profile.profile
     lines = [] if dev.efficiency_validated else [dev.efficiency_note]
+    lines += [note] if (note := dev.low_precision_note(job.precision)) else []
     lines += shape_caveats(model) if model is not None else []
     if dev.family in NO_PUBLISHED_TRAINING:
         lines.append(f"unvalidated: no training run on {dev.name} has been published; this plan is hypothetical")

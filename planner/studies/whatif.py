@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from clusterplan.cost.energy import objective_available
+from clusterplan.topologies.precisions import PRECISIONS
 
 from clusterplan.cost.layout import Job, Layout
 from clusterplan.models.errors import ClusterplanError, SpecError
@@ -199,7 +200,7 @@ SWEEP_KNOBS: dict[str, Knob] = {
     "seq-len": Knob(option="--seq-len", param="seq_len", kind="int", axis_label="sequence length (tokens)"),
     "device": Knob(option="--device", param="device", kind="name", axis_label="device"),
     "precision": Knob(option="--precision", param="precision", kind="choice", axis_label="precision",
-                      choices=("bf16", "fp16", "fp8")),
+                      choices=PRECISIONS),
 }
 KNOB_ALIASES = {"gpus": "devices"}
 NUMERIC_KINDS = ("int", "float", "ratio")

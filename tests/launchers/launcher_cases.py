@@ -53,6 +53,12 @@ CASES = {
                                      "--devices", "64", "--global-batch", "128", "--layout",
                                      "tp=2,pp=2,dp=16,vp=2,mbs=1,sp=on,recompute=full,recompute_layers=8"],
                                     ["megatron", "torchtitan"]),
+    # the block-scaled precisions: Megatron's --fp8-recipe mxfp8 and --fp4-format/--fp4-recipe nvfp4,
+    # torchtitan's MX converter
+    "llama3-70b-gb300-mxfp8": (["--model", "llama3-70b", "--cluster", "gb300-nvl72", "--devices", "64",
+                                "--precision", "mxfp8"], ["megatron", "slurm", "torchtitan"]),
+    "llama3-70b-gb200-nvfp4": (["--model", "llama3-70b", "--cluster", "gb200-nvl72", "--devices", "64",
+                                "--precision", "nvfp4"], ["megatron", "slurm"]),
 }
 
 MAXTEXT_TOPOLOGY = {"h100-sxm5-80gb": "a3", "tpu-v5p": "v5p-{cores}"}

@@ -1,0 +1,102 @@
+"""The block-scaled precisions (MXFP8, NVFP4): formats, device math, framework recipes, pricing, labels."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from clusterplan.cli import main
+from clusterplan.cost.compute import op_time_s
+from clusterplan.cost.layout import Layout
+from clusterplan.cost.step import evaluate
+from clusterplan.models.errors import SpecError
+from clusterplan.models.library import get_model
+from clusterplan.models.ops import linear_op
+from clusterplan.planner.inputs import build_job
+from clusterplan.planner.report.plan import caveats
+from clusterplan.topologies.library import build_cluster, load_device as get_device
+from clusterplan.topologies.precisions import LOW_PRECISIONS, PRECISIONS
+
+BLACKWELL = ("b200", "gb200", "b300", "gb300")
+
+
+def test_formats_count_their_block_scales():
+    assert PRECISIONS == ("bf16", "fp16", "fp8", "mxfp8", "nvfp4")
+    assert LOW_PRECISIONS["fp8"].cast_bytes == 4.0  # read 2 B, write the copy and its transpose
+    assert LOW_PRECISIONS["mxfp8"].element_bytes == pytest.approx(1 + 1 / 32)  # E8M0 scale per 32
+    assert LOW_PRECISIONS["nvfp4"].element_bytes == pytest.approx(0.5 + 1 / 16)  # E4M3 scale per 16
+    assert LOW_PRECISIONS["nvfp4"].cast_bytes < LOW_PRECISIONS["fp8"].cast_bytes < LOW_PRECISIONS["mxfp8"].cast_bytes
+
+
+@pytest.mark.parametrize("device_id", BLACKWELL)
+def test_blackwell_has_block_formats_with_their_own_rates(device_id):
+    dev = get_device(device_id)
+    assert dev.low_precisions() == ("fp8", "mxfp8", "nvfp4")
+    assert dev.peak("nvfp4") >= 2 * dev.peak("fp8")  # FP4 at twice (Blackwell Ultra three times) FP8's peak
+    # measured on a B300 with Transformer Engine: MXFP8 GEMMs 0.951 of per-tensor FP8, NVFP4 1.81 times
+    assert dev.gemm_flops_per_s("mxfp8") < dev.gemm_flops_per_s("fp8") < dev.gemm_flops_per_s("nvfp4")
+    assert dev.matmul_ceiling("nvfp4") > dev.matmul_ceiling("fp8")
+
+
+def test_hopper_has_no_block_formats():
+    dev = get_device("h100-sxm5-80gb")
+    assert dev.low_precisions() == ("fp8",)
+    # a job it cannot run falls back to the 16-bit rate, never to a made-up one
+    assert dev.gemm_flops_per_s("nvfp4") == dev.gemm_flops_per_s("bf16")
+
+
+def test_nvfp4_linear_is_faster_and_casts_less_than_fp8():
+    dev, op = get_device("b300"), linear_op("mlp_up", 16384, 8192, 28672)
+    fp8, nv = (op_time_s(op, dev, p) + op_time_s(op, dev, p, backward=True) for p in ("fp8", "nvfp4"))
+    assert nv < fp8
+
+
+def test_nvfp4_keeps_smaller_activation_copies_under_megatron():
+    model, cluster = get_model("llama3-8b"), build_cluster("gb200-nvl72", 8)
+    layout = Layout(tp=1, pp=1, dp=8, micro_batch_size=1, recompute="none", zero_stage=1)
+    peaks = {}
+    for precision in ("bf16", "fp8", "nvfp4"):
+        job = build_job("llama3-8b", model, cluster, 64, 8192, precision, None)[0]
+        peaks[precision] = evaluate(model, job, cluster, layout).memory.activations_bytes
+    assert peaks["nvfp4"] < peaks["fp8"] < peaks["bf16"]
+
+
+@pytest.mark.parametrize("precision, framework, cluster, says", [
+    ("nvfp4", None, "dgx-h100-superpod", "h100-sxm5-80gb has low precisions: fp8"),
+    ("mxfp8", None, "tpu-v5p-pod", "has low precisions"),
+    ("nvfp4", "deepspeed", "gb200-nvl72", "in no release clusterplan knows"),
+    ("nvfp4", "torchtitan", "gb200-nvl72", "from 2026-08 on"),
+])
+def test_refusals_name_the_field_and_what_is_allowed(precision, framework, cluster, says):
+    c = build_cluster(cluster)
+    with pytest.raises(SpecError) as err:
+        build_job("llama3-8b", get_model("llama3-8b"), c, None, None, precision, None, framework=framework)
+    assert "--precision" in str(err.value) and says in str(err.value)
+
+
+@pytest.mark.parametrize("device_id, precision, labelled", [
+    ("b300", "nvfp4", False), ("b300", "mxfp8", False), ("b200", "nvfp4", False),
+    ("b200", "mxfp8", True), ("gb200", "nvfp4", True), ("gb300", "nvfp4", True), ("gb300", "fp8", False),
+])
+def test_borrowed_block_rates_are_labelled_unvalidated(device_id, precision, labelled):
+    cluster = build_cluster({"b300": "dgx-b300-superpod", "b200": "dgx-b200-superpod",
+                             "gb200": "gb200-nvl72", "gb300": "gb300-nvl72"}[device_id], 8)
+    job = build_job("llama3-8b", get_model("llama3-8b"), cluster, None, None, precision, None)[0]
+    lines = caveats(job, cluster)["unvalidated"]
+    assert any(f"no measured {precision.upper()} GEMM rate" in line for line in lines) == labelled
+
+
+def test_cli_plans_nvfp4_and_exports_megatron_flags():
+    runner = CliRunner()
+    args = ["--model", "llama3-8b", "--cluster", "gb200-nvl72", "--devices", "8", "--precision", "nvfp4"]
+    planned = runner.invoke(main, ["plan", *args, "--json"])
+    assert planned.exit_code == 0, planned.output
+    doc = json.loads(planned.output)
+    assert doc["inputs"]["job"]["precision"] == "nvfp4"
+    exported = runner.invoke(main, ["export", *args, "--format", "megatron"])
+    assert exported.exit_code == 0 and "--fp4-format e2m1" in exported.output and "--fp4-recipe nvfp4" in exported.output
+    refused = runner.invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--precision",
+                                   "mxfp8"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output and "--precision" in refused.output

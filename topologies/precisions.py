@@ -1,0 +1,53 @@
+"""Training precisions: the number format a job's linear-layer GEMMs run in.
+
+``bf16`` and ``fp16`` run every GEMM in 16 bits. The low precisions run the linear layers' GEMMs
+(forward, input gradient, weight gradient) in 8 or 4 bits and keep the rest in 16 bits: attention,
+the LM head, the MoE router, norms and the optimizer (Transformer Engine and torchao alike). They
+differ in how a tensor is scaled, which sets what a cast writes:
+
+- ``fp8``: one scale per tensor (delayed or current scaling). Hopper's FP8 GEMMs take only the TN
+  layout, so a cast writes the 8-bit copy and its transpose; a scaled copy can be transposed.
+- ``mxfp8``: OCP microscaling, one E8M0 scale per 32 consecutive elements (OCP Microscaling
+  Formats (MX) Specification v1.0; Transformer Engine ``MXFP8BlockScaling``). The blocks run along
+  the GEMM's reduction dimension, so the copy for the transposed use (weight gradient) is quantized
+  again from the 16-bit tensor along the other axis, not transposed.
+- ``nvfp4``: NVIDIA's 4-bit E2M1 with one E4M3 scale per 16 elements and a second, FP32 scale per
+  tensor (Transformer Engine ``NVFP4BlockScaling``; NVIDIA, "Pretraining Large Language Models
+  with NVFP4", arXiv:2509.25149): row- and column-wise copies as for MXFP8.
+
+Bytes per element include the block scales: 1 + 1/32 for MXFP8, 0.5 + 1/16 for NVFP4.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LowPrecision:
+    """One low-precision GEMM format (see the module docstring)."""
+
+    name: str
+    element_bytes: float  # data plus block scales, per element
+    block: int | None  # elements per scale; None: one scale per tensor
+    bits: int  # the GEMM's operand width: 8 or 4
+
+    @property
+    def cast_bytes(self) -> float:
+        """Bytes per element a cast moves: read the 16-bit tensor, write the row-wise copy and the
+        copy for the transposed use (a transpose for per-tensor FP8, a second quantization for the
+        block formats: the same bytes)."""
+        return 2.0 + 2.0 * self.element_bytes
+
+
+LOW_PRECISIONS: dict[str, LowPrecision] = {
+    "fp8": LowPrecision("fp8", 1.0, None, 8),
+    "mxfp8": LowPrecision("mxfp8", 1.0 + 1.0 / 32, 32, 8),
+    "nvfp4": LowPrecision("nvfp4", 0.5 + 1.0 / 16, 16, 4),
+}
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", *LOW_PRECISIONS)
+
+
+def low_precision(precision: str) -> LowPrecision | None:
+    """The format of a low-precision job; None for bf16 and fp16."""
+    return LOW_PRECISIONS.get(precision)
