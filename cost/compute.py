@@ -159,21 +159,22 @@ def fp8_cast_s(op: Op, device: DeviceSpec, backward: bool, precision: str = "fp8
     """The casts around one low-precision GEMM: their own memory-bound kernels, run before the GEMM on
     the same stream, so they add to its time (an earlier version hid them under the GEMM's compute).
 
-    Forward, the input's cast-transpose (``FP8_CAST_TRANSPOSE_BYTES`` per element for FP8; a block
-    format's ``LowPrecision.cast_bytes``, its two quantized copies) unless the norm before the GEMM
-    casts it (``Op.fp8_input_fused``); backward, the output gradient's cast, plus the transpose of a
-    norm-cast input (2 x its element bytes), at ``CAST_TRANSPOSE_RATE_SHARE`` of the streaming rate.
-    On the probe's H100 and H200 the FP8 casts took 8% to 24% of the time of Llama 3 8B's linear
-    layers at 8192 tokens (``benchmarks/gpu_probe.py --only fp8_linear``); the block formats' casts
-    are priced by the same rate, not measured. Weights are cast once per step (Transformer Engine's
+    Forward, the input's cast-transpose (``FP8_CAST_TRANSPOSE_BYTES`` per element) unless the norm
+    before the GEMM casts it (``Op.fp8_input_fused``); backward, the output gradient's
+    cast-transpose, plus the transpose of a norm-cast input, at ``CAST_TRANSPOSE_RATE_SHARE`` of the
+    streaming rate. On the probe's H100 and H200 the FP8 casts took 8% to 24% of the time of Llama 3
+    8B's linear layers at 8192 tokens (``benchmarks/gpu_probe.py --only fp8_linear``). The block
+    formats take ``LowPrecision.cast_time_over_fp8`` times as long for the same tensors (measured on a
+    B300: ``topologies.precisions``). Weights are cast once per step (Transformer Engine's
     ``is_first_microbatch``) and not counted."""
     fmt = low_precision(precision) or LOW_PRECISIONS["fp8"]
     if backward:
         outputs = _output_elements(op, False) if op.rows and op.cols else op.input_elements
-        data = fmt.cast_bytes * outputs + (2.0 * fmt.element_bytes * op.input_elements if op.fp8_input_fused else 0.0)
+        data = FP8_CAST_TRANSPOSE_BYTES * outputs + (FP8_TRANSPOSE_BYTES * op.input_elements if op.fp8_input_fused else 0.0)
     else:
-        data = 0.0 if op.fp8_input_fused else fmt.cast_bytes * op.input_elements
-    return data / (CAST_TRANSPOSE_RATE_SHARE * memory_rate(device)) + (device.kernel_overhead_s if data else 0.0)
+        data = 0.0 if op.fp8_input_fused else FP8_CAST_TRANSPOSE_BYTES * op.input_elements
+    seconds = data * fmt.cast_time_over_fp8 / (CAST_TRANSPOSE_RATE_SHARE * memory_rate(device))
+    return seconds + (device.kernel_overhead_s if data else 0.0)
 
 
 def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False) -> float:

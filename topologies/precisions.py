@@ -16,6 +16,15 @@ differ in how a tensor is scaled, which sets what a cast writes:
   with NVFP4", arXiv:2509.25149): row- and column-wise copies as for MXFP8.
 
 Bytes per element include the block scales: 1 + 1/32 for MXFP8, 0.5 + 1/16 for NVFP4.
+
+Quantizing costs more than its bytes for the block formats: each block's scale is a reduction, and
+NVFP4 adds a 16x16 random Hadamard transform on the weight gradient's operands, 2D 16x16 blocks for
+weights and stochastic rounding of gradients (Transformer Engine ``NVFP4BlockScaling``). Transformer
+Engine's GEMM profile of one layer of a 5B model on a B300 (``te_gemm_profiling`` in
+devices.yaml: the same GEMMs timed with their operands quantized beforehand and with quantization
+inside the timed step) gives the quantization time of each recipe: FP8 delayed scaling 1.15 ms
+(7.802 and 8.123 ms timed against the 6.812 ms FP8 GEMMs), MXFP8 1.82 ms (8.984 - 7.161), NVFP4
+2.69 ms (6.453 - 3.764). ``cast_time_over_fp8`` is the ratio to FP8's: 1.58 and 2.34.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ class LowPrecision:
     element_bytes: float  # data plus block scales, per element
     block: int | None  # elements per scale; None: one scale per tensor
     bits: int  # the GEMM's operand width: 8 or 4
+    cast_time_over_fp8: float = 1.0  # quantization time over a per-tensor FP8 cast of the same tensors (measured)
 
     @property
     def cast_bytes(self) -> float:
@@ -42,8 +52,8 @@ class LowPrecision:
 
 LOW_PRECISIONS: dict[str, LowPrecision] = {
     "fp8": LowPrecision("fp8", 1.0, None, 8),
-    "mxfp8": LowPrecision("mxfp8", 1.0 + 1.0 / 32, 32, 8),
-    "nvfp4": LowPrecision("nvfp4", 0.5 + 1.0 / 16, 16, 4),
+    "mxfp8": LowPrecision("mxfp8", 1.0 + 1.0 / 32, 32, 8, cast_time_over_fp8=1.82 / 1.15),
+    "nvfp4": LowPrecision("nvfp4", 0.5 + 1.0 / 16, 16, 4, cast_time_over_fp8=2.69 / 1.15),
 }
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", *LOW_PRECISIONS)
 
