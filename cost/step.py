@@ -164,8 +164,10 @@ def _batch_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         bad("batch", f"{m} micro-batches a step: {release} does not accumulate "
             f"gradients, so without pipeline parallelism a step is one micro-batch: micro_batch_size = "
             f"global_batch_size / dp = {job.global_batch_size}/{layout.dp}")
-    if layout.pp * layout.vp > model.num_layers:
-        bad("layers", f"pp*vp = {layout.pp * layout.vp} exceeds num_layers={model.num_layers}")
+    slots = model.num_layers + (2 if layout.head_slots and layout.pp > 1 else 0)  # head_slot_problem checks the rest
+    if layout.pp * layout.vp > slots:
+        bad("layers", f"pp*vp = {layout.pp * layout.vp} exceeds num_layers={model.num_layers}"
+            + (" + the embedding and head slots" if slots > model.num_layers else ""))
     if layout.vp > 1 and layout.pp == 1:
         bad("interleave", f"vp={layout.vp} needs pp > 1")
     if layout.vp > 1 and layout.pp > 1 and job.microbatch_group(m, layout.pp, layout.vp) is None:

@@ -168,12 +168,14 @@ def test_search_chooses_the_split_megatron_offers_and_explain_prices_the_other()
     """Megatron runs the even split by default and the embedding-and-loss split on request: the search
     tries both and keeps the faster (Llama 3 405B at pp 16: 7.7% faster with the split), and explain
     prices the move back; held off with --fix, the move is outside the searched values."""
-    args = ["--model", "llama3-405b", "--cluster", "dgx-h100-superpod", "--devices", "2048", "--fix", "pp=16"]
+    # vp held at 4: at vp 8 (128 virtual stages, one slot each) only the split with head slots divides
+    args = ["--model", "llama3-405b", "--cluster", "dgx-h100-superpod", "--devices", "2048", "--fix", "pp=16,vp=4"]
     assert json.loads(CliRunner().invoke(main, ["plan", *args, "--json"]).stdout)["layout"]["head_slots"] is True
     doc = json.loads(CliRunner().invoke(main, ["explain", *args, "--json"]).stdout)
     row = next(r for r in doc["sensitivity"] if r["move"] == "head_slots off")
     assert row["allowed"] and row["delta"] > 0.03
-    held = ["--model", "llama3-405b", "--cluster", "dgx-h100-superpod", "--devices", "2048", "--fix", "pp=16,head_slots=off"]
+    held = ["--model", "llama3-405b", "--cluster", "dgx-h100-superpod", "--devices", "2048", "--fix",
+            "pp=16,vp=4,head_slots=off"]
     assert json.loads(CliRunner().invoke(main, ["plan", *held, "--json"]).stdout)["layout"]["head_slots"] is False
     row = next(r for r in json.loads(CliRunner().invoke(main, ["explain", *held, "--json"]).stdout)["sensitivity"]
                if r["move"] == "head_slots on")
@@ -217,3 +219,16 @@ def test_a_split_stopped_by_the_time_limit_leaves_the_other_splits_answer(monkey
     monkeypatch.setattr(engine, "solve_cpsat", always_stops)
     with pytest.raises(SolverError):
         plan(model, job, cluster, SearchOptions(bounds=parse_bounds(("pp=16",))))
+
+
+def test_one_slot_per_virtual_stage_needs_the_head_slots():
+    """Megatron-Bridge ran Llama 3.1 405B NVFP4 on 256 GB200 at pp 16, vp 8 with the embedding and loss
+    in the split (26.04.01 table): 128 virtual stages of one slot, the first the embedding alone.
+    Without the split, 126 layers cannot fill 128 stages."""
+    model, cluster = get_model("llama3-405b"), build_cluster("dgx-h100-superpod", 256)
+    job = Job(global_batch_size=1536, seq_len=8192, precision="bf16")
+    base = dict(tp=4, pp=16, dp=4, vp=8, micro_batch_size=1, sequence_parallel=True, recompute="none")
+    assert not [p for p in layout_problems(model, job, cluster, Layout(**base, head_slots=True)) if p[0] == "layers"]
+    assert [p for p in layout_problems(model, job, cluster, Layout(**base, head_slots=False)) if p[0] == "layers"]
+    ev = evaluate(model, job, cluster, Layout(**base, head_slots=True))
+    assert ev.step_time_s > 0 and math.isfinite(ev.step_time_s)

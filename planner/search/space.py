@@ -318,11 +318,12 @@ def factor_ok(model: ModelSpec, job: Job, tp: int, pp: int, dp: int, cp: int) ->
     return None
 
 
-def batch_ok(model: ModelSpec, job: Job, pp: int, dp: int, mbs: int, vp: int) -> str | None:
-    """Rules on the degrees, micro-batch and interleaving."""
+def batch_ok(model: ModelSpec, job: Job, pp: int, dp: int, mbs: int, vp: int, head_slots: bool = False) -> str | None:
+    """Rules on the degrees, micro-batch and interleaving (``head_slots``: the embedding and the head
+    take a stage slot each, so pp x vp may reach num_layers + 2: ``cost.step.head_slot_problem``)."""
     if job.global_batch_size % (dp * mbs) or (job.one_microbatch(pp) and job.global_batch_size != dp * mbs):
         return "batch"
-    if pp * vp > model.num_layers:
+    if pp * vp > model.num_layers + (2 if head_slots and pp > 1 else 0):
         return "layers"
     if vp > 1 and (pp == 1 or job.microbatch_group(job.global_batch_size // (dp * mbs), pp, vp) is None):
         return "interleave"

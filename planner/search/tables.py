@@ -420,8 +420,9 @@ def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
         ok_f[i] = -1 if reason is None else code[reason]
         for j, mb in enumerate(S.micro_batch_size):
             for vi, v in enumerate(S.vp):
-                reason = batch_ok(model, job, pp, dp, mb, v) or ("layers" if S.head_slots[0] and head_slot_problem(
-                    model, job, pp, v) else None)
+                slots = S.head_slots[0]
+                reason = batch_ok(model, job, pp, dp, mb, v, slots) or (
+                    "layers" if slots and head_slot_problem(model, job, pp, v) else None)
                 ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
             reason = expert_ok(model, tp, dp, cp, e, et)
