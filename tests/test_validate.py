@@ -128,13 +128,30 @@ def test_megatron_bridge_rule_applies_to_every_mbridge_run():
     files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml")]
     files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_family_runs.yaml")]
     runs = [r for f in files for r in load_runs(f) if str(r["id"]).startswith("mbridge")]
-    assert len(runs) == 44
+    assert len(runs) == 48
     for r in runs:
         assert r.get("grad_reduce_dtype") == "bf16", r["id"]
         assert r["model"].get("dropout") is False, r["id"]  # the providers' hidden/attention dropout 0.0
         assert any("Megatron-Bridge config rule" in str(n) for n in r.get("notes", [])), r["id"]
         if r["layout"]["tp"] > 1:
             assert r["layout"]["sequence_parallel"] is True, r["id"]
+
+
+def test_precision_rule_names_the_format_the_source_names():
+    """RUNS_FORMAT.md's precision rule: a run whose source names MXFP8 or NVFP4 (Megatron-Bridge's
+    FP8-MX, MXFP8, NVFP4 columns; torchao's mxfp8 recipes) carries that precision, and no other
+    run does."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml", "memory_runs.yaml")]
+    files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_family_runs.yaml")]
+    runs = [r for f in files for r in load_runs(f)]
+    for fmt, said in (("mxfp8", "MXFP8"), ("nvfp4", "NVFP4")):
+        named = {r["id"] for r in runs  # torchao's rows share one note: their ids name the recipe
+                 if any(f"precision {said}" in str(n) for n in r.get("notes", [])) or f"-{fmt}-" in r["id"]}
+        carried = {r["id"] for r in runs if r.get("precision") == fmt}
+        assert named == carried and carried, fmt
+    assert sum(r.get("precision") == "mxfp8" for r in runs) == 13
+    assert sum(r.get("precision") == "nvfp4" for r in runs) == 4
 
 
 def test_one_micro_batch_rule_applies_to_every_maxtext_run():
