@@ -537,7 +537,7 @@ def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
         return 0.0
     prof = ctx.cluster.strided_profile(tp, stride)
     n = _tokens(ctx, cp, mbs)
-    per_layer = _tp_comm_s(n, ctx.model.hidden_size, prof, sp) * _comm_multiplier(recompute)
+    per_layer = _tp_comm_s(n, ctx.model.hidden_size, prof, sp, tp_gather_bytes(ctx)) * _comm_multiplier(recompute)
     mlp_layers = ctx.model.num_layers if moe_tp else ctx.model.num_dense_layers
     total = per_layer * (ctx.model.num_layers + mlp_layers) / 2
     if overlap:
@@ -670,15 +670,26 @@ def ep_overlap_window_s(model: ModelSpec, c: "ComputeTerms", tp_overlap: bool, c
     return model.num_moe_layers / model.num_layers * c.ep_window_s(tp_overlap, cp)
 
 
-def _tp_comm_s(n: float, h: int, prof, sp: bool) -> float:
+def _tp_comm_s(n: float, h: int, prof, sp: bool, gather_bytes: float = ACT_BYTES) -> float:
     """Forward + backward tensor-parallel collectives of one layer (Megatron: 2 + 2).
 
     Without sequence parallelism each is an all-reduce of the ``n x h`` activation; with it, a
-    reduce-scatter plus an all-gather of the same buffer (Korthikanti et al. 2022, section 4.2.2).
+    reduce-scatter plus an all-gather of the same buffer (Korthikanti et al. 2022, section 4.2.2),
+    the all-gather at ``gather_bytes`` per element (:func:`tp_gather_bytes`).
     """
     size = ACT_BYTES * n * h
-    one = coll.all_gather_s(size, prof) + coll.reduce_scatter_s(size, prof) if sp else coll.all_reduce_s(size, prof)
+    gathered = gather_bytes * n * h
+    one = coll.all_gather_s(gathered, prof) + coll.reduce_scatter_s(size, prof) if sp else coll.all_reduce_s(size, prof)
     return 4 * one
+
+
+def tp_gather_bytes(ctx: Context) -> float:
+    """Bytes per element of a sequence-parallel all-gather: the low-precision copy (FP8 1 B, MXFP8
+    and NVFP4 with their scales) where the framework gathers the quantized tensor (Transformer
+    Engine: ``semantics.tp_gather_quantized``) and the device runs the format; else 16-bit."""
+    fmt = low_precision(ctx.job.precision)
+    quantized = fmt and ctx.job.profile.profile.tp_gather_quantized and ctx.cluster.device.supports(fmt.name)
+    return fmt.element_bytes if quantized else float(ACT_BYTES)
 
 
 def _cp_comm_s(ctx: Context, n: float, tp: int, cp: int, prof, ops) -> float:

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from clusterplan.cli import main
-from clusterplan.cost.compute import op_time_s
+from clusterplan.cost.compute import fp8_cast_s, op_time_s
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.step import evaluate
 from clusterplan.models.errors import SpecError
@@ -47,10 +47,14 @@ def test_hopper_has_no_block_formats():
     assert dev.gemm_flops_per_s("nvfp4") == dev.gemm_flops_per_s("bf16")
 
 
-def test_nvfp4_linear_is_faster_and_casts_less_than_fp8():
+def test_nvfp4_linear_is_faster_though_its_casts_cost_more():
+    """Transformer Engine on a B300: NVFP4 GEMMs 1.81x per-tensor FP8's, quantization 2.34x as long."""
     dev, op = get_device("b300"), linear_op("mlp_up", 16384, 8192, 28672)
     fp8, nv = (op_time_s(op, dev, p) + op_time_s(op, dev, p, backward=True) for p in ("fp8", "nvfp4"))
     assert nv < fp8
+    casts = {p: fp8_cast_s(op, dev, False, p) - dev.kernel_overhead_s for p in ("fp8", "mxfp8", "nvfp4")}
+    assert casts["fp8"] < casts["mxfp8"] < casts["nvfp4"]
+    assert casts["nvfp4"] / casts["fp8"] == pytest.approx(2.69 / 1.15)
 
 
 def test_nvfp4_keeps_smaller_activation_copies_under_megatron():
@@ -100,3 +104,18 @@ def test_cli_plans_nvfp4_and_exports_megatron_flags():
     refused = runner.invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--precision",
                                    "mxfp8"])
     assert refused.exit_code == 2 and "Traceback" not in refused.output and "--precision" in refused.output
+
+
+def test_sequence_parallel_gathers_move_the_quantized_copy_under_transformer_engine():
+    """Transformer Engine all-gathers the FP8/MXFP8/NVFP4 copy and reduce-scatters in bf16: the TP
+    traffic of a low-precision Megatron job shrinks; DeepSpeed's profile keeps bf16 gathers."""
+    from clusterplan.cost.terms import Context, tp_comm_terms
+
+    model, cluster = get_model("llama3-70b"), build_cluster("gb200-nvl72", 64)
+    times = {}
+    for precision, framework in (("bf16", None), ("fp8", None), ("nvfp4", None), ("fp8", "deepspeed")):
+        job = build_job("llama3-70b", model, cluster, 64, 8192, precision, None, framework=framework)[0]
+        ctx = Context(model, job, cluster)
+        times[precision, framework] = tp_comm_terms(ctx, 4, 1, 1, True, "none", 1, False)
+    assert times["nvfp4", None] < times["fp8", None] < times["bf16", None]
+    assert times["fp8", "deepspeed"] == pytest.approx(times["bf16", None])
