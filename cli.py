@@ -1049,6 +1049,10 @@ def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
     tokens = job["global_batch_size"] * job["seq_len"]
     line = (f"job      global batch {job['global_batch_size']:,} sequences x {job['seq_len']:,} tokens "
             f"= {_count(tokens)} tokens/step, {job['precision']}")
+    if job.get("gemm_format") == "fp8_current":
+        line += " (per-tensor current scaling)"
+    elif job["precision"] == "fp8":
+        line += " (delayed scaling)"
     if job.get("attention", "flash") != "flash":
         line += f", {job['attention']} attention"
     if job.get("compiled"):

@@ -146,6 +146,7 @@ class Profile:
     lp_grads_beside_fp32: bool = False  # 16-bit .grad tensors stay beside an fp32 accumulation buffer (DeepSpeed bf16)
     fp8_saved_inputs: bool = False  # FP8 linears keep their FP8 input copy for the weight gradient (1 B; terms.activation_bytes)
     tp_gather_quantized: bool = False  # sequence-parallel all-gathers move the low-precision copy (terms._tp_comm_s)
+    fp8_scaling: str = "delayed"  # an FP8 job's default scaling, delayed or current (Job.gemm_format)
     nccl_runtime: bool = False  # PyTorch on CUDA/ROCm with NCCL: the CUDA context and NCCL buffers (terms.runtime_bytes)
     plan_headroom: float = 0.0  # share of device memory a plan keeps free by default (semantics.plan_headroom)
     tp_comm_sms: int | None = None
@@ -470,6 +471,7 @@ def load_profile(framework_id: str) -> Profile:
         nccl_runtime=bool(sem.get("nccl_runtime", False)),
         fp8_saved_inputs=bool(sem.get("fp8_saved_inputs", False)),
         tp_gather_quantized=bool(sem.get("tp_gather_quantized", False)),
+        fp8_scaling=_choice(sem.get("fp8_scaling", "delayed"), ("delayed", "current"), f"{where}: semantics.fp8_scaling"),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         tp_comm_share=None if ov.get("tp_comm_share") is None else _fraction(ov["tp_comm_share"], f"{where}: overlap.tp_comm_share"),
         tp_comm_sm_margin=bool(ov.get("tp_comm_sm_margin", False)),

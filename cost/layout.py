@@ -29,7 +29,7 @@ _DEFAULT_RELIABILITY = Reliability()
 from clusterplan.models.errors import SpecError
 from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.topologies.cluster import TORUS_AXES
-from clusterplan.topologies.precisions import PRECISIONS  # noqa: F401 (bf16, fp16, fp8, mxfp8, nvfp4; re-exported)
+from clusterplan.topologies.precisions import FP8_CURRENT, FP8_SCALINGS, PRECISIONS  # noqa: F401 (PRECISIONS re-exported)
 
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts")
@@ -232,6 +232,9 @@ class Job:
     fp8_all_gather : an FP8 job's sharded data parallelism all-gathers the weights already cast to
         FP8, one byte each (torchao's ``enable_fsdp_float8_all_gather`` under FSDP2, its tensorwise
         recipe; ``cost.terms.gather_bytes``).
+    fp8_scaling : an FP8 job's scaling, ``delayed`` (scales from earlier steps' amax history, one
+        cast pass) or ``current`` (per-tensor amax of the tensor itself first); "" for the
+        framework's default (``semantics.fp8_scaling``). Priced by ``gemm_format``.
     """
 
     global_batch_size: int
@@ -246,6 +249,7 @@ class Job:
     reliability: Reliability = field(default_factory=Reliability)
     model_code: str = "native"
     fp8_all_gather: bool = False
+    fp8_scaling: str = ""
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "seq_len"):
@@ -266,6 +270,8 @@ class Job:
             raise SpecError(f"job.compiled: got {self.compiled!r}; allowed: true, false")
         if not isinstance(self.fp8_all_gather, bool):
             raise SpecError(f"job.fp8_all_gather: got {self.fp8_all_gather!r}; allowed: true, false")
+        if self.fp8_scaling not in ("", *FP8_SCALINGS):
+            raise SpecError(f"job.fp8_scaling: got {self.fp8_scaling!r}; allowed: {', '.join(FP8_SCALINGS)}")
         if self.model_code not in MODEL_CODES:
             raise SpecError(f"job.model_code: got {self.model_code!r}; allowed: {', '.join(MODEL_CODES)}")
         rel = self.reliability
@@ -285,6 +291,15 @@ class Job:
     def profile(self) -> ProfileAt:
         """The framework profile at the job's release date."""
         return load_profile(self.framework).at(self.framework_date or None, self.compiled)
+
+    @property
+    def gemm_format(self) -> str:
+        """The format the cost terms price the linear layers' GEMMs in: the precision, except an
+        FP8 job with current scaling (its own or its framework's default), ``fp8_current``."""
+        if self.precision != "fp8":
+            return self.precision
+        scaling = self.fp8_scaling or self.profile.profile.fp8_scaling
+        return FP8_CURRENT.name if scaling == "current" else self.precision
 
     @property
     def tokens_per_step(self) -> int:

@@ -229,7 +229,7 @@ def recompute_module_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, e
     ranks unless sequence parallelism splits them; the rest is split ``tp`` ways."""
     model, job = ctx.model, ctx.job
     n = _tokens(ctx, cp, mbs)
-    dev, prec = ctx.cluster.device, job.precision
+    dev, prec = ctx.cluster.device, job.gemm_format
     kernels = layer_kernels(ctx)
     rec = dropped = 0.0
     for moe, count in _layer_kinds(model):
@@ -457,7 +457,7 @@ def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
                 local_experts: int | None, expert_tp: bool = True) -> tuple[float, ...]:
     """Forward, backward, GEMM (fwd+bwd), attention-forward, backward-GEMM, attention-backward and
     per-op-SAC recompute time of one layer of a kind."""
-    dev, prec = ctx.cluster.device, ctx.job.precision
+    dev, prec = ctx.cluster.device, ctx.job.gemm_format
     ops = layer_ops(ctx.model, _tokens(ctx, cp, mbs), ctx.job.seq_len, tp, sp, moe, local_experts, ctx.job.attention,
                     expert_tp, layer_kernels(ctx))
     core = [op for op in ops if op.core]
@@ -701,8 +701,8 @@ def _cp_comm_s(ctx: Context, n: float, tp: int, cp: int, prof, ops) -> float:
     kv_bytes = ACT_BYTES * n * 2 * model.num_kv_heads_resolved * model.head_dim_resolved / tp
     step_s = coll.p2p_s(kv_bytes, prof)
     attn = [op for op in ops if op.core]
-    attn_fwd = ops_time_s(attn, ctx.cluster.device, ctx.job.precision) / cp
-    attn_bwd = ops_time_s(attn, ctx.cluster.device, ctx.job.precision, backward=True) / cp
+    attn_fwd = ops_time_s(attn, ctx.cluster.device, ctx.job.gemm_format) / cp
+    attn_bwd = ops_time_s(attn, ctx.cluster.device, ctx.job.gemm_format, backward=True) / cp
     share = overlap_share(ctx, "dp", beside="attention")  # the ring's sends are NCCL point-to-point kernels
     return (cp - 1) * (overlapped_exposed_s(step_s, attn_fwd, share) + overlapped_exposed_s(2 * step_s, attn_bwd, share))
 
@@ -937,7 +937,7 @@ def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: in
     """Forward and backward of the final norm, LM head and cross-entropy, plus its TP traffic."""
     n = _tokens(ctx, cp, mbs)
     ops = head_ops(ctx.model, n, tp)
-    dev, prec = ctx.cluster.device, ctx.job.precision
+    dev, prec = ctx.cluster.device, ctx.job.gemm_format
     t = ops_time_s(ops, dev, prec) + ops_time_s(ops, dev, prec, backward=True)
     if tp > 1:
         prof = ctx.cluster.strided_profile(tp, tp_stride)
@@ -1033,7 +1033,7 @@ def head_layer_ratio(ctx: Context) -> float:
     model, job = ctx.model, ctx.job
     n = float(job.seq_len)
     ops = head_ops(model, n, 1)
-    dev, prec = ctx.cluster.device, job.precision
+    dev, prec = ctx.cluster.device, job.gemm_format
     head = ops_time_s(ops, dev, prec) + ops_time_s(ops, dev, prec, backward=True)
     c = compute_terms(ctx._base, 1, 1, 1, False, "none")
     return head / max(1e-30, (c.forward_s + c.backward_s) / model.num_layers)

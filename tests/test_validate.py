@@ -154,6 +154,20 @@ def test_precision_rule_names_the_format_the_source_names():
     assert sum(r.get("precision") == "nvfp4" for r in runs) == 4
 
 
+def test_fp8_scaling_rule_applies_to_every_mbridge_fp8_run():
+    """RUNS_FORMAT.md's FP8 scaling rule: every Megatron-Bridge FP8 run says current scaling, except
+    DeepSeek-V3 on H100 (block scales, left at the default); no other run says anything."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml", "memory_runs.yaml", "sweeps.yaml")]
+    files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_family_runs.yaml", "holdout_llmfoundry.yaml")]
+    runs = [r for f in files for r in load_runs(f)]
+    said = {r["id"] for r in runs if "fp8_scaling" in r}
+    rule = {r["id"] for r in runs if str(r["id"]).startswith("mbridge") and r.get("precision") == "fp8"
+            and "deepseekv3-1024h100" not in r["id"]}
+    assert said == rule and len(rule) == 22
+    assert all(r["fp8_scaling"] == "current" for r in runs if r["id"] in said)
+
+
 def test_one_micro_batch_rule_applies_to_every_maxtext_run():
     """RUNS_FORMAT.md's one-micro-batch rule: every MaxText row writes the per-replica batch (none
     sets gradient accumulation), and validate reads a pipeline-free run of a release without

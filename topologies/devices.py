@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clusterplan.topologies.precisions import low_precision
+from clusterplan.topologies.precisions import low_precision, peak_key
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -150,14 +150,14 @@ class DeviceSpec(BaseModel):
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; a low precision falls back to bf16/fp16 where the device has none."""
-        for key in (dtype, "bf16", "fp16") if low_precision(dtype) else (dtype, "fp16", "bf16"):
+        for key in (peak_key(dtype), "bf16", "fp16") if low_precision(dtype) else (dtype, "fp16", "bf16"):
             value = self.peak_flops_per_s.get(key)
             if value:
                 return value
         raise ValueError(f"device {self.id} has no peak FLOP/s for {dtype}")
 
     def supports(self, dtype: str) -> bool:
-        return bool(self.peak_flops_per_s.get(dtype))
+        return bool(self.peak_flops_per_s.get(peak_key(dtype)))
 
     def low_precisions(self) -> tuple[str, ...]:
         """The low-precision GEMM formats this device has tensor-core math for."""

@@ -25,6 +25,12 @@ devices.yaml: the same GEMMs timed with their operands quantized beforehand and 
 inside the timed step) gives the quantization time of each recipe: FP8 delayed scaling 1.15 ms
 (7.802 and 8.123 ms timed against the 6.812 ms FP8 GEMMs), MXFP8 1.82 ms (8.984 - 7.161), NVFP4
 2.69 ms (6.453 - 3.764). ``cast_time_over_fp8`` is the ratio to FP8's: 1.58 and 2.34.
+
+FP8's two scalings: delayed scaling takes each tensor's scale from the amax history of earlier
+steps and casts in one pass; current (per-tensor, "tensorwise") scaling first reduces the tensor to
+its amax, then casts (and all-reduces the amax over the tensor-parallel group). The same profile
+times its quantization at 2.335 ms (9.147 - 6.812), 2.03 times delayed scaling's: the internal
+format ``fp8_current`` (a job's ``fp8_scaling: current``; ``Job.gemm_format``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class LowPrecision:
     block: int | None  # elements per scale; None: one scale per tensor
     bits: int  # the GEMM's operand width: 8 or 4
     cast_time_over_fp8: float = 1.0  # quantization time over a per-tensor FP8 cast of the same tensors (measured)
+    peak_key: str = ""  # the device peak it runs at; "": its own name
 
     @property
     def cast_bytes(self) -> float:
@@ -56,8 +63,17 @@ LOW_PRECISIONS: dict[str, LowPrecision] = {
     "nvfp4": LowPrecision("nvfp4", 0.5 + 1.0 / 16, 16, 4, cast_time_over_fp8=2.69 / 1.15),
 }
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", *LOW_PRECISIONS)
+FP8_SCALINGS: tuple[str, ...] = ("delayed", "current")
+FP8_CURRENT = LowPrecision("fp8_current", 1.0, None, 8, cast_time_over_fp8=2.335 / 1.15, peak_key="fp8")
+"""FP8 with per-tensor current scaling: FP8's GEMMs, bytes and peak, its casts 2.03x as long."""
 
 
 def low_precision(precision: str) -> LowPrecision | None:
-    """The format of a low-precision job; None for bf16 and fp16."""
-    return LOW_PRECISIONS.get(precision)
+    """The format of a low-precision job (or of ``fp8_current``); None for bf16 and fp16."""
+    return FP8_CURRENT if precision == FP8_CURRENT.name else LOW_PRECISIONS.get(precision)
+
+
+def peak_key(precision: str) -> str:
+    """The device peak a precision's GEMMs run at (``fp8_current`` runs at the FP8 peak)."""
+    fmt = low_precision(precision)
+    return (fmt.peak_key or fmt.name) if fmt else precision

@@ -143,7 +143,7 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
                     "device_memory_kind": cluster.device.memory_kind,
                     "price_per_device_hour_usd": cluster.device.price_per_hour_usd, "pue": cluster.pue,
                     "host_power_w_per_device": host_w, "host_power_assumed": host_assumed},
-        "job": asdict(job),
+        "job": {**asdict(job), "gemm_format": job.gemm_format},
         "framework": framework_dict(job),
         "caveats": caveats(job, cluster, model),
     }

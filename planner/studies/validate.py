@@ -30,7 +30,7 @@ from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecErr
 from clusterplan.models.library import list_models, load_model
 from clusterplan.models.spec import model_from_mapping
 from clusterplan.planner.report.explain import changed_knobs
-from clusterplan.planner.inputs import check_model_code, load_cluster
+from clusterplan.planner.inputs import check_model_code, check_precision_framework, load_cluster
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.planner.search.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds
 
@@ -288,7 +288,9 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
               precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or prof.attention),
               framework=fw, framework_date=date, grad_bytes=_grad_bytes(run, prof.profile.grad_bytes),
-              compiled=compiled, model_code=code, fp8_all_gather=_flag(run, "fp8_all_gather"))
+              compiled=compiled, model_code=code, fp8_all_gather=_flag(run, "fp8_all_gather"),
+              fp8_scaling=str(run.get("fp8_scaling") or ""))
+    check_precision_framework(job.precision, prof, "precision")
     fixed = _bounds(run, prof)
     _one_microbatch_rule(run, job, fixed, result.notes)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
