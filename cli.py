@@ -56,7 +56,7 @@ from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, c
 from clusterplan.planner.report.export import FORMATS as EXPORT_FORMATS, export, export_framework
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import list_clusters, list_devices
-from clusterplan.topologies.precisions import PRECISIONS
+from clusterplan.topologies.precisions import FP8_SCALINGS, PRECISIONS
 
 EXIT_BUG = 1
 GIB = 2**30
@@ -304,6 +304,11 @@ INPUT_OPTIONS = [
                  help="Run the model under torch.compile (torchtitan's compile.enable; off by default, as in "
                       "torchtitan): memory is priced as the compiled graph keeps it, and torchtitan's async TP, "
                       "which needs compile, becomes a knob. Only --framework torchtitan has this switch."),
+    click.option("--fp8-scaling", "fp8_scaling", type=click.Choice(list(FP8_SCALINGS)),
+                 help="With --precision fp8: delayed (scales from earlier steps' amax history; Megatron-LM's "
+                      "default --fp8-recipe) or current (each tensor's own amax first: Megatron's --fp8-recipe "
+                      "tensorwise, Megatron-Bridge's fp8_cs, torchao's float8), whose casts cost about twice as "
+                      "much. Default: the framework's."),
     click.option("--model-code", "model_code", type=click.Choice(list(MODEL_CODES)),
                  help="Whose modules implement the model: native (default: the framework's own, e.g. Megatron's "
                       "fused layers, torchtitan's eager Llama), huggingface (a Hugging Face transformers model "

@@ -79,7 +79,7 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
               seq_len: int | None = None, precision: str | None = None, tokens: int | None = None,
               attention: str | None = None, framework: str | None = None,
               reliability: Reliability | None = None, compiled: bool | None = None,
-              model_code: str | None = None) -> tuple[Job, dict[str, str]]:
+              model_code: str | None = None, fp8_scaling: str | None = None) -> tuple[Job, dict[str, str]]:
     """The job from the options, the model's published setup, then the defaults; and where each came from.
 
     The framework defaults to maxtext on TPU and megatron elsewhere; the attention kernel and the
@@ -119,7 +119,8 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
     check_model_code(model_code, fw)
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
                attention=attention, framework=fw, grad_bytes=prof.grad_bytes, compiled=bool(compiled),
-               reliability=reliability or Reliability(), model_code=model_code or "native"), origin
+               reliability=reliability or Reliability(), model_code=model_code or "native",
+               fp8_scaling=_fp8_scaling(fp8_scaling, prec)), origin
 
 def _device_precision(prec: str, origin: dict, cluster: Cluster) -> str:
     """The job's precision on this device: a low precision the device has no math for is refused
@@ -134,6 +135,14 @@ def _device_precision(prec: str, origin: dict, cluster: Cluster) -> str:
                         f"with {prec.upper()} (--device, another --cluster)")
     origin["precision"] = f"bf16: published {prec}, but {dev.id} has no {prec.upper()}"
     return "bf16"
+
+
+def _fp8_scaling(scaling: str | None, precision: str) -> str:
+    """``--fp8-scaling`` only means something for an FP8 job (its default: the framework's)."""
+    if scaling and precision != "fp8":
+        raise SpecError(f"--fp8-scaling: {scaling} applies to --precision fp8; the job runs {precision} "
+                        f"(mxfp8 and nvfp4 scale each block from itself): drop --fp8-scaling or use --precision fp8")
+    return scaling or ""
 
 
 def check_precision_framework(precision: str, prof: ProfileAt, name: str = "--precision") -> None:
@@ -219,6 +228,7 @@ class Request:
     framework: str | None = None
     compiled: bool | None = None
     model_code: str | None = None
+    fp8_scaling: str | None = None
     price_per_device_hour: float | None = None
     pue: float | None = None
     host_power_w: float | None = None
@@ -245,4 +255,4 @@ class Request:
     def build_job(self, model: ModelSpec, cluster: Cluster) -> tuple[Job, dict[str, str]]:
         return build_job(self.model, model, cluster, self.global_batch, self.seq_len, self.precision, self.tokens,
                          self.attention, self.framework, reliability=self.reliability, compiled=self.compiled,
-                         model_code=self.model_code)
+                         model_code=self.model_code, fp8_scaling=self.fp8_scaling)

@@ -138,3 +138,19 @@ def test_fp8_current_scaling_pays_its_amax_pass():
     assert dev.supports("fp8_current") and dev.gemm_flops_per_s("fp8_current") == dev.gemm_flops_per_s("fp8")
     with pytest.raises(SpecError, match="job.fp8_scaling"):
         Job(64, 8192, "fp8", fp8_scaling="tensorwise")
+
+
+def test_cli_fp8_scaling_prices_and_exports_the_recipe():
+    runner = CliRunner()
+    base = ["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8", "--precision", "fp8",
+            "--global-batch", "64", "--fix", "tp=1,pp=1,dp=8,mbs=1,recompute=full,zero=1"]
+    steps = {}
+    for scaling in ("delayed", "current"):
+        out = runner.invoke(main, ["plan", *base, "--fp8-scaling", scaling, "--json"])
+        assert out.exit_code == 0, out.output
+        steps[scaling] = json.loads(out.output)["step_time_s"]
+    assert steps["current"] > steps["delayed"]
+    exported = runner.invoke(main, ["export", *base, "--fp8-scaling", "current", "--format", "megatron"]).output
+    assert "--fp8-recipe tensorwise" in exported
+    refused = runner.invoke(main, ["plan", *base[:6], "--precision", "bf16", "--fp8-scaling", "current"])
+    assert refused.exit_code == 2 and "--fp8-scaling" in refused.output

@@ -292,6 +292,8 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
                      "--delay-wgrad-compute, which the plan does not price")
     precision = job["precision"]
     args += MEGATRON_PRECISION_ARGS[precision]
+    if job.get("gemm_format") == "fp8_current":
+        args.append("--fp8-recipe tensorwise")  # per-tensor current scaling
     order = split_order(L["order"])[0]
     if order == "tp-cp-pp-dp":
         args.append("--use-tp-pp-dp-mapping")  # RankGenerator order tp-cp-ep-pp-dp (Megatron-LM 2024-04)
