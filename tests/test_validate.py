@@ -206,7 +206,7 @@ def test_slurm_segment_rule_applies_to_every_multi_rack_mbridge_run():
             expected = 4 * next(c for c in range(18, 0, -1) if nodes % c == 0)
             covered += 1
         assert hw.get("devices_per_domain") == expected, r["id"]
-    assert covered == 12
+    assert covered == 14
 
 
 def test_nemo_2407_rule_applies_to_every_nemo2407_run():

@@ -358,7 +358,7 @@ def _dp_tables(ctx: Context, S: Space, times: bool = True) -> tuple[np.ndarray, 
             runtime = runtime_bytes(ctx, Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, expert_tp=et))
             hs = S.head_slots[0] and pp > 1
             for vi, v in enumerate(S.vp):
-                if pp * v > L or (v > 1 and pp == 1):
+                if pp * v > L + (2 if hs else 0) or (v > 1 and pp == 1):  # head slots: up to L + 2 stages
                     continue
                 pc = param_counts(ctx.model, tp, pp, v, e, et, hs)
                 for zi, z in enumerate(S.zero_stage):
@@ -402,7 +402,7 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 U[i, j, vi] = round(slots)
                 group = ctx.job.microbatch_group(m, pp, v)
                 UG[i, j, vi] = round(slots * ep_overlap_steady_share(pp, v, m, "none", group))
-                if pp * v <= L:
+                if pp * v <= L + (2 if hs and pp > 1 else 0):  # head slots: up to L + 2 stages
                     first, last = inflight_layers(L, pp, v, m, group, hs)
                     IF1[i, j, vi], IF2[i, j, vi] = math.ceil(first), math.ceil(last)
     return U, UG, FRAC, M, IF1, IF2
