@@ -188,13 +188,13 @@ def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False
         compute_s = (op.flops * op.causal_fraction * factor / attention_rate(device, precision, op.variant)
                      / head_dim_factor(device, op.variant, op.head_dim))
     else:  # GEMMs; unfused attention's batched GEMMs ("bmm"), the LM head and the router stay in 16 bits
-        sixteen = bool(low_precision(precision)) and (op.kind == "bmm" or op.high_precision)
-        dtype = "bf16" if sixteen else precision
+        low = low_precision(precision) is not None
+        dtype = "bf16" if low and (op.kind == "bmm" or op.high_precision) else precision
         compute_s = op.flops * factor / gemm_rate(device, dtype)
         if op.unaligned:  # no 16-byte loads: the narrower-load kernel's measured rate
             compute_s /= device.unaligned_gemm_fraction
         compute_s = compute_s / _shape_efficiency(op, device) + _epilogue_s(op, device, backward)
-        if op.kind == "gemm" and low_precision(dtype) and device.supports(dtype):
+        if low and dtype == precision and op.kind == "gemm" and device.supports(dtype):
             cast_s = fp8_cast_s(op, device, backward, dtype)
     kernels = 2 if backward and op.kind == "gemm" else 1
     return max(compute_s, mem_s) + cast_s + kernels * device.kernel_overhead_s

@@ -19,6 +19,7 @@ on is the cluster's question (``topologies.cluster.Cluster.placed``).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field, replace
 
 from clusterplan.cost.framework import FRAMEWORKS, ProfileAt, knob_text, load_profile, parse_date
@@ -192,6 +193,13 @@ class Layout:
         return " ".join(parts)
 
 
+@lru_cache(maxsize=64)
+def _fp8_format(scaling: str, framework: str) -> str:
+    """An FP8 job's GEMM format: ``fp8_current`` under current scaling (given, or the framework's
+    default ``semantics.fp8_scaling``), else ``fp8``. Cached: the cost terms ask per op."""
+    return FP8_CURRENT.name if (scaling or load_profile(framework).fp8_scaling) == "current" else "fp8"
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """The training job.
@@ -298,8 +306,7 @@ class Job:
         FP8 job with current scaling (its own or its framework's default), ``fp8_current``."""
         if self.precision != "fp8":
             return self.precision
-        scaling = self.fp8_scaling or self.profile.profile.fp8_scaling
-        return FP8_CURRENT.name if scaling == "current" else self.precision
+        return _fp8_format(self.fp8_scaling, self.framework)
 
     @property
     def tokens_per_step(self) -> int:

@@ -177,11 +177,12 @@ class DeviceSpec(BaseModel):
         (measured for FP8; the 4-bit format takes it too); a device without that math runs a
         low-precision job's GEMMs in bf16.
         """
-        if low_precision(precision) and self.supports(precision):
-            rate = self.peak(precision) * self.gemm_fraction(precision)
-            return rate * (self.sustained_fraction_fp8 or self.sustained_fraction)
-        rate = self.peak("bf16" if low_precision(precision) else precision) * self.gemm.large
-        return rate * self.sustained_fraction
+        if low_precision(precision):
+            peak = self.peak_flops_per_s.get(peak_key(precision))
+            if peak:
+                return peak * self.gemm_fraction(precision) * (self.sustained_fraction_fp8 or self.sustained_fraction)
+            return self.peak("bf16") * self.gemm.large * self.sustained_fraction
+        return self.peak(precision) * self.gemm.large * self.sustained_fraction
 
     def matmul_ceiling(self, precision: str) -> float:
         """The best fraction of the bf16 (16-bit) dense peak this device can reach in ``precision``.

@@ -68,12 +68,15 @@ FP8_CURRENT = LowPrecision("fp8_current", 1.0, None, 8, cast_time_over_fp8=2.335
 """FP8 with per-tensor current scaling: FP8's GEMMs, bytes and peak, its casts 2.03x as long."""
 
 
+_FORMATS: dict[str, LowPrecision] = {**LOW_PRECISIONS, FP8_CURRENT.name: FP8_CURRENT}
+_PEAK_KEYS: dict[str, str] = {name: fmt.peak_key or name for name, fmt in _FORMATS.items()}
+
+
 def low_precision(precision: str) -> LowPrecision | None:
     """The format of a low-precision job (or of ``fp8_current``); None for bf16 and fp16."""
-    return FP8_CURRENT if precision == FP8_CURRENT.name else LOW_PRECISIONS.get(precision)
+    return _FORMATS.get(precision)
 
 
 def peak_key(precision: str) -> str:
     """The device peak a precision's GEMMs run at (``fp8_current`` runs at the FP8 peak)."""
-    fmt = low_precision(precision)
-    return (fmt.peak_key or fmt.name) if fmt else precision
+    return _PEAK_KEYS.get(precision, precision)
