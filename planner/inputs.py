@@ -150,8 +150,9 @@ def check_precision_framework(precision: str, prof: ProfileAt, name: str = "--pr
     if precision in ("mxfp8", "nvfp4") and not prof.has(precision):
         since = prof.profile.since.get(precision)
         when = f"from {since} on" if since else "in no release clusterplan knows"
+        other = "" if prof.profile.id == "megatron" else ", or --framework megatron"
         raise SpecError(f"{name}: {precision} is not a recipe of {prof.profile.describe(prof.date)}: it has it {when}; "
-                        f"use --precision bf16 or fp8, or --framework megatron")
+                        f"use bf16 or fp8{other}")
 
 
 

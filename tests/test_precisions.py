@@ -154,3 +154,23 @@ def test_cli_fp8_scaling_prices_and_exports_the_recipe():
     assert "--fp8-recipe tensorwise" in exported
     refused = runner.invoke(main, ["plan", *base[:6], "--precision", "bf16", "--fp8-scaling", "current"])
     assert refused.exit_code == 2 and "--fp8-scaling" in refused.output
+
+
+def test_validate_refuses_a_run_whose_device_or_release_lacks_its_precision():
+    """A run in MXFP8 on an H100 (no MX math), or in NVFP4 under a 2024 Megatron, is reported with
+    its reason, never priced in bf16 behind the user's back."""
+    import copy
+    from pathlib import Path
+
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.studies.validate import evaluate_run, load_runs
+
+    runs = {r["id"]: r for r in load_runs(Path(__file__).resolve().parent.parent / "planner/data/runs.yaml")}
+    h100 = copy.deepcopy(runs["mbridge2511-llama3_8b-8h100"])
+    h100["precision"] = "mxfp8"
+    res = evaluate_run(h100, SearchOptions(), best=False)
+    assert res.error is None and "needs a device with MXFP8 math" in res.reason
+    old = copy.deepcopy(runs["nemo2407-llama3-8b-8h100-fp8"])
+    old["precision"] = "nvfp4"
+    res = evaluate_run(old, SearchOptions(), best=False)
+    assert res.error is None and "from 2025-09 on" in res.reason
