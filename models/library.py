@@ -158,7 +158,7 @@ def job_defaults(name: str) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``global_batch_size`` (sequences), ``seq_len`` (tokens), ``precision`` (bf16|fp16|fp8) and
+        ``global_batch_size`` (sequences), ``seq_len`` (tokens), ``precision`` (one of ``cost.layout.PRECISIONS``) and
         ``tokens_to_train``. A value the source does not publish is ``None``: the caller applies
         its own default.
     """
