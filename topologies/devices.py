@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clusterplan.topologies.precisions import low_precision, peak_key
+from clusterplan.topologies.precisions import LOW_PRECISIONS, low_precision, peak_key
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -161,7 +161,7 @@ class DeviceSpec(BaseModel):
 
     def low_precisions(self) -> tuple[str, ...]:
         """The low-precision GEMM formats this device has tensor-core math for."""
-        return tuple(p for p in ("fp8", "mxfp8", "nvfp4") if self.supports(p))
+        return tuple(p for p in LOW_PRECISIONS if self.supports(p))
 
     def gemm_fraction(self, precision: str) -> float:
         """MAMF over dense peak for ``precision``'s GEMMs: ``gemm.large_mxfp8`` / ``gemm.large_nvfp4``
