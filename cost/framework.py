@@ -20,6 +20,7 @@ from functools import lru_cache
 from clusterplan.cost.orders import ORDERS, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.files import bundled_yaml
+from clusterplan.topologies.precisions import FP8_SCALINGS
 
 FORMAT = "clusterplan-framework/1"
 FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext")
@@ -471,7 +472,7 @@ def load_profile(framework_id: str) -> Profile:
         nccl_runtime=bool(sem.get("nccl_runtime", False)),
         fp8_saved_inputs=bool(sem.get("fp8_saved_inputs", False)),
         tp_gather_quantized=bool(sem.get("tp_gather_quantized", False)),
-        fp8_scaling=_choice(sem.get("fp8_scaling", "delayed"), ("delayed", "current"), f"{where}: semantics.fp8_scaling"),
+        fp8_scaling=_choice(sem.get("fp8_scaling", "delayed"), FP8_SCALINGS, f"{where}: semantics.fp8_scaling"),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),
         tp_comm_share=None if ov.get("tp_comm_share") is None else _fraction(ov["tp_comm_share"], f"{where}: overlap.tp_comm_share"),
         tp_comm_sm_margin=bool(ov.get("tp_comm_sm_margin", False)),

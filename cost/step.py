@@ -21,7 +21,7 @@ from clusterplan.cost.layout import (RECOMPUTE_MODES, Job, Layout, interleaved_w
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
     grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
-    param_counts, period_layers, regather_share, runtime_bytes, stage_split, static_memory,
+    param_counts, period_layers, regather_share, runtime_bytes, stage_slots, stage_split, static_memory,
 )
 
 from clusterplan.models.errors import SpecError
@@ -164,7 +164,7 @@ def _batch_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         bad("batch", f"{m} micro-batches a step: {release} does not accumulate "
             f"gradients, so without pipeline parallelism a step is one micro-batch: micro_batch_size = "
             f"global_batch_size / dp = {job.global_batch_size}/{layout.dp}")
-    slots = model.num_layers + (2 if layout.head_slots and layout.pp > 1 else 0)  # head_slot_problem checks the rest
+    slots = stage_slots(model.num_layers, layout.pp, layout.head_slots)  # head_slot_problem checks the rest
     if layout.pp * layout.vp > slots:
         bad("layers", f"pp*vp = {layout.pp * layout.vp} exceeds num_layers={model.num_layers}"
             + (" + the embedding and head slots" if slots > model.num_layers else ""))
@@ -210,7 +210,7 @@ def head_slot_problem(model: ModelSpec, job: Job, pp: int, vp: int) -> str | Non
     L = model.num_layers
     if pp == 1:
         return None  # no pipeline: nothing to split (the knob does nothing)
-    if L + 2 < pp * vp:  # a stage may hold the embedding or the head alone (torchtitan's split allows it)
+    if stage_slots(L, pp, True) < pp * vp:  # a stage may hold the embedding or the head alone
         return f"head_slots=on: {L} layers + the embedding and the head fill fewer than pp*vp = {pp * vp} stages"
     prof = job.profile.profile
     if model.moe is not None and prof.head_slots_moe_from and job.profile.date < prof.head_slots_moe_from:

@@ -1004,6 +1004,13 @@ class StageSplit:
     slots: int
 
 
+def stage_slots(num_layers: int, pp: int, head_slots: bool = False) -> int:
+    """The most pipeline stages (pp x vp) the layers can fill: one layer each, and with ``head_slots``
+    (pp > 1) the embedding and the head a slot each (Megatron-Core lets a virtual stage hold the
+    embedding alone: ``num_layers + 2`` divisible by pp x vp)."""
+    return num_layers + (2 if head_slots and pp > 1 else 0)
+
+
 @lru_cache(maxsize=4096)
 def stage_split(num_layers: int, pp: int, vp: int, head_slots: bool = False) -> StageSplit:
     """How the layers fall on the pipeline ranks (``Layout.head_slots``).

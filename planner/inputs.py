@@ -122,19 +122,28 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
                reliability=reliability or Reliability(), model_code=model_code or "native",
                fp8_scaling=_fp8_scaling(fp8_scaling, prec)), origin
 
+
 def _device_precision(prec: str, origin: dict, cluster: Cluster) -> str:
     """The job's precision on this device: a low precision the device has no math for is refused
-    when given, and a published one falls back to bf16 (said in ``origin``)."""
+    when given (:func:`check_device_precision`), and a published one falls back to bf16 (said in
+    ``origin``)."""
     if not low_precision(prec) or cluster.device.supports(prec):
         return prec
-    dev = cluster.device
-    has = ", ".join(dev.low_precisions()) or "none"
     if origin["precision"] == "given":
-        raise SpecError(f"--precision: {prec} needs a device with {prec.upper()} math; {dev.id} has low precisions: "
-                        f"{has}; use --precision bf16{''.join(', ' + p for p in dev.low_precisions())}, or a device "
-                        f"with {prec.upper()} (--device, another --cluster)")
-    origin["precision"] = f"bf16: published {prec}, but {dev.id} has no {prec.upper()}"
+        check_device_precision(prec, cluster.device)
+    origin["precision"] = f"bf16: published {prec}, but {cluster.device.id} has no {prec.upper()}"
     return "bf16"
+
+
+def check_device_precision(precision: str, device, name: str = "--precision") -> None:
+    """A low precision needs the device's math for it (``DeviceSpec.supports``); ``name``: how the
+    caller spells the field (the CLI option, or a runs file's ``precision``)."""
+    if not low_precision(precision) or device.supports(precision):
+        return
+    has = ", ".join(device.low_precisions()) or "none"
+    raise SpecError(f"{name}: {precision} needs a device with {precision.upper()} math; {device.id} has low "
+                    f"precisions: {has}; use bf16{''.join(', ' + p for p in device.low_precisions())}, or a device "
+                    f"with {precision.upper()} (--device, another --cluster)")
 
 
 def _fp8_scaling(scaling: str | None, precision: str) -> str:
@@ -153,7 +162,6 @@ def check_precision_framework(precision: str, prof: ProfileAt, name: str = "--pr
         other = "" if prof.profile.id == "megatron" else ", or --framework megatron"
         raise SpecError(f"{name}: {precision} is not a recipe of {prof.profile.describe(prof.date)}: it has it {when}; "
                         f"use bf16 or fp8{other}")
-
 
 
 FLASH_VENDORS = ("nvidia", "amd")  # FlashAttention 1/2 ship CUDA kernels and ROCm ports only

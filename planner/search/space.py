@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from clusterplan.cost.framework import framework_domains, framework_refusal, knob_text, model_code_domains, unoffered
 from clusterplan.cost.step import head_slot_problem
+from clusterplan.cost.terms import stage_slots
 from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
@@ -323,7 +324,7 @@ def batch_ok(model: ModelSpec, job: Job, pp: int, dp: int, mbs: int, vp: int, he
     take a stage slot each, so pp x vp may reach num_layers + 2: ``cost.step.head_slot_problem``)."""
     if job.global_batch_size % (dp * mbs) or (job.one_microbatch(pp) and job.global_batch_size != dp * mbs):
         return "batch"
-    if pp * vp > model.num_layers + (2 if head_slots and pp > 1 else 0):
+    if pp * vp > stage_slots(model.num_layers, pp, head_slots):
         return "layers"
     if vp > 1 and (pp == 1 or job.microbatch_group(job.global_batch_size // (dp * mbs), pp, vp) is None):
         return "interleave"

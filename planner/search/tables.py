@@ -43,7 +43,7 @@ from clusterplan.cost.step import head_slot_problem, inflight_layers, memory_sta
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
     ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_in_period, head_terms, optimizer_s,
-    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, tp_comm_terms, zero_replicas,
+    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms, zero_replicas,
 )
 from clusterplan.planner.search.space import (
     Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
@@ -358,7 +358,7 @@ def _dp_tables(ctx: Context, S: Space, times: bool = True) -> tuple[np.ndarray, 
             runtime = runtime_bytes(ctx, Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, expert_tp=et))
             hs = S.head_slots[0] and pp > 1
             for vi, v in enumerate(S.vp):
-                if pp * v > L + (2 if hs else 0) or (v > 1 and pp == 1):  # head slots: up to L + 2 stages
+                if pp * v > stage_slots(L, pp, hs) or (v > 1 and pp == 1):
                     continue
                 pc = param_counts(ctx.model, tp, pp, v, e, et, hs)
                 for zi, z in enumerate(S.zero_stage):
@@ -402,7 +402,7 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 U[i, j, vi] = round(slots)
                 group = ctx.job.microbatch_group(m, pp, v)
                 UG[i, j, vi] = round(slots * ep_overlap_steady_share(pp, v, m, "none", group))
-                if pp * v <= L + (2 if hs and pp > 1 else 0):  # head slots: up to L + 2 stages
+                if pp * v <= stage_slots(L, pp, hs):
                     first, last = inflight_layers(L, pp, v, m, group, hs)
                     IF1[i, j, vi], IF2[i, j, vi] = math.ceil(first), math.ceil(last)
     return U, UG, FRAC, M, IF1, IF2

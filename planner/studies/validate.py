@@ -30,10 +30,9 @@ from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecErr
 from clusterplan.models.library import list_models, load_model
 from clusterplan.models.spec import model_from_mapping
 from clusterplan.planner.report.explain import changed_knobs
-from clusterplan.planner.inputs import check_model_code, check_precision_framework, load_cluster
+from clusterplan.planner.inputs import check_device_precision, check_model_code, check_precision_framework, load_cluster
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.planner.search.space import MBS_CANDIDATES, VP_CANDIDATES, Bounds
-from clusterplan.topologies.precisions import low_precision
 
 SPACE_CANDIDATES = {"vp": VP_CANDIDATES, "micro_batch_size": MBS_CANDIDATES}
 
@@ -292,9 +291,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
               compiled=compiled, model_code=code, fp8_all_gather=_flag(run, "fp8_all_gather"),
               fp8_scaling=str(run.get("fp8_scaling") or ""))
     check_precision_framework(job.precision, prof, "precision")
-    if low_precision(job.precision) and not cluster.device.supports(job.precision):
-        raise SpecError(f"precision: {job.precision} needs a device with {job.precision.upper()} math; "
-                        f"{cluster.device.id} has low precisions: {', '.join(cluster.device.low_precisions()) or 'none'}")
+    check_device_precision(job.precision, cluster.device, "precision")
     fixed = _bounds(run, prof)
     _one_microbatch_rule(run, job, fixed, result.notes)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
