@@ -128,7 +128,7 @@ def test_megatron_bridge_rule_applies_to_every_mbridge_run():
     files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml")]
     files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_family_runs.yaml")]
     runs = [r for f in files for r in load_runs(f) if str(r["id"]).startswith("mbridge")]
-    assert len(runs) == 48
+    assert len(runs) == 54
     for r in runs:
         assert r.get("grad_reduce_dtype") == "bf16", r["id"]
         assert r["model"].get("dropout") is False, r["id"]  # the providers' hidden/attention dropout 0.0
