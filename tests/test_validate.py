@@ -128,7 +128,7 @@ def test_megatron_bridge_rule_applies_to_every_mbridge_run():
     files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml")]
     files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_family_runs.yaml")]
     runs = [r for f in files for r in load_runs(f) if str(r["id"]).startswith("mbridge")]
-    assert len(runs) == 54
+    assert len(runs) == 60
     for r in runs:
         assert r.get("grad_reduce_dtype") == "bf16", r["id"]
         assert r["model"].get("dropout") is False, r["id"]  # the providers' hidden/attention dropout 0.0
@@ -150,7 +150,7 @@ def test_precision_rule_names_the_format_the_source_names():
                  if any(f"precision {said}" in str(n) for n in r.get("notes", [])) or f"-{fmt}-" in r["id"]}
         carried = {r["id"] for r in runs if r.get("precision") == fmt}
         assert named == carried and carried, fmt
-    assert sum(r.get("precision") == "mxfp8" for r in runs) == 13
+    assert sum(r.get("precision") == "mxfp8" for r in runs) == 16
     assert sum(r.get("precision") == "nvfp4" for r in runs) == 4
 
 
