@@ -203,11 +203,13 @@ def _family_errors() -> dict:
 
 def family_error(family: str, moe: bool | None = None) -> dict | None:
     """The validated step-time error of a hardware family: ``{runs, median_abs_error, p90_abs_error,
-    kind, line}`` from ``planner/data/validated_error.yaml`` (written by ``benchmarks/update_docs.py``
-    from ``clusterplan validate``), or None where no published run of the family was evaluated.
-    With the model's kind (``moe``) and at least :data:`KIND_MIN_RUNS` runs of that kind on the
-    family, the figure is that kind's (its MoE runs can be off where its dense runs are not), the
-    family's whole figure named beside it (``kind``: ``"MoE"`` or ``"dense"``; None: the family's)."""
+    median_signed_error, kind, line}`` from ``planner/data/validated_error.yaml`` (written by
+    ``benchmarks/update_docs.py`` from ``clusterplan validate`` over the bundled and hold-out runs),
+    or None where no published run of the family was evaluated. With the model's kind (``moe``) and
+    at least :data:`KIND_MIN_RUNS` runs of that kind on the family, the figure is that kind's (its MoE
+    runs can be off where its dense runs are not), the family's whole figure named beside it
+    (``kind``: ``"MoE"`` or ``"dense"``; None: the family's). Where the median signed error is
+    :data:`BIAS_SHOWN` or more, the line says which way the predictions ran."""
     family_entry = _family_errors().get(family)
     if not family_entry:
         return None
@@ -218,7 +220,7 @@ def family_error(family: str, moe: bool | None = None) -> dict | None:
     if entry and entry["runs"] >= KIND_MIN_RUNS:
         label = "MoE" if moe else "dense"
         line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {entry['runs']} published "
-                f"{label} runs on {family} (p90 {entry['p90_abs_error']:.0%}; all {whole}: "
+                f"{label} runs on {family} ({_bias(entry)}p90 {entry['p90_abs_error']:.0%}; all {whole}: "
                 f"{family_entry['median_abs_error']:.0%}; clusterplan validate)")
     else:
         entry = family_entry
@@ -226,9 +228,22 @@ def family_error(family: str, moe: bool | None = None) -> dict | None:
         none_of_kind = kind and moe_runs == (0 if moe else family_entry["runs"])
         line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {whole}"
                 + (f", none of them {'MoE' if moe else 'dense'}" if none_of_kind else "")
-                + f" (p90 {entry['p90_abs_error']:.0%}; clusterplan validate)")
+                + f" ({_bias(entry)}p90 {entry['p90_abs_error']:.0%}; clusterplan validate)")
     return {"runs": entry["runs"], "median_abs_error": entry["median_abs_error"],
-            "p90_abs_error": entry["p90_abs_error"], "kind": label, "line": line}
+            "p90_abs_error": entry["p90_abs_error"], "median_signed_error": entry.get("median_signed_error"),
+            "kind": label, "line": line}
+
+
+BIAS_SHOWN = 0.05
+"""Median signed step-time error from which a plan's validated-error line says the predictions ran
+fast (or slow): a plan on such hardware is likely optimistic (or pessimistic) by about that much."""
+
+
+def _bias(entry: dict) -> str:
+    signed = entry.get("median_signed_error")
+    if signed is None or abs(signed) < BIAS_SHOWN:
+        return ""
+    return f"predicted too {'fast' if signed < 0 else 'slow'}: median signed {signed:+.0%}; "
 
 
 KIND_MIN_RUNS = 2

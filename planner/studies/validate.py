@@ -610,22 +610,22 @@ def validate(path: str | Path | None = None, options: SearchOptions | None = Non
 STEP_TIME_FILES = ("runs.yaml", "sweeps.yaml", "family_runs.yaml")
 
 
-def error_by_family(options: SearchOptions | None = None) -> dict[str, dict]:
-    """Per hardware family: runs, median and p90 |step-time error| over every bundled published run
-    with a measured step time (:data:`STEP_TIME_FILES`), rounded to 0.1%, and the same for its dense
-    and its MoE runs (``dense``, ``moe``) where the family has runs of both kinds, and how many of
-    its runs are MoE (``moe_runs``): what
-    ``planner/data/validated_error.yaml`` holds (``benchmarks/update_docs.py`` writes it; a test
-    recomputes it)."""
+def error_by_family(options: SearchOptions | None = None, extra_files: tuple[Path, ...] = ()) -> dict[str, dict]:
+    """Per hardware family: runs, median and p90 |step-time error| and the median signed error (negative:
+    predicted too fast) over every bundled published run with a measured step time
+    (:data:`STEP_TIME_FILES`) and the runs of ``extra_files`` (the repository's hold-out files, which
+    ``benchmarks/update_docs.py`` passes), rounded to 0.1%, and the same for its dense and its MoE runs
+    (``dense``, ``moe``) where the family has runs of both kinds, and how many of its runs are MoE
+    (``moe_runs``): what ``planner/data/validated_error.yaml`` holds (a test recomputes it)."""
     opts = options or SearchOptions(engine="exhaustive", top_k=0)
-    results: list[RunResult] = []
-    for name in STEP_TIME_FILES:
-        results += [evaluate_run(run, opts, best=False) for run in load_runs(bundled_data_path(name))]
+    paths = [bundled_data_path(name) for name in STEP_TIME_FILES] + [Path(f) for f in extra_files]
+    results = [evaluate_run(run, opts, best=False) for path in paths for run in load_runs(path)]
 
     def entry(rows: list[RunResult]) -> dict:
         errors = sorted(abs(r.error) for r in rows)
         return {"runs": len(errors), "median_abs_error": round(statistics.median(errors), 3),
-                "p90_abs_error": round(_percentile(errors, 0.9), 3)}
+                "p90_abs_error": round(_percentile(errors, 0.9), 3),
+                "median_signed_error": round(statistics.median(r.error for r in rows), 3)}
 
     out = {}
     for family in sorted({r.family for r in results if r.error is not None}):
