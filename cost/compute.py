@@ -17,6 +17,7 @@ gradient and write one gradient, about twice the forward bytes. An op may carry 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from clusterplan.models.ops import ACT_BYTES, Op
 from clusterplan.topologies.devices import DeviceSpec
@@ -62,8 +63,18 @@ weight gradient)."""
 
 
 def gemm_rate(device: DeviceSpec, precision: str) -> float:
-    """Achieved FLOP/s of a large GEMM in ``precision`` (``DeviceSpec.gemm_flops_per_s``)."""
-    return device.gemm_flops_per_s(precision)
+    """Achieved FLOP/s of a large GEMM in ``precision`` (``DeviceSpec.gemm_flops_per_s``), kept per
+    device object: the search prices about a million ops against one device."""
+    key = (id(device), precision)
+    hit = _GEMM_RATES.get(key)
+    if hit is None or hit[0] is not device:
+        if len(_GEMM_RATES) > 1024:
+            _GEMM_RATES.clear()
+        hit = _GEMM_RATES[key] = (device, device.gemm_flops_per_s(precision))
+    return hit[1]
+
+
+_GEMM_RATES: dict[tuple[int, str], tuple[DeviceSpec, float]] = {}
 
 
 def attention_rate(device: DeviceSpec, precision: str, variant: str = "") -> float:
@@ -126,8 +137,14 @@ def _shape_efficiency(op: Op, device: DeviceSpec) -> float:
     weight gradients: other shapes, of the same sizes for square-ish layers)."""
     g = device.gemm
     own = wave_efficiency(op.rows, op.cols, op.groups, g.sm_count)
-    ref = wave_efficiency(g.mamf_shape[0], g.mamf_shape[1], 1, g.sm_count) if g.mamf_shape else 1.0
+    ref = _mamf_wave(g.mamf_shape[0], g.mamf_shape[1], g.sm_count) if g.mamf_shape else 1.0
     return min(1.0, own / ref)
+
+
+@lru_cache(maxsize=256)
+def _mamf_wave(rows: float, cols: float, sm_count: int | None) -> float:
+    """:func:`wave_efficiency` of the GEMM a device's MAMF was measured on (one per device)."""
+    return wave_efficiency(rows, cols, 1, sm_count)
 
 
 def _output_elements(op: Op, backward: bool) -> float:
@@ -202,8 +219,3 @@ def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False
 
 def ops_time_s(ops: list[Op], device: DeviceSpec, precision: str, backward: bool = False) -> float:
     return sum(op_time_s(op, device, precision, backward) for op in ops)
-
-
-def gemm_time_s(ops: list[Op], device: DeviceSpec, precision: str, backward: bool = False) -> float:
-    """Time of the GEMMs alone: what tensor-parallel communication can hide behind."""
-    return sum(op_time_s(op, device, precision, backward) for op in ops if op.kind == "gemm")

@@ -298,7 +298,7 @@ class Job:
     @property
     def profile(self) -> ProfileAt:
         """The framework profile at the job's release date."""
-        return load_profile(self.framework).at(self.framework_date or None, self.compiled)
+        return _profile_at(self.framework, self.framework_date or None, self.compiled)
 
     @property
     def gemm_format(self) -> str:
@@ -471,3 +471,10 @@ def _parse_order(raw: str) -> str:
         raise SpecError(f"layout.order: got {raw!r}; after @ come the torus axes, fastest first, each once: "
                         "a permutation of xy (2D tori) or xyz (3D), e.g. tp-cp-dp-pp@xzy")
     return raw
+
+
+@lru_cache(maxsize=256)
+def _profile_at(framework: str, date: str | None, compiled: bool) -> ProfileAt:
+    """One :class:`ProfileAt` per (framework, release, compiled): the search reads a job's profile
+    about a million times."""
+    return load_profile(framework).at(date, compiled)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from clusterplan.cost import collectives as coll
-from clusterplan.cost.compute import gemm_time_s, memory_rate, op_time_s, ops_time_s
+from clusterplan.cost.compute import memory_rate, op_time_s, ops_time_s
 from clusterplan.cost.layout import Job, Layout, interleaved_warmup, split_order
 from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops, linear_op
 from clusterplan.models.spec import ModelSpec
@@ -380,16 +380,19 @@ def _compute_context(ctx: Context) -> Context:
 def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int = 1,
                   expert_tp: bool = True) -> ComputeTerms:
     """Compute of all layers for one micro-batch and the activations it leaves (:class:`ComputeTerms`)."""
-    return _compute_terms(_compute_context(ctx), tp, cp, mbs, sp, recompute, ep, expert_tp)
+    # keyed by what the terms depend on: the tokens of one micro-batch on one rank (cp x mbs pairs of
+    # one ratio share them) and the experts on a rank (every ep of a dense model shares them)
+    return _compute_terms(_compute_context(ctx), tp, _tokens(ctx, cp, mbs), sp, recompute,
+                          _local_experts(ctx.model, ep), expert_tp)
 
 
 @lru_cache(maxsize=65536)
-def _compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int = 1,
-                   expert_tp: bool = True) -> ComputeTerms:
+def _compute_terms(ctx: Context, tp: int, n: float, sp: bool, recompute: str, local_experts: int | None,
+                   expert_tp: bool) -> ComputeTerms:
     model = ctx.model
     fwd = bwd = gemm = attn = gemm_bwd = attn_bwd = sac_rec = 0.0
     for moe, count in _layer_kinds(model):
-        t = _kind_times(ctx, tp, cp, mbs, sp, moe, _local_experts(model, ep) if moe else None, expert_tp)
+        t = _kind_times(ctx, tp, n, sp, moe, local_experts if moe else None, expert_tp)
         fwd, bwd, gemm, attn = fwd + count * t[0], bwd + count * t[1], gemm + count * t[2], attn + count * t[3]
         gemm_bwd, attn_bwd = gemm_bwd + count * t[4], attn_bwd + count * t[5]
         saved = _op_sac_saved(ctx, recompute, moe)
@@ -398,7 +401,7 @@ def _compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute
     # full: the whole forward again; selective: Megatron-Core checkpoints the core-attention module,
     # so one more flash forward; torchtitan's per-op SAC re-runs what it does not save (op_sac_*)
     rec = {"full": fwd, "selective": sac_rec}.get(recompute, 0.0)
-    act, transient = _activation_terms(ctx, tp, cp, mbs, sp, recompute)
+    act, transient = _activation_terms(ctx, tp, n, sp, recompute)
     return ComputeTerms(fwd, bwd, rec, gemm, act, transient, gemm_bwd, attn + attn_bwd, attn_bwd)
 
 
@@ -406,7 +409,7 @@ def activation_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompu
     """Stored activations per layer (averaged over the layers) and one layer's transient working
     memory for one micro-batch: :class:`ComputeTerms`' memory without its times (the memory-only
     tables of ``clusterplan fit``)."""
-    return _activation_terms(_compute_context(ctx), tp, cp, mbs, sp, recompute)
+    return _activation_terms(_compute_context(ctx), tp, _tokens(ctx, cp, mbs), sp, recompute)
 
 
 def _op_sac_saved(ctx: Context, recompute: str, moe: bool) -> bool | None:
@@ -418,9 +421,8 @@ def _op_sac_saved(ctx: Context, recompute: str, moe: bool) -> bool | None:
 
 
 @lru_cache(maxsize=65536)
-def _activation_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str) -> tuple[float, float]:
+def _activation_terms(ctx: Context, tp: int, n: float, sp: bool, recompute: str) -> tuple[float, float]:
     model = ctx.model
-    n = _tokens(ctx, cp, mbs)
     kernels = layer_kernels(ctx)
     style = {"eager": kernels.eager, "kv_repeat": kernels.kv_repeat, "fp32_norms": ctx.job.model_code == HF_MODEL_CODE,
              "fp8_inputs": fp8_saved_inputs(ctx)}
@@ -453,19 +455,23 @@ def layer_kernels(ctx: Context) -> Kernels:
 
 
 @lru_cache(maxsize=65536)
-def _kind_times(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, moe: bool,
+def _kind_times(ctx: Context, tp: int, n: float, sp: bool, moe: bool,
                 local_experts: int | None, expert_tp: bool = True) -> tuple[float, ...]:
     """Forward, backward, GEMM (fwd+bwd), attention-forward, backward-GEMM, attention-backward and
     per-op-SAC recompute time of one layer of a kind."""
     dev, prec = ctx.cluster.device, ctx.job.gemm_format
-    ops = layer_ops(ctx.model, _tokens(ctx, cp, mbs), ctx.job.seq_len, tp, sp, moe, local_experts, ctx.job.attention,
+    ops = layer_ops(ctx.model, n, ctx.job.seq_len, tp, sp, moe, local_experts, ctx.job.attention,
                     expert_tp, layer_kernels(ctx))
-    core = [op for op in ops if op.core]
-    gemm_bwd = gemm_time_s(ops, dev, prec, backward=True)
-    return (ops_time_s(ops, dev, prec), ops_time_s(ops, dev, prec, backward=True),
-            gemm_time_s(ops, dev, prec) + gemm_bwd, ops_time_s(core, dev, prec), gemm_bwd,
-            ops_time_s(core, dev, prec, backward=True),
-            sum(share * op_time_s(op, dev, prec) for op in ops if (share := op_sac_recomputed_share(ctx.model, op))))
+    # each op priced once forward and once backward; the sums run in the ops' order, as
+    # cost.compute.ops_time_s does
+    fwd = [op_time_s(op, dev, prec) for op in ops]
+    bwd = [op_time_s(op, dev, prec, backward=True) for op in ops]
+    gemm = [i for i, op in enumerate(ops) if op.kind == "gemm"]
+    core = [i for i, op in enumerate(ops) if op.core]
+    gemm_bwd = sum(bwd[i] for i in gemm)
+    return (sum(fwd), sum(bwd), sum(fwd[i] for i in gemm) + gemm_bwd, sum(fwd[i] for i in core), gemm_bwd,
+            sum(bwd[i] for i in core),
+            sum(share * fwd[i] for i, op in enumerate(ops) if (share := op_sac_recomputed_share(ctx.model, op))))
 
 
 def op_sac_recomputed_share(model: ModelSpec, op) -> float:
@@ -535,15 +541,23 @@ def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
     """
     if tp == 1:
         return 0.0
-    prof = ctx.cluster.strided_profile(tp, stride)
-    n = _tokens(ctx, cp, mbs)
-    per_layer = _tp_comm_s(n, ctx.model.hidden_size, prof, sp, tp_gather_bytes(ctx)) * _comm_multiplier(recompute)
-    mlp_layers = ctx.model.num_layers if moe_tp else ctx.model.num_dense_layers
-    total = per_layer * (ctx.model.num_layers + mlp_layers) / 2
+    total = _tp_comm_total_s(ctx, tp, cp, mbs, sp, recompute, stride, moe_tp)
     if overlap:
         window = compute_terms(ctx._base, tp, cp, mbs, sp, recompute, ep, expert_tp).gemm_s
         total = overlapped_exposed_s(total, window, overlap_share(ctx, "tp"))
     return total
+
+
+@lru_cache(maxsize=65536)
+def _tp_comm_total_s(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, stride: int,
+                     moe_tp: bool) -> float:
+    """:func:`tp_comm_terms` before overlap: it does not depend on the expert layout, which only sets
+    the overlap's window (cached apart, as the search asks for it under every ``ep``)."""
+    prof = ctx.cluster.strided_profile(tp, stride)
+    n = _tokens(ctx, cp, mbs)
+    per_layer = _tp_comm_s(n, ctx.model.hidden_size, prof, sp, tp_gather_bytes(ctx)) * _comm_multiplier(recompute)
+    mlp_layers = ctx.model.num_layers if moe_tp else ctx.model.num_dense_layers
+    return per_layer * (ctx.model.num_layers + mlp_layers) / 2
 
 
 def overlap_share(ctx: Context, stream: str, beside: str = "gemm") -> float:
