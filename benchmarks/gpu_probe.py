@@ -55,6 +55,12 @@ that fails records its error and the others still run. What it measures, and whi
   all-gather before v0.5.6, at GPT-3 175B's module sizes and 384-1536 ranks (host time per copy).
 - ``allocator``: a short AdamW training loop (fp32 master weights, bf16 autocast): peak allocated
   vs peak reserved bytes of PyTorch's caching allocator.
+- ``wgrad_accum``: weight-gradient GEMMs (``dW = X^T dY``, K = the tokens) written three ways: a
+  fresh bf16 output; accumulated into an fp32 buffer by the GEMM itself where PyTorch offers it
+  (``out_dtype`` on ``addmm``: beta 1, as Megatron's ``--gradient-accumulation-fusion`` and Transformer
+  Engine's ``fuse_wgrad_accumulation`` write ``main_grad``); and a bf16 GEMM then a separate add into
+  the fp32 buffer (``main_grad.add_(grad)``, Megatron before the fusion). Not priced yet: the model
+  charges every GEMM output 2 bytes an element (``cost.compute._epilogue_s``).
 """
 
 from __future__ import annotations
@@ -996,6 +1002,52 @@ def expert_gemms():
     return out
 
 
+WGRAD_CASES = (  # (name, tokens, k, n): a weight gradient's K x N output, tokens the reduction
+    ("llama3-8b-mlp-up", 8192, 4096, 14336),
+    ("llama3-8b-mlp-up-2k", 2048, 4096, 14336),
+    ("llama3-70b-tp8-mlp-up", 4096, 8192, 3584),
+    ("llama3-70b-tp8-mlp-up-16k", 16384, 8192, 3584),
+    ("gpt-oss-expert-up", 1024, 2880, 5760),
+)
+
+
+def _wgrad_fns(tokens, k, n):
+    """The weight-gradient GEMM of one linear layer, three ways (``wgrad_accum``)."""
+    x_t = torch.randn(k, tokens, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
+    acc = torch.zeros(k, n, device="cuda", dtype=torch.float32)
+    fns = {"bf16_out": lambda: x_t @ dy, "unfused_fp32_add": lambda: acc.add_(x_t @ dy)}
+    try:  # a GEMM that reads and writes the fp32 buffer itself (PyTorch 2.8+: out_dtype)
+        torch.addmm(acc, x_t, dy, out_dtype=torch.float32)
+        fns["fused_fp32_accum"] = lambda: torch.addmm(acc, x_t, dy, out_dtype=torch.float32, out=acc)
+        fns["fused_fp32_accum"]()
+    except (TypeError, RuntimeError) as exc:
+        log(f"[wgrad_accum] no fused fp32 accumulate in this PyTorch: {exc}")
+    return fns
+
+
+@section("wgrad_accum")
+def wgrad_accum():
+    """Weight-gradient GEMMs with a bf16 output, with a fused fp32 accumulate and with a separate fp32
+    add: the time each takes, and the extra seconds per output element over the bf16 output."""
+    out = []
+    for name, tokens, k, n in WGRAD_CASES:
+        fns = _wgrad_fns(tokens, k, n)
+        row = {"case": name, "tokens": tokens, "k": k, "n": n}
+        for key, fn in fns.items():
+            row[f"{key}_s"] = timed(fn, 20)
+        base = row["bf16_out_s"]
+        row["tflops_bf16_out"] = round(2 * tokens * k * n / base / 1e12, 1)
+        for key in ("fused_fp32_accum", "unfused_fp32_add"):
+            if f"{key}_s" in row:
+                row[f"{key}_extra_s_per_element"] = (row[f"{key}_s"] - base) / (k * n)
+        out.append(row)
+        log(f"[wgrad_accum] {name}: " + ", ".join(f"{key} {v:.3g}" for key, v in row.items() if key.endswith("_s")))
+        del fns
+        torch.cuda.empty_cache()
+    return out
+
+
 def _ds_gather_copies(numels, world):
     """The copies DeepSpeed ZeRO-3 made around one module's parameter all-gather before v0.5.6
     (``partition_parameters._allgather_params`` until PR #1188, 2021-10-31): PyTorch's list
@@ -1328,7 +1380,8 @@ def main() -> int:
                 "sustained_fp8": (sustained_fp8, (5.0 if a.quick else a.sustain_s,)),
                 "fp8_linear": (fp8_linear, (5.0 if a.quick else a.sustain_s / 2,)),
                 "sustained_layer": (sustained_layer, (5.0 if a.quick else a.sustain_s / 2,)),
-                "expert_gemms": (expert_gemms, ()), "zero3_list_copies": (zero3_list_copies, ())}
+                "expert_gemms": (expert_gemms, ()), "zero3_list_copies": (zero3_list_copies, ()),
+                "wgrad_accum": (wgrad_accum, ())}
     only = [x for x in a.only.split(",") if x]
     for name in only:
         if name not in sections:
