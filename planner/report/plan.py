@@ -157,6 +157,7 @@ def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
     lines = [] if dev.efficiency_validated else [dev.efficiency_note]
     lines += [note] if (note := dev.low_precision_note(job.precision)) else []
     lines += shape_caveats(model) if model is not None else []
+    lines += moe_caveats(model, cluster)
     if dev.family in NO_PUBLISHED_TRAINING:
         lines.append(f"unvalidated: no training run on {dev.name} has been published; this plan is hypothetical")
     if cluster.platform == "gpu" and dev.vendor.lower() not in GPU_FRAMEWORK_VENDORS:
@@ -182,6 +183,20 @@ def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
                      f"{UNMEASURED_OVERLAP_SHARE:.0%} of the compute it overlaps (no SM-count figure)")
     return {"matmul_ceiling": dev.matmul_ceiling(job.precision), "unvalidated": lines,
             "validated_error": validated}
+
+
+def moe_caveats(model: ModelSpec | None, cluster: Cluster) -> list[str]:
+    """An MoE model on GPUs: its layers are priced at their device time, and what eager MoE execution
+    adds on the host (a launch per kernel; Megatron's dropless all-to-all dispatcher waits for the
+    host in every MoE layer) is not priced. The evidence (docs/cost-model.md, "Hold-out runs"):
+    gpt-oss 120B in Megatron-Bridge 26.02-26.06 ran 1.5x to 2.2x the priced time with partial or no
+    CUDA graphs, on H100 and on Blackwell, and 1.25x to 1.29x with the whole step in one graph. TPUs
+    run a compiled step (XLA), with no host launch per kernel."""
+    if model is None or model.moe is None or cluster.platform != "gpu":
+        return []
+    return ["unvalidated: MoE layers are priced at their device time; the host launches and host-device "
+            "synchronizations of eager MoE layers are not (published gpt-oss runs under Megatron took 1.5x to 2.2x "
+            "the priced time without full-iteration CUDA graphs, 1.25x to 1.29x with them; docs/cost-model.md)"]
 
 
 def shape_caveats(model: ModelSpec) -> list[str]:
