@@ -63,18 +63,8 @@ weight gradient)."""
 
 
 def gemm_rate(device: DeviceSpec, precision: str) -> float:
-    """Achieved FLOP/s of a large GEMM in ``precision`` (``DeviceSpec.gemm_flops_per_s``), kept per
-    device object: the search prices about a million ops against one device."""
-    key = (id(device), precision)
-    hit = _GEMM_RATES.get(key)
-    if hit is None or hit[0] is not device:
-        if len(_GEMM_RATES) > 1024:
-            _GEMM_RATES.clear()
-        hit = _GEMM_RATES[key] = (device, device.gemm_flops_per_s(precision))
-    return hit[1]
-
-
-_GEMM_RATES: dict[tuple[int, str], tuple[DeviceSpec, float]] = {}
+    """Achieved FLOP/s of a large GEMM in ``precision`` (``DeviceSpec.gemm_flops_per_s``)."""
+    return device.gemm_flops_per_s(precision)
 
 
 def attention_rate(device: DeviceSpec, precision: str, variant: str = "") -> float:
