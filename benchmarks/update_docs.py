@@ -30,20 +30,13 @@ def markdown(args: list[str]) -> str:
     return out.stdout.strip()
 
 
-LABEL_HOLDOUTS = ("benchmarks/holdout_runs.yaml", "benchmarks/holdout_family_runs.yaml")
-"""Hold-out files whose runs join the bundled ones in the validated error every plan quotes: the
-individually sourced hold-outs. llm-foundry's 193-row benchmark grid (benchmarks/holdout_llmfoundry.yaml,
-one framework's table of MPT models on 8 to 64 GPUs) is reported in docs/cost-model.md on its own: in
-the label it would be 136 of 326 A100 runs and outweigh every other source."""
-
-
 def family_errors() -> dict:
     """Per hardware family, the step-time error over every bundled published run with a measured
     step time (runs, layout sweeps, runs beyond A100/H100) and the hold-outs of
-    :data:`LABEL_HOLDOUTS`, as ``planner/data/validated_error.yaml`` holds it for the reports."""
+    ``validate.LABEL_HOLDOUT_FILES``, as ``planner/data/validated_error.yaml`` holds it for the reports."""
     sys.path.insert(0, str(ROOT))
-    from clusterplan.planner.studies.validate import error_by_family
-    return error_by_family(extra_files=tuple(ROOT / f for f in LABEL_HOLDOUTS))
+    from clusterplan.planner.studies.validate import LABEL_HOLDOUT_FILES, error_by_family
+    return error_by_family(extra_files=tuple(ROOT / f for f in LABEL_HOLDOUT_FILES))
 
 
 def write_family_errors() -> None:

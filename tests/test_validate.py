@@ -315,10 +315,10 @@ def test_validated_error_file_is_what_validate_measures():
     `python benchmarks/update_docs.py` when the model or the data change."""
     from importlib import resources
 
-    from clusterplan.planner.studies.validate import error_by_family
+    from clusterplan.planner.studies.validate import LABEL_HOLDOUT_FILES, error_by_family
     stored = yaml.safe_load((resources.files("clusterplan.planner") / "data" / "validated_error.yaml").read_text())["families"]
-    holdouts = (REPO / "benchmarks" / "holdout_runs.yaml", REPO / "benchmarks" / "holdout_family_runs.yaml")  # update_docs.LABEL_HOLDOUTS
-    assert stored == error_by_family(extra_files=holdouts)
+    assert LABEL_HOLDOUT_FILES and not any("llmfoundry" in f for f in LABEL_HOLDOUT_FILES)  # not the MPT grid
+    assert stored == error_by_family(extra_files=tuple(REPO / f for f in LABEL_HOLDOUT_FILES))
 
 
 def test_async_tp_saves_what_torchtitan_measured():

@@ -254,11 +254,18 @@ BIAS_SHOWN = 0.05
 fast (or slow): a plan on such hardware is likely optimistic (or pessimistic) by about that much."""
 
 
-def _bias(entry: dict) -> str:
+def prediction_bias(entry: dict) -> str | None:
+    """``"fast"`` or ``"slow"``: which way a validated-error entry's predictions ran, where its median
+    signed error is :data:`BIAS_SHOWN` or more; None otherwise (the plan line and the what-if rows)."""
     signed = entry.get("median_signed_error")
     if signed is None or abs(signed) < BIAS_SHOWN:
-        return ""
-    return f"predicted too {'fast' if signed < 0 else 'slow'}: median signed {signed:+.0%}; "
+        return None
+    return "fast" if signed < 0 else "slow"
+
+
+def _bias(entry: dict) -> str:
+    way = prediction_bias(entry)
+    return f"predicted too {way}: median signed {entry['median_signed_error']:+.0%}; " if way else ""
 
 
 KIND_MIN_RUNS = 2

@@ -24,7 +24,7 @@ from clusterplan.models.errors import ClusterplanError, SpecError
 from clusterplan.topologies.library import resolve_cluster_id
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
-from clusterplan.planner.report.plan import BIAS_SHOWN, NO_PUBLISHED_RUN, plan_document
+from clusterplan.planner.report.plan import NO_PUBLISHED_RUN, plan_document, prediction_bias
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.topologies.cluster import Cluster
 
@@ -103,13 +103,13 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
 def _validated(doc: dict) -> str:
     """The family's validated error for a row: ``median 5% over 25 runs`` (``over 5 MoE runs`` where the
     plan's model kind has its own figure; ``, predicted fast by 35%`` where the median signed error is
-    ``BIAS_SHOWN`` or more: the row is likely optimistic), or ``unvalidated``."""
+    ``plan.BIAS_SHOWN`` or more: the row is likely optimistic), or ``unvalidated``."""
     entry = doc["inputs"]["caveats"].get("validated_error")
     if not entry:
         return NO_PUBLISHED_RUN
     kind = f" {entry['kind']}" if entry.get("kind") else ""
-    signed = entry.get("median_signed_error") or 0.0
-    bias = f", predicted {'fast' if signed < 0 else 'slow'} by {abs(signed):.0%}" if abs(signed) >= BIAS_SHOWN else ""
+    way = prediction_bias(entry)
+    bias = f", predicted {way} by {abs(entry['median_signed_error']):.0%}" if way else ""
     return f"median {entry['median_abs_error']:.0%} over {entry['runs']}{kind} runs{bias}"
 
 
