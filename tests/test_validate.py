@@ -344,6 +344,9 @@ def test_async_tp_saves_what_torchtitan_measured():
     ("a 2022 blog post, updated 2023", "2023-12"),  # no preprint: December of the latest year
     ("arXiv:3012.00001", "2026-08"),  # never past the profile's release
     ("no year at all", "2026-08"),
+    ("NVIDIA NeMo Framework Performance Summary (container NeMo 24.07), 2026 docs", "2024-07"),  # the tag
+    ('Megatron-Bridge Performance Summary, "25.11 NeMo Container", arXiv:2104.04473', "2025-11"),
+    ("26.04.01 NeMo container", "2026-04"),
 ])
 def test_a_runs_framework_date_follows_one_written_rule(source, date):
     """RUNS_FORMAT.md's framework rule, for a run without framework.date."""

@@ -234,11 +234,22 @@ def run_framework(run: dict, platform: str) -> tuple[str, str, str]:
     return fw, date, origin
 
 
+# A NeMo container tag in a source ("NeMo 24.07", "container NeMo 24.07", "25.11 NeMo Container",
+# "26.04.01 NeMo container"): NVIDIA names its NeMo and Megatron-Bridge releases YY.MM.
+NEMO_TAG = re.compile(r"\bnemo(?:\s+framework)?(?:\s+container)?\s+(\d{2})\.(\d{2})\b"
+                      r"|\b(\d{2})\.(\d{2})(?:\.\d{2})?\s+nemo\s+container\b")
+
+
 def _source_date(run: dict, latest: str) -> str:
-    """The date of a run's code when its ``framework.date`` is not given: the month of the arXiv
-    preprint its source cites (``arXiv:YYMM.NNNNN``: the measured code predates the preprint's first
-    version), else December of the latest year its source names, never past the profile's date."""
+    """The date of a run's code when its ``framework.date`` is not given: the release month of the
+    NeMo container its source names (``NeMo 24.07``, ``25.11 NeMo Container``: :data:`NEMO_TAG`),
+    else the month of the arXiv preprint its source cites (``arXiv:YYMM.NNNNN``: the measured code
+    predates the preprint's first version), else December of the latest year its source names,
+    never past the profile's date."""
     source = str(run.get("source", ""))
+    tags = [(a or c, b or d) for a, b, c, d in NEMO_TAG.findall(source.lower())]
+    if tags:
+        return min(max(f"20{yy}-{mm}" for yy, mm in tags), latest)
     preprints = re.findall(r"arxiv[:./a-z]*\s*(\d{2})(\d{2})\.\d{4,5}", source.lower())
     if preprints:
         return min(max(f"20{yy}-{mm}" for yy, mm in preprints), latest)
