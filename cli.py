@@ -832,6 +832,10 @@ def _validation_summary(s: dict, console: Console) -> None:
         above = f"; above 1.3x: {', '.join(b['above_1_3'])}" if b["above_1_3"] else ""
         console.print(f"{'best vs published':>22}: planner's best predicted a median {b['median_speedup']:.2f}x "
                       f"(max {b['max_speedup']:.2f}x) faster than the published layout, {b['runs']} runs{above}")
+        if b.get("unpublished_layout"):
+            rows = ", ".join(f"{i} {x:.2f}x" for i, x in b["unpublished_layout"].items())
+            console.print(f"{'':>22}  left out, no published tp/pp/dp: {rows} (with them: median "
+                          f"{b['all_runs_median_speedup']:.2f}x)")
     if s["not_evaluated"]:
         console.print(f"{'not evaluated':>22}: {s['not_evaluated']} run(s), reason in the table")
 

@@ -354,3 +354,31 @@ def test_a_runs_framework_date_follows_one_written_rule(source, date):
     fw, got, origin = run_framework({"id": "x-deepspeed-run", "source": source}, "gpu")
     assert (fw, origin) == ("deepspeed", "inferred from the run's id or source")
     assert got == min(date, load_profile("deepspeed").date)
+
+
+def _bundled_run(run_id: str) -> dict:
+    return copy.deepcopy(next(r for r in load_runs(bundled_runs_path()) if r["id"] == run_id))
+
+
+def test_a_published_layout_that_does_not_fit_is_priced_with_its_unoffered_knobs():
+    """A published layout that overflows memory and holds a knob its framework profile lacks (here
+    ZeRO-2 under megatron) is still priced, as not fitting; the fallback used to drop the run's
+    allowance for unoffered knobs and report a --fix error instead."""
+    run = _bundled_run("nemo2407-llama3-70b-64h100-fp8")
+    run["id"] = "overflowing-zero2"
+    run["hardware"]["count"] = 8
+    run["layout"].update(tp=8, pp=1, dp=1, cp=1, vp=1, zero_stage=2)
+    result = evaluate_run(run, SearchOptions(time_limit_s=10), best=False)
+    assert result.reason is None, result.reason
+    assert result.fits is False and result.predicted_step_time_s > 0
+    assert result.layout["zero_stage"] == 2
+
+
+def test_a_framework_date_before_the_frameworks_code_is_named():
+    """A run dated before its framework offers any data-parallel mode gets a message naming the
+    framework and the date, not the generic '--fix/--min/--max leave no value'."""
+    run = _bundled_run("llama1-65b-2048gpu")
+    run["framework"]["date"] = "2023-02"
+    result = evaluate_run(run, SearchOptions(time_limit_s=10), best=False)
+    assert result.reason is not None and "torchtitan" in result.reason and "2023-02" in result.reason
+    assert "leave no value" not in result.reason

@@ -154,7 +154,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         head_slots=pick("head_slots", _pipeline_splits(prof)),
         framework_rules=not b.allow_unavailable,
     )
-    _check_nonempty(space, b, cluster.num_devices)
+    _check_nonempty(space, b, cluster.num_devices, prof, offered)
     return space
 
 
@@ -280,13 +280,19 @@ def _orders(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...] | None = 
     return (join_order(axes, "" if traversal == cluster.default_traversal else traversal),)
 
 
-def _check_nonempty(space: Space, bounds: Bounds, num_devices: int) -> None:
+def _check_nonempty(space: Space, bounds: Bounds, num_devices: int, prof=None, offered=None) -> None:
     if not space.factorizations:
         raise SpecError(_no_factorization(bounds, num_devices))
     for name in ("ep", "vp", "micro_batch_size", "sequence_parallel", "recompute", "zero_stage", "order",
                  "dp_overlap", "tp_overlap", "ep_overlap"):
-        if not getattr(space, name):
-            raise SpecError(f"--fix/--min/--max leave no value for {name}")
+        if getattr(space, name):
+            continue
+        held = any(name in d for d in (bounds.fixed, bounds.minimum, bounds.maximum))
+        if not held and prof is not None and (offered or {}).get(name) == ():
+            # nothing the user held: the framework has no value of this knob at its date
+            raise SpecError(f"{prof.profile.describe(prof.date)} offers no {name} at that date (its code "
+                            f"is later than the job's framework date {prof.date}); give a later framework date")
+        raise SpecError(f"--fix/--min/--max leave no value for {name}")
 
 
 def _no_factorization(b: Bounds, n: int) -> str:
