@@ -314,6 +314,24 @@ def test_infeasible_instances_raise_for_both_engines(model, job, where, bounds):
     assert errors[0].exit_code == 3
 
 
+
+def test_the_infeasible_message_gives_the_true_least_memory():
+    """The search's tables clamp memory terms at the device's capacity; the figure the error prints
+    comes from unclamped tables and the layout's own evaluation, so it is physically possible: Llama
+    3.1 405B on 8 H100 needs at least its 16-bit weights spread over the 8 devices (once it said
+    84.8 GiB, 1.2x over)."""
+    model = get_model("llama3-405b")
+    cluster = build_cluster("dgx-h100-superpod", num_devices=8)
+    job = Job(**{k: v for k, v in job_defaults("llama3-405b").items() if k != "tokens_to_train"})
+    with pytest.raises(InfeasibleError) as err:
+        plan(model, job, cluster, SearchOptions(engine="exhaustive"))
+    need_gib = float(re.search(r"needs is ([\d,.]+) GiB per device", str(err.value)).group(1).replace(",", ""))
+    weights_gib = model.num_params * 2 / 8 / 2**30
+    assert need_gib >= weights_gib, (need_gib, weights_gib)
+    layout = re.search(r"GiB per device \(([^)]*)\)", str(err.value)).group(1)
+    assert "x over" in str(err.value) and layout
+
+
 # ---- the integer objective against the float evaluation -------------------------------------------
 def test_integer_objective_matches_float_step_time():
     """Within the quantization of the tables (100 ns per term, thousandths of a slot): measured

@@ -15,7 +15,7 @@ from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.search.cpsat import solve_cpsat
 from clusterplan.planner.search.exhaustive import count_rejections, smallest_memory, solve_exhaustive
 from clusterplan.planner.search.space import REASONS, Bounds, Space, build_space, split_spaces
-from clusterplan.planner.search.tables import MEMORY_QUANTUM_BYTES, TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
+from clusterplan.planner.search.tables import TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
 from clusterplan.topologies.cluster import Cluster
 
 ENGINES = ("cpsat", "exhaustive")
@@ -105,7 +105,7 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
             rejections[key] = rejections.get(key, 0) + count
     feasible = sum(p.feasible for p in parts)
     if feasible == 0:
-        raise _infeasible(ctx, parts[0].tables, rejections, headroom)
+        raise _infeasible(ctx, [p.tables for p in parts], rejections, headroom)
     # the splits' winners merged by objective (a stable sort: the framework's own split wins ties)
     ranked = sorted(((obj, part.tables.space, idx) for part in parts for obj, idx in part.solutions),
                     key=lambda row: row[0])[:opts.top_k + 1]
@@ -167,25 +167,40 @@ def _structural_hint(cluster, rejections: dict[str, int]) -> str:
     return hint
 
 
-def _infeasible(ctx: Context, tables, rejections: dict[str, int], headroom: float) -> InfeasibleError:
+def _infeasible(ctx: Context, tables: list, rejections: dict[str, int], headroom: float) -> InfeasibleError:
     cluster, model = ctx.cluster, ctx.model
     reasons = "; ".join(f"{REASONS[r]}: {n}" for r, n in sorted(rejections.items(), key=lambda kv: -kv[1]))
-    smallest = smallest_memory(tables)
-    if smallest is None:
+    least = _least_memory(ctx, [t.space for t in tables])
+    if least is None:
         msg = (f"no layout of {model.name} on {cluster.num_devices} x {cluster.device.id} passes the structural "
                f"rules ({reasons})")
         return InfeasibleError(msg, rejections, _structural_hint(cluster, rejections))
-    need_bytes = smallest[0] * MEMORY_QUANTUM_BYTES + (cluster.device.memory_bytes - (tables.capacity * MEMORY_QUANTUM_BYTES))
+    need_bytes, layout = least
     have = cluster.device.memory_bytes * (1 - headroom)
-    layout = layout_from_indices(tables.space, smallest[1])
     factor = need_bytes / have
     devices = cluster.num_devices * max(2, int(factor + 1))
+    over = f"{factor:.2f}x" if factor < 10 else f"{factor:,.0f}x"
     msg = (f"{model.name} does not fit on {cluster.num_devices} x {cluster.device.id}: the least memory any valid "
-           f"layout needs is {need_bytes / GIB:.1f} GiB per device ({layout.short()}), "
-           f"against {have / GIB:.1f} GiB available ({factor:.1f}x over)")
+           f"layout needs is {need_bytes / GIB:,.1f} GiB per device ({layout.short()}), "
+           f"against {have / GIB:.1f} GiB available ({over} over)")
     hint = (f"use about {devices} or more devices (more pipeline/tensor/ZeRO sharding), a device with at least "
-            f"{math.ceil(need_bytes / GIB)} GiB, or a smaller model/sequence")
+            f"{math.ceil(need_bytes / (1 - headroom) / GIB):,} GiB, or a smaller model/sequence")
     return InfeasibleError(msg, rejections, hint)
+
+
+def _least_memory(ctx: Context, spaces: list[Space]) -> tuple[float, Layout] | None:
+    """The structurally valid layout whose allocated peak with the runtime is the least, and that
+    peak. The search's tables clamp every memory term at the device's capacity (a layout beyond it
+    is out whatever its size), so the least is looked for in unclamped memory tables and its bytes
+    come from the layout's own evaluation."""
+    best = None
+    for space in spaces:
+        found = smallest_memory(build_tables(ctx, space, ignore_memory=True, memory_only=True))
+        if found is not None and (best is None or found[0] < best[0]):
+            best = (found[0], layout_from_indices(space, found[1]))
+    if best is None:
+        return None
+    return evaluate_ctx(ctx, best[1]).memory.fit_bytes, best[1]
 
 
 def check_layout(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> None:
