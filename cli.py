@@ -49,7 +49,7 @@ from clusterplan.planner.requests import Planned, evaluate_request, fit_request,
 from clusterplan.planner.search import ENGINES, SearchOptions
 from clusterplan.planner.search.engine import MAX_TOP_K
 from clusterplan.planner.search.space import REASONS, parse_bounds
-from clusterplan.planner.studies.validate import markdown_report, validate
+from clusterplan.planner.studies.validate import markdown_report, unpublished_rows, validate
 from clusterplan.planner.report.chart import check_chart_path, compare_chart, grid_heatmap, sweep_chart
 from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
                                         check_distinct, parse_candidate, parse_grid, rank, sweep)
@@ -833,8 +833,7 @@ def _validation_summary(s: dict, console: Console) -> None:
         console.print(f"{'best vs published':>22}: planner's best predicted a median {b['median_speedup']:.2f}x "
                       f"(max {b['max_speedup']:.2f}x) faster than the published layout, {b['runs']} runs{above}")
         if b.get("unpublished_layout"):
-            rows = ", ".join(f"{i} {x:.2f}x" for i, x in b["unpublished_layout"].items())
-            console.print(f"{'':>22}  left out, no published tp/pp/dp: {rows} (with them: median "
+            console.print(f"{'':>22}  left out, no published tp/pp/dp: {unpublished_rows(b)} (with them: median "
                           f"{b['all_runs_median_speedup']:.2f}x)")
     if s["not_evaluated"]:
         console.print(f"{'not evaluated':>22}: {s['not_evaluated']} run(s), reason in the table")

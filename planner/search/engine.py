@@ -105,7 +105,7 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
             rejections[key] = rejections.get(key, 0) + count
     feasible = sum(p.feasible for p in parts)
     if feasible == 0:
-        raise _infeasible(ctx, [p.tables for p in parts], rejections, headroom)
+        raise _infeasible(ctx, [p.tables.space for p in parts], rejections, headroom)
     # the splits' winners merged by objective (a stable sort: the framework's own split wins ties)
     ranked = sorted(((obj, part.tables.space, idx) for part in parts for obj, idx in part.solutions),
                     key=lambda row: row[0])[:opts.top_k + 1]
@@ -167,10 +167,10 @@ def _structural_hint(cluster, rejections: dict[str, int]) -> str:
     return hint
 
 
-def _infeasible(ctx: Context, tables: list, rejections: dict[str, int], headroom: float) -> InfeasibleError:
+def _infeasible(ctx: Context, spaces: list[Space], rejections: dict[str, int], headroom: float) -> InfeasibleError:
     cluster, model = ctx.cluster, ctx.model
     reasons = "; ".join(f"{REASONS[r]}: {n}" for r, n in sorted(rejections.items(), key=lambda kv: -kv[1]))
-    least = _least_memory(ctx, [t.space for t in tables])
+    least = _least_memory(ctx, spaces)
     if least is None:
         msg = (f"no layout of {model.name} on {cluster.num_devices} x {cluster.device.id} passes the structural "
                f"rules ({reasons})")

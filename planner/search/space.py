@@ -280,7 +280,7 @@ def _orders(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...] | None = 
     return (join_order(axes, "" if traversal == cluster.default_traversal else traversal),)
 
 
-def _check_nonempty(space: Space, bounds: Bounds, num_devices: int, prof=None, offered=None) -> None:
+def _check_nonempty(space: Space, bounds: Bounds, num_devices: int, prof, offered: dict[str, tuple]) -> None:
     if not space.factorizations:
         raise SpecError(_no_factorization(bounds, num_devices))
     for name in ("ep", "vp", "micro_batch_size", "sequence_parallel", "recompute", "zero_stage", "order",
@@ -288,7 +288,7 @@ def _check_nonempty(space: Space, bounds: Bounds, num_devices: int, prof=None, o
         if getattr(space, name):
             continue
         held = any(name in d for d in (bounds.fixed, bounds.minimum, bounds.maximum))
-        if not held and prof is not None and (offered or {}).get(name) == ():
+        if not held and offered.get(name) == ():
             # nothing the user held: the framework has no value of this knob at its date
             raise SpecError(f"{prof.profile.describe(prof.date)} offers no {name} at that date (its code "
                             f"is later than the job's framework date {prof.date}); give a later framework date")

@@ -521,6 +521,11 @@ def _best_vs_published(evaluated: list[RunResult]) -> dict:
         "unpublished_layout": {i: x for x, i, published in every if not published}}}
 
 
+def unpublished_rows(best: dict) -> str:
+    """The runs :func:`_best_vs_published` leaves out, as printed: ``id 1.11x, id 1.15x``."""
+    return ", ".join(f"{i} {x:.2f}x" for i, x in best["unpublished_layout"].items())
+
+
 def run_groups(runs: list[dict], extra: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
     """Group name -> run ids: each run's ``group`` field, plus groups listed by id (``extra``)."""
     out: dict[str, list[str]] = {}
@@ -750,6 +755,5 @@ def _markdown_stats(s: dict) -> list[str]:
                      f"{b['max_speedup']:.2f}x over {b['runs']} runs; above 1.3x: {', '.join(b['above_1_3']) or 'none'}")
         if b.get("unpublished_layout"):
             lines.append(f"  ({len(b['unpublished_layout'])} runs published no tp/pp/dp and are left out: "
-                         + ", ".join(f"{i} {x:.2f}x" for i, x in b["unpublished_layout"].items())
-                         + f"; with them the median is {b['all_runs_median_speedup']:.2f}x)")
+                         f"{unpublished_rows(b)}; with them the median is {b['all_runs_median_speedup']:.2f}x)")
     return lines
