@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -10,11 +11,12 @@ from clusterplan.cost.energy import OBJECTIVES, objective_weights
 from clusterplan.cost.layout import Job, Layout
 from clusterplan.cost.step import Evaluation, evaluate_ctx, layout_problems
 from clusterplan.cost.terms import Context
-from clusterplan.models.errors import InfeasibleError, SolverError, SpecError
+from clusterplan.cost.framework import framework_refusal, knob_text
+from clusterplan.models.errors import ClusterplanError, InfeasibleError, SolverError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.search.cpsat import solve_cpsat
 from clusterplan.planner.search.exhaustive import count_rejections, smallest_memory, solve_exhaustive
-from clusterplan.planner.search.space import REASONS, Bounds, Space, build_space, split_spaces
+from clusterplan.planner.search.space import KNOB_TEXT, REASONS, Bounds, Space, build_space, split_spaces
 from clusterplan.planner.search.tables import TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
 from clusterplan.topologies.cluster import Cluster
 
@@ -105,7 +107,7 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
             rejections[key] = rejections.get(key, 0) + count
     feasible = sum(p.feasible for p in parts)
     if feasible == 0:
-        raise _infeasible(ctx, [p.tables.space for p in parts], rejections, headroom)
+        raise _infeasible(ctx, [p.tables.space for p in parts], rejections, headroom, opts.bounds)
     # the splits' winners merged by objective (a stable sort: the framework's own split wins ties)
     ranked = sorted(((obj, part.tables.space, idx) for part in parts for obj, idx in part.solutions),
                     key=lambda row: row[0])[:opts.top_k + 1]
@@ -167,10 +169,21 @@ def _structural_hint(cluster, rejections: dict[str, int]) -> str:
     return hint
 
 
-def _infeasible(ctx: Context, spaces: list[Space], rejections: dict[str, int], headroom: float) -> InfeasibleError:
+def _infeasible(ctx: Context, spaces: list[Space], rejections: dict[str, int], headroom: float,
+                bounds: Bounds | None = None) -> ClusterplanError:
+    """Why no layout is left: the framework refuses every layout the user's bounds leave (exit 2,
+    the rule named), the bounds leave none that passes the structural rules (exit 2, the rules
+    named), none passes them at all (exit 3), or the least memory a layout the framework runs needs
+    against the device (exit 3, with what would fit)."""
     cluster, model = ctx.cluster, ctx.model
-    reasons = "; ".join(f"{REASONS[r]}: {n}" for r, n in sorted(rejections.items(), key=lambda kv: -kv[1]))
+    given = _bounds_text(bounds)
+    if not rejections:  # every layout left is one the framework refuses: outside the space
+        return SpecError(_refusal_message(ctx, spaces, given))
+    reasons = "; ".join(f"{REASONS[r]}: {n:,}" for r, n in sorted(rejections.items(), key=lambda kv: -kv[1]))
     least = _least_memory(ctx, spaces)
+    if least is None and given:
+        return SpecError(f"{given} leaves no layout of {model.name} on {cluster.num_devices:,} x {cluster.device.id} "
+                         f"that passes the rules ({reasons}); drop or change the bound")
     if least is None:
         msg = (f"no layout of {model.name} on {cluster.num_devices} x {cluster.device.id} passes the structural "
                f"rules ({reasons})")
@@ -186,6 +199,40 @@ def _infeasible(ctx: Context, spaces: list[Space], rejections: dict[str, int], h
     hint = (f"use about {devices} or more devices (more pipeline/tensor/ZeRO sharding), a device with at least "
             f"{math.ceil(need_bytes / (1 - headroom) / GIB):,} GiB, or a smaller model/sequence")
     return InfeasibleError(msg, rejections, hint)
+
+
+def _bounds_text(bounds: Bounds | None) -> str:
+    """The user's bounds as they were given (``--fix pp=2 --fix zero=3``), or "" without any."""
+    if bounds is None:
+        return ""
+    def text(knob: str, value) -> str:
+        if knob == "expert_tp":  # held as a switch: etp=1 folds the experts, etp=<tp> splits them like the MLP
+            return "etp=1" if value is False else "etp=tp"
+        return f"{KNOB_TEXT.get(knob, knob)}={knob_text(value)}"
+    parts = [f"--{flag} {text(k, v)}" for flag, held in
+             (("fix", bounds.fixed), ("min", bounds.minimum), ("max", bounds.maximum)) for k, v in held.items()]
+    return " ".join(parts)
+
+
+def _refusal_message(ctx: Context, spaces: list[Space], given: str) -> str:
+    """The rules of the job's framework that refuse every layout of ``spaces`` (each space's
+    layouts pass no combination rule: ``planner.search.tables._framework_mask``), named."""
+    prof = ctx.job.profile
+    rules: list[str] = []
+    for space in spaces:
+        overlaps = sorted(itertools.product(space.dp_overlap, space.tp_overlap))  # off first: a rule on an
+        # overlap binds only where the layout is refused with the overlap off too
+        for tp, pp, dp, cp in space.factorizations:
+            for ep, sp, zero in itertools.product(space.ep, space.sequence_parallel, space.zero_stage):
+                do, to = overlaps[0]
+                rule = framework_refusal(prof, tp, pp, cp, ep, 1, zero, "none", sp, to, do and dp * cp > 1)
+                if rule and rule not in rules:
+                    rules.append(rule)
+    name = prof.profile.describe(prof.date)
+    why = "; ".join(rules) if rules else "its combination rules"
+    head = f"{given}: " if given else ""
+    return (f"{head}{name} runs no layout of {ctx.model.name} on {ctx.cluster.num_devices:,} devices that is left: "
+            f"{why}; drop or change {'the bound' if given else 'an option'}, or pick another --framework")
 
 
 def _least_memory(ctx: Context, spaces: list[Space]) -> tuple[float, Layout] | None:

@@ -141,15 +141,15 @@ def peak_memory(T: Tables, sl: slice = slice(None)) -> np.ndarray:
 
 
 def smallest_memory(T: Tables) -> tuple[int, dict] | None:
-    """The structurally valid layout that needs the least memory: ``(MiB, indices)``, or None."""
+    """The structurally valid layout the framework runs (``Scored.canon``: its combination rules
+    and the symmetries) that needs the least memory: ``(MiB, indices)``, or None."""
     best = None
     mem_code = REASON_ORDER.index("memory")
     for i in range(len(T.space.factorizations)):
-        sl = slice(i, i + 1)
-        code, mem = _codes_and_memory(T, sl, T.tc_of_fe[sl])
-        shape = np.broadcast_shapes(code.shape, mem.shape)
-        code, mem = np.broadcast_to(code, shape), np.broadcast_to(mem, shape)
-        valid = (code < 0) | (code == mem_code)
+        sc = score_factorization(T, i, with_objective=False)
+        shape = np.broadcast_shapes(sc.code.shape, sc.memory.shape, sc.canon.shape)
+        code, mem = np.broadcast_to(sc.code, shape), np.broadcast_to(sc.memory, shape)
+        valid = ((code < 0) | (code == mem_code)) & np.broadcast_to(sc.canon, shape)
         if not valid.any():
             continue
         k = int(np.argmin(np.where(valid, mem, np.iinfo(np.int64).max)))

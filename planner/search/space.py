@@ -24,6 +24,8 @@ KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequenc
          "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order", "expert_tp": "etp"}
+KNOB_TEXT = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
+"""The name the command line shows for a knob (Layout field name -> --fix name; others are as they are)."""
 MBS_CANDIDATES = (1, 2, 4, 8)
 VP_CANDIDATES = (1, 2, 4, 8)
 CP_MAX = 32
@@ -155,6 +157,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
+    _check_fixed_shape(model, b)
     return space
 
 
@@ -232,6 +235,18 @@ def _check_fixed_consistent(model: ModelSpec, bounds: Bounds) -> None:
     vp, pp = fixed.get("vp"), fixed.get("pp", bounds.maximum.get("pp"))
     if vp is not None and vp > 1 and pp == 1:
         raise SpecError(f"--fix vp={vp}: interleaving needs pp > 1, and pp is held at 1; drop one of them")
+
+
+def _check_fixed_shape(model: ModelSpec, bounds: Bounds) -> None:
+    """--fix values the model's shape rules out (ep not dividing the experts, tp not splitting the
+    heads) are bad input naming the rule, not "no layout passes the structural rules"."""
+    ep, tp = bounds.fixed.get("ep", 1), bounds.fixed.get("tp")
+    if model.moe is not None and model.moe.num_experts % ep:
+        allowed = ", ".join(map(str, divisors(model.moe.num_experts)))
+        raise SpecError(f"--fix ep={ep}: ep must divide {model.name}'s {model.moe.num_experts} experts (allowed: {allowed})")
+    if tp is not None and not heads_split(model, tp):
+        raise SpecError(f"--fix tp={tp}: tp must divide {model.name}'s {model.num_attention_heads} attention heads and "
+                        f"divide or be a multiple of its {model.num_kv_heads_resolved} key/value heads")
 
 
 def _check_fixed_overlap(prof, bounds: Bounds) -> None:
@@ -315,10 +330,16 @@ def _no_factorization(b: Bounds, n: int) -> str:
 
 # ---- structural rules on small groups of knobs (shared by CP-SAT and exhaustive) --------------
 
+def heads_split(model: ModelSpec, tp: int) -> bool:
+    """tp divides the attention heads, and divides the key/value heads or is a multiple of them
+    (Megatron-Core replicates a group's K/V over the ranks that share it)."""
+    g = model.num_kv_heads_resolved
+    return not (model.num_attention_heads % tp or (g % tp and tp % g))
+
+
 def factor_ok(model: ModelSpec, job: Job, tp: int, pp: int, dp: int, cp: int) -> str | None:
     """Rules on the degrees alone."""
-    g = model.num_kv_heads_resolved
-    if model.num_attention_heads % tp or (g % tp and tp % g):
+    if not heads_split(model, tp):
         return "heads"
     if cp > 1 and job.seq_len % (2 * cp):
         return "context"

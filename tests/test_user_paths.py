@@ -1,0 +1,59 @@
+"""Wrong answers on paths users walk (issue 41): each test fails on the code before its fix."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from clusterplan.cli import main
+from clusterplan.cost.terms import Context
+from clusterplan.models.library import get_model
+from clusterplan.planner.inputs import Request
+from clusterplan.planner.search.exhaustive import smallest_memory
+from clusterplan.planner.search.space import build_space, parse_bounds
+from clusterplan.planner.search.tables import build_tables, layout_from_indices
+
+RUN = CliRunner()
+
+
+@pytest.mark.parametrize("framework,fixes,rule", [
+    ("deepspeed", ["pp=2", "zero=3"], "incompatible with pipeline parallelism"),
+    ("deepspeed", ["pp=2", "zero=2"], "incompatible with pipeline parallelism"),
+    ("megatron", ["pp=2", "zero=3"], "pipeline"),
+])
+def test_a_fix_the_framework_refuses_names_its_rule(framework, fixes, rule):
+    """Not "does not fit ... use more devices" (exit 3): the framework's rule, exit 2."""
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-superpod", "--devices", "64", "--framework", framework]
+    for f in fixes:
+        args += ["--fix", f]
+    out = RUN.invoke(main, args)
+    assert out.exit_code == 2, out.output
+    assert rule in out.stderr and "does not fit" not in out.stderr
+    assert all(f in out.stderr for f in fixes)
+    # the rule on DP overlap does not bind (the layout is refused with the overlap off too): not named
+    assert "ReduceGrads" not in out.stderr
+
+
+@pytest.mark.parametrize("model,devices,fix,words", [
+    ("mixtral", 64, "ep=3", "8 experts"),
+    ("llama3-8b", 48, "tp=3", "32 attention heads"),
+    ("llama3-8b", 64, "mbs=3", "global batch not divisible"),
+])
+def test_a_fix_that_breaks_a_structural_rule_is_bad_input(model, devices, fix, words):
+    out = RUN.invoke(main, ["plan", "--model", model, "--cluster", "dgx-superpod", "--devices", str(devices),
+                            "--fix", fix])
+    assert out.exit_code == 2, out.output
+    assert words in out.stderr and fix in out.stderr
+    assert "change the batch size" not in out.stderr
+
+
+def test_least_memory_is_that_of_a_layout_the_framework_runs():
+    """The exit-3 figure names a layout the framework can run (DeepSpeed: no ZeRO-2/3 with pp)."""
+    request = Request(model="llama3-405b", cluster="dgx-superpod", num_devices=16, framework="deepspeed")
+    model = get_model("llama3-405b")
+    cluster = request.load_cluster()
+    job = request.build_job(model, cluster)[0]
+    space = build_space(model, job, cluster, parse_bounds(("pp=2",)))
+    found = smallest_memory(build_tables(Context(model, job, cluster), space, ignore_memory=True, memory_only=True))
+    assert found is not None
+    assert layout_from_indices(space, found[1]).zero_stage in (0, 1)
