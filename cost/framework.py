@@ -52,8 +52,12 @@ class Rule:
 
     def refuses(self, tp: int, pp: int, cp: int, ep: int, vp: int, zero_stage: int, recompute: str,
                 sequence_parallel: bool, tp_overlap: bool = False, dp_overlap: bool = False,
-                ep_overlap: bool = False) -> bool:
+                ep_overlap: bool = False, data_parallel: bool = True) -> bool:
+        """``data_parallel``: the layout has data-parallel ranks (dp x cp > 1); without them there
+        is nothing to shard or replicate, so a condition on the ZeRO stage never holds."""
         values = {"pp_min": pp, "tp_min": tp, "cp_min": cp, "ep_min": ep, "vp_min": vp}
+        if not data_parallel and any(key == "zero_stage_in" for key, _ in self.when):
+            return False
         for key, want in self.when:
             if key in values and values[key] < want:
                 return False
@@ -350,17 +354,20 @@ def knob_text(value) -> str:
 
 def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
                       sp: bool, tp_overlap: bool = False, dp_overlap: bool = False,
-                      ep_overlap: bool = False) -> str | None:
+                      ep_overlap: bool = False, data_parallel: bool = True) -> str | None:
     """The message of the first profile rule that refuses this combination at the profile's
     release, or None. Frameworks whose TP always shards the sequence (torchtitan) refuse tp > 1
     without sequence parallelism. ``dp_overlap`` and ``ep_overlap`` are the knobs as they act:
-    pass False where there is no data or expert parallelism."""
+    pass False where there is no data or expert parallelism. ``data_parallel``: False where the
+    layout has no data-parallel ranks (dp x cp = 1): its ZeRO stage means nothing, so no rule on the
+    stage applies (torchtitan's plain-DDP rules do not refuse pp = 4 on 4 devices)."""
     if prof.profile.sequence_parallel_with_tp and tp > 1 and not sp:
         return f"{prof.profile.id} shards the sequence whenever tp > 1 (sequence parallelism is always on)"
     for rule in prof.profile.rules:
         if rule.until is not None and prof.date >= rule.until:
             continue
-        if rule.refuses(tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap and tp > 1, dp_overlap, ep_overlap and ep > 1):
+        if rule.refuses(tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap and tp > 1, dp_overlap, ep_overlap and ep > 1,
+                        data_parallel):
             return rule.message
     return None
 

@@ -262,7 +262,8 @@ def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None
         bad("framework", message)
     refusal = framework_refusal(prof, layout.tp, layout.pp, layout.cp, layout.ep, layout.vp, layout.zero_stage,
                                 layout.recompute, layout.sequence_parallel, layout.tp_overlap,
-                                layout.dp_overlap and layout.dp * layout.cp > 1, layout.ep_overlap)
+                                layout.dp_overlap and layout.dp * layout.cp > 1, layout.ep_overlap,
+                                data_parallel=layout.dp * layout.cp > 1)
     if refusal and not any(invalid.values()):
         bad("framework", f"{prof.profile.describe(prof.date)}: {refusal}")
 

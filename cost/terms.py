@@ -1226,9 +1226,10 @@ def grads_freed_bytes(ctx: Context, layout: Layout) -> float:
     """Gradient bytes that do not exist yet while a step's only micro-batch holds its activations:
     the framework frees gradients between steps and shards them as they are reduced (FSDP2 under
     torchtitan, ``semantics.grads_freed_between_steps``). 0 elsewhere; with several micro-batches
-    the caller keeps them (the first micro-batch's shards are held through the next ones)."""
-    if not ctx.job.profile.profile.grads_freed_between_steps:
-        return 0.0
+    the caller keeps them (the first micro-batch's shards are held through the next ones), and
+    under weight streaming, which holds no gradient on the device."""
+    if not ctx.job.profile.profile.grads_freed_between_steps or ctx.cluster.weight_streaming:
+        return 0.0  # weight streaming (Cerebras MemoryX): the gradients live off-chip, none to free
     if effective_zero_stage(ctx, layout.zero_stage, layout.pp) < 2:
         return 0.0
     return static_memory(ctx, layout).gradients_bytes

@@ -57,3 +57,22 @@ def test_least_memory_is_that_of_a_layout_the_framework_runs():
     found = smallest_memory(build_tables(Context(model, job, cluster), space, ignore_memory=True, memory_only=True))
     assert found is not None
     assert layout_from_indices(space, found[1]).zero_stage in (0, 1)
+
+
+def test_weight_streaming_frees_no_gradients():
+    """Cerebras streams weights and gradients off-chip: a one-micro-batch step under torchtitan (which
+    frees sharded gradients between steps) held -7.5 GiB of gradients."""
+    out = RUN.invoke(main, ["evaluate", "--model", "llama3-8b", "--cluster", "cerebras-cs3-cluster", "--framework",
+                            "torchtitan", "--global-batch", "4", "--layout", "dp=4,mbs=1,zero=3", "--json"])
+    assert out.exit_code == 0, out.output
+    import json
+    memory = json.loads(out.stdout)["memory"]
+    assert memory["gradients"] == 0 and all(v >= 0 for v in memory.values()), memory
+
+
+def test_no_data_parallelism_means_no_zero_stage_rule():
+    """torchtitan's plain-DDP rules concern data-parallel ranks: pp=4 on 4 devices (dp=1) runs."""
+    out = RUN.invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "cerebras-cs3-cluster", "--framework",
+                            "torchtitan", "--fix", "tp=1,pp=4,dp=1", "--top", "0"])
+    assert out.exit_code == 0, out.output
+    assert "pp=4" in out.stdout

@@ -225,7 +225,8 @@ def _refusal_message(ctx: Context, spaces: list[Space], given: str) -> str:
         for tp, pp, dp, cp in space.factorizations:
             for ep, sp, zero in itertools.product(space.ep, space.sequence_parallel, space.zero_stage):
                 do, to = overlaps[0]
-                rule = framework_refusal(prof, tp, pp, cp, ep, 1, zero, "none", sp, to, do and dp * cp > 1)
+                rule = framework_refusal(prof, tp, pp, cp, ep, 1, zero, "none", sp, to, do and dp * cp > 1,
+                                         data_parallel=dp * cp > 1)
                 if rule and rule not in rules:
                     rules.append(rule)
     name = prof.profile.describe(prof.date)

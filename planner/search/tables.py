@@ -532,7 +532,8 @@ def _framework_mask(ctx: Context, S: Space) -> np.ndarray:
                     for di, do in enumerate(DO):
                         for ti, to in enumerate(TO):
                             out[i, ei, si, zi, di, ti] = framework_refusal(
-                                prof, tp, pp, cp, e, 1, z, "none", sp, to, do and dp * cp > 1) is None
+                                prof, tp, pp, cp, e, 1, z, "none", sp, to, do and dp * cp > 1,
+                                data_parallel=dp * cp > 1) is None
     return np.broadcast_to(out, shape)
 
 
