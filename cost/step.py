@@ -383,7 +383,10 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     eo = layout.ep_overlap and layout.ep > 1
     per_mb = dp.per_microbatch_s + regather_share(ctx, layout) * dp.regather_s
     dp_exposed = m * _exposed(per_mb, frac * c.fsdp_window_s(to, layout.cp, eo), layout.dp_overlap, share)
-    dp_exposed += _exposed(dp.per_step_s, frac * c.dp_window_s(to, layout.cp), layout.dp_overlap, share)
+    # the per-step reduction hides in the last micro-batch's backward, which also carries that
+    # micro-batch's ZeRO-2/3 traffic: one stretch of compute hides one stream
+    dp_window = max(0.0, frac * c.dp_window_s(to, layout.cp) - per_mb)
+    dp_exposed += _exposed(dp.per_step_s, dp_window, layout.dp_overlap, share)
     dp_exposed += dp.blocking_s
     return TimeBreakdown(
         compute_s=m * (frac * (lt.forward_s + lt.backward_s) + head_s),

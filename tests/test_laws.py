@@ -218,3 +218,33 @@ def test_tp_overlap_window_is_the_compute_of_the_layouts_expert_parallelism():
     t_small = evaluate(_moe(512), job, c, layout).step_time_s
     t_big = evaluate(_moe(576), job, c, layout).step_time_s
     assert t_big >= t_small
+
+
+MORE_CLUSTERS = {**CLUSTERS, "mi300x": build_cluster("mi300x-cluster", num_devices=32),
+                 "gaudi3": build_cluster("gaudi3-cluster", num_devices=32)}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(knobs=layouts, ep=st.sampled_from([1, 2, 4, 8]), top_k=st.sampled_from([1, 2, 3]),
+       more=st.sampled_from([1, 2, 4]), experts=st.sampled_from([8, 64]), batch=st.sampled_from([0, 64]),
+       cluster=st.sampled_from(sorted(MORE_CLUSTERS)), framework=st.sampled_from(FRAMEWORKS + ("maxtext",)))
+def test_a_larger_top_k_is_never_faster(knobs, ep, top_k, more, experts, batch, cluster, framework):
+    """Each token through more experts is more work. MaxText's ZeRO-3 (FSDP inside a node, data
+    parallel across nodes) hid its per-step all-reduce in the same backward that hid the
+    micro-batch's FSDP traffic, so more expert compute hid more than it cost (issue 41)."""
+    from clusterplan.models.spec import MoESpec
+    c = MORE_CLUSTERS[cluster]
+    layout = _layout(knobs)
+    if layout.num_devices != 32 or layout.dp % ep:
+        return
+    layout = layout.with_(ep=ep)
+    job = Job(global_batch_size=batch or layout.dp * layout.micro_batch_size, seq_len=4096, framework=framework)
+
+    def model(k: int) -> ModelSpec:
+        return _moe(512).model_copy(update={"moe": MoESpec(num_experts=experts, top_k=k, expert_ffn_hidden_size=512)})
+    small, big = model(top_k), model(top_k + more)
+    if _structural(small, job, c, layout):
+        return
+    t_small = evaluate(small, job, c, layout).step_time_s
+    t_big = evaluate(big, job, c, layout).step_time_s
+    assert t_big >= t_small * (1 - 1e-12), (layout.short(), t_small, t_big)

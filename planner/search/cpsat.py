@@ -231,7 +231,7 @@ class _Model:
         m.add(extra >= self._lookup("head_lb", self._fvm_table((T.M * hmin)[:, :, None].repeat(T.U.shape[2], 2)),
                                     [self.fvm]))
         dp_step, dp_mb = self._dp_traffic()
-        dp_exp = self._exposed("dp", dp_step, frac, bwd, int(T.BWD.max()))
+        dp_exp = self._exposed("dp", dp_step, frac, bwd, int(T.BWD.max()), taken=dp_mb)
         fsdp_mb = self._exposed("fsdp", dp_mb, frac, fw, int(T.FW.max()))
         fsdp = self._product("fsdp_total", mb_count, fsdp_mb, int(T.M.max()) * int((T.DPM + T.RG).max()) * Q, tw)
         opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
@@ -292,12 +292,17 @@ class _Model:
         self.m.add(total == per_mb + paid)
         return step, total
 
-    def _exposed(self, name: str, traffic, frac, window_base, window_hi: int):
-        """``exposed = max(last bucket, slowdown, traffic - overlap window)``, or all of it without overlap."""
+    def _exposed(self, name: str, traffic, frac, window_base, window_hi: int, taken=None):
+        """``exposed = max(last bucket, slowdown, traffic - overlap window)``, or all of it without
+        overlap; ``taken``: traffic that already fills part of the window (the window is what it leaves)."""
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
         hi_traffic = int(max(T.DPS.max(), (T.DPM + T.RG).max())) * Q
         hi_window = int(T.FRAC.max()) * window_hi
         window = self._product(f"{name}_window", frac, window_base, hi_window)
+        if taken is not None:
+            left = m.new_int_var(0, hi_window, f"{name}_window_left")
+            m.add_max_equality(left, [0, window - Q * taken])
+            window = left
         overlap = self._lookup(f"{name}_overlap_on", np.array(T.space.dp_overlap, dtype=np.int64), [x["do"]])
         exposed = m.new_int_var(0, hi_traffic, f"{name}_exposed")
         m.add(NUM_GRAD_BUCKETS * exposed >= Q * traffic)

@@ -76,7 +76,8 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     dims5 = ("f", "o", "v", "e", "z")
     dps, dpm = _place(T.DPS[sl], dims5) * Q, per_microbatch_traffic(T, sl) * Q
     window_dims = ("f", "e", "mb", "s", "r", "to")
-    dp_exp = np.where(do, overlapped(T, dps, FRAC * _place(T.BWD[tc], window_dims)), dps)
+    # the per-step window is the last micro-batch's backward less its own ZeRO-2/3 traffic (cost.step)
+    dp_exp = np.where(do, overlapped(T, dps, np.maximum(0, FRAC * _place(T.BWD[tc], window_dims) - dpm)), dps)
     fsdp = np.where(do, overlapped(T, dpm, FRAC * _place(T.FW[tc], window_dims + ("eo",))), dpm)
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
     objective = U * X - ep_saving(T, sl) + Q * M * head + dp_exp + M * fsdp + opt + _place(T.DPX[sl], dims5) * Q
