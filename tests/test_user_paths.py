@@ -76,3 +76,14 @@ def test_no_data_parallelism_means_no_zero_stage_rule():
                             "torchtitan", "--fix", "tp=1,pp=4,dp=1", "--top", "0"])
     assert out.exit_code == 0, out.output
     assert "pp=4" in out.stdout
+
+
+def test_evaluate_refuses_a_rank_order_the_framework_does_not_lay_out():
+    """plan --fix refused order=tp-cp-pp-dp under torchtitan while evaluate priced it."""
+    args = ["--model", "llama3-8b", "--cluster", "dgx-superpod", "--devices", "64", "--framework", "torchtitan"]
+    out = RUN.invoke(main, ["evaluate", *args, "--layout", "tp=2,pp=2,dp=16,order=tp-cp-pp-dp"])
+    assert out.exit_code == 2 and "order=tp-cp-pp-dp" in out.stderr and "does not offer" in out.stderr, out.output
+    fixed = RUN.invoke(main, ["plan", *args, "--fix", "order=tp-cp-pp-dp"])
+    assert fixed.exit_code == 2
+    ok = RUN.invoke(main, ["evaluate", *args, "--layout", "tp=2,pp=2,dp=16,order=tp-cp-dp-pp"])
+    assert ok.exit_code == 0, ok.output
