@@ -389,6 +389,9 @@ WHATIF_OUTPUT_OPTIONS = [
     click.option("--chart", "chart_path", metavar="FILE.png",
                  help="Also draw the rows as a chart (.png, .svg or .pdf; needs matplotlib: "
                       "pip install 'clusterplan[chart]')."),
+    click.option("--no-timings", "no_timings", is_flag=True, default=None, expose_value=False, callback=_remember,
+                 help="Leave each search's wall time out of the rows, so that the same input gives the same "
+                      "bytes."),
 ]
 
 
@@ -567,8 +570,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
     title = f"what-if: {model.name}"
     _whatif_output(rows, "cluster", title, as_json, csv_path, chart_path,
                    lambda path: compare_chart(rows, path, f"{model.name}: what-if across clusters"))
-    if all("error" in r for r in rows):
-        sys.exit(rows[0]["exit_code"])
+    _exit_if_none_ran(rows, "cluster")
 
 
 @click.command("sweep")
@@ -620,7 +622,15 @@ def sweep_command(over, ray_address, jobs, model_arg, cluster_arg, engine, time_
         def draw(path):
             sweep_chart(rows, path, chart_title, study.spec.axis_label)
     _whatif_output(rows, "point", title, as_json, csv_path, chart_path, draw)
-    if all("error" in r for r in rows):
+    _exit_if_none_ran(rows, "point")
+
+
+def _exit_if_none_ran(rows: list[dict], label: str) -> None:
+    """Where no row could run, an error line on stderr (each row's reason is in the output) and the
+    first row's exit code."""
+    if rows and all("error" in r for r in rows):
+        what = "candidate cluster" if label == "cluster" else "point"
+        _err(f"error: no {what} can run the job ({len(rows)} tried); the first: {rows[0][label]}: {rows[0]['error']}")
         sys.exit(rows[0]["exit_code"])
 
 
@@ -639,6 +649,9 @@ def _check_outputs(as_json: bool, csv_path: str | None, chart_path: str | None) 
 def _whatif_output(rows: list[dict], label: str, title: str, as_json: bool, csv_path: str | None,
                    chart_path: str | None, draw: Callable[[str], None]) -> None:
     """The rows on stdout (table, JSON, or CSV with --csv -), then any files, each with a line on stderr."""
+    if _given("no_timings"):
+        for row in rows:
+            (row.get("search") or {}).pop("wall_s", None)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif csv_path != "-":

@@ -87,3 +87,21 @@ def test_evaluate_refuses_a_rank_order_the_framework_does_not_lay_out():
     assert fixed.exit_code == 2
     ok = RUN.invoke(main, ["evaluate", *args, "--layout", "tp=2,pp=2,dp=16,order=tp-cp-dp-pp"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_a_whatif_where_nothing_runs_says_so_on_stderr():
+    for args in (["compare", "--model", "llama3-405b", "--cluster", "dgx-superpod:8", "--cluster", "tpu-v5p-pod:8"],
+                 ["sweep", "--model", "llama3-405b", "--cluster", "dgx-superpod", "--over", "devices=8,16", "--json"]):
+        out = RUN.invoke(main, args)
+        assert out.exit_code == 3, out.output
+        assert out.stderr.startswith("error: no ") and "does not fit" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["compare", "--model", "llama3-8b", "--cluster", "dgx-superpod:8", "--cluster", "mi300x-cluster:8"],
+    ["sweep", "--model", "llama3-8b", "--cluster", "dgx-superpod", "--over", "devices=8,16", "--jobs", "1"],
+])
+def test_whatif_no_timings_gives_the_same_bytes(args):
+    runs = [RUN.invoke(main, [*args, "--json", "--no-timings"]) for _ in range(2)]
+    assert all(r.exit_code == 0 for r in runs), runs[0].output
+    assert runs[0].stdout == runs[1].stdout and "wall_s" not in runs[0].stdout
