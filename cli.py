@@ -644,6 +644,9 @@ def _check_outputs(as_json: bool, csv_path: str | None, chart_path: str | None) 
         raise SpecError(f"--csv: {csv_path!r} is a directory; give a file name (e.g. --csv rows.csv)")
     if chart_path:
         check_chart_path(chart_path)
+    if csv_path and chart_path and csv_path != "-" and Path(csv_path).resolve() == Path(chart_path).resolve():
+        raise SpecError(f"--csv and --chart both name {csv_path!r}: the chart would overwrite the rows; "
+                        "give each its own file (e.g. --csv rows.csv --chart rows.png)")
 
 
 def _whatif_output(rows: list[dict], label: str, title: str, as_json: bool, csv_path: str | None,
@@ -675,7 +678,6 @@ def _whatif_table(rows: list[dict], label: str, title: str, console: Console) ->
     header = rows[0]["knob"] if label == "point" and rows else label
     table = _table(header, "devices", ("step s", "right"), ("MFU", "right"), ("used GiB", "right"),
                    ("to train", "right"), ("energy MWh", "right"), ("cost", "right"), "best layout", title=title)
-    table.columns[0].overflow = "fold"  # a candidate's name is never cut short
 
     def name(r: dict) -> str:
         return r[label].split("=", 1)[1] if label == "point" else r[label]
@@ -691,6 +693,8 @@ def _whatif_table(rows: list[dict], label: str, title: str, console: Console) ->
         cost = "-" if r["cost_usd"] is None else f"${r['cost_usd']:,.0f}"
         table.add_row(name(r), f"{r['num_devices']:,} x {r['device']}", f"{r['step_time_s']:.3f}",
                       f"{r['mfu']:.1%}", _gib(r["fit_memory_bytes"]), train, energy, cost, _compact(r["layout"]))
+    _keep_whole(table)  # a candidate's name and its device are never cut short or broken
+    _keep_whole(table, 1)
     console.print(table)
     if any("error" not in r for r in rows):
         console.print("used GiB: the peak allocated with the runtime, what must fit (the caching allocator may "
@@ -1006,8 +1010,17 @@ def _table(*columns, title: str | None = None) -> Table:
     return table
 
 
+def _keep_whole(table: Table, index: int = 0) -> None:
+    """Column ``index`` (ids, names a user types) is never broken or cut: at least as wide as its
+    widest cell, and the other columns wrap instead on a narrow terminal."""
+    column = table.columns[index]
+    column.no_wrap = True
+    column.min_width = max([len(str(c)) for c in column._cells] + [len(str(column.header))])
+
+
 def _print_catalogue(table: Table, footer: str) -> None:
     console = _console()
+    _keep_whole(table)
     console.print(table)
     console.print(footer)
 

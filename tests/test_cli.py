@@ -486,7 +486,7 @@ def test_sweep_and_compare_write_csv(tmp_path):
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["point", "device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu",
-                             "peak_memory_gib", "time_to_train_days", "goodput", "device_hours", "energy_mwh", "cost_usd", "layout", "validated_error", "error"]
+                             "used_gib", "reserved_gib", "time_to_train_days", "goodput", "device_hours", "energy_mwh", "cost_usd", "layout", "validated_error", "error"]
     assert [r["point"] for r in rows] == ["seq-len=1024", "seq-len=2048"]
     for row in rows:
         assert row["num_devices"] == "16" and float(row["step_time_s"]) > 0 and row["error"] == ""

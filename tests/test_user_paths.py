@@ -105,3 +105,46 @@ def test_whatif_no_timings_gives_the_same_bytes(args):
     runs = [RUN.invoke(main, [*args, "--json", "--no-timings"]) for _ in range(2)]
     assert all(r.exit_code == 0 for r in runs), runs[0].output
     assert runs[0].stdout == runs[1].stdout and "wall_s" not in runs[0].stdout
+
+
+def test_csv_and_chart_on_one_path_is_refused(tmp_path):
+    path = str(tmp_path / "x.png")
+    out = RUN.invoke(main, ["compare", "--model", "llama3-8b", "--cluster", "dgx-superpod:8", "--csv", path,
+                            "--chart", path])
+    assert out.exit_code == 2 and "--csv and --chart both name" in out.stderr
+
+
+@pytest.mark.parametrize("objective,key", [("time", "time_to_train_s"), ("cost", "cost_usd"),
+                                           ("energy", "energy_j")])
+def test_the_chart_plots_what_the_objective_ranks_by(objective, key):
+    from clusterplan.planner.report.chart import _left_metric
+    row = {"search": {"objective": objective}, "time_to_train_s": 8.64e5, "step_time_s": 1.0, "cost_usd": 5.0,
+           "cost_per_step_usd": 0.1, "energy_j": 3.6e9, "energy_per_step_j": 3.6e6}
+    assert _left_metric([row])[0] == key
+    per_step = {**row, "time_to_train_s": None, "cost_usd": None, "energy_j": None}  # no --tokens
+    assert _left_metric([per_step])[0] == {"time": "step_time_s", "cost": "cost_per_step_usd",
+                                          "energy": "energy_per_step_j"}[objective]
+
+
+def test_the_csv_memory_columns_match_the_table(tmp_path):
+    import csv
+    path = tmp_path / "rows.csv"
+    out = RUN.invoke(main, ["compare", "--model", "llama3-8b", "--cluster", "dgx-superpod:8", "--csv", str(path)])
+    assert out.exit_code == 0, out.output
+    row = next(csv.DictReader(path.open()))
+    used = float(row["used_gib"])
+    assert f"{used:.1f}" in out.stdout and float(row["reserved_gib"]) >= used
+
+
+@pytest.mark.parametrize("command", ["clusters", "devices", "models"])
+def test_catalogue_ids_are_never_broken_on_a_narrow_terminal(command, monkeypatch):
+    import json
+    import clusterplan.cli as cli_module
+    from rich.console import Console
+    ids = [r["id"] for r in json.loads(RUN.invoke(main, [command, "--json"]).stdout)]
+    monkeypatch.setattr(cli_module, "_console", lambda: Console(width=70, highlight=False, markup=False,
+                                                                  emoji=False, soft_wrap=True))
+    out = RUN.invoke(main, [command])
+    assert out.exit_code == 0
+    firsts = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+    assert all(i in firsts for i in ids), [i for i in ids if i not in firsts]

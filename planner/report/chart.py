@@ -43,12 +43,26 @@ def _pyplot():
     return plt
 
 
+JOULES_PER_MWH = 3.6e9
+METRICS = {  # objective -> (whole training, per step): (row key, axis label, unit)
+    "time": (("time_to_train_s", "time to train (days)", SECONDS_PER_DAY), ("step_time_s", "step time (s)", 1.0)),
+    "cost": (("cost_usd", "cost to train (USD)", 1.0), ("cost_per_step_usd", "cost per step (USD)", 1.0)),
+    "energy": (("energy_j", "energy to train (MWh)", JOULES_PER_MWH),
+               ("energy_per_step_j", "energy per step (kWh)", 3.6e6)),
+}
+
+
 def _left_metric(rows: list[dict]) -> tuple[str, str, float]:
-    """Time to train in days when every row that ran has a token count, else step time in s."""
+    """What the rows were searched and ranked for (``--objective``, in each row's ``search``): to
+    train when every row that ran has that figure (a token count), else per step; time where some
+    row lacks the price or power the objective needs (it was searched for time)."""
     ran = [r for r in rows if "error" not in r]
-    if ran and all(r["time_to_train_s"] is not None for r in ran):
-        return "time_to_train_s", "time to train (days)", SECONDS_PER_DAY
-    return "step_time_s", "step time (s)", 1.0
+    objective = next((r.get("search", {}).get("objective") for r in ran), None) or "time"
+    for key, label, unit in METRICS.get(objective, METRICS["time"]):
+        if ran and all(r.get(key) is not None for r in ran):
+            return key, label, unit
+    whole, step = METRICS["time"]
+    return whole if ran and all(r["time_to_train_s"] is not None for r in ran) else step
 
 
 def sweep_chart(rows: list[dict], path: str, title: str, xlabel: str) -> None:

@@ -106,7 +106,7 @@ def _load_doc(path: str | Path) -> dict:
     doc = load_file(p, f"validate FILE {str(p)!r}")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise SpecError(f"validate FILE: {p}: format is {got!r}; expected {FORMAT!r} (see shared/validation/README.md)")
+        raise SpecError(f"validate FILE: {p}: format is {got!r}; expected {FORMAT!r} (the format: RUNS_FORMAT.md beside the bundled runs, clusterplan/planner/data/)")
     if not isinstance(doc.get("runs"), list):
         raise SpecError(f"validate FILE: {p}: 'runs' must be a list of runs")
     seen: set[str] = set()
@@ -114,7 +114,7 @@ def _load_doc(path: str | Path) -> dict:
         if not isinstance(run, dict) or not isinstance(run.get("id"), str) or not run["id"].strip():
             got = run.get("id") if isinstance(run, dict) else run
             raise SpecError(f"validate FILE: {p}: runs[{k}]: id: got {got!r}; each run is a mapping with a "
-                            "non-empty text id (see shared/validation/README.md)")
+                            "non-empty text id (the format: RUNS_FORMAT.md beside the bundled runs, clusterplan/planner/data/)")
         if run["id"] in seen:
             raise SpecError(f"validate FILE: {p}: runs[{k}]: id {run['id']!r} appears twice; ids must be unique")
         seen.add(run["id"])

@@ -475,7 +475,7 @@ def _sweep_point(model: ModelSpec, study: Sweep | Grid, build: _Points, options:
 
 
 # ---- CSV -----------------------------------------------------------------------------------------------
-CSV_COLUMNS = ("device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib",
+CSV_COLUMNS = ("device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu", "used_gib", "reserved_gib",
                "time_to_train_days", "goodput", "device_hours", "energy_mwh", "cost_usd", "layout", "validated_error",
                "error")
 
@@ -488,7 +488,9 @@ def layout_string(layout: dict) -> str:
 def csv_text(rows: list[dict], label: str) -> str:
     """The rows as CSV: ``label`` (``cluster`` or ``point``) then :data:`CSV_COLUMNS`.
 
-    Figures are in display units (GiB, days, MWh); a cell without a figure is empty.
+    Figures are in display units (GiB, days, MWh); a cell without a figure is empty. ``used_gib`` is
+    the table's "used GiB" (the allocated peak with the runtime, what must fit); ``reserved_gib`` adds
+    what the caching allocator keeps reserved (``plan``'s total).
     """
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -506,7 +508,7 @@ def _csv_values(row: dict) -> list:
         return None if row[key] is None else row[key] / unit
 
     return [row["device"], row["num_devices"], row["precision"], row["step_time_s"], row["tokens_per_s"], row["mfu"],
-            row["peak_memory_bytes"] / GIB, scaled("time_to_train_s", SECONDS_PER_DAY), row.get("goodput"),
+            row["fit_memory_bytes"] / GIB, row["peak_memory_bytes"] / GIB, scaled("time_to_train_s", SECONDS_PER_DAY), row.get("goodput"),
             row.get("device_hours"), scaled("energy_j", JOULES_PER_MWH), row["cost_usd"], layout_string(row["layout"]),
             row.get("validated_error"), None]
 
