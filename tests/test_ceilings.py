@@ -24,6 +24,7 @@ from clusterplan.models.library import get_model, list_models
 from clusterplan.models.ops import Op
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.topologies.library import build_cluster, list_clusters, list_devices
+from grids import preset_model_grid
 
 PRESETS = [c.id for c in list_clusters()]
 MODELS = [m.id for m in list_models()]
@@ -39,8 +40,7 @@ def published_job(model_id: str, cluster) -> Job:
 
 
 # ---- the bound over every preset x model -------------------------------------------------------------
-@pytest.mark.parametrize("model_id", MODELS)
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset,model_id", preset_model_grid(PRESETS, MODELS))
 def test_best_layout_mfu_within_matmul_ceiling(preset, model_id):
     cluster = build_cluster(preset)
     device = cluster.device
