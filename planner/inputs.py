@@ -101,8 +101,8 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
         return fallback() if callable(fallback) else fallback
 
     seq = pick("seq_len", seq_len, model.seq_len)
-    if origin["seq_len"] == "default":
-        origin["seq_len"] = "model"  # the model file's seq_len field (2048 when it has none)
+    if origin["seq_len"] == "default":  # the model file's seq_len field (2048 when it has none), or why not
+        origin["seq_len"] = model.seq_len_note or "model"
     batch = pick("global_batch_size", global_batch, lambda: default_global_batch(seq))
     prec = pick("precision", precision, "bf16")
     tokens_to_train = pick("tokens_to_train", tokens, 0)

@@ -81,3 +81,30 @@ def test_a_merge_key_may_be_overridden_and_json_keys_may_repeat_across_objects()
     same key in two different mappings."""
     assert files.parse_yaml("a: &a {x: 1, y: 2}\nb: {<<: *a, x: 3}\n", "f.yaml")["b"] == {"x": 3, "y": 2}
     assert files.parse_json('[{"x": 1}, {"x": 2}]', "f.json") == [{"x": 1}, {"x": 2}]
+
+
+# ---- Hugging Face configs -------------------------------------------------------------------------------------
+TINY_MIXTRAL = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 256, "intermediate_size": 512,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 4, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "vocab_size": 32000, "max_position_embeddings": 32768, "sliding_window": None,
+    "tie_word_embeddings": False,
+}
+
+
+def test_a_capped_context_is_said_in_the_report_and_the_plan_document(tmp_path):
+    """Issue 41 item 6: Mixtral's 32,768-token context was planned at 8,192 while the report said
+    "seq len ... from the model file". The report's job lines and the Plan document say why."""
+    path = tmp_path / "mixtral" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(TINY_MIXTRAL))
+    args = ["plan", "--model", str(path), "--cluster", "dgx-h100-superpod", *SIZE, "--top", "0"]
+    text = run(*args)
+    assert text.exit_code == 0, text.stderr
+    assert "seq len 8,192: the config's max_position_embeddings is 32,768" in text.stdout
+    assert "--seq-len 32768 for the whole context" in text.stdout
+    assert not any("seq len" in line and "from the model file" in line for line in text.stdout.splitlines())
+    doc = json.loads(run(*args, "--json").stdout)
+    assert doc["inputs"]["job"]["seq_len"] == 8192 and "32,768" in doc["inputs"]["origin"]["seq_len"]
+    given = json.loads(run(*args, "--seq-len", "32768", "--json").stdout)
+    assert given["inputs"]["job"]["seq_len"] == 32768 and given["inputs"]["origin"]["seq_len"] == "given"
