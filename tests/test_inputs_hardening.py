@@ -108,3 +108,82 @@ def test_a_capped_context_is_said_in_the_report_and_the_plan_document(tmp_path):
     assert doc["inputs"]["job"]["seq_len"] == 8192 and "32,768" in doc["inputs"]["origin"]["seq_len"]
     given = json.loads(run(*args, "--seq-len", "32768", "--json").stdout)
     assert given["inputs"]["job"]["seq_len"] == 32768 and given["inputs"]["origin"]["seq_len"] == "given"
+
+
+# ---- prices: compare and cluster files ------------------------------------------------------------------------
+def _rows(result) -> dict:
+    assert result.exit_code == 0, result.stderr
+    return {row["cluster"]: row for row in json.loads(result.stdout)}
+
+
+def test_compare_takes_a_price_and_a_cluster_file_carries_one(tmp_path):
+    """Issue 41 item 7: compare had no --price-per-device-hour and a cluster file could not carry a
+    price, so Gaudi 2 or H200 (no catalogue price) showed "-" and ranked last under --objective cost."""
+    pod = tmp_path / "h200-pod.yaml"
+    pod.write_text("base: dgx-h100-superpod\nnum_nodes: 1\ndevice: h200-sxm-141gb\nprice_per_device_hour_usd: 3.5\n")
+    args = ["compare", "--model", "llama3-8b", "--cluster", "gaudi2-cluster:8", "--cluster", str(pod),
+            "--objective", "cost", "--json"]
+    rows = _rows(run(*args, "--price-per-device-hour", "2"))
+    for row in rows.values():  # the option replaces every candidate's price, the file's too
+        assert row["cost_per_step_usd"] == pytest.approx(2 * 8 * row["step_time_s"] / 3600)
+    filed = _rows(run(*args[:4], *args[6:]))[str(pod)]  # the H200 pod alone: its file's price
+    assert filed["cost_per_step_usd"] == pytest.approx(3.5 * 8 * filed["step_time_s"] / 3600)
+
+
+def test_a_candidate_without_a_price_says_so_in_its_row_under_objective_cost():
+    """It was searched for time and ranked last without a word; now its row says why and names the
+    option that gives a price."""
+    result = run("compare", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod:8", "--cluster",
+                 "gaudi2-cluster:8", "--objective", "cost", "--json")
+    rows = _rows(result)
+    assert rows["dgx-h100-superpod:8"]["cost_per_step_usd"] > 0
+    gaudi = rows["gaudi2-cluster:8"]
+    assert gaudi["exit_code"] == 2 and "gaudi2 has no price_per_hour_usd" in gaudi["error"]
+    assert "--price-per-device-hour" in gaudi["error"] and "price_per_device_hour_usd" in gaudi["error"]
+    alone = run("compare", "--model", "llama3-8b", "--cluster", "gaudi2-cluster:8", "--objective", "cost")
+    assert alone.exit_code == 2 and "--price-per-device-hour" in alone.stdout
+
+
+@pytest.mark.parametrize("text, field", [
+    ("price_per_device_hour_usd: -1\n", "price_per_device_hour_usd"),
+    ("price_per_device_hour_usd: .nan\n", "price_per_device_hour_usd"),
+    ("price_per_device_hour_usd: 1.0e+9\n", "price_per_device_hour_usd"),
+    ("scale_out: {nic_gbit_per_s: 1.0e+300}\n", "scale_out.nic_gbit_per_s"),
+    ("scale_out: {nic_gbit_per_s: 1.0e-300}\n", "scale_out.nic_gbit_per_s"),
+    ("power_overhead_w_per_device: 1.0e+300\n", "power_overhead_w_per_device"),
+    ("domain_size: 1" + "0" * 400 + "\n", "domain_size"),
+    ("links: {ib_ndr: {achieved_fraction: 0.9, latency_us: 1.0e+300}}\n", "latency_us"),
+    ("device: {id: x, name: X, vendor: V, family: nvidia-hopper, calibration: nvidia-hopper, peak_tflops: {bf16: 989},"
+     " memory_kind: hbm, memory_gib: 1.0e+300, memory_gbyte_per_s: 3350, scale_up_gbyte_per_s_per_dir: 450,"
+     " scale_out_gbit_per_s: 400, gemm: {large: 0.7, source: x}}\n", "memory_gib"),
+    ("device: {id: x, name: X, vendor: V, family: nvidia-hopper, calibration: nvidia-hopper, peak_tflops: {bf16: 1.0e+300},"
+     " memory_kind: hbm, memory_gib: 80, memory_gbyte_per_s: 3350, scale_up_gbyte_per_s_per_dir: 450,"
+     " scale_out_gbit_per_s: 400, price_per_hour_usd: .inf, gemm: {large: 0.7, source: x}}\n", "peak_tflops.bf16"),
+])
+def test_cluster_file_figures_have_a_physically_sane_range(tmp_path, text, field):
+    """Issue 41 item 11: nic_gbit_per_s or memory_gib of 1e300 ended in OverflowError (exit 1)."""
+    path = tmp_path / "pod.yaml"
+    path.write_text("base: dgx-h100-superpod\nnum_nodes: 1\n" + text)
+    result = run("plan", "--model", "llama3-8b", "--cluster", str(path), "--top", "0")
+    assert result.exit_code == 2, result.stderr
+    assert field in result.stderr and "internal error" not in result.stderr
+    assert len(result.stderr) < 2000
+
+
+@pytest.mark.parametrize("command", ["plan", "evaluate", "sweep"])
+def test_scale_out_has_one_bound_on_every_command(command):
+    """evaluate --scale-out-gbit-per-s 1e-300 exited 0 with a 4e300 s step where plan exited 2."""
+    extra = {"plan": [], "evaluate": ["--layout", "dp=16"], "sweep": ["--over", "global-batch=64,128"]}[command]
+    result = run(command, "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "16",
+                 "--scale-out-gbit-per-s", "1e-300", *extra)
+    assert result.exit_code == 2 and "--scale-out-gbit-per-s" in result.stderr
+    assert "allowed: at least 1 and at most 1e+06" in result.stderr
+
+
+def test_sweep_points_below_the_nic_bound_say_so_in_their_row():
+    result = run("sweep", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "16",
+                 "--over", "scale-out-gbit-per-s=1e-300,400", "--json", "--jobs", "1")
+    assert result.exit_code == 0, result.stderr
+    low, high = json.loads(result.stdout)
+    assert low["exit_code"] == 2 and "scale_out_gbit_per_s: got 1e-300; allowed: a number" in low["error"]
+    assert high["step_time_s"] > 0
