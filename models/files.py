@@ -22,6 +22,7 @@ Limits (each names the file and the limit in its message):
 from __future__ import annotations
 
 import json
+import sys
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -73,6 +74,10 @@ def parse_json(text: str, where: str) -> Any:
         raise SpecError(f"{where}: line {err.lineno} column {err.colno}: invalid JSON: {err.msg}") from None
     except RecursionError:
         raise SpecError(f"{where}: nested deeper than {MAX_DEPTH} levels; allowed: {MAX_DEPTH}") from None
+    except ValueError as err:  # not SpecError: a number too long to read
+        if isinstance(err, SpecError):
+            raise
+        raise SpecError(_unreadable_value(err, where)) from None
 
 
 def parse_yaml(text: str, where: str) -> Any:
@@ -97,9 +102,22 @@ def parse_yaml(text: str, where: str) -> Any:
         raise SpecError(f"{where}:{at} invalid YAML: {str(problem)[:300]}") from None
     except RecursionError:
         raise SpecError(f"{where}: nested deeper than {MAX_DEPTH} levels; allowed: {MAX_DEPTH}") from None
+    except ValueError as err:  # a value PyYAML's constructors cannot build (a 5,000-digit integer, 2021-13-45)
+        if isinstance(err, SpecError):
+            raise
+        raise SpecError(_unreadable_value(err, where)) from None
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def _unreadable_value(err: ValueError, where: str) -> str:
+    """A value the parser cannot build: an integer of more digits than Python converts (4,300 by
+    default; no model or cluster figure has more than about 20), or a malformed date."""
+    if "digits" in str(err):
+        return (f"{where}: a number of more than {sys.get_int_max_str_digits():,} digits; allowed: numbers a "
+                "model or cluster has (at most a few dozen digits)")
+    return f"{where}: invalid value: {str(err)[:200]}"
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]], where: str) -> dict:

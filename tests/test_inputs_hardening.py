@@ -187,3 +187,77 @@ def test_sweep_points_below_the_nic_bound_say_so_in_their_row():
     low, high = json.loads(result.stdout)
     assert low["exit_code"] == 2 and "scale_out_gbit_per_s: got 1e-300; allowed: a number" in low["error"]
     assert high["step_time_s"] > 0
+
+
+# ---- the Python API: Job, Request, load_cluster -------------------------------------------------------------
+@pytest.mark.parametrize("make, field", [
+    (lambda: _load_cluster(price_per_device_hour="3"), "price_per_device_hour"),
+    (lambda: _load_cluster(pue="1.2"), "pue"),
+    (lambda: _load_cluster(host_power_w="500"), "host_power_w"),
+    (lambda: _load_cluster(pue=float("nan")), "pue"),
+    (lambda: _job(tokens_to_train="300B"), "job.tokens_to_train"),
+    (lambda: _job(tokens_to_train=float("nan")), "job.tokens_to_train"),
+    (lambda: _job(tokens_to_train=float("inf")), "job.tokens_to_train"),
+    (lambda: _job(global_batch_size=True), "job.global_batch_size"),
+    (lambda: _job(grad_bytes=True), "job.grad_bytes"),
+    (lambda: _job(reliability=None), "job.reliability"),
+    (lambda: _request(scale_out_gbit_per_s=float("inf")), "scale_out_gbit_per_s"),
+    (lambda: _request(scale_out_gbit_per_s=1e-300), "scale_out_gbit_per_s"),
+    (lambda: _request(pue=float("nan")), "pue"),
+    (lambda: _request(num_devices=True), "num_devices"),
+    (lambda: _request(oversubscription=True), "oversubscription"),
+    (lambda: _request(tokens="300B"), "tokens"),
+    (lambda: _request(global_batch=64.5), "global_batch"),
+])
+def test_api_numbers_are_real_finite_numbers(make, field):
+    """Issue 41 item 11: strings were stored (load_cluster), TypeError and ValueError escaped (Job,
+    Request), and NaN, inf and True passed as numbers."""
+    with pytest.raises(SpecError) as err:
+        make()
+    assert str(err.value).startswith(f"{field}: got ") and "allowed:" in str(err.value)
+
+
+def _load_cluster(**what_if):
+    from clusterplan.planner.inputs import load_cluster
+    return load_cluster("dgx-h100-superpod", num_devices=8, **what_if)
+
+
+def _job(**fields):
+    from clusterplan.cost.layout import Job
+    return Job(**{"global_batch_size": 64, "seq_len": 2048, **fields})
+
+
+def _request(**options):
+    from clusterplan.planner.inputs import Request
+    return Request(model="llama3-8b", cluster="dgx-h100-superpod", **options).load_cluster()
+
+
+def test_valid_api_numbers_still_pass():
+    assert _load_cluster(price_per_device_hour=3, pue=1.2, host_power_w=500).device.price_per_hour_usd == 3
+    assert _job(tokens_to_train=3e11).tokens_to_train == 3e11
+    assert _request(num_devices=16, scale_out_gbit_per_s=200).num_devices == 16
+
+
+# ---- numbers too long to read ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_5000_digit_integer_in_a_model_file_is_bad_input(tmp_path, suffix):
+    path = tmp_path / f"model{suffix}"
+    digits = "1" + "0" * 5000
+    path.write_text('{"name": "x", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, '
+                    f'"ffn_hidden_size": 1024, "vocab_size": {digits}}}')
+    result = run("plan", "--model", str(path), "--cluster", "dgx-h100-superpod", *SIZE)
+    assert result.exit_code == 2 and "more than 4,300 digits" in result.stderr, result.stderr
+    assert len(result.stderr) < 1000
+
+
+@pytest.mark.parametrize("field, value", [("head_dim", 10**30), ("seq_len", 10**30),
+                                          ("moe", {"num_experts": 4, "top_k": 1, "expert_ffn_hidden_size": 10**40})])
+def test_model_figures_beyond_their_bounds_are_refused_at_load(tmp_path, field, value):
+    """They reached the search, which overflowed its int64 tables (a numpy warning on stderr) before a
+    late step-time check refused them."""
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"name": "x", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+                                "ffn_hidden_size": 1024, "vocab_size": 32000, field: value}))
+    result = run("plan", "--model", str(path), "--cluster", "dgx-h100-superpod", *SIZE)
+    assert result.exit_code == 2 and "invalid model spec" in result.stderr and field in result.stderr
+    assert "overflow" not in result.stderr
