@@ -261,3 +261,58 @@ def test_model_figures_beyond_their_bounds_are_refused_at_load(tmp_path, field, 
     result = run("plan", "--model", str(path), "--cluster", "dgx-h100-superpod", *SIZE)
     assert result.exit_code == 2 and "invalid model spec" in result.stderr and field in result.stderr
     assert "overflow" not in result.stderr
+
+
+# ---- render of a hand-edited Plan document ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_plan() -> dict:
+    result = run("plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", *SIZE, "--tokens", "1T", "--json")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("value", [True, 0, [1], {"a": 1}, None])
+def test_render_refuses_a_rejection_reason_that_is_not_text(tmp_path, saved_plan, value):
+    """Issue 41 item 11: a number or list in rejection_reasons stopped rich's table (exit 1)."""
+    doc = json.loads(json.dumps(saved_plan))
+    doc["rejection_reasons"][next(iter(doc["rejection_reasons"]))] = value
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    result = run("render", str(path))
+    assert result.exit_code == 2 and "rejection_reasons." in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+MUTATIONS = ["x", "", None, -1, 0, 1e308, True, [], {}, [1], "1.5", 10**30, {"a": 1}, [{"x": 1}], "tp=8"]
+
+
+def _paths(node, path=()):
+    yield path
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        yield from _paths(child, path + (key,))
+
+
+def test_render_of_fuzzed_plan_documents_is_a_report_or_exit_2(tmp_path, saved_plan):
+    """Fields removed, wrong types, strings for numbers: every document gives the report (exit 0)
+    or a message naming what is wrong (exit 2), never an internal error."""
+    import random
+    rng = random.Random(41)
+    paths = [p for p in _paths(saved_plan) if p]
+    path = tmp_path / "plan.json"
+    for _ in range(150):
+        doc = json.loads(json.dumps(saved_plan))
+        for where in rng.sample(paths, rng.randint(1, 4)):
+            parent = doc
+            try:
+                for key in where[:-1]:
+                    parent = parent[key]
+                if isinstance(parent, dict) and rng.random() < 0.4:
+                    parent.pop(where[-1], None)
+                else:
+                    parent[where[-1]] = rng.choice(MUTATIONS)
+            except (KeyError, IndexError, TypeError):
+                pass  # an earlier change removed this path
+        path.write_text(json.dumps(doc))
+        result = run("render", str(path))
+        assert result.exit_code in (0, 2), (result.exit_code, result.stderr)

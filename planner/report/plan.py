@@ -385,6 +385,21 @@ def plan_document_problem(doc: dict) -> str | None:
     if not isinstance(runners, list) or not all(isinstance(r, dict) and _number_in(r.get("step_time_s"), 0.0,
                                                                                    MAX_FIGURE, False) for r in runners):
         return "runners_up: allowed: a list of layouts as plan writes them, each with its step_time_s > 0"
+    return _rejections_problem(doc)
+
+
+def _rejections_problem(doc: dict) -> str | None:
+    """The rejection table's cells: counts (whole numbers >= 0) and reason texts (strings), which the
+    report's table prints as they are (a number or a list there stopped the render with exit 1)."""
+    counts, reasons = doc.get("rejections", {}), doc.get("rejection_reasons", {})
+    if not isinstance(counts, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                               for n in counts.values()):
+        return "rejections: allowed: an object of layout counts, each a whole number >= 0"
+    if not isinstance(reasons, dict):
+        return f"rejection_reasons: got {reasons!r:.80}; allowed: an object of reason texts"
+    bad = next(((k, v) for k, v in reasons.items() if not isinstance(v, str)), None)
+    if bad:
+        return f"rejection_reasons.{bad[0]}: got {bad[1]!r:.80}; allowed: a reason's text"
     return None
 
 
