@@ -398,6 +398,7 @@ WHATIF_OUTPUT_OPTIONS = [
 
 # ---- commands ----------------------------------------------------------------------------------------
 @click.command("plan", cls=Command)
+@click.version_option(PLANNER_VERSION, prog_name="clusterplan")  # `plan --version`, as `clusterplan --version`
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def plan_command(as_json, **options):
@@ -1224,14 +1225,27 @@ def _training(doc: dict, console: Console) -> None:
         console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)}, {energy_text}, {cost_text}")
         console.print()
         return
-    console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)} with failures "
-                  f"({_duration(doc['time_to_train_ideal_s'])} without), {doc['device_hours']:,.0f} device-hours, "
+    failures = not _no_failures(gp)
+    with_failures = (f"{_duration(seconds)} with failures ({_duration(doc['time_to_train_ideal_s'])} without)" if failures
+                     else f"{_duration(seconds)} (no failures assumed)")
+    console.print(f"to train {_count(tokens)} tokens: {with_failures}, {doc['device_hours']:,.0f} device-hours, "
                   f"{energy_text}, {cost_text}")
-    restart = f"restart {_duration(gp['restart_s'])}" + (" (unvalidated: assumed)" if gp["restart_unvalidated"] else "")
-    console.print(f"goodput {gp['goodput']:.1%}: a failure every {_duration(gp['mtbf_s'])} on average "
-                  f"({gp['failure_rate_per_device_hour']:.3g} per device-hour), a {gp['checkpoint_write_s']:.1f} s "
-                  f"checkpoint every {_duration(gp['checkpoint_interval_s'])} (Young), {restart}")
+    console.print(_goodput_line(gp) if failures else f"goodput {gp['goodput']:.1%}: no failures assumed (--failure-rate "
+                  "0), so no checkpoint, restart or lost work is counted")
     console.print()
+
+
+def _no_failures(gp: dict) -> bool:
+    """A failure rate of 0: the document's mean time between failures is null (or, in a document
+    from before, infinite)."""
+    return gp["mtbf_s"] is None or not math.isfinite(gp["mtbf_s"]) or not gp["failure_rate_per_device_hour"]
+
+
+def _goodput_line(gp: dict) -> str:
+    restart = f"restart {_duration(gp['restart_s'])}" + (" (unvalidated: assumed)" if gp["restart_unvalidated"] else "")
+    return (f"goodput {gp['goodput']:.1%}: a failure every {_duration(gp['mtbf_s'])} on average "
+            f"({gp['failure_rate_per_device_hour']:.3g} per device-hour), a {gp['checkpoint_write_s']:.1f} s "
+            f"checkpoint every {_duration(gp['checkpoint_interval_s'])} (Young), {restart}")
 
 
 def _runners_up(doc: dict, console: Console) -> None:

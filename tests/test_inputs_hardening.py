@@ -316,3 +316,31 @@ def test_render_of_fuzzed_plan_documents_is_a_report_or_exit_2(tmp_path, saved_p
         path.write_text(json.dumps(doc))
         result = run("render", str(path))
         assert result.exit_code in (0, 2), (result.exit_code, result.stderr)
+
+
+# ---- papercuts --------------------------------------------------------------------------------------------------
+def test_plan_version_prints_what_clusterplan_version_prints():
+    from clusterplan.cli import plan_main
+    version = run("--version")
+    plan_version = CliRunner().invoke(plan_main, ["--version"])
+    assert version.exit_code == 0 and plan_version.exit_code == 0, plan_version.output
+    assert plan_version.stdout == version.stdout and "version" in version.stdout
+
+
+def test_failure_rate_zero_assumes_no_failures_and_keeps_the_figures_right():
+    """``--failure-rate 0`` printed "a failure every inf days" and wrote Infinity into the JSON."""
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", *SIZE, "--tokens", "1T", "--top", "0",
+            "--failure-rate", "0"]
+    text = run(*args)
+    assert text.exit_code == 0, text.stderr
+    assert "inf days" not in text.stdout and "no failures assumed" in text.stdout
+    raw = run(*args, "--json").stdout
+    assert "Infinity" not in raw and "NaN" not in raw
+    doc = json.loads(raw)
+    gp = doc["goodput"]
+    assert gp["goodput"] == 1.0 and gp["mtbf_s"] is None and gp["checkpoint_interval_s"] is None
+    assert doc["time_to_train_s"] == pytest.approx(doc["time_to_train_ideal_s"])
+    assert doc["device_hours"] == pytest.approx(8 * doc["time_to_train_ideal_s"] / 3600)
+    steps = doc["inputs"]["job"]["tokens_to_train"] / (doc["inputs"]["job"]["global_batch_size"]
+                                                     * doc["inputs"]["job"]["seq_len"])
+    assert doc["time_to_train_ideal_s"] == pytest.approx(steps * doc["step_time_s"])

@@ -119,8 +119,9 @@ def training_totals(figures: dict, job: Job, num_params: float | None = None, nu
            "goodput": None}
     if gp is not None:
         out["device_hours"] = None if factor is None else num_devices * ideal_s * factor / 3600.0
-        out["goodput"] = {"goodput": gp.goodput, "mtbf_s": gp.mtbf_s, "checkpoint_write_s": gp.checkpoint_write_s,
-                          "checkpoint_interval_s": gp.checkpoint_interval_s,
+        finite = lambda value: value if math.isfinite(value) else None  # no failures: null, not Infinity
+        out["goodput"] = {"goodput": gp.goodput, "mtbf_s": finite(gp.mtbf_s), "checkpoint_write_s": gp.checkpoint_write_s,
+                          "checkpoint_interval_s": finite(gp.checkpoint_interval_s),
                           "failure_rate_per_device_hour": job.reliability.failure_rate_per_device_hour,
                           "checkpoint_bytes_per_s_per_device": job.reliability.checkpoint_bytes_per_s_per_device,
                           "restart_s": job.reliability.restart_s,
