@@ -55,7 +55,7 @@ from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, c
                                         check_distinct, parse_candidate, parse_grid, rank, sweep)
 from clusterplan.planner.report.export import FORMATS as EXPORT_FORMATS, export, export_framework
 from clusterplan.topologies.cluster import Cluster
-from clusterplan.topologies.library import list_clusters, list_devices
+from clusterplan.topologies.library import MAX_NIC_GBIT_PER_S, MIN_NIC_GBIT_PER_S, list_clusters, list_devices
 from clusterplan.topologies.precisions import FP8_SCALINGS, PRECISIONS
 
 EXIT_BUG = 1
@@ -260,6 +260,11 @@ MOE_ROUTING_OPTIONS = [
                  help="MoE models, dropless routing: the most loaded expert-parallel rank's routed tokens over "
                       "the mean (default: the model's, 1 = balanced, as benchmarks that force balance run)."),
 ]
+PRICE_OPTION = click.option(
+    "--price-per-device-hour", "price_per_device_hour", type=BoundedNumber(float, 1e4), metavar="USD",
+    expose_value=False, callback=_remember,
+    help="Rental price per device-hour, replacing the catalogue's and a cluster file's price_per_device_hour_usd "
+         "(cost figures and --objective cost).")
 INPUT_OPTIONS = [
     click.option("--model", "model_arg", required=True, metavar="ID|FILE",
                  help="Bundled model id or alias (see `clusterplan models`), or the path of a YAML/JSON "
@@ -275,7 +280,8 @@ INPUT_OPTIONS = [
     click.option("--device", "device", metavar="ID",
                  help="Another device of the preset's family, e.g. h200-sxm-141gb on dgx-h100-superpod "
                       "(see `clusterplan devices`)."),
-    click.option("--scale-out-gbit-per-s", "scale_out_gbit_per_s", type=POSITIVE_FLOAT, metavar="GBIT",
+    click.option("--scale-out-gbit-per-s", "scale_out_gbit_per_s", metavar="GBIT",
+                 type=BoundedNumber(float, MAX_NIC_GBIT_PER_S, minimum=MIN_NIC_GBIT_PER_S),
                  help="NIC bandwidth per device and direction, Gb/s, replacing the preset's."),
     click.option("--oversubscription", type=BoundedNumber(float, 64.0, minimum=1.0), metavar="RATIO",
                  help="Leaf downlink/uplink ratio of a fat-tree preset (1 = non-blocking)."),
@@ -318,9 +324,7 @@ INPUT_OPTIONS = [
                       "e.g. NeMo Automodel's TE models with --framework torchtitan) or llmfoundry (llm-foundry's MPT "
                       "modules under Composer's FSDP, with --framework torchtitan: its fused cross-entropy holds "
                       "4 B per logit)."),
-    click.option("--price-per-device-hour", "price_per_device_hour", type=BoundedNumber(float, 1e4), metavar="USD",
-                 expose_value=False, callback=_remember,
-                 help="Rental price per device-hour, replacing the catalogue's (cost figures and --objective cost)."),
+    PRICE_OPTION,
     click.option("--pue", type=BoundedNumber(float, 5.0, minimum=1.0), metavar="RATIO", expose_value=False,
                  callback=_remember,
                  help="Power usage effectiveness of the facility: energy figures are multiplied by it "
@@ -397,6 +401,7 @@ WHATIF_OUTPUT_OPTIONS = [
 
 # ---- commands ----------------------------------------------------------------------------------------
 @click.command("plan", cls=Command)
+@click.version_option(PLANNER_VERSION, prog_name="clusterplan")  # `plan --version`, as `clusterplan --version`
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def plan_command(as_json, **options):
@@ -537,12 +542,13 @@ def explain_command(as_json, **options):
 @click.option("--model-code", "model_code", type=click.Choice(list(MODEL_CODES)),
               help="A Hugging Face transformers model class under DeepSpeed or FSDP (see plan --help).")
 @_apply(MOE_ROUTING_OPTIONS)
+@_apply([PRICE_OPTION])
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Search engine for each candidate.")
 @click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
               help="Search each candidate for, and rank the candidates by, step time, rental cost per step or "
-                   "energy per step (the last two need a price/power for the device; candidates without it "
-                   "are searched for time and ranked last).")
+                   "energy per step (the last two need a price/power for the device: --price-per-device-hour, or "
+                   "a cluster file's price_per_device_hour_usd; a candidate without it says so in its row).")
 @_apply(WHATIF_OUTPUT_OPTIONS)
 @guarded
 def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, framework, compiled, model_code,
@@ -599,8 +605,8 @@ def sweep_command(over, ray_address, jobs, model_arg, cluster_arg, engine, time_
                 --over devices=256,512,1024 --tokens 15T --csv sweep.csv --chart sweep.png
 
     Each point is built as `plan` would build it with that option set, and searched for
-    --objective (for time where the device lacks the price or power it needs). A point that cannot
-    run (no layout fits, a size the fabric cannot take, an unknown device) says why in its row.
+    --objective. A point that cannot run (no layout fits, a size the fabric cannot take, an unknown
+    device, a device without the price or power --objective needs) says why in its row.
     Exits 0 when at least one point ran; otherwise with the first point's code.
     """
     study = parse_grid(over)
@@ -1245,14 +1251,27 @@ def _training(doc: dict, console: Console) -> None:
         console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)}, {energy_text}, {cost_text}")
         console.print()
         return
-    console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)} with failures "
-                  f"({_duration(doc['time_to_train_ideal_s'])} without), {doc['device_hours']:,.0f} device-hours, "
+    failures = not _no_failures(gp)
+    with_failures = (f"{_duration(seconds)} with failures ({_duration(doc['time_to_train_ideal_s'])} without)" if failures
+                     else f"{_duration(seconds)} (no failures assumed)")
+    console.print(f"to train {_count(tokens)} tokens: {with_failures}, {doc['device_hours']:,.0f} device-hours, "
                   f"{energy_text}, {cost_text}")
-    restart = f"restart {_duration(gp['restart_s'])}" + (" (unvalidated: assumed)" if gp["restart_unvalidated"] else "")
-    console.print(f"goodput {gp['goodput']:.1%}: a failure every {_duration(gp['mtbf_s'])} on average "
-                  f"({gp['failure_rate_per_device_hour']:.3g} per device-hour), a {gp['checkpoint_write_s']:.1f} s "
-                  f"checkpoint every {_duration(gp['checkpoint_interval_s'])} (Young), {restart}")
+    console.print(_goodput_line(gp) if failures else f"goodput {gp['goodput']:.1%}: no failures assumed (--failure-rate "
+                  "0), so no checkpoint, restart or lost work is counted")
     console.print()
+
+
+def _no_failures(gp: dict) -> bool:
+    """A failure rate of 0: the document's mean time between failures is null (or, in a document
+    from before, infinite)."""
+    return gp["mtbf_s"] is None or not math.isfinite(gp["mtbf_s"]) or not gp["failure_rate_per_device_hour"]
+
+
+def _goodput_line(gp: dict) -> str:
+    restart = f"restart {_duration(gp['restart_s'])}" + (" (unvalidated: assumed)" if gp["restart_unvalidated"] else "")
+    return (f"goodput {gp['goodput']:.1%}: a failure every {_duration(gp['mtbf_s'])} on average "
+            f"({gp['failure_rate_per_device_hour']:.3g} per device-hour), a {gp['checkpoint_write_s']:.1f} s "
+            f"checkpoint every {_duration(gp['checkpoint_interval_s'])} (Young), {restart}")
 
 
 def _runners_up(doc: dict, console: Console) -> None:

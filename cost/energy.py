@@ -75,7 +75,9 @@ def step_cost_usd(cluster: Cluster, step_s: float) -> float | None:
 
 
 # The device figure each objective needs (time needs none), and how the error names it.
-_NEEDS = {"cost": ("price_per_hour_usd", "a price"), "energy": ("power_w", "a power figure")}
+_NEEDS = {"cost": ("price_per_hour_usd", "give --price-per-device-hour USD, or price_per_device_hour_usd in a cluster "
+                                         "file"),
+          "energy": ("power_w", "give a cluster file whose device has power_w")}
 
 
 def objective_available(cluster: Cluster, objective: str) -> bool:
@@ -94,9 +96,9 @@ def objective_weights(cluster: Cluster, objective: str) -> tuple[int, int]:
     if objective not in OBJECTIVES:
         raise SpecError(f"--objective: got {objective!r}; allowed: {', '.join(OBJECTIVES)}")
     if not objective_available(cluster, objective):
-        field, what = _NEEDS[objective]
-        raise SpecError(f"--objective {objective}: device {cluster.device.id} has no {field} in the catalogue; "
-                        f"use --objective time or a cluster file whose device has {what}")
+        field, fix = _NEEDS[objective]
+        raise SpecError(f"--objective {objective}: device {cluster.device.id} has no {field} in the catalogue "
+                        f"(cluster {cluster.id}); {fix}, or use --objective time")
     if objective != "energy":
         return 1, 0
     waiting, extra = power_w(cluster)

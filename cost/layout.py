@@ -18,7 +18,6 @@ on is the cluster's question (``topologies.cluster.Cluster.placed``).
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 from dataclasses import asdict, dataclass, field, replace
 
@@ -27,7 +26,7 @@ from clusterplan.cost.goodput import Reliability
 from clusterplan.cost.orders import DEFAULT_ORDER, ORDERS, TRAVERSAL_SEP, join_order, split_order  # noqa: F401 (re-exported)
 
 _DEFAULT_RELIABILITY = Reliability()
-from clusterplan.models.errors import SpecError
+from clusterplan.models.errors import SpecError, check_number, shown
 from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.topologies.cluster import TORUS_AXES
 from clusterplan.topologies.precisions import FP8_CURRENT, FP8_SCALINGS, PRECISIONS  # noqa: F401 (PRECISIONS re-exported)
@@ -40,6 +39,8 @@ projections with their RoPE, the dense MLP, the experts' activation and the shar
 (the whole MoE layer, all-to-alls included) is not priced."""
 MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused", "llmfoundry")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
+MAX_JOB_INT = 2**31 - 1  # sequences per step and tokens per sequence: the command line's bound
+MAX_TOKENS_TO_TRAIN = 1e18  # a quintillion tokens: 10,000 times the largest published runs (36 T)
 
 
 def order_axes(order: str) -> list[str]:
@@ -260,14 +261,14 @@ class Job:
     fp8_scaling: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("global_batch_size", "seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise SpecError(f"job.{name}: got {value!r}; must be a positive integer")
+        for name in ("global_batch_size", "seq_len"):  # the command line's bound (cli.POSITIVE_INT)
+            check_number(f"job.{name}", getattr(self, name), 1, MAX_JOB_INT, whole=True)
+        check_number("job.grad_bytes", self.grad_bytes, 1, 8, whole=True)
         if self.precision not in PRECISIONS:
             raise SpecError(f"job.precision: got {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
-        if self.tokens_to_train < 0:
-            raise SpecError(f"job.tokens_to_train: got {self.tokens_to_train}; must be >= 0")
+        check_number("job.tokens_to_train", self.tokens_to_train, 0, MAX_TOKENS_TO_TRAIN)
+        if not isinstance(self.reliability, Reliability):
+            raise SpecError(f"job.reliability: got {shown(self.reliability)}; allowed: a cost.goodput.Reliability")
         if self.attention not in ATTENTION_KINDS:
             raise SpecError(f"job.attention: got {self.attention!r}; allowed: {', '.join(ATTENTION_KINDS)}")
         if self.framework not in FRAMEWORKS:
@@ -285,9 +286,7 @@ class Job:
         rel = self.reliability
         for name, low, high in (("failure_rate_per_device_hour", 0.0, 1.0), ("checkpoint_bytes_per_s_per_device", 1e3, 1e13),
                                 ("restart_s", 0.0, 1e6)):
-            value = getattr(rel, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
-                raise SpecError(f"job.reliability.{name}: got {value!r}; allowed: {low:g} to {high:g}")
+            check_number(f"job.reliability.{name}", getattr(rel, name), low, high)
 
     @property
     def term_key(self) -> "Job":

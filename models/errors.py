@@ -9,6 +9,7 @@ no layout can run is an :class:`InfeasibleError` (exit 3); a solver that stops w
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +55,40 @@ MAX_GIVEN_CHARS = 80
 """A given value is echoed up to this many characters, so an error never repeats a whole input."""
 
 
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to MAX_GIVEN_CHARS characters, for a message that echoes what was given
+    (an integer too long for ``repr`` is described, not printed)."""
+    try:
+        text = repr(value)
+    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+        return "an integer of thousands of digits"
+    return text if len(text) <= MAX_GIVEN_CHARS else text[:MAX_GIVEN_CHARS] + "..."
+
+
+def check_number(name: str, value: Any, low: float, high: float, *, whole: bool = False,
+                 above: bool = False) -> Any:
+    """``value`` if it is a finite real number (not true/false, a string, NaN or infinite; a whole
+    number where ``whole``) from ``low`` (excluded where ``above``) to ``high``; else a SpecError
+    naming ``name``, the value and the range.
+
+    >>> check_number("pue", 1.2, 1.0, 5.0)
+    1.2
+    >>> check_number("pue", "1.2", 1.0, 5.0)
+    Traceback (most recent call last):
+    ...
+    clusterplan.models.errors.SpecError: pue: got '1.2'; allowed: a number >= 1 and <= 5
+    """
+    kinds = (int,) if whole else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and (isinstance(value, int) or math.isfinite(value))
+    if ok:
+        ok = (value > low if above else value >= low) and value <= high
+    if not ok:
+        kind, bound = ("a whole number", lambda x: f"{int(x):,}") if whole else ("a number", lambda x: f"{x:g}")
+        raise SpecError(f"{name}: got {shown(value)}; allowed: {kind} {'>' if above else '>='} {bound(low)} and "
+                        f"<= {bound(high)}")
+    return value
+
+
 def format_validation_error(err, where: str, label: str, root) -> str:
     """A pydantic ``ValidationError`` of ``root`` (a model class) as ``where: invalid <label>`` and
     one ``field: message (given: value)`` line per problem; an unknown field lists the allowed ones
@@ -70,13 +105,12 @@ def _problem_line(root, problem: Mapping[str, Any]) -> str:
     if problem["type"] == "extra_forbidden":
         allowed = list(_model_at(root, loc[:-1]).model_fields)
         close = difflib.get_close_matches(str(loc[-1])[:MAX_GIVEN_CHARS], allowed, n=1)
-        shown = field if len(field) <= MAX_GIVEN_CHARS else field[:MAX_GIVEN_CHARS] + "..."
-        return f"{shown}: unknown field; {f'did you mean {close[0]!r}? ' if close else ''}allowed: {', '.join(allowed)}"
+        name = field if len(field) <= MAX_GIVEN_CHARS else field[:MAX_GIVEN_CHARS] + "..."
+        return f"{name}: unknown field; {f'did you mean {close[0]!r}? ' if close else ''}allowed: {', '.join(allowed)}"
     given = problem.get("input")
     if problem["type"] == "missing" or isinstance(given, Mapping):
         return f"{field}: {message}"
-    text = repr(given)
-    return f"{field}: {message} (given: {text if len(text) <= MAX_GIVEN_CHARS else text[:MAX_GIVEN_CHARS] + '...'})"
+    return f"{field}: {message} (given: {shown(given)})"
 
 
 def _model_at(root, loc: tuple):

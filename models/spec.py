@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from clusterplan.models.errors import SpecError, format_validation_error
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+MAX_SEQ_LEN = 2**31 - 1  # the command line's bound on --seq-len (cli.POSITIVE_INT)
 
 
 class _Spec(BaseModel):
@@ -38,14 +39,16 @@ class MoESpec(_Spec):
 
     num_experts: int = Field(gt=0, le=2**20, description="Routed experts per MoE layer (at most 2^20, the "
                              "million-expert PEER layers of He 2024; DeepSeek-V3 has 256).")
-    top_k: int = Field(gt=0, description="Routed experts each token is sent to.")
-    expert_ffn_hidden_size: int = Field(gt=0, description="FFN width of one expert.")
-    num_shared_experts: int = Field(0, ge=0, description="Always-active experts per MoE layer.")
+    top_k: int = Field(gt=0, description="Routed experts each token is sent to (at most num_experts).")
+    expert_ffn_hidden_size: int = Field(gt=0, le=10_000_000, description="FFN width of one expert (at most "
+                                        "10,000,000, as ffn_hidden_size).")
+    num_shared_experts: int = Field(0, ge=0, le=2**20, description="Always-active experts per MoE layer (at most "
+                                    "2^20, as num_experts).")
     num_dense_layers: int = Field(
         0, ge=0, description="Leading layers that use a dense MLP instead of experts."
     )
     max_nodes_per_token: int | None = Field(
-        None, gt=0,
+        None, gt=0, le=2**20,
         description="Node-limited routing: each token's experts lie on at most this many nodes "
                     "(DeepSeek-V3: 4, section 3.2; config.json topk_group). None: unlimited.",
     )
@@ -81,11 +84,12 @@ class MLASpec(_Spec):
 
     model_config = _FROZEN
 
-    q_lora_rank: int = Field(ge=0, description="Rank of the query compression (0: no compression).")
-    kv_lora_rank: int = Field(gt=0, description="Rank of the joint key/value compression.")
-    qk_nope_head_dim: int = Field(gt=0, description="Per-head query/key dim without rotary part.")
-    qk_rope_head_dim: int = Field(gt=0, description="Per-head rotary query/key dim.")
-    v_head_dim: int = Field(gt=0, description="Per-head value dim.")
+    # each at most 1,000,000, as hidden_size: a rank or head dim beyond the model's width means nothing
+    q_lora_rank: int = Field(ge=0, le=1_000_000, description="Rank of the query compression (0: no compression).")
+    kv_lora_rank: int = Field(gt=0, le=1_000_000, description="Rank of the joint key/value compression.")
+    qk_nope_head_dim: int = Field(gt=0, le=1_000_000, description="Per-head query/key dim without rotary part.")
+    qk_rope_head_dim: int = Field(gt=0, le=1_000_000, description="Per-head rotary query/key dim.")
+    v_head_dim: int = Field(gt=0, le=1_000_000, description="Per-head value dim.")
 
 
 class ModelSpec(_Spec):
@@ -109,7 +113,8 @@ class ModelSpec(_Spec):
         None, gt=0, description="Key/value heads (g); None means equal to num_attention_heads."
     )
     head_dim: int | None = Field(
-        None, gt=0, description="Per-head dimension; None means hidden_size / num_attention_heads."
+        None, gt=0, le=1_000_000, description="Per-head dimension; None means hidden_size / num_attention_heads "
+        "(at most 1,000,000, as hidden_size)."
     )
     ffn_hidden_size: int = Field(gt=0, le=10_000_000, description="Dense MLP width (f); per up projection for SwiGLU "
                                  "(at most 10,000,000).")
@@ -126,11 +131,11 @@ class ModelSpec(_Spec):
         "None: rope with swiglu, learned with gelu. Only rope runs a kernel in every layer."
     )
     sliding_window: int | None = Field(
-        None, gt=0, description="Keys a query attends back over in the windowed layers (Mistral 7B v0.1: 4096, "
+        None, gt=0, le=MAX_SEQ_LEN, description="Keys a query attends back over in the windowed layers (Mistral 7B v0.1: 4096, "
         "gpt-oss: 128); None: every layer attends over the whole causal context."
     )
     sliding_window_pattern: int | None = Field(
-        None, ge=2, description="With sliding_window: every n-th layer attends over the whole context and the "
+        None, ge=2, le=100_000, description="With sliding_window: every n-th layer attends over the whole context and the "
         "others over the window (gpt-oss: 2, Gemma 3: 6); None: every layer is windowed (Mistral)."
     )
     tied_embeddings: bool = Field(False, description="Output layer shares the input embedding.")
@@ -139,7 +144,10 @@ class ModelSpec(_Spec):
     )
     moe: MoESpec | None = Field(None, description="Mixture-of-experts layers, if any.")
     mla: MLASpec | None = Field(None, description="Multi-head latent attention, if used.")
-    seq_len: int = Field(2048, gt=0, description="Default training sequence length.")
+    seq_len: int = Field(2048, gt=0, le=MAX_SEQ_LEN, description="Default training sequence length (at most 2^31 - 1, "
+                         "as --seq-len).")
+    seq_len_note: str = Field("", description="Why seq_len is not the model file's own context, where it is not "
+                              "(a Hugging Face config's context capped for pre-training: models.hf); reports print it.")
     source: str = Field("", description="Where the architecture was published.")
 
     @model_validator(mode="after")

@@ -19,15 +19,20 @@ from typing import Any
 from clusterplan.cost.framework import (FRAMEWORKS, ProfileAt, default_framework, load_profile,
                                         resolve_name as resolve_framework)
 from clusterplan.cost.goodput import Reliability
-from clusterplan.cost.layout import Job
-from clusterplan.models.errors import SpecError
+from clusterplan.cost.layout import MAX_TOKENS_TO_TRAIN, Job
+from clusterplan.models.errors import SpecError, check_number, shown
 from clusterplan.models.library import job_defaults, load_model, resolve_model_id
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster, with_what_if
-from clusterplan.topologies.library import build_cluster, load_cluster_file
+from clusterplan.topologies.library import (MAX_NIC_GBIT_PER_S, MAX_OVERSUBSCRIPTION, MIN_NIC_GBIT_PER_S, build_cluster,
+                                            load_cluster_file)
 from clusterplan.topologies.precisions import low_precision
 
 DEFAULT_TOKENS_PER_STEP = 4 * 2**20
+# (lowest, highest, lowest excluded) of the what-if figures: the command line's option bounds (cli.py)
+PRICE_RANGE = (0.0, 1e4, True)  # USD per device-hour
+PUE_RANGE = (1.0, 5.0, False)
+HOST_POWER_RANGE = (0.0, 1e5, False)  # watts per device
 FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -43,8 +48,13 @@ def load_cluster(name_or_path: str, num_devices: int | None = None, num_nodes: i
                  pue: float | None = None, host_power_w: float | None = None,
                  domain_devices: int | None = None) -> Cluster:
     """A preset or a cluster file, sized and overridden by the options (which win over the file),
-    with a rental price, a facility PUE and a host power per device applied where given."""
-    if not str(name_or_path).strip():
+    with a rental price, a facility PUE and a host power per device applied where given (each a
+    number in the command line's range: a string or NaN is a SpecError naming it)."""
+    for name, value, (low, high, above) in (("price_per_device_hour", price_per_device_hour, PRICE_RANGE),
+                                            ("pue", pue, PUE_RANGE), ("host_power_w", host_power_w, HOST_POWER_RANGE)):
+        if value is not None:
+            check_number(name, value, low, high, above=above)
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise SpecError("cluster: the name is empty; give a bundled preset id (clusterplan clusters) or a file path")
     if not _looks_like_file(name_or_path):
         cluster = build_cluster(name_or_path, num_devices=num_devices, num_nodes=num_nodes, device=device,
@@ -101,8 +111,8 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
         return fallback() if callable(fallback) else fallback
 
     seq = pick("seq_len", seq_len, model.seq_len)
-    if origin["seq_len"] == "default":
-        origin["seq_len"] = "model"  # the model file's seq_len field (2048 when it has none)
+    if origin["seq_len"] == "default":  # the model file's seq_len field (2048 when it has none), or why not
+        origin["seq_len"] = model.seq_len_note or "model"
     batch = pick("global_batch_size", global_batch, lambda: default_global_batch(seq))
     prec = pick("precision", precision, "bf16")
     tokens_to_train = pick("tokens_to_train", tokens, 0)
@@ -211,6 +221,15 @@ def with_moe_routing(model: ModelSpec, capacity_factor: float | None, load_imbal
     return model.model_copy(update={"moe": model.moe.model_copy(update=changes)})
 
 
+_REQUEST_COUNTS = ("num_devices", "num_nodes", "domain_devices", "global_batch", "seq_len")
+_REQUEST_FIGURES = {  # (lowest, highest, lowest excluded), as the command line's options take them
+    "scale_out_gbit_per_s": (MIN_NIC_GBIT_PER_S, MAX_NIC_GBIT_PER_S, False),
+    "oversubscription": (1.0, MAX_OVERSUBSCRIPTION, False), "tokens": (0.0, MAX_TOKENS_TO_TRAIN, False),
+    "price_per_device_hour": PRICE_RANGE, "pue": PUE_RANGE, "host_power_w": HOST_POWER_RANGE,
+    "moe_capacity_factor": (1.0, 64.0, False), "moe_load_imbalance": (1.0, 64.0, False),
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Request:
     """What a user asks about, as given: the model and the cluster (ids or file paths), then the
@@ -244,6 +263,21 @@ class Request:
     moe_capacity_factor: float | None = None
     moe_load_imbalance: float | None = None
     reliability: Reliability = field(default_factory=Reliability)
+
+    def __post_init__(self) -> None:
+        """Each option of the right kind and in the command line's range: the ids as text, the counts
+        as whole numbers, the figures as finite numbers (not true/false, a string, NaN or inf)."""
+        for name in ("model", "cluster"):
+            if not isinstance(getattr(self, name), str):
+                raise SpecError(f"{name}: got {shown(getattr(self, name))}; allowed: an id or a file path")
+        for name in _REQUEST_COUNTS:
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), 1, 2**31 - 1, whole=True)
+        for name, (low, high, above) in _REQUEST_FIGURES.items():
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), low, high, above=above)
+        if not isinstance(self.reliability, Reliability):
+            raise SpecError(f"reliability: got {shown(self.reliability)}; allowed: a cost.goodput.Reliability")
 
     def with_(self, **changes: Any) -> Request:
         """This request with some options changed (a point of a sweep, a size tried by ``fit``)."""

@@ -344,8 +344,104 @@ def test_hf_missing_key_is_named():
 
 
 def test_hf_bad_value_names_the_field():
-    with pytest.raises(SpecError, match="hidden_size"):
+    with pytest.raises(SpecError, match="n_embd: got -768; allowed: a whole number >= 1"):
         from_hf_config({**GPT2, "n_embd": -768}, name="x")
+
+
+# Modelled on the published config.json files (huggingface.co/Qwen/<name>/blob/main/config.json).
+QWEN25_7B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 3584,
+    "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2",
+    "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_sliding_window": False, "vocab_size": 152064,
+}
+QWEN3_06B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "head_dim": 128, "hidden_size": 1024,
+    "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rope_scaling": None,
+    "sliding_window": None, "tie_word_embeddings": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "decoder_sparse_step": 1, "head_dim": 128,
+    "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+    "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": True,
+    "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+    "num_key_value_heads": 4, "rope_scaling": None, "sliding_window": None, "tie_word_embeddings": False,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+
+
+def test_hf_qwen25_matches_the_published_parameter_count(tmp_path):
+    """Qwen2.5-7B: 7.61 B parameters, 6.53 B without the embeddings (its model card). The q/k/v biases
+    (28 x 4,608) are not counted, as no bias is."""
+    spec = load_model(_write_config(tmp_path, QWEN25_7B, folder="Qwen2.5-7B"))
+    assert spec.num_kv_heads == 4 and spec.head_dim_resolved == 128 and spec.sliding_window is None
+    assert spec.num_params == pytest.approx(7.61e9, rel=0.001)
+    assert spec.num_params - spec.embedding_params - spec.output_params == pytest.approx(6.53e9, rel=0.001)
+    assert spec.seq_len == 8192 and "131,072" in spec.seq_len_note
+
+
+def test_hf_qwen3_keeps_head_dim_and_tied_embeddings():
+    """Qwen3-0.6B: head_dim 128 where 1024 / 16 would be 64, tied embeddings; 0.6 B parameters, 0.44 B
+    without the embedding (its model card)."""
+    spec = from_hf_config(QWEN3_06B, name="Qwen3-0.6B")
+    assert spec.head_dim == 128 and spec.tied_embeddings and spec.output_params == 0
+    assert spec.num_params == pytest.approx(0.596e9, rel=0.005)
+    assert spec.num_params - spec.embedding_params == pytest.approx(0.44e9, rel=0.01)
+    no_head_dim = {k: v for k, v in QWEN3_06B.items() if k != "head_dim"}  # Qwen3Config's default is 128
+    assert from_hf_config(no_head_dim, name="x").head_dim == 128
+
+
+def test_hf_qwen3_moe_matches_the_published_total_and_active_counts():
+    """Qwen3-30B-A3B: 30.5 B parameters, 3.3 B activated, 128 experts of which 8 per token (its model
+    card); head_dim 128 (2048 / 32 would be 64)."""
+    spec = from_hf_config(QWEN3_30B_A3B, name="Qwen3-30B-A3B")
+    assert (spec.moe.num_experts, spec.moe.top_k, spec.moe.expert_ffn_hidden_size) == (128, 8, 768)
+    assert spec.moe.num_dense_layers == 0 and spec.head_dim == 128
+    assert spec.num_params == pytest.approx(30.5e9, rel=0.005)
+    assert spec.num_active_params == pytest.approx(3.3e9, rel=0.03)
+
+
+def test_hf_qwen3_moe_leading_dense_layers_and_other_mixes():
+    spec = from_hf_config({**QWEN3_30B_A3B, "mlp_only_layers": [0, 1]}, name="x")
+    assert spec.moe.num_dense_layers == 2 and spec.ffn_hidden_size == 6144
+    with pytest.raises(SpecError, match="decoder_sparse_step=2"):
+        from_hf_config({**QWEN3_30B_A3B, "decoder_sparse_step": 2}, name="x")
+    with pytest.raises(SpecError, match="mlp_only_layers: got"):
+        from_hf_config({**QWEN3_30B_A3B, "mlp_only_layers": [48]}, name="x")
+    renamed = {k: v for k, v in QWEN3_30B_A3B.items() if k != "num_experts"} | {"num_local_experts": 128}
+    assert from_hf_config(renamed, name="x").moe.num_experts == 128
+
+
+def test_hf_qwen_sliding_window_every_layer_or_none():
+    windowed = {**QWEN25_7B, "use_sliding_window": True, "sliding_window": 4096}
+    assert from_hf_config({**windowed, "max_window_layers": 0}, name="x").sliding_window == 4096
+    assert from_hf_config({**windowed, "max_window_layers": 28}, name="x").sliding_window is None
+    with pytest.raises(SpecError, match="max_window_layers=20"):
+        from_hf_config({**windowed, "max_window_layers": 20}, name="x")
+
+
+@pytest.mark.parametrize("base, key, value", [
+    (DEEPSEEK_V3, "n_group", "8"), (DEEPSEEK_V3, "topk_group", "4"), (DEEPSEEK_V3, "q_lora_rank", 1536.5),
+    (LLAMA2_7B, "hidden_size", "4096"), (LLAMA2_7B, "num_key_value_heads", True), (GPT2, "n_inner", "3072"),
+    (MIXTRAL, "sliding_window", "4096"), (QWEN3_30B_A3B, "num_experts", [128]), (QWEN25_7B, "use_sliding_window", 1),
+    (LLAMA2_7B, "rope_scaling", "yarn"), (DEEPSEEK_V3, "moe_layer_freq", "1"),
+])
+def test_hf_fields_of_the_wrong_type_are_named_not_coerced(base, key, value):
+    """Issue 41 item 6: ``n_group: "8"`` raised TypeError; a string "4096" was coerced by pydantic."""
+    with pytest.raises(SpecError) as err:
+        from_hf_config({**base, key: value}, name="x")
+    assert f"{key}: got {value!r}; allowed:" in str(err.value)
+
+
+def test_hf_looking_file_without_model_type_names_model_type(tmp_path):
+    """A config.json with neither model_type nor architectures was read as a clusterplan model file
+    and refused for its unknown keys; it is a Hugging Face config missing its model_type."""
+    cfg = {k: v for k, v in LLAMA2_7B.items() if k not in ("model_type", "architectures")}
+    with pytest.raises(SpecError) as err:
+        load_model(_write_config(tmp_path, cfg))
+    assert "model_type: missing" in str(err.value) and "qwen3_moe" in str(err.value) and "llama" in str(err.value)
 
 
 def test_widths_off_the_tensor_core_alignment_are_labelled_unvalidated():

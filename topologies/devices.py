@@ -7,13 +7,14 @@ Spec files use human units with the unit in the key (``hbm_gib``, ``peak_tflops`
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from clusterplan.topologies.precisions import LOW_PRECISIONS, low_precision, peak_key
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+_GemmDim = Annotated[int, Field(gt=0, le=1_000_000)]  # a GEMM dimension, at most a million
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4"]
 
@@ -46,11 +47,11 @@ class GemmEfficiency(BaseModel):
                     "another part or is a placeholder.",
     )
     sm_count: int | None = Field(
-        None, gt=0,
+        None, gt=0, le=100_000,
         description="Streaming multiprocessors that run GEMM output tiles in waves (NVIDIA); None: no "
                     "tile/wave quantization is modelled for this device.",
     )
-    mamf_shape: tuple[int, int, int] | None = Field(
+    mamf_shape: tuple[_GemmDim, _GemmDim, _GemmDim] | None = Field(
         None, description="M, N, K of the GEMM whose FLOP/s is ``large`` (its own wave efficiency is "
                           "divided out, so that ``large`` is not charged twice); None: taken as 1.",
     )

@@ -30,6 +30,7 @@ with ``base:`` and override any preset key (mappings merge key by key), or give 
     num_nodes: 16                    # or num_devices (default: reference_size)
     device: h100-sxm5-80gb           # a device id, or an inline device (devices.yaml keys)
     scale_out: {nic_gbit_per_s: 200, oversubscription: 2}
+    price_per_device_hour_usd: 2.1   # optional: the rental price on this cluster (else the device's)
 
 Without ``base`` the preset keys are required: ``family`` (nvswitch | nvlink-domain | gaudi | xgmi |
 tpu-torus | cerebras | groq | grid | pods), ``device``, ``devices_per_node``, ``scale_up_link`` (a link
@@ -43,7 +44,13 @@ besides its primary memory, carried into ``DeviceSpec.memory_tiers`` in SI units
 ``name: {achieved_fraction, latency_us, switch_hop_us, source}``; the bundled ones (``ib_ndr``,
 ``nvlink4_nvswitch``, ...) are listed in ``data/clusters.yaml``. An inline device needs the
 devices.yaml keys plus ``calibration`` (a bundled group such as ``nvidia-hopper``) or both
-``memory_efficiency`` and ``kernel_overhead_s``.
+``memory_efficiency`` and ``kernel_overhead_s``; its ``price_per_hour_usd`` is its price, which the
+cluster's ``price_per_device_hour_usd`` and then ``--price-per-device-hour`` replace.
+
+Every figure has a physically sane range (``MIN_NIC_GBIT_PER_S`` and the other bounds below, in
+the files' units): a NIC of 1 to 1e6 Gb/s, memory up to a pebibyte, bandwidths up to 1e9 GB/s,
+peaks up to 1e7 TFLOP/s, power up to a megawatt, a price up to 10,000 USD per device-hour,
+latencies up to a second, sizes up to ``MAX_DEVICES``. A value outside is named with its range.
 
 Examples
 --------
@@ -68,12 +75,24 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from clusterplan.models.files import bundled_yaml, load_file
-from clusterplan.models.errors import SpecError, format_validation_error
+from clusterplan.models.errors import SpecError, format_validation_error, shown
 from clusterplan.topologies import builders
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.devices import DeviceSpec, Dtype, GemmEfficiency, MemoryTier
 
 MAX_DEVICES = 262_144  # 2^18: room above today's ~100k-GPU clusters, and a graph that still builds in seconds
+# Physically sane ranges of the figures of device and cluster files (and the command line's overrides of
+# them), in the files' units: beyond them a value is a typo or a unit slip, and the cost model's arithmetic
+# (float seconds, int64 quanta) overflows (a nic_gbit_per_s or memory_gib of 1e300 ended in OverflowError).
+MIN_NIC_GBIT_PER_S = 1.0  # 1 GbE, the slowest NIC any cluster carries (today's: 100 to 800 Gb/s)
+MAX_NIC_GBIT_PER_S = 1e6  # a petabit per device and direction (the command line's bound)
+MAX_GBYTE_PER_S = 1e9  # an exabyte per second: memory (Cerebras WSE-3's SRAM: 21e6 GB/s) and links
+MAX_PEAK_TFLOPS = 1e7  # 10 EFLOP/s per device (a WSE-3: 125,000 TFLOP/s)
+MAX_MEMORY_GIB = 1e6  # a pebibyte per device (HBM today: up to 288 GiB)
+MAX_POWER_W = 1e6  # a megawatt per device (a CS-3 system: 23 kW)
+MAX_PRICE_PER_HOUR_USD = 1e4  # the command line's --price-per-device-hour bound
+MAX_HOST_POWER_W = 1e5  # the command line's --host-power-w bound
+MAX_LATENCY_US = 1e6  # one second per hop
 DEVICES_RESOURCE = ("data", "devices.yaml")
 CLUSTERS_RESOURCE = ("data", "clusters.yaml")
 CLUSTER_FILE_FORMAT = "clusterplan-cluster/1"
@@ -160,9 +179,10 @@ class MemoryTierEntry(_Entry):
     """One memory tier beyond the device's primary memory (devices.yaml ``memory_tiers``)."""
 
     name: str = Field(min_length=1)
-    capacity_gb: float | None = Field(None, gt=0)
-    capacity_gib: float | None = Field(None, gt=0)
-    gbyte_per_s: float | None = Field(None, gt=0, description="Bandwidth per device, 1e9 B/s; null: not published.")
+    capacity_gb: float | None = Field(None, gt=0, le=MAX_MEMORY_GIB)
+    capacity_gib: float | None = Field(None, gt=0, le=MAX_MEMORY_GIB)
+    gbyte_per_s: float | None = Field(None, gt=0, le=MAX_GBYTE_PER_S,
+                                      description="Bandwidth per device, 1e9 B/s; null: not published.")
     source: str = ""
 
     @model_validator(mode="after")
@@ -188,17 +208,19 @@ class DeviceEntry(_Entry):
     calibration: str | None = Field(None, description="Calibration group (see devices.yaml).")
     memory_efficiency: float | None = Field(None, gt=0, le=1, description="Overrides the group's.")
     kernel_overhead_s: float | None = Field(None, ge=0, le=1e-3, description="Overrides the group's.")
-    peak_tflops: dict[Dtype, float] = Field(min_length=1, description="Dense peak per dtype, TFLOP/s.")
+    peak_tflops: dict[Dtype, Annotated[float, Field(gt=0, le=MAX_PEAK_TFLOPS)]] = Field(
+        min_length=1, description="Dense peak per dtype, TFLOP/s.")
     memory_kind: Literal["hbm", "sram"]
-    memory_gib: float | None = Field(None, gt=0)
-    memory_gb: float | None = Field(None, gt=0)
-    memory_mib: float | None = Field(None, gt=0)
-    memory_gbyte_per_s: float = Field(gt=0)
-    scale_up_gbyte_per_s_per_dir: float = Field(ge=0)
-    scale_out_gbit_per_s: float = Field(ge=0)
-    power_w: float | None = Field(None, gt=0)
-    idle_power_w: float | None = Field(None, gt=0)
-    price_per_hour_usd: float | None = Field(None, gt=0)
+    memory_gib: float | None = Field(None, gt=0, le=MAX_MEMORY_GIB)
+    memory_gb: float | None = Field(None, gt=0, le=MAX_MEMORY_GIB)
+    memory_mib: float | None = Field(None, gt=0, le=MAX_MEMORY_GIB * 1024)
+    memory_gbyte_per_s: float = Field(gt=0, le=MAX_GBYTE_PER_S)
+    scale_up_gbyte_per_s_per_dir: float = Field(ge=0, le=MAX_GBYTE_PER_S)
+    scale_out_gbit_per_s: float = Field(ge=0, le=MAX_NIC_GBIT_PER_S)
+    power_w: float | None = Field(None, gt=0, le=MAX_POWER_W)
+    idle_power_w: float | None = Field(None, gt=0, le=MAX_POWER_W)
+    price_per_hour_usd: float | None = Field(None, gt=0, le=MAX_PRICE_PER_HOUR_USD,
+                                             description="Rental price per device-hour, USD.")
     compute_capability: float | None = Field(None, gt=0, le=99, description="CUDA compute capability (NVIDIA).")
     gemm: GemmEfficiency
     memory_tiers: list[MemoryTierEntry] = Field(default_factory=list, description="Tiers beyond the primary memory.")
@@ -231,8 +253,8 @@ class LinkEntry(_Entry):
     """A class of link and its measured calibration."""
 
     achieved_fraction: float = Field(gt=0, le=1, description="Measured busbw / nominal rate.")
-    latency_us: float = Field(ge=0, description="Latency per device-to-switch or device-to-device edge.")
-    switch_hop_us: float | None = Field(None, ge=0, description="Latency per switch-to-switch edge.")
+    latency_us: float = Field(ge=0, le=MAX_LATENCY_US, description="Latency per device-to-switch or device-to-device edge.")
+    switch_hop_us: float | None = Field(None, ge=0, le=MAX_LATENCY_US, description="Latency per switch-to-switch edge.")
     source: str = ""
     note: str = ""
 
@@ -243,16 +265,18 @@ MAX_OVERSUBSCRIPTION = 64.0  # far beyond any built fat-tree (1:1 to 1:8); more 
 class ScaleOutEntry(_Entry):
     """The scale-out fabric of a preset."""
 
-    nic_gbit_per_s: float = Field(gt=0, description="NIC bandwidth per device, one direction, Gb/s.")
+    nic_gbit_per_s: float = Field(ge=MIN_NIC_GBIT_PER_S, le=MAX_NIC_GBIT_PER_S,
+                                  description="NIC bandwidth per device, one direction, Gb/s.")
     link: str
-    nodes_per_su: int | None = Field(None, gt=0)
-    switch_radix: int | None = Field(None, ge=2)
+    nodes_per_su: int | None = Field(None, gt=0, le=MAX_DEVICES)
+    switch_radix: int | None = Field(None, ge=2, le=65_536)
     oversubscription: float = Field(1.0, ge=1, le=MAX_OVERSUBSCRIPTION, description="Leaf downlink / uplink capacity.")
-    leaves_per_su: int | None = Field(None, gt=0)
+    leaves_per_su: int | None = Field(None, gt=0, le=MAX_DEVICES)
     sharp: bool = False
     sharp_nir_fraction: float | None = Field(None, gt=0, le=1)
     global_gbit_per_s: float | None = Field(
-        None, gt=0, description="pods family: per-device rate between pods (null: nic_gbit_per_s).")
+        None, ge=MIN_NIC_GBIT_PER_S, le=MAX_NIC_GBIT_PER_S,
+        description="pods family: per-device rate between pods (null: nic_gbit_per_s).")
 
 
 class GridEntry(_Entry):
@@ -270,19 +294,19 @@ class GridEntry(_Entry):
         n = len(self.shape)
         if len(self.wraparound) != n or len(self.link_share) != n:
             raise ValueError(f"wraparound and link_share need one entry per axis of shape {self.shape}")
-        if any(d < 1 for d in self.shape) or any(not 0 < f <= 1 for f in self.link_share):
-            raise ValueError("shape entries must be >= 1 and link_share entries in (0, 1]")
+        if any(not 1 <= d <= MAX_DEVICES for d in self.shape) or any(not 0 < f <= 1 for f in self.link_share):
+            raise ValueError(f"shape entries must be 1 to {MAX_DEVICES:,} and link_share entries in (0, 1]")
         return self
 
 
 class TorusEntry(_Entry):
     """TPU slice rules."""
 
-    max_slice_shape: list[Annotated[int, Field(gt=0)]] = Field(min_length=2, max_length=3)
+    max_slice_shape: list[Annotated[int, Field(gt=0, le=4096)]] = Field(min_length=2, max_length=3)
     wrap: Literal["full_cubes", "full_axis"]
-    ici_gbyte_per_s_per_link: float = Field(gt=0)
+    ici_gbyte_per_s_per_link: float = Field(gt=0, le=MAX_GBYTE_PER_S)
     link: str
-    chips_per_host: int = Field(gt=0)
+    chips_per_host: int = Field(gt=0, le=4096)
 
 
 class PresetEntry(_Entry):
@@ -294,16 +318,20 @@ class PresetEntry(_Entry):
     family: Family
     device: str
     device_family: str
-    reference_size: int = Field(gt=0)
-    devices_per_node: int = Field(gt=0)
-    domain_size: int | None = Field(None, gt=0)
+    reference_size: int = Field(gt=0, le=MAX_DEVICES)
+    devices_per_node: int = Field(gt=0, le=MAX_DEVICES)
+    domain_size: int | None = Field(None, gt=0, le=MAX_DEVICES)
     description: str = ""
     scale_up_link: str | None = Field(None, min_length=1, description="A link class (null: none).")
     nvls_nir_fraction: float | None = Field(None, gt=0, le=1)
     scale_out: ScaleOutEntry | None = None
     torus: TorusEntry | None = None
     grid: GridEntry | None = None
-    power_overhead_w_per_device: float = Field(0.0, ge=0)
+    power_overhead_w_per_device: float = Field(0.0, ge=0, le=MAX_HOST_POWER_W)
+    price_per_device_hour_usd: float | None = Field(
+        None, gt=0, le=MAX_PRICE_PER_HOUR_USD,
+        description="Rental price per device-hour (USD) on this cluster, replacing the device's catalogue price "
+                    "(--price-per-device-hour replaces this one); null: the device's.")
     sources: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
@@ -523,7 +551,7 @@ def build_cluster(preset_id: str, num_devices: int | None = None, num_nodes: int
     entry = _presets()[resolve_cluster_id(preset_id)]
     size = _num_devices(entry, num_devices, num_nodes)
     device_id = resolve_device_id(device) if device is not None else entry.device
-    return _build_bundled(entry.id, size, device_id, _positive("scale_out_gbit_per_s", scale_out_gbit_per_s),
+    return _build_bundled(entry.id, size, device_id, _nic_rate("scale_out_gbit_per_s", scale_out_gbit_per_s),
                           _oversubscription(entry, oversubscription), _domain_devices(entry, domain_devices))
 
 
@@ -560,11 +588,14 @@ def _domain_devices(entry: PresetEntry, value: int | None) -> int | None:
     return value
 
 
-def _positive(name: str, value: float | None) -> float | None:
+def _nic_rate(name: str, value: float | None) -> float | None:
+    """A NIC rate override (Gb/s), in the range a cluster file's ``nic_gbit_per_s`` takes."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise SpecError(f"{name}: must be a positive number (given: {value!r})")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            MIN_NIC_GBIT_PER_S <= value <= MAX_NIC_GBIT_PER_S):
+        raise SpecError(f"{name}: got {value!r:.80}; allowed: a number of Gb/s from {MIN_NIC_GBIT_PER_S:g} (1 GbE) "
+                        f"to {MAX_NIC_GBIT_PER_S:g}")
     return float(value)
 
 
@@ -589,7 +620,10 @@ def _count(name: str, value: Any) -> int | None:
     except TypeError:
         count = None
     if count is None or isinstance(value, bool) or count <= 0:
-        raise SpecError(f"{name}: must be a positive whole number (given: {value!r})")
+        raise SpecError(f"{name}: must be a positive whole number (given: {shown(value)})")
+    if count > MAX_DEVICES:
+        raise SpecError(f"{name}: {shown(count)} exceeds the largest cluster clusterplan models ({MAX_DEVICES:,} "
+                        "devices, above the largest published training clusters); use fewer")
     return count
 
 
@@ -703,7 +737,10 @@ def assemble_cluster(entry: PresetEntry, device: DeviceSpec, num_devices: int,
                      links: Mapping[str, LinkEntry]) -> Cluster:
     """Build the graph and wrap it with the preset's facts; the device's NIC rate becomes the fabric's."""
     fabric = _fabric(entry, device, num_devices, links)
-    device = device.model_copy(update={"scale_out_bytes_per_s": entry.scale_out.nic_gbit_per_s * GBIT})
+    update = {"scale_out_bytes_per_s": entry.scale_out.nic_gbit_per_s * GBIT}
+    if entry.price_per_device_hour_usd is not None:  # the cluster file's price wins over the catalogue's
+        update["price_per_hour_usd"] = entry.price_per_device_hour_usd
+    device = device.model_copy(update=update)
     return Cluster(
         id=entry.id, name=entry.name, family=entry.family, device=device, num_devices=num_devices,
         domain_size=fabric.domain_size, devices_per_node=entry.devices_per_node, graph=fabric.graph,
@@ -792,7 +829,7 @@ def _file_scale_out(data: dict, scale_out_gbit_per_s: float | None, oversubscrip
                         f"{data['scale_out']!r:.80}); the command line's overrides go into it")
     scale_out = dict(data.get("scale_out") or {})
     if scale_out_gbit_per_s is not None:
-        scale_out["nic_gbit_per_s"] = scale_out_gbit_per_s
+        scale_out["nic_gbit_per_s"] = _nic_rate("scale_out_gbit_per_s", scale_out_gbit_per_s)
     if oversubscription is not None:
         scale_out["oversubscription"] = oversubscription
     data["scale_out"] = scale_out

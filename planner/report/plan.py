@@ -119,8 +119,9 @@ def training_totals(figures: dict, job: Job, num_params: float | None = None, nu
            "goodput": None}
     if gp is not None:
         out["device_hours"] = None if factor is None else num_devices * ideal_s * factor / 3600.0
-        out["goodput"] = {"goodput": gp.goodput, "mtbf_s": gp.mtbf_s, "checkpoint_write_s": gp.checkpoint_write_s,
-                          "checkpoint_interval_s": gp.checkpoint_interval_s,
+        finite = lambda value: value if math.isfinite(value) else None  # no failures: null, not Infinity
+        out["goodput"] = {"goodput": gp.goodput, "mtbf_s": finite(gp.mtbf_s), "checkpoint_write_s": gp.checkpoint_write_s,
+                          "checkpoint_interval_s": finite(gp.checkpoint_interval_s),
                           "failure_rate_per_device_hour": job.reliability.failure_rate_per_device_hour,
                           "checkpoint_bytes_per_s_per_device": job.reliability.checkpoint_bytes_per_s_per_device,
                           "restart_s": job.reliability.restart_s,
@@ -385,6 +386,21 @@ def plan_document_problem(doc: dict) -> str | None:
     if not isinstance(runners, list) or not all(isinstance(r, dict) and _number_in(r.get("step_time_s"), 0.0,
                                                                                    MAX_FIGURE, False) for r in runners):
         return "runners_up: allowed: a list of layouts as plan writes them, each with its step_time_s > 0"
+    return _rejections_problem(doc)
+
+
+def _rejections_problem(doc: dict) -> str | None:
+    """The rejection table's cells: counts (whole numbers >= 0) and reason texts (strings), which the
+    report's table prints as they are (a number or a list there stopped the render with exit 1)."""
+    counts, reasons = doc.get("rejections", {}), doc.get("rejection_reasons", {})
+    if not isinstance(counts, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                               for n in counts.values()):
+        return "rejections: allowed: an object of layout counts, each a whole number >= 0"
+    if not isinstance(reasons, dict):
+        return f"rejection_reasons: got {reasons!r:.80}; allowed: an object of reason texts"
+    bad = next(((k, v) for k, v in reasons.items() if not isinstance(v, str)), None)
+    if bad:
+        return f"rejection_reasons.{bad[0]}: got {bad[1]!r:.80}; allowed: a reason's text"
     return None
 
 

@@ -13,10 +13,9 @@ import multiprocessing
 import csv
 import io
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from clusterplan.cost.energy import objective_available
 from clusterplan.topologies.precisions import PRECISIONS
 
 from clusterplan.cost.layout import Job, Layout
@@ -78,13 +77,13 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
     """The best layout's figures for one (cluster, job), or the error that stopped it.
 
     ``build`` makes the point's cluster and job, so that its errors (an unknown device, a size the
-    fabric cannot take) land in the row too. The search minimises ``options.objective`` where the
-    device has the figure it needs (a price, a power), else step time.
+    fabric cannot take) land in the row too. The search minimises ``options.objective``; a device
+    without the figure it needs (a price, a power) is the row's error, naming the option that gives
+    it, rather than a row searched for time and ranked last without a word.
     """
     try:
         cluster, job = build()
-        usable = objective_available(cluster, options.objective)
-        doc = plan_document(plan(model, job, cluster, options if usable else replace(options, objective="time")))
+        doc = plan_document(plan(model, job, cluster, options))
     except ClusterplanError as err:
         return {"error": str(err).splitlines()[0], "exit_code": err.exit_code}
     return dict(
@@ -119,8 +118,8 @@ def compare(request: Request, candidates: list[Candidate], options: SearchOption
 
     Each candidate is the request on that cluster (and size), built as ``plan`` builds it (the
     precision may fall back to bf16 on a device without FP8). Each search minimises
-    ``options.objective`` where the candidate's device has the figure it needs (a price, a power),
-    else step time; such a row is ranked after those that have the figure.
+    ``options.objective``; a candidate whose device lacks the figure it needs (a price, a power) gets
+    that reason in its row (exit code 2), ranked with the failures.
     """
     model = model or request.load_model()
     points = _Points(request, model)
