@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import (RECOMPUTE_MODES, Job, Layout, interleaved_warmup, misaligned_axis,
                                       parse_recompute_modules)
+from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
     grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
@@ -328,10 +329,20 @@ def inflight_layers(num_layers: int, pp: int, vp: int, m: int, group: int | None
     return first, last
 
 
-def _inflight(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
-    """:func:`inflight_layers` of ``layout`` with the micro-batch group its framework runs."""
-    group = ctx.job.microbatch_group(m, layout.pp, layout.vp)
-    return inflight_layers(ctx.model.num_layers, layout.pp, layout.vp, m, group, layout.head_slots)
+def _inflight(ctx: Context, layout: Layout, m: int, rank: str) -> InFlight:
+    """The layers ``rank`` holds in flight at its peak (``cost.stages.inflight``), with the
+    micro-batch group the job's framework runs."""
+    return rank_inflight(ctx.model, layout.pp, layout.vp, m, ctx.job.microbatch_group(m, layout.pp, layout.vp),
+                         layout.head_slots, rank)
+
+
+def rank_inflight(model: ModelSpec, pp: int, vp: int, m: int, group: int | None, head_slots: bool,
+                  rank: str) -> InFlight:
+    """``cost.stages.inflight`` of ``rank`` (first, second or last) for this model's layer kinds."""
+    index = rank_index(pp, rank)
+    layers = rank_layers(model.num_layers, model.num_dense_layers, pp, vp, index, head_slots and pp > 1,
+                         model.num_moe_layers == 0)
+    return inflight(layers, pp, vp, m, group, index)
 
 
 def evaluate(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> Evaluation:
@@ -412,21 +423,28 @@ def _exposed(comm_s: float, window_s: float, overlap: bool, share: float) -> flo
 
 
 def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
+    """Memory of the pipeline rank whose peak is the highest (:func:`memory_ranks`)."""
     lt = layer_terms(ctx, layout)
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
-    first, last = _inflight(ctx, layout, m)
-    act_first = lt.act_bytes_per_layer * first
-    act_last = lt.act_bytes_per_layer * last
-    working = lt.act_transient_bytes + head.logits_bytes
-    if layout.pp == 1:
-        activations = act_first
-    elif act_last + head.logits_bytes > act_first:
-        activations = act_last  # the last stage, holding the logits, is the peak
-    else:
-        activations, working = act_first, lt.act_transient_bytes
-    weights, grads, optim = _static_parts(ctx, layout)
-    freed = grads_freed_bytes(ctx, layout) if m == 1 else 0.0
+    return max((_rank_memory(ctx, layout, m, lt, head.logits_bytes, rank) for rank in memory_ranks(layout.pp)),
+               key=lambda b: b.fit_bytes)
+
+
+def memory_ranks(pp: int) -> tuple[str, ...]:
+    """The ranks whose peaks bound every rank's (``cost.stages.RANKS``): one rank without a pipeline
+    (it holds the logits too), the first and the last with two, and rank 1 besides from three."""
+    return ("last",) if pp == 1 else ("first", "last") if pp == 2 else RANKS
+
+
+def _rank_memory(ctx: Context, layout: Layout, m: int, lt, logits_bytes: float, rank: str) -> MemoryBreakdown:
+    """One rank's peak: its weights, gradients and optimizer states, the activations it holds in
+    flight (by layer kind, ``cost.stages.inflight``) and one layer's transient, with the logits on
+    the last rank."""
+    activations = _inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes)
+    working = lt.act_transient_bytes + (logits_bytes if rank == "last" else 0.0)
+    weights, grads, optim = _static_parts(ctx, layout, rank)
+    freed = grads_freed_bytes(ctx, layout, rank) if m == 1 else 0.0
     # One micro-batch: no gradient yet at the activation peak; at backward's end every gradient and
     # one layer's transient. The peak is the larger of the two.
     if freed and lt.act_transient_bytes > activations + working - freed:
@@ -447,23 +465,19 @@ def _allocator_cache(ctx: Context, allocated: float, runtime: float) -> float:
 
 
 def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
-    """Peak bytes on the first and on the last pipeline stage: the first holds the most in-flight
-    micro-batches (1F1B warm-up), the last one micro-batch plus the logits. Both hold the most
-    loaded stage's weights (an upper bound for the lighter one)."""
+    """Peak bytes (reserved) on the first and on the last pipeline stage: the first holds the most
+    in-flight micro-batches (1F1B warm-up; reported with rank 1's where that is higher: no
+    vocabulary matrix, but no dense layers either), the last one micro-batch plus the logits."""
     lt = layer_terms(ctx, layout)
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
-    first, last = _inflight(ctx, layout, m)
-    end = memory_static_bytes(ctx, layout) + lt.act_transient_bytes  # backward's end: every gradient
-    base = end - (grads_freed_bytes(ctx, layout) if m == 1 else 0.0)
-    runtime = runtime_bytes(ctx, layout)
-    first_b = max(end, base + lt.act_bytes_per_layer * first)
-    last_b = max(end, base + lt.act_bytes_per_layer * last + head.logits_bytes)
-    return tuple(runtime + b + _allocator_cache(ctx, b, runtime) for b in (first_b, last_b))
+    peaks = {rank: _rank_memory(ctx, layout, m, lt, head.logits_bytes, rank).total_bytes
+             for rank in memory_ranks(layout.pp)}
+    return max(peaks["first"], peaks.get("second", 0.0)), peaks["last"]
 
 
-def _static_parts(ctx: Context, layout: Layout) -> tuple[float, float, float]:
-    """Weights, gradients and optimizer states on the device.
+def _static_parts(ctx: Context, layout: Layout, rank: str | None = None) -> tuple[float, float, float]:
+    """Weights, gradients and optimizer states on the device (the heaviest stage's, or ``rank``'s).
 
     With weight streaming (Cerebras MemoryX) they live off-chip and the wafer holds one layer's
     weights at a time, double-buffered.
@@ -472,10 +486,11 @@ def _static_parts(ctx: Context, layout: Layout) -> tuple[float, float, float]:
         pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
         per_layer = (pc.dense + pc.expert) / ctx.model.num_layers
         return 2 * WEIGHT_BYTES * per_layer, 0.0, 0.0
-    static = static_memory(ctx, layout)
+    static = static_memory(ctx, layout, rank)
     return static.weights_bytes, static.gradients_bytes, static.optimizer_bytes
 
 
-def memory_static_bytes(ctx: Context, layout: Layout) -> float:
-    """Weights + gradients + optimizer states per device (what does not depend on activations)."""
-    return sum(_static_parts(ctx, layout))
+def memory_static_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:
+    """Weights + gradients + optimizer states per device (what does not depend on activations), on
+    the heaviest stage or on ``rank``."""
+    return sum(_static_parts(ctx, layout, rank))

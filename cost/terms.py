@@ -17,6 +17,7 @@ from functools import lru_cache
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import memory_rate, op_time_s, ops_time_s
 from clusterplan.cost.layout import Job, Layout, interleaved_warmup, split_order
+from clusterplan.cost.stages import rank_index, rank_layers
 from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, head_ops, layer_ops, linear_op
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -162,6 +163,7 @@ class LayerTerms:
     ep_comm_s: float  # expert-parallel all-to-all (dispatch + combine)
     act_bytes_per_layer: float  # stored activations per layer (average over layers)
     act_transient_bytes: float  # extra working memory of one layer's backward
+    act_kind_bytes: tuple[float, float] = (0.0, 0.0)  # stored activations of one dense and one MoE layer
 
     @property
     def total_s(self) -> float:
@@ -193,6 +195,7 @@ def layer_terms(ctx: Context, layout: Layout, m: int = 1) -> LayerTerms:
         ep_comm_s=ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_ranks(layout), layout.tp_overlap and tp > 1,
                                 steady, layout.expert_tp),
         act_bytes_per_layer=c.act_bytes_per_layer, act_transient_bytes=c.act_transient_bytes,
+        act_kind_bytes=c.act_kind_bytes,
     )
 
 
@@ -205,12 +208,20 @@ def _module_recompute_terms(ctx: Context, layout: Layout, m: int) -> LayerTerms:
     rec_s, dropped = recompute_module_terms(ctx._base, layout.tp, layout.cp, layout.micro_batch_size,
                                             layout.sequence_parallel, layout.ep, layout.expert_tp,
                                             tuple(layout.recompute_modules))
-    return replace(none, recompute_s=rec_s, act_bytes_per_layer=none.act_bytes_per_layer - dropped / ctx.model.num_layers)
+    kinds = tuple(kept - gone for kept, gone in zip(none.act_kind_bytes, dropped))
+    return replace(none, recompute_s=rec_s, act_kind_bytes=kinds,
+                   act_bytes_per_layer=none.act_bytes_per_layer - _kind_total(ctx.model, dropped) / ctx.model.num_layers)
+
+
+def _kind_total(model: ModelSpec, per_layer: tuple[float, float]) -> float:
+    """A per-layer figure of each kind ``(dense, moe)`` summed over the model's layers."""
+    return model.num_dense_layers * per_layer[0] + model.num_moe_layers * per_layer[1]
 
 
 def recompute_module_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, ep: int, expert_tp: bool,
-                           modules: tuple[str, ...]) -> tuple[float, float]:
-    """Seconds of forward re-run and bytes no longer kept, over all layers of one micro-batch, for
+                           modules: tuple[str, ...]) -> tuple[float, tuple[float, float]]:
+    """Seconds of forward re-run over all layers of one micro-batch, and the bytes one dense and
+    one MoE layer no longer keep, for
     Megatron-Core's ``recompute_modules`` (TransformerConfig: "moe_act, layernorm and mla_up_proj use
     output-discarding checkpointing": their outputs are freed once consumed and restored before
     backward; core_attn, mlp and shared_experts checkpoint the module, keeping its input):
@@ -231,7 +242,7 @@ def recompute_module_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, e
     n = _tokens(ctx, cp, mbs)
     dev, prec = ctx.cluster.device, job.gemm_format
     kernels = layer_kernels(ctx)
-    rec = dropped = 0.0
+    rec, dropped = 0.0, [0.0, 0.0]
     for moe, count in _layer_kinds(model):
         ops = {op.name: op for op in layer_ops(model, n, job.seq_len, tp, sp, moe, _local_experts(model, ep) if moe else None,
                                                 job.attention, expert_tp, kernels)}
@@ -242,8 +253,8 @@ def recompute_module_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, e
         if "mla_up_proj" in modules and model.mla is not None:
             rerun += _mla_up_ops(model, n, tp)
         rec += count * sum(op_time_s(op, dev, prec) for op in rerun)
-        dropped += count * ((replicated / tp if sp else replicated) + sharded / tp)
-    return rec, dropped
+        dropped[moe] = (replicated / tp if sp else replicated) + sharded / tp
+    return rec, (dropped[0], dropped[1])
 
 
 def _recompute_module_parts(ctx: Context, n: float, modules: tuple[str, ...], moe: bool,
@@ -298,9 +309,11 @@ def _partial_recompute_terms(ctx: Context, layout: Layout, m: int) -> LayerTerms
 
     def mix(name: str) -> float:
         return share * getattr(full, name) + (1.0 - share) * getattr(none, name)
+    kinds = tuple(share * f + (1.0 - share) * n for f, n in zip(full.act_kind_bytes, none.act_kind_bytes))
     return LayerTerms(forward_s=full.forward_s, backward_s=full.backward_s, recompute_s=mix("recompute_s"),
                       tp_comm_s=mix("tp_comm_s"), cp_comm_s=mix("cp_comm_s"), ep_comm_s=mix("ep_comm_s"),
-                      act_bytes_per_layer=mix("act_bytes_per_layer"), act_transient_bytes=full.act_transient_bytes)
+                      act_bytes_per_layer=mix("act_bytes_per_layer"), act_transient_bytes=full.act_transient_bytes,
+                      act_kind_bytes=kinds)
 
 
 def ep_overlap_steady_share(pp: int, vp: int, m: int, recompute: str, group: int | None = None) -> float:
@@ -336,6 +349,7 @@ class ComputeTerms:
     gemm_bwd_s: float = 0.0  # backward GEMMs alone
     attn_s: float = 0.0  # attention core, forward + backward: what the context-parallel ring hides behind
     attn_bwd_s: float = 0.0  # its backward alone
+    act_kind_bytes: tuple[float, float] = (0.0, 0.0)  # stored activations of one dense and one MoE layer
 
     def dp_window_s(self, tp_overlap: bool, cp: int) -> float:
         """The backward compute left to hide one gradient reduction behind, per micro-batch.
@@ -401,14 +415,15 @@ def _compute_terms(ctx: Context, tp: int, n: float, sp: bool, recompute: str, lo
     # full: the whole forward again; selective: Megatron-Core checkpoints the core-attention module,
     # so one more flash forward; torchtitan's per-op SAC re-runs what it does not save (op_sac_*)
     rec = {"full": fwd, "selective": sac_rec}.get(recompute, 0.0)
-    act, transient = _activation_terms(ctx, tp, n, sp, recompute)
-    return ComputeTerms(fwd, bwd, rec, gemm, act, transient, gemm_bwd, attn + attn_bwd, attn_bwd)
+    dense, moe, transient = _activation_terms(ctx, tp, n, sp, recompute)
+    act = _kind_total(model, (dense, moe)) / model.num_layers
+    return ComputeTerms(fwd, bwd, rec, gemm, act, transient, gemm_bwd, attn + attn_bwd, attn_bwd, (dense, moe))
 
 
-def activation_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str) -> tuple[float, float]:
-    """Stored activations per layer (averaged over the layers) and one layer's transient working
-    memory for one micro-batch: :class:`ComputeTerms`' memory without its times (the memory-only
-    tables of ``clusterplan fit``)."""
+def activation_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str) -> tuple[float, float, float]:
+    """Stored activations of one dense and of one MoE layer (0 for a kind the model lacks) and one
+    layer's transient working memory, for one micro-batch: :class:`ComputeTerms`' memory without its
+    times (the search's memory tables)."""
     return _activation_terms(_compute_context(ctx), tp, _tokens(ctx, cp, mbs), sp, recompute)
 
 
@@ -421,21 +436,21 @@ def _op_sac_saved(ctx: Context, recompute: str, moe: bool) -> bool | None:
 
 
 @lru_cache(maxsize=65536)
-def _activation_terms(ctx: Context, tp: int, n: float, sp: bool, recompute: str) -> tuple[float, float]:
+def _activation_terms(ctx: Context, tp: int, n: float, sp: bool, recompute: str) -> tuple[float, float, float]:
     model = ctx.model
     kernels = layer_kernels(ctx)
     style = {"eager": kernels.eager, "kv_repeat": kernels.kv_repeat, "fp32_norms": ctx.job.model_code == HF_MODEL_CODE,
              "fp8_inputs": fp8_saved_inputs(ctx)}
-    act = transient = 0.0
-    for moe, count in _layer_kinds(model):
+    act, transient = [0.0, 0.0], 0.0
+    for moe, _ in _layer_kinds(model):
         saved = _op_sac_saved(ctx, recompute, moe)
         if saved is not None:
-            act += count * op_sac_activation_bytes(model, n, tp, sp, ctx.job.compiled, saved)
+            act[moe] = op_sac_activation_bytes(model, n, tp, sp, ctx.job.compiled, saved)
         else:
-            act += count * activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n), **style)
+            act[moe] = activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n), **style)
         if saved is not None or recompute == "full":  # the layer being recomputed holds its full activations once
             transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n), **style))
-    return act / model.num_layers, transient
+    return act[0], act[1], transient
 
 
 def layer_kernels(ctx: Context) -> Kernels:
@@ -1087,12 +1102,16 @@ def head_in_period(ctx: Context, head_slots: bool) -> bool:
 
 @lru_cache(maxsize=65536)
 def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp: bool = True,
-                 head_slots: bool = False) -> ParamCounts:
+                 head_slots: bool = False, rank: str | None = None) -> ParamCounts:
     """Parameters on the heaviest stage: its layers (MoE layers first, they are the heavier) plus,
     on the first and the last stage, the larger of the embedding and the output layer, sharded
     ``tp`` ways (vocab-parallel). Routed experts: ``num_experts / ep`` of them, split ``tp`` ways
     unless folded (whole experts). With ``head_slots`` the ranks that hold the vocabulary matrix
-    hold one layer fewer (:func:`stage_split`): the heaviest is then either of them or a middle one."""
+    hold one layer fewer (:func:`stage_split`): the heaviest is then either of them or a middle one.
+    ``rank`` (``cost.stages.RANKS``): that rank's own layers by kind (``cost.stages.rank_layers``)
+    and, on the first and the last, the vocabulary matrix."""
+    if rank is not None:
+        return _rank_params(model, tp, pp, vp, ep, expert_tp, head_slots, rank)
     if pp == 1:
         whole = _stage_params(model, layers_on_stage(model.num_layers, pp, vp), tp, ep, expert_tp)
         return ParamCounts(whole.dense + (model.embedding_params + model.output_params) / tp, whole.expert)
@@ -1104,10 +1123,29 @@ def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp
     return max(ends, middle, key=lambda pc: pc.dense + pc.expert) if head_slots else ends
 
 
+def _rank_params(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp: bool, head_slots: bool,
+                 rank: str) -> ParamCounts:
+    """:func:`param_counts` of one rank (``rank``: first, second or last)."""
+    index = rank_index(pp, rank)
+    layers = rank_layers(model.num_layers, model.num_dense_layers, pp, vp, index, head_slots and pp > 1,
+                         model.num_moe_layers == 0)
+    pc = _layer_params(model, layers.num_dense, layers.layers - layers.num_dense, tp, ep, expert_tp)
+    if pp == 1:
+        vocab = (model.embedding_params + model.output_params) / tp
+    else:
+        vocab = max(model.embedding_params, model.vocab_size * model.hidden_size) / tp if layers.vocab else 0.0
+    return ParamCounts(pc.dense + vocab, pc.expert)
+
+
 def _stage_params(model: ModelSpec, n_stage: int, tp: int, ep: int, expert_tp: bool) -> ParamCounts:
     """Parameters of ``n_stage`` layers on one rank (MoE layers first)."""
     n_moe = min(n_stage, model.num_moe_layers)
-    n_dense = n_stage - n_moe
+    return _layer_params(model, n_stage - n_moe, n_moe, tp, ep, expert_tp)
+
+
+def _layer_params(model: ModelSpec, n_dense: int, n_moe: int, tp: int, ep: int, expert_tp: bool) -> ParamCounts:
+    """Parameters of ``n_dense`` dense and ``n_moe`` MoE layers on one rank."""
+    n_stage = n_dense + n_moe
     shared = model.attention_params + model.norm_params_per_layer
     dense = (n_stage * shared + n_dense * model.dense_mlp_params) / tp
     expert = 0.0
@@ -1196,9 +1234,10 @@ def effective_zero_stage(ctx: Context, zero: int, pp: int) -> int:
     return zero
 
 
-def static_memory(ctx: Context, layout: Layout) -> StaticMemory:
-    """Weights, gradients and Adam states per device, divided per ZeRO stage."""
-    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
+def static_memory(ctx: Context, layout: Layout, rank: str | None = None) -> StaticMemory:
+    """Weights, gradients and Adam states per device, divided per ZeRO stage: on the heaviest stage,
+    or on ``rank`` (:func:`param_counts`)."""
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots, rank)
     z = effective_zero_stage(ctx, layout.zero_stage, layout.pp)
     copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z)
     weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3, copies)
@@ -1222,7 +1261,7 @@ def _lp_grads_kept(ctx: Context, zero_stage: int) -> bool:
             and not low_precision(ctx.job.precision))
 
 
-def grads_freed_bytes(ctx: Context, layout: Layout) -> float:
+def grads_freed_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:
     """Gradient bytes that do not exist yet while a step's only micro-batch holds its activations:
     the framework frees gradients between steps and shards them as they are reduced (FSDP2 under
     torchtitan, ``semantics.grads_freed_between_steps``). 0 elsewhere; with several micro-batches
@@ -1232,7 +1271,7 @@ def grads_freed_bytes(ctx: Context, layout: Layout) -> float:
         return 0.0  # weight streaming (Cerebras MemoryX): the gradients live off-chip, none to free
     if effective_zero_stage(ctx, layout.zero_stage, layout.pp) < 2:
         return 0.0
-    return static_memory(ctx, layout).gradients_bytes
+    return static_memory(ctx, layout, rank).gradients_bytes
 
 
 def optimizer_s(ctx: Context, layout: Layout) -> float:

@@ -180,29 +180,32 @@ class _Model:
         return np.argwhere(mask & self.f_keep.reshape((-1,) + (1,) * (mask.ndim - 1))).tolist()
 
     def _memory(self) -> None:
+        """Every memory row (``planner.search.tables.memory_rows``) within the capacity."""
         T, x = self.T, self.x
-        full = self._lookup("static", self._fv_table(T.STATIC), [self.fv, x["e"], x["z"]])
-        static = full
-        if frees_gradients(T):  # a one-micro-batch step holds no gradient at its activation peak
-            one = self._lookup("one_microbatch", self._fvm_table((T.M == 1)[:, :, None].repeat(T.U.shape[2], 2)),
-                               [self.fvm])
-            static1 = self._lookup("static1", self._fv_table(T.STATIC1), [self.fv, x["e"], x["z"]])
-            freed = self._product("grads_freed", one, full - static1, int((T.STATIC - T.STATIC1).max()))
-            static = full - freed
         ta = self._lookup("ta", T.ta_of_f, [x["f"]])
         axes4 = [ta, x["mb"], x["s"], x["r"]]
-        act = self._lookup("act", T.ACT, axes4)
         trans = self._lookup("trans", T.TRANS, axes4)
         logits = self._lookup("logits", T.LOGITS, [ta, x["mb"]])
-        if1 = self._lookup("if1", self._fvm_table(T.IF1), [self.fvm])
-        if2 = self._lookup("if2", self._fvm_table(T.IF2), [self.fvm])
-        hi = int(T.ACT.max()) * int(max(T.IF1.max(), T.IF2.max(), 1))
-        mem1 = static + self._product("act_first", act, if1, hi) + trans
-        mem2 = static + self._product("act_last", act, if2, hi) + trans + logits
-        self.m.add(mem1 <= T.capacity)
-        self.m.add(mem2 <= T.capacity)
-        if static is not full:  # backward's end: every gradient, no activation (else mem1 implies it)
-            self.m.add(full + trans <= T.capacity)
+        acts = [(self._lookup(f"act_{kind}", table, axes4), table, kind)
+                for table, kind in ((T.ACT_D, "ifd"), (T.ACT_M, "ifm")) if table.any()]
+        one = None
+        for row in T.rows:
+            full = self._lookup(f"static_{row.name}", self._fv_table(row.static), [self.fv, x["e"], x["z"]])
+            static = full
+            if row.frees_gradients():  # a one-micro-batch step holds no gradient at its activation peak
+                one = one if one is not None else self._lookup(
+                    "one_microbatch", self._fvm_table((T.M == 1)[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
+                static1 = self._lookup(f"static1_{row.name}", self._fv_table(row.static1), [self.fv, x["e"], x["z"]])
+                static = full - self._product(f"grads_freed_{row.name}", one, full - static1,
+                                              int((row.static - row.static1).max()))
+                self.m.add(full + trans <= T.capacity)  # backward's end: every gradient, no activation
+            held = static + trans + (logits if row.logits else 0)
+            for act, table, kind in acts:
+                count = getattr(row, kind)
+                if count.any():
+                    flying = self._lookup(f"{kind}_{row.name}", self._fvm_table(count), [self.fvm])
+                    held += self._product(f"act_{kind}_{row.name}", act, flying, int(table.max()) * int(count.max()))
+            self.m.add(held <= T.capacity)
 
     def _objective(self) -> None:
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM

@@ -120,25 +120,36 @@ def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray,
 
 def frees_gradients(T: Tables, sl: slice = slice(None)) -> bool:
     """Whether some layout of the factorizations in ``sl`` holds fewer gradients at a one-micro-batch
-    step's activation peak than at backward's end (``Tables.STATIC1``)."""
-    return bool((T.STATIC1[sl] < T.STATIC[sl]).any())
+    step's activation peak than at backward's end (``MemoryRow.static1``), on some rank."""
+    return any(row.frees_gradients(sl) for row in T.rows)
 
 
 def peak_memory(T: Tables, sl: slice = slice(None)) -> np.ndarray:
-    """Peak memory (MEMORY_QUANTUM_BYTES) over (f, e, v, mb, s, r, z), placed on DIMS: the first
-    stage's in-flight activations, the last stage's with the logits, and backward's end (every
-    gradient, one layer's transient). A one-micro-batch step holds no gradient at its activation
-    peak where the framework frees them between steps (``cost.terms.grads_freed_bytes``)."""
+    """Peak memory (MEMORY_QUANTUM_BYTES) over (f, e, v, mb, s, r, z), placed on DIMS: the highest of
+    the memory rows (``planner.search.tables.memory_rows``: each pipeline rank that can bind, at each
+    moment of its steady state, with its static memory and its layers in flight by kind; the last
+    rank with the logits), and backward's end (every gradient, one layer's transient). A
+    one-micro-batch step holds no gradient at its activation peak where the framework frees them
+    between steps (``cost.terms.grads_freed_bytes``)."""
     ta = T.ta_of_f[sl]
-    full = _place(T.STATIC[sl], ("f", "v", "e", "z"))
-    freed = frees_gradients(T, sl)
-    static = np.where(_place(T.M[sl], ("f", "mb")) == 1, _place(T.STATIC1[sl], ("f", "v", "e", "z")), full) \
-        if freed else full
-    act = _place(T.ACT[ta], ("f", "mb", "s", "r"))
     trans = _place(T.TRANS[ta], ("f", "mb", "s", "r"))
-    peak = np.maximum(static + act * _place(T.IF1[sl], ("f", "mb", "v")) + trans,
-                      static + act * _place(T.IF2[sl], ("f", "mb", "v")) + trans + _place(T.LOGITS[ta], ("f", "mb")))
-    return np.maximum(peak, full + trans) if freed else peak
+    acts = [(_place(table[ta], ("f", "mb", "s", "r")), kind) for table, kind in ((T.ACT_D, "ifd"), (T.ACT_M, "ifm"))
+            if table.any()]
+    one = _place(T.M[sl], ("f", "mb")) == 1
+    peaks = []
+    for row in T.rows:
+        full = _place(row.static[sl], ("f", "v", "e", "z"))
+        freed = row.frees_gradients(sl)
+        peak = (np.where(one, _place(row.static1[sl], ("f", "v", "e", "z")), full) if freed else full) + trans
+        for act, kind in acts:
+            peak = peak + act * _place(getattr(row, kind)[sl], ("f", "mb", "v"))
+        if row.logits:
+            peak = peak + _place(T.LOGITS[ta], ("f", "mb"))
+        peaks.append(np.maximum(peak, full + trans) if freed else peak)
+    out = peaks[0]
+    for peak in peaks[1:]:
+        out = np.maximum(out, peak)
+    return out
 
 
 def smallest_memory(T: Tables) -> tuple[int, dict] | None:
@@ -222,6 +233,14 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
     return [(o, dict(zip(DIMS, idx))) for o, _, idx in best[: top_k + 1]], considered
 
 
+def _cut(arr: np.ndarray, dims: tuple, keep: dict) -> np.ndarray:
+    """``arr`` with its knob axes ``dims`` cut to the indices in ``keep``."""
+    for ax, d in enumerate(dims):
+        if d in keep:
+            arr = np.take(arr, keep[d], axis=ax)
+    return arr
+
+
 @dataclass
 class RestrictedTables:
     """A view of :class:`Tables` with some knob axes cut to chosen indices (for warm starts)."""
@@ -247,10 +266,9 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "H": (None, "mb", "s"), "P2P": ("f", "o", "mb", "s"), "DPS": ("f", "o", "v", "e", "z"),
         "DPM": ("f", "o", "v", "e", "z"), "RG": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
         "tpc_of_foe": ("f", "o", "e"),
-        "OPT": ("f", "v", "e", "z"), "STATIC": ("f", "v", "e", "z"), "STATIC1": ("f", "v", "e", "z"),
-        "ACT": (None, "mb", "s", "r"),
+        "OPT": ("f", "v", "e", "z"), "ACT_D": (None, "mb", "s", "r"), "ACT_M": (None, "mb", "s", "r"),
         "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
-        "M": ("f", "mb"), "IF1": ("f", "mb", "v"), "IF2": ("f", "mb", "v"), "tpg_of_fo": ("f", "o"),
+        "M": ("f", "mb"), "tpg_of_fo": ("f", "o"),
         "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
         "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),
         "canon": ("f", "e", "s", "z", "o", "do", "to"), "eo_canon": ("e", "eo"), "eo_ok": ("f", "v", "r", "eo"),
@@ -260,11 +278,11 @@ def restrict(T: Tables, keep: dict) -> Tables:
     sub = copy.copy(T)
     sub.__dict__.pop("_derived", None)  # values derived from T's full axes (planner.search.cpsat._once)
     for name, dims in axes.items():
-        arr = getattr(T, name)
-        for ax, d in enumerate(dims):
-            if d in keep:
-                arr = np.take(arr, keep[d], axis=ax)
-        setattr(sub, name, arr)
+        setattr(sub, name, _cut(getattr(T, name), dims, keep))
+    row_axes = {"static": ("f", "v", "e", "z"), "static1": ("f", "v", "e", "z"), "ifd": ("f", "mb", "v"),
+                "ifm": ("f", "mb", "v")}
+    sub.rows = tuple(replace(row, **{name: _cut(getattr(row, name), dims, keep) for name, dims in row_axes.items()})
+                     for row in T.rows)
     changes = {space_attr[k]: tuple(getattr(T.space, space_attr[k])[i] for i in v) for k, v in keep.items()}
     if "e" in keep:  # the expert axis holds (ep, expert_tp) pairs
         changes["expert_tp"] = tuple(T.space.expert_tp[i] for i in keep["e"])

@@ -39,7 +39,8 @@ import numpy as np
 
 from clusterplan.cost.framework import framework_refusal, refuses_overlap
 from clusterplan.cost.layout import Layout, split_order
-from clusterplan.cost.step import head_slot_problem, inflight_layers, memory_static_bytes
+from clusterplan.cost.stages import RANKS, rank_index
+from clusterplan.cost.step import head_slot_problem, memory_static_bytes, rank_inflight
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
     ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_in_period, head_terms, optimizer_s,
@@ -95,13 +96,11 @@ class Tables:
     FRAC: np.ndarray  # (F, V) stage share, SLOT_QUANTUM
     M: np.ndarray  # (F, MB) micro-batches
     # memory (MEMORY_QUANTUM_BYTES)
-    STATIC: np.ndarray  # (F, V, E, Z)
-    STATIC1: np.ndarray  # (F, V, E, Z) STATIC less the gradients absent at a one-micro-batch step's activation peak
-    ACT: np.ndarray  # (TA, MB, S, R) per layer
+    ACT_D: np.ndarray  # (TA, MB, S, R) one dense layer's stored activations (0: the model has none)
+    ACT_M: np.ndarray  # (TA, MB, S, R) one MoE layer's
     TRANS: np.ndarray  # (TA, MB, S, R)
     LOGITS: np.ndarray  # (TA, MB)
-    IF1: np.ndarray  # (F, MB, V) in-flight layers, first stage
-    IF2: np.ndarray  # (F, MB, V) last stage
+    rows: tuple  # MemoryRow per pipeline rank and moment whose peak can bind (memory_rows)
     capacity: int
     # feasibility masks, False = rejected, with the reason masks
     ok_f: np.ndarray  # (F,) reason codes per f: -1 ok else REASON_ORDER index
@@ -121,6 +120,25 @@ class Tables:
     ep_share: int = 0  # the same for EP overlap's all-to-alls
     # the rules and memory alone (build_tables(memory_only=True)): the time tables are empty
     memory_only: bool = False
+
+
+@dataclass
+class MemoryRow:
+    """One pipeline rank's peak at one moment of its steady state (``cost.stages``): every layout
+    must keep ``static + ACT_D * IFD + ACT_M * IFM + TRANS (+ LOGITS on the last rank)`` within the
+    capacity, and at backward's end ``static + TRANS``."""
+
+    name: str  # the rank (cost.stages.RANKS) and the moment
+    static: np.ndarray  # (F, V, E, Z) weights, gradients and optimizer states, with the runtime
+    static1: np.ndarray  # (F, V, E, Z) less the gradients absent at a one-micro-batch step's activation peak
+    ifd: np.ndarray  # (F, MB, V) dense layers' activations in flight
+    ifm: np.ndarray  # (F, MB, V) MoE layers'
+    logits: bool  # the rank holds the logits (the last)
+
+    def frees_gradients(self, sl: slice = slice(None)) -> bool:
+        """Whether some layout holds fewer gradients at a one-micro-batch step's activation peak
+        than at backward's end (``grads_freed_bytes``)."""
+        return bool((self.static1[sl] < self.static[sl]).any())
 
 
 def _index(keys: list) -> tuple[dict, list]:
@@ -184,10 +202,10 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     ``clusterplan fit`` asks at each size, without the price of every layout's step time."""
     S = space
     tc_of_fe, tc_keys, ta_of_f, ta_keys = _compute_keys(ctx, S)
-    ACT, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
+    ACT_D, ACT_M, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
     timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_keys)
-    DPS, DPM, RG, DPX, OPT, STATIC, STATIC1 = _dp_tables(ctx, S, times=not memory_only)
-    U, UG, FRAC, M, IF1, IF2 = _count_tables(ctx, S)
+    DPS, DPM, RG, DPX, OPT, statics = _dp_tables(ctx, S, times=not memory_only)
+    U, UG, FRAC, M = _count_tables(ctx, S)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
     order_ok = _order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
@@ -196,14 +214,17 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
+    rows = memory_rows(ctx, S, statics, M)
     if not ignore_memory:
         # A memory term beyond the capacity rules its layouts out whatever it is, so it is clamped
         # to capacity + 1: the integer model then never multiplies huge byte counts (unfused
         # attention at 32k tokens gives terabytes per layer), which made CP-SAT exhaust memory.
-        ACT, TRANS, LOGITS, STATIC, STATIC1 = (np.minimum(a, capacity + 1) for a in (ACT, TRANS, LOGITS, STATIC, STATIC1))
+        ACT_D, ACT_M, TRANS, LOGITS = (np.minimum(a, capacity + 1) for a in (ACT_D, ACT_M, TRANS, LOGITS))
+        for row in rows:
+            row.static, row.static1 = np.minimum(row.static, capacity + 1), np.minimum(row.static1, capacity + 1)
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, OPT=OPT,
-                  U=U, UG=UG, FRAC=FRAC, M=M, STATIC=STATIC, STATIC1=STATIC1, ACT=ACT, TRANS=TRANS, LOGITS=LOGITS,
-                  IF1=IF1, IF2=IF2, capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
+                  U=U, UG=UG, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
+                  capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
                   ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=_ep_overlap_mask(ctx, S),
                   time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
@@ -283,14 +304,14 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list) -> tuple[np.ndarray, 
     return C, BWD, FW, WE
 
 
-def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Activation bytes per layer, the transient bytes of the largest op, and the logits' bytes."""
+def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarray, ...]:
+    """Activation bytes of one dense and one MoE layer, the transient bytes of the largest op, and
+    the logits' bytes."""
     MB, SP, RC = S.micro_batch_size, S.sequence_parallel, S.recompute
     mem = [[[[activation_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
-    ACT = _qb([[[[c[0] for c in r] for r in s] for s in m] for m in mem])
-    TRANS = _qb([[[[c[1] for c in r] for r in s] for s in m] for m in mem])
+    ACT_D, ACT_M, TRANS = (_qb([[[[c[k] for c in r] for r in s] for s in m] for m in mem]) for k in range(3))
     LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
-    return ACT, TRANS, LOGITS
+    return ACT_D, ACT_M, TRANS, LOGITS
 
 
 def _comm_tables(S: Space, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx):
@@ -342,7 +363,9 @@ def _dp_tables(ctx: Context, S: Space, times: bool = True) -> tuple[np.ndarray, 
     ``times=False``: the static memory alone (the time tables stay 0)."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
     dps, dpm, rg, dpx = (np.zeros((F, O, V, E, Z)) for _ in range(4))
-    opt, static, gfree = np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z)), np.zeros((F, V, E, Z))
+    opt = np.zeros((F, V, E, Z))
+    static = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
+    gfree = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
     L = ctx.model.num_layers
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
@@ -364,8 +387,10 @@ def _dp_tables(ctx: Context, S: Space, times: bool = True) -> tuple[np.ndarray, 
                 for zi, z in enumerate(S.zero_stage):
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs)
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0
-                    static[i, vi, ei, zi] = memory_static_bytes(ctx, base) + runtime
-                    gfree[i, vi, ei, zi] = grads_freed_bytes(ctx, base)
+                    for rank in RANKS:  # a rank the pipeline lacks (rank 1 of two) repeats the first's
+                        held = rank if rank_index(pp, rank) is not None else "first"
+                        static[rank][i, vi, ei, zi] = memory_static_bytes(ctx, base, held) + runtime
+                        gfree[rank][i, vi, ei, zi] = grads_freed_bytes(ctx, base, held)
                     for oi, (dense, expert) in enumerate(profiles):
                         if dense is None:
                             continue
@@ -375,7 +400,8 @@ def _dp_tables(ctx: Context, S: Space, times: bool = True) -> tuple[np.ndarray, 
                             continue
                         t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], et, v, z, (dense, expert))
                         dps[at], dpm[at], rg[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s
-    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(opt), _qb(static), _qb(static - gfree)
+    statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank])) for rank in RANKS}
+    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(opt), statics
 
 
 def full_recompute(S: Space) -> np.ndarray:
@@ -385,10 +411,9 @@ def full_recompute(S: Space) -> np.ndarray:
 
 def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     """Over (f, mb, v): micro-batch slots x stage share (U), the same times EP overlap's steady
-    share (UG), micro-batches (M), stage share (FRAC), and the layers in flight on the first and
-    last pipeline ranks (IF1, IF2)."""
+    share (UG), micro-batches (M) and stage share (FRAC)."""
     F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
-    U, UG, IF1, IF2 = (np.zeros((F, MB, V), np.int64) for _ in range(4))
+    U, UG = (np.zeros((F, MB, V), np.int64) for _ in range(2))
     M, FRAC = np.zeros((F, MB), np.int64), np.zeros((F, V), np.int64)
     L, B, hs = ctx.model.num_layers, ctx.job.global_batch_size, S.head_slots[0]
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
@@ -402,10 +427,42 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 U[i, j, vi] = round(slots)
                 group = ctx.job.microbatch_group(m, pp, v)
                 UG[i, j, vi] = round(slots * ep_overlap_steady_share(pp, v, m, "none", group))
-                if pp * v <= stage_slots(L, pp, hs):
-                    first, last = inflight_layers(L, pp, v, m, group, hs)
-                    IF1[i, j, vi], IF2[i, j, vi] = math.ceil(first), math.ceil(last)
-    return U, UG, FRAC, M, IF1, IF2
+    return U, UG, FRAC, M
+
+
+def memory_rows(ctx: Context, S: Space, statics: dict, M: np.ndarray) -> tuple[MemoryRow, ...]:
+    """The memory rows every layout must satisfy: per pipeline rank of ``cost.stages.RANKS`` and
+    per moment of its steady state (``cost.stages.inflight``: one or two), its static memory
+    (``statics``, from ``_dp_tables``) and its layers in flight by kind over (f, mb, v). A row that
+    another row bounds everywhere (rank 1 of a dense model without head slots, a repeated moment)
+    is left out: it can never bind."""
+    F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
+    model, L, hs = ctx.model, ctx.model.num_layers, S.head_slots[0]
+    flight = {(rank, k): (np.zeros((F, MB, V), np.int64), np.zeros((F, MB, V), np.int64))
+              for rank in RANKS for k in range(2)}
+    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+        for j, mb in enumerate(S.micro_batch_size):
+            for vi, v in enumerate(S.vp):
+                m = int(M[i, j])
+                if pp * v > stage_slots(L, pp, hs) or (v > 1 and pp == 1):
+                    continue
+                group = ctx.job.microbatch_group(m, pp, v)
+                for rank in RANKS:
+                    held = rank if rank_index(pp, rank) is not None else "first"
+                    moments = rank_inflight(model, pp, v, m, group, hs, held).moments
+                    for k in range(2):
+                        d, e = moments[min(k, len(moments) - 1)]
+                        flight[rank, k][0][i, j, vi], flight[rank, k][1][i, j, vi] = d, e
+    rows = [MemoryRow(f"{rank}/{k}", *statics[rank], *flight[rank, k], rank == "last")
+            for rank in RANKS for k in range(2)]
+    return tuple(r for n, r in enumerate(rows) if not any(_bounds(o, r) and (not _bounds(r, o) or n > m)
+                                                          for m, o in enumerate(rows) if m != n))
+
+
+def _bounds(a: MemoryRow, b: MemoryRow) -> bool:
+    """Row ``a`` is at least row ``b`` for every layout (so ``b`` never binds where ``a`` holds)."""
+    return ((a.logits or not b.logits) and bool((a.static >= b.static).all()) and bool((a.static1 >= b.static1).all())
+            and bool((a.ifd >= b.ifd).all()) and bool((a.ifm >= b.ifm).all()))
 
 
 def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
