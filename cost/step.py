@@ -13,14 +13,15 @@ returned sums exactly to the step time and the memory categories exactly to the 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import (RECOMPUTE_MODES, Job, Layout, interleaved_warmup, misaligned_axis,
                                       parse_recompute_modules)
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
-    NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, allocator_fraction, compute_terms, dp_terms, head_terms,
+    NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, compute_terms, dp_terms, head_terms,
+    mixed_kinds, stage_kind_shares, stage_windows,
     grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
     param_counts, period_layers, regather_share, runtime_bytes, stage_slots, stage_split, static_memory,
 )
@@ -379,37 +380,56 @@ def gemm_precision(job: Job, cluster: Cluster) -> str:
 
 def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     ctx = ctx.placed(layout.order)
-    lt = layer_terms(ctx, layout, m)
+    stage = _slowest_stage(ctx, layout, m)
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
     layers, head_in_period = period_layers(ctx, layout.pp, layout.vp, layout.head_slots)
     frac = layers / ctx.model.num_layers
     head_s = head.time_s if head_in_period else 0.0  # else the last rank's spare slot hides it
-    stage_s = frac * lt.total_s
+    stage_s = stage.total_s
     dp = dp_terms(ctx, layout)
-    c = compute_terms(ctx._base, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
-                      layout.recompute, layout.ep, layout.expert_tp)
     share = overlap_share(ctx, "dp")
     to = layout.tp_overlap and layout.tp > 1
     eo = layout.ep_overlap and layout.ep > 1
+    step_window, mb_window = stage_windows(ctx._base, layout.tp, layout.cp, layout.micro_batch_size,
+                                           layout.sequence_parallel, layout.recompute, layout.ep, layout.expert_tp,
+                                           to, eo)
     per_mb = dp.per_microbatch_s + regather_share(ctx, layout) * dp.regather_s
-    dp_exposed = m * _exposed(per_mb, frac * c.fsdp_window_s(to, layout.cp, eo), layout.dp_overlap, share)
+    dp_exposed = m * _exposed(per_mb, frac * mb_window, layout.dp_overlap, share)
     # the per-step reduction hides in the last micro-batch's backward, which also carries that
     # micro-batch's ZeRO-2/3 traffic: one stretch of compute hides one stream
-    dp_window = max(0.0, frac * c.dp_window_s(to, layout.cp) - per_mb)
+    dp_window = max(0.0, frac * step_window - per_mb)
     dp_exposed += _exposed(dp.per_step_s, dp_window, layout.dp_overlap, share)
     dp_exposed += dp.blocking_s
     return TimeBreakdown(
-        compute_s=m * (frac * (lt.forward_s + lt.backward_s) + head_s),
-        recompute_s=m * frac * lt.recompute_s,
-        tp_comm_s=m * frac * lt.tp_comm_s,
-        cp_comm_s=m * frac * lt.cp_comm_s,
-        ep_comm_s=m * frac * lt.ep_comm_s,
+        compute_s=m * (stage.forward_s + stage.backward_s + head_s),
+        recompute_s=m * stage.recompute_s,
+        tp_comm_s=m * stage.tp_comm_s,
+        cp_comm_s=m * stage.cp_comm_s,
+        ep_comm_s=m * stage.ep_comm_s,
         pp_bubble_s=(layout.pp - 1) / layout.vp * stage_s,
         pp_p2p_s=m * p2p_s(ctx, layout),
         dp_comm_s=dp_exposed,
         optimizer_s=optimizer_s(ctx, layout),
     )
+
+
+STAGE_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s")
+
+
+def _slowest_stage(ctx: Context, layout: Layout, m: int) -> LayerTerms:
+    """One micro-batch's layer terms on the slowest pipeline stage: the period's share of every
+    layer's (``cost.terms.stage_kind_shares``); with dense and MoE layers both, the slower of the
+    stage with the most dense layers and the one with the fewest, each kind's terms weighted by the
+    share of that kind the stage holds."""
+    shares = stage_kind_shares(ctx, layout.pp, layout.vp, layout.head_slots)
+    if not mixed_kinds(ctx.model):
+        lt = layer_terms(ctx, layout, m)
+        return replace(lt, **{name: shares[0][0] * getattr(lt, name) for name in STAGE_TERMS})
+    dense, moe = layer_terms(ctx, layout, m, kind=False), layer_terms(ctx, layout, m, kind=True)
+    stages = [replace(moe, **{name: wd * getattr(dense, name) + wm * getattr(moe, name) for name in STAGE_TERMS})
+              for wd, wm in shares]
+    return max(stages, key=lambda lt: lt.total_s)
 
 
 def _exposed(comm_s: float, window_s: float, overlap: bool, share: float) -> float:

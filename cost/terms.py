@@ -175,39 +175,40 @@ def _tokens(ctx: Context, cp: int, mbs: int) -> float:
     return mbs * ctx.job.seq_len / cp
 
 
-def layer_terms(ctx: Context, layout: Layout, m: int = 1) -> LayerTerms:
+def layer_terms(ctx: Context, layout: Layout, m: int = 1, kind: bool | None = None) -> LayerTerms:
     """Per-micro-batch layer terms; depends on tp, cp, ep, mbs, sp, recompute, placement, the
-    overlaps, and (EP overlap only) the ``m`` micro-batches per step and the pipeline."""
+    overlaps, and (EP overlap only) the ``m`` micro-batches per step and the pipeline. ``kind``:
+    the model's dense layers alone (False) or its MoE layers alone (True); None: all of them."""
     if layout.recompute_layers and layout.recompute == "full":
-        return _partial_recompute_terms(ctx, layout, m)
+        return _partial_recompute_terms(ctx, layout, m, kind)
     if layout.recompute_modules and layout.recompute == "selective":
-        return _module_recompute_terms(ctx, layout, m)
+        return _module_recompute_terms(ctx, layout, m, kind)
     ctx = ctx.placed(layout.order)
     tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
-    c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep, layout.expert_tp)
+    c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep, layout.expert_tp, kind)
     steady = (ep_overlap_steady_share(layout.pp, layout.vp, m, rc, ctx.job.microbatch_group(m, layout.pp, layout.vp))
               if layout.ep_overlap else 0.0)
+    ep_s = 0.0 if kind is False else ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_ranks(layout),
+                                                   layout.tp_overlap and tp > 1, steady, layout.expert_tp)
     return LayerTerms(
         forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
         tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap,
-                                layout.expert_tp or layout.ep == 1, layout.ep, layout.expert_tp),
-        cp_comm_s=cp_comm_terms(ctx, tp, cp, mbs, sp, layout.stride("cp")),
-        ep_comm_s=ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_ranks(layout), layout.tp_overlap and tp > 1,
-                                steady, layout.expert_tp),
-        act_bytes_per_layer=c.act_bytes_per_layer, act_transient_bytes=c.act_transient_bytes,
+                                layout.expert_tp or layout.ep == 1, layout.ep, layout.expert_tp, kind),
+        cp_comm_s=cp_comm_terms(ctx, tp, cp, mbs, sp, layout.stride("cp"), kind),
+        ep_comm_s=ep_s, act_bytes_per_layer=c.act_bytes_per_layer, act_transient_bytes=c.act_transient_bytes,
         act_kind_bytes=c.act_kind_bytes,
     )
 
 
-def _module_recompute_terms(ctx: Context, layout: Layout, m: int) -> LayerTerms:
+def _module_recompute_terms(ctx: Context, layout: Layout, m: int, kind: bool | None = None) -> LayerTerms:
     """Megatron-Core's selective recomputation of the named submodules (``layout.recompute_modules``):
     the layer as without recomputation, less what those modules no longer keep, plus their forward
     run again in backward (:func:`recompute_module_terms`). The tensor-parallel collectives of a
     recomputed dense MLP are not priced again (the recomputed ops are local to a rank otherwise)."""
-    none = layer_terms(ctx, layout.with_(recompute="none", recompute_modules=()), m)
+    none = layer_terms(ctx, layout.with_(recompute="none", recompute_modules=()), m, kind)
     rec_s, dropped = recompute_module_terms(ctx._base, layout.tp, layout.cp, layout.micro_batch_size,
                                             layout.sequence_parallel, layout.ep, layout.expert_tp,
-                                            tuple(layout.recompute_modules))
+                                            tuple(layout.recompute_modules), kind)
     kinds = tuple(kept - gone for kept, gone in zip(none.act_kind_bytes, dropped))
     return replace(none, recompute_s=rec_s, act_kind_bytes=kinds,
                    act_bytes_per_layer=none.act_bytes_per_layer - _kind_total(ctx.model, dropped) / ctx.model.num_layers)
@@ -219,7 +220,7 @@ def _kind_total(model: ModelSpec, per_layer: tuple[float, float]) -> float:
 
 
 def recompute_module_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, ep: int, expert_tp: bool,
-                           modules: tuple[str, ...]) -> tuple[float, tuple[float, float]]:
+                           modules: tuple[str, ...], kind: bool | None = None) -> tuple[float, tuple[float, float]]:
     """Seconds of forward re-run over all layers of one micro-batch, and the bytes one dense and
     one MoE layer no longer keep, for
     Megatron-Core's ``recompute_modules`` (TransformerConfig: "moe_act, layernorm and mla_up_proj use
@@ -243,7 +244,7 @@ def recompute_module_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, e
     dev, prec = ctx.cluster.device, job.gemm_format
     kernels = layer_kernels(ctx)
     rec, dropped = 0.0, [0.0, 0.0]
-    for moe, count in _layer_kinds(model):
+    for moe, count in _layer_kinds(model, kind):
         ops = {op.name: op for op in layer_ops(model, n, job.seq_len, tp, sp, moe, _local_experts(model, ep) if moe else None,
                                                 job.attention, expert_tp, kernels)}
         names, replicated, sharded = _recompute_module_parts(ctx, n, modules, moe, kernels)
@@ -298,14 +299,14 @@ def _mla_up_ops(model: ModelSpec, n: float, tp: int) -> list:
     return ops
 
 
-def _partial_recompute_terms(ctx: Context, layout: Layout, m: int) -> LayerTerms:
+def _partial_recompute_terms(ctx: Context, layout: Layout, m: int, kind: bool | None = None) -> LayerTerms:
     """``recompute_layers`` of a stage's layers recompute whole and the rest keep every activation:
     each per-layer term is the share-weighted mean of full recomputation and none (a stage's time and
     stored activations are sums over its layers); one layer being recomputed still needs its working
     memory."""
     share = min(1.0, layout.recompute_layers / layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
-    full = layer_terms(ctx, layout.with_(recompute_layers=0), m)
-    none = layer_terms(ctx, layout.with_(recompute="none", recompute_layers=0), m)
+    full = layer_terms(ctx, layout.with_(recompute_layers=0), m, kind)
+    none = layer_terms(ctx, layout.with_(recompute="none", recompute_layers=0), m, kind)
 
     def mix(name: str) -> float:
         return share * getattr(full, name) + (1.0 - share) * getattr(none, name)
@@ -373,8 +374,16 @@ class ComputeTerms:
         return max(0.0, whole - (self.gemm_s if tp_overlap else 0.0) - (self.attn_s if cp > 1 else 0.0))
 
 
-def _layer_kinds(model: ModelSpec) -> list[tuple[bool, int]]:
-    return [(moe, count) for moe, count in ((False, model.num_dense_layers), (True, model.num_moe_layers)) if count]
+def _layer_kinds(model: ModelSpec, kind: bool | None = None) -> list[tuple[bool, int]]:
+    """``(moe, count)`` of each layer kind the model has (``kind``: that kind alone)."""
+    return [(moe, count) for moe, count in ((False, model.num_dense_layers), (True, model.num_moe_layers))
+            if count and kind in (None, moe)]
+
+
+def mixed_kinds(model: ModelSpec) -> bool:
+    """The model has dense and MoE layers both (DeepSeek-V3's first three layers are dense): a
+    pipeline stage's time then depends on which of them it holds (``cost.stages``)."""
+    return model.num_dense_layers > 0 and model.num_moe_layers > 0
 
 
 _COMPUTE_CONTEXTS: dict = {}
@@ -392,20 +401,21 @@ def _compute_context(ctx: Context) -> Context:
 
 
 def compute_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int = 1,
-                  expert_tp: bool = True) -> ComputeTerms:
-    """Compute of all layers for one micro-batch and the activations it leaves (:class:`ComputeTerms`)."""
+                  expert_tp: bool = True, kind: bool | None = None) -> ComputeTerms:
+    """Compute of all layers (``kind``: of the dense or of the MoE layers alone) for one
+    micro-batch and the activations it leaves (:class:`ComputeTerms`)."""
     # keyed by what the terms depend on: the tokens of one micro-batch on one rank (cp x mbs pairs of
     # one ratio share them) and the experts on a rank (every ep of a dense model shares them)
     return _compute_terms(_compute_context(ctx), tp, _tokens(ctx, cp, mbs), sp, recompute,
-                          _local_experts(ctx.model, ep), expert_tp)
+                          _local_experts(ctx.model, ep), expert_tp, kind)
 
 
 @lru_cache(maxsize=65536)
 def _compute_terms(ctx: Context, tp: int, n: float, sp: bool, recompute: str, local_experts: int | None,
-                   expert_tp: bool) -> ComputeTerms:
+                   expert_tp: bool, kind: bool | None = None) -> ComputeTerms:
     model = ctx.model
     fwd = bwd = gemm = attn = gemm_bwd = attn_bwd = sac_rec = 0.0
-    for moe, count in _layer_kinds(model):
+    for moe, count in _layer_kinds(model, kind):
         t = _kind_times(ctx, tp, n, sp, moe, local_experts if moe else None, expert_tp)
         fwd, bwd, gemm, attn = fwd + count * t[0], bwd + count * t[1], gemm + count * t[2], attn + count * t[3]
         gemm_bwd, attn_bwd = gemm_bwd + count * t[4], attn_bwd + count * t[5]
@@ -545,7 +555,8 @@ def _comm_multiplier(recompute: str) -> float:
 
 @lru_cache(maxsize=65536)
 def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, stride: int,
-                  overlap: bool, moe_tp: bool = True, ep: int = 1, expert_tp: bool = True) -> float:
+                  overlap: bool, moe_tp: bool = True, ep: int = 1, expert_tp: bool = True,
+                  kind: bool | None = None) -> float:
     """Exposed tensor-parallel traffic of all layers, one micro-batch.
 
     Each layer has two collectives around attention and two around the MLP (forward and
@@ -556,23 +567,25 @@ def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute:
     """
     if tp == 1:
         return 0.0
-    total = _tp_comm_total_s(ctx, tp, cp, mbs, sp, recompute, stride, moe_tp)
+    total = _tp_comm_total_s(ctx, tp, cp, mbs, sp, recompute, stride, moe_tp, kind)
     if overlap:
-        window = compute_terms(ctx._base, tp, cp, mbs, sp, recompute, ep, expert_tp).gemm_s
+        window = compute_terms(ctx._base, tp, cp, mbs, sp, recompute, ep, expert_tp, kind).gemm_s
         total = overlapped_exposed_s(total, window, overlap_share(ctx, "tp"))
     return total
 
 
 @lru_cache(maxsize=65536)
 def _tp_comm_total_s(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, stride: int,
-                     moe_tp: bool) -> float:
+                     moe_tp: bool, kind: bool | None = None) -> float:
     """:func:`tp_comm_terms` before overlap: it does not depend on the expert layout, which only sets
     the overlap's window (cached apart, as the search asks for it under every ``ep``)."""
     prof = ctx.cluster.strided_profile(tp, stride)
     n = _tokens(ctx, cp, mbs)
     per_layer = _tp_comm_s(n, ctx.model.hidden_size, prof, sp, tp_gather_bytes(ctx)) * _comm_multiplier(recompute)
-    mlp_layers = ctx.model.num_layers if moe_tp else ctx.model.num_dense_layers
-    return per_layer * (ctx.model.num_layers + mlp_layers) / 2
+    # each layer has two collectives around attention, and two around its MLP where the MLP is split
+    # over tp (dense MLPs always; experts unless folded)
+    layers = sum(count * (2 if not moe or moe_tp else 1) for moe, count in _layer_kinds(ctx.model, kind))
+    return per_layer * layers / 2
 
 
 def overlap_share(ctx: Context, stream: str, beside: str = "gemm") -> float:
@@ -640,13 +653,13 @@ def overlapped_exposed_s(comm_s: float, window_s: float, share: float) -> float:
 
 
 @lru_cache(maxsize=65536)
-def cp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: int) -> float:
+def cp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: int, kind: bool | None = None) -> float:
     if cp == 1:
         return 0.0
     n = _tokens(ctx, cp, mbs)
     prof = ctx.cluster.group_profile([0, stride])
     total = 0.0
-    for moe, count in _layer_kinds(ctx.model):
+    for moe, count in _layer_kinds(ctx.model, kind):
         ops = layer_ops(ctx.model, n, ctx.job.seq_len, tp, sp, moe)
         total += count * _cp_comm_s(ctx, n, tp, cp, prof, ops)
     return total
@@ -1092,6 +1105,41 @@ def period_layers(ctx: Context, pp: int, vp: int, head_slots: bool = False) -> t
         return layers_on_stage(ctx.model.num_layers, pp, vp), True
     n = stage_split(ctx.model.num_layers, pp, vp, True).slots
     return (n - 1, True) if head_in_period(ctx, head_slots) else (n, False)
+
+
+def stage_kind_shares(ctx: Context, pp: int, vp: int, head_slots: bool = False) -> tuple[tuple[float, float], ...]:
+    """The slowest pipeline stage's share of the dense layers' and of the MoE layers' time, one pair
+    per candidate: the stage (of those whose layers set the period, :func:`period_layers`) with the
+    most dense layers and the one with the fewest (``cost.stages.rank_layers``). A stage's time is
+    linear in its dense count, so the slower of the two is the slowest stage, whichever kind of
+    layer is the slower (DeepSeek-V3's leading dense layers all sit on rank 0). One pair for a model
+    of one kind: the period's share of all layers."""
+    model = ctx.model
+    period = period_layers(ctx, pp, vp, head_slots)[0]
+    if not mixed_kinds(model):
+        share = period / model.num_layers
+        return ((share, share),)
+    ranks = [rank_layers(model.num_layers, model.num_dense_layers, pp, vp, r, head_slots and pp > 1) for r in range(pp)]
+    dense = [r.num_dense for r in ranks if r.layers == period] or [r.num_dense for r in ranks]
+    return tuple(dict.fromkeys((a / model.num_dense_layers, (period - a) / model.num_moe_layers)
+                               for a in (max(dense), min(dense))))
+
+
+def stage_windows(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int, expert_tp: bool,
+                  tp_overlap: bool, ep_overlap: bool) -> tuple[float, float]:
+    """The compute one micro-batch leaves to hide the per-step data-parallel traffic and the
+    per-micro-batch ZeRO-2/3 traffic behind (:meth:`ComputeTerms.dp_window_s`, ``fsdp_window_s``),
+    as totals over the model's layers (the caller takes the period's share). With dense and MoE
+    layers both, a stage holds either kind in any mix (:func:`stage_kind_shares`): its window is
+    taken at the lighter kind's per-layer window, so that no mix of layers hides more than it has."""
+    c = compute_terms(ctx, tp, cp, mbs, sp, recompute, ep, expert_tp)
+    if not mixed_kinds(ctx.model):
+        return c.dp_window_s(tp_overlap, cp), c.fsdp_window_s(tp_overlap, cp, ep_overlap)
+    model = ctx.model
+    d, e = (compute_terms(ctx, tp, cp, mbs, sp, recompute, ep, expert_tp, kind) for kind in (False, True))
+    per = [(k.dp_window_s(tp_overlap, cp) / n, k.fsdp_window_s(tp_overlap, cp, ep_overlap) / n)
+           for k, n in ((d, model.num_dense_layers), (e, model.num_moe_layers))]
+    return model.num_layers * min(per[0][0], per[1][0]), model.num_layers * min(per[0][1], per[1][1])
 
 
 def head_in_period(ctx: Context, head_slots: bool) -> bool:

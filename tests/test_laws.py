@@ -248,3 +248,35 @@ def test_a_larger_top_k_is_never_faster(knobs, ep, top_k, more, experts, batch, 
     t_small = evaluate(small, job, c, layout).step_time_s
     t_big = evaluate(big, job, c, layout).step_time_s
     assert t_big >= t_small * (1 - 1e-12), (layout.short(), t_small, t_big)
+
+
+def _leading_dense(layers: int, dense: int, ffn: int, expert_ffn: int, hidden: int, top_k: int) -> ModelSpec:
+    from clusterplan.models.spec import MoESpec
+    return ModelSpec(name="law-leading-dense", num_layers=layers, hidden_size=hidden, num_attention_heads=16,
+                     num_kv_heads=8, ffn_hidden_size=ffn, vocab_size=32000, ffn_activation="swiglu", seq_len=4096,
+                     moe=MoESpec(num_experts=16, top_k=top_k, expert_ffn_hidden_size=expert_ffn, num_dense_layers=dense))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(knobs=layouts, ep=st.sampled_from([1, 2, 4]), vp=st.sampled_from([1, 2]), layers=st.sampled_from([8, 12, 17, 23]),
+       dense=st.sampled_from([1, 2, 3]), ffn=st.sampled_from([2048, 8192, 16384]), expert_ffn=st.sampled_from([256, 1024]),
+       top_k=st.sampled_from([1, 2]), batch=st.sampled_from([64, 256]), cluster=st.sampled_from(sorted(CLUSTERS)))
+def test_one_more_layer_is_never_faster(knobs, ep, vp, layers, dense, ffn, expert_ffn, top_k, batch, cluster):
+    """DeepSeek-V3's shape: a few dense layers first, MoE layers after. Every stage's time used to be
+    the average layer's, though the dense layers all sit on the first stage, so one more MoE layer
+    could lower the slowest stage's time when dense layers are the slower (issue 41: 764 of 2,024
+    fuzzed pairs). The slowest stage is now the slower of the one with the most dense layers and the
+    one with the fewest (cost.terms.stage_kind_shares)."""
+    c = CLUSTERS[cluster]
+    layout = _layout(knobs)
+    if layout.num_devices != 32 or layout.pp == 1 or layout.dp % ep:
+        return
+    layout = layout.with_(ep=ep, vp=vp)
+    job = Job(global_batch_size=batch, seq_len=4096)
+    small = _leading_dense(layers, dense, ffn, expert_ffn, 1024, top_k)
+    big = _leading_dense(layers + 1, dense, ffn, expert_ffn, 1024, top_k)
+    if layout_problems(small, job, c, layout) or layout_problems(big, job, c, layout):
+        return
+    t_small = evaluate(small, job, c, layout).step_time_s
+    t_big = evaluate(big, job, c, layout).step_time_s
+    assert t_big >= t_small * (1 - 1e-12), (layout.short(), t_small, t_big)

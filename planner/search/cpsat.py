@@ -34,7 +34,7 @@ from ortools.sat.python import cp_model
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
 from clusterplan.planner.search.exhaustive import (
-    DIMS, _place, ep_saving, frees_gradients, layer_time, overlapped, peak_memory, per_microbatch_traffic,
+    DIMS, _place, ep_saving, frees_gradients, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term,
 )
 from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute
 
@@ -217,9 +217,6 @@ class _Model:
         tpc = self._lookup("tp_comm", T.TPC, [self.tpc, x["mb"], x["s"], x["r"], x["to"]])
         cpc = self._lookup("cp_comm", T.CPC, [self.cpg, x["mb"], x["s"]])
         epc = self._lookup("ep_comm", T.EPC, [self.epg, x["mb"], x["s"], x["r"]])
-        layer_hi = int(T.C.max() + T.TPC.max() + T.CPC.max() + T.EPC.max())
-        layer = m.new_int_var(0, layer_hi, "layer_time")
-        m.add(layer == c + tpc + cpc + epc)
         u = self._lookup("slots", self._fvm_table(T.U), [self.fvm])
         frac = self._lookup("frac", self._fv_table(T.FRAC), [self.fv])
         mb_count = self._lookup("microbatches", self._fvm_table(T.M[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
@@ -227,10 +224,9 @@ class _Model:
         head = self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
         m.add(per_mb == head + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"], x["s"]]))
         tw, bw = T.time_weight, T.busy_weight
-        pipe = self._product("pipeline", u, layer, int(T.U.max()) * layer_hi, tw)
+        pipe = self._pipeline(u, c, tpc, cpc, epc, axes4, axes5)
         extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi, tw * Q)
-        xmin, hmin = _once(T, _factor_minima)
-        m.add(pipe >= self._lookup("pipeline_lb", self._fvm_table(T.U * xmin[:, :, None]), [self.fvm]))
+        _, hmin = _once(T, _factor_minima)
         m.add(extra >= self._lookup("head_lb", self._fvm_table((T.M * hmin)[:, :, None].repeat(T.U.shape[2], 2)),
                                     [self.fvm]))
         dp_step, dp_mb = self._dp_traffic()
@@ -240,8 +236,7 @@ class _Model:
         opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
         blocking = self._lookup("dp_blocking", self._fv_table(np.transpose(T.DPX, (0, 2, 1, 3, 4))),
                                 [self.fv, x["o"], x["e"], x["z"]])
-        saving = self._ep_overlap_saving(epc, axes5)
-        self.objective = T.time_weight * (pipe - saving + Q * extra + dp_exp + fsdp + Q * opt + Q * blocking)
+        self.objective = T.time_weight * (pipe + Q * extra + dp_exp + fsdp + Q * opt + Q * blocking)
         if T.busy_weight:  # energy: the extra power while computing (planner.search.tables docstring)
             share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
@@ -258,23 +253,71 @@ class _Model:
         m.add_allowed_assignments([self.fvm, x["e"]], pairs.tolist())
         m.minimize(self.objective)
 
-    def _ep_overlap_saving(self, epc, axes5):
-        """What EP overlap saves over the step (``planner.search.tables``): the steady-state slots
-        times what the kernels' SM share leaves of the open all-to-alls, at most the window; 0 with
-        it off or out of the space."""
-        T, x, m, tw = self.T, self.x, self.m, self.T.time_weight
+    def _pipeline(self, u, c, tpc, cpc, epc, axes4, axes5):
+        """The pipeline term of the objective (``planner.search.exhaustive.pipeline_term``): slots
+        times the layer time less what EP overlap saves; with dense and MoE layers both, at least
+        each candidate slowest stage's (``Tables.stages``), the objective holding it at the larger."""
+        T, m, tw = self.T, self.m, self.T.time_weight
+        hidden = self._ep_hidden(epc, axes5)
+        if T.stages is None:
+            layer_hi = int(T.C.max() + T.TPC.max() + T.CPC.max() + T.EPC.max())
+            layer = m.new_int_var(0, layer_hi, "layer_time")
+            m.add(layer == c + tpc + cpc + epc)
+            pipe = self._product("pipeline", u, layer, int(T.U.max()) * layer_hi, tw)
+            xmin, _ = _once(T, _factor_minima)
+            m.add(pipe >= self._lookup("pipeline_lb", self._fvm_table(T.U * xmin[:, :, None]), [self.fvm]))
+            return pipe - self._ep_saving(T.UG, hidden, "")
+        cm = self._lookup("moe_compute", T.C_M, axes4)
+        tpcm = self._lookup("moe_tp_comm", T.TPC_M, [self.tpc] + axes5[1:])
+        dense_lo = int((T.C - T.C_M).min() + (T.TPC - T.TPC_M).min())
+        dense = m.new_int_var(min(0, dense_lo), int((T.C - T.C_M).max() + (T.TPC - T.TPC_M).max()), "dense_time")
+        m.add(dense == c - cm + tpc - tpcm)
+        moe = m.new_int_var(0, int(T.C_M.max() + T.TPC_M.max() + T.EPC.max()), "moe_time")
+        m.add(moe == cm + tpcm + epc)
+        cp_hi = int(T.U.max()) * int(T.CPC.max())
+        dense_hi, moe_hi = _bounds(dense)[1], _bounds(moe)[1]
+        pipe_hi = max(int(ud.max()) * dense_hi + int(um.max()) * moe_hi for ud, um, _ in T.stages)
+        # a tight domain: the objective's sum of domains must stay within CP-SAT's 64-bit range
+        pipe = m.new_int_var(0, min(pipe_hi, OBJECTIVE_LIMIT // max(1, tw)), "pipeline")
+        for k, (ud, um, ugm) in enumerate(T.stages):
+            terms = [self._signed_product(f"stage{k}_dense", ud, dense), self._signed_product(f"stage{k}_moe", um, moe)]
+            m.add(pipe >= sum(terms) - self._ep_saving(ugm, hidden, f"_stage{k}"))
+        return pipe + self._product("pipeline_cp", u, cpc, cp_hi, tw)
+
+    def _signed_product(self, name: str, table: np.ndarray, var):
+        """``table[f, mb, v] * var`` where ``var``'s domain may reach below 0 (a quantized difference)."""
+        lookup = self._lookup(f"{name}_slots", self._fvm_table(table), [self.fvm])
+        lo, hi = _bounds(var)
+        top = int(table.max())
+        target = self.m.new_int_var(min(0, top * lo), max(0, top * hi), name)
+        self.m.add_multiplication_equality(target, [lookup, var])
+        return target
+
+    def _ep_hidden(self, epc, axes5):
+        """Per micro-batch slot, the all-to-all time EP overlap hides (``exhaustive.ep_hidden``), with
+        the switch: ``(hidden, on)``; None where the overlap is off or out of the space."""
+        T, x, m = self.T, self.x, self.m
         if True not in T.space.ep_overlap or not T.WE.any():
-            return 0
-        ug = self._lookup("ep_overlap_slots", self._fvm_table(T.UG), [self.fvm])
+            return None
         we = self._lookup("ep_overlap_window", T.WE, axes5)
         left = m.new_int_var(0, int(T.EPC.max()), "ep_overlap_left")  # what the SM share leaves
         m.add_division_equality(left, (SHARE_PARTS - T.ep_share) * epc, SHARE_PARTS)
         per_slot = m.new_int_var(0, int(T.WE.max()), "ep_overlap_hidden")
         m.add_min_equality(per_slot, [left, we])
-        hi = min(int(T.UG.max()) * int(T.WE.max()), OBJECTIVE_LIMIT // max(1, tw))
-        full = self._product("ep_overlap_saving_if_on", ug, per_slot, hi, tw)
         on = self._lookup("ep_overlap_on", np.array(T.space.ep_overlap, dtype=np.int64), [x["eo"]])
-        saving = m.new_int_var(0, hi, "ep_overlap_saving")  # the objective pushes it up to its bounds
+        return per_slot, on
+
+    def _ep_saving(self, slots: np.ndarray, hidden, suffix: str):
+        """What EP overlap saves over the step: the steady-state ``slots`` times the hidden time per
+        slot; 0 with it off or out of the space."""
+        if hidden is None:
+            return 0
+        T, m, tw = self.T, self.m, self.T.time_weight
+        per_slot, on = hidden
+        ug = self._lookup(f"ep_overlap_slots{suffix}", self._fvm_table(slots), [self.fvm])
+        hi = min(int(slots.max()) * int(T.WE.max()), OBJECTIVE_LIMIT // max(1, tw))
+        full = self._product(f"ep_overlap_saving_if_on{suffix}", ug, per_slot, hi, tw)
+        saving = m.new_int_var(0, hi, f"ep_overlap_saving{suffix}")  # the objective pushes it up to its bounds
         m.add(saving <= full)
         m.add(saving <= hi * on)
         return saving
@@ -317,6 +360,13 @@ class _Model:
     def indices(self, solver: cp_model.CpSolver) -> dict:
         idx = {k: int(solver.value(v)) for k, v in self.x.items()}
         return {k: idx[k] for k in DIMS}
+
+
+def _bounds(var) -> tuple[int, int]:
+    """The least and the greatest value of an integer variable's domain (its proto's repeated
+    field takes no negative index)."""
+    domain = list(var.proto.domain)
+    return int(domain[0]), int(domain[-1])
 
 
 UNREACHABLE = np.iinfo(np.int64).max // 4  # lower bound of a (triple, ep) with no layout that fits
@@ -378,7 +428,9 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
         return arr.min(axis=(axis["o"], *(axis[d] for d in more)), keepdims=True)
 
     U, M = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb"))
-    if True in T.space.ep_overlap:  # EP overlap's saving belongs to one order and TP overlap: minimise them together
+    if T.stages is not None:  # the slower of the candidate stages: one order and overlap setting at a time
+        pipe = min_over_orders(pipeline_term(T, sl), "to", "eo")
+    elif True in T.space.ep_overlap:  # EP overlap's saving belongs to one order and TP overlap: minimise them together
         pipe = min_over_orders(U * layer_time(T, sl) - ep_saving(T, sl), "to", "eo")
     else:
         X = min_over_orders(layer_time(T, sl), "to")

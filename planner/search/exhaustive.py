@@ -49,10 +49,39 @@ def ep_saving(T: Tables, sl: slice) -> np.ndarray:
     """What EP overlap saves over a step (``planner.search.tables``) for the factorizations in
     ``sl``: its steady-state slots times, per slot, what the all-to-all kernels' SM share leaves of
     the open all-to-alls, at most the window; 0 with it off."""
+    return _place(T.UG[sl], ("f", "mb", "v")) * ep_hidden(T, sl)
+
+
+def ep_hidden(T: Tables, sl: slice) -> np.ndarray:
+    """Per micro-batch slot, the all-to-all time EP overlap hides: what the kernels' SM share leaves
+    of the open all-to-alls, at most the window; 0 with it off."""
     on = _place(np.array(T.space.ep_overlap, np.int64), ("eo",))
-    hidden = np.minimum((SHARE_PARTS - T.ep_share) * _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r"))
-                        // SHARE_PARTS, _place(T.WE[T.tc_of_fe[sl]], ("f", "e", "mb", "s", "r", "to")))
-    return on * _place(T.UG[sl], ("f", "mb", "v")) * hidden
+    return on * np.minimum((SHARE_PARTS - T.ep_share) * _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r"))
+                           // SHARE_PARTS, _place(T.WE[T.tc_of_fe[sl]], ("f", "e", "mb", "s", "r", "to")))
+
+
+def pipeline_term(T: Tables, sl: slice) -> np.ndarray:
+    """The pipeline's time over a step (objective units): ``U * X`` less what EP overlap saves; with
+    dense and MoE layers both, the slower of the candidate slowest stages (``Tables.stages``: each
+    weighs the dense and the MoE layers' time by its share of them), plus the context-parallel
+    traffic, the same per layer of either kind."""
+    U = _place(T.U[sl], ("f", "mb", "v"))
+    if T.stages is None:
+        return U * layer_time(T, sl) - ep_saving(T, sl)
+    tc, tpc = T.tc_of_fe[sl], T.tpc_of_foe[sl]
+    dims = ("f", "e", "mb", "s", "r")
+    compute, moe_compute = _place(T.C[tc], dims), _place(T.C_M[tc], dims)
+    tp_dims = ("f", "o", "e", "mb", "s", "r", "to")
+    tp, moe_tp = _place(T.TPC[tpc], tp_dims), _place(T.TPC_M[tpc], tp_dims)
+    dense = compute - moe_compute + tp - moe_tp
+    moe = moe_compute + moe_tp + _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r"))
+    hidden = ep_hidden(T, sl)
+    best = None
+    for ud, um, ugm in T.stages:
+        stage = (_place(ud[sl], ("f", "mb", "v")) * dense + _place(um[sl], ("f", "mb", "v")) * moe
+                 - _place(ugm[sl], ("f", "mb", "v")) * hidden)
+        best = stage if best is None else np.maximum(best, stage)
+    return best + U * _place(T.CPC[T.cpg_of_fo[sl]], ("f", "o", "mb", "s"))
 
 
 def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) -> Scored:
@@ -68,8 +97,7 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     if T.memory_only:
         raise ValueError("memory-only tables (build_tables(memory_only=True)) have no time terms to score")
     Q = SLOT_QUANTUM
-    X = layer_time(T, sl)
-    U, M, FRAC = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
+    M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
     lm_head = _place(T.H[tpg], ("f", "o", "mb", "s"))
     head = lm_head + _place(T.P2P[sl], ("f", "o", "mb", "s"))
     do = _place(np.array(T.space.dp_overlap), ("do",))
@@ -80,7 +108,7 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     dp_exp = np.where(do, overlapped(T, dps, np.maximum(0, FRAC * _place(T.BWD[tc], window_dims) - dpm)), dps)
     fsdp = np.where(do, overlapped(T, dpm, FRAC * _place(T.FW[tc], window_dims + ("eo",))), dpm)
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
-    objective = U * X - ep_saving(T, sl) + Q * M * head + dp_exp + M * fsdp + opt + _place(T.DPX[sl], dims5) * Q
+    objective = pipeline_term(T, sl) + Q * M * head + dp_exp + M * fsdp + opt + _place(T.DPX[sl], dims5) * Q
     if T.busy_weight:  # energy: waiting power over the step plus the extra power while computing
         compute = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
         busy = M * FRAC * compute + Q * M * lm_head + opt
@@ -283,6 +311,11 @@ def restrict(T: Tables, keep: dict) -> Tables:
                 "ifm": ("f", "mb", "v")}
     sub.rows = tuple(replace(row, **{name: _cut(getattr(row, name), dims, keep) for name, dims in row_axes.items()})
                      for row in T.rows)
+    for name, dims in (("C_M", (None, "mb", "s", "r")), ("TPC_M", (None, "mb", "s", "r", "to"))):
+        if getattr(T, name) is not None:
+            setattr(sub, name, _cut(getattr(T, name), dims, keep))
+    if T.stages is not None:
+        sub.stages = tuple(tuple(_cut(arr, ("f", "mb", "v"), keep) for arr in stage) for stage in T.stages)
     changes = {space_attr[k]: tuple(getattr(T.space, space_attr[k])[i] for i in v) for k, v in keep.items()}
     if "e" in keep:  # the expert axis holds (ep, expert_tp) pairs
         changes["expert_tp"] = tuple(T.space.expert_tp[i] for i in keep["e"])

@@ -42,7 +42,8 @@ from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.stages import RANKS, rank_index
 from clusterplan.cost.step import head_slot_problem, memory_static_bytes, rank_inflight
 from clusterplan.cost.terms import (
-    Context, activation_terms, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
+    Context, activation_terms, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms, mixed_kinds,
+    stage_kind_shares, stage_windows,
     ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_in_period, head_terms, optimizer_s,
     overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms, zero_replicas,
 )
@@ -120,6 +121,12 @@ class Tables:
     ep_share: int = 0  # the same for EP overlap's all-to-alls
     # the rules and memory alone (build_tables(memory_only=True)): the time tables are empty
     memory_only: bool = False
+    # dense and MoE layers both (cost.terms.mixed_kinds): the MoE layers' part of C and TPC, and per
+    # candidate slowest stage (cost.terms.stage_kind_shares) its slots on the dense and on the MoE
+    # layers' totals and the latter's steady share: (UD, UM, UGM) over (F, MB, V); None otherwise
+    C_M: np.ndarray | None = None
+    TPC_M: np.ndarray | None = None
+    stages: tuple | None = None
 
 
 @dataclass
@@ -205,7 +212,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     ACT_D, ACT_M, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
     timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_keys)
     DPS, DPM, RG, DPX, OPT, statics = _dp_tables(ctx, S, times=not memory_only)
-    U, UG, FRAC, M = _count_tables(ctx, S)
+    U, UG, FRAC, M, stages = _count_tables(ctx, S)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
     order_ok = _order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
@@ -223,7 +230,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         for row in rows:
             row.static, row.static1 = np.minimum(row.static, capacity + 1), np.minimum(row.static1, capacity + 1)
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, OPT=OPT,
-                  U=U, UG=UG, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
+                  U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
                   capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
                   ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=_ep_overlap_mask(ctx, S),
                   time_weight=int(weights[0]), busy_weight=int(weights[1]),
@@ -237,12 +244,13 @@ def _time_tables(ctx: Context, S: Space, tc_keys: list) -> dict:
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    C, BWD, FW, WE = _compute_tables(ctx, S, tc_keys)
-    TPC, CPC, ep_open, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx)
+    C, C_M, BWD, FW, WE = _compute_tables(ctx, S, tc_keys)
+    TPC, TPC_M, CPC, ep_open, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys,
+                                               tpg_ctx)
     P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) for sp in S.sequence_parallel]
                  for mb in S.micro_batch_size] for l in row] for row in probe])
     return dict(tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe, C=C, BWD=BWD,
-                FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, P2P=P2P)
+                FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, P2P=P2P, C_M=C_M, TPC_M=TPC_M)
 
 
 def _no_time_tables(S: Space) -> dict:
@@ -260,7 +268,8 @@ def _traversal_representatives(S: Space, t: dict, dp: tuple[np.ndarray, ...], ok
     earlier traversal's: the time tables ``t``, the data-parallel tables ``dp`` over (f, o, ...) and
     the masks): it counts once."""
     def rows(i, j):
-        return (t["TPC"][t["tpc_of_foe"][i, j]].tobytes(), t["H"][t["tpg_of_fo"][i, j]].tobytes(),
+        moe_tp = () if t.get("TPC_M") is None else (t["TPC_M"][t["tpc_of_foe"][i, j]].tobytes(),)
+        return (*moe_tp, t["TPC"][t["tpc_of_foe"][i, j]].tobytes(), t["H"][t["tpg_of_fo"][i, j]].tobytes(),
                 t["CPC"][t["cpg_of_fo"][i, j]].tobytes(), t["EPC"][t["epg_of_foe"][i, j]].tobytes(),
                 t["P2P"][i, j].tobytes(), *(table[i, j].tobytes() for table in dp), int(ok_fo[i, j]),
                 ok_eo[:, j].tobytes())
@@ -292,16 +301,25 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list) -> tuple[np.ndarray, 
     MB, SP, RC, TO, EO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap, S.ep_overlap
     comp = [[[[compute_terms(ctx, tp, cp, mb, sp, rc, e, et) for rc in RC] for sp in SP] for mb in MB]
             for tp, cp, e, et in tc_keys]
-    C = _qt([[[[c.forward_s + c.backward_s + c.recompute_s for c in r] for r in s] for s in m] for m in comp])
-    BWD = _qt([[[[[c.dp_window_s(to and tp > 1, cp) for to in TO] for c in r] for r in s] for s in m]
-               for m, (tp, cp, _, _) in zip(comp, tc_keys)])
-    FW = _qt([[[[[[c.fsdp_window_s(to and tp > 1, cp, eo and e > 1) for eo in EO] for to in TO] for c in r] for r in s]
-               for s in m] for m, (tp, cp, e, _) in zip(comp, tc_keys)])
+    C = _qt([[[[_busy_s(c) for c in r] for r in s] for s in m] for m in comp])
+    C_M = None
+    if mixed_kinds(ctx.model):  # the MoE layers' part (the stage's mix of the two: Tables.stages)
+        C_M = _qt([[[[_busy_s(compute_terms(ctx, tp, cp, mb, sp, rc, e, et, True)) for rc in RC] for sp in SP]
+                    for mb in MB] for tp, cp, e, et in tc_keys])
+    windows = [[[[[[stage_windows(ctx, tp, cp, mb, sp, rc, e, et, to and tp > 1, eo and e > 1) for eo in EO] for to in TO]
+                  for rc in RC] for sp in SP] for mb in MB] for tp, cp, e, et in tc_keys]
+    windows = np.array(windows, dtype=float).reshape(len(tc_keys), len(MB), len(SP), len(RC), len(TO), len(EO), 2)
+    BWD, FW = _qt(windows[..., 0, 0]), _qt(windows[..., 1])  # the per-step window does not depend on EP overlap
     # EP overlap's window (cost.terms.ep_overlap_window_s); none where Megatron refuses the overlap
     # (full recomputation: priced as off)
     WE = _qt([[[[[0.0 if rc == "full" or e == 1 else ep_overlap_window_s(ctx.model, c, to and tp > 1, cp) for to in TO]
                  for c, rc in zip(r, RC)] for r in s] for s in m] for m, (tp, cp, e, _) in zip(comp, tc_keys)])
-    return C, BWD, FW, WE
+    return C, C_M, BWD, FW, WE
+
+
+def _busy_s(c) -> float:
+    """Forward, backward and recompute time of :class:`~cost.terms.ComputeTerms` (the C table)."""
+    return c.forward_s + c.backward_s + c.recompute_s
 
 
 def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarray, ...]:
@@ -317,8 +335,16 @@ def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarra
 def _comm_tables(S: Space, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx):
     """Tensor-, context- and expert-parallel communication per layer, and the head's time, per group."""
     MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
-    TPC = _qt([[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp, e, et) for to in TO] for rc in RC] for sp in SP]
-                for mb in MB] for (tp, cp, st, _, moe_tp, e, et), c in zip(tpc_keys, tpc_ctx)])
+
+    def tp_comm(kind):
+        return [[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp, e, et, kind) for to in TO] for rc in RC]
+                   for sp in SP] for mb in MB] for (tp, cp, st, _, moe_tp, e, et), c in zip(tpc_keys, tpc_ctx)]
+    TPC_M = None
+    if tpc_ctx and mixed_kinds(tpc_ctx[0].model):  # each kind's TP traffic hides behind its own GEMMs
+        moe = np.array(tp_comm(True), dtype=float)
+        TPC, TPC_M = _qt(np.array(tp_comm(False), dtype=float) + moe), _qt(moe)
+    else:
+        TPC = _qt(tp_comm(None))
     CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB]
                for (tp, cp, st, _), c in zip(cpg_keys, cpg_ctx)])
     # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
@@ -329,7 +355,7 @@ def _comm_tables(S: Space, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_c
     # a key (tp, cp, stride, (devices, hidden)): hidden, the head hides in a pipeline's spare slot
     H = _qt([[[0.0 if hidden else head_terms(c, tp, cp, mb, sp, st).time_s for sp in SP] for mb in MB]
              for (tp, cp, st, (_, hidden)), c in zip(tpg_keys, tpg_ctx)])
-    return TPC, CPC, EPC, H
+    return TPC, TPC_M, CPC, EPC, H
 
 
 def _capacity(ctx: Context, memory_headroom: float, ignore_memory: bool) -> int:
@@ -411,10 +437,13 @@ def full_recompute(S: Space) -> np.ndarray:
 
 def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     """Over (f, mb, v): micro-batch slots x stage share (U), the same times EP overlap's steady
-    share (UG), micro-batches (M) and stage share (FRAC)."""
+    share (UG), micro-batches (M), stage share (FRAC), and with dense and MoE layers both the
+    candidate slowest stages (``Tables.stages``, else None)."""
     F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
     U, UG = (np.zeros((F, MB, V), np.int64) for _ in range(2))
     M, FRAC = np.zeros((F, MB), np.int64), np.zeros((F, V), np.int64)
+    mixed = mixed_kinds(ctx.model)
+    stages = [tuple(np.zeros((F, MB, V), np.int64) for _ in range(3)) for _ in range(2)] if mixed else None
     L, B, hs = ctx.model.num_layers, ctx.job.global_batch_size, S.head_slots[0]
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         period = [period_layers(ctx, pp, v, hs)[0] for v in S.vp]
@@ -426,8 +455,16 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 slots = SLOT_QUANTUM * (m + (pp - 1) / v) * period[vi] / L
                 U[i, j, vi] = round(slots)
                 group = ctx.job.microbatch_group(m, pp, v)
-                UG[i, j, vi] = round(slots * ep_overlap_steady_share(pp, v, m, "none", group))
-    return U, UG, FRAC, M
+                steady = ep_overlap_steady_share(pp, v, m, "none", group)
+                UG[i, j, vi] = round(slots * steady)
+                if mixed:
+                    shares = stage_kind_shares(ctx, pp, v, hs)
+                    for k, stage in enumerate(stages):
+                        wd, wm = shares[min(k, len(shares) - 1)]
+                        whole = SLOT_QUANTUM * (m + (pp - 1) / v)
+                        stage[0][i, j, vi], stage[1][i, j, vi] = round(whole * wd), round(whole * wm)
+                        stage[2][i, j, vi] = round(whole * wm * steady)
+    return U, UG, FRAC, M, (tuple(stages) if mixed else None)
 
 
 def memory_rows(ctx: Context, S: Space, statics: dict, M: np.ndarray) -> tuple[MemoryRow, ...]:
