@@ -98,7 +98,12 @@ def _hostile_text(rng: random.Random) -> str:
     return "num_layers: " + "9" * rng.randint(20, 4000) + "\n"
 
 
-KINDS = ["model", "hf", "cluster", "option", "layout", "fix", "hostile"]
+KINDS = ["model", "hf", "cluster", "option", "layout", "fix", "hostile", "framework-fix", "export", "fit"]
+FRAMEWORK_NAMES = ["megatron", "torchtitan", "deepspeed", "maxtext"]
+VALID_FIXES = ["tp=2", "tp=8", "pp=2", "pp=4", "dp=2", "cp=2", "ep=2", "ep=8", "vp=2", "mbs=1", "mbs=2", "sp=on",
+               "zero=0", "zero=1", "zero=2", "zero=3", "recompute=none", "recompute=selective", "recompute=full",
+               "dp_overlap=on", "tp_overlap=on", "ep_overlap=on", "etp=1", "head_slots=on", "order=tp-cp-pp-dp"]
+EXPORT_FORMATS = ["megatron", "deepspeed", "torchtitan", "maxtext", "slurm"]
 
 
 def make_case(rng: random.Random, folder: Path, searches: float = 1.0) -> list[str]:
@@ -141,6 +146,18 @@ def _case(kind: str, rng: random.Random, folder: Path) -> list[str]:
         for _ in range(rng.randint(1, 3)):
             out += ["--fix", f"{rng.choice(KNOBS)}={rng.choice(KNOB_VALUES)}"]
         return out
+    if kind == "framework-fix":  # valid knob values a framework may refuse: a rule, not "does not fit"
+        out = base + ["--framework", rng.choice(FRAMEWORK_NAMES), "--devices", rng.choice(["", "16", "64"])]
+        out = [a for a in out if a] if out[-1] == "" else out
+        for _ in range(rng.randint(1, 3)):
+            out += ["--fix", rng.choice(VALID_FIXES)]
+        return [a for a in out if a != ""]
+    if kind == "export":
+        size = rng.choice([[], ["--devices", "64"], ["--devices", "16"]])
+        return ["export", "--format", rng.choice(EXPORT_FORMATS), "--model", model, "--cluster", cluster, *size,
+                "--top", "0"]
+    if kind == "fit":
+        return ["fit", "--model", model, "--cluster", cluster, "--json"]
     path = folder / ("h" + rng.choice([".yaml", ".json"]))
     path.write_text(_hostile_text(rng))
     if rng.random() < 0.5:
@@ -237,11 +254,27 @@ def _judge(args: list[str], code: int | None, out: str, err: str) -> tuple[str, 
         return "killed", f"hang: {args}"
     if code == 1 or "Traceback" in out + err:
         return f"exit {code}", f"exit {code}: {args}: {err.strip()[-300:]}"
+    if code == 3 and (why := _wrong_refusal(err)):
+        return "exit 3", f"wrong: {args}: {why}"
     if code == 0 and "--json" in args:
-        why = wrong_answer(json.loads(out))
+        doc = json.loads(out)
+        why = wrong_answer(doc["plan"] if args[0] == "fit" else doc)
         if why:
             return "exit 0", f"wrong: {args}: {why}"
+    if code == 0 and args[0] == "export" and not out.strip():
+        return "exit 0", f"wrong: {args}: an export that wrote nothing"
     return f"exit {code}", None
+
+
+def _wrong_refusal(err: str) -> str | None:
+    """A "does not fit" whose own figure is under the device's memory (the least memory a layout
+    needs "0.07x over" what it has: the layout was refused for another reason, issue 41)."""
+    import re
+
+    found = re.search(r"\(([\d.,]+)x over\)", err)
+    if found and float(found.group(1).replace(",", "")) < 1.0:
+        return f"does not fit at {found.group(1)}x the device's memory"
+    return None
 
 
 def _pool(runner, tasks: list[tuple], jobs: int, in_process: bool):

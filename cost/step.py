@@ -21,7 +21,7 @@ from clusterplan.cost.layout import (RECOMPUTE_MODES, Job, Layout, interleaved_w
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, compute_terms, dp_terms, head_terms,
-    mixed_kinds, stage_kind_shares, stage_windows,
+    kind_windows, mixed_kinds, stage_kind_shares,
     grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
     param_counts, period_layers, regather_share, runtime_bytes, stage_slots, stage_split, static_memory,
 )
@@ -379,27 +379,30 @@ def gemm_precision(job: Job, cluster: Cluster) -> str:
 
 
 def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
+    """The step's time by cause, on the slowest pipeline stage: with dense and MoE layers both, the
+    slower of the candidate stages (``cost.terms.stage_kind_shares``), each with the compute it
+    leaves to hide its data-parallel traffic behind."""
     ctx = ctx.placed(layout.order)
-    stage = _slowest_stage(ctx, layout, m)
+    dp = dp_terms(ctx, layout)
+    return max((_stage_breakdown(ctx, layout, m, stage, windows, dp) for stage, windows in _stages(ctx, layout, m)),
+               key=lambda t: t.total_s)
+
+
+def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, windows: tuple[float, float],
+                     dp) -> TimeBreakdown:
+    """One candidate stage's step: its layers' terms ``stage`` (one micro-batch), the head (where
+    it adds to the period; else the last rank's spare slot hides it), the pipeline, and the
+    data-parallel traffic exposed beyond its ``windows`` (per step, per micro-batch)."""
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
-    layers, head_in_period = period_layers(ctx, layout.pp, layout.vp, layout.head_slots)
-    frac = layers / ctx.model.num_layers
-    head_s = head.time_s if head_in_period else 0.0  # else the last rank's spare slot hides it
-    stage_s = stage.total_s
-    dp = dp_terms(ctx, layout)
+    head_s = head.time_s if period_layers(ctx, layout.pp, layout.vp, layout.head_slots)[1] else 0.0
     share = overlap_share(ctx, "dp")
-    to = layout.tp_overlap and layout.tp > 1
-    eo = layout.ep_overlap and layout.ep > 1
-    step_window, mb_window = stage_windows(ctx._base, layout.tp, layout.cp, layout.micro_batch_size,
-                                           layout.sequence_parallel, layout.recompute, layout.ep, layout.expert_tp,
-                                           to, eo)
+    step_window, mb_window = windows
     per_mb = dp.per_microbatch_s + regather_share(ctx, layout) * dp.regather_s
-    dp_exposed = m * _exposed(per_mb, frac * mb_window, layout.dp_overlap, share)
+    dp_exposed = m * _exposed(per_mb, mb_window, layout.dp_overlap, share)
     # the per-step reduction hides in the last micro-batch's backward, which also carries that
     # micro-batch's ZeRO-2/3 traffic: one stretch of compute hides one stream
-    dp_window = max(0.0, frac * step_window - per_mb)
-    dp_exposed += _exposed(dp.per_step_s, dp_window, layout.dp_overlap, share)
+    dp_exposed += _exposed(dp.per_step_s, max(0.0, step_window - per_mb), layout.dp_overlap, share)
     dp_exposed += dp.blocking_s
     return TimeBreakdown(
         compute_s=m * (stage.forward_s + stage.backward_s + head_s),
@@ -407,7 +410,7 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
         tp_comm_s=m * stage.tp_comm_s,
         cp_comm_s=m * stage.cp_comm_s,
         ep_comm_s=m * stage.ep_comm_s,
-        pp_bubble_s=(layout.pp - 1) / layout.vp * stage_s,
+        pp_bubble_s=(layout.pp - 1) / layout.vp * stage.total_s,
         pp_p2p_s=m * p2p_s(ctx, layout),
         dp_comm_s=dp_exposed,
         optimizer_s=optimizer_s(ctx, layout),
@@ -417,19 +420,25 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
 STAGE_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s")
 
 
-def _slowest_stage(ctx: Context, layout: Layout, m: int) -> LayerTerms:
-    """One micro-batch's layer terms on the slowest pipeline stage: the period's share of every
-    layer's (``cost.terms.stage_kind_shares``); with dense and MoE layers both, the slower of the
-    stage with the most dense layers and the one with the fewest, each kind's terms weighted by the
-    share of that kind the stage holds."""
+def _stages(ctx: Context, layout: Layout, m: int) -> list[tuple[LayerTerms, tuple[float, float]]]:
+    """The candidate slowest pipeline stages: one micro-batch's layer terms on each and the windows
+    its compute leaves for data-parallel traffic. One stage, the period's share of every layer's,
+    for a model of one kind; with dense and MoE layers both, the stage with the most dense layers
+    and the one with the fewest, each kind weighted by the share of it the stage holds
+    (``cost.terms.stage_kind_shares``: a stage's time is linear in its dense count, so these two
+    bound every stage)."""
     shares = stage_kind_shares(ctx, layout.pp, layout.vp, layout.head_slots)
+    knobs = (layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute, layout.ep,
+             layout.expert_tp, layout.tp_overlap and layout.tp > 1, layout.ep_overlap and layout.ep > 1)
     if not mixed_kinds(ctx.model):
-        lt = layer_terms(ctx, layout, m)
-        return replace(lt, **{name: shares[0][0] * getattr(lt, name) for name in STAGE_TERMS})
+        lt, frac = layer_terms(ctx, layout, m), shares[0][0]
+        windows = kind_windows(ctx._base, *knobs)
+        return [(replace(lt, **{name: frac * getattr(lt, name) for name in STAGE_TERMS}),
+                 (frac * windows[0], frac * windows[1]))]
     dense, moe = layer_terms(ctx, layout, m, kind=False), layer_terms(ctx, layout, m, kind=True)
-    stages = [replace(moe, **{name: wd * getattr(dense, name) + wm * getattr(moe, name) for name in STAGE_TERMS})
-              for wd, wm in shares]
-    return max(stages, key=lambda lt: lt.total_s)
+    wd, wm = kind_windows(ctx._base, *knobs, kind=False), kind_windows(ctx._base, *knobs, kind=True)
+    return [(replace(moe, **{name: a * getattr(dense, name) + b * getattr(moe, name) for name in STAGE_TERMS}),
+             (a * wd[0] + b * wm[0], a * wd[1] + b * wm[1])) for a, b in shares]
 
 
 def _exposed(comm_s: float, window_s: float, overlap: bool, share: float) -> float:

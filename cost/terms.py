@@ -1125,21 +1125,14 @@ def stage_kind_shares(ctx: Context, pp: int, vp: int, head_slots: bool = False) 
                                for a in (max(dense), min(dense))))
 
 
-def stage_windows(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int, expert_tp: bool,
-                  tp_overlap: bool, ep_overlap: bool) -> tuple[float, float]:
-    """The compute one micro-batch leaves to hide the per-step data-parallel traffic and the
-    per-micro-batch ZeRO-2/3 traffic behind (:meth:`ComputeTerms.dp_window_s`, ``fsdp_window_s``),
-    as totals over the model's layers (the caller takes the period's share). With dense and MoE
-    layers both, a stage holds either kind in any mix (:func:`stage_kind_shares`): its window is
-    taken at the lighter kind's per-layer window, so that no mix of layers hides more than it has."""
-    c = compute_terms(ctx, tp, cp, mbs, sp, recompute, ep, expert_tp)
-    if not mixed_kinds(ctx.model):
-        return c.dp_window_s(tp_overlap, cp), c.fsdp_window_s(tp_overlap, cp, ep_overlap)
-    model = ctx.model
-    d, e = (compute_terms(ctx, tp, cp, mbs, sp, recompute, ep, expert_tp, kind) for kind in (False, True))
-    per = [(k.dp_window_s(tp_overlap, cp) / n, k.fsdp_window_s(tp_overlap, cp, ep_overlap) / n)
-           for k, n in ((d, model.num_dense_layers), (e, model.num_moe_layers))]
-    return model.num_layers * min(per[0][0], per[1][0]), model.num_layers * min(per[0][1], per[1][1])
+def kind_windows(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int, expert_tp: bool,
+                 tp_overlap: bool, ep_overlap: bool, kind: bool | None = None) -> tuple[float, float]:
+    """The compute one micro-batch of the layers of ``kind`` (None: all) leaves to hide the per-step
+    data-parallel traffic and the per-micro-batch ZeRO-2/3 traffic behind
+    (:meth:`ComputeTerms.dp_window_s`, ``fsdp_window_s``), as totals over those layers: a stage's
+    window is its share of each kind's (``cost.step``)."""
+    c = compute_terms(ctx, tp, cp, mbs, sp, recompute, ep, expert_tp, kind)
+    return c.dp_window_s(tp_overlap, cp), c.fsdp_window_s(tp_overlap, cp, ep_overlap)
 
 
 def head_in_period(ctx: Context, head_slots: bool) -> bool:

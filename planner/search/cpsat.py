@@ -224,19 +224,15 @@ class _Model:
         head = self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
         m.add(per_mb == head + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"], x["s"]]))
         tw, bw = T.time_weight, T.busy_weight
-        pipe = self._pipeline(u, c, tpc, cpc, epc, axes4, axes5)
         extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi, tw * Q)
         _, hmin = _once(T, _factor_minima)
         m.add(extra >= self._lookup("head_lb", self._fvm_table((T.M * hmin)[:, :, None].repeat(T.U.shape[2], 2)),
                                     [self.fvm]))
-        dp_step, dp_mb = self._dp_traffic()
-        dp_exp = self._exposed("dp", dp_step, frac, bwd, int(T.BWD.max()), taken=dp_mb)
-        fsdp_mb = self._exposed("fsdp", dp_mb, frac, fw, int(T.FW.max()))
-        fsdp = self._product("fsdp_total", mb_count, fsdp_mb, int(T.M.max()) * int((T.DPM + T.RG).max()) * Q, tw)
+        core = self._pipeline_and_dp(u, c, tpc, cpc, epc, axes4, axes5, frac, (bwd, fw), mb_count)
         opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
         blocking = self._lookup("dp_blocking", self._fv_table(np.transpose(T.DPX, (0, 2, 1, 3, 4))),
                                 [self.fv, x["o"], x["e"], x["z"]])
-        self.objective = T.time_weight * (pipe + Q * extra + dp_exp + fsdp + Q * opt + Q * blocking)
+        self.objective = T.time_weight * (core + Q * extra + Q * opt + Q * blocking)
         if T.busy_weight:  # energy: the extra power while computing (planner.search.tables docstring)
             share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
@@ -253,12 +249,14 @@ class _Model:
         m.add_allowed_assignments([self.fvm, x["e"]], pairs.tolist())
         m.minimize(self.objective)
 
-    def _pipeline(self, u, c, tpc, cpc, epc, axes4, axes5):
-        """The pipeline term of the objective (``planner.search.exhaustive.pipeline_term``): slots
-        times the layer time less what EP overlap saves; with dense and MoE layers both, at least
-        each candidate slowest stage's (``Tables.stages``), the objective holding it at the larger."""
-        T, m, tw = self.T, self.m, self.T.time_weight
+    def _pipeline_and_dp(self, u, c, tpc, cpc, epc, axes4, axes5, frac, windows, mb_count):
+        """The pipeline and the exposed data-parallel traffic over the step
+        (``planner.search.exhaustive._pipeline_and_dp``): with dense and MoE layers both, at least
+        each candidate stage's, each with its own windows, the objective holding it at the larger."""
+        T, m, Q, tw = self.T, self.m, SLOT_QUANTUM, self.T.time_weight
         hidden = self._ep_hidden(epc, axes5)
+        dp_step, dp_mb = self._dp_traffic()
+        bwd, fw = windows
         if T.stages is None:
             layer_hi = int(T.C.max() + T.TPC.max() + T.CPC.max() + T.EPC.max())
             layer = m.new_int_var(0, layer_hi, "layer_time")
@@ -266,23 +264,59 @@ class _Model:
             pipe = self._product("pipeline", u, layer, int(T.U.max()) * layer_hi, tw)
             xmin, _ = _once(T, _factor_minima)
             m.add(pipe >= self._lookup("pipeline_lb", self._fvm_table(T.U * xmin[:, :, None]), [self.fvm]))
-            return pipe - self._ep_saving(T.UG, hidden, "")
+            step_window = self._product("dp_window_share", frac, bwd, int(T.FRAC.max()) * int(T.BWD.max()))
+            mb_window = self._product("fsdp_window_share", frac, fw, int(T.FRAC.max()) * int(T.FW.max()))
+            return pipe - self._ep_saving(T.UG, hidden, "") + self._dp_exposed("", dp_step, dp_mb, step_window,
+                                                                                mb_window, mb_count)
+        dense, moe = self._kind_times(c, tpc, epc, axes4, axes5)
+        split = [(whole, self._lookup(f"{name}_moe", table, axes), table_whole, table) for whole, name, table, axes,
+                 table_whole in ((bwd, "dp_window", T.BWD_M, axes5, T.BWD), (fw, "fsdp_window", T.FW_M,
+                                                                             axes5 + [self.x["eo"]], T.FW))]
+        core = m.new_int_var(0, OBJECTIVE_LIMIT // max(1, tw), "pipeline_and_dp")
+        for k, stage in enumerate(T.stages):
+            pipe = (self._signed_product(f"stage{k}_dense", stage.ud, dense)
+                    + self._signed_product(f"stage{k}_moe", stage.um, moe) - self._ep_saving(stage.ugm, hidden, f"_stage{k}"))
+            step_window, mb_window = (self._stage_window(f"{k}_{n}", stage, whole, part, big, small)
+                                      for n, (whole, part, big, small) in enumerate(split))
+            m.add(core >= pipe + self._dp_exposed(f"_stage{k}", dp_step, dp_mb, step_window, mb_window, mb_count))
+        return core + self._product("pipeline_cp", u, cpc, int(T.U.max()) * int(T.CPC.max()), tw)
+
+    def _kind_times(self, c, tpc, epc, axes4, axes5):
+        """The dense and the MoE layers' time per micro-batch (all layers of each kind) as variables."""
+        T, m = self.T, self.m
         cm = self._lookup("moe_compute", T.C_M, axes4)
         tpcm = self._lookup("moe_tp_comm", T.TPC_M, [self.tpc] + axes5[1:])
-        dense_lo = int((T.C - T.C_M).min() + (T.TPC - T.TPC_M).min())
-        dense = m.new_int_var(min(0, dense_lo), int((T.C - T.C_M).max() + (T.TPC - T.TPC_M).max()), "dense_time")
+        lo, hi = int((T.C - T.C_M).min() + (T.TPC - T.TPC_M).min()), int((T.C - T.C_M).max() + (T.TPC - T.TPC_M).max())
+        dense = m.new_int_var(min(0, lo), max(0, hi), "dense_time")
         m.add(dense == c - cm + tpc - tpcm)
         moe = m.new_int_var(0, int(T.C_M.max() + T.TPC_M.max() + T.EPC.max()), "moe_time")
         m.add(moe == cm + tpcm + epc)
-        cp_hi = int(T.U.max()) * int(T.CPC.max())
-        dense_hi, moe_hi = _bounds(dense)[1], _bounds(moe)[1]
-        pipe_hi = max(int(ud.max()) * dense_hi + int(um.max()) * moe_hi for ud, um, _ in T.stages)
-        # a tight domain: the objective's sum of domains must stay within CP-SAT's 64-bit range
-        pipe = m.new_int_var(0, min(pipe_hi, OBJECTIVE_LIMIT // max(1, tw)), "pipeline")
-        for k, (ud, um, ugm) in enumerate(T.stages):
-            terms = [self._signed_product(f"stage{k}_dense", ud, dense), self._signed_product(f"stage{k}_moe", um, moe)]
-            m.add(pipe >= sum(terms) - self._ep_saving(ugm, hidden, f"_stage{k}"))
-        return pipe + self._product("pipeline_cp", u, cpc, cp_hi, tw)
+        return dense, moe
+
+    def _stage_window(self, name: str, stage, whole, moe, whole_table: np.ndarray, moe_table: np.ndarray):
+        """A candidate stage's window: its share of the dense layers' window and of the MoE layers'."""
+        dense_table = whole_table - moe_table
+        dense = self.m.new_int_var(min(0, int(dense_table.min())), max(0, int(dense_table.max())), f"window{name}_dense")
+        self.m.add(dense == whole - moe)
+        fd = self._lookup(f"window{name}_fd", self._fv_table(stage.fd), [self.fv])
+        fm = self._lookup(f"window{name}_fm", self._fv_table(stage.fm), [self.fv])
+        d = self.m.new_int_var(min(0, int(stage.fd.max()) * _bounds(dense)[0]),
+                               int(stage.fd.max()) * _bounds(dense)[1], f"window{name}_d")
+        self.m.add_multiplication_equality(d, [fd, dense])
+        e = self._product(f"window{name}_m", fm, moe, int(stage.fm.max()) * int(moe_table.max()))
+        window = self.m.new_int_var(0, int(stage.fd.max()) * max(0, int(dense_table.max()))
+                                    + int(stage.fm.max()) * int(moe_table.max()), f"window{name}")
+        self.m.add_max_equality(window, [0, d + e])
+        return window
+
+    def _dp_exposed(self, suffix: str, dp_step, dp_mb, step_window, mb_window, mb_count):
+        """The exposed per-step traffic (beyond ``step_window`` less the last micro-batch's ZeRO-2/3
+        traffic) and the micro-batches' exposed ZeRO-2/3 traffic (beyond ``mb_window``)."""
+        T, Q, tw = self.T, SLOT_QUANTUM, self.T.time_weight
+        dp_exp = self._exposed(f"dp{suffix}", dp_step, step_window, taken=dp_mb)
+        fsdp_mb = self._exposed(f"fsdp{suffix}", dp_mb, mb_window)
+        return dp_exp + self._product(f"fsdp_total{suffix}", mb_count, fsdp_mb,
+                                      int(T.M.max()) * int((T.DPM + T.RG).max()) * Q, tw)
 
     def _signed_product(self, name: str, table: np.ndarray, var):
         """``table[f, mb, v] * var`` where ``var``'s domain may reach below 0 (a quantized difference)."""
@@ -338,13 +372,12 @@ class _Model:
         self.m.add(total == per_mb + paid)
         return step, total
 
-    def _exposed(self, name: str, traffic, frac, window_base, window_hi: int, taken=None):
+    def _exposed(self, name: str, traffic, window, taken=None):
         """``exposed = max(last bucket, slowdown, traffic - overlap window)``, or all of it without
         overlap; ``taken``: traffic that already fills part of the window (the window is what it leaves)."""
         T, x, m, Q = self.T, self.x, self.m, SLOT_QUANTUM
         hi_traffic = int(max(T.DPS.max(), (T.DPM + T.RG).max())) * Q
-        hi_window = int(T.FRAC.max()) * window_hi
-        window = self._product(f"{name}_window", frac, window_base, hi_window)
+        hi_window = max(0, _bounds(window)[1])
         if taken is not None:
             left = m.new_int_var(0, hi_window, f"{name}_window_left")
             m.add_max_equality(left, [0, window - Q * taken])
@@ -439,7 +472,9 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     dims5 = ("f", "o", "v", "e", "z")
     # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
     # window (this stage's backward, or whole compute for ZeRO-3 gathers) cannot hide.
-    frac = _place(T.FRAC[sl], ("f", "v"))
+    # a stage of dense and MoE layers both hides behind its share of each kind's window, at most the
+    # whole of both (Tables.stages): the bound takes the whole
+    frac = SLOT_QUANTUM if T.stages is not None else _place(T.FRAC[sl], ("f", "v"))
     tc = T.tc_of_fe[sl]
     window_dims = ("f", "e", "mb", "s", "r", "to")
     bwd = _place(T.BWD[tc], window_dims).max(axis=axis["to"], keepdims=True)

@@ -62,26 +62,62 @@ def ep_hidden(T: Tables, sl: slice) -> np.ndarray:
 
 def pipeline_term(T: Tables, sl: slice) -> np.ndarray:
     """The pipeline's time over a step (objective units): ``U * X`` less what EP overlap saves; with
-    dense and MoE layers both, the slower of the candidate slowest stages (``Tables.stages``: each
-    weighs the dense and the MoE layers' time by its share of them), plus the context-parallel
-    traffic, the same per layer of either kind."""
-    U = _place(T.U[sl], ("f", "mb", "v"))
+    dense and MoE layers both, the slower of the candidate stages' (``stage_pipelines``) plus the
+    context-parallel traffic, the same per layer of either kind. A lower bound of the pipeline and
+    data-parallel terms together (``score_factorization``)."""
     if T.stages is None:
-        return U * layer_time(T, sl) - ep_saving(T, sl)
+        return _place(T.U[sl], ("f", "mb", "v")) * layer_time(T, sl) - ep_saving(T, sl)
+    best = None
+    for stage in stage_pipelines(T, sl):
+        best = stage if best is None else np.maximum(best, stage)
+    return best + context_term(T, sl)
+
+
+def context_term(T: Tables, sl: slice) -> np.ndarray:
+    """``U * CPC``: the context-parallel ring over a step, the same per layer of either kind."""
+    return _place(T.U[sl], ("f", "mb", "v")) * _place(T.CPC[T.cpg_of_fo[sl]], ("f", "o", "mb", "s"))
+
+
+def stage_pipelines(T: Tables, sl: slice) -> list[np.ndarray]:
+    """Per candidate stage (``Tables.stages``): its slots on the dense layers' time and on the MoE
+    layers' (all-to-alls included), less what EP overlap saves on its MoE slots; the context ring
+    apart (``context_term``)."""
     tc, tpc = T.tc_of_fe[sl], T.tpc_of_foe[sl]
-    dims = ("f", "e", "mb", "s", "r")
+    dims, tp_dims = ("f", "e", "mb", "s", "r"), ("f", "o", "e", "mb", "s", "r", "to")
     compute, moe_compute = _place(T.C[tc], dims), _place(T.C_M[tc], dims)
-    tp_dims = ("f", "o", "e", "mb", "s", "r", "to")
     tp, moe_tp = _place(T.TPC[tpc], tp_dims), _place(T.TPC_M[tpc], tp_dims)
     dense = compute - moe_compute + tp - moe_tp
     moe = moe_compute + moe_tp + _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r"))
     hidden = ep_hidden(T, sl)
+    fmv = ("f", "mb", "v")
+    return [_place(c.ud[sl], fmv) * dense + _place(c.um[sl], fmv) * moe - _place(c.ugm[sl], fmv) * hidden
+            for c in T.stages]
+
+
+def _pipeline_and_dp(T: Tables, sl: slice, dps: np.ndarray, dpm: np.ndarray) -> np.ndarray:
+    """The pipeline and the exposed data-parallel traffic over a step (objective units): per step
+    ``dps`` beyond what the last micro-batch's backward hides (less its own ZeRO-2/3 traffic), per
+    micro-batch ``dpm`` beyond the compute's window. With dense and MoE layers both, the larger over
+    the candidate stages of their pipeline with their own windows (each kind's window times the
+    stage's share of it), as ``cost.step.time_breakdown``."""
+    tc = T.tc_of_fe[sl]
+    M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
+    do = _place(np.array(T.space.dp_overlap), ("do",))
+    window_dims = ("f", "e", "mb", "s", "r", "to")
+    bwd, fw = _place(T.BWD[tc], window_dims), _place(T.FW[tc], window_dims + ("eo",))
+
+    def exposed(step_window, mb_window):
+        step = np.where(do, overlapped(T, dps, np.maximum(0, step_window - dpm)), dps)
+        return step + M * np.where(do, overlapped(T, dpm, mb_window), dpm)
+    if T.stages is None:
+        return pipeline_term(T, sl) + exposed(FRAC * bwd, FRAC * fw)
+    bwd_m, fw_m = _place(T.BWD_M[tc], window_dims), _place(T.FW_M[tc], window_dims + ("eo",))
     best = None
-    for ud, um, ugm in T.stages:
-        stage = (_place(ud[sl], ("f", "mb", "v")) * dense + _place(um[sl], ("f", "mb", "v")) * moe
-                 - _place(ugm[sl], ("f", "mb", "v")) * hidden)
-        best = stage if best is None else np.maximum(best, stage)
-    return best + U * _place(T.CPC[T.cpg_of_fo[sl]], ("f", "o", "mb", "s"))
+    for c, pipe in zip(T.stages, stage_pipelines(T, sl)):
+        fd, fm = _place(c.fd[sl], ("f", "v")), _place(c.fm[sl], ("f", "v"))
+        total = pipe + exposed(fd * (bwd - bwd_m) + fm * bwd_m, fd * (fw - fw_m) + fm * fw_m)
+        best = total if best is None else np.maximum(best, total)
+    return best + context_term(T, sl)
 
 
 def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) -> Scored:
@@ -100,15 +136,10 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
     lm_head = _place(T.H[tpg], ("f", "o", "mb", "s"))
     head = lm_head + _place(T.P2P[sl], ("f", "o", "mb", "s"))
-    do = _place(np.array(T.space.dp_overlap), ("do",))
     dims5 = ("f", "o", "v", "e", "z")
     dps, dpm = _place(T.DPS[sl], dims5) * Q, per_microbatch_traffic(T, sl) * Q
-    window_dims = ("f", "e", "mb", "s", "r", "to")
-    # the per-step window is the last micro-batch's backward less its own ZeRO-2/3 traffic (cost.step)
-    dp_exp = np.where(do, overlapped(T, dps, np.maximum(0, FRAC * _place(T.BWD[tc], window_dims) - dpm)), dps)
-    fsdp = np.where(do, overlapped(T, dpm, FRAC * _place(T.FW[tc], window_dims + ("eo",))), dpm)
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
-    objective = pipeline_term(T, sl) + Q * M * head + dp_exp + M * fsdp + opt + _place(T.DPX[sl], dims5) * Q
+    objective = _pipeline_and_dp(T, sl, dps, dpm) + Q * M * head + opt + _place(T.DPX[sl], dims5) * Q
     if T.busy_weight:  # energy: waiting power over the step plus the extra power while computing
         compute = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
         busy = M * FRAC * compute + Q * M * lm_head + opt
@@ -311,11 +342,14 @@ def restrict(T: Tables, keep: dict) -> Tables:
                 "ifm": ("f", "mb", "v")}
     sub.rows = tuple(replace(row, **{name: _cut(getattr(row, name), dims, keep) for name, dims in row_axes.items()})
                      for row in T.rows)
-    for name, dims in (("C_M", (None, "mb", "s", "r")), ("TPC_M", (None, "mb", "s", "r", "to"))):
+    for name, dims in (("C_M", (None, "mb", "s", "r")), ("TPC_M", (None, "mb", "s", "r", "to")),
+                       ("BWD_M", (None, "mb", "s", "r", "to")), ("FW_M", (None, "mb", "s", "r", "to", "eo"))):
         if getattr(T, name) is not None:
             setattr(sub, name, _cut(getattr(T, name), dims, keep))
     if T.stages is not None:
-        sub.stages = tuple(tuple(_cut(arr, ("f", "mb", "v"), keep) for arr in stage) for stage in T.stages)
+        sub.stages = tuple(replace(c, **{k: _cut(getattr(c, k), dims, keep) for k, dims in (
+            ("ud", ("f", "mb", "v")), ("um", ("f", "mb", "v")), ("ugm", ("f", "mb", "v")), ("fd", ("f", "v")),
+            ("fm", ("f", "v")))}) for c in T.stages)
     changes = {space_attr[k]: tuple(getattr(T.space, space_attr[k])[i] for i in v) for k, v in keep.items()}
     if "e" in keep:  # the expert axis holds (ep, expert_tp) pairs
         changes["expert_tp"] = tuple(T.space.expert_tp[i] for i in keep["e"])

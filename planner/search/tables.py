@@ -43,7 +43,7 @@ from clusterplan.cost.stages import RANKS, rank_index
 from clusterplan.cost.step import head_slot_problem, memory_static_bytes, rank_inflight
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms, mixed_kinds,
-    stage_kind_shares, stage_windows,
+    kind_windows, stage_kind_shares,
     ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_in_period, head_terms, optimizer_s,
     overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms, zero_replicas,
 )
@@ -121,12 +121,27 @@ class Tables:
     ep_share: int = 0  # the same for EP overlap's all-to-alls
     # the rules and memory alone (build_tables(memory_only=True)): the time tables are empty
     memory_only: bool = False
-    # dense and MoE layers both (cost.terms.mixed_kinds): the MoE layers' part of C and TPC, and per
-    # candidate slowest stage (cost.terms.stage_kind_shares) its slots on the dense and on the MoE
-    # layers' totals and the latter's steady share: (UD, UM, UGM) over (F, MB, V); None otherwise
+    # dense and MoE layers both (cost.terms.mixed_kinds): the MoE layers' part of C, TPC, BWD and FW,
+    # and the candidate slowest stages (StageCandidate, cost.terms.stage_kind_shares); None otherwise
     C_M: np.ndarray | None = None
     TPC_M: np.ndarray | None = None
+    BWD_M: np.ndarray | None = None
+    FW_M: np.ndarray | None = None
     stages: tuple | None = None
+
+
+@dataclass
+class StageCandidate:
+    """One candidate slowest pipeline stage of a model with dense and MoE layers both: its slots on
+    the dense and on the MoE layers' totals (``ud``, ``um``, SLOT_QUANTUM), the MoE slots in EP
+    overlap's steady state (``ugm``), over (F, MB, V); and its share of each kind's layers (``fd``,
+    ``fm``, SLOT_QUANTUM, over (F, V)), which sets its data-parallel windows."""
+
+    ud: np.ndarray
+    um: np.ndarray
+    ugm: np.ndarray
+    fd: np.ndarray
+    fm: np.ndarray
 
 
 @dataclass
@@ -244,13 +259,14 @@ def _time_tables(ctx: Context, S: Space, tc_keys: list) -> dict:
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    C, C_M, BWD, FW, WE = _compute_tables(ctx, S, tc_keys)
+    C, C_M, BWD, FW, WE, BWD_M, FW_M = _compute_tables(ctx, S, tc_keys)
     TPC, TPC_M, CPC, ep_open, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys,
                                                tpg_ctx)
     P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) for sp in S.sequence_parallel]
                  for mb in S.micro_batch_size] for l in row] for row in probe])
     return dict(tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe, C=C, BWD=BWD,
-                FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, P2P=P2P, C_M=C_M, TPC_M=TPC_M)
+                FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, P2P=P2P, C_M=C_M, TPC_M=TPC_M, BWD_M=BWD_M,
+                FW_M=FW_M)
 
 
 def _no_time_tables(S: Space) -> dict:
@@ -306,15 +322,23 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list) -> tuple[np.ndarray, 
     if mixed_kinds(ctx.model):  # the MoE layers' part (the stage's mix of the two: Tables.stages)
         C_M = _qt([[[[_busy_s(compute_terms(ctx, tp, cp, mb, sp, rc, e, et, True)) for rc in RC] for sp in SP]
                     for mb in MB] for tp, cp, e, et in tc_keys])
-    windows = [[[[[[stage_windows(ctx, tp, cp, mb, sp, rc, e, et, to and tp > 1, eo and e > 1) for eo in EO] for to in TO]
-                  for rc in RC] for sp in SP] for mb in MB] for tp, cp, e, et in tc_keys]
-    windows = np.array(windows, dtype=float).reshape(len(tc_keys), len(MB), len(SP), len(RC), len(TO), len(EO), 2)
-    BWD, FW = _qt(windows[..., 0, 0]), _qt(windows[..., 1])  # the per-step window does not depend on EP overlap
+    def windows(kind):
+        w = [[[[[[kind_windows(ctx, tp, cp, mb, sp, rc, e, et, to and tp > 1, eo and e > 1, kind) for eo in EO]
+                 for to in TO] for rc in RC] for sp in SP] for mb in MB] for tp, cp, e, et in tc_keys]
+        return np.array(w, dtype=float).reshape(len(tc_keys), len(MB), len(SP), len(RC), len(TO), len(EO), 2)
+    BWD_M = FW_M = None
+    if C_M is None:
+        both = windows(None)
+    else:  # each kind's windows, the stage's share of each (Tables.stages)
+        moe = windows(True)
+        both = windows(False) + moe
+        BWD_M, FW_M = _qt(moe[..., 0, 0]), _qt(moe[..., 1])
+    BWD, FW = _qt(both[..., 0, 0]), _qt(both[..., 1])  # the per-step window does not depend on EP overlap
     # EP overlap's window (cost.terms.ep_overlap_window_s); none where Megatron refuses the overlap
     # (full recomputation: priced as off)
     WE = _qt([[[[[0.0 if rc == "full" or e == 1 else ep_overlap_window_s(ctx.model, c, to and tp > 1, cp) for to in TO]
                  for c, rc in zip(r, RC)] for r in s] for s in m] for m, (tp, cp, e, _) in zip(comp, tc_keys)])
-    return C, C_M, BWD, FW, WE
+    return C, C_M, BWD, FW, WE, BWD_M, FW_M
 
 
 def _busy_s(c) -> float:
@@ -443,12 +467,17 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     U, UG = (np.zeros((F, MB, V), np.int64) for _ in range(2))
     M, FRAC = np.zeros((F, MB), np.int64), np.zeros((F, V), np.int64)
     mixed = mixed_kinds(ctx.model)
-    stages = [tuple(np.zeros((F, MB, V), np.int64) for _ in range(3)) for _ in range(2)] if mixed else None
+    stages = [StageCandidate(*(np.zeros((F, MB, V), np.int64) for _ in range(3)), np.zeros((F, V), np.int64),
+                             np.zeros((F, V), np.int64)) for _ in range(2)] if mixed else None
     L, B, hs = ctx.model.num_layers, ctx.job.global_batch_size, S.head_slots[0]
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         period = [period_layers(ctx, pp, v, hs)[0] for v in S.vp]
         for vi, v in enumerate(S.vp):
             FRAC[i, vi] = round(SLOT_QUANTUM * period[vi] / L)
+            for k, stage in enumerate(stages or ()):
+                shares = stage_kind_shares(ctx, pp, v, hs)
+                wd, wm = shares[min(k, len(shares) - 1)]
+                stage.fd[i, vi], stage.fm[i, vi] = round(SLOT_QUANTUM * wd), round(SLOT_QUANTUM * wm)
         for j, mb in enumerate(S.micro_batch_size):
             M[i, j] = m = max(1, B // (dp * mb))
             for vi, v in enumerate(S.vp):
@@ -457,13 +486,12 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 group = ctx.job.microbatch_group(m, pp, v)
                 steady = ep_overlap_steady_share(pp, v, m, "none", group)
                 UG[i, j, vi] = round(slots * steady)
-                if mixed:
+                for k, stage in enumerate(stages or ()):
                     shares = stage_kind_shares(ctx, pp, v, hs)
-                    for k, stage in enumerate(stages):
-                        wd, wm = shares[min(k, len(shares) - 1)]
-                        whole = SLOT_QUANTUM * (m + (pp - 1) / v)
-                        stage[0][i, j, vi], stage[1][i, j, vi] = round(whole * wd), round(whole * wm)
-                        stage[2][i, j, vi] = round(whole * wm * steady)
+                    wd, wm = shares[min(k, len(shares) - 1)]
+                    whole = SLOT_QUANTUM * (m + (pp - 1) / v)
+                    stage.ud[i, j, vi], stage.um[i, j, vi] = round(whole * wd), round(whole * wm)
+                    stage.ugm[i, j, vi] = round(whole * wm * steady)
     return U, UG, FRAC, M, (tuple(stages) if mixed else None)
 
 
