@@ -1355,6 +1355,8 @@ def _search(doc: dict, console: Console) -> None:
     if s.get("objective") == "energy" and not s.get("idle_power_known"):
         console.print("note: no idle power figure for this device, so energy assumes board power throughout "
                       "and ranks layouts as time does")
+    for hint in s.get("hints") or ():
+        console.print(f"hint: {hint}")
 
 
 # ---- number formatting (display only) -------------------------------------------------------------------

@@ -148,3 +148,18 @@ def test_catalogue_ids_are_never_broken_on_a_narrow_terminal(command, monkeypatc
     assert out.exit_code == 0
     firsts = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
     assert all(i in firsts for i in ids), [i for i in ids if i not in firsts]
+
+
+def test_an_moe_plan_on_72_gpu_racks_says_how_to_keep_expert_parallelism():
+    """DeepSeek-V3 on the default GB200 NVL72 pod plans without expert parallelism: every expert
+    group of 64 straddles the 72-GPU racks (refused until issue 36 prices such groups). The plan says
+    what NVIDIA's recipes do instead (--domain-devices 64), and that way the search finds ep > 1."""
+    out = RUN.invoke(main, ["plan", "--model", "deepseek-v3", "--cluster", "gb200-nvl72", "--top", "0", "--json"])
+    assert out.exit_code == 0, out.output
+    import json
+    doc = json.loads(out.stdout)
+    assert doc["layout"]["ep"] == 1
+    assert any("--domain-devices 64" in h for h in doc["search"]["hints"])
+    segmented = RUN.invoke(main, ["plan", "--model", "deepseek-v3", "--cluster", "gb200-nvl72", "--domain-devices", "64",
+                                  "--top", "0", "--json"])
+    assert segmented.exit_code == 0 and json.loads(segmented.stdout)["layout"]["ep"] > 1

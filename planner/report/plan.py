@@ -300,7 +300,8 @@ def plan_document(result) -> dict:
     doc["search"] = {"objective": result.objective, "idle_power_known": has_idle_power(result.cluster),
                      "engine": result.engine, "status": result.status, "gap": result.gap,
                      "wall_s": result.wall_s, "layouts_considered": result.num_considered,
-                     "layouts_feasible": result.num_feasible, "memory_headroom": result.memory_headroom}
+                     "layouts_feasible": result.num_feasible, "memory_headroom": result.memory_headroom,
+                     "hints": list(result.hints)}
     doc["explanation"] = explain(result.model, result.job, result.cluster, result.best, result.runners_up,
                                  result.space)
     return doc

@@ -71,6 +71,7 @@ class SearchResult:
     space: Space | None = None
     objective: str = "time"
     memory_headroom: float = 0.0  # the share of device memory the search kept free
+    hints: list[str] = field(default_factory=list)  # what the user may change for a better answer
 
 
 def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | None = None) -> SearchResult:
@@ -118,7 +119,8 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     status = next((p.status for p in done if p.status != "OPTIMAL"), done[0].status)
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible,
                         feasible + sum(rejections.values()), opts.engine, status, max(p.gap for p in done),
-                        time.perf_counter() - start, [o for o, _, _ in ranked], space, opts.objective, headroom)
+                        time.perf_counter() - start, [o for o, _, _ in ranked], space, opts.objective, headroom,
+                        _domain_hints(model, cluster, rejections, evaluations[0].layout))
 
 
 class _SplitSearch:
@@ -167,6 +169,26 @@ def _structural_hint(cluster, rejections: dict[str, int]) -> str:
             hint += (f", or use {fits[0]} devices of each {size}-device NVLink domain (--domain-devices {fits[0]}, "
                      f"as Slurm's --segment {fits[0] // per_node} allocates)")
     return hint
+
+
+def _domain_hints(model: ModelSpec, cluster: Cluster, rejections: dict[str, int], best: Layout) -> list[str]:
+    """On NVLink Switch domains whose size has an odd factor (72-GPU racks), layouts whose groups
+    straddle the domains unevenly are refused (issue 36 would price them): every expert group of
+    64 among them. NVIDIA's recipes run 64 devices of each rack (Slurm ``--segment 16``); say so
+    where the answer lost expert parallelism or many layouts to it."""
+    size, per_node = cluster.domain_size, cluster.devices_per_node
+    if cluster.family != "nvlink-domain" or not rejections.get("alignment") or size & (size - 1) == 0:
+        return []
+    if model.moe is None or best.ep > 1:
+        return []
+    power = 1 << (size.bit_length() - 1)  # the largest power of two within a domain
+    if power % per_node or power < per_node:
+        return []
+    racks = -(-cluster.num_devices // power)
+    return [f"{rejections['alignment']:,} layouts were refused because their groups straddle the {size}-device NVLink "
+            f"domains unevenly, every expert-parallel group of {power} among them; with {power} devices of each "
+            f"domain (--domain-devices {power}, as Slurm's --segment {power // per_node} allocates; {racks} domains "
+            f"for {cluster.num_devices:,} devices) expert parallelism can stay inside a domain"]
 
 
 def _infeasible(ctx: Context, spaces: list[Space], rejections: dict[str, int], headroom: float,
