@@ -225,6 +225,27 @@ def test_fit_releases_each_size_it_checked():
     assert alive() <= before
 
 
+def test_fit_time_limit_is_an_answer_not_a_hang():
+    """A search that runs out of time says so (exit 4), with the sizes it tried as ranges."""
+    out = RUN.invoke(main, ["fit", "--model", "llama2-70b", "--cluster", "groq-rack", "--time-limit", "0.5"])
+    assert out.exit_code == 4, out.output
+    assert "0.5 s time limit" in out.stderr and "--time-limit" in out.stderr and "Traceback" not in out.output
+    least = fewest_devices(get_model("llama2-70b"), Request(model="llama2-70b", cluster="groq-rack"), max_checks=0)
+    assert least.least_devices > 64 and least.checked == []
+    assert f"below {least.least_devices:,} devices the gradients and optimizer states alone exceed" in out.stderr
+    bad = RUN.invoke(main, ["fit", "--model", "llama2-70b", "--cluster", "groq-rack", "--time-limit", "0"])
+    assert bad.exit_code == 2 and "--time-limit" in bad.output
+
+
+def test_fit_names_the_sizes_it_tried_compactly():
+    """Issue 41: fit on Groq printed about 260 sizes on one line. The sizes are ranges now."""
+    out = RUN.invoke(main, ["fit", "--model", "gpt3-6.7b", "--cluster", "groq-rack"])
+    assert out.exit_code == 0, out.output
+    line = next(l for l in out.stdout.splitlines() if "sizes checked" in l)
+    assert len(line) < 200 and " every " in line and re.search(r"\(\d+ sizes\)", line), line
+    assert "16 sizes per doubling" in out.stdout  # the answer is past the sizes checked one by one
+
+
 def test_sizes_text_groups_runs():
     assert sizes_text([8, 16, 24, 32, 48, 64, 80, 96, 100]) == "8-32 every 8, 48-96 every 16, 100 (9 sizes)"
     # five runs: the first and the last three, with the count
