@@ -47,7 +47,7 @@ def plan_request(request: Request, options: SearchOptions, model: ModelSpec | No
     except InfeasibleError as err:
         if not err.rejections.get("memory"):
             raise  # no layout passed the structural rules: more devices is not the answer
-        answer = fewest_devices(model, request, options.bounds, budget_s=HINT_BUDGET_S)
+        answer = fewest_devices(model, request, options.bounds, budget_s=HINT_BUDGET_S, reference=cluster)
         raise fit_hint(err, answer, f"clusterplan fit --model {request.model} --cluster {request.cluster}") from None
     return Planned(result, cluster, origin)
 

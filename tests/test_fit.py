@@ -251,3 +251,16 @@ def test_sizes_text_groups_runs():
     # five runs: the first and the last three, with the count
     assert sizes_text([1, 2, 4, 7, 11, 16, 22, 29, 37, 46]) == "1, 2, ..., 11, 16, 22, 29, 37, 46 (10 sizes)"
     assert sizes_text([]) == "none"
+
+
+def test_plan_hint_searches_from_the_cluster_plan_ran_on(tmp_path):
+    """The hint's search takes plan's cluster as its reference: a cluster file whose own size the
+    fabric refuses, overridden by --devices, still gets exit 3 and a hint (not an error about a
+    size the user did not ask for)."""
+    path = tmp_path / "odd.yaml"
+    path.write_text("base: dgx-h100-superpod\nnum_devices: 12\n")
+    out = RUN.invoke(main, ["plan", "--model", "llama3-70b", "--cluster", str(path), "--devices", "8", "--top", "0"])
+    assert out.exit_code == 3, out.output
+    found = re.search(r"some layout fits on ([\d,]+) x", out.stderr)
+    answer = fewest_devices(get_model("llama3-70b"), Request(model="llama3-70b", cluster="dgx-h100-superpod"))
+    assert found and int(found.group(1).replace(",", "")) == answer.num_devices, out.stderr

@@ -147,15 +147,17 @@ def size_ladder(reference: Cluster, first: int, last: int) -> Iterator[tuple[int
 
 def fewest_devices(model: ModelSpec, request: Request, bounds: Bounds | None = None, start: int | None = None,
                    max_devices: int = MAX_DEVICES, max_checks: int | None = None,
-                   budget_s: float | None = TIME_LIMIT_S) -> FitAnswer:
+                   budget_s: float | None = TIME_LIMIT_S, reference: Cluster | None = None) -> FitAnswer:
     """The fewest devices on the size ladder (:func:`size_ladder`), from :func:`least_devices` (and
     ``start``) up to ``max_devices``, on which some layout fits.
 
     Each size is the request at that device count (its other options kept), built as ``plan``
     builds it; a size the fabric cannot take is skipped. ``max_checks`` sizes or ``budget_s``
     seconds (checked before each size) bound the search; past them the answer is "not found".
+    ``reference``: the request's cluster at any size (the ladder and the bound do not depend on
+    it; default: built at the request's reference size).
     """
-    reference = request.with_(num_devices=None, num_nodes=None).load_cluster()
+    reference = reference or request.with_(num_devices=None, num_nodes=None).load_cluster()
     job = request.build_job(model, reference)[0]
     least = least_devices(model, job, reference, bounds)
     answer = FitAnswer(None, reference.device.id, [], least_devices=least)
