@@ -46,6 +46,7 @@ from clusterplan.models.library import job_defaults, list_models
 from clusterplan.planner.report.plan import NO_PUBLISHED_RUN, PLANNER_VERSION, plan_document, read_plan_document
 from clusterplan.planner.inputs import Request, default_global_batch  # noqa: F401 (re-exported: tests, API)
 from clusterplan.planner.requests import Planned, evaluate_request, fit_request, plan_request
+from clusterplan.planner.studies.fit import TIME_LIMIT_S
 from clusterplan.planner.search import ENGINES, SearchOptions
 from clusterplan.planner.search.engine import MAX_TOP_K
 from clusterplan.planner.search.space import REASONS, parse_bounds
@@ -754,18 +755,24 @@ def export_command(fmt, as_json, **options):
               help="Share of device memory to keep free: 10% or 0.1. Default: the framework's allocator "
                       "margin, 8.4% for megatron, torchtitan and deepspeed on HBM devices (PyTorch's caching "
                       "allocator reserve, measured), 0 for maxtext and on SRAM machines.")
+@click.option("--time-limit", "time_limit_s", type=POSITIVE_FLOAT, default=TIME_LIMIT_S, show_default=True,
+              metavar="SECONDS", help="Stop the size search after this long; without an answer by then, exit 4.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @guarded
-def fit_command(model_arg, cluster_arg, memory_headroom, as_json, **options):
+def fit_command(model_arg, cluster_arg, memory_headroom, time_limit_s, as_json, **options):
     """The fewest devices on which some layout of MODEL fits CLUSTER (or, with --devices or --nodes,
     the device of the preset's family with the least memory on which one fits at that size), found
-    by search, with the best layout there.
+    by search, with the best layout there. The search starts where the gradients and optimizer
+    states of every parameter fit in the devices' memory and checks the sizes the fabric accepts
+    (whole nodes; whole racks beyond one NVL72 rack; TPU slices), every one up to 32 nodes, then 16
+    per doubling, until one fits or --time-limit runs out (exit 4).
 
     \b
     Example:  clusterplan fit --model llama3-405b --cluster dgx-h100-superpod
               clusterplan fit --model llama3-405b --cluster dgx-h100-superpod --devices 64
     """
-    fit = fit_request(_request(model_arg, cluster_arg, **options), parse_bounds((), (), (), memory_headroom))
+    fit = fit_request(_request(model_arg, cluster_arg, **options), parse_bounds((), (), (), memory_headroom),
+                      time_limit_s)
     if as_json:
         click.echo(json.dumps(fit.document(), indent=2))
         return
@@ -778,8 +785,7 @@ def fit_command(model_arg, cluster_arg, memory_headroom, as_json, **options):
         click.echo("  devices checked, least memory first: " + ", ".join(
             f"{d} {'fits' if ok else 'no'}" for d, (_, ok) in zip(answer.devices_tried, answer.checked)))
     else:
-        click.echo("  sizes checked (found by search, as plan searches): "
-                   + ", ".join(f"{n:,} {'fits' if ok else 'no'}" for n, ok in answer.checked))
+        click.echo("\n".join(f"  {line}" for line in answer.notes()))
 
 
 @click.command("validate")

@@ -11,23 +11,23 @@ from dataclasses import dataclass
 from clusterplan.cost.framework import framework_defaults
 from clusterplan.cost.layout import given_keys, parse_layout
 from clusterplan.cost.step import evaluate
-from clusterplan.models.errors import InfeasibleError
+from clusterplan.models.errors import InfeasibleError, SolverError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
 from clusterplan.planner.report.plan import evaluation_document, plan_document
 from clusterplan.planner.search import SearchOptions, SearchResult, check_layout, plan
 from clusterplan.planner.search.space import Bounds
-from clusterplan.planner.studies.fit import FitAnswer, fewest_devices, fit_hint, smallest_device
+from clusterplan.planner.studies.fit import TIME_LIMIT_S, FitAnswer, fewest_devices, fit_hint, smallest_device
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import list_devices
 
-HINT_CHECKS = 12
-HINT_BUDGET_S = 30.0
-"""Sizes and seconds the exit-3 hint may spend: DeepSeek-V3 from 64 H100s checks 9 sizes in about 6 s
-on 2 busy cores (each size builds the rules and memory tables alone, ``build_tables(memory_only=True)``:
-``clusterplan fit`` of it from 8 devices took 47 s with every layout's step time priced, 11 s now);
-bounded where no size fits and each takes seconds to rule out (a large MoE on SRAM chips); past them
-the hint points at ``clusterplan fit``."""
+HINT_BUDGET_S = TIME_LIMIT_S / 2
+"""Seconds the exit-3 hint may spend: the hint is the answer of ``clusterplan fit`` (the same search,
+from the same memory bound, over the same sizes), so it names the size ``fit`` names; past half of
+fit's time limit it names none and points at ``clusterplan fit``, so that a plan that exits 3 waits
+at most 15 s more where no size is in reach (every model on the Dojo tiles: 30 s each in
+tests/test_cli.py with fit's whole limit), while fit's slowest answers on the bundled models take
+about 10 s of search (DeepSeek-V3 on Graphcore, GPT-3 13B on Groq; 2 cores)."""
 
 
 @dataclass
@@ -50,9 +50,7 @@ def plan_request(request: Request, options: SearchOptions, model: ModelSpec | No
     except InfeasibleError as err:
         if not err.rejections.get("memory"):
             raise  # no layout passed the structural rules: more devices is not the answer
-        step = cluster.devices_per_node
-        answer = fewest_devices(model, request, options.bounds, start=cluster.num_devices + step,
-                                max_checks=HINT_CHECKS, step=step, budget_s=HINT_BUDGET_S)
+        answer = fewest_devices(model, request, options.bounds, budget_s=HINT_BUDGET_S, reference=cluster)
         raise fit_hint(err, answer, f"clusterplan fit --model {request.model} --cluster {request.cluster}") from None
     return Planned(result, cluster, origin)
 
@@ -80,12 +78,14 @@ class FitResult:
     def document(self) -> dict:
         return {"question": self.question, "num_devices": self.answer.num_devices, "device": self.answer.device,
                 "checked": [{"num_devices": n, "fits": ok} for n, ok in self.answer.checked],
+                "least_devices": self.answer.least_devices, "every_size": self.answer.every_size,
                 "plan": plan_document(self.planned.result)}
 
 
-def fit_request(request: Request, bounds: Bounds) -> FitResult:
+def fit_request(request: Request, bounds: Bounds, time_limit_s: float | None = TIME_LIMIT_S) -> FitResult:
     """The fewest devices on which some layout fits (or, with a size in the request, the device of
-    the family with the least memory that fits at that size), and the best plan there."""
+    the family with the least memory that fits at that size), and the best plan there. The size
+    search stops after ``time_limit_s`` seconds (:class:`SolverError`, exit 4, when it found none)."""
     model = request.load_model()
     if request.num_devices or request.num_nodes:
         here = request.load_cluster()
@@ -93,11 +93,22 @@ def fit_request(request: Request, bounds: Bounds) -> FitResult:
         answer = smallest_device(model, request.with_(num_devices=here.num_devices, num_nodes=None), family, bounds)
         question = f"the smallest device for {model.name} on {here.num_devices:,} devices of {request.cluster}"
     else:
-        answer = fewest_devices(model, request, bounds)
+        answer = fewest_devices(model, request, bounds, budget_s=time_limit_s)
         question = f"the fewest devices for {model.name} on {request.cluster}"
     if answer.num_devices is None:
-        tried = "" if answer.devices_tried is not None else \
-            f" (sizes tried: {', '.join(f'{n:,}' for n, _ in answer.checked)})"
-        raise InfeasibleError(f"{question}: {answer.reason}{tried}")
+        _not_found(question, answer, time_limit_s)
     there = request.with_(num_devices=answer.num_devices, num_nodes=None, device=answer.device)
     return FitResult(question, answer, plan_request(there, SearchOptions(top_k=0, bounds=bounds), model))
+
+
+def _not_found(question: str, answer: FitAnswer, time_limit_s: float | None) -> None:
+    """Raise why no size (or device) was found: exit 4 where the time limit stopped the search, else 3."""
+    if answer.devices_tried is not None:
+        raise InfeasibleError(f"{question}: {answer.reason}")
+    below = (f"; below {answer.least_devices:,} devices the gradients and optimizer states alone exceed "
+             f"device memory" if answer.least_devices > 1 else "")
+    tried = f" (sizes tried: {answer.sizes_text()}{below})"
+    if answer.stopped:
+        raise SolverError(f"{question}: no size found within the {time_limit_s:g} s time limit{tried}; "
+                          f"raise --time-limit to search further")
+    raise InfeasibleError(f"{question}: {answer.reason}{tried}")

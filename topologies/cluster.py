@@ -404,6 +404,26 @@ def _placed(cluster: Cluster, traversal: str) -> Cluster:
     return replace(cluster, traversal=traversal, base=cluster, rank_to_device=mapping)
 
 
+def size_step(cluster: Cluster, num_devices: int) -> int:
+    """The step between the device counts near ``num_devices`` that a job can use on ``cluster``'s
+    fabric (at any size of it): a whole node; beyond one scale-up domain of a fixed size that spans
+    several nodes (an NVL72 rack, or the part of it ``--domain-devices`` uses), a whole domain, since
+    a job's parallel groups must tile the domains evenly and no layout does on 76 devices of 72-GPU
+    racks (``cost.layout.misaligned_axis``). Tori and grids step by whole nodes (hosts, instances):
+    their own rules (``builders.tpu_slice_layout``, ``builders.grid_layout``) say which counts form
+    slices or grids.
+
+    >>> from clusterplan.topologies.library import build_cluster
+    >>> nvl72 = build_cluster("gb200-nvl72")
+    >>> size_step(nvl72, 64), size_step(nvl72, 100), size_step(build_cluster("tpu-v5p-pod"), 8192)
+    (4, 72, 4)
+    """
+    node = cluster.devices_per_node
+    if cluster.torus_shape is None and cluster.domain_size > node and num_devices > cluster.domain_size:
+        return cluster.domain_size
+    return node
+
+
 def with_what_if(cluster: "Cluster", price_per_device_hour: float | None, pue: float | None,
                  host_power_w: float | None = None) -> "Cluster":
     """``cluster`` with a rental price per device-hour, a facility PUE and a host power per device

@@ -2,29 +2,55 @@
 
 A size fits when the search space at that size (the job's framework, the user's bounds) holds at
 least one layout that passes every structural rule and fits in memory: the same test ``plan``
-applies, so the answer is a size on which ``plan`` succeeds. Memory does not fall monotonically
-with the device count (the batch must divide by ``dp x micro-batch``, layers split unevenly), so
-the search doubles until a size fits and then scans every size the fabric accepts below it, from
-the smallest up: the first that fits is the answer.
+applies, so the answer is a size on which ``plan`` succeeds.
+
+Which sizes are checked, smallest first:
+
+* none below :func:`least_devices`: the gradients and optimizer states of every parameter, spread
+  over every device (the most sharding any framework offers), already exceed a device's memory;
+* the sizes a job can use on the fabric (``topologies.cluster.size_step``): part of a node where the
+  fabric takes it, whole nodes, and beyond one multi-host scale-up domain (an NVL72 rack) whole
+  domains; a size the fabric refuses (a TPU count that forms no slice) is skipped;
+* every such size up to :data:`EXACT_STEPS` steps, then :data:`SIZES_PER_DOUBLING` per doubling
+  (multiples of a step that doubles with the size, so round sizes such as 4,096 stay on the ladder).
+
+Memory does not fall monotonically with the device count (the batch must divide by ``dp x
+micro-batch``, layers split unevenly), so no bisection: the first size on the ladder that fits is
+the answer, and :attr:`FitAnswer.every_size` says whether every size the fabric accepts between
+the bound and the answer was checked. The search stops at ``max_devices``, after ``max_checks``
+sizes or after ``budget_s`` seconds (then the answer is "not found", never a guess).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Iterator
 
+import clusterplan.cost.terms as cost_terms
+import clusterplan.topologies.cluster as fabric
+import clusterplan.topologies.library as library
 from clusterplan.cost.layout import Job
-from clusterplan.cost.terms import Context
+from clusterplan.cost.terms import OPTIMIZER_STATE_BYTES, Context, param_counts
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
 from clusterplan.planner.search.exhaustive import any_feasible, smallest_memory
-from clusterplan.planner.search.space import Bounds, build_space, split_spaces
+from clusterplan.planner.search.space import Bounds, build_space, divisors, split_spaces
 from clusterplan.planner.search.tables import build_tables
-from clusterplan.topologies.cluster import Cluster
+from clusterplan.topologies.cluster import Cluster, size_step
 
 MAX_DEVICES = 1 << 17  # 131,072: beyond the largest cluster anyone has described
+TIME_LIMIT_S = 30.0
+"""Seconds the size search may take by default (``clusterplan fit --time-limit``): each size builds
+its cluster and the rules and memory tables (about 0.1 s at 100 devices, 1 s at 65,536 on 2 busy
+cores), and ``fit`` then plans at the answer; past it the answer is "not found"."""
+SIZES_PER_DOUBLING = 16  # a power of two
+EXACT_STEPS = 2 * SIZES_PER_DOUBLING
+"""Every size up to 32 steps (nodes, or domains) is checked; beyond, 16 per doubling of the device
+count (at most 6% apart), so that the search from the memory bound to the answer is a few dozen
+sizes at any scale: a scan of every 8-chip node of a Groq rack from 560 to 4,096 chips took 220 s."""
 
 
 @dataclass
@@ -36,6 +62,27 @@ class FitAnswer:
     checked: list[tuple[int, bool]]  # (devices, fits) in the order tried
     reason: str = ""
     devices_tried: list[str] | None = None  # smallest_device: the device ids, in the order tried
+    least_devices: int = 1  # below it no layout can fit (:func:`least_devices`)
+    every_size: bool = True  # every size the fabric accepts from least_devices to the answer was checked
+    stopped: bool = False  # the time limit (or max_checks) ended the search
+
+    def sizes_text(self) -> str:
+        """The sizes checked, as ranges (:func:`sizes_text`)."""
+        return sizes_text([n for n, _ in self.checked])
+
+    def notes(self) -> list[str]:
+        """What the size search checked and ruled out, one line each, for the report of an answer."""
+        lines = [f"sizes checked (the layout rules and memory, the test plan applies): {self.sizes_text()}"]
+        if self.least_devices > 1:
+            lines.append(f"below {self.least_devices:,} devices the gradients and optimizer states alone exceed "
+                         f"device memory")
+        if self.num_devices is not None and self.every_size:
+            lines.append(f"every size the fabric accepts from {self.least_devices:,} to {self.num_devices:,} was "
+                         f"checked")
+        elif self.num_devices is not None:
+            lines.append(f"beyond {EXACT_STEPS} nodes (or scale-up domains) the search checks {SIZES_PER_DOUBLING} "
+                         f"sizes per doubling: a size between those checked may fit too (plan --devices N checks one)")
+        return lines
 
 
 def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | None = None) -> bool:
@@ -55,67 +102,140 @@ def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     return False
 
 
+def least_devices(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | None = None) -> int:
+    """The fewest devices whose memory can hold the gradients and the optimizer states of every
+    parameter spread over all of them (ZeRO-3 / FSDP sharding, the most any framework offers), a
+    lower bound on every size that fits: each device holds at least its share of them
+    (``cost.terms.static_memory``: ``grad_bytes`` and ``OPTIMIZER_STATE_BYTES`` per parameter of
+    the most loaded stage, over the data- and context-parallel ranks at most), and weights,
+    activations and the runtime only add to it. 1 with weight streaming (Cerebras MemoryX holds the
+    weights and their states off the wafer)."""
+    if cluster.weight_streaming:
+        return 1
+    capacity_bytes = cluster.device.memory_bytes * (1 - (bounds or Bounds()).headroom(job, cluster))
+    whole = param_counts(model, 1, 1, 1, 1)  # every parameter, as the cost model counts them
+    state_bytes = (whole.dense + whole.expert) * (job.grad_bytes + OPTIMIZER_STATE_BYTES)
+    return max(1, math.ceil(state_bytes / capacity_bytes))
+
+
+def size_ladder(reference: Cluster, first: int, last: int) -> Iterator[tuple[int, bool]]:
+    """The sizes the search checks from ``first`` to ``last``, ascending, each with whether it is the
+    next size the fabric accepts (False once the ladder skips some: beyond ``EXACT_STEPS`` steps).
+
+    Below one node, the node's divisors (part of a node, where the fabric takes it: a TPU host's
+    chips, a trn2 instance); then multiples of :func:`~topologies.cluster.size_step`.
+
+    >>> from clusterplan.topologies.library import build_cluster
+    >>> [n for n, _ in size_ladder(build_cluster("gb200-nvl72"), 60, 800)][:6]
+    [60, 64, 68, 72, 144, 216]
+    """
+    node = reference.devices_per_node
+    for d in divisors(node)[:-1]:
+        if first <= d <= last:
+            yield d, True
+    n = max(first, node)
+    while n <= last:
+        unit = size_step(reference, n)
+        m = -(-n // unit)  # the next size the fabric takes is m * unit
+        stride = 1 << max(0, m.bit_length() - SIZES_PER_DOUBLING.bit_length())
+        size = -(-m // stride) * stride * unit
+        if size > last:
+            return
+        yield size, size == m * unit
+        n = size + 1
+
+
 def fewest_devices(model: ModelSpec, request: Request, bounds: Bounds | None = None, start: int | None = None,
-                   max_devices: int = MAX_DEVICES, max_checks: int | None = None, step: int | None = None,
-                   budget_s: float | None = None) -> FitAnswer:
-    """The smallest multiple of ``step`` devices (default: the cluster's node size), from ``start``,
-    on which some layout fits; where one ``step`` fits and no ``start`` is given, the fewest devices
-    of it that fit (divisors of ``step`` the fabric accepts: part of a node or board).
+                   max_devices: int = MAX_DEVICES, max_checks: int | None = None,
+                   budget_s: float | None = TIME_LIMIT_S, reference: Cluster | None = None) -> FitAnswer:
+    """The fewest devices on the size ladder (:func:`size_ladder`), from :func:`least_devices` (and
+    ``start``) up to ``max_devices``, on which some layout fits.
 
     Each size is the request at that device count (its other options kept), built as ``plan``
     builds it; a size the fabric cannot take is skipped. ``max_checks`` sizes or ``budget_s``
     seconds (checked before each size) bound the search; past them the answer is "not found".
+    ``reference``: the request's cluster at any size (the ladder and the bound do not depend on
+    it; default: built at the request's reference size).
     """
-    step = step or request.with_(num_devices=None, num_nodes=None).load_cluster().devices_per_node
-    checked: list[tuple[int, bool]] = []
-    device = ""
+    reference = reference or request.with_(num_devices=None, num_nodes=None).load_cluster()
+    job = request.build_job(model, reference)[0]
+    least = least_devices(model, job, reference, bounds)
+    answer = FitAnswer(None, reference.device.id, [], least_devices=least)
     deadline = None if budget_s is None else time.perf_counter() + budget_s
-
-    def fits(n: int) -> bool | None:
-        nonlocal device
-        if (max_checks is not None and len(checked) >= max_checks) or \
+    for n, exact in size_ladder(reference, max(least, start or 1), max_devices):
+        answer.every_size &= exact
+        if (max_checks is not None and len(answer.checked) >= max_checks) or \
                 (deadline is not None and time.perf_counter() > deadline):
-            raise _Budget
-        try:
-            cluster = request.with_(num_devices=n, num_nodes=None).load_cluster()
-        except SpecError:
-            return None
-        device = cluster.device.id
-        ok = layouts_fit(model, request.build_job(model, cluster)[0], cluster, bounds)
-        checked.append((n, ok))
-        return ok
+            answer.stopped, answer.every_size = True, False
+            answer.reason = f"not found within the {len(answer.checked)} sizes checked"
+            return answer
+        ok = _size_fits(model, request, n, bounds)
+        if ok is not None:
+            answer.checked.append((n, ok))
+        if ok:
+            answer.num_devices = n
+            return answer
+    answer.reason = f"no layout fits on up to {max_devices:,} devices"
+    return answer
 
+
+def _size_fits(model: ModelSpec, request: Request, n: int, bounds: Bounds | None) -> bool | None:
+    """Whether some layout fits on ``n`` devices (None: the fabric cannot take ``n``)."""
     try:
-        n, low = _first_fit_by_doubling(fits, step, start, max_devices)
-        if n is None:
-            return FitAnswer(None, device, checked, f"no layout fits on up to {max_devices:,} devices")
-        below = [d for d in range(1, step) if step % d == 0] if n == step and not start else []
-        for m in [*below, *range(low + step, n, step)]:  # every accepted size under n, smallest first
-            if fits(m):
-                return FitAnswer(m, device, checked)
-    except _Budget:
-        return FitAnswer(None, device, checked, f"not found within the {len(checked)} sizes checked")
-    return FitAnswer(n, device, checked)
+        cluster = request.with_(num_devices=n, num_nodes=None).load_cluster()
+    except SpecError:
+        return None
+    try:
+        return layouts_fit(model, request.build_job(model, cluster)[0], cluster, bounds)
+    finally:
+        release_size_caches()
 
 
-def _first_fit_by_doubling(fits: Callable[[int], bool | None], step: int, start: int | None,
-                           max_devices: int) -> tuple[int | None, int]:
-    """(the first size that fits, doubling from ``start``; the largest size seen not to fit)."""
-    n = max(step, start or step)
-    n -= n % step
-    low = 0
-    while n <= max_devices:
-        result = fits(n)
-        if result:
-            return n, low
-        if result is False:
-            low = n
-        n *= 2
-    return None, low
+def release_size_caches() -> None:
+    """Forget the terms cached for the sizes checked so far.
+
+    Every cost and fabric term is cached on its cluster (``cost.terms.Context`` keys on the cluster
+    object; ``cost.terms._COMPUTE_CONTEXTS`` keeps the first context of up to 257 devices, and each
+    cluster carries its own copy of the device, so one context per size; ``topologies.cluster``
+    caches group profiles and views per cluster; ``build_cluster`` keeps 64 clusters), so each size
+    a search checked kept its whole graph alive: 120 MB per size near 80,000 devices, 21.7 GB on a
+    23 GB machine in issue 41. No size's terms serve another size, so dropping them between sizes
+    costs nothing.
+    """
+    for module in (cost_terms, fabric):
+        for value in list(vars(module).values()):
+            if hasattr(value, "cache_clear") and getattr(value, "__module__", "") == module.__name__:
+                value.cache_clear()
+    cost_terms._COMPUTE_CONTEXTS.clear()
+    library._build_bundled.cache_clear()  # the clusters themselves (build_cluster's cache)
 
 
-class _Budget(Exception):
-    """The number of sizes a caller allowed has been checked."""
+def sizes_text(sizes: list[int], most: int = 4) -> str:
+    """Sizes as ascending runs of one step, at most ``most`` of them shown (the first, then the last
+    ones) with the count: ``"8-256 every 8, 272-512 every 16 (48 sizes)"``.
+
+    >>> sizes_text([8, 16, 24, 32, 48, 64, 80, 96, 100])
+    '8-32 every 8, 48-96 every 16, 100 (9 sizes)'
+    """
+    runs: list[list[int]] = []
+    for n in sorted(set(sizes)):
+        if runs and (len(runs[-1]) == 1 or n - runs[-1][-1] == runs[-1][1] - runs[-1][0]):
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    parts = [_run_text(r) for r in runs]
+    if len(parts) > most:
+        parts = [parts[0], "...", *parts[-(most - 1):]]
+    count = len(set(sizes))
+    return f"{', '.join(parts)} ({count:,} size{'s' if count != 1 else ''})" if parts else "none"
+
+
+def _run_text(run: list[int]) -> str:
+    if len(run) == 1:
+        return f"{run[0]:,}"
+    if len(run) == 2:
+        return f"{run[0]:,}, {run[1]:,}"
+    return f"{run[0]:,}-{run[-1]:,} every {run[1] - run[0]:,}"
 
 
 def smallest_device(model: ModelSpec, request: Request, devices: list[str],
@@ -132,6 +252,7 @@ def smallest_device(model: ModelSpec, request: Request, devices: list[str],
     tried: list[str] = []
     for _, dev, cluster in sorted(sized, key=lambda t: (t[0], t[1])):
         ok = layouts_fit(model, request.build_job(model, cluster)[0], cluster, bounds)
+        release_size_caches()
         checked.append((cluster.num_devices, ok))
         tried.append(dev)
         if ok:
@@ -141,10 +262,17 @@ def smallest_device(model: ModelSpec, request: Request, devices: list[str],
 
 
 def fit_hint(err: InfeasibleError, answer: FitAnswer, command: str) -> InfeasibleError:
-    """``err`` with its hint replaced by a size that fits (found by :func:`fewest_devices`); without
-    one (none within the sizes tried), the hint points at ``command``."""
+    """``err`` with its hint replaced by the answer of ``command`` (``clusterplan fit``: the same
+    search, :func:`fewest_devices`); without one (none within the sizes or the time tried), what the
+    search ruled out, and ``command`` to search further."""
     if answer.num_devices is None:
-        return InfeasibleError(str(err), err.rejections, f"{err.hint}; `{command}` searches for the fewest devices")
-    hint = (f"some layout fits on {answer.num_devices:,} x {answer.device} (found by search: {command}); "
-            f"or a device with more memory, or a smaller model/sequence")
+        stop = "within the time limit" if answer.stopped else f"on up to {max(n for n, _ in answer.checked):,} devices" \
+            if answer.checked else "in the sizes tried"
+        bound = (f" (below {answer.least_devices:,} devices the gradients and optimizer states alone exceed device "
+                 f"memory)" if answer.least_devices > 1 else "")
+        hint = (f"no device count found on which a layout fits {stop}{bound}; `{command}` searches further "
+                f"(--time-limit); or a device with more memory, or a smaller model/sequence")
+        return InfeasibleError(str(err), err.rejections, hint)
+    hint = (f"some layout fits on {answer.num_devices:,} x {answer.device} (the fewest devices `{command}` "
+            f"finds); or a device with more memory, or a smaller model/sequence")
     return InfeasibleError(str(err), err.rejections, hint)
