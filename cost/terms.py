@@ -389,12 +389,15 @@ def mixed_kinds(model: ModelSpec) -> bool:
 _COMPUTE_CONTEXTS: dict = {}
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=32)
 def _compute_context(ctx: Context) -> Context:
     """One context per (model, job terms, device): compute and activation memory depend on the
     device alone, not on the cluster's size or fabric, so clusters of one device share them (a
-    sweep over device counts computes each layer's terms once)."""
-    key = (ctx.model, ctx._key[1], id(ctx.cluster.device))  # the entry keeps the device alive
+    sweep over device counts computes each layer's terms once). The device is keyed by value: each
+    cluster build copies its device, and keyed by identity every size kept a context (and its
+    cluster graph) of its own, which took ``fit`` to 21.7 GB (issue 41); the cache of contexts
+    asked for is small for the same reason."""
+    key = (ctx.model, ctx._key[1], ctx.cluster.device.model_dump_json())
     if len(_COMPUTE_CONTEXTS) > 256:
         _COMPUTE_CONTEXTS.clear()
     return _COMPUTE_CONTEXTS.setdefault(key, ctx)
