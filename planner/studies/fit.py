@@ -195,18 +195,16 @@ def release_size_caches() -> None:
     """Forget the terms cached for the sizes checked so far.
 
     Every cost and fabric term is cached on its cluster (``cost.terms.Context`` keys on the cluster
-    object; ``cost.terms._COMPUTE_CONTEXTS`` keeps the first context of up to 257 devices, and each
-    cluster carries its own copy of the device, so one context per size; ``topologies.cluster``
+    object; ``topologies.cluster``
     caches group profiles and views per cluster; ``build_cluster`` keeps 64 clusters), so each size
     a search checked kept its whole graph alive: 120 MB per size near 80,000 devices, 21.7 GB on a
     23 GB machine in issue 41. No size's terms serve another size, so dropping them between sizes
     costs nothing.
     """
-    for module in (cost_terms, fabric):
-        for value in list(vars(module).values()):
-            if hasattr(value, "cache_clear") and getattr(value, "__module__", "") == module.__name__:
-                value.cache_clear()
-    cost_terms._COMPUTE_CONTEXTS.clear()
+    cost_terms.clear_caches()
+    for value in list(vars(fabric).values()):
+        if hasattr(value, "cache_clear") and getattr(value, "__module__", "") == fabric.__name__:
+            value.cache_clear()
     library._build_bundled.cache_clear()  # the clusters themselves (build_cluster's cache)
 
 

@@ -1,0 +1,280 @@
+"""Communication of the layers: tensor-, context- and expert-parallel collectives, and what overlapping them costs.
+
+Part of ``cost.terms`` (its docstring); imports go down the package: context -> activations -> compute -> comm -> pipeline -> memory -> dp -> layer.
+"""
+
+from __future__ import annotations
+import math
+from functools import lru_cache
+
+from clusterplan.cost import collectives as coll
+from clusterplan.cost.compute import ops_time_s
+from clusterplan.cost.layout import Layout, interleaved_warmup
+from clusterplan.cost.terms.compute import compute_terms
+from clusterplan.cost.terms.context import Context, _comm_multiplier, _layer_kinds, _tokens
+from clusterplan.models.ops import ACT_BYTES, layer_ops
+from clusterplan.models.spec import ModelSpec
+from clusterplan.topologies.precisions import low_precision
+
+
+NCCL_RING_SHARE = {2: 1 / 2, 3: 1 / 3}
+"""The ring's connections among those measured per channel: one receive connection of three (ring,
+tree up, tree down) for three or more ranks, one of two for a pair. Training collectives at their
+sizes run the ring (reduce-scatter and all-gather have no tree); derived, not measured: a small
+all-reduce on the tree would add its connections."""
+
+
+# Bytes per logit held by the loss: the framework's (semantics.logit_bytes: Megatron's fused
+# vocab-parallel cross-entropy 6, torchtitan's fp32 cross-entropy 10).
+# Overlapped communication is not free: its kernels occupy SMs (one CTA per NCCL channel, or the
+# SMs a userbuffers kernel is launched on) that the compute it overlaps loses. Where a device has
+# no SM figure, or a framework profile gives no SM count (TPU DMA engines, graph-compiled
+# machines), this share is assumed: a placeholder, reported as unvalidated (docs/cost-model.md).
+UNMEASURED_OVERLAP_SHARE = 0.10
+
+
+def ep_overlap_steady_share(pp: int, vp: int, m: int, recompute: str, group: int | None = None) -> float:
+    """Share of a stage's micro-batch chunks whose expert all-to-alls Megatron-Core's EP overlap
+    hides (``--overlap-moe-expert-parallel-comm``, combined 1F1B): only the steady state pairs one
+    chunk's forward with another's backward. The first rank warms up with ``2 (pp - 1) + (vp - 1) N``
+    chunks (``N``: the micro-batch ``group``, default ``pp``) plus the one extra the overlap
+    schedules (``schedules.py``), one chunk without a pipeline; warm-up forwards and cool-down
+    backwards run alone. 0 where Megatron refuses the overlap (full recomputation; pp > 1 without
+    virtual stages): priced as off."""
+    if recompute == "full" or (pp > 1 and vp == 1):
+        return 0.0
+    chunks = m * vp
+    warmup = 1 if pp == 1 else interleaved_warmup(pp, vp, group) + 1
+    return max(0, chunks - warmup) / chunks
+
+
+def ep_ranks(layout: Layout) -> tuple[int, ...]:
+    """The expert-parallel group of rank 0 (empty without expert parallelism)."""
+    return layout.group("ep") if layout.ep > 1 else ()
+
+
+@lru_cache(maxsize=65536)
+def tp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, stride: int,
+                  overlap: bool, moe_tp: bool = True, ep: int = 1, expert_tp: bool = True,
+                  kind: bool | None = None) -> float:
+    """Exposed tensor-parallel traffic of all layers, one micro-batch.
+
+    Each layer has two collectives around attention and two around the MLP (forward and
+    backward). ``moe_tp=False`` (folded experts): MoE layers keep their tokens sequence-sharded
+    through dispatch, experts and combine, so only their attention collectives remain. With
+    ``overlap`` they hide behind the GEMMs of the compute the step prices, at the layout's ``ep``
+    and ``expert_tp`` (EP overlap's window is the rest of that same compute: ``ep_window_s``).
+    """
+    if tp == 1:
+        return 0.0
+    total = _tp_comm_total_s(ctx, tp, cp, mbs, sp, recompute, stride, moe_tp, kind)
+    if overlap:
+        window = compute_terms(ctx._base, tp, cp, mbs, sp, recompute, ep, expert_tp, kind).gemm_s
+        total = overlapped_exposed_s(total, window, overlap_share(ctx, "tp"))
+    return total
+
+
+@lru_cache(maxsize=65536)
+def _tp_comm_total_s(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, stride: int,
+                     moe_tp: bool, kind: bool | None = None) -> float:
+    """:func:`tp_comm_terms` before overlap: it does not depend on the expert layout, which only sets
+    the overlap's window (cached apart, as the search asks for it under every ``ep``)."""
+    prof = ctx.cluster.strided_profile(tp, stride)
+    n = _tokens(ctx, cp, mbs)
+    per_layer = _tp_comm_s(n, ctx.model.hidden_size, prof, sp, tp_gather_bytes(ctx)) * _comm_multiplier(recompute)
+    # each layer has two collectives around attention, and two around its MLP where the MLP is split
+    # over tp (dense MLPs always; experts unless folded)
+    layers = sum(count * (2 if not moe or moe_tp else 1) for moe, count in _layer_kinds(ctx.model, kind))
+    return per_layer * layers / 2
+
+
+def overlap_share(ctx: Context, stream: str, beside: str = "gemm") -> float:
+    """Share of the device's compute that an overlapped ``stream`` (tp, dp or ep) takes from the
+    compute it hides behind (:func:`overlap_charge`)."""
+    return overlap_charge(ctx.job.profile.profile, ctx.cluster.device, stream, beside)[0]
+
+
+def overlap_charge(prof, dev, stream: str, beside: str = "gemm") -> tuple[float, str]:
+    """``(share, basis)``: the share of the compute an overlapped ``stream`` takes from what it hides
+    behind, and why. A published overlap measurement of the framework's mechanism where the profile
+    has one (``overlap.tp_comm_share``); else from the SMs its kernels hold (the profile's
+    ``overlap`` figures: TE userbuffers' SM count, NCCL channels) and the device.
+
+    Compute launched on the SMs the communication leaves (TE userbuffers' SM margin,
+    ``tp_comm_sm_margin``) loses that share of the SMs. Compute launched for the whole device beside
+    a resident communication kernel (NCCL collectives) loses more: its kernels are sized for every
+    SM, and the tiles that cannot start wait a whole tile's time (the tail effect). The device's
+    measured ``comm_kernel_slowdown`` (GEMM slowdown ``s`` at an SM share) prices that: the compute
+    runs at ``1 / (1 + s)`` of its speed while the communication runs, a share ``s / (1 + s)``.
+    Without a measurement: the SM share, labelled in the plan; without an SM count: the unmeasured
+    placeholder. Fused attention (``beside="attention"``, what the context-parallel ring hides
+    behind) schedules many small blocks and measured no tail effect (11% slower beside 16 copy
+    blocks, 28% beside 32 on an H100, against 14% and 32% for the bare SM share): the SM share."""
+    measured = getattr(prof, f"{stream}_comm_share", None)
+    if measured is not None:  # a published overlap measurement of the mechanism (overlap.tp_comm_share)
+        return measured, "the framework's own overlap measurement"
+    sms = getattr(prof, f"{stream}_comm_sms", None)
+    count = dev.gemm.sm_count
+    if not (sms and count):
+        return UNMEASURED_OVERLAP_SHARE, "assumed (no SM-count figure)"
+    share = min(1.0, sms / count)
+    held = f"{sms} of {count} SMs"
+    if beside == "attention":
+        return share, f"{held} beside attention (no tail effect measured)"
+    if getattr(prof, f"{stream}_comm_sm_margin", False):
+        return share, f"{held}; the GEMMs run on the rest (SM margin)"
+    if not dev.comm_kernel_slowdown:
+        return share, f"{held} (the tail effect is not measured on this device)"
+    slowdown = comm_kernel_slowdown(dev.comm_kernel_slowdown, share)
+    where = "measured on H100" if dev.comm_kernel_slowdown_measured else "H100's measurement, borrowed"
+    return max(share, slowdown / (1.0 + slowdown)), f"{held} beside GEMMs sized for every SM (tail effect, {where})"
+
+
+def comm_kernel_slowdown(curve: tuple[tuple[float, float], ...], share: float) -> float:
+    """The measured GEMM slowdown at SM ``share``, linear between the measured points and from no
+    slowdown at no SMs; past the last point it grows in proportion to the share."""
+    points = ((0.0, 0.0),) + tuple(curve)
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if share <= x1:
+            return y0 + (y1 - y0) * (share - x0) / (x1 - x0)
+    x, y = points[-1]
+    return y * share / x
+
+
+def overlapped_exposed_s(comm_s: float, window_s: float, share: float) -> float:
+    """Time a step gains from ``comm_s`` of communication overlapped with ``window_s`` of compute.
+
+    While they run together the compute runs at ``1 - share`` of its speed. If the compute is the
+    longer, it ends ``share * comm_s`` late; otherwise the communication sets the end, ``comm_s -
+    window_s`` after the compute would have. So the cost is ``max(share * comm_s, comm_s -
+    window_s)``: never zero, and never less when the window shrinks or the traffic grows.
+    """
+    return max(share * comm_s, comm_s - window_s)
+
+
+@lru_cache(maxsize=65536)
+def cp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: int, kind: bool | None = None) -> float:
+    if cp == 1:
+        return 0.0
+    n = _tokens(ctx, cp, mbs)
+    prof = ctx.cluster.group_profile([0, stride])
+    total = 0.0
+    for moe, count in _layer_kinds(ctx.model, kind):
+        ops = layer_ops(ctx.model, n, ctx.job.seq_len, tp, sp, moe)
+        total += count * _cp_comm_s(ctx, n, tp, cp, prof, ops)
+    return total
+
+
+@lru_cache(maxsize=65536)
+def ep_comm_terms(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
+                  ranks: tuple[int, ...], tp_overlap: bool = False, steady: float = 0.0,
+                  expert_tp: bool = True) -> float:
+    """Exposed all-to-all traffic of all MoE layers, one micro-batch, over the expert group ``ranks``.
+
+    With EP overlap (``steady`` > 0: the share of chunks in combined forward/backward steps,
+    :func:`ep_overlap_steady_share`) those chunks hide their all-to-alls behind the other chunk's
+    compute of the MoE layers, less what TP overlap and the context-parallel ring already hide
+    behind, at the price of the SMs the all-to-all kernels hold (``overlap_share(ctx, "ep")``);
+    the others pay them in full."""
+    if steady <= 0.0:
+        return _ep_open_s(ctx, tp, cp, ep, mbs, sp, recompute, ranks)
+    raw, hidden = ep_comm_parts(ctx, tp, cp, ep, mbs, sp, recompute, ranks, expert_tp, tp_overlap)
+    return steady * hidden + (1.0 - steady) * raw
+
+
+@lru_cache(maxsize=65536)
+def _ep_open_s(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
+               ranks: tuple[int, ...]) -> float:
+    """The MoE layers' all-to-alls of one micro-batch, in the open."""
+    if ep == 1 or ctx.model.moe is None:
+        return 0.0
+    prof = ctx.cluster.group_profile(ranks)
+    return (ctx.model.num_moe_layers * _ep_comm_s(ctx, _tokens(ctx, cp, mbs), tp, prof, sp)
+            * _comm_multiplier(recompute))
+
+
+@lru_cache(maxsize=65536)
+def ep_comm_parts(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
+                  ranks: tuple[int, ...], expert_tp: bool = True, tp_overlap: bool = False) -> tuple[float, float]:
+    """``(open, hidden)``: the MoE layers' all-to-alls per micro-batch in the open, and exposed in
+    EP overlap's steady state (:func:`ep_comm_terms`)."""
+    if ep == 1 or ctx.model.moe is None:
+        return 0.0, 0.0
+    raw = _ep_open_s(ctx, tp, cp, ep, mbs, sp, recompute, ranks)
+    window = ep_overlap_window_s(ctx.model, compute_terms(ctx._base, tp, cp, mbs, sp, recompute, ep, expert_tp),
+                                 tp_overlap, cp)
+    return raw, overlapped_exposed_s(raw, window, overlap_share(ctx, "ep"))
+
+
+def ep_overlap_window_s(model: ModelSpec, c: "ComputeTerms", tp_overlap: bool, cp: int) -> float:
+    """The compute EP overlap's all-to-alls hide behind per micro-batch: the MoE layers' share of
+    what TP overlap and the context-parallel ring leave (:meth:`ComputeTerms.ep_window_s`)."""
+    return model.num_moe_layers / model.num_layers * c.ep_window_s(tp_overlap, cp)
+
+
+def _tp_comm_s(n: float, h: int, prof, sp: bool, gather_bytes: float = ACT_BYTES) -> float:
+    """Forward + backward tensor-parallel collectives of one layer (Megatron: 2 + 2).
+
+    Without sequence parallelism each is an all-reduce of the ``n x h`` activation; with it, a
+    reduce-scatter plus an all-gather of the same buffer (Korthikanti et al. 2022, section 4.2.2),
+    the all-gather at ``gather_bytes`` per element (:func:`tp_gather_bytes`).
+    """
+    size = ACT_BYTES * n * h
+    gathered = gather_bytes * n * h
+    one = coll.all_gather_s(gathered, prof) + coll.reduce_scatter_s(size, prof) if sp else coll.all_reduce_s(size, prof)
+    return 4 * one
+
+
+def tp_gather_bytes(ctx: Context) -> float:
+    """Bytes per element of a sequence-parallel all-gather: the low-precision copy (FP8 1 B, MXFP8
+    and NVFP4 with their scales) where the framework gathers the quantized tensor (Transformer
+    Engine: ``semantics.tp_gather_quantized``) and the device runs the format; else 16-bit."""
+    fmt = low_precision(ctx.job.precision)
+    quantized = fmt and ctx.job.profile.profile.tp_gather_quantized and ctx.cluster.device.supports(fmt.name)
+    return fmt.element_bytes if quantized else float(ACT_BYTES)
+
+
+def _cp_comm_s(ctx: Context, n: float, tp: int, cp: int, prof, ops) -> float:
+    """Ring attention: ``cp - 1`` key/value block passes forward, twice that backward (K, V and
+    their gradients), each hidden behind the attention compute of the block already present
+    (Liu et al. 2023, Ring Attention; Megatron-Core context parallelism), at the price of the SMs
+    its kernels take (:func:`overlapped_exposed_s`)."""
+    model = ctx.model
+    kv_bytes = ACT_BYTES * n * 2 * model.num_kv_heads_resolved * model.head_dim_resolved / tp
+    step_s = coll.p2p_s(kv_bytes, prof)
+    attn = [op for op in ops if op.core]
+    attn_fwd = ops_time_s(attn, ctx.cluster.device, ctx.job.gemm_format) / cp
+    attn_bwd = ops_time_s(attn, ctx.cluster.device, ctx.job.gemm_format, backward=True) / cp
+    share = overlap_share(ctx, "dp", beside="attention")  # the ring's sends are NCCL point-to-point kernels
+    return (cp - 1) * (overlapped_exposed_s(step_s, attn_fwd, share) + overlapped_exposed_s(2 * step_s, attn_bwd, share))
+
+
+def _ep_comm_s(ctx: Context, n: float, tp: int, prof, sp: bool) -> float:
+    """Dispatch and combine all-to-alls of the routed tokens, forward and backward (4 in all).
+
+    Inside one scale-up domain a flat all-to-all of every routed copy. Across domains, hierarchical
+    dispatch (DeepEP, used by DeepSeek-V3, Megatron-Core's flex dispatcher and NeMo Automodel):
+    each token crosses the fabric once per remote node holding any of its experts
+    (:func:`remote_nodes_per_token`), and combine returns one reduced copy per node.
+    """
+    e = ctx.model.moe
+    token_bytes = ACT_BYTES * n * ctx.model.hidden_size / tp
+    size = token_bytes * e.top_k * e.load_factor  # the most loaded rank receives the most
+    if prof.num_domains <= 1:
+        return 4 * coll.all_to_all_s(size, prof)
+    remote = token_bytes * e.load_factor * remote_nodes_per_token(e.num_experts, e.top_k, prof.num_domains,
+                                                                  e.max_nodes_per_token)
+    return 4 * coll.hierarchical_all_to_all_s(size, remote, prof)
+
+
+def remote_nodes_per_token(num_experts: int, top_k: int, num_nodes: int, max_nodes: int | None = None) -> float:
+    """Expected number of other nodes a token's ``top_k`` experts lie on, with the experts spread
+    evenly over ``num_nodes`` nodes and chosen uniformly (the uniform-load assumption); with
+    node-limited routing they are chosen among the experts of ``max_nodes`` nodes (DeepSeek-V3,
+    section 3.2)."""
+    per_node = num_experts / num_nodes
+    candidates = num_nodes if max_nodes is None else min(max_nodes, num_nodes)
+    pool = candidates * per_node
+    k = min(top_k, int(pool))
+    miss = math.prod((pool - per_node - i) / (pool - i) for i in range(k)) if pool - per_node >= k else 0.0
+    return candidates * (1.0 - miss) * (num_nodes - 1) / num_nodes

@@ -1,0 +1,270 @@
+"""Data parallelism: gradient reductions, ZeRO gathers, their host work, and the optimizer step.
+
+Part of ``cost.terms`` (its docstring); imports go down the package: context -> activations -> compute -> comm -> pipeline -> memory -> dp -> layer.
+"""
+
+from __future__ import annotations
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from clusterplan.cost import collectives as coll
+from clusterplan.cost.compute import memory_rate
+from clusterplan.cost.layout import Job, Layout
+from clusterplan.cost.terms.context import Context
+from clusterplan.cost.terms.memory import ParamCounts, WEIGHT_BYTES, effective_zero_stage, owned_params, param_counts, partitioned_modules, zero_replicas
+from clusterplan.cost.terms.pipeline import layers_on_stage
+
+
+NUM_GRAD_BUCKETS = 8  # the last of the bucketed gradient reductions cannot overlap (PyTorch DDP, Megatron DDP)
+
+
+def optimizer_s(ctx: Context, layout: Layout) -> float:
+    """The Adam step, memory-bound. Fused (one kernel): per parameter it reads and writes the fp32
+    master weight and both moments (24 B), reads the gradient and writes the 16-bit weight
+    (``grad_bytes + 2``). PyTorch's foreach AdamW (``ProfileAt.optimizer_kernel``) makes one pass
+    per multi-tensor op (``torch.optim.adamw._multi_tensor_adamw``): weight decay on p (r+w 8 B),
+    lerp of m toward g (8 + g), scale v (8), addcmul of g squared into v (8 + 2 g), sqrt of v,
+    divide, add eps (8 each), addcdiv into p (16): ``72 + 3 grad_bytes``, 84 B with fp32
+    gradients."""
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
+    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, layout.zero_stage)
+    count = owned_params(pc, layout, layout.zero_stage >= 1, copies)
+    dev = ctx.cluster.device
+    gb = ctx.job.grad_bytes
+    per_param = 72.0 + 3 * gb if ctx.job.profile.optimizer_kernel == "foreach" else 24.0 + gb + WEIGHT_BYTES
+    return count * per_param / memory_rate(dev)
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallelTerms:
+    """Data-parallel traffic: per step, overlappable (ZeRO 0-1: the gradient reduction and weight
+    gather), per micro-batch (ZeRO-2 reduce-scatters, ZeRO-3 gathers) and per step, not
+    overlapped (ZeRO-2's weight all-gather after the optimizer step)."""
+
+    per_step_s: float
+    per_microbatch_s: float
+    blocking_s: float = 0.0
+    regather_s: float = 0.0  # per micro-batch, with full recomputation (zero3_regather_s)
+
+
+def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
+    """The data-parallel collectives of ``layout`` under the job's framework (:func:`dp_traffic`)."""
+    if layout.dp * layout.cp == 1:
+        return DataParallelTerms(0.0, 0.0)
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
+    profiles = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp)
+    return dp_terms_of(ctx, pc, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp,
+                       layout.vp, layout.zero_stage, profiles)
+
+
+def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: int, ep: int, order: str,
+                expert_tp: bool, vp: int, zero: int, profiles: tuple) -> DataParallelTerms:
+    """:func:`dp_traffic` for the degrees and the groups' ``profiles`` (:func:`dp_profiles`); where
+    ZeRO-3 shards inside each scale-up domain only (:func:`zero_replicas`), its collectives run
+    over the domain's ranks of the data-parallel group and the shards' gradients are all-reduced
+    across the domains once a step."""
+    z = effective_zero_stage(ctx, zero, pp)
+    modules = zero3_collectives(ctx, tp, pp, vp, ep, expert_tp) if z == 3 else None
+    prof = ctx.job.profile.profile
+    copy_s = zero3_host_s(ctx) if modules else (0.0, 0.0)
+    copies = zero_replicas(ctx, dp, pp, cp, ep, z)
+    if copies == 1:
+        t = dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
+                       gather_bytes(ctx.job), copy_s)
+        return replace(t, regather_s=zero3_regather_s(ctx, tp, pp, vp, z, profiles[0]))
+    placed, shard, stride = ctx.placed(order).cluster, dp // copies, tp  # pp = cp = 1: dp's stride is tp
+    inner = placed.strided_profile(shard, stride) if shard > 1 else None
+    t = dp_traffic(ctx.job.grad_bytes, pc, inner, inner, z, prof.zero2_param_gather, modules, gather_bytes(ctx.job),
+                   copy_s)
+    across = coll.all_reduce_s(ctx.job.grad_bytes * (pc.dense + pc.expert) / shard,
+                               placed.strided_profile(copies, stride * shard))
+    return DataParallelTerms(t.per_step_s + across, t.per_microbatch_s, t.blocking_s,
+                             zero3_regather_s(ctx, tp, pp, vp, z, inner))
+
+
+def regather_share(ctx: Context, layout: Layout) -> float:
+    """The share of a stage's layers whose recomputation gathers ZeRO-3's released modules a third
+    time (``DataParallelTerms.regather_s``): all with full recomputation, ``recompute_layers`` of
+    them with partial recomputation, none otherwise."""
+    if layout.recompute != "full":
+        return 0.0
+    if not layout.recompute_layers:
+        return 1.0
+    return min(1.0, layout.recompute_layers / layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
+
+
+def zero3_collectives(ctx: Context, tp: int, pp: int, vp: int, ep: int, expert_tp: bool) -> tuple[int, int] | None:
+    """Collectives per ZeRO-3 gather pass over the stage's dense and expert weights. Where the
+    framework prefetches in buckets or layers (``bucketed``) the traffic is priced as one collective
+    per pass, its per-collective latency hidden with it. DeepSpeed before v0.6.0 fetched module by
+    module, each gather waiting for the device to go idle (``per_module_blocking``): every module
+    pays a collective's latency, in the open (:func:`partitioned_modules`); None for one per pass."""
+    prof = ctx.job.profile
+    if prof.zero3_fetch != "per_module_blocking":
+        return None
+    return partitioned_modules(ctx.model, tp, pp, vp, ep, expert_tp, prof.profile.zero3_persistence_threshold)
+
+
+PYTHON_COPY_S = 18e-6
+"""Host seconds of one ``full.narrow(...).copy_(part.narrow(...))`` in a Python loop, the copy
+DeepSpeed's ZeRO-3 made per rank and gathered module before v0.5.5: 16 to 20 us each (median 18.4
+over two runs), the same at 384, 768 and 1,536 ranks and at every GPT-3 175B module size (the copies
+are host-bound), on the probe's host (``benchmarks/gpu_probe.py --only launch,zero3_list_copies``,
+H100 machine, torch 2.11; benchmarks/results/gpu_probe_zero3_copies_h100_2026-11-27.json; an eager
+add took 9.0-9.7 us there)."""
+
+
+PYTHON_VIEW_S = 6e-6
+"""Host seconds of one ``grad.view(-1).narrow(...)`` appended to a list in a Python loop, the view
+DeepSpeed's ZeRO-3 built per rank for each parameter's gradient reduce-scatter before v0.6.0: 5.4 to
+6.5 us each in the same probe run."""
+
+
+def zero3_host_s(ctx: Context) -> tuple[float, float]:
+    """Host seconds per rank of the group that one ZeRO-3 module gather and one gradient
+    reduce-scatter spend building and copying partitions, at the framework's release
+    (``ProfileAt.zero3_host_copies``): each Python-loop copy at ``PYTHON_COPY_S``, each Python view
+    at ``PYTHON_VIEW_S``, each copy PyTorch's list collectives issue from C++ at the device's
+    per-kernel overhead. The fetch is blocking, so they run with the device idle. Only the weights
+    the model counts as partitioned modules are counted (biases and norms under the persistence
+    threshold have their own, smaller reduce-scatters, left out)."""
+    python, listed, views, scattered = ctx.job.profile.zero3_host_copies
+    launch = ctx.cluster.device.kernel_overhead_s
+    return python * PYTHON_COPY_S + listed * launch, views * PYTHON_VIEW_S + scattered * launch
+
+
+def zero3_released_modules(ctx: Context, tp: int) -> tuple[float, int]:
+    """Weights (elements per rank) and modules of one dense layer that ZeRO-3 gathers a third time
+    per micro-batch under full recomputation: the framework releases a module after its recomputed
+    forward unless it is reused within ``semantics.zero3_reuse_distance_numel`` elements of other
+    gathers (DeepSpeed's ``stage3_max_reuse_distance``, 1e9 by default: ``_keep_for_later``), and
+    gathers it again for its backward. Between a module's recomputed forward and its backward run
+    the later modules' forwards and their backwards, ``2 x`` their elements; the last module is
+    reused at once. Modules in forward order: QKV, the attention output, the first and the second
+    MLP projection (Megatron's fused linears). (0, 0) where the framework keeps what the recompute
+    gathered (FSDP2 skips resharding in a forward run inside backward)."""
+    limit = ctx.job.profile.profile.zero3_reuse_distance_numel
+    if not limit:
+        return 0.0, 0
+    m = ctx.model
+    heads = m.num_attention_heads * (m.mla.v_head_dim if m.mla is not None else m.head_dim_resolved)
+    out = heads * m.hidden_size
+    first_mlp = m.dense_mlp_params * (m.mlp_matrices - 1) / m.mlp_matrices
+    sizes = [(m.attention_params - out) / tp, out / tp, first_mlp / tp, (m.dense_mlp_params - first_mlp) / tp]
+    sizes = [x for x in sizes if x >= ctx.job.profile.profile.zero3_persistence_threshold]
+    released = [x for i, x in enumerate(sizes) if 2 * sum(sizes[i + 1:]) >= limit]
+    return sum(released), len(released)
+
+
+def zero3_regather_s(ctx: Context, tp: int, pp: int, vp: int, zero: int, profile) -> float:
+    """Seconds per micro-batch of the stage's third ZeRO-3 gathers under full recomputation
+    (:func:`zero3_released_modules`) over the data-parallel group ``profile``: the dense layers'
+    released modules, one collective each (with its host work) where the framework fetches module
+    by module, else one per pass. MoE layers are left out (their experts' reuse is not modelled)."""
+    numel, k = zero3_released_modules(ctx, tp) if zero == 3 and profile is not None else (0.0, 0)
+    if not k:
+        return 0.0
+    dense_layers = min(layers_on_stage(ctx.model.num_layers, pp, vp), ctx.model.num_dense_layers)
+    if not dense_layers:
+        return 0.0
+    per_module = ctx.job.profile.zero3_fetch == "per_module_blocking"
+    n = dense_layers * k if per_module else 1
+    host = zero3_host_s(ctx)[0] if per_module else 0.0
+    return n * (coll.all_gather_s(gather_bytes(ctx.job) * dense_layers * numel / n, profile) + profile.num_ranks * host)
+
+
+def gather_bytes(job: Job) -> float:
+    """Bytes per parameter a sharded data-parallel group all-gathers: the 16-bit weights, or one byte
+    where an FP8 job gathers them already cast (torchao's float8 all-gather under FSDP2,
+    ``Job.fp8_all_gather``: ``enable_fsdp_float8_all_gather``)."""
+    return 1.0 if job.fp8_all_gather and job.precision == "fp8" else WEIGHT_BYTES
+
+
+def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_stage: int,
+               zero2_param_gather: str | None = "per_step",
+               zero3_modules: tuple[int, int] | None = None, weight_bytes: float = WEIGHT_BYTES,
+               host_s: tuple[float, float] = (0.0, 0.0)) -> DataParallelTerms:
+    """The collectives of :func:`dp_terms` for given parameter counts and group profiles.
+
+    - ZeRO-0 (DDP): one all-reduce of the gradients per step.
+    - ZeRO-1 (Megatron-Core's distributed optimizer, DeepSpeed ZeRO-1): gradients accumulate in a
+      full buffer over the micro-batches, then one reduce-scatter, the optimizer step on the
+      shard, and an all-gather of the updated 16-bit weights per step.
+    - ZeRO-2 (DeepSpeed ZeRO-2, FSDP2 without resharding after forward): gradients are kept only
+      as shards, so every micro-batch's backward reduce-scatters them. DeepSpeed then all-gathers
+      the updated weights once after the step, outside any backward (``per_step``); FSDP2 gathers
+      them at every micro-batch's forward (``per_microbatch``).
+    - ZeRO-3 (FSDP, DeepSpeed ZeRO-3): weights all-gathered in forward and again in backward, and
+      gradients reduce-scattered, every micro-batch (Rajbhandari et al. 2020, section 7). Each pass
+      is one collective, or ``zero3_modules`` (dense, expert) collectives each paying its latency
+      (:func:`zero3_collectives`) and, per rank of its group, ``host_s`` (gather, reduce-scatter)
+      of host work around each (:func:`zero3_host_s`).
+    """
+    if expert_prof is dense_prof:  # ep = 1: experts are reduced with the dense weights, one stream
+        pc = ParamCounts(pc.dense + pc.expert, 0.0)
+        zero3_modules = zero3_modules and (sum(zero3_modules), 0)
+
+    def over(fn, collectives: tuple[int, int] = (1, 1)) -> float:
+        """``fn`` over the dense and expert streams, each split into its number of collectives
+        (the bandwidth term is shared, each collective pays its latency)."""
+        streams = ((pc.dense, dense_prof, collectives[0]), (pc.expert, expert_prof, collectives[1]))
+        return sum(k * fn(count / k, prof) for count, prof, k in streams if prof is not None and count)
+
+    def rs(count, prof):
+        return coll.reduce_scatter_s(grad_bytes * count, prof)
+
+    def ag(count, prof):
+        return coll.all_gather_s(weight_bytes * count, prof)
+
+    if zero_stage == 0:
+        return DataParallelTerms(over(lambda c, p: coll.all_reduce_s(grad_bytes * c, p)), 0.0)
+    if zero_stage == 1:
+        return DataParallelTerms(over(rs) + over(ag), 0.0)
+    if zero_stage == 2:
+        if zero2_param_gather == "per_microbatch":
+            return DataParallelTerms(0.0, over(rs) + over(ag))
+        return DataParallelTerms(0.0, over(rs), over(ag))
+    per_pass = (1, 1) if zero3_modules is None else tuple(max(1, k) for k in zero3_modules)
+
+    def host(per_rank_s: float) -> float:
+        return over(lambda count, prof: prof.num_ranks * per_rank_s, per_pass)
+    return DataParallelTerms(0.0, 2 * (over(ag, per_pass) + host(host_s[0])) + over(rs, per_pass) + host(host_s[1]))
+
+
+@lru_cache(maxsize=65536)
+def dp_profiles(ctx: Context, tp: int, pp: int, dp: int, cp: int, ep: int, order: str, expert_tp: bool = True):
+    """Fabric profiles of the dense (data x context) and expert-data-parallel groups."""
+    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order, expert_tp=expert_tp)
+    ctx = ctx.placed(order)
+    if ep > 1 and not expert_tp:  # folded: every (ep / (tp cp))-th data-parallel rank holds the same experts
+        dense = dp_profiles(ctx._base, tp, pp, dp, cp, 1, order)[0]
+        step = max(1, ep // (tp * cp))
+        return dense, ctx.cluster.strided_profile(dp // step, layout.stride("dp") * step) if dp // step > 1 else None
+    if cp == 1:  # an arithmetic progression: profile it by (count, stride) without listing ranks
+        stride = layout.stride("dp")
+        dense = ctx.cluster.strided_profile(dp, stride)
+        if ep == 1:
+            return dense, dense
+        return dense, ctx.cluster.strided_profile(dp // ep, stride * ep) if dp // ep > 1 else None
+    inner, outer = sorted((("dp", layout.stride("dp")), ("cp", layout.stride("cp"))), key=lambda a: a[1])
+    if ep == 1 and outer[1] == inner[1] * layout.degree(inner[0]):  # dp and cp adjacent: one progression
+        dense = ctx.cluster.strided_profile(dp * cp, inner[1])
+        return dense, dense
+    dense = ctx.cluster.group_profile(_dp_cp_group(layout))
+    if ep == 1:  # experts replicated like the dense weights: reduced over the same group
+        return dense, dense
+    # Expert weights are replicated over the data-parallel ranks outside their expert group, and
+    # over the context-parallel ranks (Megatron-Core's expert-data-parallel group, dp * cp / ep).
+    cp_offsets = [c - layout.group("cp")[0] for c in layout.group("cp")]
+    edp_group = tuple(sorted(d + c for d in layout.group("edp") for c in cp_offsets))
+    expert = ctx.cluster.group_profile(edp_group) if len(edp_group) > 1 else None
+    return dense, expert
+
+
+def _dp_cp_group(layout: Layout) -> tuple[int, ...]:
+    """The ranks that share a copy of the dense weights: data- and context-parallel together."""
+    dp = layout.group("dp")
+    if layout.cp == 1:
+        return dp
+    cp = layout.group("cp")
+    return tuple(sorted(d + c for d in dp for c in cp))

@@ -1,0 +1,303 @@
+"""Memory outside the activations: parameters per rank, weights, gradients and optimizer states by ZeRO stage, the runtime.
+
+Part of ``cost.terms`` (its docstring); imports go down the package: context -> activations -> compute -> comm -> pipeline -> memory -> dp -> layer.
+"""
+
+from __future__ import annotations
+from dataclasses import dataclass
+from functools import lru_cache
+
+from clusterplan.cost.layout import Layout
+from clusterplan.cost.stages import rank_index, rank_layers
+from clusterplan.cost.terms.comm import NCCL_RING_SHARE
+from clusterplan.cost.terms.context import Context
+from clusterplan.cost.terms.pipeline import layers_on_stage, stage_split
+from clusterplan.models.spec import ModelSpec
+from clusterplan.topologies.precisions import low_precision
+
+
+OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhandari et al. 2020)
+
+
+WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
+
+
+RUNTIME_RESERVE_BYTES = 1.0 * 2**30
+"""Device memory outside the framework's allocator where no measurement applies (XLA on TPU, HCCL on
+Gaudi, the Neuron runtime, MaxText anywhere): a placeholder (docs/cost-model.md). The GPU frameworks
+that run on PyTorch and NCCL (``semantics.nccl_runtime``) on NVIDIA and AMD devices count the CUDA
+context and NCCL's buffers instead (``runtime_bytes``)."""
+
+
+CUDA_CONTEXT_EAGER_BYTES = 1573 * 2**20
+"""The CUDA context with every kernel module loaded at start-up: ``nvidia-smi`` after
+``torch.ones(1).cuda()`` on an A100 40GB, PyTorch of February 2022 (BigScience tr11 chronicles-prequel:
+"40GB A100 takes 1573MiB for cuda kernels"; 1271 MiB on V100 in 2021)."""
+
+
+CUDA_CONTEXT_LAZY_BYTES = 883_752_960
+"""The same with lazy module loading: device memory in use outside PyTorch's allocator on one H100,
+torch 2.11 + CUDA 13.0, before NCCL (``context_bytes``, benchmarks/results/gpu_probe_h100_2026-11-26.json;
+0.806 GB on H200)."""
+
+
+LAZY_LOADING_SINCE = "2022-11"
+"""PyTorch 1.13 (2022-10-28) sets ``CUDA_MODULE_LOADING=LAZY`` when the user has not (pytorch/pytorch
+#86509: 287 MB instead of 667 MB for one small program); frameworks dated from then on load lazily."""
+
+
+NCCL_COMMUNICATOR_BYTES = 688e6
+"""Device memory one NCCL communicator of three or more ranks holds once it has run a collective:
+its per-channel FIFOs (Simple 4 MiB, LL128 4.7 MB, LL 0.5 MB per connection: 9.19 MiB; ring and
+tree connections on every channel). Measured through PyTorch process groups on 4 A100 with NVLink
+after a 4 MB all-reduce (NVIDIA/nccl#964, 2023): 688 MB; two ranks 544 MB. NCCL's maintainers: more
+communicators use more memory, linear in the channel count, no longer growing beyond two nodes
+(NVIDIA/nccl#864, #986)."""
+
+
+NCCL_PAIR_COMMUNICATOR_BYTES = 544e6
+"""The same for a communicator of two ranks (NVIDIA/nccl#964): a pipeline stage's sends to its neighbour."""
+
+
+NCCL_LAZY_CONNECT_SINCE = "2024-07"
+"""NCCL 2.22.3 (2024-06-11, commit 178b6b75: "Add lazy connection establishment for collective
+operations ... reduce memory usage"; NCCL_RUNTIME_CONNECT=1 by default) connects an algorithm's
+peers and allocates their buffers at its first collective; before, ``initTransportsRank`` connected
+the ring and the tree of every channel at start-up. From then a communicator is charged its ring
+share of the measured figure (``NCCL_RING_SHARE``); frameworks dated from 2024-07 on (NGC containers
+of that month ship 2.22) pay that."""
+
+
+def allocator_fraction(ctx: Context) -> float:
+    """The caching allocator's reserved-but-unallocated bytes as a share of the allocated peak: the
+    framework's allocator (PyTorch's caching allocator for the GPU frameworks; ``semantics.
+    allocator_reserved_fraction``), on devices with a runtime heap (HBM); 0 on SRAM machines."""
+    if ctx.cluster.device.memory_kind != "hbm":
+        return 0.0
+    return ctx.job.profile.profile.allocator_reserved_fraction
+
+
+def nccl_communicator_sizes(layout: Layout) -> tuple[int, ...]:
+    """Ranks of each NCCL communicator a rank of the first pipeline stage runs collectives on: the
+    default group (start-up barrier, loss and timer reductions), the tensor-, context-, data- (with
+    context: the gradients' dp x cp group), expert- and expert-data-parallel groups, and with
+    pipeline parallelism the pipeline group (gradient norm) and the pair it sends activations to.
+    The default group is not counted again where another group spans every rank (torchtitan's mesh
+    and DeepSpeed reuse it for such a dimension); groups over the same ranks for different purposes
+    (an expert group equal to the data-parallel one) are separate communicators, as the frameworks
+    create them."""
+    world = layout.tp * layout.cp * layout.dp * layout.pp
+    inner = layout.tp if layout.expert_tp else 1
+    groups = {("world", world), ("tp", layout.tp), ("cp", layout.cp), ("dp", layout.dp * layout.cp)}
+    if layout.ep > 1:
+        groups |= {("ep", layout.ep), ("edp", layout.tp * layout.dp * layout.cp // (layout.ep * inner))}
+    if layout.pp > 1:
+        groups |= {("pp", layout.pp), ("p2p", 2)}
+    sizes = {name: size for name, size in groups if size > 1}
+    spans_world = [name for name, size in sizes.items() if size == world and name != "world"]
+    if spans_world:
+        sizes.pop("world", None)
+    return tuple(sorted(sizes.values()))
+
+
+def runtime_bytes(ctx: Context, layout: Layout) -> float:
+    """Device memory a rank holds outside its framework's allocator: on NVIDIA and AMD devices under
+    a PyTorch framework (``semantics.nccl_runtime``) the CUDA context, eager or lazily loaded by the
+    framework's date (``LAZY_LOADING_SINCE``), plus NCCL's buffers for each communicator it uses
+    (``nccl_communicator_sizes``), their ring share once NCCL connects lazily
+    (``NCCL_LAZY_CONNECT_SINCE``); elsewhere ``RUNTIME_RESERVE_BYTES``; nothing on SRAM machines."""
+    device = ctx.cluster.device
+    if device.memory_kind != "hbm":
+        return 0.0
+    prof = ctx.job.profile
+    if not (prof.profile.nccl_runtime and device.family.startswith(("nvidia", "amd"))):
+        return RUNTIME_RESERVE_BYTES
+    context = CUDA_CONTEXT_LAZY_BYTES if prof.date >= LAZY_LOADING_SINCE else CUDA_CONTEXT_EAGER_BYTES
+    lazy = prof.date >= NCCL_LAZY_CONNECT_SINCE
+    buffers = 0.0
+    for size in nccl_communicator_sizes(layout):
+        measured = NCCL_PAIR_COMMUNICATOR_BYTES if size == 2 else NCCL_COMMUNICATOR_BYTES
+        buffers += measured * (NCCL_RING_SHARE[min(size, 3)] if lazy else 1.0)
+    return context + buffers
+
+
+@dataclass(frozen=True, slots=True)
+class ParamCounts:
+    """Parameters held by the most loaded pipeline stage, per device, before ZeRO sharding."""
+
+    dense: float  # replicated across data-parallel ranks (attention, norms, dense MLPs, embeddings)
+    expert: float  # expert weights, replicated only across the expert-data-parallel ranks
+
+
+@lru_cache(maxsize=65536)
+def param_counts(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp: bool = True,
+                 head_slots: bool = False, rank: str | None = None) -> ParamCounts:
+    """Parameters on the heaviest stage: its layers (MoE layers first, they are the heavier) plus,
+    on the first and the last stage, the larger of the embedding and the output layer, sharded
+    ``tp`` ways (vocab-parallel). Routed experts: ``num_experts / ep`` of them, split ``tp`` ways
+    unless folded (whole experts). With ``head_slots`` the ranks that hold the vocabulary matrix
+    hold one layer fewer (:func:`stage_split`): the heaviest is then either of them or a middle one.
+    ``rank`` (``cost.stages.RANKS``): that rank's own layers by kind (``cost.stages.rank_layers``)
+    and, on the first and the last, the vocabulary matrix."""
+    if rank is not None:
+        return _rank_params(model, tp, pp, vp, ep, expert_tp, head_slots, rank)
+    if pp == 1:
+        whole = _stage_params(model, layers_on_stage(model.num_layers, pp, vp), tp, ep, expert_tp)
+        return ParamCounts(whole.dense + (model.embedding_params + model.output_params) / tp, whole.expert)
+    split = stage_split(model.num_layers, pp, vp, head_slots)
+    vocab = max(model.embedding_params, model.vocab_size * model.hidden_size) / tp
+    ends = _stage_params(model, max(split.first, split.last), tp, ep, expert_tp)
+    ends = ParamCounts(ends.dense + vocab, ends.expert)
+    middle = _stage_params(model, split.middle, tp, ep, expert_tp)
+    return max(ends, middle, key=lambda pc: pc.dense + pc.expert) if head_slots else ends
+
+
+def _rank_params(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp: bool, head_slots: bool,
+                 rank: str) -> ParamCounts:
+    """:func:`param_counts` of one rank (``rank``: first, second or last)."""
+    index = rank_index(pp, rank)
+    layers = rank_layers(model.num_layers, model.num_dense_layers, pp, vp, index, head_slots and pp > 1,
+                         model.num_moe_layers == 0)
+    pc = _layer_params(model, layers.num_dense, layers.layers - layers.num_dense, tp, ep, expert_tp)
+    if pp == 1:
+        vocab = (model.embedding_params + model.output_params) / tp
+    else:
+        vocab = max(model.embedding_params, model.vocab_size * model.hidden_size) / tp if layers.vocab else 0.0
+    return ParamCounts(pc.dense + vocab, pc.expert)
+
+
+def _stage_params(model: ModelSpec, n_stage: int, tp: int, ep: int, expert_tp: bool) -> ParamCounts:
+    """Parameters of ``n_stage`` layers on one rank (MoE layers first)."""
+    n_moe = min(n_stage, model.num_moe_layers)
+    return _layer_params(model, n_stage - n_moe, n_moe, tp, ep, expert_tp)
+
+
+def _layer_params(model: ModelSpec, n_dense: int, n_moe: int, tp: int, ep: int, expert_tp: bool) -> ParamCounts:
+    """Parameters of ``n_dense`` dense and ``n_moe`` MoE layers on one rank."""
+    n_stage = n_dense + n_moe
+    shared = model.attention_params + model.norm_params_per_layer
+    dense = (n_stage * shared + n_dense * model.dense_mlp_params) / tp
+    expert = 0.0
+    if n_moe:
+        e = model.moe
+        dense += n_moe * (model.hidden_size * e.num_experts + e.num_shared_experts * model.expert_params / tp)
+        expert = n_moe * e.num_experts / ep * model.expert_params / (tp if expert_tp else 1)
+    return ParamCounts(dense, expert)
+
+
+def partitioned_modules(model: ModelSpec, tp: int, pp: int, vp: int, ep: int, expert_tp: bool,
+                        threshold: int) -> tuple[int, int]:
+    """Modules on the heaviest stage whose weights ZeRO-3 partitions, ``(dense, expert)``: each
+    linear layer (Megatron's layout: fused QKV and the attention output, five projections with MLA;
+    the fused first and the second MLP projection), each MoE layer's router and shared experts,
+    each local expert's two projections, and the embedding and (untied) output layers. A weight
+    with fewer than ``threshold`` elements stays whole on every rank (DeepSpeed's
+    ``stage3_param_persistence_threshold``): biases and norms always, small matrices too."""
+    n_stage = layers_on_stage(model.num_layers, pp, vp)
+    n_moe = min(n_stage, model.num_moe_layers)
+    attention = 5 if model.mla is not None else 2
+
+    def count(modules: int, numel: float) -> int:
+        return modules if numel >= threshold else 0
+    dense = count(n_stage * attention, model.attention_params / attention / tp)
+    dense += count((n_stage - n_moe) * 2, model.dense_mlp_params / 2 / tp)
+    expert = 0
+    if n_moe:
+        e = model.moe
+        dense += count(n_moe, model.hidden_size * e.num_experts)
+        dense += count(n_moe * 2 * min(1, e.num_shared_experts), e.num_shared_experts * model.expert_params / 2 / tp)
+        expert = count(n_moe * 2 * e.num_experts // ep, model.expert_params / 2 / (tp if expert_tp else 1))
+    heads = 2 if pp == 1 and not model.tied_embeddings else 1
+    dense += count(heads, model.vocab_size * model.hidden_size / tp)
+    return dense, expert
+
+
+@dataclass(frozen=True, slots=True)
+class StaticMemory:
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+
+
+def owned_params(pc: ParamCounts, layout: Layout, sharded: bool, replicas: int = 1) -> float:
+    """Parameters a device holds state for: all of them, or its ZeRO shard.
+
+    Megatron-Core's distributed optimizer shards over the data- and context-parallel ranks;
+    expert weights over the expert-data-parallel ranks (``dp * cp / ep``; folded ``tp * cp * dp / ep``).
+    ``replicas``: copies of each shard kept across scale-up domains (:func:`zero_replicas`).
+    """
+    if not sharded:
+        return pc.dense + pc.expert
+    shard = layout.dp * layout.cp // replicas
+    return pc.dense / shard + pc.expert / (shard * (1 if layout.expert_tp else layout.tp) // layout.ep)
+
+
+def zero_replicas(ctx: Context, dp: int, pp: int, cp: int, ep: int, zero: int) -> int:
+    """Copies of each ZeRO-3 shard: 1, except where the framework shards only inside a scale-up
+    domain and runs plain data parallelism between domains (``semantics.zero3_across_domains:
+    replicate``: MaxText's base.yml puts the fsdp axis on ICI, ``ici_fsdp_parallelism: -1``, and the
+    data axis on DCN, ``dcn_data_parallelism: -1``). Then a data-parallel group spanning D slices
+    keeps D copies of each shard, gathered and reduce-scattered inside its slice, with one
+    all-reduce of the shard's gradients across slices a step. Taken where the data axis alone
+    crosses the slices (no pipeline, context or expert parallelism), so every rank order agrees."""
+    return shard_copies(ctx.job.profile.profile, ctx.cluster, dp, pp, cp, ep, zero)
+
+
+def shard_copies(profile, cluster, dp: int, pp: int, cp: int, ep: int, zero: int) -> int:
+    """:func:`zero_replicas` from the framework profile and the cluster alone (what a report needs)."""
+    if profile.zero3_across_domains != "replicate" or zero < 3 or pp > 1 or cp > 1 or ep > 1:
+        return 1
+    domains = cluster.num_domains
+    return domains if domains > 1 and dp % domains == 0 else 1
+
+
+def effective_zero_stage(ctx: Context, zero: int, pp: int) -> int:
+    """The ZeRO stage whose memory and traffic a layout really has under the job's framework.
+
+    torchtitan with pipeline parallelism keeps FSDP's parameters gathered through all micro-batches
+    and accumulates gradients unsharded until the last one (``semantics.fsdp_with_pp: unsharded``):
+    ZeRO-1's memory and traffic, whatever sharding was asked for.
+    """
+    if zero >= 2 and pp > 1 and ctx.job.profile.profile.fsdp_with_pp == "unsharded":
+        return 1
+    return zero
+
+
+def static_memory(ctx: Context, layout: Layout, rank: str | None = None) -> StaticMemory:
+    """Weights, gradients and Adam states per device, divided per ZeRO stage: on the heaviest stage,
+    or on ``rank`` (:func:`param_counts`)."""
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots, rank)
+    z = effective_zero_stage(ctx, layout.zero_stage, layout.pp)
+    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z)
+    weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3, copies)
+    if z >= 3 and not ctx.job.profile.profile.sharded_weight_copy:
+        weights = 0.0  # FSDP2: the fp32 shard (with the optimizer states) is cast at each gather
+    if z >= 3:  # FSDP keeps the gathered weights of the layer in use and the one prefetched
+        per_layer = (pc.dense + pc.expert) / max(1, layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
+        weights += 2 * WEIGHT_BYTES * per_layer
+    grads = ctx.job.grad_bytes * owned_params(pc, layout, z >= 2, copies)
+    if _lp_grads_kept(ctx, z):  # DeepSpeed's BF16_Optimizer: the 16-bit .grad tensors besides
+        grads += WEIGHT_BYTES * owned_params(pc, layout, False, copies)
+    optim = OPTIMIZER_STATE_BYTES * owned_params(pc, layout, z >= 1, copies)
+    return StaticMemory(weights, grads, optim)
+
+
+def _lp_grads_kept(ctx: Context, zero_stage: int) -> bool:
+    """The framework keeps each parameter's 16-bit gradient beside its fp32 accumulation buffer:
+    DeepSpeed's BF16_Optimizer (ZeRO 0/1 with gradients accumulated in fp32 under a 16-bit
+    precision; ``semantics.lp_grads_beside_fp32``)."""
+    return (ctx.job.profile.profile.lp_grads_beside_fp32 and ctx.job.grad_bytes == 4 and zero_stage <= 1
+            and not low_precision(ctx.job.precision))
+
+
+def grads_freed_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:
+    """Gradient bytes that do not exist yet while a step's only micro-batch holds its activations:
+    the framework frees gradients between steps and shards them as they are reduced (FSDP2 under
+    torchtitan, ``semantics.grads_freed_between_steps``). 0 elsewhere; with several micro-batches
+    the caller keeps them (the first micro-batch's shards are held through the next ones), and
+    under weight streaming, which holds no gradient on the device."""
+    if not ctx.job.profile.profile.grads_freed_between_steps or ctx.cluster.weight_streaming:
+        return 0.0  # weight streaming (Cerebras MemoryX): the gradients live off-chip, none to free
+    if effective_zero_stage(ctx, layout.zero_stage, layout.pp) < 2:
+        return 0.0
+    return static_memory(ctx, layout, rank).gradients_bytes
