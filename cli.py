@@ -36,7 +36,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from clusterplan.cost.framework import FRAMEWORKS, resolve_name as resolve_framework
+from clusterplan.cost.framework import FRAMEWORKS, check_platform, resolve_name as resolve_framework
 from clusterplan.cost.layout import MODEL_CODES, Layout, recompute_text
 from clusterplan.cost.terms import stage_split
 from clusterplan.models.ops import ATTENTION_KINDS
@@ -719,6 +719,7 @@ def export_command(fmt, as_json, **options):
     torchtitan, maxtext), then print the best layout as a launcher config (a starting point to
     check against your launcher's version)."""
     framework = export_framework(fmt, resolve_framework(options["framework"]) if options["framework"] else None)
+    check_platform(framework, _request(**options).load_cluster().device, f"export --format {fmt}", export=True)
     # the config needs the winner only, searched under the format's framework
     result = _load_and_search(**{**options, "top_k": 0, "framework": framework}).result
     text = export(plan_document(result), fmt, model=result.model)

@@ -34,6 +34,20 @@ RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_s
              "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap")
 ZERO3_FETCH = ("bucketed", "per_module_blocking")
 _DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+PLATFORM_FAMILIES: dict[str, str] = {
+    "nvidia": "nvidia-", "amd": "amd-", "gaudi": "intel-gaudi", "tpu": "google-tpu", "trainium": "aws-trainium",
+    "cerebras": "cerebras-", "groq": "groq-", "graphcore": "graphcore-", "tenstorrent": "tenstorrent-",
+    "dojo": "tesla-dojo", "sambanova": "sambanova-",
+}
+"""The software platforms frameworks run on (a profile's ``platforms``), each the device families
+(``topologies/data/devices.yaml``) whose names start with its prefix: CUDA on NVIDIA GPUs, ROCm on
+AMD Instinct, Intel Gaudi's SynapseAI, XLA on TPUs, AWS Neuron on Trainium, and the vendors' own stacks."""
+PLATFORM_NAMES = {"nvidia": "NVIDIA GPUs (CUDA)", "amd": "AMD Instinct GPUs (ROCm)", "gaudi": "Intel Gaudi (HPU)",
+                  "tpu": "Google TPUs", "trainium": "AWS Trainium (Neuron)", "cerebras": "Cerebras CS systems",
+                  "groq": "Groq LPUs", "graphcore": "Graphcore IPUs", "tenstorrent": "Tenstorrent (TT-Metalium)",
+                  "dojo": "Tesla Dojo", "sambanova": "SambaNova RDUs"}
+FLASH_LIBRARY_KERNELS = ("flash1", "flash2")  # FlashAttention's own kernels (the flash-attn package)
+FLASH_LIBRARY_PLATFORMS = ("nvidia", "amd")  # flash-attn ships CUDA kernels and a ROCm port only
 # Device families by architecture, for profiles that name an architecture (tp_overlap_families)
 ARCHITECTURE_OF_FAMILY = {"nvidia-b200": "nvidia-blackwell", "nvidia-gb200": "nvidia-blackwell",
                           "nvidia-b300": "nvidia-blackwell", "nvidia-gb300": "nvidia-blackwell"}
@@ -103,6 +117,9 @@ class Profile:
     fsdp_with_pp: str = "sharded"  # "unsharded": FSDP keeps params and grads gathered with pp > 1 (torchtitan)
     selective_recompute: str = "attention_core"  # or "op_sac": torchtitan's per-op selective checkpointing
     attention_history: tuple[tuple[str, str], ...] = ()  # (since YYYY-MM, kernel): the kernel by release
+    # The kernel on platforms without FlashAttention's CUDA/ROCm kernels, where the profile's kernel is
+    # one of those (semantics.attention_by_platform); a platform not named runs its own fused kernel
+    attention_by_platform: dict = field(default_factory=dict, hash=False)
     # Pipeline sends: each TP rank sends 1/tp of the activation and the next stage all-gathers it
     # (Megatron's scatter-gather, per release in p2p_scatter_gather_history), else the whole tensor
     # unless sequence parallelism already shards it; blocking sends and receives run one after the
@@ -271,6 +288,16 @@ class ProfileAt:
         if not self.has("flash_attention"):
             return "unfused"
         return self._as_of(self.profile.attention_history, self.profile.attention)
+
+    def attention_on(self, platform: str) -> str:
+        """The attention kernel this release runs on ``platform`` (:func:`device_platform`): its
+        :attr:`attention`, except that FlashAttention's own kernels (flash1, flash2) exist for CUDA and
+        ROCm only; elsewhere the framework's port runs the device's fused attention
+        (``semantics.attention_by_platform``, else ``flash``: the device catalogue's best fused kernel)."""
+        kernel = self.attention
+        if kernel in FLASH_LIBRARY_KERNELS and platform not in FLASH_LIBRARY_PLATFORMS:
+            return self.profile.attention_by_platform.get(platform, "flash")
+        return kernel
 
     def orders(self) -> tuple[str, ...] | None:
         """The rank orders (parallel axes, innermost first) this release lays out; None: any."""
@@ -448,7 +475,7 @@ def load_profile(framework_id: str) -> Profile:
     return Profile(
         id=framework_id, name=str(doc.get("name")), version=str(doc.get("version")), date=date,
         aliases=tuple(str(a).lower() for a in doc.get("aliases") or ()),
-        platforms=tuple(doc.get("platforms") or ("gpu",)), since=since, feature_sources=feature_sources,
+        platforms=_platforms(doc, where), since=since, feature_sources=feature_sources,
         rules=tuple(rules), **_requires(req), head_slots_default=bool(sem.get("head_slots_default", False)),
         grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
         dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
@@ -457,6 +484,7 @@ def load_profile(framework_id: str) -> Profile:
         compiled_loss_history=_history(sem, "compiled_loss_history", "compiled", bool),
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
         attention_history=_history(sem, "attention_history", "kernel", str),
+        attention_by_platform=_attention_by_platform(sem, where),
         eager_norm_history=_choice_history(sem, where, "eager_norm_history", "kernel", EAGER_NORMS),
         optimizer_history=_choice_history(sem, where, "optimizer_history", "kernel", OPTIMIZER_KERNELS),
         **_activations(sem, where),
@@ -605,6 +633,67 @@ def _fraction(value, where: str) -> float:
     if not 0.0 <= x < 1.0:
         raise SpecError(f"{where}: got {value!r}; allowed: 0 <= value < 1")
     return x
+
+
+def _attention_by_platform(sem: dict, where: str) -> dict[str, str]:
+    """``semantics.attention_by_platform``: platform -> kernel, both checked."""
+    from clusterplan.models.ops import ATTENTION_KINDS
+
+    table = sem.get("attention_by_platform") or {}
+    for platform, kernel in table.items():
+        _choice(platform, tuple(PLATFORM_FAMILIES), f"{where}: semantics.attention_by_platform")
+        _choice(kernel, ATTENTION_KINDS, f"{where}: semantics.attention_by_platform.{platform}")
+    return dict(table)
+
+
+def _platforms(doc: dict, where: str) -> tuple[str, ...]:
+    """The profile's ``platforms``: names from :data:`PLATFORM_FAMILIES`, at least one."""
+    platforms = tuple(doc.get("platforms") or ())
+    if not platforms:
+        raise SpecError(f"{where}: platforms: name at least one of {', '.join(PLATFORM_FAMILIES)}")
+    for name in platforms:
+        _choice(name, tuple(PLATFORM_FAMILIES), f"{where}: platforms")
+    return platforms
+
+
+def device_platform(device) -> str:
+    """The platform (:data:`PLATFORM_FAMILIES`) of a device (anything with a ``family``: a
+    :class:`topologies.devices.DeviceSpec`); a family no platform names is its own (a user's device
+    file may name any family)."""
+    for name, prefix in PLATFORM_FAMILIES.items():
+        if device.family.startswith(prefix):
+            return name
+    return device.family
+
+
+def platform_name(platform: str) -> str:
+    return PLATFORM_NAMES.get(platform, platform)
+
+
+def frameworks_on(platform: str) -> tuple[str, ...]:
+    """The framework profiles that run on ``platform``."""
+    return tuple(f for f in FRAMEWORKS if platform in load_profile(f).platforms)
+
+
+def check_platform(framework: str, device, name: str = "--framework", export: bool = False) -> None:
+    """:class:`SpecError` when ``framework`` does not run on ``device`` (anything with an ``id`` and a
+    ``family``) by its profile's ``platforms``, naming the framework, the device and the frameworks
+    that do run there. ``name``: how the caller spells the field (``--framework``, ``export --format
+    F``); ``export``: the fix an export needs (another format) rather than a plan's."""
+    platform = device_platform(device)
+    prof = load_profile(framework)
+    if platform in prof.platforms:
+        return
+    others = frameworks_on(platform)
+    if export:
+        fix = (f"use --format {' or '.join(others)}" if others else
+               "no framework clusterplan exports for runs there: use the vendor's own launcher")
+    else:
+        fix = (f"use --framework {' or '.join(others)}" if others else
+               "no framework profile runs there: plan without --framework (megatron's profile then stands in, "
+               "unvalidated) and use the vendor's own launcher")
+    raise SpecError(f"{name}: {framework} does not run on {device.id} ({platform_name(platform)}); {framework} runs on "
+                    f"{', '.join(platform_name(p) for p in prof.platforms)}; {fix}")
 
 
 def default_framework(platform: str) -> str:

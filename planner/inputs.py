@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from clusterplan.cost.framework import (FRAMEWORKS, ProfileAt, default_framework, load_profile,
-                                        resolve_name as resolve_framework)
+from clusterplan.cost.framework import (FRAMEWORKS, ProfileAt, check_platform, default_framework, device_platform,
+                                        load_profile, resolve_name as resolve_framework)
 from clusterplan.cost.goodput import Reliability
 from clusterplan.cost.layout import Job
 from clusterplan.models.errors import SpecError
@@ -110,10 +110,9 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
     fw = resolve_framework(framework) if framework else default_framework(cluster.platform)
     prof = load_profile(fw)
     check_precision_framework(prec, prof.at(None))
-    if cluster.platform not in prof.platforms:
-        raise SpecError(f"--framework: {fw} does not run on {cluster.platform.upper()} ({cluster.device.id}); it runs on "
-                        f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
-    attention = attention or prof.at(None).attention
+    if framework:  # without --framework a platform no profile runs on plans under the default's, as a stand-in
+        check_platform(fw, cluster.device)
+    attention = attention or prof.at(None).attention_on(device_platform(cluster.device))
     _check_attention(attention, cluster)
     _check_compile(compiled, fw)
     check_model_code(model_code, fw)

@@ -596,7 +596,7 @@ def test_slurm_export():
               "--search", "exhaustive")
     assert tpu.exit_code == 2 and tpu.stdout == ""
     # refused before any search: the script runs Megatron, whose profile runs on GPUs only
-    assert "megatron does not run on TPU" in tpu.stderr and "--framework maxtext" in tpu.stderr
+    assert "megatron does not run on tpu-v5p (Google TPUs)" in tpu.stderr and "--format maxtext" in tpu.stderr
 
 
 def test_command_line_overrides_a_cluster_file(tmp_path):

@@ -20,7 +20,9 @@ import json
 import math
 import re
 from fractions import Fraction
+from types import SimpleNamespace
 
+from clusterplan.cost.framework import check_platform
 from clusterplan.cost.layout import microbatch_group_size, order_axes, recompute_words, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.topologies.precisions import LOW_PRECISIONS
@@ -793,12 +795,24 @@ def export(doc: dict, fmt: str, model=None) -> str:
     if fw and fw != FRAMEWORK_OF_FORMAT[fmt]:
         raise SpecError(f"export --format {fmt}: this plan was searched under {fw}; a {fmt} config needs a plan "
                         f"searched under {FRAMEWORK_OF_FORMAT[fmt]}")
+    check_platform(FRAMEWORK_OF_FORMAT[fmt], _plan_device(doc), f"export --format {fmt}", export=True)
     text = {"megatron": megatron_args, "deepspeed": deepspeed_config, "torchtitan": torchtitan_toml,
             "maxtext": maxtext_overrides, "slurm": slurm_script}[fmt](doc, model)
     if fmt == "deepspeed" or not text.startswith("#"):  # JSON carries it in its comment; a script's shebang stays first
         return text
     first, _, rest = text.partition("\n")
     return f"{first}\n# {profile_line(doc)}\n{rest}"
+
+
+def _plan_device(doc: dict) -> SimpleNamespace:
+    """The plan's device as an id and a family: the Plan document's ``device_family``, else (a document
+    written before it carried one) the bundled device's."""
+    cluster = doc["inputs"]["cluster"]
+    family = cluster.get("device_family")
+    if family is None:
+        from clusterplan.topologies.library import load_device
+        family = load_device(cluster["device"]).family
+    return SimpleNamespace(id=cluster["device"], family=family)
 
 
 def profile_line(doc: dict) -> str:

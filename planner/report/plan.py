@@ -137,7 +137,7 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
                       "capacity_factor": model.moe.capacity_factor, "load_imbalance": model.moe.load_imbalance,
                       "load_factor": model.moe.load_factor}},
         "cluster": {"id": cluster.id, "name": cluster.name, "family": cluster.family,
-                    "device": cluster.device.id, "num_devices": cluster.num_devices,
+                    "device": cluster.device.id, "device_family": cluster.device.family, "num_devices": cluster.num_devices,
                     "devices_per_node": cluster.devices_per_node, "domain_size": cluster.domain_size,
                     "device_name": cluster.device.name,
                     "device_memory_kind": cluster.device.memory_kind,
