@@ -6,8 +6,8 @@ communication it overlaps and with how many SMs (``overlap``), and its defaults 
 (``semantics``). The search offers only what the profile can run at the job's framework date; the
 cost terms read the overlap and semantics figures; the report and exports name the profile.
 
-A feature is available at a date when its ``since`` month is not after that date; ``since: null``
-means the framework never offered it.
+A feature is available at a date when its ``since`` month is not after that date and its ``until``
+month (where the framework dropped it) is after it; ``since: null`` means the framework never offered it.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ class Profile:
     platforms: tuple[str, ...]
     since: dict = field(hash=False)  # feature -> "YYYY-MM" or None
     feature_sources: dict = field(hash=False)
+    until: dict = field(default_factory=dict, hash=False)  # feature -> "YYYY-MM": the first month it no longer exists
     rules: tuple[Rule, ...] = ()
     sequence_parallel_with_tp: bool = False
     tp_overlap_families: tuple[str, ...] = ()
@@ -177,8 +178,8 @@ class Profile:
 
     def has(self, feature: str, date: str | None = None) -> bool:
         """Whether ``feature`` exists at ``date`` (default: the profile's own release)."""
-        since = self.since.get(feature)
-        return since is not None and since <= (date or self.date)
+        since, until, date = self.since.get(feature), self.until.get(feature), date or self.date
+        return since is not None and since <= date and (until is None or date < until)
 
     def at(self, date: str | None, compiled: bool = False) -> "ProfileAt":
         return ProfileAt(self, date or self.date, compiled)
@@ -464,7 +465,7 @@ def load_profile(framework_id: str) -> Profile:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SpecError(f"{where}: format must be {FORMAT!r}")
     sources = doc.get("sources") or {}
-    since, feature_sources = _features(doc.get("features") or {}, where)
+    since, feature_sources, until = _features(doc.get("features") or {}, where)
     rules = _rules(doc.get("rules") or [], where)
     req = doc.get("requires") or {}
     sem = doc.get("semantics") or {}
@@ -475,7 +476,7 @@ def load_profile(framework_id: str) -> Profile:
     return Profile(
         id=framework_id, name=str(doc.get("name")), version=str(doc.get("version")), date=date,
         aliases=tuple(str(a).lower() for a in doc.get("aliases") or ()),
-        platforms=_platforms(doc, where), since=since, feature_sources=feature_sources,
+        platforms=_platforms(doc, where), since=since, until=until, feature_sources=feature_sources,
         rules=tuple(rules), **_requires(req), head_slots_default=bool(sem.get("head_slots_default", False)),
         grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
         dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
@@ -590,9 +591,10 @@ def _order_history(sem: dict, where: str) -> tuple[tuple[str, tuple[str, ...]], 
     return history
 
 
-def _features(features: dict, where: str) -> tuple[dict[str, str | None], dict[str, str | None]]:
-    """The month each feature arrived (None: never) and its source."""
-    since, feature_sources = {}, {}
+def _features(features: dict, where: str) -> tuple[dict[str, str | None], dict[str, str | None], dict[str, str]]:
+    """The month each feature arrived (None: never), its source, and the month it went (``until``,
+    where the framework dropped it)."""
+    since, feature_sources, until = {}, {}, {}
     for name in FEATURES:
         entry = features.get(name)
         if not isinstance(entry, dict) or "since" not in entry:
@@ -602,7 +604,9 @@ def _features(features: dict, where: str) -> tuple[dict[str, str | None], dict[s
             raise SpecError(f"{where}: features.{name}.since: got {value!r}; expected YYYY-MM or null")
         since[name] = None if value is None else str(value)
         feature_sources[name] = entry.get("source")
-    return since, feature_sources
+        if entry.get("until") is not None:
+            until[name] = parse_date(entry["until"], f"{where}: features.{name}.until")
+    return since, feature_sources, until
 
 
 def _rules(raw_rules: list, where: str) -> list[Rule]:

@@ -90,3 +90,70 @@ def test_every_profile_names_known_platforms():
         assert load_profile(fw).platforms
     assert frameworks_on("nvidia") == FRAMEWORKS and frameworks_on("tpu") == ("maxtext",)
     assert frameworks_on("trainium") == () and "deepspeed" in frameworks_on("gaudi")
+
+
+# ---- what the exports write --------------------------------------------------------------------------
+def export_text(fmt: str, *args: str) -> str:
+    done = run("export", "--format", fmt, *args)
+    assert done.exit_code == 0, done.output
+    return done.stdout
+
+
+LLAMA3_H100 = ("--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64")
+MIXTRAL_H100 = ("--model", "mixtral-8x7b", "--cluster", "dgx-h100-superpod", "--devices", "256", "--global-batch", "512",
+                "--seq-len", "4096")
+
+
+@pytest.mark.parametrize("args,theta", [(LLAMA3_H100, 500000), (MIXTRAL_H100, 1000000)])
+def test_exports_carry_the_models_rope_base(args, theta):
+    """Llama 3 rotates with a base of 500,000 and Mixtral 1e6: a launcher left at its default (10,000)
+    builds another model."""
+    assert f"--rotary-base {theta}\n" in export_text("megatron", *args)
+    ds = json.loads(export_text("deepspeed", *args))
+    assert f"--rotary-position-embeddings-theta {theta} " in " ".join(ds["_comment"])
+
+
+def test_bundled_rope_models_state_their_base():
+    from clusterplan.models.library import get_model
+    assert get_model("llama3-405b").rope_theta == 500000 and get_model("mixtral").rope_theta == 1e6
+    assert get_model("llama2-7b").rope_theta == 10000 and get_model("gpt3-175b").rope_theta is None
+
+
+@pytest.mark.parametrize("extra", [(), ("--fix", "recompute=full,tp=2")])
+def test_deepspeed_partitions_no_activations_the_plan_keeps_whole(extra):
+    """DeepSpeed partitions checkpointed activations only under its own activation checkpointing, which
+    the plan does not price; contiguous buffers would need them partitioned (deepspeed.checkpointing
+    asserts it). So neither is ever on, and without full recomputation the section is left out."""
+    config = json.loads(export_text("deepspeed", *LLAMA3_H100, *extra))
+    section = config.get("activation_checkpointing")
+    if extra:
+        assert section == {"partition_activations": False, "contiguous_memory_optimization": False}
+    else:
+        assert section is None
+
+
+def test_deepspeed_names_only_flags_megatron_deepspeed_has():
+    """microsoft/Megatron-DeepSpeed has no --pp-partition-method (BigScience's fork had it): the search under
+    deepspeed no longer offers the embedding-and-head split, and a pipelined export never names the flag."""
+    config = json.loads(export_text("deepspeed", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod",
+                                    "--devices", "256", "--fix", "pp=4,zero=1"))
+    assert "--pp-partition-method" not in json.dumps(config)
+    refused = run("plan", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "256",
+                  "--framework", "deepspeed", "--fix", "pp=4,head_slots=on")
+    assert refused.exit_code == 2 and "head_slots=on" in refused.output
+    assert "--use-flash-attn-v2" in " ".join(config["_comment"])  # the kernel the plan prices
+
+
+def test_megatron_export_sets_its_environment_as_a_line_to_run(tmp_path):
+    """CUDA_DEVICE_MAX_CONNECTIONS=1 is an ``export`` line where the device needs it (Hopper with TP), none
+    on Blackwell; sourcing the file gives the environment and the arguments."""
+    import subprocess
+
+    hopper = export_text("megatron", *LLAMA3_H100)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in hopper.splitlines()
+    (tmp_path / "args.sh").write_text(hopper)
+    shown = subprocess.run(["bash", "-c", 'source "$1"; echo "$CUDA_DEVICE_MAX_CONNECTIONS ${#MEGATRON_ARGS[@]}"', "_",
+                            str(tmp_path / "args.sh")], capture_output=True, text=True, check=True).stdout.split()
+    assert shown[0] == "1" and int(shown[1]) > 20
+    blackwell = export_text("megatron", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--devices", "64")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in blackwell

@@ -98,6 +98,18 @@ def _rope(model) -> bool:
     return model.ffn_activation == "swiglu"
 
 
+ROPE_THETA_DEFAULT = 10000  # RoPE's original base (Su et al. 2021): a model spec without rope_theta
+
+
+def rope_theta(model) -> int:
+    """The model's RoPE base as the integer launchers take (Megatron's --rotary-base and Megatron-DeepSpeed's
+    --rotary-position-embeddings-theta are ``type=int``)."""
+    theta = model.rope_theta or ROPE_THETA_DEFAULT
+    if theta != int(theta):
+        raise SpecError(f"export: rope_theta {theta} is not a whole number; the launchers take an integer base")
+    return int(theta)
+
+
 def _moe_layer_pattern(model) -> str:
     dense, moe = model.moe.num_dense_layers, model.num_layers - model.moe.num_dense_layers
     return f"([0]*{dense}+[1]*{moe})" if dense else "1"
@@ -105,17 +117,28 @@ def _moe_layer_pattern(model) -> str:
 
 # ---- Megatron-Core ---------------------------------------------------------------------------------
 def megatron_args(doc: dict, model=None) -> str:
-    """Megatron-LM / NeMo (Megatron-Core) command-line arguments for the plan's layout and model."""
+    """Megatron-LM / NeMo (Megatron-Core) arguments for the plan's layout and model, as a bash file to
+    source: the environment the launch needs as ``export`` lines, the arguments as the array
+    ``MEGATRON_ARGS`` (the form of Megatron-LM's own example scripts, e.g. ``GPT_MODEL_ARGS=(...)``)."""
     args, notes, env = _megatron_args_and_notes(doc, model_spec(doc, model))
-    return "\n".join(_megatron_header(doc, notes, env) + [" \\\n".join(args)])
+    lines = _megatron_header(doc, notes) + [
+        '# source this file, then: torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" <data, optimizer, checkpoint args>']
+    for key, value in env.items():
+        lines += [f"# {ENV_REASONS[key]}", f"export {key}={value}"]
+    return "\n".join(lines + ["MEGATRON_ARGS=(", *(f"  {a}" for a in args), ")"])
 
 
-def _megatron_header(doc: dict, notes: list[str], env: dict[str, str]) -> list[str]:
+ENV_REASONS = {"CUDA_DEVICE_MAX_CONNECTIONS": "Megatron-Core with tensor/context parallelism before Blackwell: one hardware "
+                                              "queue keeps the collectives in the order they were issued (validate_args "
+                                              "checks it)"}
+"""Why each environment variable of a Megatron launch is set (written beside its ``export`` line)."""
+
+
+def _megatron_header(doc: dict, notes: list[str]) -> list[str]:
     lines = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
              f"predicted {doc['step_time_s']:.3f} s/step",
              f"# for {PINNED['megatron']}; add your data (--data-path or --mock-data), optimizer and "
              "checkpoint arguments"]
-    lines += [f"# environment: export {k}={v}" for k, v in env.items()]
     return lines + [f"# note: {n}" for n in notes]
 
 
@@ -197,7 +220,8 @@ def _megatron_model_args(model, seq_len: int) -> tuple[list[str], list[str]]:
             model.head_dim * model.num_attention_heads != model.hidden_size:
         args.append(f"--kv-channels {model.head_dim}")
     if _rope(model):
-        args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
+        args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear",
+                 f"--rotary-base {rope_theta(model)}"]
         notes.append("SwiGLU model: RMSNorm, rotary positions and no linear biases (Llama-style) are assumed")
     else:
         args.append("--position-embedding-type learned_absolute")
@@ -334,6 +358,9 @@ def deepspeed_config(doc: dict, model=None) -> str:
     if model.mla is not None:
         comment.append("multi-latent attention: Megatron-DeepSpeed has no MLA; the shape above is the MHA "
                        "approximation")
+    if _plan_device(doc).family.startswith("intel-gaudi"):
+        comment.append("Intel Gaudi: run Intel's Megatron-DeepSpeed fork for HPUs (HabanaAI/Megatron-DeepSpeed); its "
+                       "--use-fused-sdpa is the fused attention the plan prices")
     config = {
         "_comment": comment,
         "train_batch_size": job["global_batch_size"],
@@ -344,10 +371,18 @@ def deepspeed_config(doc: dict, model=None) -> str:
         "bf16": {"enabled": job["precision"] == "bf16" or job["precision"] in LOW_PRECISIONS},
         "fp16": {"enabled": job["precision"] == "fp16"},
         "gradient_clipping": 1.0,
-        "activation_checkpointing": {"partition_activations": bool(L["sequence_parallel"]),
-                                     "contiguous_memory_optimization": L["recompute"] == "full"},
     }
+    if L["recompute"] == "full":
+        # what the plan priced: each layer's input kept whole (1/tp of it with sequence parallelism), not
+        # partitioned over the TP ranks by DeepSpeed; contiguous buffers need partitioned activations
+        # (deepspeed.checkpointing.configure asserts it)
+        config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
     return json.dumps(config, indent=2)
+
+
+MDS_ATTENTION_ARGS = {"flash2": ["--use-flash-attn-v2"], "flash1": ["--use-flash-attn-v1"]}
+"""Megatron-DeepSpeed's FlashAttention switches (megatron/arguments.py); without one it runs its unfused
+attention. ``flash`` on Gaudi is Intel's fork's fused SDPA (a note in the config says so)."""
 
 
 def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
@@ -361,7 +396,8 @@ def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
     if model.num_kv_heads_resolved != model.num_attention_heads:
         mds.append(f"--num-key-value-heads {model.num_kv_heads_resolved}")
     if _rope(model):
-        mds += ["--swiglu", "--normalization rmsnorm", "--use-rotary-position-embeddings", "--disable-bias-linear"]
+        mds += ["--swiglu", "--normalization rmsnorm", "--use-rotary-position-embeddings", "--disable-bias-linear",
+                f"--rotary-position-embeddings-theta {rope_theta(model)}"]
     if not model.tied_embeddings:
         mds.append("--untie-embeddings-and-output-weights")
     if model.moe is not None:
@@ -369,12 +405,15 @@ def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
                 f"--moe-expert-parallel-size {L['ep']}"]
     if L["sequence_parallel"]:
         mds.append("--sequence-parallel")
+    mds += MDS_ATTENTION_ARGS.get(job.get("attention", ""), [])
     if L["recompute"] != "none":
         mds.append(f"--recompute-granularity {L['recompute']}")
     if L.get("recompute_layers"):
         mds += ["--recompute-method block", f"--recompute-num-layers {L['recompute_layers']}"]
-    if L.get("head_slots") and L["pp"] > 1:
-        mds.append("--pp-partition-method 'type:transformer|embedding'")
+    if L.get("head_slots") and L["pp"] > 1:  # evaluate at a 2022 date: BigScience's fork had the flag
+        raise SpecError("--format deepspeed: microsoft/Megatron-DeepSpeed splits the pipeline by transformer layers only "
+                        "(GPTModelPipe's partition_method 'type:transformer'; BigScience's fork had --pp-partition-method); "
+                        "evaluate the layout with head_slots=off")
     return mds
 
 
@@ -576,6 +615,7 @@ def maxtext_model(model) -> list[tuple[str, object]]:
             ("base_mlp_dim", model.ffn_hidden_size), ("base_num_decoder_layers", model.num_layers),
             ("head_dim", model.head_dim_resolved), ("vocab_size", model.vocab_size),
             ("mlp_activations", '["silu","linear"]'), ("enable_dropout", str(model.dropout).lower()),
+            ("rope_max_timescale", rope_theta(model)),
             ("logits_via_embedding", str(model.tied_embeddings).lower())]
 
 
@@ -717,7 +757,7 @@ def slurm_script(doc: dict, model=None) -> str:
     _check_torchrun(cluster, num_devices)
     args, notes, env = _megatron_args_and_notes(doc, model_spec(doc, model))
     notes = [*notes, *([FAMILY_NOTES[cluster["family"]]] if cluster["family"] in FAMILY_NOTES else [])]
-    header = ["#!/bin/bash", *_megatron_header(doc, notes, {}),
+    header = ["#!/bin/bash", *_megatron_header(doc, notes),
               f"# layout: {_layout_line(doc['layout'])}",
               f"#SBATCH --job-name={_job_name(doc['inputs']['model']['name'])}",
               f"#SBATCH --nodes={num_devices // per_node}",
@@ -728,9 +768,7 @@ def slurm_script(doc: dict, model=None) -> str:
               ""]
     body = ["set -euo pipefail"]
     for key, value in env.items():
-        body += ["# Megatron-Core with tensor/context parallelism before Blackwell: one hardware queue keeps "
-                 "the collectives in the order they were issued (validate_args checks it)",
-                 f"export {key}={value}"]
+        body += [f"# {ENV_REASONS[key]}", f"export {key}={value}"]
     body += ["# the first host of the allocation hosts the rendezvous (no pipe: a long host list must not",
              "# end the script through SIGPIPE under pipefail)",
              'mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',

@@ -41,15 +41,20 @@ def _expect(label: str, got, want) -> None:
 
 # ---- Megatron-Core ---------------------------------------------------------------------------------
 def megatron_argv(text: str) -> tuple[list[str], dict[str, str]]:
-    """The arguments and ``# environment: export K=V`` lines of a megatron export."""
-    env, body = {}, []
-    for line in text.splitlines():
-        if line.startswith("# environment: export "):
-            key, _, value = line.removeprefix("# environment: export ").partition("=")
-            env[key] = value
-        elif not line.startswith("#"):
-            body.append(line)
-    return shlex.split(" ".join(body).replace("\\ ", " ")), env
+    """The ``MEGATRON_ARGS`` array and the variables a megatron export exports, as bash itself reads
+    them when the file is sourced (what a user's launch script does)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "megatron_args.sh"
+        path.write_text(text)
+        subprocess.run(["bash", "-n", str(path)], check=True)
+        clean = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")}
+        show = 'source "$1" >/dev/null; printf "%s\\0" "${MEGATRON_ARGS[@]}"; printf "\\0"; env -0'
+        out = subprocess.run(["bash", "-c", show, "bash", str(path)], env=clean, capture_output=True, check=True).stdout
+    argv_part, _, env_part = out.decode().partition("\0\0")
+    before = set(subprocess.run(["bash", "-c", "env -0"], env=clean, capture_output=True).stdout.decode().split("\0"))
+    env = dict(e.split("=", 1) for e in env_part.split("\0") if e and e not in before and "=" in e)
+    env = {k: v for k, v in env.items() if k not in ("SHLVL", "_", "PWD", "OLDPWD")}
+    return [a for a in argv_part.split("\0") if a], env
 
 
 def check_megatron_argv(argv: list[str], env: dict[str, str], meta: dict) -> dict:
