@@ -479,13 +479,11 @@ def load_profile(framework_id: str) -> Profile:
         platforms=_platforms(doc, where), since=since, until=until, feature_sources=feature_sources,
         rules=tuple(rules), **_requires(req), head_slots_default=bool(sem.get("head_slots_default", False)),
         grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
-        dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
+        dropout=float(sem.get("dropout") or 0.0), **_attention(sem, where),
         logit_bytes=float(sem.get("logit_bytes", 6.0)),
         compiled_logit_bytes=None if sem.get("compiled_logit_bytes") is None else float(sem["compiled_logit_bytes"]),
         compiled_loss_history=_history(sem, "compiled_loss_history", "compiled", bool),
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
-        attention_history=_history(sem, "attention_history", "kernel", str),
-        attention_by_platform=_attention_by_platform(sem, where),
         eager_norm_history=_choice_history(sem, where, "eager_norm_history", "kernel", EAGER_NORMS),
         optimizer_history=_choice_history(sem, where, "optimizer_history", "kernel", OPTIMIZER_KERNELS),
         **_activations(sem, where),
@@ -639,15 +637,17 @@ def _fraction(value, where: str) -> float:
     return x
 
 
-def _attention_by_platform(sem: dict, where: str) -> dict[str, str]:
-    """``semantics.attention_by_platform``: platform -> kernel, both checked."""
+def _attention(sem: dict, where: str) -> dict:
+    """The attention kernel (``semantics.attention``), by release (``attention_history``) and on platforms
+    without FlashAttention's kernels (``attention_by_platform``: platform -> kernel, both checked)."""
     from clusterplan.models.ops import ATTENTION_KINDS
 
     table = sem.get("attention_by_platform") or {}
     for platform, kernel in table.items():
         _choice(platform, tuple(PLATFORM_FAMILIES), f"{where}: semantics.attention_by_platform")
         _choice(kernel, ATTENTION_KINDS, f"{where}: semantics.attention_by_platform.{platform}")
-    return dict(table)
+    return dict(attention=str(sem.get("attention", "flash")),
+                attention_history=_history(sem, "attention_history", "kernel", str), attention_by_platform=dict(table))
 
 
 def _platforms(doc: dict, where: str) -> tuple[str, ...]:
