@@ -108,6 +108,13 @@ class Profile:
     head_slots_even: bool = False  # head_slots needs num_layers + 2 divisible over the stages (Megatron-Core)
     head_slots_moe_from: str | None = None  # before this month head_slots is refused for MoE (Megatron's aux loss check)
     head_slots_default: bool = False  # the framework's own pipeline split counts the embedding and head (torchtitan)
+    # The pipeline's own rules (requires.pipeline_*): the pipelined layers split evenly over pp x vp stages,
+    # the micro-batches a multiple of pp, and leading dense layers of an MoE model kept out of the
+    # pipeline (MaxText's deepseek decoder), which clusterplan does not price: refused with pp > 1
+    pipeline_even_split: bool = False
+    pipeline_microbatches_multiple: bool = False
+    pipeline_dense_layers_outside: bool = False
+    no_accumulation_precisions: tuple[str, ...] = ()  # requires.no_accumulation_precisions: no grad accumulation with these
     grad_bytes: int = 4
     zero2_param_gather: str | None = "per_step"
     dropout: float = 0.0
@@ -299,6 +306,34 @@ class ProfileAt:
         if kernel in FLASH_LIBRARY_KERNELS and platform not in FLASH_LIBRARY_PLATFORMS:
             return self.profile.attention_by_platform.get(platform, "flash")
         return kernel
+
+    def pipeline_split_problem(self, num_layers: int, num_dense_layers: int, pp: int, vp: int) -> str | None:
+        """Why this framework's pipeline cannot split ``num_layers`` (``num_dense_layers`` of them the
+        leading dense layers of an MoE model) over ``pp`` ranks of ``vp`` stages each, or None."""
+        prof, name = self.profile, self.profile.describe(self.date)
+        if pp == 1:
+            return None
+        if prof.pipeline_dense_layers_outside and num_dense_layers:
+            return (f"pp={pp}: {name} pipelines the MoE layers only and runs the {num_dense_layers} leading dense "
+                    "layers outside the pipeline, which clusterplan does not price; use pp=1")
+        if prof.pipeline_even_split and num_layers % (pp * vp):
+            fit = [d for d in range(2, num_layers + 1) if num_layers % (d * vp) == 0][:6]
+            return (f"pp={pp}, vp={vp}: {name} needs the {num_layers} layers to divide evenly over pp x vp = "
+                    f"{pp * vp} stages (pp x num_pipeline_repeats x num_layers_per_pipeline_stage = layers); "
+                    f"pp dividing them at vp={vp}: {', '.join(map(str, fit)) or 'none'}")
+        return None
+
+    def accumulates_gradients(self, precision: str) -> bool:
+        """This release accumulates gradients over micro-batches (``features.grad_accumulation``) for a
+        job of ``precision`` (``requires.no_accumulation_precisions``: MaxText refuses FP8 with it)."""
+        return self.has("grad_accumulation") and precision not in self.profile.no_accumulation_precisions
+
+    def pipeline_microbatch_problem(self, pp: int, num_microbatches: int) -> str | None:
+        """Why this framework's pipeline cannot run ``num_microbatches`` over ``pp`` stages, or None."""
+        if pp > 1 and self.profile.pipeline_microbatches_multiple and num_microbatches % pp:
+            return (f"{self.profile.describe(self.date)} needs the pipeline micro-batches to be a multiple of the "
+                    f"stages: {num_microbatches} micro-batches over pp={pp}")
+        return None
 
     def orders(self) -> tuple[str, ...] | None:
         """The rank orders (parallel axes, innermost first) this release lays out; None: any."""
@@ -513,6 +548,9 @@ def _requires(req: dict) -> dict:
             "tp_overlap_families": tuple(req.get("tp_overlap_families") or ()),
             "tp_overlap_needs_compile": bool(req.get("tp_overlap_needs_compile", False)),
             "head_slots_even": bool(req.get("head_slots_even", False)),
+            **{k: bool(req.get(k, False)) for k in ("pipeline_even_split", "pipeline_microbatches_multiple",
+                                                    "pipeline_dense_layers_outside")},
+            "no_accumulation_precisions": tuple(req.get("no_accumulation_precisions") or ()),
             "head_slots_moe_from": parse_date(req.get("head_slots_moe_from"), "requires.head_slots_moe_from")}
 
 

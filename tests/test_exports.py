@@ -157,3 +157,55 @@ def test_megatron_export_sets_its_environment_as_a_line_to_run(tmp_path):
     assert shown[0] == "1" and int(shown[1]) > 20
     blackwell = export_text("megatron", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--devices", "64")
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in blackwell
+
+
+# ---- MaxText: its pipeline rules in the profile, its mesh on the torus ---------------------------------
+def maxtext_pairs(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+
+
+@pytest.mark.parametrize("layers,dense,pp,vp,refused", [(126, 0, 8, 1, True), (126, 0, 6, 1, False), (126, 0, 3, 2, False),
+                                                        (80, 0, 16, 2, True), (61, 3, 2, 1, True), (61, 3, 1, 1, False)])
+def test_maxtext_profile_carries_its_pipeline_rule(layers, dense, pp, vp, refused):
+    """MaxText: stages x repeats x layers per stage = the pipelined layers (types.py), and the deepseek
+    decoder pipelines its MoE layers only, outside what the cost model prices."""
+    prof = load_profile("maxtext").at(None)
+    problem = prof.pipeline_split_problem(layers, dense, pp, vp)
+    assert (problem is not None) == refused
+    assert problem is None or "..." not in problem
+    assert load_profile("megatron").at(None).pipeline_split_problem(layers, dense, pp, vp) is None
+    assert prof.pipeline_microbatch_problem(4, 6) and not prof.pipeline_microbatch_problem(4, 8)
+
+
+@pytest.mark.parametrize("model", ["llama3-405b", "deepseek-v3"])
+def test_maxtext_search_offers_no_pipeline_its_export_refuses(model):
+    """pp=8 for 126 or 61 layers was the search's pick under MaxText, which its export then refused."""
+    from clusterplan.planner.report.export import export
+
+    for fixed in ("pp=8", "pp=2"):
+        done = run("plan", "--model", model, "--cluster", "dgx-h100-superpod", "--devices", "1024", "--framework",
+                   "maxtext", "--fix", fixed, "--json", "--top", "0")
+        assert done.exit_code in (0, 3), done.output
+        if done.exit_code == 0:
+            doc = json.loads(done.output)
+            export(doc, "maxtext")  # must not raise
+            assert model == "llama3-405b" and fixed == "pp=2"
+
+
+def test_maxtext_writes_split_physical_axes_where_the_mesh_needs_it():
+    from clusterplan.planner.report.export import torus_axes_fit
+
+    assert not torus_axes_fit([1, 1, 2048, 1, 2, 1], (16, 16, 16))  # fsdp 2048 = 16 x 16 x 8: z is split
+    assert torus_axes_fit([1, 1, 256, 1, 16, 1], (16, 16, 16)) and torus_axes_fit([1, 1, 256, 1, 1, 1], (16, 16))
+    big = maxtext_pairs(export_text("maxtext", "--model", "llama3-70b", "--cluster", "tpu-v5p-pod", "--devices", "4096"))
+    ici = [int(big[f"ici_{a}_parallelism"]) for a in ("data", "pipeline", "fsdp", "context", "tensor", "expert")]
+    assert big.get("allow_split_physical_axes") == ("true" if not torus_axes_fit(ici, (16, 16, 16)) else None)
+    small = maxtext_pairs(export_text("maxtext", "--model", "llama2-7b", "--cluster", "tpu-v5e-pod", "--devices", "256",
+                                      "--fix", "tp=1,pp=1,cp=1"))
+    assert "allow_split_physical_axes" not in small
+
+
+def test_maxtext_fp8_steps_do_not_accumulate():
+    """MaxText: 'FP8 quantization is not compatible with gradient accumulation' (DeepSeek-V3 is published in fp8)."""
+    pairs = maxtext_pairs(export_text("maxtext", "--model", "deepseek-v3", "--cluster", "tpu-v5p-pod"))
+    assert pairs["quantization"] == "fp8" and pairs["gradient_accumulation_steps"] == "1"

@@ -16,13 +16,14 @@ pinned launcher would refuse is refused here with :class:`SpecError` and a hint.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 from fractions import Fraction
 from types import SimpleNamespace
 
-from clusterplan.cost.framework import check_platform
+from clusterplan.cost.framework import check_platform, load_profile
 from clusterplan.cost.layout import microbatch_group_size, order_axes, recompute_words, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.topologies.precisions import LOW_PRECISIONS
@@ -620,6 +621,27 @@ def maxtext_model(model) -> list[tuple[str, object]]:
 
 
 MAXTEXT_AXES = ("data", "fsdp", "tensor", "context", "pipeline", "expert")
+MAXTEXT_MESH_ORDER = ("data", "pipeline", "fsdp", "context", "tensor", "expert")
+"""The axes in MaxText's ``mesh_axes`` order (base.yml, 0.2.5: data, stage, fsdp, ..., context, ...,
+tensor, ..., expert), least network-intensive first: the order jax places them on the torus in reverse."""
+
+
+def torus_axes_fit(sizes: list[int], physical: tuple[int, ...]) -> bool:
+    """Whether each logical mesh axis (``sizes``, least network-intensive first) gets whole physical
+    torus axes, as ``jax.experimental.mesh_utils.create_device_mesh`` assigns them without
+    ``allow_split_physical_axes``: from the last logical axis back, the first subset of the free
+    physical axes (most axes first, in combination order) whose lengths multiply to the size."""
+    free = list(physical)
+    for size in reversed(sizes):
+        if size == 1:
+            continue
+        found = next((combo for k in range(len(free), 0, -1) for combo in itertools.combinations(range(len(free)), k)
+                      if math.prod(free[i] for i in combo) == size), None)
+        if found is None:
+            return False
+        for i in found:
+            free[i] = 0  # assigned: a zero length matches no size
+    return True
 
 
 def maxtext_mesh(doc: dict) -> tuple[dict[str, int], dict[str, int], int]:
@@ -686,13 +708,12 @@ def maxtext_overrides(doc: dict, model=None) -> str:
         raise SpecError(f"--format maxtext: MaxText runs on TPUs and GPUs, not {family}")
     ici, dcn, per_slice = maxtext_mesh(doc)
     stages = L["pp"] * L["vp"]
-    if L["pp"] > 1 and model.num_layers % stages:
-        raise SpecError(f"--format maxtext: MaxText pipelines need the layers to divide evenly: {model.num_layers} "
-                        f"layers over {L['pp']} stages x {L['vp']} repeats; fix pp to a divisor of "
-                        f"{model.num_layers} (e.g. --fix pp=...) or plan under another framework")
-    if L["pp"] > 1 and L["num_microbatches"] % L["pp"]:  # types.py: num_pipeline_microbatches % num_stages
-        raise SpecError(f"--format maxtext: MaxText needs the pipeline micro-batches to be a multiple of the stages: "
-                        f"{L['num_microbatches']} micro-batches over {L['pp']} stages; change the global batch or fix pp")
+    prof = load_profile("maxtext").at(None)  # the profile's pipeline rules, as the search applies them
+    dense = model.moe.num_dense_layers if model.moe else 0
+    for problem in (prof.pipeline_split_problem(model.num_layers, dense, L["pp"], L["vp"]),
+                    prof.pipeline_microbatch_problem(L["pp"], L["num_microbatches"])):
+        if problem:
+            raise SpecError(f"--format maxtext: {problem} (plan under --framework maxtext, whose search keeps to it)")
     accumulation = L["num_microbatches"] if L["pp"] == 1 else 1
     # MaxText names what it saves: 'minimal' recomputes least (the nearest to none/selective here),
     # 'full' recomputes everything.
@@ -715,11 +736,18 @@ def maxtext_overrides(doc: dict, model=None) -> str:
                   ("num_pipeline_repeats", L["vp"]), ("num_pipeline_microbatches", L["num_microbatches"])]
     if job["precision"] == "fp8":
         pairs.append(("quantization", "fp8"))
+    torus = doc["inputs"]["cluster"].get("torus_shape")
+    split = bool(torus) and not torus_axes_fit([ici[a] for a in MAXTEXT_MESH_ORDER], tuple(torus))
+    if split:  # else create_device_mesh raises 'Failed to find assignment for logical_axis_index ...'
+        pairs.append(("allow_split_physical_axes", "true"))
     slices = doc["num_devices"] // per_slice
     head = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
             f"predicted {doc['step_time_s']:.3f} s/step",
             f"# for {PINNED['maxtext']}: python -m maxtext.trainers.pre_train.train <base.yml> run_name=... <these>",
             f"# {slices} slice(s) of {per_slice} devices: ici_* inside a slice, dcn_* across"]
+    if split:
+        head.append(f"# the ici degrees do not each take whole axes of the {'x'.join(map(str, torus))} torus: "
+                    "allow_split_physical_axes lets jax split a physical axis between two mesh axes")
     return "\n".join(head + [f"{k}={v}" for k, v in pairs])
 
 

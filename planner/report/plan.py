@@ -139,7 +139,7 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
         "cluster": {"id": cluster.id, "name": cluster.name, "family": cluster.family,
                     "device": cluster.device.id, "device_family": cluster.device.family, "num_devices": cluster.num_devices,
                     "devices_per_node": cluster.devices_per_node, "domain_size": cluster.domain_size,
-                    "device_name": cluster.device.name,
+                    "device_name": cluster.device.name, "torus_shape": cluster.torus_shape,
                     "device_memory_kind": cluster.device.memory_kind,
                     "price_per_device_hour_usd": cluster.device.price_per_hour_usd, "pue": cluster.pue,
                     "host_power_w_per_device": host_w, "host_power_assumed": host_assumed},

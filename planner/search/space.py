@@ -330,9 +330,12 @@ def batch_ok(model: ModelSpec, job: Job, pp: int, dp: int, mbs: int, vp: int, he
     take a stage slot each, so pp x vp may reach num_layers + 2: ``cost.step.head_slot_problem``)."""
     if job.global_batch_size % (dp * mbs) or (job.one_microbatch(pp) and job.global_batch_size != dp * mbs):
         return "batch"
-    if pp * vp > stage_slots(model.num_layers, pp, head_slots):
+    dense = model.moe.num_dense_layers if model.moe else 0
+    if pp * vp > stage_slots(model.num_layers, pp, head_slots) or job.profile.pipeline_split_problem(
+            model.num_layers, dense, pp, vp):
         return "layers"
-    if vp > 1 and (pp == 1 or job.microbatch_group(job.global_batch_size // (dp * mbs), pp, vp) is None):
+    m = job.global_batch_size // (dp * mbs)
+    if vp > 1 and (pp == 1 or job.microbatch_group(m, pp, vp) is None) or job.profile.pipeline_microbatch_problem(pp, m):
         return "interleave"
     return None
 

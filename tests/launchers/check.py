@@ -308,8 +308,36 @@ def check_maxtext(text: str, meta: dict) -> dict:
     _expect("mlp dim", cfg.base_mlp_dim, m["ffn_hidden_size"])
     if m["vocab_size"] != 50257:  # GPT-3's 50257 is padded to 50304 in MaxText's gpt3 configs
         _expect("vocabulary", cfg.vocab_size, m["vocab_size"])
+    mesh = _maxtext_mesh_on_torus(cfg, meta) if meta.get("torus_shape") else None
     return {"ici": dict(zip(cfg.mesh_axes, ici)), "dcn": dict(zip(cfg.mesh_axes, dcn)), "slices": cfg.num_slices,
-            "per_device_batch_size": cfg.per_device_batch_size}
+            "per_device_batch_size": cfg.per_device_batch_size, "mesh": mesh}
+
+
+TPU_KINDS = {"tpu-v4": "TPU v4", "tpu-v5p": "TPU v5p", "tpu-v5e": "TPU v5 lite", "tpu-v6e": "TPU v6 lite"}
+"""jax's device_kind of each clusterplan TPU (jax/_src/mesh_utils.py names them so)."""
+
+
+def _maxtext_mesh_on_torus(cfg, meta: dict) -> list[int]:
+    """MaxText's own create_device_mesh (maxtext_utils) on devices laid out as the plan's torus: one
+    stand-in device per chip with the coords, slice index and device kind a TPU reports, so jax's
+    mesh_utils assigns the ICI axes to physical torus axes exactly as on the slice (it raises where
+    a logical axis would need part of a physical axis and allow_split_physical_axes is off)."""
+    from types import SimpleNamespace
+
+    from maxtext.utils import maxtext_utils
+
+    shape = list(meta["torus_shape"]) + [1] * (3 - len(meta["torus_shape"]))
+    kind = TPU_KINDS[meta["device"]]
+    devices = []
+    for s in range(cfg.num_slices):
+        for z in range(shape[2]):
+            for y in range(shape[1]):
+                for x in range(shape[0]):
+                    devices.append(SimpleNamespace(id=len(devices), coords=(x, y, z), core_on_chip=0, platform="tpu",
+                                                   device_kind=kind, slice_index=s, process_index=len(devices) // 4))
+    mesh = maxtext_utils.create_device_mesh(cfg, devices)
+    _expect("devices in the mesh", mesh.size, meta["world_size"])
+    return list(mesh.shape)
 
 
 CHECKS = {"megatron": check_megatron, "slurm": check_slurm, "deepspeed": check_deepspeed,

@@ -38,6 +38,12 @@ CASES = {
     # 3072 sequences on 6144 chips of one v5p pod slice (pp must divide 126 layers and the micro-batches)
     "llama3-405b-tpu-v5p": (["--model", "llama3-405b", "--cluster", "tpu-v5p-pod", "--devices", "6144",
                              "--global-batch", "3072"], ["maxtext"]),
+    # Llama 3 70B on a 16x16x16 v5p slice: fsdp 2048 and tp 2 split physical axes (allow_split_physical_axes);
+    # DeepSeek-V3 on the default v5p pod (61 layers: MaxText pipelines only its MoE layers, so no pp);
+    # Llama 2 7B on two v5e slices (dcn_data across them); check.py places each mesh on the torus
+    "llama3-70b-tpu-v5p-4096": (["--model", "llama3-70b", "--cluster", "tpu-v5p-pod", "--devices", "4096"], ["maxtext"]),
+    "deepseek-v3-tpu-v5p": (["--model", "deepseek-v3", "--cluster", "tpu-v5p-pod"], ["maxtext"]),
+    "llama2-7b-tpu-v5e-2-slices": (["--model", "llama2-7b", "--cluster", "tpu-v5e-pod", "--devices", "512"], ["maxtext"]),
     "llama3-405b-gb200-nvl72": (["--model", "llama3-405b", "--cluster", "gb200-nvl72", "--devices", "576"],
                                 ["megatron", "slurm", "torchtitan"]),
     # 12 micro-batches over pp 8 with interleaving: Megatron-Core groups them (since 2024-11)
@@ -107,6 +113,8 @@ def meta_for(doc: dict, model) -> dict:
         topo = MAXTEXT_TOPOLOGY.get(cluster["device"])
         if topo:
             meta["maxtext_compile_topology"] = topo.format(cores=2 * per_slice)
+        if cluster.get("torus_shape"):  # check.py places MaxText's mesh on it
+            meta["torus_shape"], meta["device"] = cluster["torus_shape"], cluster["device"]
     return meta
 
 
