@@ -697,6 +697,23 @@ def maxtext_batch(gbs: int, devices: int, accumulation: int) -> str:
                     f"{gbs} sequences; choose a global batch that is a multiple of {exact.denominator}")
 
 
+def _maxtext_refusals(doc: dict, model, family: str) -> None:
+    """What MaxText cannot run, by its profile's rules (the search keeps to them): another platform,
+    a pipeline split or micro-batch count its config validation asserts against, partial remat."""
+    L = doc["layout"]
+    if family not in GPU_FAMILIES and family != "tpu-torus":
+        raise SpecError(f"--format maxtext: MaxText runs on TPUs and GPUs, not {family}")
+    prof = load_profile("maxtext").at(None)
+    dense = model.moe.num_dense_layers if model.moe else 0
+    for problem in (prof.pipeline_split_problem(model.num_layers, dense, L["pp"], L["vp"]),
+                    prof.pipeline_microbatch_problem(L["pp"], L["num_microbatches"])):
+        if problem:
+            raise SpecError(f"--format maxtext: {problem} (plan under --framework maxtext, whose search keeps to it)")
+    if L.get("recompute_layers"):
+        raise SpecError("--format maxtext: MaxText's remat_policy applies to every layer alike; it has no "
+                        f"recompute_layers={L['recompute_layers']} (evaluate the layout without it)")
+
+
 def maxtext_overrides(doc: dict, model=None) -> str:
     """MaxText 0.2.5 ``key=value`` overrides for ``train.py base.yml ...``: the model, the mesh
     (ici_* inside a slice, dcn_* across slices, every axis written so no -1 default fills in), the
@@ -704,23 +721,13 @@ def maxtext_overrides(doc: dict, model=None) -> str:
     L, job = doc["layout"], _job(doc)
     model = model_spec(doc, model)
     family = doc["inputs"]["cluster"]["family"]
-    if family not in GPU_FAMILIES and family != "tpu-torus":
-        raise SpecError(f"--format maxtext: MaxText runs on TPUs and GPUs, not {family}")
+    _maxtext_refusals(doc, model, family)
     ici, dcn, per_slice = maxtext_mesh(doc)
     stages = L["pp"] * L["vp"]
-    prof = load_profile("maxtext").at(None)  # the profile's pipeline rules, as the search applies them
-    dense = model.moe.num_dense_layers if model.moe else 0
-    for problem in (prof.pipeline_split_problem(model.num_layers, dense, L["pp"], L["vp"]),
-                    prof.pipeline_microbatch_problem(L["pp"], L["num_microbatches"])):
-        if problem:
-            raise SpecError(f"--format maxtext: {problem} (plan under --framework maxtext, whose search keeps to it)")
     accumulation = L["num_microbatches"] if L["pp"] == 1 else 1
     # MaxText names what it saves: 'minimal' recomputes least (the nearest to none/selective here),
     # 'full' recomputes everything.
     remat = "full" if L["recompute"] == "full" else "minimal"
-    if L.get("recompute_layers"):
-        raise SpecError("--format maxtext: MaxText's remat_policy applies to every layer alike; it has no "
-                        f"recompute_layers={L['recompute_layers']} (evaluate the layout without it)")
     pairs: list[tuple[str, object]] = [*maxtext_model(model),
                                        ("hardware", "tpu" if family == "tpu-torus" else "gpu")]
     names = {"pipeline": "pipeline"}
