@@ -115,6 +115,11 @@ class Profile:
     pipeline_microbatches_multiple: bool = False
     pipeline_dense_layers_outside: bool = False
     no_accumulation_precisions: tuple[str, ...] = ()  # requires.no_accumulation_precisions: no grad accumulation with these
+    # The model kinds (MODEL_KINDS) run with FlexAttention, by release (semantics.flex_attention_history),
+    # and the month context parallelism first ran with it (requires.cp_with_flex_attention_from; None: never)
+    flex_attention_history: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    cp_with_flex_attention_from: str | None = None
+    ep_expert_tp_until: str | None = None  # requires.ep_expert_tp_until: experts split over TP with ep > 1 until this month
     grad_bytes: int = 4
     zero2_param_gather: str | None = "per_step"
     dropout: float = 0.0
@@ -323,6 +328,26 @@ class ProfileAt:
                     f"pp dividing them at vp={vp}: {', '.join(map(str, fit)) or 'none'}")
         return None
 
+    def flex_attention(self, model) -> bool:
+        """This release runs ``model``'s attention with FlexAttention (``semantics.flex_attention_history``)."""
+        return bool(set(self._as_of(self.profile.flex_attention_history, ())) & model_kinds(model))
+
+    def cp_problem(self, model) -> str | None:
+        """Why this release cannot run ``model`` with context parallelism, or None: it runs the model's
+        attention with FlexAttention, and CP with it came later (or never)."""
+        since = self.profile.cp_with_flex_attention_from
+        if not self.flex_attention(model) or (since is not None and self.date >= since):
+            return None
+        later = f"from {since}" if since else "in no release"
+        return (f"cp > 1: {self.profile.describe(self.date)} runs {model.name}'s attention with FlexAttention and "
+                f"refuses context parallelism with it ('Context Parallel only supports SDPA attention'; {later})")
+
+    def ep_splits_experts_over_tp(self) -> bool:
+        """With ep > 1 this release can still split each expert over the TP ranks (expert tensor
+        parallelism = tp); after ``requires.ep_expert_tp_until`` only whole experts (etp = 1)."""
+        until = self.profile.ep_expert_tp_until
+        return until is None or self.date < until
+
     def accumulates_gradients(self, precision: str) -> bool:
         """This release accumulates gradients over micro-batches (``features.grad_accumulation``) for a
         job of ``precision`` (``requires.no_accumulation_precisions``: MaxText refuses FP8 with it)."""
@@ -515,7 +540,7 @@ def load_profile(framework_id: str) -> Profile:
         rules=tuple(rules), **_requires(req), head_slots_default=bool(sem.get("head_slots_default", False)),
         grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
         dropout=float(sem.get("dropout") or 0.0), **_attention(sem, where),
-        logit_bytes=float(sem.get("logit_bytes", 6.0)),
+        logit_bytes=float(sem.get("logit_bytes", 6.0)), flex_attention_history=_flex_history(sem, where),
         compiled_logit_bytes=None if sem.get("compiled_logit_bytes") is None else float(sem["compiled_logit_bytes"]),
         compiled_loss_history=_history(sem, "compiled_loss_history", "compiled", bool),
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
@@ -551,6 +576,9 @@ def _requires(req: dict) -> dict:
             **{k: bool(req.get(k, False)) for k in ("pipeline_even_split", "pipeline_microbatches_multiple",
                                                     "pipeline_dense_layers_outside")},
             "no_accumulation_precisions": tuple(req.get("no_accumulation_precisions") or ()),
+            "cp_with_flex_attention_from": parse_date(req.get("cp_with_flex_attention_from"),
+                                                      "requires.cp_with_flex_attention_from"),
+            "ep_expert_tp_until": parse_date(req.get("ep_expert_tp_until"), "requires.ep_expert_tp_until"),
             "head_slots_moe_from": parse_date(req.get("head_slots_moe_from"), "requires.head_slots_moe_from")}
 
 
@@ -673,6 +701,29 @@ def _fraction(value, where: str) -> float:
     if not 0.0 <= x < 1.0:
         raise SpecError(f"{where}: got {value!r}; allowed: 0 <= value < 1")
     return x
+
+
+MODEL_KINDS = ("mla",)
+"""Model families a profile names (``semantics.flex_attention_history``): ``mla``, multi-latent attention
+(DeepSeek-V2/V3)."""
+
+
+def model_kinds(model) -> set[str]:
+    return {"mla"} if getattr(model, "mla", None) is not None else set()
+
+
+def model_domains(prof: ProfileAt, model) -> dict[str, tuple]:
+    """Knob values the framework lacks for this model at its release (cp held at 1: :meth:`ProfileAt.cp_problem`)."""
+    return {"cp": (1,)} if prof.cp_problem(model) else {}
+
+
+def _flex_history(sem: dict, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    history = _history(sem, "flex_attention_history", "models", tuple)
+    for since, kinds in history:
+        parse_date(since, f"{where}: semantics.flex_attention_history.since")
+        for kind in kinds:
+            _choice(kind, MODEL_KINDS, f"{where}: semantics.flex_attention_history.models")
+    return history
 
 
 def _attention(sem: dict, where: str) -> dict:

@@ -12,7 +12,8 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
-from clusterplan.cost.framework import framework_domains, framework_refusal, knob_text, model_code_domains, unoffered
+from clusterplan.cost.framework import (framework_domains, framework_refusal, knob_text, model_code_domains,
+                                        model_domains, unoffered)
 from clusterplan.cost.step import head_slot_problem
 from clusterplan.cost.terms import stage_slots
 from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
@@ -117,8 +118,10 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     """
     b = bounds or Bounds()
     prof = job.profile
-    offered = {**framework_domains(prof, cluster.device.family), **model_code_domains(job)}
+    offered = {**framework_domains(prof, cluster.device.family), **model_code_domains(job), **model_domains(prof, model)}
     _check_fixed_offered(prof, cluster.device.family, b)
+    if not b.allow_unavailable and b.fixed.get("cp", 1) > 1 and prof.cp_problem(model):
+        raise SpecError(f"--fix {prof.cp_problem(model)}; pick another --framework or drop the --fix")
     _check_fixed_model_code(job, b)
     _check_fixed_consistent(model, b)
     _check_fixed_overlap(prof, b)
@@ -138,6 +141,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     fold = prof.has("etp1") or b.allow_unavailable and b.fixed.get("expert_tp") is False
     experts = [(e, True) for e in pick("ep", ep_values)] + [(e, False) for e in pick("ep", ep_values) if e > 1 and fold]
     experts = [(e, t) for e, t in experts if "expert_tp" not in b.fixed or b.fixed["expert_tp"] == t or e == 1]
+    experts = [(e, t) for e, t in experts if e == 1 or not t or prof.ep_splits_experts_over_tp() or b.allow_unavailable]
     space = Space(
         factorizations=tuple(facts),
         ep=tuple(e for e, _ in experts),
