@@ -620,8 +620,10 @@ TORCHTITAN_CONVERTERS_03 = {
             "Float8GroupedExpertsConverter.Config(model_compile_enabled={compiled})"],
     "mxfp8": ["MXFP8LinearConverter.Config(model_compile_enabled={compiled})",
               "MXFP8GroupedExpertsConverter.Config(model_compile_enabled={compiled})"],
+    "nvfp4": ["NVFP4LinearConverter.Config(fqns=['layers'], model_compile_enabled={compiled})"],
 }
-"""torchtitan 0.3.0's model converters per job precision (components/quantization: float8.py, mx.py): the
+"""torchtitan 0.3.0's model converters per job precision (components/quantization: float8.py, mx.py, nvfp4.py:
+NVFP4 on every decoder block, as priced, not the first 85% its Llama 3 recipe converts): the
 linear layers, and an MoE model's grouped experts too; the lm_head and the router stay bf16, as the
 llama3_405b and deepseek_v3_671b_float8 recipes leave them."""
 
@@ -656,7 +658,8 @@ def torchtitan_registry(doc: dict, model=None) -> str:
             *_torchtitan_header(doc, L, job, "torchtitan")]
     imports = ["from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
                "from torchtitan.components.quantization import (Float8GroupedExpertsConverter, Float8LinearConverter,",
-               "                                                MXFP8GroupedExpertsConverter, MXFP8LinearConverter)",
+               "                                                MXFP8GroupedExpertsConverter, MXFP8LinearConverter,",
+               "                                                NVFP4LinearConverter)",
                "from torchtitan.config import CompileConfig",
                "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
                "from torchtitan.models.common.config_utils import decoder_vocab_size",

@@ -65,7 +65,7 @@ CASES = {
     "llama3-70b-gb300-mxfp8": (["--model", "llama3-70b", "--cluster", "gb300-nvl72", "--devices", "64",
                                 "--precision", "mxfp8"], ["megatron", "slurm", "torchtitan"]),
     "llama3-70b-gb200-nvfp4": (["--model", "llama3-70b", "--cluster", "gb200-nvl72", "--devices", "64",
-                                "--precision", "nvfp4"], ["megatron", "slurm"]),
+                                "--precision", "nvfp4"], ["megatron", "slurm", "torchtitan"]),
     # FP8 with per-tensor current scaling: --fp8-recipe tensorwise
     "llama3-8b-h100-fp8-current": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8",
                                     "--precision", "fp8", "--fp8-scaling", "current"], ["megatron"]),
