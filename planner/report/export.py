@@ -123,6 +123,8 @@ def megatron_args(doc: dict, model=None) -> str:
     source: the environment the launch needs as ``export`` lines, the arguments as the array
     ``MEGATRON_ARGS`` (the form of Megatron-LM's own example scripts, e.g. ``GPT_MODEL_ARGS=(...)``)."""
     args, notes, env = _megatron_args_and_notes(doc, model_spec(doc, model))
+    family = doc["inputs"]["cluster"]["family"]
+    notes = [*notes, *([FAMILY_NOTES[family]] if family in FAMILY_NOTES else [])]
     lines = _megatron_header(doc, notes) + [
         '# source this file, then: torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" <data, optimizer, checkpoint args>']
     for key, value in env.items():
@@ -569,7 +571,9 @@ def _torchtitan_header(doc: dict, L: dict, job: dict, fmt: str) -> list[str]:
     else:
         head += [f"# for {PINNED[fmt]}: save as clusterplan_torchtitan.py on PYTHONPATH, then",
                  "#   torchrun ... -m torchtitan.train --module clusterplan_torchtitan --config clusterplan",
-                 "# (torchtitan 0.2.2's TOML job config: --format torchtitan-0.2)"]
+                 "# (torchtitan 0.2.2's TOML job config: --format torchtitan-0.2)",
+                 "# unvalidated: attention runs FlexAttention (its FLASH backend on Hopper/Blackwell) and, where 0.3 allows, "
+                 "CUDA graphs; the plan priced fused attention and eager host time"]
     if L["zero_stage"] == 1:  # only from a plan searched under another framework's profile
         head.append("# ZeRO-1 has no torchtitan equivalent: plain replication is written")
     if job["precision"] == "fp8" and not job.get("compiled"):
@@ -882,7 +886,8 @@ FAMILY_NOTES = {
                      "the topology/block plugin, --segment)",
     "xgmi": "AMD GPUs: run a ROCm build of Megatron-LM (e.g. AMD's rocm/megatron-lm image) and check its launch "
             "notes for the environment it expects",
-    "gaudi": "Intel Gaudi: run Intel's Megatron-DeepSpeed fork for HPUs and request the accelerators as your Slurm "
+    "gaudi": "Intel Gaudi: run Intel's Megatron-LM fork for HPUs (HabanaAI/Megatron-LM, based on Megatron-Core "
+             "core_r0.9.0: flags newer than that release may be missing) and request the accelerators as your Slurm "
              "site names them (the gres may not be gpu); CUDA_DEVICE_MAX_CONNECTIONS does not apply",
 }
 
