@@ -36,7 +36,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from clusterplan.cost.framework import FRAMEWORKS, resolve_name as resolve_framework
+from clusterplan.cost.framework import FRAMEWORKS, check_platform, resolve_name as resolve_framework
 from clusterplan.cost.layout import MODEL_CODES, Layout, recompute_text
 from clusterplan.cost.terms import stage_split
 from clusterplan.models.ops import ATTENTION_KINDS
@@ -54,7 +54,7 @@ from clusterplan.planner.studies.validate import markdown_report, unpublished_ro
 from clusterplan.planner.report.chart import check_chart_path, compare_chart, grid_heatmap, sweep_chart
 from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
                                         check_distinct, parse_candidate, parse_grid, rank, sweep)
-from clusterplan.planner.report.export import FORMATS as EXPORT_FORMATS, export, export_framework
+from clusterplan.planner.report.export import FORMATS as EXPORT_FORMATS, TORCHTITAN_FORMAT_DATES, export, export_framework
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import MAX_NIC_GBIT_PER_S, MIN_NIC_GBIT_PER_S, list_clusters, list_devices
 from clusterplan.topologies.precisions import FP8_SCALINGS, PRECISIONS
@@ -733,7 +733,8 @@ def _compact(layout: dict) -> str:
 
 @click.command("export")
 @click.option("--format", "fmt", type=click.Choice(list(EXPORT_FORMATS)), required=True,
-              help="megatron (Megatron-LM/NeMo arguments), deepspeed (config JSON), torchtitan (TOML), "
+              help="megatron (Megatron-LM/NeMo arguments), deepspeed (config JSON), torchtitan (0.3's Python "
+                   "config registry), torchtitan-0.2 (0.2.2's TOML, planned as of 2026-02), "
                    "maxtext (ici_*/dcn_* overrides), slurm (an sbatch script: srun torchrun pretrain_gpt.py with "
                    "the Megatron arguments; GPU clusters only).")
 @_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
@@ -743,8 +744,10 @@ def export_command(fmt, as_json, **options):
     torchtitan, maxtext), then print the best layout as a launcher config (a starting point to
     check against your launcher's version)."""
     framework = export_framework(fmt, resolve_framework(options["framework"]) if options["framework"] else None)
+    check_platform(framework, _request(**options).load_cluster().device, f"export --format {fmt}", export=True)
     # the config needs the winner only, searched under the format's framework
-    result = _load_and_search(**{**options, "top_k": 0, "framework": framework}).result
+    result = _load_and_search(**{**options, "top_k": 0, "framework": framework,
+                                 "framework_date": TORCHTITAN_FORMAT_DATES.get(fmt)}).result
     text = export(plan_document(result), fmt, model=result.model)
     click.echo(json.dumps({"format": fmt, "config": text}, indent=2) if as_json else text)
 

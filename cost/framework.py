@@ -6,8 +6,8 @@ communication it overlaps and with how many SMs (``overlap``), and its defaults 
 (``semantics``). The search offers only what the profile can run at the job's framework date; the
 cost terms read the overlap and semantics figures; the report and exports name the profile.
 
-A feature is available at a date when its ``since`` month is not after that date; ``since: null``
-means the framework never offered it.
+A feature is available at a date when its ``since`` month is not after that date and its ``until``
+month (where the framework dropped it) is after it; ``since: null`` means the framework never offered it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,20 @@ RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_s
              "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap")
 ZERO3_FETCH = ("bucketed", "per_module_blocking")
 _DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+PLATFORM_FAMILIES: dict[str, str] = {
+    "nvidia": "nvidia-", "amd": "amd-", "gaudi": "intel-gaudi", "tpu": "google-tpu", "trainium": "aws-trainium",
+    "cerebras": "cerebras-", "groq": "groq-", "graphcore": "graphcore-", "tenstorrent": "tenstorrent-",
+    "dojo": "tesla-dojo", "sambanova": "sambanova-",
+}
+"""The software platforms frameworks run on (a profile's ``platforms``), each the device families
+(``topologies/data/devices.yaml``) whose names start with its prefix: CUDA on NVIDIA GPUs, ROCm on
+AMD Instinct, Intel Gaudi's SynapseAI, XLA on TPUs, AWS Neuron on Trainium, and the vendors' own stacks."""
+PLATFORM_NAMES = {"nvidia": "NVIDIA GPUs (CUDA)", "amd": "AMD Instinct GPUs (ROCm)", "gaudi": "Intel Gaudi (HPU)",
+                  "tpu": "Google TPUs", "trainium": "AWS Trainium (Neuron)", "cerebras": "Cerebras CS systems",
+                  "groq": "Groq LPUs", "graphcore": "Graphcore IPUs", "tenstorrent": "Tenstorrent (TT-Metalium)",
+                  "dojo": "Tesla Dojo", "sambanova": "SambaNova RDUs"}
+FLASH_LIBRARY_KERNELS = ("flash1", "flash2")  # FlashAttention's own kernels (the flash-attn package)
+FLASH_LIBRARY_PLATFORMS = ("nvidia", "amd")  # flash-attn ships CUDA kernels and a ROCm port only
 # Device families by architecture, for profiles that name an architecture (tp_overlap_families)
 ARCHITECTURE_OF_FAMILY = {"nvidia-b200": "nvidia-blackwell", "nvidia-gb200": "nvidia-blackwell",
                           "nvidia-b300": "nvidia-blackwell", "nvidia-gb300": "nvidia-blackwell"}
@@ -90,6 +104,7 @@ class Profile:
     platforms: tuple[str, ...]
     since: dict = field(hash=False)  # feature -> "YYYY-MM" or None
     feature_sources: dict = field(hash=False)
+    until: dict = field(default_factory=dict, hash=False)  # feature -> "YYYY-MM": the first month it no longer exists
     rules: tuple[Rule, ...] = ()
     sequence_parallel_with_tp: bool = False
     tp_overlap_families: tuple[str, ...] = ()
@@ -97,6 +112,18 @@ class Profile:
     head_slots_even: bool = False  # head_slots needs num_layers + 2 divisible over the stages (Megatron-Core)
     head_slots_moe_from: str | None = None  # before this month head_slots is refused for MoE (Megatron's aux loss check)
     head_slots_default: bool = False  # the framework's own pipeline split counts the embedding and head (torchtitan)
+    # The pipeline's own rules (requires.pipeline_*): the pipelined layers split evenly over pp x vp stages,
+    # the micro-batches a multiple of pp, and leading dense layers of an MoE model kept out of the
+    # pipeline (MaxText's deepseek decoder), which clusterplan does not price: refused with pp > 1
+    pipeline_even_split: bool = False
+    pipeline_microbatches_multiple: bool = False
+    pipeline_dense_layers_outside: bool = False
+    no_accumulation_precisions: tuple[str, ...] = ()  # requires.no_accumulation_precisions: no grad accumulation with these
+    # The model kinds (MODEL_KINDS) run with FlexAttention, by release (semantics.flex_attention_history),
+    # and the month context parallelism first ran with it (requires.cp_with_flex_attention_from; None: never)
+    flex_attention_history: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    cp_with_flex_attention_from: str | None = None
+    ep_expert_tp_until: str | None = None  # requires.ep_expert_tp_until: experts split over TP with ep > 1 until this month
     grad_bytes: int = 4
     zero2_param_gather: str | None = "per_step"
     dropout: float = 0.0
@@ -107,6 +134,9 @@ class Profile:
     fsdp_with_pp: str = "sharded"  # "unsharded": FSDP keeps params and grads gathered with pp > 1 (torchtitan)
     selective_recompute: str = "attention_core"  # or "op_sac": torchtitan's per-op selective checkpointing
     attention_history: tuple[tuple[str, str], ...] = ()  # (since YYYY-MM, kernel): the kernel by release
+    # The kernel on platforms without FlashAttention's CUDA/ROCm kernels, where the profile's kernel is
+    # one of those (semantics.attention_by_platform); a platform not named runs its own fused kernel
+    attention_by_platform: dict = field(default_factory=dict, hash=False)
     # Pipeline sends: each TP rank sends 1/tp of the activation and the next stage all-gathers it
     # (Megatron's scatter-gather, per release in p2p_scatter_gather_history), else the whole tensor
     # unless sequence parallelism already shards it; blocking sends and receives run one after the
@@ -164,8 +194,8 @@ class Profile:
 
     def has(self, feature: str, date: str | None = None) -> bool:
         """Whether ``feature`` exists at ``date`` (default: the profile's own release)."""
-        since = self.since.get(feature)
-        return since is not None and since <= (date or self.date)
+        since, until, date = self.since.get(feature), self.until.get(feature), date or self.date
+        return since is not None and since <= date and (until is None or date < until)
 
     def at(self, date: str | None, compiled: bool = False) -> "ProfileAt":
         return ProfileAt(self, date or self.date, compiled)
@@ -275,6 +305,64 @@ class ProfileAt:
         if not self.has("flash_attention"):
             return "unfused"
         return self._as_of(self.profile.attention_history, self.profile.attention)
+
+    def attention_on(self, platform: str) -> str:
+        """The attention kernel this release runs on ``platform`` (:func:`device_platform`): its
+        :attr:`attention`, except that FlashAttention's own kernels (flash1, flash2) exist for CUDA and
+        ROCm only; elsewhere the framework's port runs the device's fused attention
+        (``semantics.attention_by_platform``, else ``flash``: the device catalogue's best fused kernel)."""
+        kernel = self.attention
+        if kernel in FLASH_LIBRARY_KERNELS and platform not in FLASH_LIBRARY_PLATFORMS:
+            return self.profile.attention_by_platform.get(platform, "flash")
+        return kernel
+
+    def pipeline_split_problem(self, num_layers: int, num_dense_layers: int, pp: int, vp: int) -> str | None:
+        """Why this framework's pipeline cannot split ``num_layers`` (``num_dense_layers`` of them the
+        leading dense layers of an MoE model) over ``pp`` ranks of ``vp`` stages each, or None."""
+        prof, name = self.profile, self.profile.describe(self.date)
+        if pp == 1:
+            return None
+        if prof.pipeline_dense_layers_outside and num_dense_layers:
+            return (f"pp={pp}: {name} pipelines the MoE layers only and runs the {num_dense_layers} leading dense "
+                    "layers outside the pipeline, which clusterplan does not price; use pp=1")
+        if prof.pipeline_even_split and num_layers % (pp * vp):
+            fit = [d for d in range(2, num_layers + 1) if num_layers % (d * vp) == 0][:6]
+            return (f"pp={pp}, vp={vp}: {name} needs the {num_layers} layers to divide evenly over pp x vp = "
+                    f"{pp * vp} stages (pp x num_pipeline_repeats x num_layers_per_pipeline_stage = layers); "
+                    f"pp dividing them at vp={vp}: {', '.join(map(str, fit)) or 'none'}")
+        return None
+
+    def flex_attention(self, model) -> bool:
+        """This release runs ``model``'s attention with FlexAttention (``semantics.flex_attention_history``)."""
+        return bool(set(self._as_of(self.profile.flex_attention_history, ())) & model_kinds(model))
+
+    def cp_problem(self, model) -> str | None:
+        """Why this release cannot run ``model`` with context parallelism, or None: it runs the model's
+        attention with FlexAttention, and CP with it came later (or never)."""
+        since = self.profile.cp_with_flex_attention_from
+        if not self.flex_attention(model) or (since is not None and self.date >= since):
+            return None
+        later = f"from {since}" if since else "in no release"
+        return (f"cp > 1: {self.profile.describe(self.date)} runs {model.name}'s attention with FlexAttention and "
+                f"refuses context parallelism with it ('Context Parallel only supports SDPA attention'; {later})")
+
+    def ep_splits_experts_over_tp(self) -> bool:
+        """With ep > 1 this release can still split each expert over the TP ranks (expert tensor
+        parallelism = tp); after ``requires.ep_expert_tp_until`` only whole experts (etp = 1)."""
+        until = self.profile.ep_expert_tp_until
+        return until is None or self.date < until
+
+    def accumulates_gradients(self, precision: str) -> bool:
+        """This release accumulates gradients over micro-batches (``features.grad_accumulation``) for a
+        job of ``precision`` (``requires.no_accumulation_precisions``: MaxText refuses FP8 with it)."""
+        return self.has("grad_accumulation") and precision not in self.profile.no_accumulation_precisions
+
+    def pipeline_microbatch_problem(self, pp: int, num_microbatches: int) -> str | None:
+        """Why this framework's pipeline cannot run ``num_microbatches`` over ``pp`` stages, or None."""
+        if pp > 1 and self.profile.pipeline_microbatches_multiple and num_microbatches % pp:
+            return (f"{self.profile.describe(self.date)} needs the pipeline micro-batches to be a multiple of the "
+                    f"stages: {num_microbatches} micro-batches over pp={pp}")
+        return None
 
     def orders(self) -> tuple[str, ...] | None:
         """The rank orders (parallel axes, innermost first) this release lays out; None: any."""
@@ -444,7 +532,7 @@ def load_profile(framework_id: str) -> Profile:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SpecError(f"{where}: format must be {FORMAT!r}")
     sources = doc.get("sources") or {}
-    since, feature_sources = _features(doc.get("features") or {}, where)
+    since, feature_sources, until = _features(doc.get("features") or {}, where)
     rules = _rules(doc.get("rules") or [], where)
     req = doc.get("requires") or {}
     sem = doc.get("semantics") or {}
@@ -455,15 +543,14 @@ def load_profile(framework_id: str) -> Profile:
     return Profile(
         id=framework_id, name=str(doc.get("name")), version=str(doc.get("version")), date=date,
         aliases=tuple(str(a).lower() for a in doc.get("aliases") or ()),
-        platforms=tuple(doc.get("platforms") or ("gpu",)), since=since, feature_sources=feature_sources,
+        platforms=_platforms(doc, where), since=since, until=until, feature_sources=feature_sources,
         rules=tuple(rules), **_requires(req), head_slots_default=bool(sem.get("head_slots_default", False)),
         grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
-        dropout=float(sem.get("dropout") or 0.0), attention=str(sem.get("attention", "flash")),
-        logit_bytes=float(sem.get("logit_bytes", 6.0)),
+        dropout=float(sem.get("dropout") or 0.0), **_attention(sem, where),
+        logit_bytes=float(sem.get("logit_bytes", 6.0)), flex_attention_history=_flex_history(sem, where),
         compiled_logit_bytes=None if sem.get("compiled_logit_bytes") is None else float(sem["compiled_logit_bytes"]),
         compiled_loss_history=_history(sem, "compiled_loss_history", "compiled", bool),
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
-        attention_history=_history(sem, "attention_history", "kernel", str),
         eager_norm_history=_choice_history(sem, where, "eager_norm_history", "kernel", EAGER_NORMS),
         optimizer_history=_choice_history(sem, where, "optimizer_history", "kernel", OPTIMIZER_KERNELS),
         **_activations(sem, where),
@@ -493,6 +580,12 @@ def _requires(req: dict) -> dict:
             "tp_overlap_families": tuple(req.get("tp_overlap_families") or ()),
             "tp_overlap_needs_compile": bool(req.get("tp_overlap_needs_compile", False)),
             "head_slots_even": bool(req.get("head_slots_even", False)),
+            **{k: bool(req.get(k, False)) for k in ("pipeline_even_split", "pipeline_microbatches_multiple",
+                                                    "pipeline_dense_layers_outside")},
+            "no_accumulation_precisions": tuple(req.get("no_accumulation_precisions") or ()),
+            "cp_with_flex_attention_from": parse_date(req.get("cp_with_flex_attention_from"),
+                                                      "requires.cp_with_flex_attention_from"),
+            "ep_expert_tp_until": parse_date(req.get("ep_expert_tp_until"), "requires.ep_expert_tp_until"),
             "head_slots_moe_from": parse_date(req.get("head_slots_moe_from"), "requires.head_slots_moe_from")}
 
 
@@ -569,9 +662,10 @@ def _order_history(sem: dict, where: str) -> tuple[tuple[str, tuple[str, ...]], 
     return history
 
 
-def _features(features: dict, where: str) -> tuple[dict[str, str | None], dict[str, str | None]]:
-    """The month each feature arrived (None: never) and its source."""
-    since, feature_sources = {}, {}
+def _features(features: dict, where: str) -> tuple[dict[str, str | None], dict[str, str | None], dict[str, str]]:
+    """The month each feature arrived (None: never), its source, and the month it went (``until``,
+    where the framework dropped it)."""
+    since, feature_sources, until = {}, {}, {}
     for name in FEATURES:
         entry = features.get(name)
         if not isinstance(entry, dict) or "since" not in entry:
@@ -581,7 +675,9 @@ def _features(features: dict, where: str) -> tuple[dict[str, str | None], dict[s
             raise SpecError(f"{where}: features.{name}.since: got {value!r}; expected YYYY-MM or null")
         since[name] = None if value is None else str(value)
         feature_sources[name] = entry.get("source")
-    return since, feature_sources
+        if entry.get("until") is not None:
+            until[name] = parse_date(entry["until"], f"{where}: features.{name}.until")
+    return since, feature_sources, until
 
 
 def _rules(raw_rules: list, where: str) -> list[Rule]:
@@ -612,6 +708,92 @@ def _fraction(value, where: str) -> float:
     if not 0.0 <= x < 1.0:
         raise SpecError(f"{where}: got {value!r}; allowed: 0 <= value < 1")
     return x
+
+
+MODEL_KINDS = ("mla",)
+"""Model families a profile names (``semantics.flex_attention_history``): ``mla``, multi-latent attention
+(DeepSeek-V2/V3)."""
+
+
+def model_kinds(model) -> set[str]:
+    return {"mla"} if getattr(model, "mla", None) is not None else set()
+
+
+def model_domains(prof: ProfileAt, model) -> dict[str, tuple]:
+    """Knob values the framework lacks for this model at its release (cp held at 1: :meth:`ProfileAt.cp_problem`)."""
+    return {"cp": (1,)} if prof.cp_problem(model) else {}
+
+
+def _flex_history(sem: dict, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    history = _history(sem, "flex_attention_history", "models", tuple)
+    for since, kinds in history:
+        parse_date(since, f"{where}: semantics.flex_attention_history.since")
+        for kind in kinds:
+            _choice(kind, MODEL_KINDS, f"{where}: semantics.flex_attention_history.models")
+    return history
+
+
+def _attention(sem: dict, where: str) -> dict:
+    """The attention kernel (``semantics.attention``), by release (``attention_history``) and on platforms
+    without FlashAttention's kernels (``attention_by_platform``: platform -> kernel, both checked)."""
+    from clusterplan.models.ops import ATTENTION_KINDS
+
+    table = sem.get("attention_by_platform") or {}
+    for platform, kernel in table.items():
+        _choice(platform, tuple(PLATFORM_FAMILIES), f"{where}: semantics.attention_by_platform")
+        _choice(kernel, ATTENTION_KINDS, f"{where}: semantics.attention_by_platform.{platform}")
+    return dict(attention=str(sem.get("attention", "flash")),
+                attention_history=_history(sem, "attention_history", "kernel", str), attention_by_platform=dict(table))
+
+
+def _platforms(doc: dict, where: str) -> tuple[str, ...]:
+    """The profile's ``platforms``: names from :data:`PLATFORM_FAMILIES`, at least one."""
+    platforms = tuple(doc.get("platforms") or ())
+    if not platforms:
+        raise SpecError(f"{where}: platforms: name at least one of {', '.join(PLATFORM_FAMILIES)}")
+    for name in platforms:
+        _choice(name, tuple(PLATFORM_FAMILIES), f"{where}: platforms")
+    return platforms
+
+
+def device_platform(device) -> str:
+    """The platform (:data:`PLATFORM_FAMILIES`) of a device (anything with a ``family``: a
+    :class:`topologies.devices.DeviceSpec`); a family no platform names is its own (a user's device
+    file may name any family)."""
+    for name, prefix in PLATFORM_FAMILIES.items():
+        if device.family.startswith(prefix):
+            return name
+    return device.family
+
+
+def platform_name(platform: str) -> str:
+    return PLATFORM_NAMES.get(platform, platform)
+
+
+def frameworks_on(platform: str) -> tuple[str, ...]:
+    """The framework profiles that run on ``platform``."""
+    return tuple(f for f in FRAMEWORKS if platform in load_profile(f).platforms)
+
+
+def check_platform(framework: str, device, name: str = "--framework", export: bool = False) -> None:
+    """:class:`SpecError` when ``framework`` does not run on ``device`` (anything with an ``id`` and a
+    ``family``) by its profile's ``platforms``, naming the framework, the device and the frameworks
+    that do run there. ``name``: how the caller spells the field (``--framework``, ``export --format
+    F``); ``export``: the fix an export needs (another format) rather than a plan's."""
+    platform = device_platform(device)
+    prof = load_profile(framework)
+    if platform in prof.platforms:
+        return
+    others = frameworks_on(platform)
+    if export:
+        fix = (f"use --format {' or '.join(others)}" if others else
+               "no framework clusterplan exports for runs there: use the vendor's own launcher")
+    else:
+        fix = (f"use --framework {' or '.join(others)}" if others else
+               "no framework profile runs there: plan without --framework (megatron's profile then stands in, "
+               "unvalidated) and use the vendor's own launcher")
+    raise SpecError(f"{name}: {framework} does not run on {device.id} ({platform_name(platform)}); {framework} runs on "
+                    f"{', '.join(platform_name(p) for p in prof.platforms)}; {fix}")
 
 
 def default_framework(platform: str) -> str:

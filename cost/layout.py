@@ -316,7 +316,7 @@ class Job:
         under a framework release that does not accumulate gradients (``features.grad_accumulation``:
         torchtitan before 2025-06, MaxText before 2024-08). A pipeline's schedule splits the batch
         into its own micro-batches either way."""
-        return pp == 1 and not self.profile.has("grad_accumulation")
+        return pp == 1 and not self.profile.accumulates_gradients(self.precision)
 
     def microbatch_group(self, m: int, pp: int, vp: int) -> int | None:
         """:func:`microbatch_group_size` of ``m`` micro-batches under this job's framework."""

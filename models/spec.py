@@ -130,6 +130,9 @@ class ModelSpec(_Spec):
         None, description="rope (Llama, DeepSeek, Qwen, Nemotron-4), learned (GPT-2/3) or alibi (BLOOM, MPT); "
         "None: rope with swiglu, learned with gelu. Only rope runs a kernel in every layer."
     )
+    rope_theta: float | None = Field(
+        None, gt=0, le=1e12, description="Base of the rotary position embedding's frequencies (Llama 3: 500,000; "
+        "Mixtral: 1e6); None: RoPE's original 10,000 (Su et al. 2021). Launchers need it to build the model.")
     sliding_window: int | None = Field(
         None, gt=0, le=MAX_SEQ_LEN, description="Keys a query attends back over in the windowed layers (Mistral 7B v0.1: 4096, "
         "gpt-oss: 128); None: every layer attends over the whole causal context."

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from clusterplan.cost.framework import (FRAMEWORKS, ProfileAt, default_framework, load_profile,
-                                        resolve_name as resolve_framework)
+from clusterplan.cost.framework import (FRAMEWORKS, ProfileAt, check_platform, default_framework, device_platform,
+                                        load_profile, resolve_name as resolve_framework)
 from clusterplan.cost.goodput import Reliability
 from clusterplan.cost.layout import MAX_TOKENS_TO_TRAIN, Job
 from clusterplan.models.errors import SpecError, check_number, shown
@@ -89,14 +89,16 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
               seq_len: int | None = None, precision: str | None = None, tokens: int | None = None,
               attention: str | None = None, framework: str | None = None,
               reliability: Reliability | None = None, compiled: bool | None = None,
-              model_code: str | None = None, fp8_scaling: str | None = None) -> tuple[Job, dict[str, str]]:
+              model_code: str | None = None, fp8_scaling: str | None = None,
+              framework_date: str | None = None) -> tuple[Job, dict[str, str]]:
     """The job from the options, the model's published setup, then the defaults; and where each came from.
 
     The framework defaults to maxtext on TPU and megatron elsewhere; the attention kernel and the
     gradient dtype to that framework's (its profile's ``semantics``). ``compiled`` (``--compile``) is
     off by default, as in torchtitan, the one profile with a torch.compile switch. ``model_code``
     (``--model-code``): the framework's own modules by default, or a Hugging Face transformers model
-    class (DeepSpeed or torchtitan's FSDP only)."""
+    class (DeepSpeed or torchtitan's FSDP only). ``framework_date``: an earlier release of the framework
+    (``export --format torchtitan-0.2``: 2026-02)."""
     published = published_defaults(model_arg)
     origin: dict[str, str] = {}
 
@@ -119,18 +121,17 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
     prec = _device_precision(prec, origin, cluster)
     fw = resolve_framework(framework) if framework else default_framework(cluster.platform)
     prof = load_profile(fw)
-    check_precision_framework(prec, prof.at(None))
-    if cluster.platform not in prof.platforms:
-        raise SpecError(f"--framework: {fw} does not run on {cluster.platform.upper()} ({cluster.device.id}); it runs on "
-                        f"{', '.join(prof.platforms)}; use --framework {default_framework(cluster.platform)}")
-    attention = attention or prof.at(None).attention
+    check_precision_framework(prec, prof.at(framework_date))
+    if framework:  # without --framework a platform no profile runs on plans under the default's, as a stand-in
+        check_platform(fw, cluster.device)
+    attention = attention or prof.at(framework_date).attention_on(device_platform(cluster.device))
     _check_attention(attention, cluster)
     _check_compile(compiled, fw)
     check_model_code(model_code, fw)
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
                attention=attention, framework=fw, grad_bytes=prof.grad_bytes, compiled=bool(compiled),
                reliability=reliability or Reliability(), model_code=model_code or "native",
-               fp8_scaling=_fp8_scaling(fp8_scaling, prec)), origin
+               fp8_scaling=_fp8_scaling(fp8_scaling, prec), framework_date=framework_date or ""), origin
 
 
 def _device_precision(prec: str, origin: dict, cluster: Cluster) -> str:
@@ -263,6 +264,7 @@ class Request:
     moe_capacity_factor: float | None = None
     moe_load_imbalance: float | None = None
     reliability: Reliability = field(default_factory=Reliability)
+    framework_date: str | None = None  # an earlier framework release, YYYY-MM (export of an older launcher's form)
 
     def __post_init__(self) -> None:
         """Each option of the right kind and in the command line's range: the ids as text, the counts
@@ -298,4 +300,4 @@ class Request:
     def build_job(self, model: ModelSpec, cluster: Cluster) -> tuple[Job, dict[str, str]]:
         return build_job(self.model, model, cluster, self.global_batch, self.seq_len, self.precision, self.tokens,
                          self.attention, self.framework, reliability=self.reliability, compiled=self.compiled,
-                         model_code=self.model_code, fp8_scaling=self.fp8_scaling)
+                         model_code=self.model_code, fp8_scaling=self.fp8_scaling, framework_date=self.framework_date)

@@ -373,7 +373,8 @@ def test_compare_exit_code_when_nothing_runs():
 
 @pytest.mark.parametrize("fmt, needle", [("megatron", "--tensor-model-parallel-size"),
                                          ("deepspeed", '"train_micro_batch_size_per_gpu"'),
-                                         ("torchtitan", "[parallelism]"), ("maxtext", "ici_tensor_parallelism=")])
+                                         ("torchtitan", "config.parallelism.tensor_parallel_degree"),
+                                         ("torchtitan-0.2", "[parallelism]"), ("maxtext", "ici_tensor_parallelism=")])
 def test_export_formats_follow_the_plan(fmt, needle):
     common = ["--model", "llama3-8b", "--cluster", "dgx-superpod", "--devices", "16", "--search", "exhaustive"]
     # export searches under the format's framework: compare with the plan under that framework
@@ -596,7 +597,7 @@ def test_slurm_export():
               "--search", "exhaustive")
     assert tpu.exit_code == 2 and tpu.stdout == ""
     # refused before any search: the script runs Megatron, whose profile runs on GPUs only
-    assert "megatron does not run on TPU" in tpu.stderr and "--framework maxtext" in tpu.stderr
+    assert "megatron does not run on tpu-v5p (Google TPUs)" in tpu.stderr and "--format maxtext" in tpu.stderr
 
 
 def test_command_line_overrides_a_cluster_file(tmp_path):

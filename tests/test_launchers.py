@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from clusterplan.models.errors import SpecError
-from clusterplan.planner.report.export import (FRAMEWORK_OF_FORMAT, PINNED, export, maxtext_batch, model_spec, pipeline_layout)
+from clusterplan.planner.report.export import (FRAMEWORK_OF_FORMAT, PINNED, TORCHTITAN_FORMAT_DATES, export, maxtext_batch,
+                                               model_spec, pipeline_layout)
 
 HERE = Path(__file__).resolve().parent / "launchers"
 sys.path.insert(0, str(HERE))
@@ -40,12 +41,13 @@ CHECK_TIMEOUT_S = 600
 
 
 @functools.lru_cache(maxsize=None)
-def _doc(case: str, framework: str) -> str:
-    return json.dumps(launcher_cases.plan_doc(launcher_cases.CASES[case][0], framework))
+def _doc(case: str, framework: str, date: str | None) -> str:
+    fmt = next(f for f, fw in FRAMEWORK_OF_FORMAT.items() if fw == framework and TORCHTITAN_FORMAT_DATES.get(f) == date)
+    return json.dumps(launcher_cases.plan_doc(launcher_cases.CASES[case][0], fmt))
 
 
 def doc_for(case: str, fmt: str) -> dict:
-    return json.loads(_doc(case, FRAMEWORK_OF_FORMAT[fmt]))
+    return json.loads(_doc(case, FRAMEWORK_OF_FORMAT[fmt], TORCHTITAN_FORMAT_DATES.get(fmt)))
 
 
 @pytest.fixture(scope="session")
@@ -160,10 +162,19 @@ def test_torchtitan_refuses_a_model_it_does_not_define():
         export(doc, "torchtitan")
 
 
-def test_torchtitan_targets_the_pinned_release():
+def test_torchtitan_targets_the_pinned_releases():
+    """--format torchtitan: 0.3.0's config registry module (--module/--config); --format torchtitan-0.2:
+    0.2.2's TOML, planned as of 2026-02."""
     text = export(doc_for("deepseek-v3-h800x2048", "torchtitan"), "torchtitan")
-    assert "torchtitan 0.2.2" in text and 'name = "deepseek_v3"' in text and 'flavor = "671B"' in text
-    assert "enable_async_tensor_parallel" in text  # [parallelism] in 0.2.2 (not [compile])
+    assert "torchtitan 0.3.0" in text and "from torchtitan.models.deepseek_v3 import model_registry" in text
+    assert 'model_registry("671B"' in text and "def clusterplan():" in text and "enable_async_tensor_parallel=" in text
+    compile(text, "clusterplan_torchtitan.py", "exec")  # a Python module
+    old = export(doc_for("deepseek-v3-h800x2048", "torchtitan-0.2"), "torchtitan-0.2")
+    assert "torchtitan 0.2.2" in old and 'name = "deepseek_v3"' in old and 'flavor = "671B"' in old
+    assert "enable_async_tensor_parallel" in old  # [parallelism] in 0.2.2 (not [compile])
+    assert "features as of 2026-02" in old
+    with pytest.raises(SpecError, match="as of 2026-02 or earlier"):
+        export(doc_for("deepseek-v3-h800x2048", "torchtitan"), "torchtitan-0.2")
 
 
 def test_torchtitan_async_tp_only_compiled():
@@ -175,12 +186,12 @@ def test_torchtitan_async_tp_only_compiled():
 
     eager = doc_for("llama3-8b-fsdp-h100x128", "torchtitan")
     assert eager["inputs"]["job"]["compiled"] is False and not eager["layout"]["tp_overlap"]
-    assert "[compile]" not in export(eager, "torchtitan")
+    assert "CompileConfig(enable=False" in export(eager, "torchtitan")
     compiled = doc_for("llama3-70b-h100x256-compile", "torchtitan")
     assert compiled["inputs"]["job"]["compiled"] is True and compiled["layout"]["tp"] > 1
     text = export(compiled, "torchtitan")
-    assert "[compile]\nenable = true" in text
-    assert f"enable_async_tensor_parallel = {'true' if compiled['layout']['tp_overlap'] else 'false'}" in text
+    assert f"CompileConfig(enable=True, components=['model', 'loss'], enable_async_tensor_parallel=" \
+           f"{bool(compiled['layout']['tp_overlap'])})" in text
     args = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "256",
             "--framework", "torchtitan", "--fix", "tp=8,tp_overlap=on"]
     refused = CliRunner().invoke(clusterplan, args)

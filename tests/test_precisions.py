@@ -75,8 +75,10 @@ def test_nvfp4_keeps_smaller_activation_copies_under_megatron():
 ])
 def test_refusals_name_the_field_and_what_is_allowed(precision, framework, cluster, says):
     c = build_cluster(cluster)
+    date = "2026-02" if framework == "torchtitan" else None  # torchtitan 0.2.2, before its NVFP4 converter
     with pytest.raises(SpecError) as err:
-        build_job("llama3-8b", get_model("llama3-8b"), c, None, None, precision, None, framework=framework)
+        build_job("llama3-8b", get_model("llama3-8b"), c, None, None, precision, None, framework=framework,
+                  framework_date=date)
     assert "--precision" in str(err.value) and says in str(err.value)
 
 

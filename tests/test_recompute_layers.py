@@ -56,10 +56,13 @@ def test_maxtext_has_no_per_layer_count():
 
 
 def test_exports():
-    job = Job(global_batch_size=16, seq_len=4096, framework="torchtitan")
+    # torchtitan's layer SAC is 0.2.2's (0.3 dropped it, 2026-03): the 0.2 TOML of a job as of 2026-02
+    job = Job(global_batch_size=16, seq_len=4096, framework="torchtitan", framework_date="2026-02")
     ev = evaluate(MODEL, job, CLUSTER, Layout(dp=16, zero_stage=3, recompute="full", recompute_layers=8))
-    toml = export(evaluation_document(MODEL, job, CLUSTER, ev), "torchtitan", model=MODEL)
+    toml = export(evaluation_document(MODEL, job, CLUSTER, ev), "torchtitan-0.2", model=MODEL)
     assert 'mode = "selective"' in toml and 'selective_ac_option = "4"' in toml
+    with pytest.raises(SpecError, match="no layer SAC"):
+        export(evaluation_document(MODEL, job, CLUSTER, ev), "torchtitan", model=MODEL)
     job = Job(global_batch_size=64, seq_len=4096)
     interleaved = Layout(tp=2, pp=2, dp=4, vp=2, recompute="full", recompute_layers=6)
     doc = evaluation_document(MODEL, job, CLUSTER, evaluate(MODEL, job, CLUSTER, interleaved))

@@ -16,20 +16,24 @@ pinned launcher would refuse is refused here with :class:`SpecError` and a hint.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 from fractions import Fraction
+from types import SimpleNamespace
 
+from clusterplan.cost.framework import check_platform, load_profile
 from clusterplan.cost.layout import microbatch_group_size, order_axes, recompute_words, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.topologies.precisions import LOW_PRECISIONS
 
-FORMATS = ("megatron", "deepspeed", "torchtitan", "maxtext", "slurm")
+FORMATS = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2", "maxtext", "slurm")
 PINNED = {
     "megatron": "Megatron-Core 0.19.2 (PyPI megatron-core==0.19.2, megatron/training/arguments.py)",
     "deepspeed": "DeepSpeed 0.19.8 (PyPI deepspeed==0.19.8)",
-    "torchtitan": "torchtitan 0.2.2 (PyPI torchtitan==0.2.2, TOML job config via --job.config_file)",
+    "torchtitan": "torchtitan 0.3.0 (PyPI torchtitan==0.3.0, a config_registry module for --module/--config)",
+    "torchtitan-0.2": "torchtitan 0.2.2 (PyPI torchtitan==0.2.2, TOML job config via --job.config_file)",
     "maxtext": "MaxText 0.2.5 (PyPI maxtext==0.2.5, src/maxtext/configs/base.yml)",
     "slurm": "Megatron-Core 0.19.2 pretrain_gpt.py under torchrun (PyTorch 2.13)",
 }
@@ -96,6 +100,18 @@ def _rope(model) -> bool:
     return model.ffn_activation == "swiglu"
 
 
+ROPE_THETA_DEFAULT = 10000  # RoPE's original base (Su et al. 2021): a model spec without rope_theta
+
+
+def rope_theta(model) -> int:
+    """The model's RoPE base as the integer launchers take (Megatron's --rotary-base and Megatron-DeepSpeed's
+    --rotary-position-embeddings-theta are ``type=int``)."""
+    theta = model.rope_theta or ROPE_THETA_DEFAULT
+    if theta != int(theta):
+        raise SpecError(f"export: rope_theta {theta} is not a whole number; the launchers take an integer base")
+    return int(theta)
+
+
 def _moe_layer_pattern(model) -> str:
     dense, moe = model.moe.num_dense_layers, model.num_layers - model.moe.num_dense_layers
     return f"([0]*{dense}+[1]*{moe})" if dense else "1"
@@ -103,17 +119,30 @@ def _moe_layer_pattern(model) -> str:
 
 # ---- Megatron-Core ---------------------------------------------------------------------------------
 def megatron_args(doc: dict, model=None) -> str:
-    """Megatron-LM / NeMo (Megatron-Core) command-line arguments for the plan's layout and model."""
+    """Megatron-LM / NeMo (Megatron-Core) arguments for the plan's layout and model, as a bash file to
+    source: the environment the launch needs as ``export`` lines, the arguments as the array
+    ``MEGATRON_ARGS`` (the form of Megatron-LM's own example scripts, e.g. ``GPT_MODEL_ARGS=(...)``)."""
     args, notes, env = _megatron_args_and_notes(doc, model_spec(doc, model))
-    return "\n".join(_megatron_header(doc, notes, env) + [" \\\n".join(args)])
+    family = doc["inputs"]["cluster"]["family"]
+    notes = [*notes, *([FAMILY_NOTES[family]] if family in FAMILY_NOTES else [])]
+    lines = _megatron_header(doc, notes) + [
+        '# source this file, then: torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" <data, optimizer, checkpoint args>']
+    for key, value in env.items():
+        lines += [f"# {ENV_REASONS[key]}", f"export {key}={value}"]
+    return "\n".join(lines + ["MEGATRON_ARGS=(", *(f"  {a}" for a in args), ")"])
 
 
-def _megatron_header(doc: dict, notes: list[str], env: dict[str, str]) -> list[str]:
+ENV_REASONS = {"CUDA_DEVICE_MAX_CONNECTIONS": "Megatron-Core with tensor/context parallelism before Blackwell: one hardware "
+                                              "queue keeps the collectives in the order they were issued (validate_args "
+                                              "checks it)"}
+"""Why each environment variable of a Megatron launch is set (written beside its ``export`` line)."""
+
+
+def _megatron_header(doc: dict, notes: list[str]) -> list[str]:
     lines = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
              f"predicted {doc['step_time_s']:.3f} s/step",
              f"# for {PINNED['megatron']}; add your data (--data-path or --mock-data), optimizer and "
              "checkpoint arguments"]
-    lines += [f"# environment: export {k}={v}" for k, v in env.items()]
     return lines + [f"# note: {n}" for n in notes]
 
 
@@ -195,7 +224,8 @@ def _megatron_model_args(model, seq_len: int) -> tuple[list[str], list[str]]:
             model.head_dim * model.num_attention_heads != model.hidden_size:
         args.append(f"--kv-channels {model.head_dim}")
     if _rope(model):
-        args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear"]
+        args += ["--swiglu", "--normalization RMSNorm", "--position-embedding-type rope", "--disable-bias-linear",
+                 f"--rotary-base {rope_theta(model)}"]
         notes.append("SwiGLU model: RMSNorm, rotary positions and no linear biases (Llama-style) are assumed")
     else:
         args.append("--position-embedding-type learned_absolute")
@@ -332,6 +362,9 @@ def deepspeed_config(doc: dict, model=None) -> str:
     if model.mla is not None:
         comment.append("multi-latent attention: Megatron-DeepSpeed has no MLA; the shape above is the MHA "
                        "approximation")
+    if _plan_device(doc).family.startswith("intel-gaudi"):
+        comment.append("Intel Gaudi: run Intel's Megatron-DeepSpeed fork for HPUs (HabanaAI/Megatron-DeepSpeed); its "
+                       "--use-fused-sdpa is the fused attention the plan prices")
     config = {
         "_comment": comment,
         "train_batch_size": job["global_batch_size"],
@@ -342,10 +375,18 @@ def deepspeed_config(doc: dict, model=None) -> str:
         "bf16": {"enabled": job["precision"] == "bf16" or job["precision"] in LOW_PRECISIONS},
         "fp16": {"enabled": job["precision"] == "fp16"},
         "gradient_clipping": 1.0,
-        "activation_checkpointing": {"partition_activations": bool(L["sequence_parallel"]),
-                                     "contiguous_memory_optimization": L["recompute"] == "full"},
     }
+    if L["recompute"] == "full":
+        # what the plan priced: each layer's input kept whole (1/tp of it with sequence parallelism), not
+        # partitioned over the TP ranks by DeepSpeed; contiguous buffers need partitioned activations
+        # (deepspeed.checkpointing.configure asserts it)
+        config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
     return json.dumps(config, indent=2)
+
+
+MDS_ATTENTION_ARGS = {"flash2": ["--use-flash-attn-v2"], "flash1": ["--use-flash-attn-v1"]}
+"""Megatron-DeepSpeed's FlashAttention switches (megatron/arguments.py); without one it runs its unfused
+attention. ``flash`` on Gaudi is Intel's fork's fused SDPA (a note in the config says so)."""
 
 
 def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
@@ -359,7 +400,8 @@ def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
     if model.num_kv_heads_resolved != model.num_attention_heads:
         mds.append(f"--num-key-value-heads {model.num_kv_heads_resolved}")
     if _rope(model):
-        mds += ["--swiglu", "--normalization rmsnorm", "--use-rotary-position-embeddings", "--disable-bias-linear"]
+        mds += ["--swiglu", "--normalization rmsnorm", "--use-rotary-position-embeddings", "--disable-bias-linear",
+                f"--rotary-position-embeddings-theta {rope_theta(model)}"]
     if not model.tied_embeddings:
         mds.append("--untie-embeddings-and-output-weights")
     if model.moe is not None:
@@ -367,12 +409,15 @@ def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
                 f"--moe-expert-parallel-size {L['ep']}"]
     if L["sequence_parallel"]:
         mds.append("--sequence-parallel")
+    mds += MDS_ATTENTION_ARGS.get(job.get("attention", ""), [])
     if L["recompute"] != "none":
         mds.append(f"--recompute-granularity {L['recompute']}")
     if L.get("recompute_layers"):
         mds += ["--recompute-method block", f"--recompute-num-layers {L['recompute_layers']}"]
-    if L.get("head_slots") and L["pp"] > 1:
-        mds.append("--pp-partition-method 'type:transformer|embedding'")
+    if L.get("head_slots") and L["pp"] > 1:  # evaluate at a 2022 date: BigScience's fork had the flag
+        raise SpecError("--format deepspeed: microsoft/Megatron-DeepSpeed splits the pipeline by transformer layers only "
+                        "(GPTModelPipe's partition_method 'type:transformer'; BigScience's fork had --pp-partition-method); "
+                        "evaluate the layout with head_slots=off")
     return mds
 
 
@@ -404,7 +449,7 @@ def shape_key(model) -> tuple[int, ...]:
 
 
 TORCHTITAN_FLAVORS = {
-    # (name, flavor): shape_key -- torchtitan 0.2.2 torchtitan/models/*/__init__.py (vocabulary from
+    # (name, flavor): shape_key -- torchtitan 0.2.2 and 0.3.0 torchtitan/models/*/__init__.py (vocabulary from
     # the tokenizer the flavor is trained with; MLA models count kv heads as query heads)
     ("llama3", "8B"): (32, 4096, 32, 8, 14336, 0, 128256),
     ("llama3", "70B"): (80, 8192, 64, 8, 28672, 0, 128256),
@@ -413,7 +458,15 @@ TORCHTITAN_FLAVORS = {
     ("deepseek_v3", "236B"): (60, 5120, 128, 128, 12288, 160, 102400),
     ("deepseek_v3", "671B"): (61, 7168, 128, 128, 18432, 256, 129280),
 }
-"""Model definitions torchtitan 0.2.2 ships, by shape."""
+"""Model definitions torchtitan 0.2.2 and 0.3.0 ship, by shape."""
+TORCHTITAN_RECIPES = {("llama3", "8B"): "llama3_8b", ("llama3", "70B"): "llama3_70b", ("llama3", "405B"): "llama3_70b",
+                      ("deepseek_v3", "16B"): "deepseek_v3_16b", ("deepseek_v3", "236B"): "deepseek_v3_671b",
+                      ("deepseek_v3", "671B"): "deepseek_v3_671b"}
+"""The torchtitan 0.3.0 config_registry function each flavor's config starts from (data, optimizer,
+checkpointing: the recipe's): 236B has none of its own and takes 671B's; 405B's (llama3_405b) builds
+float8 converters and async TP whatever the plan says, which refuse GPUs without FP8, so 70B's is taken."""
+TORCHTITAN_FORMAT_DATES = {"torchtitan-0.2": "2026-02"}
+"""The framework date a format's plan is searched at: 0.2.2's TOML (2026-02); the others the profile's own."""
 
 
 def torchtitan_flavor(model) -> tuple[str, str]:
@@ -424,12 +477,13 @@ def torchtitan_flavor(model) -> tuple[str, str]:
         if shape == key:
             return flavor
     known = ", ".join(f"{n} {f}" for n, f in TORCHTITAN_FLAVORS)
-    raise SpecError(f"--format torchtitan: torchtitan 0.2.2 has no model definition of {model.name}'s shape "
+    raise SpecError(f"--format torchtitan: torchtitan 0.2.2 and 0.3.0 have no model definition of {model.name}'s shape "
                     f"({model.num_layers} layers x {model.hidden_size}); it defines {known} (plus qwen3, llama4, "
                     "gpt_oss). Register a TrainSpec for it (experimental.custom_import) or use --format megatron")
 
 
-def _torchtitan_pipeline(num_layers: int, pp: int, vp: int, head_slots: bool = False) -> tuple[str, list[list[str]]]:
+def _torchtitan_pipeline(num_layers: int, pp: int, vp: int, head_slots: bool = False,
+                         output: str = "output") -> tuple[str, list[list[str]]]:
     """The schedule (1F1B for one stage per rank, else Interleaved1F1B), and the modules of each of
     the ``pp * vp`` stages, written out so that torchtitan runs the split the plan priced: its own
     split counts the embedding and the output as a layer each since 2025-04 (``head_slots``).
@@ -452,20 +506,25 @@ def _torchtitan_pipeline(num_layers: int, pp: int, vp: int, head_slots: bool = F
         parts.append([f"layers.{i}" for i in range(first, first + count)])
         first += count
     parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "output"]
+    parts[-1] += ["norm", output]  # the output layer: 'output' in 0.2.2, 'lm_head' in 0.3.0
     return ("1F1B" if vp == 1 else "Interleaved1F1B"), parts
 
 
 def torchtitan_toml(doc: dict, model=None) -> str:
-    """A torchtitan 0.2.2 job config (TOML, for ``--job.config_file``)."""
+    """A torchtitan 0.2.2 job config (TOML, for ``--job.config_file``), for a plan searched under the
+    torchtitan profile as of 0.2.2's month (``export --format torchtitan-0.2`` plans so)."""
     L, job = doc["layout"], _job(doc)
     model = model_spec(doc, model)
+    _check_plan_date(doc, "torchtitan-0.2", TORCHTITAN_FORMAT_DATES["torchtitan-0.2"])
+    problem = load_profile("torchtitan").at(TORCHTITAN_FORMAT_DATES["torchtitan-0.2"]).cp_problem(model)
+    if L["cp"] > 1 and problem:
+        raise SpecError(f"--format torchtitan-0.2: {problem}; --format torchtitan writes 0.3's config, which runs it")
     name, flavor = torchtitan_flavor(model)
     mbs, gbs, dp = L["micro_batch_size"], job["global_batch_size"], L["dp"]
     # torchtitan: gradient accumulation = global / (local x dp); with a pipeline the local batch is
     # cut into local / pipeline_parallel_microbatch_size micro-batches instead.
     local = gbs // dp if L["pp"] > 1 else mbs
-    lines = _torchtitan_header(doc, L, job) + [
+    lines = _torchtitan_header(doc, L, job, "torchtitan-0.2") + [
         "[job]",
         f'description = "clusterplan: {doc["inputs"]["model"]["name"]}, {_layout_line(L)}"',
         "",
@@ -502,12 +561,19 @@ def _torchtitan_ac(L: dict, num_layers: int) -> list[str]:
     return ['mode = "selective"', f'selective_ac_option = "{stage // k}"  # every {stage // k}th block, {k} of {stage}']
 
 
-def _torchtitan_header(doc: dict, L: dict, job: dict) -> list[str]:
+def _torchtitan_header(doc: dict, L: dict, job: dict, fmt: str) -> list[str]:
     """The comment lines of a torchtitan config: the prediction, the command, what differs."""
     head = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
-            f"predicted {doc['step_time_s']:.3f} s/step",
-            f"# for {PINNED['torchtitan']}: torchrun ... -m torchtitan.train --job.config_file this.toml",
-            "# (torchtitan 0.3 configures jobs in Python config registries instead: --module/--config)"]
+            f"predicted {doc['step_time_s']:.3f} s/step"]
+    if fmt == "torchtitan-0.2":
+        head += [f"# for {PINNED[fmt]}: torchrun ... -m torchtitan.train --job.config_file this.toml",
+                 "# (torchtitan 0.3 configures jobs in Python config registries instead: --format torchtitan)"]
+    else:
+        head += [f"# for {PINNED[fmt]}: save as clusterplan_torchtitan.py on PYTHONPATH, then",
+                 "#   torchrun ... -m torchtitan.train --module clusterplan_torchtitan --config clusterplan",
+                 "# (torchtitan 0.2.2's TOML job config: --format torchtitan-0.2)",
+                 "# unvalidated: attention runs FlexAttention (its FLASH backend on Hopper/Blackwell) and, where 0.3 allows, "
+                 "CUDA graphs; the plan priced fused attention and eager host time"]
     if L["zero_stage"] == 1:  # only from a plan searched under another framework's profile
         head.append("# ZeRO-1 has no torchtitan equivalent: plain replication is written")
     if job["precision"] == "fp8" and not job.get("compiled"):
@@ -545,6 +611,104 @@ def _torchtitan_parallelism(L: dict, num_layers: int) -> list[str]:
     return lines
 
 
+def _check_plan_date(doc: dict, fmt: str, latest: str) -> None:
+    """A plan searched as of a later release may use what ``fmt``'s release lacks: refused."""
+    date = (doc["inputs"].get("framework") or {}).get("date")
+    if date and date > latest:
+        raise SpecError(f"--format {fmt}: this plan was searched under torchtitan as of {date}; the {PINNED[fmt]} form "
+                        f"needs a plan as of {latest} or earlier (export --format {fmt} searches so)")
+
+
+TORCHTITAN_CONVERTERS_03 = {
+    "fp8": ["Float8LinearConverter.Config(filter_fqns=['lm_head', 'router.gate'], model_compile_enabled={compiled})",
+            "Float8GroupedExpertsConverter.Config(model_compile_enabled={compiled})"],
+    "mxfp8": ["MXFP8LinearConverter.Config(model_compile_enabled={compiled})",
+              "MXFP8GroupedExpertsConverter.Config(model_compile_enabled={compiled})"],
+    "nvfp4": ["NVFP4LinearConverter.Config(fqns=['layers'], model_compile_enabled={compiled})"],
+}
+"""torchtitan 0.3.0's model converters per job precision (components/quantization: float8.py, mx.py, nvfp4.py:
+NVFP4 on every decoder block, as priced, not the first 85% its Llama 3 recipe converts): the
+linear layers, and an MoE model's grouped experts too; the lm_head and the router stay bf16, as the
+llama3_405b and deepseek_v3_671b_float8 recipes leave them."""
+
+
+def torchtitan_registry(doc: dict, model=None) -> str:
+    """A torchtitan 0.3.0 config registry: a Python module whose function ``clusterplan`` returns the
+    ``Trainer.Config`` of the plan (0.3 has no TOML: ``--module`` names a config_registry module,
+    ``--config`` its function). It starts from torchtitan's own recipe for the model (data,
+    optimizer, checkpointing) and sets the model, the batch, the parallelism, recomputation and compile."""
+    L, job = doc["layout"], _job(doc)
+    model = model_spec(doc, model)
+    name, flavor = torchtitan_flavor(model)
+    _torchtitan_03_refusals(L)
+    compiled = bool(job.get("compiled"))
+    converters = ", ".join(c.format(compiled=compiled) for c in TORCHTITAN_CONVERTERS_03.get(job["precision"], [])
+                           if model.moe is not None or "GroupedExperts" not in c)
+    mbs, gbs, dp = L["micro_batch_size"], job["global_batch_size"], L["dp"]
+    body = [f'    model_spec = model_registry("{flavor}", attn_backend="{_torchtitan_attention(doc)}"'
+            + (f", converters=[{converters}])" if converters else ")"),
+            f"    config = {TORCHTITAN_RECIPES[(name, flavor)]}()  # torchtitan's recipe: data, optimizer, checkpointing",
+            "    config.model_spec = model_spec",
+            "    config.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec)))",
+            f"    config.training.local_batch_size = {gbs // dp if L['pp'] > 1 else mbs}",
+            f"    config.training.global_batch_size = {gbs}", f"    config.training.seq_len = {job['seq_len']}",
+            f"    config.training.disable_cuda_graphs = {L['pp'] > 1 or L['ep'] > 1}  # 0.3 refuses them with pp (and EP's default dispatcher)",
+            *(f"    config.parallelism.{k} = {v!r}" for k, v in _torchtitan_03_parallelism(L, model.num_layers)),
+            f"    config.activation_checkpoint = {TORCHTITAN_AC_03[L['recompute']]}",
+            f"    config.compile = CompileConfig(enable={compiled}, components=['model', 'loss'], "
+            f"enable_async_tensor_parallel={bool(L['tp_overlap'])})",
+            "    return config"]
+    head = ['"""' + f"clusterplan: {doc['inputs']['model']['name']}, {_layout_line(L)}" + '"""',
+            *_torchtitan_header(doc, L, job, "torchtitan")]
+    imports = ["from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
+               "from torchtitan.components.quantization import (Float8GroupedExpertsConverter, Float8LinearConverter,",
+               "                                                MXFP8GroupedExpertsConverter, MXFP8LinearConverter,",
+               "                                                NVFP4LinearConverter)",
+               "from torchtitan.config import CompileConfig",
+               "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
+               "from torchtitan.models.common.config_utils import decoder_vocab_size",
+               f"from torchtitan.models.{name} import model_registry",
+               f"from torchtitan.models.{name}.config_registry import {TORCHTITAN_RECIPES[(name, flavor)]}"]
+    return "\n".join(head + imports + ["", "", "def clusterplan():", '    """The plan\'s Trainer.Config."""', *body]) + "\n"
+
+
+TORCHTITAN_AC_03 = {"none": "None", "selective": "SelectiveAC.Config()  # per-op SAC", "full": "FullAC.Config()"}
+"""torchtitan 0.3.0's activation checkpointing per recompute mode (distributed/activation_checkpoint.py)."""
+
+
+def _torchtitan_attention(doc: dict) -> str:
+    """0.3.0's language-model attention: FlexAttention's FLASH backend on Hopper and Blackwell (it refuses
+    older GPUs), FlexAttention elsewhere (SDPA is no longer one: models/common/config_utils.py)."""
+    arch = cuda_arch(doc["inputs"]["cluster"]["device"])
+    return "flex_flash" if arch is not None and arch >= 9 else "flex"
+
+
+def _torchtitan_03_refusals(L: dict) -> None:
+    if L.get("recompute_layers"):
+        raise SpecError(f"--format torchtitan: torchtitan 0.3 has no layer SAC (removed 2026-03, #2357) for "
+                        f"recompute_layers={L['recompute_layers']}; --format torchtitan-0.2 writes 0.2.2's")
+    if L["ep"] > 1 and L.get("expert_tp", True) and L["tp"] > 1:
+        raise SpecError("--format torchtitan: torchtitan 0.3 has no expert tensor parallelism (removed 2026-04, #3167): "
+                        "with ep > 1 experts stay whole (etp=1); plan under --framework torchtitan, whose search "
+                        "keeps to it, or use --format torchtitan-0.2")
+
+
+def _torchtitan_03_parallelism(L: dict, num_layers: int) -> list[tuple[str, object]]:
+    """The ParallelismConfig fields of torchtitan 0.3.0 (FSDP2 shards for ZeRO 2 and 3; ZeRO-2 keeps the
+    weights gathered from forward to backward)."""
+    sharded = L["zero_stage"] in (2, 3)
+    pairs = [("data_parallel_replicate_degree", 1 if sharded else L["dp"]),
+             ("data_parallel_shard_degree", L["dp"] if sharded else 1), ("tensor_parallel_degree", L["tp"]),
+             ("pipeline_parallel_degree", L["pp"]), ("context_parallel_degree", L["cp"]),
+             ("expert_parallel_degree", L["ep"]),
+             ("fsdp_reshard_after_forward", "never" if L["zero_stage"] == 2 else "default")]
+    if L["pp"] > 1:
+        schedule, parts = _torchtitan_pipeline(num_layers, L["pp"], L["vp"], bool(L.get("head_slots")), "lm_head")
+        pairs += [("pipeline_parallel_schedule", schedule), ("pipeline_parallel_microbatch_size", L["micro_batch_size"]),
+                  ("module_fqns_per_model_part", parts)]
+    return pairs
+
+
 # ---- MaxText ---------------------------------------------------------------------------------------
 MAXTEXT_MODELS = {
     # shape_key: MaxText 0.2.5 configs/models/<name>.yml
@@ -574,10 +738,32 @@ def maxtext_model(model) -> list[tuple[str, object]]:
             ("base_mlp_dim", model.ffn_hidden_size), ("base_num_decoder_layers", model.num_layers),
             ("head_dim", model.head_dim_resolved), ("vocab_size", model.vocab_size),
             ("mlp_activations", '["silu","linear"]'), ("enable_dropout", str(model.dropout).lower()),
+            ("rope_max_timescale", rope_theta(model)),
             ("logits_via_embedding", str(model.tied_embeddings).lower())]
 
 
 MAXTEXT_AXES = ("data", "fsdp", "tensor", "context", "pipeline", "expert")
+MAXTEXT_MESH_ORDER = ("data", "pipeline", "fsdp", "context", "tensor", "expert")
+"""The axes in MaxText's ``mesh_axes`` order (base.yml, 0.2.5: data, stage, fsdp, ..., context, ...,
+tensor, ..., expert), least network-intensive first: the order jax places them on the torus in reverse."""
+
+
+def torus_axes_fit(sizes: list[int], physical: tuple[int, ...]) -> bool:
+    """Whether each logical mesh axis (``sizes``, least network-intensive first) gets whole physical
+    torus axes, as ``jax.experimental.mesh_utils.create_device_mesh`` assigns them without
+    ``allow_split_physical_axes``: from the last logical axis back, the first subset of the free
+    physical axes (most axes first, in combination order) whose lengths multiply to the size."""
+    free = list(physical)
+    for size in reversed(sizes):
+        if size == 1:
+            continue
+        found = next((combo for k in range(len(free), 0, -1) for combo in itertools.combinations(range(len(free)), k)
+                      if math.prod(free[i] for i in combo) == size), None)
+        if found is None:
+            return False
+        for i in found:
+            free[i] = 0  # assigned: a zero length matches no size
+    return True
 
 
 def maxtext_mesh(doc: dict) -> tuple[dict[str, int], dict[str, int], int]:
@@ -633,6 +819,23 @@ def maxtext_batch(gbs: int, devices: int, accumulation: int) -> str:
                     f"{gbs} sequences; choose a global batch that is a multiple of {exact.denominator}")
 
 
+def _maxtext_refusals(doc: dict, model, family: str) -> None:
+    """What MaxText cannot run, by its profile's rules (the search keeps to them): another platform,
+    a pipeline split or micro-batch count its config validation asserts against, partial remat."""
+    L = doc["layout"]
+    if family not in GPU_FAMILIES and family != "tpu-torus":
+        raise SpecError(f"--format maxtext: MaxText runs on TPUs and GPUs, not {family}")
+    prof = load_profile("maxtext").at(None)
+    dense = model.moe.num_dense_layers if model.moe else 0
+    for problem in (prof.pipeline_split_problem(model.num_layers, dense, L["pp"], L["vp"]),
+                    prof.pipeline_microbatch_problem(L["pp"], L["num_microbatches"])):
+        if problem:
+            raise SpecError(f"--format maxtext: {problem} (plan under --framework maxtext, whose search keeps to it)")
+    if L.get("recompute_layers"):
+        raise SpecError("--format maxtext: MaxText's remat_policy applies to every layer alike; it has no "
+                        f"recompute_layers={L['recompute_layers']} (evaluate the layout without it)")
+
+
 def maxtext_overrides(doc: dict, model=None) -> str:
     """MaxText 0.2.5 ``key=value`` overrides for ``train.py base.yml ...``: the model, the mesh
     (ici_* inside a slice, dcn_* across slices, every axis written so no -1 default fills in), the
@@ -640,24 +843,13 @@ def maxtext_overrides(doc: dict, model=None) -> str:
     L, job = doc["layout"], _job(doc)
     model = model_spec(doc, model)
     family = doc["inputs"]["cluster"]["family"]
-    if family not in GPU_FAMILIES and family != "tpu-torus":
-        raise SpecError(f"--format maxtext: MaxText runs on TPUs and GPUs, not {family}")
+    _maxtext_refusals(doc, model, family)
     ici, dcn, per_slice = maxtext_mesh(doc)
     stages = L["pp"] * L["vp"]
-    if L["pp"] > 1 and model.num_layers % stages:
-        raise SpecError(f"--format maxtext: MaxText pipelines need the layers to divide evenly: {model.num_layers} "
-                        f"layers over {L['pp']} stages x {L['vp']} repeats; fix pp to a divisor of "
-                        f"{model.num_layers} (e.g. --fix pp=...) or plan under another framework")
-    if L["pp"] > 1 and L["num_microbatches"] % L["pp"]:  # types.py: num_pipeline_microbatches % num_stages
-        raise SpecError(f"--format maxtext: MaxText needs the pipeline micro-batches to be a multiple of the stages: "
-                        f"{L['num_microbatches']} micro-batches over {L['pp']} stages; change the global batch or fix pp")
     accumulation = L["num_microbatches"] if L["pp"] == 1 else 1
     # MaxText names what it saves: 'minimal' recomputes least (the nearest to none/selective here),
     # 'full' recomputes everything.
     remat = "full" if L["recompute"] == "full" else "minimal"
-    if L.get("recompute_layers"):
-        raise SpecError("--format maxtext: MaxText's remat_policy applies to every layer alike; it has no "
-                        f"recompute_layers={L['recompute_layers']} (evaluate the layout without it)")
     pairs: list[tuple[str, object]] = [*maxtext_model(model),
                                        ("hardware", "tpu" if family == "tpu-torus" else "gpu")]
     names = {"pipeline": "pipeline"}
@@ -673,11 +865,18 @@ def maxtext_overrides(doc: dict, model=None) -> str:
                   ("num_pipeline_repeats", L["vp"]), ("num_pipeline_microbatches", L["num_microbatches"])]
     if job["precision"] == "fp8":
         pairs.append(("quantization", "fp8"))
+    torus = doc["inputs"]["cluster"].get("torus_shape")
+    split = bool(torus) and not torus_axes_fit([ici[a] for a in MAXTEXT_MESH_ORDER], tuple(torus))
+    if split:  # else create_device_mesh raises 'Failed to find assignment for logical_axis_index ...'
+        pairs.append(("allow_split_physical_axes", "true"))
     slices = doc["num_devices"] // per_slice
     head = [f"# {doc['inputs']['model']['name']} on {doc['num_devices']} x {doc['inputs']['cluster']['device']}: "
             f"predicted {doc['step_time_s']:.3f} s/step",
             f"# for {PINNED['maxtext']}: python -m maxtext.trainers.pre_train.train <base.yml> run_name=... <these>",
             f"# {slices} slice(s) of {per_slice} devices: ici_* inside a slice, dcn_* across"]
+    if split:
+        head.append(f"# the ici degrees do not each take whole axes of the {'x'.join(map(str, torus))} torus: "
+                    "allow_split_physical_axes lets jax split a physical axis between two mesh axes")
     return "\n".join(head + [f"{k}={v}" for k, v in pairs])
 
 
@@ -687,7 +886,8 @@ FAMILY_NOTES = {
                      "the topology/block plugin, --segment)",
     "xgmi": "AMD GPUs: run a ROCm build of Megatron-LM (e.g. AMD's rocm/megatron-lm image) and check its launch "
             "notes for the environment it expects",
-    "gaudi": "Intel Gaudi: run Intel's Megatron-DeepSpeed fork for HPUs and request the accelerators as your Slurm "
+    "gaudi": "Intel Gaudi: run Intel's Megatron-LM fork for HPUs (HabanaAI/Megatron-LM, based on Megatron-Core "
+             "core_r0.9.0: flags newer than that release may be missing) and request the accelerators as your Slurm "
              "site names them (the gres may not be gpu); CUDA_DEVICE_MAX_CONNECTIONS does not apply",
 }
 
@@ -715,7 +915,7 @@ def slurm_script(doc: dict, model=None) -> str:
     _check_torchrun(cluster, num_devices)
     args, notes, env = _megatron_args_and_notes(doc, model_spec(doc, model))
     notes = [*notes, *([FAMILY_NOTES[cluster["family"]]] if cluster["family"] in FAMILY_NOTES else [])]
-    header = ["#!/bin/bash", *_megatron_header(doc, notes, {}),
+    header = ["#!/bin/bash", *_megatron_header(doc, notes),
               f"# layout: {_layout_line(doc['layout'])}",
               f"#SBATCH --job-name={_job_name(doc['inputs']['model']['name'])}",
               f"#SBATCH --nodes={num_devices // per_node}",
@@ -726,9 +926,7 @@ def slurm_script(doc: dict, model=None) -> str:
               ""]
     body = ["set -euo pipefail"]
     for key, value in env.items():
-        body += ["# Megatron-Core with tensor/context parallelism before Blackwell: one hardware queue keeps "
-                 "the collectives in the order they were issued (validate_args checks it)",
-                 f"export {key}={value}"]
+        body += [f"# {ENV_REASONS[key]}", f"export {key}={value}"]
     body += ["# the first host of the allocation hosts the rendezvous (no pipe: a long host list must not",
              "# end the script through SIGPIPE under pipefail)",
              'mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
@@ -768,7 +966,7 @@ def _job_name(model_name: str) -> str:
 
 
 FRAMEWORK_OF_FORMAT = {"megatron": "megatron", "slurm": "megatron", "deepspeed": "deepspeed",
-                       "torchtitan": "torchtitan", "maxtext": "maxtext"}
+                       "torchtitan": "torchtitan", "torchtitan-0.2": "torchtitan", "maxtext": "maxtext"}
 """The framework profile a format's plan must be searched under (the slurm script runs Megatron)."""
 
 
@@ -793,12 +991,24 @@ def export(doc: dict, fmt: str, model=None) -> str:
     if fw and fw != FRAMEWORK_OF_FORMAT[fmt]:
         raise SpecError(f"export --format {fmt}: this plan was searched under {fw}; a {fmt} config needs a plan "
                         f"searched under {FRAMEWORK_OF_FORMAT[fmt]}")
-    text = {"megatron": megatron_args, "deepspeed": deepspeed_config, "torchtitan": torchtitan_toml,
-            "maxtext": maxtext_overrides, "slurm": slurm_script}[fmt](doc, model)
-    if fmt == "deepspeed" or not text.startswith("#"):  # JSON carries it in its comment; a script's shebang stays first
+    check_platform(FRAMEWORK_OF_FORMAT[fmt], _plan_device(doc), f"export --format {fmt}", export=True)
+    text = {"megatron": megatron_args, "deepspeed": deepspeed_config, "torchtitan": torchtitan_registry,
+            "torchtitan-0.2": torchtitan_toml, "maxtext": maxtext_overrides, "slurm": slurm_script}[fmt](doc, model)
+    if fmt == "deepspeed" or not text.startswith(("#", '"""')):  # JSON carries it in its comment; a shebang stays first
         return text
     first, _, rest = text.partition("\n")
     return f"{first}\n# {profile_line(doc)}\n{rest}"
+
+
+def _plan_device(doc: dict) -> SimpleNamespace:
+    """The plan's device as an id and a family: the Plan document's ``device_family``, else (a document
+    written before it carried one) the bundled device's."""
+    cluster = doc["inputs"]["cluster"]
+    family = cluster.get("device_family")
+    if family is None:
+        from clusterplan.topologies.library import load_device
+        family = load_device(cluster["device"]).family
+    return SimpleNamespace(id=cluster["device"], family=family)
 
 
 def profile_line(doc: dict) -> str:

@@ -12,7 +12,8 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
-from clusterplan.cost.framework import framework_domains, framework_refusal, knob_text, model_code_domains, unoffered
+from clusterplan.cost.framework import (framework_domains, framework_refusal, knob_text, model_code_domains,
+                                        model_domains, unoffered)
 from clusterplan.cost.step import head_slot_problem
 from clusterplan.cost.terms import stage_slots
 from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
@@ -119,8 +120,8 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     """
     b = bounds or Bounds()
     prof = job.profile
-    offered = {**framework_domains(prof, cluster.device.family), **model_code_domains(job)}
-    _check_fixed_offered(prof, cluster.device.family, b)
+    offered = {**framework_domains(prof, cluster.device.family), **model_code_domains(job), **model_domains(prof, model)}
+    _check_fixed_offered(prof, cluster.device.family, b, model)
     _check_fixed_model_code(job, b)
     _check_fixed_consistent(model, b)
     _check_fixed_overlap(prof, b)
@@ -140,6 +141,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     fold = prof.has("etp1") or b.allow_unavailable and b.fixed.get("expert_tp") is False
     experts = [(e, True) for e in pick("ep", ep_values)] + [(e, False) for e in pick("ep", ep_values) if e > 1 and fold]
     experts = [(e, t) for e, t in experts if "expert_tp" not in b.fixed or b.fixed["expert_tp"] == t or e == 1]
+    experts = [(e, t) for e, t in experts if e == 1 or not t or prof.ep_splits_experts_over_tp() or b.allow_unavailable]
     space = Space(
         factorizations=tuple(facts),
         ep=tuple(e for e, _ in experts),
@@ -263,10 +265,13 @@ def _check_fixed_overlap(prof, bounds: Bounds) -> None:
             raise SpecError(f"--fix tp_overlap=on with sp=off: {refused}")
 
 
-def _check_fixed_offered(prof, family: str, bounds: Bounds) -> None:
-    """A --fix value the framework does not offer is bad input, named with the framework."""
+def _check_fixed_offered(prof, family: str, bounds: Bounds, model: ModelSpec) -> None:
+    """A --fix value the framework does not offer is bad input, named with the framework (context
+    parallelism too where the framework has none for this model's attention)."""
     if bounds.allow_unavailable:
         return
+    if bounds.fixed.get("cp", 1) > 1 and prof.cp_problem(model):
+        raise SpecError(f"--fix {prof.cp_problem(model)}; pick another --framework or drop the --fix")
     problems = unoffered(prof, family, bounds.fixed, bounds.fixed.get("expert_tp") is False)
     if problems:
         raise SpecError(f"--fix {problems[0]}; pick another --framework or drop the --fix")
@@ -351,9 +356,12 @@ def batch_ok(model: ModelSpec, job: Job, pp: int, dp: int, mbs: int, vp: int, he
     take a stage slot each, so pp x vp may reach num_layers + 2: ``cost.step.head_slot_problem``)."""
     if job.global_batch_size % (dp * mbs) or (job.one_microbatch(pp) and job.global_batch_size != dp * mbs):
         return "batch"
-    if pp * vp > stage_slots(model.num_layers, pp, head_slots):
+    dense = model.moe.num_dense_layers if model.moe else 0
+    if pp * vp > stage_slots(model.num_layers, pp, head_slots) or job.profile.pipeline_split_problem(
+            model.num_layers, dense, pp, vp):
         return "layers"
-    if vp > 1 and (pp == 1 or job.microbatch_group(job.global_batch_size // (dp * mbs), pp, vp) is None):
+    m = job.global_batch_size // (dp * mbs)
+    if vp > 1 and (pp == 1 or job.microbatch_group(m, pp, vp) is None) or job.profile.pipeline_microbatch_problem(pp, m):
         return "interleave"
     return None
 

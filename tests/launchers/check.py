@@ -3,7 +3,7 @@ virtual environment (tests/launchers/requirements.txt), never in clusterplan's o
 
     python check.py FORMAT EXPORT_FILE META_JSON
 
-FORMAT: megatron | slurm | deepspeed | torchtitan | maxtext. META_JSON describes the plan the
+FORMAT: megatron | slurm | deepspeed | torchtitan | torchtitan-0.2 | maxtext. META_JSON describes the plan the
 export came from (world size, layout, model shape, CUDA arch): what the launcher's view of the
 config is compared against once the launcher has accepted it. Prints one JSON line
 {"ok": true, ...facts the launcher derived...}; an exception (the launcher's refusal) exits non-zero
@@ -41,15 +41,20 @@ def _expect(label: str, got, want) -> None:
 
 # ---- Megatron-Core ---------------------------------------------------------------------------------
 def megatron_argv(text: str) -> tuple[list[str], dict[str, str]]:
-    """The arguments and ``# environment: export K=V`` lines of a megatron export."""
-    env, body = {}, []
-    for line in text.splitlines():
-        if line.startswith("# environment: export "):
-            key, _, value = line.removeprefix("# environment: export ").partition("=")
-            env[key] = value
-        elif not line.startswith("#"):
-            body.append(line)
-    return shlex.split(" ".join(body).replace("\\ ", " ")), env
+    """The ``MEGATRON_ARGS`` array and the variables a megatron export exports, as bash itself reads
+    them when the file is sourced (what a user's launch script does)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "megatron_args.sh"
+        path.write_text(text)
+        subprocess.run(["bash", "-n", str(path)], check=True)
+        clean = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")}
+        show = 'source "$1" >/dev/null; printf "%s\\0" "${MEGATRON_ARGS[@]}"; printf "\\0"; env -0'
+        out = subprocess.run(["bash", "-c", show, "bash", str(path)], env=clean, capture_output=True, check=True).stdout
+    argv_part, _, env_part = out.decode().partition("\0\0")
+    before = set(subprocess.run(["bash", "-c", "env -0"], env=clean, capture_output=True).stdout.decode().split("\0"))
+    env = dict(e.split("=", 1) for e in env_part.split("\0") if e and e not in before and "=" in e)
+    env = {k: v for k, v in env.items() if k not in ("SHLVL", "_", "PWD", "OLDPWD")}
+    return [a for a in argv_part.split("\0") if a], env
 
 
 def check_megatron_argv(argv: list[str], env: dict[str, str], meta: dict) -> dict:
@@ -209,11 +214,58 @@ def check_deepspeed(text: str, meta: dict) -> dict:
     _expect("zero stage", int(cfg.zero_optimization_stage), L["zero_stage"])
     if L["pp"] > 1 and cfg.zero_optimization_stage >= 2:  # PipelineEngine's own assertion
         _fail("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism")
-    return {"world_size": cfg.world_size, "zero": int(cfg.zero_optimization_stage)}
+    if cfg.activation_checkpointing_config.contiguous_memory_optimization and \
+            not cfg.activation_checkpointing_config.partition_activations:  # deepspeed.checkpointing.configure asserts it
+        _fail("Contiguous Checkpointing is only available with partitioned activations")
+    facts = {"world_size": cfg.world_size, "zero": int(cfg.zero_optimization_stage)}
+    prefix = "Megatron-DeepSpeed arguments: "
+    line = next((c for c in config["_comment"] if c.startswith(prefix)), None)
+    return {**facts, **(_check_megatron_deepspeed_args(line[len(prefix):], meta) if line else {})}
+
+
+def _check_megatron_deepspeed_args(text: str, meta: dict) -> dict:
+    """The Megatron-DeepSpeed arguments the config names, parsed by an argparse built from
+    megatron_deepspeed_args.json (every option microsoft/Megatron-DeepSpeed's parser defines, with its
+    action, type, nargs and choices) plus DeepSpeed's own add_config_arguments: an unknown flag, a
+    value of the wrong type or outside the choices fails, and the parsed values must be the plan's."""
+    import argparse
+
+    import deepspeed
+
+    facts = json.loads((Path(__file__).with_name("megatron_deepspeed_args.json")).read_text())["flags"]
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    types = {"int": int, "float": float, "str": str}
+    for flag, spec in facts.items():
+        kwargs = {k: spec[k] for k in ("nargs", "choices") if k in spec}
+        if spec.get("action"):
+            kwargs["action"] = spec["action"]
+        elif spec.get("type") in types:
+            kwargs["type"] = types[spec["type"]]
+        parser.add_argument(flag, **kwargs)
+    deepspeed.add_config_arguments(parser)
+    args, unknown = parser.parse_known_args(shlex.split(text))
+    if unknown:
+        _fail(f"Megatron-DeepSpeed has no argument {unknown[0]!r}")
+    m, L = meta["model"], meta["layout"]
+    for name, want in (("tensor_model_parallel_size", L["tp"]), ("pipeline_model_parallel_size", L["pp"]),
+                       ("micro_batch_size", L["micro_batch_size"]), ("global_batch_size", meta["global_batch_size"]),
+                       ("num_layers", m["num_layers"]), ("hidden_size", m["hidden_size"]),
+                       ("num_attention_heads", m["num_attention_heads"]), ("zero_stage", L["zero_stage"])):
+        _expect(f"Megatron-DeepSpeed --{name.replace('_', '-')}", getattr(args, name), want)
+    return {"mds_args": len(shlex.split(text))}
 
 
 # ---- torchtitan ------------------------------------------------------------------------------------
-def check_torchtitan(text: str, meta: dict) -> dict:
+def _side(pin: str) -> None:
+    """Put a side-installed launcher release (launcher_venv.side_dir) first on sys.path."""
+    sys.path.insert(0, str(Path(sys.prefix) / "side" / pin))
+
+
+def check_torchtitan_02(text: str, meta: dict) -> dict:
+    """torchtitan 0.2.2's TOML through its ConfigManager, ParallelDims, the model args'
+    update_from_config (what the trainer calls before building the model), its pipeline split and the
+    trainer's batch arithmetic."""
+    _side("torchtitan-0.2.2")
     from torchtitan.config import ConfigManager
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
@@ -222,58 +274,107 @@ def check_torchtitan(text: str, meta: dict) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(text)
     cfg = ConfigManager().parse_args(["--job.config_file", f.name])
-    p, t = cfg.parallelism, cfg.training
+    p = cfg.parallelism
     dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
                         cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
                         ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree,
                         world_size=meta["world_size"])
-    spec = get_train_spec(cfg.model.name)
-    args = spec.model_args[cfg.model.flavor]
+    args = get_train_spec(cfg.model.name).model_args[cfg.model.flavor]
+    args.update_from_config(cfg)  # the trainer's call: refuses e.g. CP with FlexAttention
+    _expect_torchtitan_model(args.n_layers, args.dim, args.n_heads, getattr(args, "n_kv_heads", None), args, meta)
+    facts = _torchtitan_batches(cfg.training, p, dims.dp_replicate * dims.dp_shard, dims.pp, meta,
+                                lambda stages, layers: generate_llm_fqn_per_model_part(stages, layers, 1, 1))
+    _expect_torchtitan_ac(cfg.activation_checkpoint.mode, getattr(cfg.activation_checkpoint, "selective_ac_option", ""),
+                          meta)
+    return {"model": f"{cfg.model.name} {cfg.model.flavor}", **facts, "fsdp": dims.fsdp_enabled, "ep": dims.ep}
+
+
+def check_torchtitan(text: str, meta: dict) -> dict:
+    """torchtitan 0.3.0's config registry module: ConfigManager with --module/--config (Trainer.Config's
+    own validation), ParallelDims, the model config's update_from_config, the model built on the meta
+    device and checked by the SPMD backend's validate_config (CP and the attention backend), the trainer's
+    batch arithmetic and sequence divisibility, and the pipeline split."""
+    import torchtitan.tools.utils as tt_utils
+
+    arch = meta.get("cuda_arch")  # the plan's GPU, on a CPU machine: converters and flex_flash ask for it
+    tt_utils.has_cuda_capability = lambda major, minor: arch is not None and (arch, 0) >= (major, minor)
+    import torch
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed.full_dtensor import validate_config
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    tmp = tempfile.mkdtemp()
+    (Path(tmp) / "clusterplan_torchtitan.py").write_text(text)
+    sys.path.insert(0, tmp)
+    cfg = ConfigManager().parse_args(["--module", "clusterplan_torchtitan", "--config", "clusterplan"])
+    p, t = cfg.parallelism, cfg.training
+    dims = ParallelDims.from_config(p, meta["world_size"])
+    model_config = cfg.model_spec.model
+    model_config.update_from_config(config=cfg)
+    with torch.device("meta"):
+        model = model_config.build()
+    if p.spmd_backend in ("full_dtensor", "spmd_types"):
+        validate_config(dims, model)
+    if dims.ep > 1 and (dims.dp_shard * dims.cp * dims.tp) % dims.ep:  # ParallelismConfig: dp_shard*cp*tp == efsdp*ep
+        _fail(f"expert_parallel_degree {dims.ep} does not divide dp_shard*cp*tp = {dims.dp_shard * dims.cp * dims.tp}")
+    divisor = (dims.tp if p.enable_sequence_parallel else 1) * (2 * dims.cp if dims.cp > 1 else 1)  # trainer.py
+    if t.seq_len % divisor:
+        _fail(f"seq_len {t.seq_len} is not divisible by {divisor} (sequence/context parallelism)")
+    layer = model_config.layers[0].attention
+    _expect_torchtitan_model(len(model_config.layers), model_config.dim, layer.n_heads,
+                             getattr(layer, "n_kv_heads", None), model_config, meta)
+    facts = _torchtitan_batches(t, p, dims.dp_replicate * dims.dp_shard, dims.pp, meta,
+                                lambda stages, layers: _generate_llm_fqn_per_model_part(stages, layers, 1, 1))
+    ac = cfg.activation_checkpoint
+    _expect_torchtitan_ac("none" if ac is None else "full" if type(ac).__qualname__.startswith("FullAC") else "selective",
+                          "op", meta)
+    return {"model": f"{cfg.model_spec.name} {cfg.model_spec.flavor}", **facts, "ep": dims.ep,
+            "attention": type(layer.inner_attention).__qualname__}
+
+
+def _expect_torchtitan_model(layers: int, dim: int, heads: int, kv_heads, args, meta: dict) -> None:
+    m = meta["model"]
+    _expect("n_layers", layers, m["num_layers"])
+    _expect("dim", dim, m["hidden_size"])
+    _expect("n_heads", heads, m["num_attention_heads"])
+    _expect("n_kv_heads", kv_heads or m["num_kv_heads"], m["num_kv_heads"])
+    _expect("vocab_size", getattr(args, "vocab_size", m["vocab_size"]) if m["mla"] else m["vocab_size"], m["vocab_size"])
+
+
+def _torchtitan_batches(t, p, dp_degree: int, pp: int, meta: dict, own_split) -> dict:
+    """The trainer's batch arithmetic (trainer.py) and the pipeline's stages against the plan."""
     m, L = meta["model"], meta["layout"]
-    _expect("n_layers", args.n_layers, m["num_layers"])
-    _expect("dim", args.dim, m["hidden_size"])
-    _expect("n_heads", args.n_heads, m["num_attention_heads"])
-    _expect("n_kv_heads", getattr(args, "n_kv_heads", None) or m["num_kv_heads"], m["num_kv_heads"])
-    _expect("vocab_size", getattr(args, "vocab_size", m["vocab_size"]) if m["mla"] else m["vocab_size"],
-            m["vocab_size"])
-    experts = getattr(getattr(args, "moe_args", None), "num_experts", 0) if m["num_experts"] else 0
-    _expect("experts", experts, m["num_experts"] or 0)
-    # the trainer's batch arithmetic (torchtitan/trainer.py)
-    dp_degree = dims.dp_replicate * dims.dp_shard
     _expect("global batch", t.global_batch_size, meta["global_batch_size"])
     if t.global_batch_size % (t.local_batch_size * dp_degree):
         _fail("global_batch_size is not a multiple of local_batch_size x dp degree")
     accumulation = t.global_batch_size // (t.local_batch_size * dp_degree)
-    if dims.pp > 1:
+    micro = accumulation
+    if pp > 1:
         if t.local_batch_size % p.pipeline_parallel_microbatch_size:
             _fail("local_batch_size is not a multiple of pipeline_parallel_microbatch_size")
-        micro = t.local_batch_size // p.pipeline_parallel_microbatch_size
-        stages_per_rank = 1 if p.pipeline_parallel_schedule in ("1F1B", "GPipe") else 2
-        if p.module_fqns_per_model_part:
-            parts = p.module_fqns_per_model_part
-            stages = len(parts)
-            layers = [x for part in parts for x in part if x.startswith("layers.")]
-            _expect("layers in the stages", layers, [f"layers.{i}" for i in range(m["num_layers"])])
-            _expect("layers on the fullest stage", max(sum(x.startswith("layers.") for x in part) for part in parts),
-                    meta["layers_per_stage_max"])
-            if meta.get("head_slots"):  # the plan priced torchtitan's own split: the parts must be it
-                _expect("the stages' modules (torchtitan's own split)", [list(x) for x in parts],
-                        [list(x) for x in generate_llm_fqn_per_model_part(stages, m["num_layers"], 1, 1)])
-        else:
-            stages = dims.pp * stages_per_rank
-            generate_llm_fqn_per_model_part(stages, m["num_layers"], 1, 1)  # torchtitan's own split
-        _expect("pipeline stages", stages, L["pp"] * L["vp"])
-    else:
-        micro = accumulation
-    _expect("micro-batches", micro * (accumulation if dims.pp > 1 else 1), L["num_microbatches"])
-    ac = cfg.activation_checkpoint
+        micro = t.local_batch_size // p.pipeline_parallel_microbatch_size * accumulation
+        parts = p.module_fqns_per_model_part or own_split(pp * (1 if p.pipeline_parallel_schedule in ("1F1B", "GPipe")
+                                                                 else 2), m["num_layers"])
+        layers = [x for part in parts for x in part if x.startswith("layers.")]
+        _expect("layers in the stages", layers, [f"layers.{i}" for i in range(m["num_layers"])])
+        _expect("layers on the fullest stage", max(sum(x.startswith("layers.") for x in part) for part in parts),
+                meta["layers_per_stage_max"])
+        if meta.get("head_slots"):  # the plan priced torchtitan's own split: the parts must be it
+            _expect("the stages' modules (torchtitan's own split)", [list(x) for x in parts],
+                    [list(x) for x in own_split(len(parts), m["num_layers"])])
+        _expect("pipeline stages", len(parts), L["pp"] * L["vp"])
+    _expect("micro-batches", micro, L["num_microbatches"])
+    return {"accumulation": accumulation}
+
+
+def _expect_torchtitan_ac(mode: str, option: str, meta: dict) -> None:
+    L = meta["layout"]
     if L.get("recompute_layers"):  # layer SAC: every k-th block of a stage checkpointed whole
-        stage = m["num_layers"] // L["pp"]
-        _expect("activation checkpoint", (ac.mode, ac.selective_ac_option), ("selective", str(stage // L["recompute_layers"])))
+        stage = meta["model"]["num_layers"] // L["pp"]
+        _expect("activation checkpoint", (mode, option), ("selective", str(stage // L["recompute_layers"])))
     else:
-        _expect("activation checkpoint mode", ac.mode, L["recompute"])
-    return {"model": f"{cfg.model.name} {cfg.model.flavor}", "accumulation": accumulation,
-            "fsdp": dims.fsdp_enabled, "ep": dims.ep}
+        _expect("activation checkpoint mode", mode, L["recompute"])
 
 
 # ---- MaxText ---------------------------------------------------------------------------------------
@@ -303,12 +404,40 @@ def check_maxtext(text: str, meta: dict) -> dict:
     _expect("mlp dim", cfg.base_mlp_dim, m["ffn_hidden_size"])
     if m["vocab_size"] != 50257:  # GPT-3's 50257 is padded to 50304 in MaxText's gpt3 configs
         _expect("vocabulary", cfg.vocab_size, m["vocab_size"])
+    mesh = _maxtext_mesh_on_torus(cfg, meta) if meta.get("torus_shape") else None
     return {"ici": dict(zip(cfg.mesh_axes, ici)), "dcn": dict(zip(cfg.mesh_axes, dcn)), "slices": cfg.num_slices,
-            "per_device_batch_size": cfg.per_device_batch_size}
+            "per_device_batch_size": cfg.per_device_batch_size, "mesh": mesh}
+
+
+TPU_KINDS = {"tpu-v4": "TPU v4", "tpu-v5p": "TPU v5p", "tpu-v5e": "TPU v5 lite", "tpu-v6e": "TPU v6 lite"}
+"""jax's device_kind of each clusterplan TPU (jax/_src/mesh_utils.py names them so)."""
+
+
+def _maxtext_mesh_on_torus(cfg, meta: dict) -> list[int]:
+    """MaxText's own create_device_mesh (maxtext_utils) on devices laid out as the plan's torus: one
+    stand-in device per chip with the coords, slice index and device kind a TPU reports, so jax's
+    mesh_utils assigns the ICI axes to physical torus axes exactly as on the slice (it raises where
+    a logical axis would need part of a physical axis and allow_split_physical_axes is off)."""
+    from types import SimpleNamespace
+
+    from maxtext.utils import maxtext_utils
+
+    shape = list(meta["torus_shape"]) + [1] * (3 - len(meta["torus_shape"]))
+    kind = TPU_KINDS[meta["device"]]
+    devices = []
+    for s in range(cfg.num_slices):
+        for z in range(shape[2]):
+            for y in range(shape[1]):
+                for x in range(shape[0]):
+                    devices.append(SimpleNamespace(id=len(devices), coords=(x, y, z), core_on_chip=0, platform="tpu",
+                                                   device_kind=kind, slice_index=s, process_index=len(devices) // 4))
+    mesh = maxtext_utils.create_device_mesh(cfg, devices)
+    _expect("devices in the mesh", mesh.size, meta["world_size"])
+    return list(mesh.shape)
 
 
 CHECKS = {"megatron": check_megatron, "slurm": check_slurm, "deepspeed": check_deepspeed,
-          "torchtitan": check_torchtitan, "maxtext": check_maxtext}
+          "torchtitan": check_torchtitan, "torchtitan-0.2": check_torchtitan_02, "maxtext": check_maxtext}
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 # (planner.report.export.FRAMEWORK_OF_FORMAT), as `clusterplan export` does.
 CASES = {
     "llama3-8b-h100x64": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64"],
-                          ["megatron", "slurm", "deepspeed", "torchtitan", "maxtext"]),
+                          ["megatron", "slurm", "deepspeed", "torchtitan", "torchtitan-0.2", "maxtext"]),
     "llama3-70b-h100x1024": (["--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "1024"],
                              ["megatron", "slurm", "deepspeed", "torchtitan", "maxtext"]),
     "llama3-70b-pp3-uneven": (["--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "768",
@@ -24,20 +24,26 @@ CASES = {
                                "--global-batch", "512", "--seq-len", "4096"],
                               ["megatron", "slurm", "deepspeed", "maxtext"]),
     "deepseek-v3-h800x2048": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048"],
-                              ["megatron", "slurm", "torchtitan"]),
+                              ["megatron", "slurm", "torchtitan", "torchtitan-0.2"]),
     "deepseek-v3-pp4-uneven": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048",
                                 "--fix", "pp=4"], ["megatron", "slurm"]),
     "llama3-8b-fsdp-h100x128": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "128",
                                  "--fix", "zero=3", "--fix", "tp=1", "--fix", "pp=1"], ["torchtitan", "megatron"]),
     "llama3-8b-long-cp": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "256",
                            "--seq-len", "131072", "--global-batch", "64", "--min", "cp=2"],
-                          ["megatron", "slurm", "torchtitan", "maxtext"]),
+                          ["megatron", "slurm", "torchtitan", "torchtitan-0.2", "maxtext"]),
     # torch.compile priced (--compile): torchtitan's async TP becomes a knob, and [compile] is written
     "llama3-70b-h100x256-compile": (["--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "256",
                                      "--compile", "--min", "tp=2"], ["torchtitan"]),
     # 3072 sequences on 6144 chips of one v5p pod slice (pp must divide 126 layers and the micro-batches)
     "llama3-405b-tpu-v5p": (["--model", "llama3-405b", "--cluster", "tpu-v5p-pod", "--devices", "6144",
                              "--global-batch", "3072"], ["maxtext"]),
+    # Llama 3 70B on a 16x16x16 v5p slice: fsdp 2048 and tp 2 split physical axes (allow_split_physical_axes);
+    # DeepSeek-V3 on the default v5p pod (61 layers: MaxText pipelines only its MoE layers, so no pp);
+    # Llama 2 7B on two v5e slices (dcn_data across them); check.py places each mesh on the torus
+    "llama3-70b-tpu-v5p-4096": (["--model", "llama3-70b", "--cluster", "tpu-v5p-pod", "--devices", "4096"], ["maxtext"]),
+    "deepseek-v3-tpu-v5p": (["--model", "deepseek-v3", "--cluster", "tpu-v5p-pod"], ["maxtext"]),
+    "llama2-7b-tpu-v5e-2-slices": (["--model", "llama2-7b", "--cluster", "tpu-v5e-pod", "--devices", "512"], ["maxtext"]),
     "llama3-405b-gb200-nvl72": (["--model", "llama3-405b", "--cluster", "gb200-nvl72", "--devices", "576"],
                                 ["megatron", "slurm", "torchtitan"]),
     # 12 micro-batches over pp 8 with interleaving: Megatron-Core groups them (since 2024-11)
@@ -46,19 +52,20 @@ CASES = {
     # the embedding and the head each take a layer's slot (126 + 2 = 128 over 16 x 2 stages): Megatron's
     # --account-for-embedding/loss-in-pipeline-split; torchtitan writes its own split's modules
     "llama3-405b-head-slots": (["--model", "llama3-405b", "--cluster", "dgx-h100-superpod", "--devices", "2048",
-                                "--fix", "pp=16,vp=2,head_slots=on"], ["megatron", "slurm", "torchtitan"]),
+                                "--fix", "pp=16,vp=2,head_slots=on"], ["megatron", "slurm", "torchtitan", "torchtitan-0.2"]),
     # full recomputation of only some layers of each stage (no search offers it: evaluate prices the
-    # given layout); Megatron's block method counts per model chunk, torchtitan checkpoints every k-th block
+    # given layout); Megatron's block method counts per model chunk, torchtitan 0.2.2 checkpoints every k-th block
+    # (0.3 dropped layer SAC)
     "llama3-8b-partial-recompute": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
                                      "--devices", "64", "--global-batch", "128", "--layout",
                                      "tp=2,pp=2,dp=16,vp=2,mbs=1,sp=on,recompute=full,recompute_layers=8"],
-                                    ["megatron", "torchtitan"]),
+                                    ["megatron", "torchtitan-0.2"]),
     # the block-scaled precisions: Megatron's --fp8-recipe mxfp8 and --fp4-format/--fp4-recipe nvfp4,
     # torchtitan's MX converter
     "llama3-70b-gb300-mxfp8": (["--model", "llama3-70b", "--cluster", "gb300-nvl72", "--devices", "64",
                                 "--precision", "mxfp8"], ["megatron", "slurm", "torchtitan"]),
     "llama3-70b-gb200-nvfp4": (["--model", "llama3-70b", "--cluster", "gb200-nvl72", "--devices", "64",
-                                "--precision", "nvfp4"], ["megatron", "slurm"]),
+                                "--precision", "nvfp4"], ["megatron", "slurm", "torchtitan"]),
     # FP8 with per-tensor current scaling: --fp8-recipe tensorwise
     "llama3-8b-h100-fp8-current": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8",
                                     "--precision", "fp8", "--fp8-scaling", "current"], ["megatron"]),
@@ -107,32 +114,41 @@ def meta_for(doc: dict, model) -> dict:
         topo = MAXTEXT_TOPOLOGY.get(cluster["device"])
         if topo:
             meta["maxtext_compile_topology"] = topo.format(cores=2 * per_slice)
+        if cluster.get("torus_shape"):  # check.py places MaxText's mesh on it
+            meta["torus_shape"], meta["device"] = cluster["torus_shape"], cluster["device"]
     return meta
 
 
-def plan_doc(options: list[str], framework: str) -> dict:
-    """The Plan document of ``clusterplan plan OPTIONS --framework F --json`` (in process), or of
-    ``clusterplan evaluate ...`` for a case whose options start with ``evaluate``."""
-    from click.testing import CliRunner
+def plan_doc(options: list[str], fmt: str) -> dict:
+    """The Plan document of ``clusterplan plan OPTIONS --framework F`` (in process) under the format's
+    framework at the format's framework date (``export --format torchtitan-0.2`` plans as of 2026-02), or
+    of ``clusterplan evaluate ...`` for a case whose options start with ``evaluate``: what ``export``
+    formats."""
+    from clusterplan import cli
+    from clusterplan.planner.report.export import FRAMEWORK_OF_FORMAT, TORCHTITAN_FORMAT_DATES
+    from clusterplan.planner.report.plan import plan_document
 
-    from clusterplan.cli import main as clusterplan
-
-    command = ["evaluate", *options[1:]] if options[0] == "evaluate" else ["plan", *options, "--top", "0"]
-    result = CliRunner().invoke(clusterplan, [*command, "--framework", framework, "--json"])
-    if result.exit_code != 0:
-        raise RuntimeError(f"plan {' '.join(options)} --framework {framework}: exit {result.exit_code}: "
-                           f"{result.output}")
-    return json.loads(result.output)
+    date = TORCHTITAN_FORMAT_DATES.get(fmt)
+    args = [*options[1:]] if options[0] == "evaluate" else [*options, "--top", "0"]
+    command = cli.evaluate_command if options[0] == "evaluate" else cli.plan_command
+    with command.make_context(command.name, [*args, "--framework", FRAMEWORK_OF_FORMAT[fmt]]) as ctx:
+        params = {k: v for k, v in ctx.params.items() if k != "as_json"}
+        if options[0] == "evaluate":
+            layout = params.pop("layout_text")
+            doc, _, _ = cli.evaluate_request(cli._request(**params, framework_date=date), layout)
+            return json.loads(json.dumps(doc))
+        return json.loads(json.dumps(plan_document(cli._load_and_search(**params, framework_date=date).result)))
 
 
 def write_case(case: str, fmt: str, out: Path) -> tuple[Path, Path]:
-    from clusterplan.planner.report.export import FRAMEWORK_OF_FORMAT, export, model_spec
+    from clusterplan.planner.report.export import export, model_spec
 
     options, _ = CASES[case]
-    doc = plan_doc(options, FRAMEWORK_OF_FORMAT[fmt])
+    doc = plan_doc(options, fmt)
     model = model_spec(doc)
     text = export(doc, fmt)
-    suffix = {"deepspeed": ".json", "torchtitan": ".toml", "slurm": ".sbatch"}.get(fmt, ".txt")
+    suffix = {"deepspeed": ".json", "torchtitan": ".py", "torchtitan-0.2": ".toml", "slurm": ".sbatch",
+              "megatron": ".sh"}.get(fmt, ".txt")
     export_file, meta_file = out / f"{case}.{fmt}{suffix}", out / f"{case}.{fmt}.meta.json"
     export_file.write_text(text)
     meta_file.write_text(json.dumps(meta_for(doc, model), indent=1))

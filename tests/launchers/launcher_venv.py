@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PIN_FILES = ("requirements.txt", "launchers.txt", "constraints.txt")
+PIN_FILES = ("requirements.txt", "launchers.txt", "constraints.txt", "side_launchers.txt")
 
 
 def find_python() -> str | None:
@@ -58,6 +58,17 @@ def venv_python(path: Path) -> Path:
     return path / "bin" / "python"
 
 
+def side_pins() -> list[str]:
+    """The pins of side_launchers.txt (``name==version``), each installed into a folder of its own."""
+    lines = (HERE / "side_launchers.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def side_dir(path: Path, pin: str) -> Path:
+    """Where a side launcher (``torchtitan==0.2.2``) lies in the venv: ``side/torchtitan-0.2.2``."""
+    return path / "side" / pin.replace("==", "-")
+
+
 def ready(path: Path) -> bool:
     return (path / ".complete").exists() and venv_python(path).exists()
 
@@ -90,7 +101,7 @@ def create(log=sys.stderr) -> Path:
         [python, "-m", "venv", str(path)],
         [*pip, "-r", str(HERE / "requirements.txt"), "-c", str(HERE / "constraints.txt")],
         [*pip, "--no-deps", "--no-build-isolation", "-r", str(HERE / "launchers.txt")],
-    ]
+    ] + [[*pip, "--no-deps", "--target", str(side_dir(path, pin)), pin] for pin in side_pins()]
     for step in steps:
         print("launchers venv:", " ".join(step[-4:]), file=log, flush=True)
         done = subprocess.run(step, env=env, stdout=log, stderr=log)
