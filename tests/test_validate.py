@@ -309,16 +309,18 @@ def test_missing_file_exit_2(tmp_path):
 
 
 def test_validated_error_file_is_what_validate_measures():
-    """planner/data/validated_error.yaml (what every plan reports as its family's validated error)
-    is the figure `clusterplan validate` measures today over the bundled runs and the individually
-    sourced hold-outs: regenerate it with
+    """planner/data/validated_error.yaml (what every plan reports as its family's validated error,
+    and the interval table its 80% intervals come from) is what `clusterplan validate` measures
+    today over every measured step time in the repository: regenerate it with
     `python benchmarks/update_docs.py` when the model or the data change."""
     from importlib import resources
 
-    from clusterplan.planner.studies.validate import LABEL_HOLDOUT_FILES, error_by_family
-    stored = yaml.safe_load((resources.files("clusterplan.planner") / "data" / "validated_error.yaml").read_text())["families"]
-    assert LABEL_HOLDOUT_FILES and not any("llmfoundry" in f for f in LABEL_HOLDOUT_FILES)  # not the MPT grid
-    assert stored == error_by_family(extra_files=tuple(REPO / f for f in LABEL_HOLDOUT_FILES))
+    from clusterplan.planner.studies.validate import LABEL_HOLDOUT_FILES, STEP_TIME_FILES, error_by_family
+    stored = yaml.safe_load((resources.files("clusterplan.planner") / "data" / "validated_error.yaml").read_text())
+    holdouts = sorted(str(p.relative_to(REPO)) for p in (REPO / "benchmarks").glob("holdout_*.yaml"))
+    assert sorted(LABEL_HOLDOUT_FILES) == holdouts and "memory_runs.yaml" in STEP_TIME_FILES  # every measured run
+    families, intervals = error_by_family(extra_files=tuple(REPO / f for f in LABEL_HOLDOUT_FILES))
+    assert stored["families"] == families and stored["intervals"] == intervals
 
 
 def test_async_tp_saves_what_torchtitan_measured():
