@@ -649,11 +649,11 @@ def _check_outputs(as_json: bool, csv_path: str | None, chart_path: str | None) 
         raise SpecError(f"--csv: folder {str(Path(csv_path).parent)!r} does not exist; create it or write elsewhere")
     if csv_path and csv_path != "-" and Path(csv_path).is_dir():
         raise SpecError(f"--csv: {csv_path!r} is a directory; give a file name (e.g. --csv rows.csv)")
-    if chart_path:
-        check_chart_path(chart_path)
     if csv_path and chart_path and csv_path != "-" and Path(csv_path).resolve() == Path(chart_path).resolve():
         raise SpecError(f"--csv and --chart both name {csv_path!r}: the chart would overwrite the rows; "
                         "give each its own file (e.g. --csv rows.csv --chart rows.png)")
+    if chart_path:
+        check_chart_path(chart_path)
 
 
 def _whatif_output(rows: list[dict], label: str, title: str, as_json: bool, csv_path: str | None,

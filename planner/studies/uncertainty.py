@@ -189,3 +189,19 @@ def coverage(samples: list[Sample]) -> dict:
             "by_family": {f: {"runs": sum(1 for s, _ in checked if s.family == f),
                               "coverage": share([ok for (s, _), ok in zip(checked, inside) if s.family == f])}
                           for f in families}}
+
+
+def stored_cells() -> dict[tuple, dict]:
+    """The interval table ``planner/data/validated_error.yaml`` holds (written by
+    ``benchmarks/update_docs.py`` from every measured step time in the repository), keyed as
+    :func:`regimes` keys its cells."""
+    from clusterplan.models.files import bundled_yaml
+
+    table = (bundled_yaml("clusterplan.planner", "data", "validated_error.yaml") or {}).get("intervals") or {}
+    return {tuple(key.split("|")): cell for key, cell in table.items()}
+
+
+def prediction_interval(family: str, moe: bool, framework: str, predicted_s: float) -> dict | None:
+    """The 80% interval of a step time the cost model predicts (:func:`interval` over the stored
+    table): ``{low_s, high_s, regime, runs, sources, level}``, or None without a table."""
+    return interval(stored_cells(), family, moe, framework, predicted_s)
