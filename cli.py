@@ -43,7 +43,7 @@ from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.library import job_defaults, list_models
-from clusterplan.planner.report.plan import NO_PUBLISHED_RUN, PLANNER_VERSION, plan_document, read_plan_document
+from clusterplan.planner.report.plan import NO_PUBLISHED_RUN, PLANNER_VERSION, read_plan_document
 from clusterplan.planner.inputs import Request, default_global_batch  # noqa: F401 (re-exported: tests, API)
 from clusterplan.planner.requests import Planned, evaluate_request, fit_request, plan_request
 from clusterplan.planner.studies.fit import TIME_LIMIT_S
@@ -414,7 +414,7 @@ def plan_command(as_json, **options):
               plan --model llama3-70b --cluster dgx-h100-superpod --devices 256 --fix tp=8 --top 5
     """
     planned = _load_and_search(**options)
-    emit(plan_document(planned.result), planned.cluster, planned.origin, as_json)
+    emit(planned.document(), planned.cluster, planned.origin, as_json)
 
 
 def _load_and_search(*, model_arg, cluster_arg, top_k, engine, time_limit_s, fix, minimum, maximum, memory_headroom,
@@ -506,7 +506,7 @@ def devices_command(as_json):
 @guarded
 def explain_command(as_json, **options):
     """Why the best layout won: against each runner-up, what binds, and one step in every knob."""
-    doc = plan_document(_load_and_search(**options).result)
+    doc = _load_and_search(**options).document()
     if as_json:
         click.echo(json.dumps(doc["explanation"], indent=2))
         return
@@ -746,9 +746,9 @@ def export_command(fmt, as_json, **options):
     framework = export_framework(fmt, resolve_framework(options["framework"]) if options["framework"] else None)
     check_platform(framework, _request(**options).load_cluster().device, f"export --format {fmt}", export=True)
     # the config needs the winner only, searched under the format's framework
-    result = _load_and_search(**{**options, "top_k": 0, "framework": framework,
-                                 "framework_date": TORCHTITAN_FORMAT_DATES.get(fmt)}).result
-    text = export(plan_document(result), fmt, model=result.model)
+    planned = _load_and_search(**{**options, "top_k": 0, "framework": framework,
+                                  "framework_date": TORCHTITAN_FORMAT_DATES.get(fmt)})
+    text = export(planned.document(), fmt, model=planned.result.model)
     click.echo(json.dumps({"format": fmt, "config": text}, indent=2) if as_json else text)
 
 

@@ -52,3 +52,22 @@ def test_cli_imports_no_input_policy():
 def test_model_readers_do_not_import_each_other():
     assert not any(m.endswith("models.library") for m in _imported_names(ROOT / "models" / "hf.py").values())
     assert not any(m.endswith("models.hf") for m in _imported_names(ROOT / "models" / "spec.py").values())
+
+
+# What prices a step or re-evaluates layouts (DESIGN.md: planner/report "never computes costs"; the
+# Plan document holds results computed before it is built, in planner/results.py)
+COST_MODULES = ("cost.step", "cost.energy", "cost.goodput", "cost.compute", "cost.collectives", "cost.terms",
+                "planner.explain", "planner.caveats")
+LAYOUT_ARITHMETIC = {"stage_split"}  # which layers sit on which pipeline rank: a fact of the layout, not a cost
+
+
+def test_report_layer_computes_no_cost():
+    """No module of planner/report (the Plan document, the text reports, the exports, charts) calls a
+    function of the cost model or of the explanation's re-evaluations: they format results."""
+    calls = []
+    for path in sorted((ROOT / "planner" / "report").rglob("*.py")):
+        imported = {name for name, module in _imported_names(path).items()
+                    if module.removeprefix("clusterplan.").startswith(COST_MODULES) and name not in LAYOUT_ARITHMETIC}
+        calls += [f"{path.relative_to(ROOT)}:{node.lineno} {node.func.id}" for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported]
+    assert not calls, f"the report layer computes: {calls}; compute it in planner/results.py"
