@@ -2,7 +2,10 @@
 
 Commands: ``clusterplan plan|evaluate|explain|compare|sweep|export|validate|models|clusters|devices``;
 ``plan`` is also installed as a command of its own (``plan --model gpt --cluster dgx-superpod``).
-Every figure printed comes from the Plan document (``planner.report.plan``); nothing here computes a cost.
+Every figure printed comes from the Plan document (``planner.report.plan``); nothing here computes a cost,
+and nothing here writes a report: the text of each one is in ``planner.report`` (``text``, ``whatif_text``,
+``validation_text``, ``catalogue_text``). This module holds the options, the loading of the inputs (a
+``Request``), the calls into the library and the exit codes.
 
 Results go to stdout, errors to stderr as ``error: <message>``. Exit codes (DESIGN.md):
 
@@ -19,8 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
-import contextlib
 import json
 import math
 import os
@@ -32,26 +33,28 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from clusterplan.cost.framework import FRAMEWORKS, check_platform, resolve_name as resolve_framework
-from clusterplan.cost.layout import MODEL_CODES, Layout, recompute_text
-from clusterplan.cost.terms import stage_split
+from clusterplan.cost.layout import MODEL_CODES
 from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.library import job_defaults, list_models
-from clusterplan.planner.report.plan import NO_PUBLISHED_RUN, PLANNER_VERSION, read_plan_document
+from clusterplan.planner.report.catalogue_text import clusters_table, devices_table, models_table
+from clusterplan.planner.report.plan import PLANNER_VERSION, read_plan_document
+from clusterplan.planner.report.progress import progress_bar, searching
+from clusterplan.planner.report.text import explain_report, fit_lines, render_report, report_text
+from clusterplan.planner.report.validation_text import validation_report
+from clusterplan.planner.report.whatif_text import check_outputs, whatif_table
 from clusterplan.planner.inputs import Request, default_global_batch  # noqa: F401 (re-exported: tests, API)
 from clusterplan.planner.requests import Planned, evaluate_request, fit_request, plan_request
 from clusterplan.planner.studies.fit import TIME_LIMIT_S
 from clusterplan.planner.search import ENGINES, SearchOptions
 from clusterplan.planner.search.engine import MAX_TOP_K
 from clusterplan.planner.search.space import REASONS, parse_bounds
-from clusterplan.planner.studies.validate import markdown_report, unpublished_rows, validate
-from clusterplan.planner.report.chart import check_chart_path, compare_chart, grid_heatmap, sweep_chart
+from clusterplan.planner.studies.validate import markdown_report, validate
+from clusterplan.planner.report.chart import compare_chart, grid_heatmap, sweep_chart
 from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
                                         check_distinct, parse_candidate, parse_grid, rank, sweep)
 from clusterplan.planner.report.export import FORMATS as EXPORT_FORMATS, TORCHTITAN_FORMAT_DATES, export, export_framework
@@ -60,8 +63,6 @@ from clusterplan.topologies.library import MAX_NIC_GBIT_PER_S, MIN_NIC_GBIT_PER_
 from clusterplan.topologies.precisions import FP8_SCALINGS, PRECISIONS
 
 EXIT_BUG = 1
-GIB = 2**30
-"""Tokens per optimizer step of the default global batch (about 4M, the GPT-3/Llama range)."""
 REPORT_WIDTH = 120
 """Report width when stdout is not a terminal (a terminal uses its own width)."""
 
@@ -424,7 +425,7 @@ def _load_and_search(*, model_arg, cluster_arg, top_k, engine, time_limit_s, fix
     search = SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s, objective=objective,
                            bounds=parse_bounds(fix, minimum, maximum, memory_headroom))
     model = request.load_model()
-    with searching(f"searching {model.name} on {cluster_arg}"):
+    with searching(f"searching {model.name} on {cluster_arg}", not _given("as_json")):
         return plan_request(request, search, model)
 
 
@@ -456,13 +457,7 @@ def models_command(as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = _table("id", "aliases", "name", ("params", "right"), ("active", "right"), ("batch x seq", "right"))
-    for r in rows:
-        d = r["job_defaults"]
-        active = "" if r["num_active_params"] == r["num_params"] else _count(r["num_active_params"])
-        batch = f"{d['global_batch_size'] or '?'} x {d['seq_len']}"
-        table.add_row(r["id"], ", ".join(r["aliases"]), r["name"], _count(r["num_params"]), active, batch)
-    _print_catalogue(table, "pass --model ID (or an alias), or the path of a YAML/JSON file or HF config.json")
+    models_table(rows, _console())
 
 
 @click.command("clusters")
@@ -474,11 +469,7 @@ def clusters_command(as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = _table("id", "aliases", "family", "device", ("devices", "right"), ("per node", "right"))
-    for r in rows:
-        table.add_row(r["id"], ", ".join(r["aliases"]), r["family"], r["device"], f"{r['reference_size']:,}",
-                      str(r["devices_per_node"]))
-    _print_catalogue(table, "pass --cluster ID with --devices N or --nodes N, or the path of a cluster YAML file")
+    clusters_table(rows, _console())
 
 
 @click.command("devices")
@@ -490,15 +481,7 @@ def devices_command(as_json):
     if as_json:
         click.echo(json.dumps([d.model_dump(mode="json") for d in devices], indent=2))
         return
-    table = _table("id", "family", ("memory", "right"), ("bf16 TFLOP/s", "right"), ("fp8 TFLOP/s", "right"),
-                   ("mem TB/s", "right"), ("power W", "right"), ("$/hour", "right"))
-    for d in devices:
-        fp8 = d.peak_flops_per_s.get("fp8")
-        table.add_row(d.id, d.family, f"{d.memory_bytes / GIB:.1f} GiB {d.memory_kind.upper()}",
-                      f"{d.peak('bf16') / 1e12:,.0f}", "-" if not fp8 else f"{fp8 / 1e12:,.0f}",
-                      f"{d.memory_bytes_per_s / 1e12:,.2f}", "-" if d.power_w is None else f"{d.power_w:.0f}",
-                      "-" if d.price_per_hour_usd is None else f"{d.price_per_hour_usd:.2f}")
-    _print_catalogue(table, "pass --device ID to swap the device of a preset (same family)")
+    devices_table(devices, _console())
 
 
 @click.command("explain")
@@ -510,21 +493,7 @@ def explain_command(as_json, **options):
     if as_json:
         click.echo(json.dumps(doc["explanation"], indent=2))
         return
-    console = _console()
-    console.print(f"best: {_layout_text(doc['layout'])}  step {doc['step_time_s']:.3f} s")
-    if doc["explanation"].get("placement"):
-        console.print(f"on the torus: {'; '.join(doc['explanation']['placement'])}")
-    console.print()
-    _why(doc, console)
-    table = _table("move", ("step time s", "right"), ("change", "right"), ("fit GiB", "right"), "note",
-                   title="one step in each knob")
-    for row in doc["explanation"]["sensitivity"]:
-        step = row.get("step_time_s")
-        table.add_row(row["move"], "-" if step is None else f"{step:.3f}",
-                      "-" if step is None else f"{row['delta']:+.1%}",
-                      "-" if row.get("fit_memory_bytes") is None else _gib(row["fit_memory_bytes"]),
-                      row.get("reason", ""))
-    console.print(table)
+    explain_report(doc, _console())
 
 
 @click.command("compare")
@@ -563,7 +532,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
 
     Exits 0 when at least one candidate can run the job; otherwise with the first candidate's code.
     """
-    _check_outputs(as_json, csv_path, chart_path)
+    check_outputs(as_json, csv_path, chart_path)
     candidates = [parse_candidate(c) for c in clusters]
     check_distinct(candidates)
     request = _request(model_arg, candidates[0].cluster, global_batch=global_batch, seq_len=seq_len,
@@ -613,7 +582,7 @@ def sweep_command(over, ray_address, jobs, model_arg, cluster_arg, engine, time_
     study = parse_grid(over)
     request = _request(model_arg, cluster_arg, **options)
     check_sweep_options(study, request.given())
-    _check_outputs(as_json, csv_path, chart_path)
+    check_outputs(as_json, csv_path, chart_path)
     model = request.load_model()
     search = SearchOptions(engine=engine, top_k=0, time_limit_s=time_limit_s, objective=objective,
                            bounds=parse_bounds(fix, minimum, maximum, memory_headroom))
@@ -641,21 +610,6 @@ def _exit_if_none_ran(rows: list[dict], label: str) -> None:
         sys.exit(rows[0]["exit_code"])
 
 
-def _check_outputs(as_json: bool, csv_path: str | None, chart_path: str | None) -> None:
-    """Refuse output options that cannot work before any search runs."""
-    if csv_path == "-" and as_json:
-        raise SpecError("--csv -: stdout already carries the --json rows; write the CSV to a file (--csv rows.csv)")
-    if csv_path and csv_path != "-" and not Path(csv_path).parent.is_dir():
-        raise SpecError(f"--csv: folder {str(Path(csv_path).parent)!r} does not exist; create it or write elsewhere")
-    if csv_path and csv_path != "-" and Path(csv_path).is_dir():
-        raise SpecError(f"--csv: {csv_path!r} is a directory; give a file name (e.g. --csv rows.csv)")
-    if chart_path:
-        check_chart_path(chart_path)
-    if csv_path and chart_path and csv_path != "-" and Path(csv_path).resolve() == Path(chart_path).resolve():
-        raise SpecError(f"--csv and --chart both name {csv_path!r}: the chart would overwrite the rows; "
-                        "give each its own file (e.g. --csv rows.csv --chart rows.png)")
-
-
 def _whatif_output(rows: list[dict], label: str, title: str, as_json: bool, csv_path: str | None,
                    chart_path: str | None, draw: Callable[[str], None]) -> None:
     """The rows on stdout (table, JSON, or CSV with --csv -), then any files, each with a line on stderr."""
@@ -665,7 +619,7 @@ def _whatif_output(rows: list[dict], label: str, title: str, as_json: bool, csv_
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif csv_path != "-":
-        _whatif_table(rows, label, title, _console())
+        whatif_table(rows, label, title, _console())
     if csv_path == "-":
         click.echo(csv_text(rows, label), nl=False)
     elif csv_path:
@@ -677,58 +631,6 @@ def _whatif_output(rows: list[dict], label: str, title: str, as_json: bool, csv_
     if chart_path:
         draw(chart_path)
         _err(f"wrote {chart_path}")
-
-
-def _whatif_table(rows: list[dict], label: str, title: str, console: Console) -> None:
-    """One line per row, failures below the table. ``label`` is the key naming each row (``cluster``,
-    or ``point`` of a sweep, where the column shows the value under the knob's name)."""
-    header = rows[0]["knob"] if label == "point" and rows else label
-    table = _table(header, "devices", ("step s", "right"), ("MFU", "right"), ("used GiB", "right"),
-                   ("to train", "right"), ("energy MWh", "right"), ("cost", "right"), "best layout", title=title)
-
-    def name(r: dict) -> str:
-        return r[label].split("=", 1)[1] if label == "point" else r[label]
-
-    errors = []
-    for r in rows:
-        if "error" in r:
-            errors.append(f"{r[label]}: {r['error']}")
-            table.add_row(name(r), "-", "-", "-", "-", "-", "-", "-", "no layout (below)")
-            continue
-        train = "-" if r["time_to_train_s"] is None else _duration(r["time_to_train_s"])
-        energy = "-" if r["energy_j"] is None else f"{r['energy_j'] / 3.6e9:,.0f}"
-        cost = "-" if r["cost_usd"] is None else f"${r['cost_usd']:,.0f}"
-        table.add_row(name(r), f"{r['num_devices']:,} x {r['device']}", f"{r['step_time_s']:.3f}",
-                      f"{r['mfu']:.1%}", _gib(r["fit_memory_bytes"]), train, energy, cost, _compact(r["layout"]))
-    _keep_whole(table)  # a candidate's name and its device are never cut short or broken
-    _keep_whole(table, 1)
-    console.print(table)
-    if any("error" not in r for r in rows):
-        console.print("used GiB: the peak allocated with the runtime, what must fit (the caching allocator may "
-                      "reserve more; plan shows both)")
-        _print_row_trust(rows, name)
-    for line in errors:
-        console.print(line)
-
-
-def _print_row_trust(rows: list[dict], name: Callable[[dict], str]) -> None:
-    """Per row: its hardware family's validated step-time error, and how many placeholders its
-    prediction rests on (``plan`` lists them)."""
-    console = _console()
-    console.print("trust per row: the hardware family's validated step-time error (clusterplan validate), and the "
-                  "unvalidated assumptions behind the prediction (plan lists them)")
-    for r in rows:
-        if "error" in r:
-            continue
-        more = [line for line in r.get("unvalidated", []) if not line.startswith(NO_PUBLISHED_RUN)]
-        extra = f"; {len(more)} unvalidated assumption{'s' if len(more) != 1 else ''}" if more else ""
-        console.print(f"  {name(r)}: {r['validated_error']}{extra}")
-
-
-def _compact(layout: dict) -> str:
-    """The degrees and micro-batch of a layout, for narrow tables."""
-    parts = [f"{k}{layout[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vp") if layout[k] > 1 or k in ("tp", "pp", "dp")]
-    return " ".join(parts + [f"mbs{layout['micro_batch_size']}", recompute_text(layout), f"z{layout['zero_stage']}"])
 
 
 @click.command("export")
@@ -779,16 +681,7 @@ def fit_command(model_arg, cluster_arg, memory_headroom, time_limit_s, as_json, 
     if as_json:
         click.echo(json.dumps(fit.document(), indent=2))
         return
-    answer, best = fit.answer, fit.planned.result.best
-    click.echo(f"{fit.question}: {answer.num_devices:,} x {answer.device}")
-    click.echo(f"  best layout there: {best.layout.short()}, step {best.step_time_s:.3f} s, "
-               f"peak {best.memory.fit_bytes / GIB:.1f} of {best.capacity_bytes / GIB:.1f} GiB allocated with the runtime "
-               f"({best.peak_memory_bytes / GIB:.1f} reserved)")
-    if answer.devices_tried is not None:
-        click.echo("  devices checked, least memory first: " + ", ".join(
-            f"{d} {'fits' if ok else 'no'}" for d, (_, ok) in zip(answer.devices_tried, answer.checked)))
-    else:
-        click.echo("\n".join(f"  {line}" for line in answer.notes()))
+    click.echo("\n".join(fit_lines(fit)))
 
 
 @click.command("validate")
@@ -815,85 +708,7 @@ def validate_command(file, as_json, markdown, engine, no_best):
     if markdown:
         click.echo(markdown_report(result))
         return
-    _validation_report(result, _console())
-
-
-def _validation_report(result: dict, console: Console) -> None:
-    table = _table("run", "hardware", "framework", ("predicted s", "right"), ("measured s", "right"),
-                   ("error", "right"), "fits", ("best s", "right"), title=f"validation: {result['file']}")
-    for r in result["runs"]:
-        if r["reason"]:
-            table.add_row(r["id"], f"{r['device']} x {r['count']}", "-", "-", "-", "-", "-", f"not evaluated: {r['reason']}")
-            continue
-        meas = "-" if not r["measured_step_time_s"] else f"{r['measured_step_time_s']:.3f}"
-        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
-        best = "-" if r["best_step_time_s"] is None else f"{r['best_step_time_s']:.3f}"
-        table.add_row(r["id"], f"{r['device']} x {r['count']}", r["framework"].split(" ")[0],
-                      f"{r['predicted_step_time_s']:.3f}", meas, err, "yes" if r["fits"] else "NO", best)
-    console.print(table)
-    _validation_summary(result["summary"], console)
-    for key in ("sweeps", "memory", "families"):
-        part = result.get(key)
-        if not part:
-            continue
-        ps = part["summary"]
-        console.print(f"\n{key} ({part['file']}): {part['what']}")
-        rows = [("all runs", ps["overall"])] + (sorted(ps["by_family"].items()) if key == "families" else [])
-        _step_time_lines(rows, console)
-        _memory_lines(ps, console)
-    _ranking_lines(result["summary"].get("ranking") or {}, console)
-
-
-def _step_time_lines(rows: list[tuple[str, dict]], console: Console) -> None:
-    for name, st in rows:
-        if st.get("runs"):
-            console.print(f"{name:>22}: {st['runs']} runs, median |error| {st['median_abs_error']:.1%}, "
-                          f"p90 {st['p90_abs_error']:.1%}, max {st['max_abs_error']:.1%}, "
-                          f"{st['fits']}/{st['evaluated']} published layouts fit")
-
-
-def _validation_summary(s: dict, console: Console) -> None:
-    _step_time_lines([("all runs", s["overall"])] + sorted(s["by_family"].items())
-                     + [(f"framework {k}", v) for k, v in sorted(s.get("by_framework", {}).items())], console)
-    if s.get("zero3"):
-        z = s["zero3"]
-        console.print(f"{'ZeRO-3 / FSDP runs':>22}: {z['runs']} runs, median signed error {z['median_signed_error']:+.1%}")
-    _memory_lines(s, console)
-    if s.get("best_vs_published"):
-        b = s["best_vs_published"]
-        above = f"; above 1.3x: {', '.join(b['above_1_3'])}" if b["above_1_3"] else ""
-        console.print(f"{'best vs published':>22}: planner's best predicted a median {b['median_speedup']:.2f}x "
-                      f"(max {b['max_speedup']:.2f}x) faster than the published layout, {b['runs']} runs{above}")
-        if b.get("unpublished_layout"):
-            console.print(f"{'':>22}  left out, no published tp/pp/dp: {unpublished_rows(b)} (with them: median "
-                          f"{b['all_runs_median_speedup']:.2f}x)")
-    if s["not_evaluated"]:
-        console.print(f"{'not evaluated':>22}: {s['not_evaluated']} run(s), reason in the table")
-
-
-def _memory_lines(s: dict, console: Console) -> None:
-    if s.get("memory"):
-        m = s["memory"]
-        console.print(f"{'peak memory':>22}: {m['runs']} runs measured, median |error| {m['median_abs_error']:.1%}, "
-                      f"p90 {m['p90_abs_error']:.1%}, max {m['max_abs_error']:.1%}")
-    if s.get("fit_facts"):
-        f = s["fit_facts"]
-        wrong = f"; wrong: {', '.join(f['wrong'])}" if f["wrong"] else ""
-        console.print(f"{'fit / OOM facts':>22}: {f['agreed']} of {f['facts']} reproduced{wrong}")
-
-
-def _ranking_lines(rk: dict, console: Console) -> None:
-    if not rk.get("pairs"):
-        return
-    console.print(f"{'ranking':>22}: {rk['agreed']} of {rk['pairs']} pairs ordered as measured "
-                  f"({rk['agreement']:.1%}) in {rk['groups']} groups of runs of one job; {rk['ties']} pairs measured "
-                  f"within {rk['tie_threshold']:.0%} of each other are ties, not counted")
-    console.print(f"{'':>22}  by source: " + ", ".join(f"{k} {v['agreed']}/{v['pairs']}"
-                                                       for k, v in rk["by_source"].items()))
-    for g in rk["by_group"]:
-        if g["wrong"]:
-            console.print(f"{'':>22}  {g['group']}: {g['agreed']}/{g['pairs']}; wrong: {'; '.join(g['wrong'][:3])}"
-                          + (" ..." if len(g["wrong"]) > 3 else ""))
+    validation_report(result, _console())
 
 
 @click.command("render")
@@ -906,18 +721,7 @@ def render_command(plan_file):
     Example:  clusterplan plan --model gpt --cluster dgx-superpod --json > plan.json
               clusterplan render plan.json
     """
-    doc = read_plan_document(plan_file)
-    screen = _console()
-    text = io.StringIO()  # the whole report or none of it: a malformed document stops before printing
-    buffered = Console(file=text, width=screen.width, force_terminal=screen.is_terminal, color_system=screen.color_system,
-                       highlight=False, markup=False, emoji=False, soft_wrap=True)
-    try:
-        render_report(doc, buffered)
-    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, IndexError) as err:
-        raise SpecError(f"PLAN.json: a field the report reads is missing or malformed ({type(err).__name__}: {err}); "
-                        "write it with plan/evaluate --json and do not edit it (if the file is unedited, this is a "
-                        "bug: please report it)") from None
-    sys.stdout.write(text.getvalue())
+    sys.stdout.write(report_text(read_plan_document(plan_file), _console()))
 
 
 @click.group("clusterplan", cls=Group)
@@ -960,46 +764,6 @@ def run_plan() -> None:
     plan_main()
 
 
-# ---- output ------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def progress_bar(unit: str, wanted: bool):
-    """A progress bar on stderr for work of many items (sweep points, compared clusters, validated
-    runs): ``tick(done, total)`` advances it. Silent unless ``wanted`` (not with --json or CSV on
-    stdout) and stderr is a terminal, so pipes, files and tests see nothing."""
-    if not (wanted and sys.stderr.isatty()):
-        yield lambda done, total: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn(f"[progress.description]{unit}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(unit, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
-
-
-SEARCH_PROGRESS_AFTER_S = 2.0
-
-
-@contextlib.contextmanager
-def searching(what: str):
-    """A spinner on stderr for a search that runs longer than SEARCH_PROGRESS_AFTER_S, when stderr
-    is a terminal and the output is not --json; nothing otherwise (pipes, files, tests)."""
-    if not sys.stderr.isatty() or _given("as_json"):
-        yield
-        return
-    import threading
-
-    status = Console(stderr=True).status(f"{what} (CP-SAT proves the optimum; --time-limit to cut it short)")
-    timer = threading.Timer(SEARCH_PROGRESS_AFTER_S, status.start)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        status.stop()
-
-
 def emit(doc: dict, cluster: Cluster, origin: dict[str, str], as_json: bool) -> None:
     doc["inputs"]["origin"] = dict(origin)  # where each job figure came from: `render` prints it again
     if _given("no_timings") and doc.get("search"):
@@ -1015,379 +779,6 @@ def _console() -> Console:
     options = dict(highlight=False, markup=False, emoji=False, soft_wrap=True)
     console = Console(**options)
     return console if console.is_terminal else Console(width=REPORT_WIDTH, **options)
-
-
-def _table(*columns, title: str | None = None) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False, show_edge=False)
-    for column in columns:
-        name, justify = column if isinstance(column, tuple) else (column, "left")
-        table.add_column(name, justify=justify)
-    return table
-
-
-def _keep_whole(table: Table, index: int = 0) -> None:
-    """Column ``index`` (ids, names a user types) is never broken or cut: at least as wide as its
-    widest cell, and the other columns wrap instead on a narrow terminal."""
-    column = table.columns[index]
-    column.no_wrap = True
-    column.min_width = max([len(str(c)) for c in column._cells] + [len(str(column.header))])
-
-
-def _print_catalogue(table: Table, footer: str) -> None:
-    console = _console()
-    _keep_whole(table)
-    console.print(table)
-    console.print(footer)
-
-
-MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
-                 "activations": "activations", "working": "working buffers", "reserved": "runtime (CUDA context, NCCL buffers)",
-                 "allocator": "allocator cache (reserved, not allocated)"}
-TIME_LABELS = {"compute": "compute (forward + backward)", "recompute": "recompute",
-               "tp_comm": "tensor-parallel comm (exposed)", "cp_comm": "context-parallel comm (exposed)",
-               "ep_comm": "expert all-to-all (exposed)", "pp_bubble": "pipeline bubble",
-               "pp_p2p": "pipeline send/recv", "dp_comm": "data-parallel comm (exposed)",
-               "optimizer": "optimizer step"}
-
-
-SHORT_KNOBS = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
-
-
-def render_report(doc: dict, console: Console) -> None:
-    """The human report of a Plan document (plan or evaluate), from the document alone."""
-    _header(doc, doc["inputs"].get("origin") or {}, console)
-    _figures(doc, console)
-    _memory(doc, console)
-    _time(doc, console)
-    _training(doc, console)
-    if doc.get("search"):
-        _runners_up(doc, console)
-        _why(doc, console)
-        _rejections(doc, console)
-        _search(doc, console)
-
-
-def _print_routing(console: Console, routing: dict | None) -> None:
-    """An MoE model's routing, where it is not balanced: the load the slowest expert rank takes."""
-    if not routing or routing["load_factor"] == 1:
-        return
-    how = (f"experts padded to capacity factor {routing['capacity_factor']:g}" if routing["capacity_factor"]
-           else f"dropless, load imbalance {routing['load_imbalance']:g}")
-    console.print(f"         MoE routing: {how}: the most loaded expert rank takes {routing['load_factor']:g}x "
-                  "the mean's tokens, and the step waits for it")
-
-
-MODEL_CODE_WORDS = {
-    "huggingface": (", a Hugging Face transformers model class (memory of its eager ops; their time derived from "
-                    "torchtitan's measured eager kernels, unvalidated on transformers)"),
-    "fused": ", a model of fused (Transformer Engine) kernels",
-    "llmfoundry": ", llm-foundry's MPT modules (fused cross-entropy; priced with the torchtitan profile)",
-}
-"""What the job line of a report adds for each ``--model-code`` other than native."""
-
-
-def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
-    model, job, cluster = doc["inputs"]["model"], doc["inputs"]["job"], doc["inputs"]["cluster"]
-    params = f"{_count(model['num_params'])} parameters"
-    if model["num_active_params"] != model["num_params"]:
-        params += f", {_count(model['num_active_params'])} active"
-    console.print(f"model    {model['name']} ({params}, {model['num_layers']} layers)")
-    _print_routing(console, model.get("moe_routing"))
-    console.print(f"cluster  {cluster['name']} ({cluster['id']}): {doc['num_devices']:,} x {cluster['device_name']}, "
-                  f"{doc['device_memory_bytes'] / GIB:.1f} GiB {cluster['device_memory_kind'].upper()} each")
-    tokens = job["global_batch_size"] * job["seq_len"]
-    line = (f"job      global batch {job['global_batch_size']:,} sequences x {job['seq_len']:,} tokens "
-            f"= {_count(tokens)} tokens/step, {job['precision']}")
-    if job.get("gemm_format") == "fp8_current":
-        line += " (per-tensor current scaling)"
-    elif job["precision"] == "fp8":
-        line += " (delayed scaling)"
-    if job.get("attention", "flash") != "flash":
-        line += f", {job['attention']} attention"
-    if job.get("compiled"):
-        line += ", torch.compile"
-    line += MODEL_CODE_WORDS.get(job.get("model_code", "native"), "")
-    if job["tokens_to_train"]:
-        line += f", {_count(job['tokens_to_train'])} tokens to train"
-    console.print(line)
-    names = {"global_batch_size": "global batch", "seq_len": "seq len", "precision": "precision",
-             "tokens_to_train": "tokens to train"}
-    sources = {"published": "the model's published setup", "model": "the model file",
-               "default": "clusterplan's defaults"}
-    for where, source in sources.items():
-        keys = [names[k] for k, v in origin.items() if v == where and (k != "tokens_to_train" or job[k])]
-        if keys:
-            console.print(f"         {', '.join(keys)} from {source} (see --help)")
-    for key, where in origin.items():
-        if where not in ("given", *sources):
-            console.print(f"         {names[key]} {where}")
-    fw = doc["inputs"].get("framework")
-    if fw:
-        when = f" as of {fw['date']}" if fw.get("as_of") else ""
-        console.print(f"framework {fw['id']} ({fw['version']}{when}): the search offers only what it runs "
-                      "(--framework to change)")
-        if fw.get("compile_switch") and not fw.get("compiled"):
-            console.print("         eager, as the framework's default (its element-wise ops priced as separate "
-                          "kernels): --compile prices torch.compile, which fuses them (and offers async TP)")
-    caveats = doc["inputs"].get("caveats", {})
-    if caveats.get("validated_error"):
-        console.print(f"         {caveats['validated_error']['line']}")
-    for line in caveats.get("unvalidated", []):
-        console.print(f"         {line}")
-    console.print()
-
-
-def _layout_text(layout: dict) -> str:
-    return Layout.from_dict(layout).short()
-
-
-def _figures(doc: dict, console: Console) -> None:
-    lay = doc["layout"]
-    label = "best layout" if doc.get("search") else "layout"
-    console.print(f"{label}  {_layout_text(lay)}", style="bold")
-    console.print(f"{'':{len(label)}}  {lay['num_microbatches']:,} micro-batches of {lay['micro_batch_size']} "
-                  f"per pipeline per step, rank order {lay['order']} (innermost first)")
-    layers = doc["inputs"]["model"].get("num_layers")
-    if lay.get("head_slots") is True and lay["pp"] > 1 and isinstance(layers, int) and layers >= lay["pp"] * lay["vp"]:
-        split = stage_split(layers, lay["pp"], lay["vp"], True)  # the pipeline split the plan priced
-        others = f", the others up to {split.middle}" if lay["pp"] > 2 else ""
-        console.print(f"{'':{len(label)}}  pipeline split: the embedding and the LM head each take a layer's slot "
-                      f"(first rank {split.first} layers, last {split.last}{others})")
-    torus = (doc.get("explanation") or {}).get("placement")
-    if torus:  # which torus axes each parallel axis uses under the order's traversal
-        console.print(f"{'':{len(label)}}  on the torus: {'; '.join(torus)}")
-    copies = doc.get("zero_shard_copies") or 1
-    if copies > 1:  # the framework shards ZeRO-3 inside each scale-up domain only (MaxText's ICI fsdp)
-        console.print(f"{'':{len(label)}}  ZeRO-3 shards over the {lay['dp'] // copies} data-parallel ranks of each "
-                      f"slice and the {copies} slices keep copies (fsdp on ICI, data parallelism over DCN)")
-    console.print(f"step time {doc['step_time_s']:.3f} s   {doc['tokens_per_s']:,.0f} tokens/s   "
-                  f"MFU {doc['mfu']:.1%}   HFU {doc['hfu']:.1%}   "
-                  f"{doc['model_flops_per_s_per_device'] / 1e12:,.0f} model TFLOP/s per device")
-    low = doc.get("gemm_precision")
-    if low not in (None, "bf16", "fp16"):  # MFU is over the 16-bit peak; say so where it is not the bound
-        console.print(f"{'':10}MFU and HFU are over the dense bf16 peak; over the dense {low} peak the GEMMs "
-                      f"run at, MFU is {doc['mfu_precision_peak']:.1%}")
-    per_step = []
-    if doc.get("energy_per_step_j") is not None:
-        per_step.append(f"energy {doc['energy_per_step_j'] / 3.6e6:,.2f} kWh per step")
-    if doc.get("cost_per_step_usd") is not None:
-        per_step.append(f"cost ${doc['cost_per_step_usd']:,.2f} per step")
-    if per_step:
-        console.print("   ".join(per_step))
-    console.print()
-
-
-def _memory(doc: dict, console: Console) -> None:
-    capacity, peak = doc["device_memory_bytes"], doc["peak_memory_bytes"]
-    table = _table("memory per device (most loaded stage)", ("GiB", "right"), ("% of device", "right"))
-    for key, value in doc["memory"].items():
-        if key == "allocator" and not value:
-            continue  # no allocator share for this framework: said below the table
-        table.add_row(MEMORY_LABELS.get(key, key), _gib(value), f"{value / capacity:.1%}")
-    table.add_row("total (reserved)", _gib(peak), f"{peak / capacity:.1%}", style="bold")
-    console.print(table)
-    need = doc.get("fit_memory_bytes", peak)
-    if doc["fits"]:
-        console.print(f"fits: {_gib(need)} of {_gib(capacity)} GiB allocated with the runtime "
-                      f"({_gib(capacity - need)} GiB free)")
-    else:
-        console.print(f"DOES NOT FIT: needs {_gib(need)} GiB allocated with the runtime, device has "
-                      f"{_gib(capacity)} GiB, over by {_gib(doc['overflow_bytes'])} GiB", style="bold red")
-    stages = doc.get("stage_memory_bytes")
-    if stages:
-        console.print(f"per stage: first {_gib(stages['first_stage'])} GiB (most micro-batches in flight), "
-                      f"last {_gib(stages['last_stage'])} GiB (one micro-batch and the logits)")
-    if doc["memory"].get("allocator"):
-        console.print("the allocator cache is what PyTorch's caching allocator keeps reserved beyond live "
-                      "tensors (nvidia-smi and max_memory_reserved show it); it is released before an "
-                      "allocation fails, so the fit counts live tensors and the runtime")
-    elif need >= capacity:
-        console.print("allocator cache: no room left for one (live tensors and the runtime fill the device)")
-    else:
-        console.print("allocator cache: none counted (XLA plans its buffers at compile time; SRAM machines have no "
-                      "caching allocator): unvalidated")
-    headroom = (doc.get("search") or {}).get("memory_headroom")
-    if headroom:
-        console.print(f"the search kept {headroom:.1%} of device memory free (--memory-headroom; by default the "
-                      "framework's allocator margin), so the plan leaves room for fragmentation")
-    console.print()
-
-
-def _time(doc: dict, console: Console) -> None:
-    step = doc["step_time_s"]
-    table = _table("time per step", ("s", "right"), ("% of step", "right"))
-    for key, value in doc["breakdown"].items():
-        if value:
-            table.add_row(TIME_LABELS.get(key, key), f"{value:.4f}", f"{value / step:.1%}")
-    table.add_row("step time", f"{step:.4f}", "100.0%", style="bold")
-    console.print(table)
-    zero = [TIME_LABELS.get(k, k).split(" (")[0] for k, v in doc["breakdown"].items() if not v]
-    if zero:
-        console.print(f"no time in: {', '.join(zero)}")
-    names = {"tp": "TP overlap", "dp": "DP overlap", "cp": "context-parallel ring", "ep": "EP overlap"}
-    for key, charge in (doc.get("overlap_charges") or {}).items():
-        console.print(f"{names.get(key, key)} costs {charge['share']:.1%} of the compute it hides behind "
-                      f"while it runs: {charge['basis']}")
-    console.print()
-
-
-def _training(doc: dict, console: Console) -> None:
-    seconds, gp = doc.get("time_to_train_s"), doc.get("goodput")
-    tokens = doc["inputs"]["job"]["tokens_to_train"]
-    if gp is not None and gp["goodput"] <= 0:
-        console.print(f"to train {_count(tokens)} tokens: never: the job fails every {_duration(gp['mtbf_s'])} on "
-                      f"average, faster than it can checkpoint and restart (goodput 0)", style="bold red")
-        console.print()
-        return
-    if not seconds:
-        console.print("time to train: pass --tokens (e.g. --tokens 300e9) for time, energy and cost to train")
-        console.print()
-        return
-    energy = doc.get("energy_j")
-    cost = doc.get("cost_usd")
-    energy_text = "energy n/a (no power figure for the device)" if energy is None else f"{energy / 3.6e9:,.0f} MWh"
-    if cost is None:
-        cost_text = "cost n/a (no price for the device)"
-    else:
-        cost_text = f"${cost:,.0f} at ${doc['inputs']['cluster']['price_per_device_hour_usd']:.2f} per device-hour"
-    cluster = doc["inputs"]["cluster"]
-    if energy is not None:
-        pue = cluster.get("pue", 1.0)
-        host = cluster.get("host_power_w_per_device") or 0.0
-        assumed = " assumed, unvalidated" if cluster.get("host_power_assumed") else ""
-        energy_text += f" (PUE {pue:g}; host {host:,.0f} W per device{assumed})"
-    if gp is None:
-        console.print(f"to train {_count(tokens)} tokens: {_duration(seconds)}, {energy_text}, {cost_text}")
-        console.print()
-        return
-    failures = not _no_failures(gp)
-    with_failures = (f"{_duration(seconds)} with failures ({_duration(doc['time_to_train_ideal_s'])} without)" if failures
-                     else f"{_duration(seconds)} (no failures assumed)")
-    console.print(f"to train {_count(tokens)} tokens: {with_failures}, {doc['device_hours']:,.0f} device-hours, "
-                  f"{energy_text}, {cost_text}")
-    console.print(_goodput_line(gp) if failures else f"goodput {gp['goodput']:.1%}: no failures assumed (--failure-rate "
-                  "0), so no checkpoint, restart or lost work is counted")
-    console.print()
-
-
-def _no_failures(gp: dict) -> bool:
-    """A failure rate of 0: the document's mean time between failures is null (or, in a document
-    from before, infinite)."""
-    return gp["mtbf_s"] is None or not math.isfinite(gp["mtbf_s"]) or not gp["failure_rate_per_device_hour"]
-
-
-def _goodput_line(gp: dict) -> str:
-    restart = f"restart {_duration(gp['restart_s'])}" + (" (unvalidated: assumed)" if gp["restart_unvalidated"] else "")
-    return (f"goodput {gp['goodput']:.1%}: a failure every {_duration(gp['mtbf_s'])} on average "
-            f"({gp['failure_rate_per_device_hour']:.3g} per device-hour), a {gp['checkpoint_write_s']:.1f} s "
-            f"checkpoint every {_duration(gp['checkpoint_interval_s'])} (Young), {restart}")
-
-
-def _runners_up(doc: dict, console: Console) -> None:
-    runners = doc.get("runners_up") or []
-    if not runners:
-        return
-    best = doc["step_time_s"]
-    energy = (doc.get("search") or {}).get("objective") == "energy"
-    columns = [("#", "right"), "runner-up layout", ("step s", "right"), ("MFU", "right"), ("fit GiB", "right"),
-               ("vs best", "right")] + ([("kWh/step", "right"), ("energy vs best", "right")] if energy else [])
-    table = _table(*columns)
-    for i, ev in enumerate(runners):
-        delta_ms = (ev["step_time_s"] - best) * 1e3
-        row = [str(i + 2), _layout_text(ev["layout"]), f"{ev['step_time_s']:.3f}", f"{ev['mfu']:.1%}",
-               _gib(ev["fit_memory_bytes"]), f"{delta_ms:+,.1f} ms"]
-        if energy:
-            row += [f"{ev['energy_per_step_j'] / 3.6e6:,.2f}",
-                    f"{ev['energy_per_step_j'] / doc['energy_per_step_j'] - 1:+.2%}"]
-        table.add_row(*row)
-    console.print(table)
-    console.print("fit GiB: the peak allocated with the runtime, what must fit (the caching allocator may reserve more)")
-    console.print()
-
-
-def _why(doc: dict, console: Console) -> None:
-    explanation = doc.get("explanation") or {}
-    versus = explanation.get("versus_runners_up") or []
-    binding = explanation.get("binding") or []
-    energy = (doc.get("search") or {}).get("objective") == "energy"
-    if versus:
-        console.print("runners-up against the best: knobs changed, the time term that changes most, the step"
-                      + (", the energy" if energy else ""))
-        for i, v in enumerate(versus):
-            changed = " ".join(f"{SHORT_KNOBS.get(k, k)}={_knob(x)}" for k, x in v["changed"].items())
-            if energy:
-                ratio = doc["runners_up"][i]["energy_per_step_j"] / doc["energy_per_step_j"] - 1
-                term = TIME_LABELS.get(v["term"], v["term"]).split(" (")[0]
-                console.print(f"  #{i + 2} {changed}: {term} {v['delta_s'] * 1e3:+,.1f} ms, "
-                              f"step {v['step_time_delta_s'] * 1e3:+,.1f} ms, energy {ratio:+.2%}")
-                continue
-            if v["term"] == "tie":
-                console.print(f"  #{i + 2} {changed}: same step time, "
-                              f"{v['memory_delta_bytes'] / GIB:+,.1f} GiB to fit (ties go to the least memory)")
-                continue
-            term = TIME_LABELS.get(v["term"], v["term"]).split(" (")[0]
-            console.print(f"  #{i + 2} {changed}: {term} {v['delta_s'] * 1e3:+,.1f} ms, "
-                          f"step {v['step_time_delta_s'] * 1e3:+,.1f} ms")
-        console.print()
-    if binding:
-        console.print("what binds (one-step moves from the best layout)")
-        for line in binding:
-            console.print(f"  {line}")
-        console.print()
-
-
-def _knob(value: Any) -> str:
-    return ("on" if value else "off") if isinstance(value, bool) else str(value)
-
-
-def _rejections(doc: dict, console: Console) -> None:
-    rejections = doc.get("rejections") or {}
-    if not rejections:
-        return
-    reasons = doc.get("rejection_reasons") or {}
-    table = _table("rejected layouts by reason", ("count", "right"))
-    for key, count in sorted(rejections.items(), key=lambda kv: -kv[1]):
-        table.add_row(reasons.get(key, REASONS.get(key, key)), f"{count:,}")
-    console.print(table)
-    console.print()
-
-
-def _search(doc: dict, console: Console) -> None:
-    s = doc["search"]
-    gap = "" if s["status"] == "OPTIMAL" else f", gap {s['gap']:.2%}"
-    objective = {"time": "least step time", "cost": "least rental cost per step (= least time on one cluster)",
-                 "energy": "least energy per step"}.get(s.get("objective", "time"), s.get("objective"))
-    wall = f", {s['wall_s']:.2f} s" if "wall_s" in s else ""
-    console.print(f"search: {s['engine']}, {s['status']}{gap}{wall}, "
-                  f"{s['layouts_considered']:,} layouts considered, {s['layouts_feasible']:,} valid and fitting; "
-                  f"objective: {objective}")
-    if s.get("objective") == "energy" and not s.get("idle_power_known"):
-        console.print("note: no idle power figure for this device, so energy assumes board power throughout "
-                      "and ranks layouts as time does")
-    for hint in s.get("hints") or ():
-        console.print(f"hint: {hint}")
-
-
-# ---- number formatting (display only) -------------------------------------------------------------------
-def _gib(num_bytes: float) -> str:
-    return f"{num_bytes / GIB:,.1f}"
-
-
-def _count(n: float) -> str:
-    """1.2e11 -> '120 B'; human units for parameter and token counts."""
-    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            value = n / scale
-            return f"{value:,.{0 if value >= 100 else 1}f} {unit}"
-    return f"{n:,.0f}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 2 * 86400:
-        return f"{seconds / 86400:,.1f} days"
-    if seconds >= 2 * 3600:
-        return f"{seconds / 3600:.1f} hours"
-    return f"{seconds / 60:.1f} minutes"
 
 
 if __name__ == "__main__":

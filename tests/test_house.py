@@ -71,3 +71,13 @@ def test_report_layer_computes_no_cost():
         calls += [f"{path.relative_to(ROOT)}:{node.lineno} {node.func.id}" for node in ast.walk(ast.parse(path.read_text()))
                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported]
     assert not calls, f"the report layer computes: {calls}; compute it in planner/results.py"
+
+
+def test_cli_writes_no_report():
+    """cli.py prints no report of its own: the text of every report is in planner/report (text,
+    whatif_text, validation_text, catalogue_text), and ``plan`` and ``render`` share one renderer."""
+    tree = ast.parse((ROOT / "cli.py").read_text())
+    prints = [node.lineno for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "print"]
+    tables = [m for m in _imported_names(ROOT / "cli.py").values() if m.startswith(("rich.table", "rich.box"))]
+    assert not prints and not tables, f"cli.py renders: console.print at lines {prints}, imports {tables}"
