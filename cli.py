@@ -4,8 +4,9 @@ Commands: ``clusterplan plan|evaluate|explain|compare|sweep|export|validate|mode
 ``plan`` is also installed as a command of its own (``plan --model gpt --cluster dgx-superpod``).
 Every figure printed comes from the Plan document (``planner.report.plan``); nothing here computes a cost,
 and nothing here writes a report: the text of each one is in ``planner.report`` (``text``, ``whatif_text``,
-``validation_text``, ``catalogue_text``). This module holds the options, the loading of the inputs (a
-``Request``), the calls into the library and the exit codes.
+``validation_text``, ``catalogue_text``). This module holds the commands and their options (the
+options several commands share, and the value types, are in ``cli_options``), the loading of the
+inputs (a ``Request``), the calls into the library and the exit codes.
 
 Results go to stdout, errors to stderr as ``error: <message>``. Exit codes (DESIGN.md):
 
@@ -23,9 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
-import re
 import sys
 import traceback
 from dataclasses import asdict
@@ -35,9 +34,11 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
-from clusterplan.cost.framework import FRAMEWORKS, check_platform, resolve_name as resolve_framework
+from clusterplan.cli_options import (ENGINE_OPTIONS, FRAMEWORK_NAMES, INPUT_OPTIONS, MOE_ROUTING_OPTIONS, POSITIVE_FLOAT,
+                                     POSITIVE_INT, PRICE_OPTION, PROBLEM_OPTIONS, SEARCH_OPTIONS, WHATIF_OUTPUT_OPTIONS,
+                                     BoundedNumber, Headroom, TokenCount, apply_options, remembered)
+from clusterplan.cost.framework import check_platform, resolve_name as resolve_framework
 from clusterplan.cost.layout import MODEL_CODES
-from clusterplan.models.ops import ATTENTION_KINDS
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.library import job_defaults, list_models
@@ -51,7 +52,6 @@ from clusterplan.planner.inputs import Request, default_global_batch  # noqa: F4
 from clusterplan.planner.requests import Planned, evaluate_request, fit_request, plan_request
 from clusterplan.planner.studies.fit import TIME_LIMIT_S
 from clusterplan.planner.search import ENGINES, SearchOptions
-from clusterplan.planner.search.engine import MAX_TOP_K
 from clusterplan.planner.search.space import REASONS, parse_bounds
 from clusterplan.planner.studies.validate import markdown_report, validate
 from clusterplan.planner.report.chart import compare_chart, grid_heatmap, sweep_chart
@@ -59,8 +59,8 @@ from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, c
                                         check_distinct, parse_candidate, parse_grid, rank, sweep)
 from clusterplan.planner.report.export import FORMATS as EXPORT_FORMATS, TORCHTITAN_FORMAT_DATES, export, export_framework
 from clusterplan.topologies.cluster import Cluster
-from clusterplan.topologies.library import MAX_NIC_GBIT_PER_S, MIN_NIC_GBIT_PER_S, list_clusters, list_devices
-from clusterplan.topologies.precisions import FP8_SCALINGS, PRECISIONS
+from clusterplan.topologies.library import list_clusters, list_devices
+from clusterplan.topologies.precisions import PRECISIONS
 
 EXIT_BUG = 1
 REPORT_WIDTH = 120
@@ -95,74 +95,6 @@ class Group(_Errors, click.Group):
 
 class Command(_Errors, click.Command):
     pass
-
-
-# ---- option types ----------------------------------------------------------------------------------
-class TokenCount(click.ParamType):
-    """A token count: ``300e9``, ``300000000000``, ``300B``, ``1.5T``, ``500M``."""
-
-    name = "tokens"
-    SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-
-    def convert(self, value: Any, param, ctx) -> int:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        else:
-            match = re.fullmatch(r"\s*([0-9][0-9_.]*(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", str(value), re.I)
-            try:
-                number = float(match.group(1)) * self.SUFFIXES[match.group(2).lower()] if match else math.nan
-            except ValueError:
-                number = math.nan
-        if not math.isfinite(number) or number < 0:
-            self.fail(f"{value!r} is not a token count; write e.g. 300e9, 300B or 1.5T", param, ctx)
-        if round(number) < 1:
-            self.fail(f"{value!r}: a training run has at least 1 token; write e.g. 300e9, 300B or 1.5T", param, ctx)
-        return int(round(number))
-
-
-class Headroom(click.ParamType):
-    """A fraction of device memory kept free: ``10%`` or ``0.1``."""
-
-    name = "fraction"
-
-    def convert(self, value: Any, param, ctx) -> float:
-        text = str(value).strip()
-        percent = text.endswith("%")
-        try:
-            number = float(text.removesuffix("%"))
-        except ValueError:
-            self.fail(f"{value!r} is not a fraction; write e.g. 10% or 0.1", param, ctx)
-        fraction = number / 100 if percent else number
-        if not 0 <= fraction < 1:
-            self.fail(f"{value!r} is out of range; give 0% to 99% (or a fraction 0 to 0.99)", param, ctx)
-        return fraction
-
-
-class BoundedNumber(click.ParamType):
-    """A positive, finite number no larger than ``maximum``: beyond it the arithmetic of the cost
-    model and the search (64-bit integers after quantization) cannot hold it, so it is bad input."""
-
-    def __init__(self, kind: type, maximum: float, unit: str = "", minimum: float | None = None):
-        self.kind, self.maximum, self.unit, self.minimum = kind, maximum, unit, minimum
-        self.name = "integer" if kind is int else "number"
-
-    def convert(self, value: Any, param, ctx):
-        try:
-            number = self.kind(str(value).strip()) if not isinstance(value, (int, float)) else self.kind(value)
-        except (ValueError, OverflowError):
-            self.fail(f"{value!r} is not a{'n integer' if self.kind is int else ' number'}", param, ctx)
-        if isinstance(number, float) and not math.isfinite(number):
-            self.fail(f"{value!r} is not finite; give a positive number up to {self.maximum:g}{self.unit}", param, ctx)
-        low_ok = number > 0 if self.minimum is None else number >= self.minimum
-        if not (low_ok and number <= self.maximum):
-            most = f"{self.maximum:,}" if self.kind is int else f"{self.maximum:g}"
-            least = "more than 0" if self.minimum is None else f"at least {self.minimum:g}"
-            self.fail(f"{value!r} is out of range; allowed: {least} and at most {most}{self.unit}", param, ctx)
-        return number
-
-
-POSITIVE_INT = BoundedNumber(int, 2**31 - 1)  # devices, nodes, sequences, tokens per sequence
-POSITIVE_FLOAT = BoundedNumber(float, 1e6)  # Gb/s per device (a petabit), seconds of solver time
 
 
 # ---- errors and exit codes ---------------------------------------------------------------------------
@@ -217,194 +149,20 @@ def _request(model_arg: str, cluster_arg: str, **options: Any) -> Request:
     """The user's request from a command's options (by keyword; others ignored) and the what-if
     options remembered in the click context (price, PUE, host power, reliability)."""
     given = {k: options[k] for k in REQUEST_OPTIONS if k in options}
-    checkpoint, restart = _given("checkpoint_gbyte_per_s"), _given("restart_minutes")
-    reliability = {"failure_rate_per_device_hour": _given("failure_rate"),
+    checkpoint, restart = remembered("checkpoint_gbyte_per_s"), remembered("restart_minutes")
+    reliability = {"failure_rate_per_device_hour": remembered("failure_rate"),
                    "checkpoint_bytes_per_s_per_device": None if checkpoint is None else checkpoint * 1e9,
                    "restart_s": None if restart is None else restart * 60.0}
     return Request(model=model_arg, cluster=cluster_arg, **given,
-                   price_per_device_hour=_given("price_per_device_hour"), pue=_given("pue"),
-                   host_power_w=_given("host_power_w"),
+                   price_per_device_hour=remembered("price_per_device_hour"), pue=remembered("pue"),
+                   host_power_w=remembered("host_power_w"),
                    reliability=Reliability(**{k: v for k, v in reliability.items() if v is not None}))
-
-
-FRAMEWORK_NAMES = FRAMEWORKS + ("nemo", "megatron-bridge", "megatron-lm", "megatron-core")
-
-# ---- shared options ---------------------------------------------------------------------------------
-def _apply(options: list[Callable]) -> Callable:
-    def decorate(fn):
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
-    return decorate
-
-
-def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    """Keep a what-if option (price, PUE, reliability) in the context for load_cluster and build_job:
-    they apply to every command that loads a cluster or a job, without threading them through each."""
-    if value is not None:
-        ctx.meta[f"clusterplan.{param.name}"] = value
-    return value
-
-
-def _given(name: str) -> Any:
-    ctx = click.get_current_context(silent=True)
-    return None if ctx is None else ctx.meta.get(f"clusterplan.{name}")
-
-
-MOE_ROUTING_OPTIONS = [
-    click.option("--moe-capacity-factor", "moe_capacity_factor", type=BoundedNumber(float, 64.0, minimum=1.0),
-                 metavar="RATIO",
-                 help="MoE models: expert capacity as a multiple of the mean load, each expert's input padded "
-                      "to it (Megatron-Core --moe-expert-capacity-factor); the most loaded rank computes, sends "
-                      "and keeps that many routed tokens. Default: the model's (dropless)."),
-    click.option("--moe-load-imbalance", "moe_load_imbalance", type=BoundedNumber(float, 64.0, minimum=1.0),
-                 metavar="RATIO",
-                 help="MoE models, dropless routing: the most loaded expert-parallel rank's routed tokens over "
-                      "the mean (default: the model's, 1 = balanced, as benchmarks that force balance run)."),
-]
-PRICE_OPTION = click.option(
-    "--price-per-device-hour", "price_per_device_hour", type=BoundedNumber(float, 1e4), metavar="USD",
-    expose_value=False, callback=_remember,
-    help="Rental price per device-hour, replacing the catalogue's and a cluster file's price_per_device_hour_usd "
-         "(cost figures and --objective cost).")
-INPUT_OPTIONS = [
-    click.option("--model", "model_arg", required=True, metavar="ID|FILE",
-                 help="Bundled model id or alias (see `clusterplan models`), or the path of a YAML/JSON "
-                      "model file or of a Hugging Face config.json."),
-    click.option("--cluster", "cluster_arg", required=True, metavar="ID|FILE",
-                 help="Cluster preset id or alias (see `clusterplan clusters`), or the path of a YAML "
-                      "cluster file."),
-    click.option("--devices", "--gpus", "num_devices", type=POSITIVE_INT,
-                 help="Number of accelerators (default: the preset's reference size, or the cluster file's "
-                      "size; these options override a cluster file's values)."),
-    click.option("--nodes", "num_nodes", type=POSITIVE_INT,
-                 help="Number of nodes (hosts) instead of --devices."),
-    click.option("--device", "device", metavar="ID",
-                 help="Another device of the preset's family, e.g. h200-sxm-141gb on dgx-h100-superpod "
-                      "(see `clusterplan devices`)."),
-    click.option("--scale-out-gbit-per-s", "scale_out_gbit_per_s", metavar="GBIT",
-                 type=BoundedNumber(float, MAX_NIC_GBIT_PER_S, minimum=MIN_NIC_GBIT_PER_S),
-                 help="NIC bandwidth per device and direction, Gb/s, replacing the preset's."),
-    click.option("--oversubscription", type=BoundedNumber(float, 64.0, minimum=1.0), metavar="RATIO",
-                 help="Leaf downlink/uplink ratio of a fat-tree preset (1 = non-blocking)."),
-    click.option("--domain-devices", "domain_devices", type=POSITIVE_INT, metavar="N",
-                 help="Devices the job uses in each NVLink Switch domain of an NVL72 preset, a multiple of "
-                      "the devices per node (e.g. 64 of a rack's 72, as SLURM --segment 16 allocates; "
-                      "default: the whole domain)."),
-    click.option("--global-batch", "global_batch", type=POSITIVE_INT, metavar="SEQUENCES",
-                 help="Sequences per optimizer step. Default: the model's published batch, else the power "
-                      "of two nearest to 4,194,304 / seq-len (about 4M tokens per step)."),
-    click.option("--seq-len", "seq_len", type=POSITIVE_INT, metavar="TOKENS",
-                 help="Tokens per sequence (default: the model's published training length)."),
-    click.option("--precision", type=click.Choice(list(PRECISIONS)),
-                 help="Training precision: bf16, fp16, or the linear layers' GEMMs in fp8 (per-tensor "
-                      "scales), mxfp8 or nvfp4 (block-scaled; NVIDIA Blackwell; megatron, torchtitan "
-                      "mxfp8). Default: the model's published one, else bf16."),
-    click.option("--tokens", "tokens", type=TokenCount(), metavar="N",
-                 help="Tokens to train, for time, energy and cost to train: 300e9, 300B, 1.5T "
-                      "(default: the model's published figure, if any)."),
-    click.option("--framework", "framework", type=click.Choice(list(FRAMEWORK_NAMES), case_sensitive=False),
-                 help="The training framework whose profile the plan must run under: megatron (also nemo, "
-                      "megatron-bridge), torchtitan, deepspeed, maxtext. Default: maxtext on TPU, megatron "
-                      "elsewhere. The search offers only the knobs and combinations it has, and prices "
-                      "overlap by its mechanism (see docs/frameworks.md)."),
-    click.option("--compile/--no-compile", "compiled", default=None,
-                 help="Run the model under torch.compile (torchtitan's compile.enable; off by default, as in "
-                      "torchtitan): memory is priced as the compiled graph keeps it, and torchtitan's async TP, "
-                      "which needs compile, becomes a knob. Only --framework torchtitan has this switch."),
-    click.option("--fp8-scaling", "fp8_scaling", type=click.Choice(list(FP8_SCALINGS)),
-                 help="With --precision fp8: delayed (scales from earlier steps' amax history; Megatron-LM's "
-                      "default --fp8-recipe) or current (each tensor's own amax first: Megatron's --fp8-recipe "
-                      "tensorwise, Megatron-Bridge's fp8_cs, torchao's float8), whose casts cost about twice as "
-                      "much. Default: the framework's."),
-    click.option("--model-code", "model_code", type=click.Choice(list(MODEL_CODES)),
-                 help="Whose modules implement the model: native (default: the framework's own, e.g. Megatron's "
-                      "fused layers, torchtitan's eager Llama), huggingface (a Hugging Face transformers model "
-                      "class trained under DeepSpeed ZeRO or FSDP: with --framework deepspeed or torchtitan, data "
-                      "parallelism only; memory and time priced as its eager ops keep and run them) or fused (a "
-                      "model built from Transformer Engine layers under a framework whose own modules are eager, "
-                      "e.g. NeMo Automodel's TE models with --framework torchtitan) or llmfoundry (llm-foundry's MPT "
-                      "modules under Composer's FSDP, with --framework torchtitan: its fused cross-entropy holds "
-                      "4 B per logit)."),
-    PRICE_OPTION,
-    click.option("--pue", type=BoundedNumber(float, 5.0, minimum=1.0), metavar="RATIO", expose_value=False,
-                 callback=_remember,
-                 help="Power usage effectiveness of the facility: energy figures are multiplied by it "
-                      "(default 1.0: the cluster's own draw, host share included where the preset states it)."),
-    click.option("--host-power-w", "host_power_w", type=BoundedNumber(float, 1e5, minimum=0.0), metavar="WATTS",
-                 expose_value=False, callback=_remember,
-                 help="Host power per device (CPUs, NICs, switches, fans), replacing the preset's (default: the "
-                      "DGX presets' figures; elsewhere 0.8 x board power, an assumption labelled unvalidated)."),
-    click.option("--failure-rate", "failure_rate", type=BoundedNumber(float, 1.0, minimum=0.0), metavar="PER_DEVICE_HOUR",
-                 expose_value=False, callback=_remember,
-                 help="Failures per device-hour, for the goodput in time to train (default 1.97e-5: Llama 3's 419 "
-                      "unexpected interruptions in 54 days on 16,384 H100s; 0 for none)."),
-    click.option("--checkpoint-gbyte-per-s", "checkpoint_gbyte_per_s", type=BoundedNumber(float, 1e4, minimum=1e-6),
-                 metavar="GBYTE",
-                 expose_value=False, callback=_remember,
-                 help="Storage write bandwidth per device for checkpoints, GB/s (default 0.122: Llama 3's 2 TB/s "
-                      "for 16,384 GPUs)."),
-    click.option("--restart-minutes", "restart_minutes", type=BoundedNumber(float, 1e4, minimum=0.0), metavar="MIN",
-                 expose_value=False, callback=_remember,
-                 help="Time to restart after a failure (default 10: an assumption, labelled unvalidated)."),
-    *MOE_ROUTING_OPTIONS,
-    click.option("--attention", type=click.Choice(list(ATTENTION_KINDS)), default=None,
-                 help="Attention kernel (default: the framework's): flash (fused, the device's best: FlashAttention-3/cuDNN on Hopper), "
-                      "flash2 (FlashAttention-2 kernels, e.g. PyTorch SDPA: slower on Hopper), flash1 (FlashAttention-1-era "
-                      "kernels: flash-attn 1.x, 2023 Triton ports; 0.55 of flash2's rate) or unfused "
-                      "(scores written to memory, separate softmax and dropout: stacks from before "
-                      "FlashAttention, e.g. Megatron-LM 2021)."),
-]
-PROBLEM_OPTIONS = INPUT_OPTIONS + [
-    click.option("--json", "as_json", is_flag=True, callback=_remember,
-                 help="Print the Plan document as JSON, nothing else."),
-    click.option("--no-timings", "no_timings", is_flag=True, default=None, expose_value=False, callback=_remember,
-                 help="Leave the search's wall time out of the document, so that the same input gives the same "
-                      "bytes."),
-]
-TOP_OPTION = click.option("--top", "top_k", type=click.IntRange(0, MAX_TOP_K), default=3, show_default=True,
-                          help=f"Runners-up to report (0 to {MAX_TOP_K}).")
-ENGINE_OPTIONS = [
-    click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
-                 help="cpsat: the OR-Tools CP-SAT model; exhaustive: numpy brute force over the same tables."),
-    click.option("--time-limit", "time_limit_s", type=POSITIVE_FLOAT, metavar="SECONDS",
-                 help="Stop CP-SAT after this long and report the best layout found and its gap."),
-    click.option("--fix", multiple=True, metavar="KNOB=VALUE",
-                 help="Hold a knob: tp, pp, dp, cp, ep, etp (1: whole experts, ep carved from tp*cp*dp; or "
-                      "tp), vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap, ep_overlap, head_slots "
-                      "(on: the embedding and the LM head each take a layer's slot in the pipeline split; unfixed, the "
-                      "search tries both splits the framework offers) (repeatable, or comma-separated: --fix tp=8,pp=4)."),
-    click.option("--min", "minimum", multiple=True, metavar="KNOB=VALUE",
-                 help="Lower bound on a numeric knob, e.g. --min dp=4 (repeatable)."),
-    click.option("--max", "maximum", multiple=True, metavar="KNOB=VALUE",
-                 help="Upper bound on a numeric knob, e.g. --max pp=16 (repeatable)."),
-    click.option("--memory-headroom", "memory_headroom", type=Headroom(), default=None,
-                 help="Share of device memory to keep free: 10% or 0.1. Default: the framework's allocator "
-                      "margin, 8.4% for megatron, torchtitan and deepspeed on HBM devices (PyTorch's caching "
-                      "allocator reserve, measured), 0 for maxtext and on SRAM machines."),
-    click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
-                 help="What to minimise per step: time; cost (rental price x time, so the same layout as "
-                      "time on one cluster); energy (board power while computing, idle power while waiting "
-                      "on communication or bubbles, plus the host's share)."),
-]
-SEARCH_OPTIONS = [TOP_OPTION] + ENGINE_OPTIONS
-WHATIF_OUTPUT_OPTIONS = [
-    click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON."),
-    click.option("--csv", "csv_path", metavar="FILE",
-                 help="Also write the rows as CSV to FILE (- for stdout, instead of the table)."),
-    click.option("--chart", "chart_path", metavar="FILE.png",
-                 help="Also draw the rows as a chart (.png, .svg or .pdf; needs matplotlib: "
-                      "pip install 'clusterplan[chart]')."),
-    click.option("--no-timings", "no_timings", is_flag=True, default=None, expose_value=False, callback=_remember,
-                 help="Leave each search's wall time out of the rows, so that the same input gives the same "
-                      "bytes."),
-]
 
 
 # ---- commands ----------------------------------------------------------------------------------------
 @click.command("plan", cls=Command)
 @click.version_option(PLANNER_VERSION, prog_name="clusterplan")  # `plan --version`, as `clusterplan --version`
-@_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
+@apply_options(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def plan_command(as_json, **options):
     """Search the parallel layouts of MODEL on CLUSTER and report the fastest that fits (or the
@@ -425,7 +183,7 @@ def _load_and_search(*, model_arg, cluster_arg, top_k, engine, time_limit_s, fix
     search = SearchOptions(engine=engine, top_k=top_k, time_limit_s=time_limit_s, objective=objective,
                            bounds=parse_bounds(fix, minimum, maximum, memory_headroom))
     model = request.load_model()
-    with searching(f"searching {model.name} on {cluster_arg}", not _given("as_json")):
+    with searching(f"searching {model.name} on {cluster_arg}", not remembered("as_json")):
         return plan_request(request, search, model)
 
 
@@ -437,7 +195,7 @@ def _load_and_search(*, model_arg, cluster_arg, top_k, engine, time_limit_s, fix
                    "recomputes K layers of each stage; with recompute=selective under Megatron, "
                    "recompute_modules=layernorm+moe_act names Megatron-Core's --recompute-modules; "
                    "head_slots=on gives the embedding and the LM head a layer's slot each in the pipeline split.")
-@_apply(PROBLEM_OPTIONS)
+@apply_options(PROBLEM_OPTIONS)
 @guarded
 def evaluate_command(layout_text, as_json, **options):
     """Predict step time and memory of one given layout (no search).
@@ -485,7 +243,7 @@ def devices_command(as_json):
 
 
 @click.command("explain")
-@_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
+@apply_options(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def explain_command(as_json, **options):
     """Why the best layout won: against each runner-up, what binds, and one step in every knob."""
@@ -511,15 +269,15 @@ def explain_command(as_json, **options):
               help="Run the model under torch.compile (torchtitan only; see plan --help).")
 @click.option("--model-code", "model_code", type=click.Choice(list(MODEL_CODES)),
               help="A Hugging Face transformers model class under DeepSpeed or FSDP (see plan --help).")
-@_apply(MOE_ROUTING_OPTIONS)
-@_apply([PRICE_OPTION])
+@apply_options(MOE_ROUTING_OPTIONS)
+@apply_options([PRICE_OPTION])
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Search engine for each candidate.")
 @click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
               help="Search each candidate for, and rank the candidates by, step time, rental cost per step or "
                    "energy per step (the last two need a price/power for the device: --price-per-device-hour, or "
                    "a cluster file's price_per_device_hour_usd; a candidate without it says so in its row).")
-@_apply(WHATIF_OUTPUT_OPTIONS)
+@apply_options(WHATIF_OUTPUT_OPTIONS)
 @guarded
 def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, framework, compiled, model_code,
                     moe_capacity_factor, moe_load_imbalance, engine, objective, as_json, csv_path, chart_path):
@@ -562,7 +320,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
                    + ", ".join([*SWEEP_KNOBS, "gpus (= devices)"])
                    + ", e.g. --over devices=256,512,1024 or --over scale-out-gbit-per-s=100,200,400. The other "
                      "options apply to every point; the swept knob's own option must not be given too.")
-@_apply(INPUT_OPTIONS + ENGINE_OPTIONS + WHATIF_OUTPUT_OPTIONS)
+@apply_options(INPUT_OPTIONS + ENGINE_OPTIONS + WHATIF_OUTPUT_OPTIONS)
 @guarded
 def sweep_command(over, ray_address, jobs, model_arg, cluster_arg, engine, time_limit_s, fix, minimum, maximum,
                   memory_headroom, objective, as_json, csv_path, chart_path, **options):
@@ -613,7 +371,7 @@ def _exit_if_none_ran(rows: list[dict], label: str) -> None:
 def _whatif_output(rows: list[dict], label: str, title: str, as_json: bool, csv_path: str | None,
                    chart_path: str | None, draw: Callable[[str], None]) -> None:
     """The rows on stdout (table, JSON, or CSV with --csv -), then any files, each with a line on stderr."""
-    if _given("no_timings"):
+    if remembered("no_timings"):
         for row in rows:
             (row.get("search") or {}).pop("wall_s", None)
     if as_json:
@@ -639,7 +397,7 @@ def _whatif_output(rows: list[dict], label: str, title: str, as_json: bool, csv_
                    "config registry), torchtitan-0.2 (0.2.2's TOML, planned as of 2026-02), "
                    "maxtext (ici_*/dcn_* overrides), slurm (an sbatch script: srun torchrun pretrain_gpt.py with "
                    "the Megatron arguments; GPU clusters only).")
-@_apply(PROBLEM_OPTIONS + SEARCH_OPTIONS)
+@apply_options(PROBLEM_OPTIONS + SEARCH_OPTIONS)
 @guarded
 def export_command(fmt, as_json, **options):
     """Search as plan does, under the format's framework (megatron and slurm: megatron, deepspeed,
@@ -655,7 +413,7 @@ def export_command(fmt, as_json, **options):
 
 
 @click.command("fit")
-@_apply(INPUT_OPTIONS)
+@apply_options(INPUT_OPTIONS)
 @click.option("--memory-headroom", "memory_headroom", type=Headroom(), default=None,
               help="Share of device memory to keep free: 10% or 0.1. Default: the framework's allocator "
                       "margin, 8.4% for megatron, torchtitan and deepspeed on HBM devices (PyTorch's caching "
@@ -766,7 +524,7 @@ def run_plan() -> None:
 
 def emit(doc: dict, cluster: Cluster, origin: dict[str, str], as_json: bool) -> None:
     doc["inputs"]["origin"] = dict(origin)  # where each job figure came from: `render` prints it again
-    if _given("no_timings") and doc.get("search"):
+    if remembered("no_timings") and doc.get("search"):
         doc["search"].pop("wall_s", None)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
