@@ -143,7 +143,7 @@ def placement(cluster: Cluster, layout: Layout) -> list[str]:
 
     Examples
     --------
-    >>> from topologies.library import build_cluster
+    >>> from clusterplan.topologies.library import build_cluster
     >>> placement(build_cluster("tpu-v5p-pod", num_devices=128), Layout(tp=4, dp=32, order="tp-cp-dp-pp@xyz"))
     ['tp: x (4, wraparound)', 'dp: y (4, wraparound) x z (8, wraparound)']
     """
