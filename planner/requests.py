@@ -14,7 +14,8 @@ from clusterplan.cost.step import evaluate
 from clusterplan.models.errors import InfeasibleError, SolverError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
-from clusterplan.planner.report.plan import evaluation_document, plan_document
+from clusterplan.planner.report.plan import results_document
+from clusterplan.planner.results import evaluation_results, plan_results
 from clusterplan.planner.search import SearchOptions, SearchResult, check_layout, plan
 from clusterplan.planner.search.space import Bounds
 from clusterplan.planner.studies.fit import TIME_LIMIT_S, FitAnswer, fewest_devices, fit_hint, smallest_device
@@ -37,6 +38,11 @@ class Planned:
     result: SearchResult
     cluster: Cluster
     origin: dict[str, str]
+
+    def document(self) -> dict:
+        """The Plan document: the search's results computed (:func:`planner.results.plan_results`),
+        then written (:func:`planner.report.plan.results_document`)."""
+        return results_document(plan_results(self.result))
 
 
 def plan_request(request: Request, options: SearchOptions, model: ModelSpec | None = None) -> Planned:
@@ -64,7 +70,8 @@ def evaluate_request(request: Request, layout_text: str) -> tuple[dict, Cluster,
     layout = parse_layout(layout_text, num_devices=cluster.num_devices)
     layout = framework_defaults(layout, given_keys(layout_text), job.profile, cluster.device.family)
     check_layout(model, job, cluster, layout)
-    return evaluation_document(model, job, cluster, evaluate(model, job, cluster, layout)), cluster, origin
+    results = evaluation_results(model, job, cluster, evaluate(model, job, cluster, layout))
+    return results_document(results), cluster, origin
 
 
 @dataclass
@@ -79,7 +86,7 @@ class FitResult:
         return {"question": self.question, "num_devices": self.answer.num_devices, "device": self.answer.device,
                 "checked": [{"num_devices": n, "fits": ok} for n, ok in self.answer.checked],
                 "least_devices": self.answer.least_devices, "every_size": self.answer.every_size,
-                "plan": plan_document(self.planned.result)}
+                "plan": self.planned.document()}
 
 
 def fit_request(request: Request, bounds: Bounds, time_limit_s: float | None = TIME_LIMIT_S) -> FitResult:

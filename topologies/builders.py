@@ -246,7 +246,7 @@ def build_nvswitch(device: DeviceSpec, num_devices: int, *, devices_per_node: in
 
     Examples
     --------
-    >>> from topologies.library import load_device
+    >>> from clusterplan.topologies.library import load_device
     >>> ft = FatTree(nic_bytes_per_s=50e9, link=Link(achieved_fraction=0.94, latency_s=2e-6),
     ...              nodes_per_su=32, switch_radix=64)
     >>> fab = build_nvswitch(load_device("h100-sxm5-80gb"), 16, devices_per_node=8,
@@ -422,7 +422,7 @@ def build_tpu_torus(device: DeviceSpec, num_devices: int, *, torus: Torus) -> Fa
 
     Examples
     --------
-    >>> from topologies.library import build_cluster
+    >>> from clusterplan.topologies.library import build_cluster
     >>> g = build_cluster("tpu-v5e-pod").graph
     >>> g.nodes[17]["coord"], g.edges[0, 15]["wraparound"], g.edges[0, 1]["level"]
     ((1, 1), True, 'ici_y')
@@ -539,7 +539,7 @@ def build_grid(device: DeviceSpec, num_devices: int, *, grid: Grid, devices_per_
 
     Examples
     --------
-    >>> from topologies.library import build_cluster
+    >>> from clusterplan.topologies.library import build_cluster
     >>> c = build_cluster("tenstorrent-galaxy", num_devices=32)
     >>> c.torus_shape, c.graph.edges[0, 1]["level"], c.graph.edges[0, 1]["wraparound"]
     ((4, 8), 'ici_y', False)

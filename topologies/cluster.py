@@ -183,7 +183,7 @@ class Cluster:
 
         Examples
         --------
-        >>> from topologies.library import build_cluster
+        >>> from clusterplan.topologies.library import build_cluster
         >>> c = build_cluster("tpu-v5p-pod", num_devices=128)  # 4x4x8
         >>> c.placed("xyz").rank_to_device[:5].tolist()  # x fastest: ranks 0-3 walk the x axis
         [0, 32, 64, 96, 8]

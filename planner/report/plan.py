@@ -1,7 +1,9 @@
 """The Plan document: a JSON-ready dict built from a search result or a single evaluation.
 
-Export and report code read this document; nothing here recomputes a cost. Schema
-``clusterplan-plan/1``:
+Export and report code read this document. It holds results only: every figure is computed before
+it is built (:mod:`planner.results`: energy, cost and time to train, goodput, overlap charges, the
+explanation's re-evaluations); this module turns a :class:`~planner.results.PlanResults` into JSON-ready
+dicts and computes nothing. Schema ``clusterplan-plan/1``:
 
 ``schema, planner_version, inputs{model, cluster, job}, layout{tp, pp, dp, cp, ep, vp,
 micro_batch_size, sequence_parallel, recompute, zero_stage, order, dp_overlap, tp_overlap,
@@ -15,22 +17,18 @@ rejections{...}, search{objective, ...}``.
 from __future__ import annotations
 
 import math
-
-
 from dataclasses import asdict
 
-
-from clusterplan.cost.compute import UNMEASURED_ATTENTION_OVER_MAMF
-from clusterplan.cost.goodput import goodput
-from clusterplan.cost.energy import (ASSUMED_HOST_OVER_BOARD, has_idle_power, host_power_w, step_cost_usd,
-                                     step_energy_j)
 from clusterplan.cost.layout import Job
-from clusterplan.cost.step import Evaluation, gemm_precision
-from clusterplan.cost.terms import UNMEASURED_OVERLAP_SHARE, overlap_charge, shard_copies
+from clusterplan.cost.step import Evaluation
 from clusterplan.models.errors import SpecError
-from clusterplan.models.files import bundled_yaml, parse_json, read_text
+from clusterplan.models.files import parse_json, read_text
 from clusterplan.models.spec import ModelSpec
-from clusterplan.planner.report.explain import explain, placement
+from clusterplan.planner.caveats import (  # noqa: F401 (re-exported: their import path before planner.caveats)
+    BIAS_SHOWN, GPU_FRAMEWORK_VENDORS, KIND_MIN_RUNS, NO_PUBLISHED_RUN, NO_PUBLISHED_TRAINING, caveats, family_error,
+    moe_caveats, prediction_bias, shape_caveats)
+from clusterplan.planner.results import (  # noqa: F401 (overlap_charges, training_totals: re-exported, as above)
+    LayoutResults, PlanResults, evaluation_results, overlap_charges, plan_results, training_totals)
 from clusterplan.planner.search.space import REASONS
 from clusterplan.topologies.cluster import Cluster
 
@@ -44,19 +42,20 @@ def layout_dict(ev: Evaluation) -> dict:
     return d
 
 
-def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster, num_params: float | None = None) -> dict:
+def evaluation_dict(figures: LayoutResults, num_devices: int) -> dict:
     """The figures of one evaluated layout (used for the winner and each runner-up)."""
+    ev = figures.evaluation
     breakdown = {k.removesuffix("_s"): v for k, v in asdict(ev.time).items()}
     memory = {k.removesuffix("_bytes"): v for k, v in asdict(ev.memory).items()}
     out = {
         "layout": layout_dict(ev),
-        "num_devices": cluster.num_devices,
+        "num_devices": num_devices,
         "step_time_s": ev.step_time_s,
         "tokens_per_s": ev.tokens_per_s,
         "mfu": ev.mfu,
         "mfu_palm_count": ev.mfu_palm_count,
         "mfu_precision_peak": ev.mfu_precision_peak,
-        "gemm_precision": gemm_precision(job, cluster),
+        "gemm_precision": figures.gemm_precision,
         "hfu": ev.hfu,
         "model_flops_per_s_per_device": ev.model_flops_per_s_per_device,
         "peak_memory_bytes": ev.peak_memory_bytes,
@@ -69,68 +68,17 @@ def evaluation_dict(ev: Evaluation, job: Job, cluster: Cluster, num_params: floa
         "overflow_bytes": ev.overflow_bytes,
         "memory": memory,
         "breakdown": breakdown,
-        "overlap_charges": overlap_charges(ev, job, cluster),
-        "energy_per_step_j": step_energy_j(cluster, ev.time),
-        "cost_per_step_usd": step_cost_usd(cluster, ev.step_time_s),
-        "zero_shard_copies": shard_copies(job.profile.profile, cluster, ev.layout.dp, ev.layout.pp, ev.layout.cp,
-                                          ev.layout.ep, ev.layout.zero_stage),
+        "overlap_charges": figures.overlap_charges,
+        "energy_per_step_j": figures.energy_per_step_j,
+        "cost_per_step_usd": figures.cost_per_step_usd,
+        "zero_shard_copies": figures.zero_shard_copies,
     }
-    out.update(training_totals(out, job, num_params, cluster.num_devices))
+    out.update(figures.training)
     return out
 
 
-def overlap_charges(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
-    """For each overlap the layout turns on: the share of the compute it hides behind that it takes,
-    and the basis of that figure (``cost.terms.overlap_charge``)."""
-    L, prof, dev = ev.layout, job.profile.profile, cluster.device
-    streams = []
-    if L.tp_overlap and L.tp > 1:
-        streams.append(("tp", "tp", "gemm"))
-    if L.dp_overlap and L.dp * L.cp > 1:
-        streams.append(("dp", "dp", "gemm"))
-    if L.cp > 1:
-        streams.append(("cp", "dp", "attention"))
-    if L.ep_overlap and L.ep > 1:
-        streams.append(("ep", "ep", "gemm"))
-    out = {}
-    for name, stream, beside in streams:
-        share, basis = overlap_charge(prof, dev, stream, beside)
-        out[name] = {"share": share, "basis": basis}
-    return out
-
-
-def training_totals(figures: dict, job: Job, num_params: float | None = None, num_devices: int = 0) -> dict:
-    """Time, energy and cost to train ``job.tokens_to_train`` tokens from the per-step ``figures``
-    (None where unknown), with failures, checkpoints and restarts (``cost.goodput``) when the model
-    size is given: ``time_to_train_s`` is then the effective time (failure-free time / goodput),
-    ``time_to_train_ideal_s`` the failure-free one, and energy and cost scale with the effective
-    time (devices stay allocated through restarts; energy so counted is an upper bound)."""
-    if not job.tokens_to_train:
-        return {"time_to_train_s": None, "energy_j": None, "cost_usd": None, "goodput": None}
-    steps = job.tokens_to_train / job.tokens_per_step
-    gp = goodput(num_params, num_devices, job.reliability) if num_params and num_devices else None
-    # a job that fails faster than it checkpoints never finishes: no time, energy or cost (None), and
-    # the document stays valid JSON (no Infinity)
-    factor = 1.0 if gp is None else (None if gp.goodput <= 0 else 1.0 / gp.goodput)
-    scale = lambda value: None if value is None or factor is None else steps * value * factor
-    ideal_s = steps * figures["step_time_s"]
-    out = {"time_to_train_s": scale(figures["step_time_s"]), "time_to_train_ideal_s": ideal_s,
-           "energy_j": scale(figures["energy_per_step_j"]), "cost_usd": scale(figures["cost_per_step_usd"]),
-           "goodput": None}
-    if gp is not None:
-        out["device_hours"] = None if factor is None else num_devices * ideal_s * factor / 3600.0
-        finite = lambda value: value if math.isfinite(value) else None  # no failures: null, not Infinity
-        out["goodput"] = {"goodput": gp.goodput, "mtbf_s": finite(gp.mtbf_s), "checkpoint_write_s": gp.checkpoint_write_s,
-                          "checkpoint_interval_s": finite(gp.checkpoint_interval_s),
-                          "failure_rate_per_device_hour": job.reliability.failure_rate_per_device_hour,
-                          "checkpoint_bytes_per_s_per_device": job.reliability.checkpoint_bytes_per_s_per_device,
-                          "restart_s": job.reliability.restart_s,
-                          "restart_unvalidated": job.reliability.restart_is_default}
-    return out
-
-
-def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
-    host_w, host_assumed = host_power_w(cluster)
+def inputs_dict(results: PlanResults) -> dict:
+    model, job, cluster = results.model, results.job, results.cluster
     return {
         "model": {"name": model.name, "num_layers": model.num_layers, "hidden_size": model.hidden_size,
                   "num_params": model.num_params, "num_active_params": model.num_active_params,
@@ -143,141 +91,11 @@ def inputs_dict(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
                     "device_name": cluster.device.name, "torus_shape": cluster.torus_shape,
                     "device_memory_kind": cluster.device.memory_kind,
                     "price_per_device_hour_usd": cluster.device.price_per_hour_usd, "pue": cluster.pue,
-                    "host_power_w_per_device": host_w, "host_power_assumed": host_assumed},
+                    "host_power_w_per_device": results.host_power_w, "host_power_assumed": results.host_power_assumed},
         "job": {**asdict(job), "gemm_format": job.gemm_format},
         "framework": framework_dict(job),
-        "caveats": caveats(job, cluster, model),
+        "caveats": results.caveats,
     }
-
-
-def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
-    """Where the prediction rests on a placeholder rather than a measurement of this hardware or
-    framework: ``unvalidated`` lines, printed by every report and carried in the JSON, and the
-    device's matmul ceiling (no MFU can exceed it)."""
-    dev, prof = cluster.device, job.profile.profile
-    lines = [] if dev.efficiency_validated else [dev.efficiency_note]
-    lines += [note] if (note := dev.low_precision_note(job.precision)) else []
-    lines += shape_caveats(model) if model is not None else []
-    lines += moe_caveats(model, cluster)
-    if dev.family in NO_PUBLISHED_TRAINING:
-        lines.append(f"unvalidated: no training run on {dev.name} has been published; this plan is hypothetical")
-    if cluster.platform == "gpu" and dev.vendor.lower() not in GPU_FRAMEWORK_VENDORS:
-        lines.append(f"unvalidated: {dev.vendor}'s own software stack runs {dev.name}; no profile describes it, so the "
-                     f"search used {prof.id}'s as a stand-in")
-    if host_power_w(cluster)[1]:
-        lines.append(f"unvalidated: no host power figure for {cluster.id}: energy counts {ASSUMED_HOST_OVER_BOARD:g} x "
-                     f"board power per device for the host (the DGX systems' ratio; --host-power-w to set it)")
-    validated = family_error(dev.family, None if model is None else model.moe is not None)
-    if validated is None:
-        lines.append(f"{NO_PUBLISHED_RUN} ({dev.family}) in clusterplan's validation data")
-    if dev.attention_efficiency is None:
-        lines.append(f"unvalidated: no measured fused-attention efficiency for {dev.name}; attention runs at "
-                     f"{UNMEASURED_ATTENTION_OVER_MAMF:.0%} of the matmul efficiency (assumed, docs/cost-model.md)")
-    if dev.comm_kernel_slowdown and not dev.comm_kernel_slowdown_measured:
-        lines.append(f"unvalidated: the slowdown overlapped NCCL kernels cause the compute on {dev.name} is the H100's "
-                     f"measured curve (the tail effect of GEMMs sized for every SM), not measured on this family")
-    elif dev.gemm.sm_count and not dev.comm_kernel_slowdown and prof.dp_comm_sms:
-        lines.append(f"unvalidated: overlapped communication on {dev.name} is charged the share of the SMs its kernels "
-                     f"hold; the tail effect measured on H100 (2-3x that share) is not measured here")
-    if not dev.gemm.sm_count or not prof.dp_comm_sms:
-        lines.append(f"unvalidated: overlapped communication on {dev.name} under {prof.id} is charged an assumed "
-                     f"{UNMEASURED_OVERLAP_SHARE:.0%} of the compute it overlaps (no SM-count figure)")
-    return {"matmul_ceiling": dev.matmul_ceiling(job.precision), "unvalidated": lines,
-            "validated_error": validated}
-
-
-def moe_caveats(model: ModelSpec | None, cluster: Cluster) -> list[str]:
-    """An MoE model on GPUs: its layers are priced at their device time, and what eager MoE execution
-    adds on the host (a launch per kernel; Megatron's dropless all-to-all dispatcher waits for the
-    host in every MoE layer) is not priced. The evidence (docs/cost-model.md, "Hold-out runs"):
-    gpt-oss 120B in Megatron-Bridge 26.02-26.06 ran 1.5x to 2.2x the priced time with partial or no
-    CUDA graphs, on H100 and on Blackwell, and 1.25x to 1.29x with the whole step in one graph. TPUs
-    run a compiled step (XLA), with no host launch per kernel."""
-    if model is None or model.moe is None or cluster.platform != "gpu":
-        return []
-    return ["unvalidated: MoE layers are priced at their device time; the host launches and host-device "
-            "synchronizations of eager MoE layers are not (published gpt-oss runs under Megatron took 1.5x to 2.2x "
-            "the priced time without full-iteration CUDA graphs, 1.25x to 1.29x with them; docs/cost-model.md)"]
-
-
-def shape_caveats(model: ModelSpec) -> list[str]:
-    """Model widths off the 8-element (16-byte) alignment tensor-core GEMM kernels want: the model
-    prices every GEMM as aligned, and BigScience's head-size-225 trials ran 30-37% slower than
-    predicted where their aligned siblings ran 9-21% slower (docs/cost-model.md)."""
-    widths = {"attention head size": model.attention_dims[0], "hidden size": model.hidden_size,
-              "FFN size": model.ffn_hidden_size}
-    odd = [f"{name} {value}" for name, value in widths.items() if value and value % 8]
-    if not odd:
-        return []
-    return [f"unvalidated: {', '.join(odd)} not a multiple of 8: its GEMMs leave the tensor cores' aligned "
-            f"kernels, which the model does not price (predictions for such shapes ran up to 37% fast)"]
-
-
-def _family_errors() -> dict:
-    return (bundled_yaml("clusterplan.planner", "data", "validated_error.yaml") or {}).get("families", {})
-
-
-def family_error(family: str, moe: bool | None = None) -> dict | None:
-    """The validated step-time error of a hardware family: ``{runs, median_abs_error, p90_abs_error,
-    median_signed_error, kind, line}`` from ``planner/data/validated_error.yaml`` (written by
-    ``benchmarks/update_docs.py`` from ``clusterplan validate`` over the bundled and hold-out runs),
-    or None where no published run of the family was evaluated. With the model's kind (``moe``) and
-    at least :data:`KIND_MIN_RUNS` runs of that kind on the family, the figure is that kind's (its MoE
-    runs can be off where its dense runs are not), the family's whole figure named beside it
-    (``kind``: ``"MoE"`` or ``"dense"``; None: the family's). Where the median signed error is
-    :data:`BIAS_SHOWN` or more, the line says which way the predictions ran."""
-    family_entry = _family_errors().get(family)
-    if not family_entry:
-        return None
-    kind = None if moe is None else ("moe" if moe else "dense")
-    entry = family_entry.get(kind) if kind else None
-    whole = f"{family_entry['runs']} published runs on {family}"
-    label = None
-    if entry and entry["runs"] >= KIND_MIN_RUNS:
-        label = "MoE" if moe else "dense"
-        line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {entry['runs']} published "
-                f"{label} runs on {family} ({_bias(entry)}p90 {entry['p90_abs_error']:.0%}; all {whole}: "
-                f"{family_entry['median_abs_error']:.0%}; clusterplan validate)")
-    else:
-        entry = family_entry
-        moe_runs = family_entry.get("moe_runs", 0)
-        none_of_kind = kind and moe_runs == (0 if moe else family_entry["runs"])
-        line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {whole}"
-                + (f", none of them {'MoE' if moe else 'dense'}" if none_of_kind else "")
-                + f" ({_bias(entry)}p90 {entry['p90_abs_error']:.0%}; clusterplan validate)")
-    return {"runs": entry["runs"], "median_abs_error": entry["median_abs_error"],
-            "p90_abs_error": entry["p90_abs_error"], "median_signed_error": entry.get("median_signed_error"),
-            "kind": label, "line": line}
-
-
-BIAS_SHOWN = 0.05
-"""Median signed step-time error from which a plan's validated-error line says the predictions ran
-fast (or slow): a plan on such hardware is likely optimistic (or pessimistic) by about that much."""
-
-
-def prediction_bias(entry: dict) -> str | None:
-    """``"fast"`` or ``"slow"``: which way a validated-error entry's predictions ran, where its median
-    signed error is :data:`BIAS_SHOWN` or more; None otherwise (the plan line and the what-if rows)."""
-    signed = entry.get("median_signed_error")
-    if signed is None or abs(signed) < BIAS_SHOWN:
-        return None
-    return "fast" if signed < 0 else "slow"
-
-
-def _bias(entry: dict) -> str:
-    way = prediction_bias(entry)
-    return f"predicted too {way}: median signed {entry['median_signed_error']:+.0%}; " if way else ""
-
-
-KIND_MIN_RUNS = 2
-"""Runs of one model kind on a family before a plan quotes that kind's validated error."""
-
-
-NO_PUBLISHED_RUN = "unvalidated: no published run on this hardware"
-"""The label of a prediction whose hardware family no validated run covers (plan's caveats, the
-what-if rows' ``validated_error``)."""
-NO_PUBLISHED_TRAINING = ("groq-lpu",)  # Groq publishes inference only (issue 10)
-GPU_FRAMEWORK_VENDORS = ("nvidia", "amd", "intel")  # vendors whose parts Megatron/torchtitan/DeepSpeed run on
 
 
 def framework_dict(job: Job) -> dict:
@@ -288,35 +106,43 @@ def framework_dict(job: Job) -> dict:
             "compile_switch": prof.has("compile"), "compiled": job.compiled}
 
 
-def plan_document(result) -> dict:
-    """The document for a :class:`planner.search.SearchResult`."""
-    doc = {"schema": SCHEMA, "planner_version": PLANNER_VERSION,
-           "inputs": inputs_dict(result.model, result.job, result.cluster)}
-    n = result.model.num_params
-    doc.update(evaluation_dict(result.best, result.job, result.cluster, n))
-    doc["runners_up"] = [evaluation_dict(ev, result.job, result.cluster, n) for ev in result.runners_up]
-    doc["rejections"] = dict(result.rejections)
-    doc["rejection_reasons"] = {k: REASONS[k] for k in result.rejections}
-    doc["search"] = {"objective": result.objective, "idle_power_known": has_idle_power(result.cluster),
-                     "engine": result.engine, "status": result.status, "gap": result.gap,
-                     "wall_s": result.wall_s, "layouts_considered": result.num_considered,
-                     "layouts_feasible": result.num_feasible, "memory_headroom": result.memory_headroom,
-                     "hints": list(result.hints)}
-    doc["explanation"] = explain(result.model, result.job, result.cluster, result.best, result.runners_up,
-                                 result.space)
+def search_dict(results: PlanResults) -> dict:
+    """How the search ran: objective, engine, status and gap, wall time, layouts counted, headroom, hints."""
+    s = results.search
+    return {"objective": s.objective, "idle_power_known": results.idle_power_known,
+            "engine": s.engine, "status": s.status, "gap": s.gap,
+            "wall_s": s.wall_s, "layouts_considered": s.num_considered,
+            "layouts_feasible": s.num_feasible, "memory_headroom": s.memory_headroom,
+            "hints": list(s.hints)}
+
+
+def results_document(results: PlanResults) -> dict:
+    """The document of a plan's (or one evaluation's) results, which hold every figure it reports."""
+    n = results.cluster.num_devices
+    doc = {"schema": SCHEMA, "planner_version": PLANNER_VERSION, "inputs": inputs_dict(results)}
+    doc.update(evaluation_dict(results.best, n))
+    doc["runners_up"] = [evaluation_dict(r, n) for r in results.runners_up]
+    rejections = results.search.rejections if results.search is not None else {}
+    doc["rejections"] = dict(rejections)
+    if results.search is not None:
+        doc["rejection_reasons"] = {k: REASONS[k] for k in rejections}
+        doc["search"] = search_dict(results)
+    if results.explanation is not None:
+        doc["explanation"] = results.explanation
     return doc
+
+
+def plan_document(result) -> dict:
+    """The document of a search: a :class:`~planner.results.PlanResults`, or a
+    :class:`planner.search.SearchResult`, whose results :func:`planner.results.plan_results`
+    computes first."""
+    return results_document(result if isinstance(result, PlanResults) else plan_results(result))
 
 
 def evaluation_document(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluation) -> dict:
-    """The document for ``clusterplan evaluate`` (one given layout, no search)."""
-    doc = {"schema": SCHEMA, "planner_version": PLANNER_VERSION, "inputs": inputs_dict(model, job, cluster)}
-    doc.update(evaluation_dict(ev, job, cluster, model.num_params))
-    doc["runners_up"] = []
-    doc["rejections"] = {}
-    torus = placement(cluster, ev.layout)
-    if torus:
-        doc["explanation"] = {"placement": torus}
-    return doc
+    """The document for ``clusterplan evaluate`` (one given layout, no search): its results computed
+    (:func:`planner.results.evaluation_results`), then written."""
+    return results_document(evaluation_results(model, job, cluster, ev))
 
 
 # ---- a saved Plan document, read back (clusterplan render) ---------------------------------------

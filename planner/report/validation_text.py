@@ -1,0 +1,88 @@
+"""The text of ``clusterplan validate``: predicted against measured step time per run, then the
+summaries (by family and framework, ZeRO-3, peak memory, fit/OOM facts, the planner's best against
+the published layout, ranking agreement), written from the validation result alone."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from clusterplan.planner.report.text import make_table
+from clusterplan.planner.studies.validate import unpublished_rows
+
+
+def validation_report(result: dict, console: Console) -> None:
+    table = make_table("run", "hardware", "framework", ("predicted s", "right"), ("measured s", "right"),
+                   ("error", "right"), "fits", ("best s", "right"), title=f"validation: {result['file']}")
+    for r in result["runs"]:
+        if r["reason"]:
+            table.add_row(r["id"], f"{r['device']} x {r['count']}", "-", "-", "-", "-", "-", f"not evaluated: {r['reason']}")
+            continue
+        meas = "-" if not r["measured_step_time_s"] else f"{r['measured_step_time_s']:.3f}"
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        best = "-" if r["best_step_time_s"] is None else f"{r['best_step_time_s']:.3f}"
+        table.add_row(r["id"], f"{r['device']} x {r['count']}", r["framework"].split(" ")[0],
+                      f"{r['predicted_step_time_s']:.3f}", meas, err, "yes" if r["fits"] else "NO", best)
+    console.print(table)
+    _validation_summary(result["summary"], console)
+    for key in ("sweeps", "memory", "families"):
+        part = result.get(key)
+        if not part:
+            continue
+        ps = part["summary"]
+        console.print(f"\n{key} ({part['file']}): {part['what']}")
+        rows = [("all runs", ps["overall"])] + (sorted(ps["by_family"].items()) if key == "families" else [])
+        _step_time_lines(rows, console)
+        _memory_lines(ps, console)
+    _ranking_lines(result["summary"].get("ranking") or {}, console)
+
+
+def _step_time_lines(rows: list[tuple[str, dict]], console: Console) -> None:
+    for name, st in rows:
+        if st.get("runs"):
+            console.print(f"{name:>22}: {st['runs']} runs, median |error| {st['median_abs_error']:.1%}, "
+                          f"p90 {st['p90_abs_error']:.1%}, max {st['max_abs_error']:.1%}, "
+                          f"{st['fits']}/{st['evaluated']} published layouts fit")
+
+
+def _validation_summary(s: dict, console: Console) -> None:
+    _step_time_lines([("all runs", s["overall"])] + sorted(s["by_family"].items())
+                     + [(f"framework {k}", v) for k, v in sorted(s.get("by_framework", {}).items())], console)
+    if s.get("zero3"):
+        z = s["zero3"]
+        console.print(f"{'ZeRO-3 / FSDP runs':>22}: {z['runs']} runs, median signed error {z['median_signed_error']:+.1%}")
+    _memory_lines(s, console)
+    if s.get("best_vs_published"):
+        b = s["best_vs_published"]
+        above = f"; above 1.3x: {', '.join(b['above_1_3'])}" if b["above_1_3"] else ""
+        console.print(f"{'best vs published':>22}: planner's best predicted a median {b['median_speedup']:.2f}x "
+                      f"(max {b['max_speedup']:.2f}x) faster than the published layout, {b['runs']} runs{above}")
+        if b.get("unpublished_layout"):
+            console.print(f"{'':>22}  left out, no published tp/pp/dp: {unpublished_rows(b)} (with them: median "
+                          f"{b['all_runs_median_speedup']:.2f}x)")
+    if s["not_evaluated"]:
+        console.print(f"{'not evaluated':>22}: {s['not_evaluated']} run(s), reason in the table")
+
+
+def _memory_lines(s: dict, console: Console) -> None:
+    if s.get("memory"):
+        m = s["memory"]
+        console.print(f"{'peak memory':>22}: {m['runs']} runs measured, median |error| {m['median_abs_error']:.1%}, "
+                      f"p90 {m['p90_abs_error']:.1%}, max {m['max_abs_error']:.1%}")
+    if s.get("fit_facts"):
+        f = s["fit_facts"]
+        wrong = f"; wrong: {', '.join(f['wrong'])}" if f["wrong"] else ""
+        console.print(f"{'fit / OOM facts':>22}: {f['agreed']} of {f['facts']} reproduced{wrong}")
+
+
+def _ranking_lines(rk: dict, console: Console) -> None:
+    if not rk.get("pairs"):
+        return
+    console.print(f"{'ranking':>22}: {rk['agreed']} of {rk['pairs']} pairs ordered as measured "
+                  f"({rk['agreement']:.1%}) in {rk['groups']} groups of runs of one job; {rk['ties']} pairs measured "
+                  f"within {rk['tie_threshold']:.0%} of each other are ties, not counted")
+    console.print(f"{'':>22}  by source: " + ", ".join(f"{k} {v['agreed']}/{v['pairs']}"
+                                                       for k, v in rk["by_source"].items()))
+    for g in rk["by_group"]:
+        if g["wrong"]:
+            console.print(f"{'':>22}  {g['group']}: {g['agreed']}/{g['pairs']}; wrong: {'; '.join(g['wrong'][:3])}"
+                          + (" ..." if len(g["wrong"]) > 3 else ""))

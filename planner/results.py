@@ -1,0 +1,162 @@
+"""The results of a plan or of one evaluated layout, every figure computed: what the Plan document
+reports and nothing it must work out.
+
+A search (:func:`planner.search.plan`) or :func:`cost.step.evaluate` prices step time and memory;
+the figures the document adds around them are computed here, before the document is built: the
+energy and rental cost of a step, time, energy and cost to train with failures and checkpoints
+(``cost.goodput``), the share of compute each overlapped collective takes, the ZeRO-3 shard
+copies, the host power, the caveats (:mod:`planner.caveats`) and the explanation of the winner,
+which evaluates its one-step neighbours (:mod:`planner.explain`). :mod:`planner.report.plan` turns
+a :class:`PlanResults` into the JSON-ready document without computing anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from clusterplan.cost.energy import has_idle_power, host_power_w, step_cost_usd, step_energy_j
+from clusterplan.cost.goodput import goodput
+from clusterplan.cost.layout import Job
+from clusterplan.cost.step import Evaluation, gemm_precision
+from clusterplan.cost.terms import overlap_charge, shard_copies
+from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.caveats import caveats
+from clusterplan.planner.explain import explain, placement
+from clusterplan.planner.search import SearchResult
+from clusterplan.topologies.cluster import Cluster
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutResults:
+    """One evaluated layout (the winner or a runner-up) with every figure the document reports on it."""
+
+    evaluation: Evaluation
+    """Step time, its breakdown, memory and throughput (``cost.step.evaluate``)."""
+    gemm_precision: str
+    """The precision the layout's GEMMs run at on this device (``cost.step.gemm_precision``)."""
+    overlap_charges: dict
+    """Per overlap the layout turns on: ``{"share", "basis"}`` (:func:`overlap_charges`)."""
+    energy_per_step_j: float | None
+    """Energy of one step (None: no power figure for the device)."""
+    cost_per_step_usd: float | None
+    """Rental cost of one step (None: no price for the device)."""
+    zero_shard_copies: int
+    """Copies of the ZeRO-3 shards kept across scale-up domains (1: sharded over every rank)."""
+    training: dict
+    """Time, energy and cost to train the job's tokens, with goodput (:func:`training_totals`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResults:
+    """A plan's (or one evaluation's) results: the inputs, the winner and runners-up with their
+    figures, the search that found them, and the explanation."""
+
+    model: ModelSpec
+    job: Job
+    cluster: Cluster
+    host_power_w: float
+    """Host power per device (W), the preset's or the assumed share of board power."""
+    host_power_assumed: bool
+    """True where the host power is an assumption (no figure for the cluster)."""
+    caveats: dict
+    """What the prediction rests on (:func:`planner.caveats.caveats`)."""
+    best: LayoutResults
+    runners_up: tuple[LayoutResults, ...] = ()
+    search: SearchResult | None = None
+    """The search (status, counts, rejections); None for one given layout (``evaluate``)."""
+    idle_power_known: bool = False
+    """The device has an idle power figure (the energy objective can tell waiting from computing)."""
+    explanation: dict | None = None
+    """Why the winner won (:func:`planner.explain.explain`), or for one layout only its torus
+    placement; None where there is nothing to say."""
+
+
+def layout_results(ev: Evaluation, job: Job, cluster: Cluster, num_params: float | None = None) -> LayoutResults:
+    """The figures around one evaluation: energy and cost per step, overlap charges, shard copies and
+    the totals to train (with failures where ``num_params`` is given)."""
+    energy, cost = step_energy_j(cluster, ev.time), step_cost_usd(cluster, ev.step_time_s)
+    L = ev.layout
+    figures = {"step_time_s": ev.step_time_s, "energy_per_step_j": energy, "cost_per_step_usd": cost}
+    return LayoutResults(
+        evaluation=ev, gemm_precision=gemm_precision(job, cluster), overlap_charges=overlap_charges(ev, job, cluster),
+        energy_per_step_j=energy, cost_per_step_usd=cost,
+        zero_shard_copies=shard_copies(job.profile.profile, cluster, L.dp, L.pp, L.cp, L.ep, L.zero_stage),
+        training=training_totals(figures, job, num_params, cluster.num_devices))
+
+
+def _inputs(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
+    """The figures the document's inputs carry beside the model, job and cluster themselves."""
+    host_w, host_assumed = host_power_w(cluster)
+    return {"model": model, "job": job, "cluster": cluster, "host_power_w": host_w, "host_power_assumed": host_assumed,
+            "caveats": caveats(job, cluster, model)}
+
+
+def plan_results(result: SearchResult) -> PlanResults:
+    """The results of a search: the winner's and each runner-up's figures, and the explanation (which
+    evaluates the winner's one-step neighbours)."""
+    n = result.model.num_params
+    return PlanResults(
+        **_inputs(result.model, result.job, result.cluster),
+        best=layout_results(result.best, result.job, result.cluster, n),
+        runners_up=tuple(layout_results(ev, result.job, result.cluster, n) for ev in result.runners_up),
+        search=result, idle_power_known=has_idle_power(result.cluster),
+        explanation=explain(result.model, result.job, result.cluster, result.best, result.runners_up, result.space))
+
+
+def evaluation_results(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluation) -> PlanResults:
+    """The results of one given layout (``clusterplan evaluate``): its figures and, on a torus, which
+    torus axes each parallel axis spans."""
+    torus = placement(cluster, ev.layout)
+    return PlanResults(**_inputs(model, job, cluster), best=layout_results(ev, job, cluster, model.num_params),
+                       explanation={"placement": torus} if torus else None)
+
+
+def overlap_charges(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
+    """For each overlap the layout turns on: the share of the compute it hides behind that it takes,
+    and the basis of that figure (``cost.terms.overlap_charge``)."""
+    L, prof, dev = ev.layout, job.profile.profile, cluster.device
+    streams = []
+    if L.tp_overlap and L.tp > 1:
+        streams.append(("tp", "tp", "gemm"))
+    if L.dp_overlap and L.dp * L.cp > 1:
+        streams.append(("dp", "dp", "gemm"))
+    if L.cp > 1:
+        streams.append(("cp", "dp", "attention"))
+    if L.ep_overlap and L.ep > 1:
+        streams.append(("ep", "ep", "gemm"))
+    out = {}
+    for name, stream, beside in streams:
+        share, basis = overlap_charge(prof, dev, stream, beside)
+        out[name] = {"share": share, "basis": basis}
+    return out
+
+
+def training_totals(figures: dict, job: Job, num_params: float | None = None, num_devices: int = 0) -> dict:
+    """Time, energy and cost to train ``job.tokens_to_train`` tokens from the per-step ``figures``
+    (None where unknown), with failures, checkpoints and restarts (``cost.goodput``) when the model
+    size is given: ``time_to_train_s`` is then the effective time (failure-free time / goodput),
+    ``time_to_train_ideal_s`` the failure-free one, and energy and cost scale with the effective
+    time (devices stay allocated through restarts; energy so counted is an upper bound)."""
+    if not job.tokens_to_train:
+        return {"time_to_train_s": None, "energy_j": None, "cost_usd": None, "goodput": None}
+    steps = job.tokens_to_train / job.tokens_per_step
+    gp = goodput(num_params, num_devices, job.reliability) if num_params and num_devices else None
+    # a job that fails faster than it checkpoints never finishes: no time, energy or cost (None), and
+    # the document stays valid JSON (no Infinity)
+    factor = 1.0 if gp is None else (None if gp.goodput <= 0 else 1.0 / gp.goodput)
+    scale = lambda value: None if value is None or factor is None else steps * value * factor
+    ideal_s = steps * figures["step_time_s"]
+    out = {"time_to_train_s": scale(figures["step_time_s"]), "time_to_train_ideal_s": ideal_s,
+           "energy_j": scale(figures["energy_per_step_j"]), "cost_usd": scale(figures["cost_per_step_usd"]),
+           "goodput": None}
+    if gp is not None:
+        out["device_hours"] = None if factor is None else num_devices * ideal_s * factor / 3600.0
+        finite = lambda value: value if math.isfinite(value) else None  # no failures: null, not Infinity
+        out["goodput"] = {"goodput": gp.goodput, "mtbf_s": finite(gp.mtbf_s), "checkpoint_write_s": gp.checkpoint_write_s,
+                          "checkpoint_interval_s": finite(gp.checkpoint_interval_s),
+                          "failure_rate_per_device_hour": job.reliability.failure_rate_per_device_hour,
+                          "checkpoint_bytes_per_s_per_device": job.reliability.checkpoint_bytes_per_s_per_device,
+                          "restart_s": job.reliability.restart_s,
+                          "restart_unvalidated": job.reliability.restart_is_default}
+    return out
