@@ -24,6 +24,7 @@ from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.caveats import caveats
 from clusterplan.planner.explain import explain, placement
 from clusterplan.planner.search import SearchResult
+from clusterplan.planner.studies.uncertainty import prediction_interval
 from clusterplan.topologies.cluster import Cluster
 
 
@@ -45,6 +46,10 @@ class LayoutResults:
     """Copies of the ZeRO-3 shards kept across scale-up domains (1: sharded over every rank)."""
     training: dict
     """Time, energy and cost to train the job's tokens, with goodput (:func:`training_totals`)."""
+    step_time_interval: dict | None = None
+    """The step time's 80% interval from the published runs of its regime
+    (:func:`planner.studies.uncertainty.prediction_interval`): ``{low_s, high_s, level, regime, runs,
+    sources}``; None without the interval table."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,17 +77,34 @@ class PlanResults:
     placement; None where there is nothing to say."""
 
 
-def layout_results(ev: Evaluation, job: Job, cluster: Cluster, num_params: float | None = None) -> LayoutResults:
-    """The figures around one evaluation: energy and cost per step, overlap charges, shard copies and
-    the totals to train (with failures where ``num_params`` is given)."""
+def layout_results(ev: Evaluation, job: Job, cluster: Cluster, model: ModelSpec | None = None) -> LayoutResults:
+    """The figures around one evaluation: energy and cost per step, overlap charges, shard copies, the
+    step time's interval and the totals to train (with failures where the ``model`` is given)."""
     energy, cost = step_energy_j(cluster, ev.time), step_cost_usd(cluster, ev.step_time_s)
     L = ev.layout
-    figures = {"step_time_s": ev.step_time_s, "energy_per_step_j": energy, "cost_per_step_usd": cost}
+    moe = model is not None and model.moe is not None
+    interval = step_time_interval(ev, job, cluster, moe)
+    figures = {"step_time_s": ev.step_time_s, "energy_per_step_j": energy, "cost_per_step_usd": cost,
+               "step_time_interval": interval}
     return LayoutResults(
         evaluation=ev, gemm_precision=gemm_precision(job, cluster), overlap_charges=overlap_charges(ev, job, cluster),
         energy_per_step_j=energy, cost_per_step_usd=cost,
         zero_shard_copies=shard_copies(job.profile.profile, cluster, L.dp, L.pp, L.cp, L.ep, L.zero_stage),
-        training=training_totals(figures, job, num_params, cluster.num_devices))
+        training=training_totals(figures, job, None if model is None else model.num_params, cluster.num_devices),
+        step_time_interval=interval)
+
+
+def step_time_interval(ev: Evaluation, job: Job, cluster: Cluster, moe: bool) -> dict | None:
+    """The 80% interval of the step time (:func:`planner.studies.uncertainty.prediction_interval`),
+    its low end no faster than the device's matmul ceiling allows (every model FLOP at the large-GEMM
+    rate: the MFU no layout exceeds), and the MFU interval that goes with it; None without a table."""
+    interval = prediction_interval(cluster.device.family, moe, job.profile.profile.id, ev.step_time_s)
+    if interval is None:
+        return None
+    fastest_s = ev.step_time_s * ev.mfu / cluster.device.matmul_ceiling(job.precision)
+    interval["low_s"] = max(interval["low_s"], fastest_s)
+    interval["mfu"] = [ev.mfu * ev.step_time_s / interval["high_s"], ev.mfu * ev.step_time_s / interval["low_s"]]
+    return interval
 
 
 def _inputs(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
@@ -95,11 +117,11 @@ def _inputs(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
 def plan_results(result: SearchResult) -> PlanResults:
     """The results of a search: the winner's and each runner-up's figures, and the explanation (which
     evaluates the winner's one-step neighbours)."""
-    n = result.model.num_params
+    m = result.model
     return PlanResults(
         **_inputs(result.model, result.job, result.cluster),
-        best=layout_results(result.best, result.job, result.cluster, n),
-        runners_up=tuple(layout_results(ev, result.job, result.cluster, n) for ev in result.runners_up),
+        best=layout_results(result.best, result.job, result.cluster, m),
+        runners_up=tuple(layout_results(ev, result.job, result.cluster, m) for ev in result.runners_up),
         search=result, idle_power_known=has_idle_power(result.cluster),
         explanation=explain(result.model, result.job, result.cluster, result.best, result.runners_up, result.space))
 
@@ -108,7 +130,7 @@ def evaluation_results(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluat
     """The results of one given layout (``clusterplan evaluate``): its figures and, on a torus, which
     torus axes each parallel axis spans."""
     torus = placement(cluster, ev.layout)
-    return PlanResults(**_inputs(model, job, cluster), best=layout_results(ev, job, cluster, model.num_params),
+    return PlanResults(**_inputs(model, job, cluster), best=layout_results(ev, job, cluster, model),
                        explanation={"placement": torus} if torus else None)
 
 
@@ -137,7 +159,9 @@ def training_totals(figures: dict, job: Job, num_params: float | None = None, nu
     (None where unknown), with failures, checkpoints and restarts (``cost.goodput``) when the model
     size is given: ``time_to_train_s`` is then the effective time (failure-free time / goodput),
     ``time_to_train_ideal_s`` the failure-free one, and energy and cost scale with the effective
-    time (devices stay allocated through restarts; energy so counted is an upper bound)."""
+    time (devices stay allocated through restarts; energy so counted is an upper bound). Where the
+    figures carry the step time's interval (``step_time_interval``), ``time_to_train_interval_s`` is
+    its ``[low, high]`` scaled as the time to train is."""
     if not job.tokens_to_train:
         return {"time_to_train_s": None, "energy_j": None, "cost_usd": None, "goodput": None}
     steps = job.tokens_to_train / job.tokens_per_step
@@ -150,6 +174,9 @@ def training_totals(figures: dict, job: Job, num_params: float | None = None, nu
     out = {"time_to_train_s": scale(figures["step_time_s"]), "time_to_train_ideal_s": ideal_s,
            "energy_j": scale(figures["energy_per_step_j"]), "cost_usd": scale(figures["cost_per_step_usd"]),
            "goodput": None}
+    interval = figures.get("step_time_interval")
+    if interval and out["time_to_train_s"] is not None:
+        out["time_to_train_interval_s"] = [scale(interval["low_s"]), scale(interval["high_s"])]
     if gp is not None:
         out["device_hours"] = None if factor is None else num_devices * ideal_s * factor / 3600.0
         finite = lambda value: value if math.isfinite(value) else None  # no failures: null, not Infinity

@@ -359,9 +359,9 @@ def test_compare_table_says_how_far_each_row_can_be_trusted():
     assert any("unvalidated" in line for line in rows["trn2-cluster:64"]["unvalidated"])
     table = run(*args).stdout
     lines = [line.strip() for line in table.splitlines()]
-    assert any(line.startswith("dgx-h100-superpod:64: median ") for line in lines)
-    assert any(line.startswith("trn2-cluster:64: unvalidated: no published run") and "unvalidated assumption" in line
-               for line in lines)
+    assert any(line.startswith("dgx-h100-superpod:64: step ") and " s; median " in line for line in lines)
+    assert any(line.startswith("trn2-cluster:64: step ") and "; unvalidated: no published run" in line
+               and "unvalidated assumption" in line for line in lines)
 
 
 def test_compare_exit_code_when_nothing_runs():
@@ -486,7 +486,8 @@ def test_sweep_and_compare_write_csv(tmp_path):
     assert "what-if" in result.stdout  # the table still goes to stdout
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["point", "device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu",
+    assert list(rows[0]) == ["point", "device", "num_devices", "precision", "step_time_s", "step_time_low_s",
+                             "step_time_high_s", "tokens_per_s", "mfu",
                              "used_gib", "reserved_gib", "time_to_train_days", "goodput", "device_hours", "energy_mwh", "cost_usd", "layout", "validated_error", "error"]
     assert [r["point"] for r in rows] == ["seq-len=1024", "seq-len=2048"]
     for row in rows:
@@ -747,6 +748,8 @@ def test_render_refuses_what_is_not_a_plan(tmp_path, content, message):
     ("device_memory_bytes", 0, "device_memory_bytes: got 0"), ("fits", "yes", "fits: got 'yes'"),
     ("num_devices", 0, "num_devices: got 0"), ("layout", "tp=8", "layout: got str"),
     ("runners_up", [{}], "runners_up:"), ("breakdown", {"compute_s": "x"}, "breakdown.compute_s"),
+    ("step_time_interval_s", [3.0, "x"], "step_time_interval_s: got"), ("mfu_interval", [0.6, 0.2], "mfu_interval"),
+    ("interval", {"level": 0.8}, "interval: got"),
 ])
 def test_render_refuses_an_edited_plan_before_printing(tmp_path, field, value, message):
     """A Plan document with a figure no plan writes (wrong type, impossible value) is bad input named

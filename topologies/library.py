@@ -251,6 +251,10 @@ def resolve_cluster_id(name: str) -> str:
     """Map a preset id, alias or name (any case) to its id, or raise SpecError with suggestions."""
     preset_id = _preset_index().get(str(name).strip().lower())
     if preset_id is None:
+        head, _, size = str(name).strip().lower().rpartition(":")
+        if head in _preset_index() and size.isdigit():  # compare's ID:DEVICES where one cluster is asked for
+            raise SpecError(f"cluster: got {name!r}; give the preset id alone and the size as --devices {size} "
+                            f"(ID:DEVICES is compare's form for a candidate cluster)")
         hint = _CLUSTER_HINT + ", or pass the path of a YAML cluster file"
         raise SpecError(_unknown("cluster", str(name), _preset_index(), hint))
     return preset_id

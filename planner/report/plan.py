@@ -73,6 +73,11 @@ def evaluation_dict(figures: LayoutResults, num_devices: int) -> dict:
         "cost_per_step_usd": figures.cost_per_step_usd,
         "zero_shard_copies": figures.zero_shard_copies,
     }
+    iv = figures.step_time_interval
+    if iv is not None:  # how sure: the 80% interval from the published runs of the prediction's regime
+        out["step_time_interval_s"] = [iv["low_s"], iv["high_s"]]
+        out["mfu_interval"] = iv["mfu"]
+        out["interval"] = {"level": iv["level"], "regime": iv["regime"], "runs": iv["runs"], "sources": iv["sources"]}
     out.update(figures.training)
     return out
 
@@ -209,11 +214,31 @@ def plan_document_problem(doc: dict) -> str | None:
     bad = next(((k, v) for k, v in doc["breakdown"].items() if not _number_in(v, 0.0, MAX_FIGURE, True)), None)
     if bad:
         return f"breakdown.{bad[0]}: got {bad[1]!r}; allowed: seconds >= 0"
+    problem = _interval_problem(doc)
+    if problem:
+        return problem
     runners = doc.get("runners_up", [])
     if not isinstance(runners, list) or not all(isinstance(r, dict) and _number_in(r.get("step_time_s"), 0.0,
                                                                                    MAX_FIGURE, False) for r in runners):
         return "runners_up: allowed: a list of layouts as plan writes them, each with its step_time_s > 0"
     return _rejections_problem(doc)
+
+
+def _interval_problem(doc: dict) -> str | None:
+    """The interval fields the report prints, where the document has them (a plan before them has none)."""
+    for key in ("step_time_interval_s", "mfu_interval", "time_to_train_interval_s"):
+        pair = doc.get(key)
+        if pair is not None and not (isinstance(pair, list) and len(pair) == 2
+                                     and all(_number_in(v, 0.0, MAX_FIGURE, True) for v in pair) and pair[0] <= pair[1]):
+            return f"{key}: got {pair!r:.80}; allowed: [low, high], two numbers >= 0 with low <= high"
+    basis = doc.get("interval")
+    if basis is not None and not (isinstance(basis, dict) and _number_in(basis.get("level"), 0.0, 1.0, False)
+                                  and isinstance(basis.get("regime"), str)
+                                  and all(isinstance(basis.get(k), int) and not isinstance(basis.get(k), bool)
+                                          for k in ("runs", "sources"))):
+        return (f"interval: got {basis!r:.80}; allowed: an object with level (a number in (0, 1]), regime (text), "
+                "runs and sources (whole numbers)")
+    return None
 
 
 def _rejections_problem(doc: dict) -> str | None:

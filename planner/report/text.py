@@ -212,6 +212,9 @@ def _figures(doc: dict, console: Console) -> None:
     console.print(f"step time {doc['step_time_s']:.3f} s   {doc['tokens_per_s']:,.0f} tokens/s   "
                   f"MFU {doc['mfu']:.1%}   HFU {doc['hfu']:.1%}   "
                   f"{doc['model_flops_per_s_per_device'] / 1e12:,.0f} model TFLOP/s per device")
+    interval = interval_text(doc)
+    if interval:
+        console.print(f"{'':10}{interval}")
     low = doc.get("gemm_precision")
     if low not in (None, "bf16", "fp16"):  # MFU is over the 16-bit peak; say so where it is not the bound
         console.print(f"{'':10}MFU and HFU are over the dense bf16 peak; over the dense {low} peak the GEMMs "
@@ -224,6 +227,20 @@ def _figures(doc: dict, console: Console) -> None:
     if per_step:
         console.print("   ".join(per_step))
     console.print()
+
+
+def interval_text(doc: dict) -> str | None:
+    """How sure the step time is: its 80% interval, the MFU range that goes with it and the runs it
+    comes from (None for a document without one)."""
+    low_s, high_s = doc.get("step_time_interval_s") or (None, None)
+    basis = doc.get("interval") or {}
+    if low_s is None or not basis:
+        return None
+    mfu = doc.get("mfu_interval") or (None, None)
+    mfu_text = f", MFU {mfu[0]:.1%} to {mfu[1]:.1%}" if None not in mfu else ""
+    return (f"{basis['level']:.0%} interval {low_s:.3f} s to {high_s:.3f} s{mfu_text}: how far measured steps of "
+            f"{basis['regime']} fell from their predictions ({basis['runs']} runs of {basis['sources']} sources, "
+            f"each checked without its own source; clusterplan validate)")
 
 
 def _memory(doc: dict, console: Console) -> None:
@@ -307,6 +324,7 @@ def _training(doc: dict, console: Console) -> None:
         energy_text += f" (PUE {pue:g}; host {host:,.0f} W per device{assumed})"
     if gp is None:
         console.print(f"to train {human_count(tokens)} tokens: {duration(seconds)}, {energy_text}, {cost_text}")
+        _training_interval(doc, console)
         console.print()
         return
     failures = not _no_failures(gp)
@@ -314,9 +332,18 @@ def _training(doc: dict, console: Console) -> None:
                      else f"{duration(seconds)} (no failures assumed)")
     console.print(f"to train {human_count(tokens)} tokens: {with_failures}, {doc['device_hours']:,.0f} device-hours, "
                   f"{energy_text}, {cost_text}")
+    _training_interval(doc, console)
     console.print(_goodput_line(gp) if failures else f"goodput {gp['goodput']:.1%}: no failures assumed (--failure-rate "
                   "0), so no checkpoint, restart or lost work is counted")
     console.print()
+
+
+def _training_interval(doc: dict, console: Console) -> None:
+    """The time to train over the step time's interval (documents with one)."""
+    if doc.get("time_to_train_interval_s") and doc.get("interval"):
+        low_s, high_s = doc["time_to_train_interval_s"]
+        console.print(f"{'':9}{duration(low_s)} to {duration(high_s)} over the step time's "
+                      f"{doc['interval']['level']:.0%} interval")
 
 
 def _no_failures(gp: dict) -> bool:

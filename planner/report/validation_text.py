@@ -11,17 +11,21 @@ from clusterplan.planner.studies.validate import unpublished_rows
 
 
 def validation_report(result: dict, console: Console) -> None:
+    intervals = any(r.get("step_time_interval_s") for r in result["runs"])
     table = make_table("run", "hardware", "framework", ("predicted s", "right"), ("measured s", "right"),
-                   ("error", "right"), "fits", ("best s", "right"), title=f"validation: {result['file']}")
+                       ("error", "right"), *((("80% range s", "right"),) if intervals else ()), "fits",
+                       ("best s", "right"), title=f"validation: {result['file']}")
     for r in result["runs"]:
         if r["reason"]:
-            table.add_row(r["id"], f"{r['device']} x {r['count']}", "-", "-", "-", "-", "-", f"not evaluated: {r['reason']}")
+            table.add_row(r["id"], f"{r['device']} x {r['count']}", "-", "-", "-", "-", *(("-",) if intervals else ()),
+                          "-", f"not evaluated: {r['reason']}")
             continue
         meas = "-" if not r["measured_step_time_s"] else f"{r['measured_step_time_s']:.3f}"
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
         best = "-" if r["best_step_time_s"] is None else f"{r['best_step_time_s']:.3f}"
         table.add_row(r["id"], f"{r['device']} x {r['count']}", r["framework"].split(" ")[0],
-                      f"{r['predicted_step_time_s']:.3f}", meas, err, "yes" if r["fits"] else "NO", best)
+                      f"{r['predicted_step_time_s']:.3f}", meas, err, *((_interval_cell(r),) if intervals else ()),
+                      "yes" if r["fits"] else "NO", best)
     console.print(table)
     _validation_summary(result["summary"], console)
     for key in ("sweeps", "memory", "families"):
@@ -34,6 +38,35 @@ def validation_report(result: dict, console: Console) -> None:
         _step_time_lines(rows, console)
         _memory_lines(ps, console)
     _ranking_lines(result["summary"].get("ranking") or {}, console)
+    _trust_lines(result["summary"].get("every_measured") or {}, console)
+    user = result["summary"].get("interval") or {}
+    if user.get("runs"):
+        console.print(f"{'80% intervals':>22}: as a plan quotes them (from the repository's published runs): "
+                      f"{user['coverage']:.1%} of these {user['runs']} measured step times inside")
+
+
+def _interval_cell(r: dict) -> str:
+    """A run's 80% interval from the other sources' runs, marked where its measured time falls outside."""
+    if not r.get("step_time_interval_s"):
+        return "-"
+    low_s, high_s = r["step_time_interval_s"]
+    outside = r["measured_step_time_s"] and not low_s <= r["measured_step_time_s"] <= high_s
+    return f"{low_s:.3f}-{high_s:.3f}{' out' if outside else ''}"
+
+
+def _trust_lines(e: dict, console: Console) -> None:
+    """The headline every plan's interval rests on: every measured step time of the repository, and
+    how often the 80% intervals, each taken from the other sources' runs, held the measured time."""
+    if not e.get("runs"):
+        return
+    iv = e["interval"]
+    console.print(f"\n{'every measured step':>22}: {e['runs']} runs from {e['sources']} sources (the bundled files and, "
+                  f"from the repository, the hold-outs): median |error| {e['median_abs_error']:.1%}, "
+                  f"p90 {e['p90_abs_error']:.1%}, median signed {e['median_signed_error']:+.1%}")
+    console.print(f"{'80% intervals':>22}: each run's from the other sources' runs: {iv['coverage']:.1%} of "
+                  f"{iv['runs']} measured step times inside (target 75-85%), median width {iv['median_width']:.2f}x")
+    console.print(f"{'':>22}  by family: " + ", ".join(f"{f} {v['coverage']:.0%} of {v['runs']}"
+                                                       for f, v in iv["by_family"].items()))
 
 
 def _step_time_lines(rows: list[tuple[str, dict]], console: Console) -> None:

@@ -52,14 +52,16 @@ def whatif_table(rows: list[dict], label: str, title: str, console: Console) -> 
 def _print_row_trust(rows: list[dict], name: Callable[[dict], str], console: Console) -> None:
     """Per row: its hardware family's validated step-time error, and how many placeholders its
     prediction rests on (``plan`` lists them)."""
-    console.print("trust per row: the hardware family's validated step-time error (clusterplan validate), and the "
-                  "unvalidated assumptions behind the prediction (plan lists them)")
+    console.print("trust per row: the step time's 80% interval, the hardware family's validated step-time error "
+                  "(clusterplan validate), and the unvalidated assumptions behind the prediction (plan lists them)")
     for r in rows:
         if "error" in r:
             continue
         more = [line for line in r.get("unvalidated", []) if not line.startswith(NO_PUBLISHED_RUN)]
         extra = f"; {len(more)} unvalidated assumption{'s' if len(more) != 1 else ''}" if more else ""
-        console.print(f"  {name(r)}: {r['validated_error']}{extra}")
+        interval = r.get("step_time_interval_s")
+        step = f"step {interval[0]:.3f} s to {interval[1]:.3f} s; " if interval else ""
+        console.print(f"  {name(r)}: {step}{r['validated_error']}{extra}")
 
 
 def _compact(layout: dict) -> str:

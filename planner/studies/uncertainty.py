@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import functools
 import statistics
 from dataclasses import dataclass
 
@@ -191,6 +192,7 @@ def coverage(samples: list[Sample]) -> dict:
                           for f in families}}
 
 
+@functools.lru_cache(maxsize=1)
 def stored_cells() -> dict[tuple, dict]:
     """The interval table ``planner/data/validated_error.yaml`` holds (written by
     ``benchmarks/update_docs.py`` from every measured step time in the repository), keyed as

@@ -17,7 +17,7 @@ from clusterplan.planner.studies.runs import (  # FORMAT, run_framework: re-expo
     FORMAT, RunResult, bundled_data_path, bundled_runs_path, evaluate_run, load_runs, load_runs_and_groups,
     run_framework,
 )
-from clusterplan.planner.studies.uncertainty import coverage, cross_validated, ratio_cells
+from clusterplan.planner.studies.uncertainty import LEVEL, coverage, cross_validated, prediction_interval, ratio_cells
 
 
 def summarize(results: list[RunResult], groups: dict[str, list[str]] | None = None) -> dict:
@@ -192,7 +192,27 @@ def validate(path: str | Path | None = None, options: SearchOptions | None = Non
             for row in section["runs"]:
                 if intervals.get(row["id"]):
                     row["step_time_interval_s"] = [intervals[row["id"]]["low_s"], intervals[row["id"]]["high_s"]]
+    else:  # a user's runs: each against the interval a plan would quote for it (the stored table)
+        out["summary"]["interval"] = stored_interval_check(results, out["runs"])
     return out
+
+
+def stored_interval_check(results: list[RunResult], rows: list[dict]) -> dict:
+    """Each run's 80% interval as a plan quotes it (``planner/data/validated_error.yaml``, from the
+    bundled and hold-out runs), written into its row, and the share of measured step times inside:
+    how the intervals hold on runs the user brings."""
+    inside = []
+    for result, row in zip(results, rows):
+        if not result.predicted_step_time_s:
+            continue
+        iv = prediction_interval(result.family, result.moe, result.framework.split("@")[0],
+                                 result.predicted_step_time_s)
+        if iv is None:
+            continue
+        row["step_time_interval_s"] = [iv["low_s"], iv["high_s"]]
+        if result.measured_step_time_s:
+            inside.append(iv["low_s"] <= result.measured_step_time_s <= iv["high_s"])
+    return {"level": LEVEL, "runs": len(inside), "coverage": sum(inside) / len(inside) if inside else None}
 
 
 def repository_holdouts() -> list[Path]:

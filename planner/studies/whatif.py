@@ -88,7 +88,8 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
         return {"error": str(err).splitlines()[0], "exit_code": err.exit_code}
     return dict(
         device=cluster.device.id, num_devices=cluster.num_devices, precision=job.precision,
-        layout=doc["layout"], step_time_s=doc["step_time_s"], tokens_per_s=doc["tokens_per_s"],
+        layout=doc["layout"], step_time_s=doc["step_time_s"], step_time_interval_s=doc.get("step_time_interval_s"),
+        time_to_train_interval_s=doc.get("time_to_train_interval_s"), tokens_per_s=doc["tokens_per_s"],
         mfu=doc["mfu"], peak_memory_bytes=doc["peak_memory_bytes"], fit_memory_bytes=doc["fit_memory_bytes"],
         device_memory_bytes=doc["device_memory_bytes"], time_to_train_s=doc["time_to_train_s"],
         energy_per_step_j=doc["energy_per_step_j"], cost_per_step_usd=doc["cost_per_step_usd"],
@@ -474,7 +475,7 @@ def _sweep_point(model: ModelSpec, study: Sweep | Grid, build: _Points, options:
 
 
 # ---- CSV -----------------------------------------------------------------------------------------------
-CSV_COLUMNS = ("device", "num_devices", "precision", "step_time_s", "tokens_per_s", "mfu", "used_gib", "reserved_gib",
+CSV_COLUMNS = ("device", "num_devices", "precision", "step_time_s", "step_time_low_s", "step_time_high_s", "tokens_per_s", "mfu", "used_gib", "reserved_gib",
                "time_to_train_days", "goodput", "device_hours", "energy_mwh", "cost_usd", "layout", "validated_error",
                "error")
 
@@ -489,7 +490,8 @@ def csv_text(rows: list[dict], label: str) -> str:
 
     Figures are in display units (GiB, days, MWh); a cell without a figure is empty. ``used_gib`` is
     the table's "used GiB" (the allocated peak with the runtime, what must fit); ``reserved_gib`` adds
-    what the caching allocator keeps reserved (``plan``'s total).
+    what the caching allocator keeps reserved (``plan``'s total); ``step_time_low_s`` and
+    ``step_time_high_s`` bound the step time's 80% interval (``plan``'s).
     """
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -506,7 +508,9 @@ def _csv_values(row: dict) -> list:
     def scaled(key: str, unit: float):
         return None if row[key] is None else row[key] / unit
 
-    return [row["device"], row["num_devices"], row["precision"], row["step_time_s"], row["tokens_per_s"], row["mfu"],
+    low_s, high_s = row.get("step_time_interval_s") or (None, None)
+    return [row["device"], row["num_devices"], row["precision"], row["step_time_s"], low_s, high_s,
+            row["tokens_per_s"], row["mfu"],
             row["fit_memory_bytes"] / GIB, row["peak_memory_bytes"] / GIB, scaled("time_to_train_s", SECONDS_PER_DAY), row.get("goodput"),
             row.get("device_hours"), scaled("energy_j", JOULES_PER_MWH), row["cost_usd"], layout_string(row["layout"]),
             row.get("validated_error"), None]

@@ -1,0 +1,165 @@
+"""How sure a prediction is (planner.studies.uncertainty): the 80% interval a plan quotes, the
+cells it comes from, the leave-one-source-out coverage validate reports, and the interval in every
+report (plan, evaluate, compare, validate of a user's runs)."""
+
+import json
+import math
+import random
+
+import pytest
+from click.testing import CliRunner
+
+import cli
+from clusterplan.planner.studies.uncertainty import (
+    MIN_RUNS, MIN_SOURCES, Sample, coverage, interval, predictive_bounds, prediction_interval, ratio_cells, regimes,
+    source_key)
+from clusterplan.topologies.library import build_cluster
+
+
+def _samples(n_sources: int, runs_per_source: int, bias_sd: float, scatter_sd: float, seed: int,
+             family: str = "nvidia-hopper", predicted_s: float = 5.0) -> list[Sample]:
+    """Synthetic runs: each source's log ratio is its bias (drawn once) plus each run's scatter."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(n_sources):
+        bias = rng.gauss(0.0, bias_sd)
+        for _ in range(runs_per_source):
+            out.append(Sample(family, False, "megatron", predicted_s,
+                              predicted_s * math.exp(bias + rng.gauss(0.0, scatter_sd)), f"source-{k}"))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_coverage_of_new_sources_is_near_the_level(seed):
+    """Where runs of one source share a bias, the interval for a run of a source left out holds it
+    about 80% of the time (the pooled percentile of all runs would hold far fewer)."""
+    samples = _samples(n_sources=40, runs_per_source=6, bias_sd=0.15, scatter_sd=0.04, seed=seed)
+    result = coverage(samples)
+    assert result["runs"] == len(samples)
+    assert 0.70 <= result["coverage"] <= 0.92, result
+
+
+def test_bounds_widen_with_disagreeing_sources():
+    """Sources that disagree (a larger bias spread) give a wider interval; runs of one source that
+    agree among themselves do not make it narrower than the sources' spread."""
+    close = predictive_bounds(_samples(8, 5, bias_sd=0.02, scatter_sd=0.02, seed=7))
+    apart = predictive_bounds(_samples(8, 5, bias_sd=0.30, scatter_sd=0.02, seed=7))
+    assert close[0] < 1 < close[1] or abs(math.log(close[1] / close[0])) < 0.3
+    assert apart[1] / apart[0] > 2 * (close[1] / close[0])
+
+
+def test_cells_need_runs_and_sources_and_fall_back_to_wider_regimes():
+    """A cell with too few sources sets no interval: the prediction takes the next wider regime."""
+    few = _samples(MIN_SOURCES - 1, MIN_RUNS, 0.05, 0.02, seed=4, family="nvidia-b200")
+    many = _samples(MIN_SOURCES + 2, MIN_RUNS, 0.05, 0.02, seed=5, family="nvidia-hopper")
+    cells = ratio_cells(few + many)
+    assert ("f", "nvidia-b200") not in cells and ("f", "nvidia-hopper") in cells
+    iv = interval(cells, "nvidia-b200", False, "megatron", 5.0)
+    wider = [label for label, key in regimes("nvidia-b200", False, "megatron", 5.0) if key in cells][0]
+    assert iv["regime"] == wider and "nvidia-b200" not in wider
+    assert iv["low_s"] < iv["high_s"]
+    assert interval({}, "nvidia-b200", False, "megatron", 5.0) is None
+
+
+def test_short_steps_are_their_own_regime():
+    """A step under a second (host time weighs on it) is looked up in a cell of short steps."""
+    short = regimes("nvidia-hopper", False, "torchtitan", 0.4)
+    long = regimes("nvidia-hopper", False, "torchtitan", 4.0)
+    assert short[0][1] != long[0][1] and "short" in short[0][0] and "long" in long[0][0]
+
+
+@pytest.mark.parametrize("source,key", [
+    ("NeMo Framework performance summary 25.04, https://docs.nvidia.com/nemo-framework/x", "nvidia-nemo-performance"),
+    ("Megatron-Bridge performance page 26.02", "nvidia-nemo-performance"),
+    ("https://github.com/AI-Hypercomputer/maxtext/blob/main/README.md", "google-maxtext"),
+    ("https://example.org/a/b/c/d.html, table 3", "example.org/a/b"),
+    ("Some Lab blog; figure 2", "some lab blog"),
+])
+def test_source_key_groups_runs_by_publication(source, key):
+    assert source_key({"source": source}) == key
+
+
+def test_stored_table_gives_every_family_an_interval():
+    """The table planner/data/validated_error.yaml carries answers for every family (a family without
+    its own cell takes a wider regime), and the interval brackets a ratio of 1 or names its bias."""
+    for family in ("nvidia-hopper", "nvidia-a100", "google-tpu-v6e", "groq-lpu"):
+        for moe in (False, True):
+            iv = prediction_interval(family, moe, "megatron", 3.0)
+            assert iv is not None and 0 < iv["low_s"] < iv["high_s"] and iv["runs"] >= MIN_RUNS
+            assert iv["sources"] >= MIN_SOURCES and iv["level"] == 0.8
+
+
+def _plan(*args: str) -> dict:
+    result = CliRunner().invoke(cli.main, ["plan", *args, "--json", "--time-limit", "30"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("model,cluster,devices", [("gpt", "dgx-superpod", "1024"), ("llama3-8b", "tpu-v5e-pod", "256"),
+                                                   ("mixtral-8x7b", "dgx-h100-superpod", "64")])
+def test_plan_carries_its_interval_and_respects_the_ceiling(model, cluster, devices):
+    """Every plan carries the step time's 80% interval, the MFU range that goes with it (never above
+    the device's matmul ceiling: the interval's fast end is clamped there), and the time to train
+    over it, scaled as the time to train is."""
+    doc = _plan("--model", model, "--cluster", cluster, "--devices", devices, "--tokens", "1e11")
+    low_s, high_s = doc["step_time_interval_s"]
+    assert 0 < low_s < high_s
+    ceiling = doc["inputs"]["caveats"]["matmul_ceiling"]
+    assert doc["mfu_interval"][1] <= ceiling * (1 + 1e-9)
+    assert doc["mfu_interval"][0] == pytest.approx(doc["mfu"] * doc["step_time_s"] / high_s)
+    lo_t, hi_t = doc["time_to_train_interval_s"]
+    assert lo_t / doc["time_to_train_s"] == pytest.approx(low_s / doc["step_time_s"])
+    assert hi_t / doc["time_to_train_s"] == pytest.approx(high_s / doc["step_time_s"])
+    assert doc["interval"]["runs"] >= MIN_RUNS and doc["interval"]["regime"]
+    for runner in doc["runners_up"]:
+        assert runner["step_time_interval_s"][0] < runner["step_time_interval_s"][1]
+
+
+def test_interval_low_end_clamped_at_the_matmul_ceiling():
+    """A prediction already near the ceiling cannot be quoted faster than the ceiling allows."""
+    from clusterplan.cost.layout import Job, Layout
+    from clusterplan.cost.step import evaluate
+    from clusterplan.models.library import load_model
+    from clusterplan.planner.results import step_time_interval
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    model = load_model("llama3-8b")
+    job = Job(global_batch_size=512, seq_len=8192)
+    ev = evaluate(model, job, cluster, Layout(tp=1, pp=1, dp=64, micro_batch_size=1, recompute="full"))
+    iv = step_time_interval(ev, job, cluster, moe=False)
+    fastest_s = ev.step_time_s * ev.mfu / cluster.device.matmul_ceiling(job.precision)
+    assert iv["low_s"] >= fastest_s * (1 - 1e-12)
+    assert iv["mfu"][1] <= cluster.device.matmul_ceiling(job.precision) * (1 + 1e-12)
+
+
+def test_plan_text_prints_the_interval():
+    result = CliRunner().invoke(cli.main, ["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--tokens", "3e11",
+                                           ])
+    assert result.exit_code == 0, result.output
+    assert "80% interval" in result.output and "over the step time's 80% interval" in result.output
+
+
+def test_compare_rows_and_csv_carry_the_interval(tmp_path):
+    out = tmp_path / "rows.csv"
+    result = CliRunner().invoke(cli.main, ["compare", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod:64",
+                                           "--cluster", "tpu-v5e-pod:256", "--csv", str(out)])
+    assert result.exit_code == 0, result.output
+    header, *rows = [line.split(",") for line in out.read_text().splitlines()]
+    low, high, step = header.index("step_time_low_s"), header.index("step_time_high_s"), header.index("step_time_s")
+    for row in rows:
+        assert float(row[low]) < float(row[high]) and float(row[low]) > 0 and float(row[step]) > 0
+    assert "step " in result.output and " s to " in result.output
+
+
+def test_validate_of_a_users_file_checks_the_quoted_intervals(tmp_path):
+    """A user's runs are each checked against the interval a plan would quote, and the share inside
+    is reported."""
+    from clusterplan.planner.studies.validate import validate
+    from pathlib import Path
+    holdout = Path(__file__).resolve().parents[1] / "benchmarks" / "holdout_runs.yaml"
+    result = validate(holdout, best=False)
+    check = result["summary"]["interval"]
+    measured = [r for r in result["runs"] if r.get("measured_step_time_s") and r.get("step_time_interval_s")]
+    assert check["runs"] == len(measured) > 0
+    inside = sum(r["step_time_interval_s"][0] <= r["measured_step_time_s"] <= r["step_time_interval_s"][1]
+                 for r in measured)
+    assert check["coverage"] == pytest.approx(inside / len(measured))
