@@ -105,7 +105,9 @@ def fit_request(request: Request, bounds: Bounds, time_limit_s: float | None = T
     if answer.num_devices is None:
         _not_found(question, answer, time_limit_s)
     there = request.with_(num_devices=answer.num_devices, num_nodes=None, device=answer.device)
-    return FitResult(question, answer, plan_request(there, SearchOptions(top_k=0, bounds=bounds), model))
+    # the plan there: its solve bounded by the same limit (CP-SAT then answers its best with the gap)
+    return FitResult(question, answer, plan_request(there, SearchOptions(top_k=0, bounds=bounds,
+                                                                         time_limit_s=time_limit_s), model))
 
 
 def _not_found(question: str, answer: FitAnswer, time_limit_s: float | None) -> None:

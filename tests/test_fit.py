@@ -264,3 +264,17 @@ def test_plan_hint_searches_from_the_cluster_plan_ran_on(tmp_path):
     found = re.search(r"some layout fits on ([\d,]+) x", out.stderr)
     answer = fewest_devices(get_model("llama3-70b"), Request(model="llama3-70b", cluster="dgx-h100-superpod"))
     assert found and int(found.group(1).replace(",", "")) == answer.num_devices, out.stderr
+
+
+def test_fit_bounds_the_plan_at_the_size_it_found(monkeypatch):
+    """fit's time limit bounded only the size search: the plan at the size found ran unbounded (95 s
+    on DeepSeek-V3 / MI300X against a 30 s limit). It now gets the same limit."""
+    seen = []
+    real = requests_module.plan_request
+
+    def spy(request, options, model=None):
+        seen.append(options.time_limit_s)
+        return real(request, options, model)
+    monkeypatch.setattr(requests_module, "plan_request", spy)
+    requests_module.fit_request(Request(model="gpt3-1.3b", cluster="dgx-h100-superpod"), Bounds(), time_limit_s=7.5)
+    assert seen == [7.5]

@@ -776,3 +776,24 @@ def test_cpsat_proves_the_optimum_where_presolve_blew_up(kw, fixed):
     ex = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=bounds))
     assert cp.status == "OPTIMAL", cp.status
     assert cp.best.step_time_s == pytest.approx(ex.best.step_time_s, rel=1e-9)
+
+
+def test_cpsat_solves_deepseek_on_72_mi300x_within_a_bounded_memory():
+    """With probing off, OR-Tools 9.15's search allocated 21 GB on DeepSeek-V3 / 72 MI300X (its
+    second pipeline split) before failing with bad_alloc, and the plan fell back to the exhaustive
+    engine after 95 s (found by benchmarks/fit_bound.py). Run in a process capped at 3 GiB of address
+    space: the bad allocation fails at once there, and the search must still be CP-SAT's."""
+    import resource
+    import subprocess
+    import sys
+
+    code = ("from clusterplan.planner.inputs import Request; from clusterplan.planner.requests import plan_request;"
+            "from clusterplan.planner.search import SearchOptions;"
+            "r = plan_request(Request(model='deepseek-v3', cluster='mi300x-cluster', num_devices=72), SearchOptions());"
+            "print(r.result.status)")
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, preexec_fn=cap)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "OPTIMAL", out.stdout

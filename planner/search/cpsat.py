@@ -627,11 +627,13 @@ def _capped_model(T: Tables, cap: int | None, ceiling: int | None) -> _Model:
 
 def _solver(model: _Model, workers: int) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
-    # One worker, no probing: the model is a few dozen element constraints; probing buys nothing
-    # here (measured in benchmarks/search_speed.py).
+    # One worker: the model is a few dozen element constraints. Probing stays at CP-SAT's default:
+    # with it off (level 0, once chosen as costing nothing here), OR-Tools 9.15's search exhausted
+    # 21 GB in its main search on DeepSeek-V3 / 72 MI300X (a plan of 100 s where 3 s do; found by
+    # benchmarks/fit_bound.py; CPSAT_MAX_MEMORY_MB does not stop that allocation), and the default
+    # level costs nothing measurable on benchmarks/search_speed.py's cases.
     solver.parameters.num_workers = workers or 1
     solver.parameters.max_memory_in_mb = CPSAT_MAX_MEMORY_MB
-    solver.parameters.cp_model_probing_level = 0
     solver.parameters.linearization_level = 0  # the LP relaxation of the products is weak; skipping it is faster
     # No presolve. It paid for itself on small models (GPT-3 on 1,024 GPUs: 0.19 s with it, 0.35 s
     # without) and not on large ones (DeepSeek-V3 on 2,048 GPUs: 5.5 s with, 3.3 s without), and on

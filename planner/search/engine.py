@@ -238,7 +238,7 @@ def _bounds_text(bounds: Bounds | None) -> str:
 
 def _refusal_message(ctx: Context, spaces: list[Space], given: str) -> str:
     """The rules of the job's framework that refuse every layout of ``spaces`` (each space's
-    layouts pass no combination rule: ``planner.search.tables._framework_mask``), named."""
+    layouts pass no combination rule: ``planner.search.masks.framework_mask``), named."""
     prof = ctx.job.profile
     rules: list[str] = []
     for space in spaces:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
-from clusterplan.planner.search.tables import REASON_ORDER, SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute
+from clusterplan.planner.search.masks import REASON_ORDER
+from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute
 
 DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to", "eo")
 

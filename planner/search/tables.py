@@ -37,27 +37,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clusterplan.cost.framework import framework_refusal, refuses_overlap
 from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.stages import RANKS, rank_index
-from clusterplan.cost.step import head_slot_problem, memory_static_bytes, rank_inflight
+from clusterplan.cost.step import memory_static_bytes, rank_inflight
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms, mixed_kinds,
     kind_windows, stage_kind_shares,
     ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_in_period, head_terms, optimizer_s,
     overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms, zero_replicas,
 )
-from clusterplan.planner.search.space import (
-    Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, layout_of,
-    placement_ok, sequence_parallel_ok, traversal_duplicates,
+from clusterplan.planner.search.masks import (
+    canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
+from clusterplan.planner.search.space import Space, _representative, expert_ok, layout_of, traversal_duplicates
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
 SLOT_QUANTUM = 1000  # micro-batch slots and stage shares in thousandths
 SHARE_PARTS = 1000  # the overlap share of compute in thousandths (rounded up: never cheaper than the floats)
 MEMORY_QUANTUM_BYTES = 2**20  # 1 MiB
-REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement", "alignment",
-                "sequence_parallel", "memory")
 
 
 def q_bytes_up(num_bytes: float) -> int:
@@ -225,14 +222,15 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     S = space
     tc_of_fe, tc_keys, ta_of_f, ta_keys = _compute_keys(ctx, S)
     ACT_D, ACT_M, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
-    timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_keys)
+    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = masks(ctx, S)
+    use = ((ok_fmbv < 0).any(axis=2) & (ok_f < 0)[:, None])  # (f, mb) pairs some layout can take
+    timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_of_fe, tc_keys, use)
     DPS, DPM, RG, DPX, OPT, statics = _dp_tables(ctx, S, times=not memory_only)
     U, UG, FRAC, M, stages = _count_tables(ctx, S)
-    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = _masks(ctx, S)
-    order_ok = _order_representatives(S)
+    order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
-        order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX), ok_fo, ok_eo, order_ok)
-    canon = _canonical_mask(S, order_ok) & _framework_mask(ctx, S)[:, :, :, :, None, :, :]
+        order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX), ok_fo, ok_eo, order_ok, use)
+    canon = canonical_mask(S, order_ok) & framework_mask(ctx, S)[:, :, :, :, None, :, :]
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
@@ -247,26 +245,46 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, OPT=OPT,
                   U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
                   capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
-                  ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=_ep_overlap_mask(ctx, S),
+                  ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=ep_overlap_mask(ctx, S),
                   time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
                   ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))), memory_only=memory_only)
 
 
-def _time_tables(ctx: Context, S: Space, tc_keys: list) -> dict:
-    """The per-layer and per-micro-batch time tables with the group index maps they are read through."""
+def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, use: np.ndarray) -> dict:
+    """The per-layer and per-micro-batch time tables with the group index maps they are read through.
+
+    A row is priced only at the micro-batch sizes some factorization reading it can take (``use``,
+    over (f, mb): the batch and factorization rules); its other entries are 0 and never read, since
+    every layout with them is refused by ``ok_f`` or ``ok_fmbv``. Where a step is one micro-batch
+    (``Job.one_microbatch``) each factorization takes one size of many, so this prices a few
+    entries of each row instead of all of them."""
     probe = [[layout_of(f, 1, 1, 1, False, "none", 0, o, True, False) for o in S.order] for f in S.factorizations]
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    C, C_M, BWD, FW, WE, BWD_M, FW_M = _compute_tables(ctx, S, tc_keys)
-    TPC, TPC_M, CPC, ep_open, H = _comm_tables(S, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys,
-                                               tpg_ctx)
-    P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) for sp in S.sequence_parallel]
-                 for mb in S.micro_batch_size] for l in row] for row in probe])
+    C, C_M, BWD, FW, WE, BWD_M, FW_M = _compute_tables(ctx, S, tc_keys, _key_use(tc_of_fe, len(tc_keys), use))
+    TPC, TPC_M, CPC, ep_open, H = _comm_tables(
+        S, (tpc_keys, tpc_ctx, _key_use(tpc_of_foe, len(tpc_keys), use)),
+        (cpg_keys, cpg_ctx, _key_use(cpg_of_fo, len(cpg_keys), use)),
+        (epg_keys, epg_ctx, _key_use(epg_of_foe, len(epg_keys), use)),
+        (tpg_keys, tpg_ctx, _key_use(tpg_of_fo, len(tpg_keys), use)))
+    P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) if use[i, m] else 0.0
+                  for sp in S.sequence_parallel] for m, mb in enumerate(S.micro_batch_size)] for l in row]
+               for i, row in enumerate(probe)])
     return dict(tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe, C=C, BWD=BWD,
                 FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, P2P=P2P, C_M=C_M, TPC_M=TPC_M, BWD_M=BWD_M,
                 FW_M=FW_M)
+
+
+def _key_use(index: np.ndarray, count: int, use: np.ndarray) -> np.ndarray:
+    """(key, mb): whether some factorization whose ``index`` (over (f, ...)) names the key takes
+    the micro-batch size (``use`` over (f, mb))."""
+    rows = np.broadcast_to(use.reshape((use.shape[0],) + (1,) * (index.ndim - 1) + (use.shape[1],)),
+                           index.shape + (use.shape[1],)).reshape(-1, use.shape[1])
+    out = np.zeros((count, use.shape[1]), bool)
+    np.logical_or.at(out, index.ravel(), rows)
+    return out
 
 
 def _no_time_tables(S: Space) -> dict:
@@ -279,15 +297,17 @@ def _no_time_tables(S: Space) -> dict:
 
 
 def _traversal_representatives(S: Space, t: dict, dp: tuple[np.ndarray, ...], ok_fo: np.ndarray, ok_eo: np.ndarray,
-                               order_ok: np.ndarray) -> np.ndarray:
+                               order_ok: np.ndarray, use: np.ndarray) -> np.ndarray:
     """(f, o): False for a torus traversal that changes nothing (every term of its row equal to an
-    earlier traversal's: the time tables ``t``, the data-parallel tables ``dp`` over (f, o, ...) and
-    the masks): it counts once."""
+    earlier traversal's: the time tables ``t`` at the micro-batch sizes the factorization takes
+    (``use``), the data-parallel tables ``dp`` over (f, o, ...) and the masks): it counts once."""
     def rows(i, j):
-        moe_tp = () if t.get("TPC_M") is None else (t["TPC_M"][t["tpc_of_foe"][i, j]].tobytes(),)
-        return (*moe_tp, t["TPC"][t["tpc_of_foe"][i, j]].tobytes(), t["H"][t["tpg_of_fo"][i, j]].tobytes(),
-                t["CPC"][t["cpg_of_fo"][i, j]].tobytes(), t["EPC"][t["epg_of_foe"][i, j]].tobytes(),
-                t["P2P"][i, j].tobytes(), *(table[i, j].tobytes() for table in dp), int(ok_fo[i, j]),
+        def at(name, index):  # a group table's row (first axes: per-e keys, then mb) at f's sizes
+            return (t[name][index][:, use[i]] if np.ndim(index) else t[name][index][use[i]]).tobytes()
+        moe_tp = () if t.get("TPC_M") is None else (at("TPC_M", t["tpc_of_foe"][i, j]),)
+        return (*moe_tp, at("TPC", t["tpc_of_foe"][i, j]), at("H", t["tpg_of_fo"][i, j]),
+                at("CPC", t["cpg_of_fo"][i, j]), at("EPC", t["epg_of_foe"][i, j]),
+                t["P2P"][i, j][use[i]].tobytes(), *(table[i, j].tobytes() for table in dp), int(ok_fo[i, j]),
                 ok_eo[:, j].tobytes())
     return np.array([~np.array(traversal_duplicates(S.order, list(order_ok[i]), [rows(i, j) for j in range(len(S.order))]))
                      for i in range(len(S.factorizations))], bool).reshape(order_ok.shape)
@@ -310,22 +330,31 @@ def _compute_keys(ctx: Context, S: Space):
     return tc_of_fe, tc_keys, ta_of_f, ta_keys
 
 
-def _compute_tables(ctx: Context, S: Space, tc_keys: list) -> tuple[np.ndarray, ...]:
+def _compute_tables(ctx: Context, S: Space, tc_keys: list, use: np.ndarray) -> tuple[np.ndarray, ...]:
     """Compute time per layer (C) and the windows the data-parallel (BWD) and FSDP (FW) traffic
     may overlap, per (tp, cp, ep, expert_tp) x micro-batch x sp x recompute (x tp_overlap, x ep_overlap
-    for FW), and the window EP overlap's all-to-alls hide behind (WE)."""
+    for FW), and the window EP overlap's all-to-alls hide behind (WE); each key at the micro-batch
+    sizes ``use`` (key, mb) marks (``_time_tables``), 0 elsewhere."""
     MB, SP, RC, TO, EO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap, S.ep_overlap
-    comp = [[[[compute_terms(ctx, tp, cp, mb, sp, rc, e, et) for rc in RC] for sp in SP] for mb in MB]
-            for tp, cp, e, et in tc_keys]
-    C = _qt([[[[_busy_s(c) for c in r] for r in s] for s in m] for m in comp])
+    cells = [(k, m) for k in range(len(tc_keys)) for m in range(len(MB))]
+
+    def grid(term):  # term(tp, cp, mb, sp, rc, e, et) over (key, mb, sp, rc), None where unused
+        return [[[[term(*tc_keys[k][:2], MB[m], sp, rc, *tc_keys[k][2:]) if use[k, m] else None for rc in RC]
+                  for sp in SP] for m in range(len(MB))] for k in range(len(tc_keys))]
+    comp = grid(lambda tp, cp, mb, sp, rc, e, et: compute_terms(ctx, tp, cp, mb, sp, rc, e, et))
+    C = _qt([[[[0.0 if c is None else _busy_s(c) for c in r] for r in s] for s in m] for m in comp])
     C_M = None
     if mixed_kinds(ctx.model):  # the MoE layers' part (the stage's mix of the two: Tables.stages)
-        C_M = _qt([[[[_busy_s(compute_terms(ctx, tp, cp, mb, sp, rc, e, et, True)) for rc in RC] for sp in SP]
-                    for mb in MB] for tp, cp, e, et in tc_keys])
+        C_M = _qt([[[[0.0 if c is None else _busy_s(c) for c in r] for r in s] for s in m] for m in grid(
+            lambda tp, cp, mb, sp, rc, e, et: compute_terms(ctx, tp, cp, mb, sp, rc, e, et, True))])
     def windows(kind):
-        w = [[[[[[kind_windows(ctx, tp, cp, mb, sp, rc, e, et, to and tp > 1, eo and e > 1, kind) for eo in EO]
-                 for to in TO] for rc in RC] for sp in SP] for mb in MB] for tp, cp, e, et in tc_keys]
-        return np.array(w, dtype=float).reshape(len(tc_keys), len(MB), len(SP), len(RC), len(TO), len(EO), 2)
+        w = np.zeros((len(tc_keys), len(MB), len(SP), len(RC), len(TO), len(EO), 2))
+        for k, m in cells:
+            if use[k, m]:
+                tp, cp, e, et = tc_keys[k]
+                w[k, m] = [[[[kind_windows(ctx, tp, cp, MB[m], sp, rc, e, et, to and tp > 1, eo and e > 1, kind)
+                              for eo in EO] for to in TO] for rc in RC] for sp in SP]
+        return w
     BWD_M = FW_M = None
     if C_M is None:
         both = windows(None)
@@ -336,7 +365,8 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list) -> tuple[np.ndarray, 
     BWD, FW = _qt(both[..., 0, 0]), _qt(both[..., 1])  # the per-step window does not depend on EP overlap
     # EP overlap's window (cost.terms.ep_overlap_window_s); none where Megatron refuses the overlap
     # (full recomputation: priced as off)
-    WE = _qt([[[[[0.0 if rc == "full" or e == 1 else ep_overlap_window_s(ctx.model, c, to and tp > 1, cp) for to in TO]
+    WE = _qt([[[[[0.0 if c is None or rc == "full" or e == 1 else ep_overlap_window_s(ctx.model, c, to and tp > 1, cp)
+                   for to in TO]
                  for c, rc in zip(r, RC)] for r in s] for s in m] for m, (tp, cp, e, _) in zip(comp, tc_keys)])
     return C, C_M, BWD, FW, WE, BWD_M, FW_M
 
@@ -356,29 +386,35 @@ def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarra
     return ACT_D, ACT_M, TRANS, LOGITS
 
 
-def _comm_tables(S: Space, tpc_keys, tpc_ctx, cpg_keys, cpg_ctx, epg_keys, epg_ctx, tpg_keys, tpg_ctx):
-    """Tensor-, context- and expert-parallel communication per layer, and the head's time, per group."""
+def _comm_tables(S: Space, tpc, cpg, epg, tpg):
+    """Tensor-, context- and expert-parallel communication per layer, and the head's time, per group;
+    each of ``tpc``, ``cpg``, ``epg`` and ``tpg`` is (keys, their contexts, (key, mb) in use): a
+    term is priced where in use, 0 elsewhere (``_time_tables``)."""
     MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
+    (tpc_keys, tpc_ctx, tpc_use), (cpg_keys, cpg_ctx, cpg_use), (epg_keys, epg_ctx, epg_use), (tpg_keys, tpg_ctx,
+                                                                                                 tpg_use) = tpc, cpg, epg, tpg
 
     def tp_comm(kind):
-        return [[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp, e, et, kind) for to in TO] for rc in RC]
-                   for sp in SP] for mb in MB] for (tp, cp, st, _, moe_tp, e, et), c in zip(tpc_keys, tpc_ctx)]
+        return [[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp, e, et, kind) if u else 0.0 for to in TO]
+                   for rc in RC] for sp in SP] for mb, u in zip(MB, used)]
+                for (tp, cp, st, _, moe_tp, e, et), c, used in zip(tpc_keys, tpc_ctx, tpc_use)]
     TPC_M = None
     if tpc_ctx and mixed_kinds(tpc_ctx[0].model):  # each kind's TP traffic hides behind its own GEMMs
         moe = np.array(tp_comm(True), dtype=float)
         TPC, TPC_M = _qt(np.array(tp_comm(False), dtype=float) + moe), _qt(moe)
     else:
         TPC = _qt(tp_comm(None))
-    CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) for sp in SP] for mb in MB]
-               for (tp, cp, st, _), c in zip(cpg_keys, cpg_ctx)])
+    CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) if u else 0.0 for sp in SP] for mb, u in zip(MB, used)]
+               for (tp, cp, st, _), c, used in zip(cpg_keys, cpg_ctx, cpg_use)])
     # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
     ep_ranks = [_ranks(c, group) for (_, _, _, _, group), c in zip(epg_keys, epg_ctx)]
-    EPC = np.array([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks, expert_tp=et) if ranks else 0.0 for rc in RC]
-                      for sp in SP] for mb in MB] for (tp, cp, e, et, _), c, ranks in zip(epg_keys, epg_ctx, ep_ranks)],
+    EPC = np.array([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks, expert_tp=et) if ranks and u else 0.0
+                       for rc in RC] for sp in SP] for mb, u in zip(MB, used)]
+                    for (tp, cp, e, et, _), c, ranks, used in zip(epg_keys, epg_ctx, ep_ranks, epg_use)],
                    dtype=float).reshape(len(epg_keys), len(MB), len(SP), len(RC))  # seconds: build_tables quantizes
     # a key (tp, cp, stride, (devices, hidden)): hidden, the head hides in a pipeline's spare slot
-    H = _qt([[[0.0 if hidden else head_terms(c, tp, cp, mb, sp, st).time_s for sp in SP] for mb in MB]
-             for (tp, cp, st, (_, hidden)), c in zip(tpg_keys, tpg_ctx)])
+    H = _qt([[[0.0 if hidden or not u else head_terms(c, tp, cp, mb, sp, st).time_s for sp in SP]
+              for mb, u in zip(MB, used)] for (tp, cp, st, (_, hidden)), c, used in zip(tpg_keys, tpg_ctx, tpg_use)])
     return TPC, TPC_M, CPC, EPC, H
 
 
@@ -530,41 +566,6 @@ def _bounds(a: MemoryRow, b: MemoryRow) -> bool:
             and bool((a.ifd >= b.ifd).all()) and bool((a.ifm >= b.ifm).all()))
 
 
-def _masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
-    model, job = ctx.model, ctx.job
-    code = {r: k for k, r in enumerate(REASON_ORDER)}
-    F = len(S.factorizations)
-    ok_f = np.full(F, -1)
-    ok_fmbv = np.full((F, len(S.micro_batch_size), len(S.vp)), -1)
-    ok_fe = np.full((F, len(S.ep)), -1)
-    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
-        reason = factor_ok(model, job, tp, pp, dp, cp)
-        ok_f[i] = -1 if reason is None else code[reason]
-        for j, mb in enumerate(S.micro_batch_size):
-            for vi, v in enumerate(S.vp):
-                slots = S.head_slots[0]
-                reason = batch_ok(model, job, pp, dp, mb, v, slots) or (
-                    "layers" if slots and head_slot_problem(model, job, pp, v) else None)
-                ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
-        for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
-            reason = expert_ok(model, tp, dp, cp, e, et)
-            ok_fe[i, ei] = -1 if reason is None else code[reason]
-    ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
-    ok_fes = np.array([[[_sp_code(code, f, e, et, sp, job.seq_len) for sp in S.sequence_parallel]
-                        for e, et in zip(S.ep, S.expert_tp)] for f in S.factorizations]).reshape(
-        len(S.factorizations), len(S.ep), len(S.sequence_parallel))
-    domain = ctx.cluster.occupied_domain_size
-    ok_fo = np.array([[-1 if alignment_ok(*f, o, domain) is None else code["alignment"] for o in S.order]
-                      for f in S.factorizations])
-    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo
-
-
-def _sp_code(code: dict, f: tuple[int, int, int, int], ep: int, expert_tp: bool, sp: bool, seq_len: int) -> int:
-    tp, cp = f[0], f[3]
-    reason = sequence_parallel_ok(tp, sp, seq_len, cp) or folding_ok(tp, ep, expert_tp, sp)
-    return -1 if reason is None else code[reason]
-
-
 def _ranks(ctx: Context, group) -> tuple[int, ...]:
     """The ranks of an expert-group key's devices (keys hold devices on a torus, ranks elsewhere)."""
     if not group or ctx.cluster.rank_to_device is None:
@@ -585,85 +586,6 @@ def _device_to_rank(cluster) -> np.ndarray:
         inverse[cluster.rank_to_device] = np.arange(len(cluster.rank_to_device))
         entry = _INVERSES[id(cluster)] = (cluster, inverse)
     return entry[1]
-
-
-def _order_representatives(S: Space) -> np.ndarray:
-    """The order part of ``planner.search.space.canonical`` per (f, o)."""
-    return np.array([[_only_order_differs(tp, pp, dp, cp, o, S) for o in S.order]
-                     for tp, pp, dp, cp in S.factorizations], dtype=bool).reshape(len(S.factorizations), len(S.order))
-
-
-def _canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
-    """``planner.search.space.canonical`` over (f, e, s, z, o, do, to), vectorized (EP overlap's
-    part is ``Tables.eo_canon``).
-
-    The order part ``order_ok`` is evaluated per (f, o) (``canonical``, then
-    ``traversal_duplicates``); the rest are the same rules as ``canonical``, with the
-    representatives taken from the space's own domains.
-    """
-    facts = np.array(S.factorizations)
-    tp1 = facts[:, 0] == 1
-    dp1 = facts[:, 2] * facts[:, 3] == 1
-    to = np.array(S.tp_overlap, bool) != _representative(S.tp_overlap, False)
-    zero = np.array(S.zero_stage) != _representative(S.zero_stage, 0)
-    do = np.array(S.dp_overlap, bool) != _representative(S.dp_overlap, True)
-    tp_bad = tp1[:, None, None, None, None, None, None] & to[None, None, None, None, None, None, :]
-    dp_bad = dp1[:, None, None, None, None, None, None] & (zero[None, None, None, :, None, None, None]
-                                                          | do[None, None, None, None, None, :, None])
-    block1 = facts[:, 0] * facts[:, 3] == 1  # folding over a one-rank tp x cp block changes nothing
-    folded = ~np.array(S.expert_tp, bool)
-    fold_bad = block1[:, None, None, None, None, None, None] & folded[None, :, None, None, None, None, None]
-    shape = (len(facts), len(S.ep), len(S.sequence_parallel), len(zero), len(S.order), len(do), len(to))
-    return np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad & ~fold_bad
-
-
-def _ep_overlap_mask(ctx: Context, S: Space) -> np.ndarray:
-    """(f, v, r, eo): False where the framework's rules refuse EP overlap (Megatron: with full
-    recomputation, and with pp > 1 without virtual stages; ``ep_overlap_steady_share`` prices those
-    as off). Like ``_framework_mask``: outside the space, not counted as rejected. Applied in
-    validation too: a published run that overlapped its all-to-alls did not recompute everything."""
-    prof = ctx.job.profile
-
-    def refused(pp: int, v: int, r: str) -> bool:  # by a rule on EP overlap, the other knobs neutral
-        return refuses_overlap(prof, "ep_overlap", 1, pp, 1, 2, v, 1, r, False)
-    by_pp = {pp: np.array([[refused(pp, v, r) for r in S.recompute] for v in S.vp], bool).reshape(len(S.vp), -1)
-             for pp in {f[1] for f in S.factorizations}}
-    no = np.stack([by_pp[f[1]] for f in S.factorizations])  # (F, V, R)
-    eo = np.array(S.ep_overlap, bool)
-    return ~(no[:, :, :, None] & eo[None, None, None, :])
-
-
-def _framework_mask(ctx: Context, S: Space) -> np.ndarray:
-    """(f, e, s, z, do, to): combinations the job's framework can run (``cost.framework.framework_refusal``).
-    Layouts it cannot run are outside the space, like knobs it does not have: not counted as rejected.
-    EP overlap's rules concern recompute and vp: ``_ep_overlap_mask``."""
-    shape = (len(S.factorizations), len(S.ep), len(S.sequence_parallel), len(S.zero_stage), len(S.dp_overlap),
-             len(S.tp_overlap))
-    if not S.framework_rules:
-        return np.ones(shape, bool)
-    prof = ctx.job.profile
-    asked = {key for rule in prof.profile.rules for key, _ in rule.when}
-    # an overlap no rule asks about is evaluated once and broadcast (302,080 calls on DeepSeek-V3 otherwise)
-    DO = S.dp_overlap if "dp_overlap" in asked else S.dp_overlap[:1]
-    TO = S.tp_overlap if "tp_overlap" in asked else S.tp_overlap[:1]
-    out = np.empty(shape[:4] + (len(DO), len(TO)), bool)
-    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
-        for ei, e in enumerate(S.ep):
-            for si, sp in enumerate(S.sequence_parallel):
-                for zi, z in enumerate(S.zero_stage):
-                    for di, do in enumerate(DO):
-                        for ti, to in enumerate(TO):
-                            out[i, ei, si, zi, di, ti] = framework_refusal(
-                                prof, tp, pp, cp, e, 1, z, "none", sp, to, do and dp * cp > 1,
-                                data_parallel=dp * cp > 1) is None
-    return np.broadcast_to(out, shape)
-
-
-def _only_order_differs(tp: int, pp: int, dp: int, cp: int, order: str, S: Space) -> bool:
-    """The order part of ``canonical`` alone (the other knobs at their representatives)."""
-    return canonical(tp, pp, dp, cp, 1, False, _representative(S.zero_stage, 0), order,
-                     _representative(S.dp_overlap, True), _representative(S.tp_overlap, False), S,
-                     ep_overlap=_representative(S.ep_overlap, False))
 
 
 def layout_from_indices(space: Space, idx: dict) -> Layout:

@@ -1,0 +1,134 @@
+"""Which layouts the rules allow, as arrays over the search space's axes: each rule's rejection
+code per (f, ...) cell (``REASON_ORDER``, -1 where it passes), the canonical representatives of
+symmetric layouts, and the combinations a framework refuses (outside the space, not counted as
+rejected). ``planner.search.tables`` builds them once per search; both engines read them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clusterplan.cost.framework import framework_refusal, refuses_overlap
+from clusterplan.cost.step import head_slot_problem
+from clusterplan.cost.terms import Context
+from clusterplan.planner.search.space import (
+    Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, placement_ok,
+    sequence_parallel_ok,
+)
+
+REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement", "alignment",
+                "sequence_parallel", "memory")
+
+
+def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
+    model, job = ctx.model, ctx.job
+    code = {r: k for k, r in enumerate(REASON_ORDER)}
+    F = len(S.factorizations)
+    ok_f = np.full(F, -1)
+    ok_fmbv = np.full((F, len(S.micro_batch_size), len(S.vp)), -1)
+    ok_fe = np.full((F, len(S.ep)), -1)
+    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+        reason = factor_ok(model, job, tp, pp, dp, cp)
+        ok_f[i] = -1 if reason is None else code[reason]
+        for j, mb in enumerate(S.micro_batch_size):
+            for vi, v in enumerate(S.vp):
+                slots = S.head_slots[0]
+                reason = batch_ok(model, job, pp, dp, mb, v, slots) or (
+                    "layers" if slots and head_slot_problem(model, job, pp, v) else None)
+                ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
+        for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
+            reason = expert_ok(model, tp, dp, cp, e, et)
+            ok_fe[i, ei] = -1 if reason is None else code[reason]
+    ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
+    ok_fes = np.array([[[_sp_code(code, f, e, et, sp, job.seq_len) for sp in S.sequence_parallel]
+                        for e, et in zip(S.ep, S.expert_tp)] for f in S.factorizations]).reshape(
+        len(S.factorizations), len(S.ep), len(S.sequence_parallel))
+    domain = ctx.cluster.occupied_domain_size
+    ok_fo = np.array([[-1 if alignment_ok(*f, o, domain) is None else code["alignment"] for o in S.order]
+                      for f in S.factorizations])
+    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo
+
+
+def _sp_code(code: dict, f: tuple[int, int, int, int], ep: int, expert_tp: bool, sp: bool, seq_len: int) -> int:
+    tp, cp = f[0], f[3]
+    reason = sequence_parallel_ok(tp, sp, seq_len, cp) or folding_ok(tp, ep, expert_tp, sp)
+    return -1 if reason is None else code[reason]
+
+
+def order_representatives(S: Space) -> np.ndarray:
+    """The order part of ``planner.search.space.canonical`` per (f, o)."""
+    return np.array([[_only_order_differs(tp, pp, dp, cp, o, S) for o in S.order]
+                     for tp, pp, dp, cp in S.factorizations], dtype=bool).reshape(len(S.factorizations), len(S.order))
+
+
+def canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
+    """``planner.search.space.canonical`` over (f, e, s, z, o, do, to), vectorized (EP overlap's
+    part is ``Tables.eo_canon``).
+
+    The order part ``order_ok`` is evaluated per (f, o) (``canonical``, then
+    ``traversal_duplicates``); the rest are the same rules as ``canonical``, with the
+    representatives taken from the space's own domains.
+    """
+    facts = np.array(S.factorizations)
+    tp1 = facts[:, 0] == 1
+    dp1 = facts[:, 2] * facts[:, 3] == 1
+    to = np.array(S.tp_overlap, bool) != _representative(S.tp_overlap, False)
+    zero = np.array(S.zero_stage) != _representative(S.zero_stage, 0)
+    do = np.array(S.dp_overlap, bool) != _representative(S.dp_overlap, True)
+    tp_bad = tp1[:, None, None, None, None, None, None] & to[None, None, None, None, None, None, :]
+    dp_bad = dp1[:, None, None, None, None, None, None] & (zero[None, None, None, :, None, None, None]
+                                                          | do[None, None, None, None, None, :, None])
+    block1 = facts[:, 0] * facts[:, 3] == 1  # folding over a one-rank tp x cp block changes nothing
+    folded = ~np.array(S.expert_tp, bool)
+    fold_bad = block1[:, None, None, None, None, None, None] & folded[None, :, None, None, None, None, None]
+    shape = (len(facts), len(S.ep), len(S.sequence_parallel), len(zero), len(S.order), len(do), len(to))
+    return np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad & ~fold_bad
+
+
+def ep_overlap_mask(ctx: Context, S: Space) -> np.ndarray:
+    """(f, v, r, eo): False where the framework's rules refuse EP overlap (Megatron: with full
+    recomputation, and with pp > 1 without virtual stages; ``ep_overlap_steady_share`` prices those
+    as off). Like ``framework_mask``: outside the space, not counted as rejected. Applied in
+    validation too: a published run that overlapped its all-to-alls did not recompute everything."""
+    prof = ctx.job.profile
+
+    def refused(pp: int, v: int, r: str) -> bool:  # by a rule on EP overlap, the other knobs neutral
+        return refuses_overlap(prof, "ep_overlap", 1, pp, 1, 2, v, 1, r, False)
+    by_pp = {pp: np.array([[refused(pp, v, r) for r in S.recompute] for v in S.vp], bool).reshape(len(S.vp), -1)
+             for pp in {f[1] for f in S.factorizations}}
+    no = np.stack([by_pp[f[1]] for f in S.factorizations])  # (F, V, R)
+    eo = np.array(S.ep_overlap, bool)
+    return ~(no[:, :, :, None] & eo[None, None, None, :])
+
+
+def framework_mask(ctx: Context, S: Space) -> np.ndarray:
+    """(f, e, s, z, do, to): combinations the job's framework can run (``cost.framework.framework_refusal``).
+    Layouts it cannot run are outside the space, like knobs it does not have: not counted as rejected.
+    EP overlap's rules concern recompute and vp: ``ep_overlap_mask``."""
+    shape = (len(S.factorizations), len(S.ep), len(S.sequence_parallel), len(S.zero_stage), len(S.dp_overlap),
+             len(S.tp_overlap))
+    if not S.framework_rules:
+        return np.ones(shape, bool)
+    prof = ctx.job.profile
+    asked = {key for rule in prof.profile.rules for key, _ in rule.when}
+    # an overlap no rule asks about is evaluated once and broadcast (302,080 calls on DeepSeek-V3 otherwise)
+    DO = S.dp_overlap if "dp_overlap" in asked else S.dp_overlap[:1]
+    TO = S.tp_overlap if "tp_overlap" in asked else S.tp_overlap[:1]
+    out = np.empty(shape[:4] + (len(DO), len(TO)), bool)
+    for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+        for ei, e in enumerate(S.ep):
+            for si, sp in enumerate(S.sequence_parallel):
+                for zi, z in enumerate(S.zero_stage):
+                    for di, do in enumerate(DO):
+                        for ti, to in enumerate(TO):
+                            out[i, ei, si, zi, di, ti] = framework_refusal(
+                                prof, tp, pp, cp, e, 1, z, "none", sp, to, do and dp * cp > 1,
+                                data_parallel=dp * cp > 1) is None
+    return np.broadcast_to(out, shape)
+
+
+def _only_order_differs(tp: int, pp: int, dp: int, cp: int, order: str, S: Space) -> bool:
+    """The order part of ``canonical`` alone (the other knobs at their representatives)."""
+    return canonical(tp, pp, dp, cp, 1, False, _representative(S.zero_stage, 0), order,
+                     _representative(S.dp_overlap, True), _representative(S.tp_overlap, False), S,
+                     ep_overlap=_representative(S.ep_overlap, False))
