@@ -215,6 +215,26 @@ def test_cpsat_equals_exhaustive_under_maxtext_across_slices(seed):
     _check_engines_agree(model, job, build_cluster("tpu-v5e-pod", 512), dataclasses.replace(bounds, fixed=fixed))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_cpsat_equals_exhaustive_where_a_step_is_one_micro_batch(seed):
+    """The cross-check where each pipeline-free factorization runs one micro-batch of ``global / dp``
+    (MaxText refuses FP8 with gradient accumulation): the micro-batch axis holds every such size, and
+    the time tables are priced only at the sizes a factorization takes (``tables.key_use``), the
+    CP-SAT tables cut to them. The winner's objective is what evaluate prices."""
+    model, job, _, bounds = random_instance(6000 + seed)
+    job = Job(global_batch_size=96, seq_len=job.seq_len, precision="fp8", framework="maxtext")
+    cluster = build_cluster("tpu-v5p-pod", 64)
+    space = build_space(model, job, cluster, Bounds())
+    assert set(space.micro_batch_size) - {1, 2, 4, 8}, space.micro_batch_size  # whole-batch sizes are in
+    _check_engines_agree(model, job, cluster, Bounds())
+    try:
+        res = plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=2))
+    except (InfeasibleError, SpecError):
+        return
+    for units, ev in zip(res.objective_units, [res.best, *res.runners_up]):
+        assert objective_seconds(units) == pytest.approx(ev.step_time_s, rel=1e-3)
+
+
 TORI = [("tpu-v5p-pod", 128), ("tpu-v5e-pod", 32), ("tpu-v5p-pod", 64)]  # 3, 2 and 1 distinct traversals
 
 

@@ -15,7 +15,7 @@ lets the solver prove it quickly. Memory fit is two linear inequalities; runners
 re-solving with the previous optima forbidden.
 
 The objective itself is bounded below per (f, mb, v) triple and expert degree by a memory-aware
-bound (``_objective_lower_bound``): the terms minimised separately over the placement and overlap
+bound (``planner.search.bounds.objective_lower_bound``): the terms minimised separately over the placement and overlap
 knobs, over only the (sp, recompute, ZeRO) choices whose memory fits. Memory is what rules out the
 fastest layouts, so this bound is within about 1% of the optimum on the benchmark problems; the
 triples whose bound exceeds a known upper bound (from the warm start) are left out of the model,
@@ -33,10 +33,9 @@ from ortools.sat.python import cp_model
 
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
-from clusterplan.planner.search.exhaustive import (
-    DIMS, _place, ep_saving, frees_gradients, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term,
-)
-from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute
+from clusterplan.planner.search.exhaustive import DIMS
+from clusterplan.planner.search.bounds import UNREACHABLE, factor_minima, neighbourhood, objective_lower_bound, once, warm_start
+from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute, key_use
 
 ELEMENT_MAX_ENTRIES = 64
 OBJECTIVE_LIMIT = 2**59  # objective units: 5.8e7 s of step time at weight 1; eight such terms fit in 2^62
@@ -86,7 +85,7 @@ class _Model:
         # Order the (f, mb, v) choices by a lower bound of the whole objective so that the search
         # tries the most promising first (values are explored in index order); the same bound is
         # a cut on the objective.
-        lb_e = _once(T, _objective_lower_bound)[triples[:, 0], triples[:, 1], triples[:, 2]]  # (triples, E)
+        lb_e = once(T, objective_lower_bound)[triples[:, 0], triples[:, 1], triples[:, 2]]  # (triples, E)
         lb = lb_e.min(axis=1)
         keep = lb < UNREACHABLE  # a triple whose every completion overflows memory holds no solution
         if cap is not None:
@@ -111,6 +110,11 @@ class _Model:
         self.x["f"] = self._lookup("f", triples[:, 0], [self.fvm])
         self.x["mb"] = self._lookup("mb", triples[:, 1], [self.fvm])
         self.x["v"] = self._lookup("v", triples[:, 2], [self.fvm])
+        # (f, mb) pairs of the kept triples: a table over (group key, mb, ...) keeps only the rows
+        # some kept factorization reaches at one of its micro-batch sizes (``_lookup``)
+        self.f_mb = np.zeros((len(T.space.factorizations), len(S.micro_batch_size)), bool)
+        self.f_mb[triples[:, 0], triples[:, 1]] = True
+        self.pairs: list[tuple[object, np.ndarray]] = []
         self._structure()
         self._memory()
         self._objective()
@@ -131,6 +135,9 @@ class _Model:
             rows = np.concatenate([np.indices(table.shape).reshape(len(axes), -1).T, table.reshape(-1, 1)], axis=1)
             if axes and axes[0] is getattr(self, "x", {}).get("f"):  # dropped factorizations cannot occur
                 rows = rows[self.f_keep[rows[:, 0]]]
+            reached = next((mask for var, mask in getattr(self, "pairs", ()) if var is axes[0]), None)
+            if reached is not None and len(axes) > 1 and axes[1] is self.x["mb"]:
+                rows = rows[reached[rows[:, 0], rows[:, 1]]]
             self.m.add_allowed_assignments(list(axes) + [target], rows.tolist())
             self.table_rows += len(rows)
         return target
@@ -156,11 +163,11 @@ class _Model:
     # ---- constraints -------------------------------------------------------------------------
     def _structure(self) -> None:
         T, x, m = self.T, self.x, self.m
-        self.tc = self._lookup("tc", T.tc_of_fe, [x["f"], x["e"]])
-        self.tpg = self._lookup("tpg", T.tpg_of_fo, [x["f"], x["o"]])
-        self.tpc = self._lookup("tpc", T.tpc_of_foe, [x["f"], x["o"], x["e"]])
-        self.cpg = self._lookup("cpg", T.cpg_of_fo, [x["f"], x["o"]])
-        self.epg = self._lookup("epg", T.epg_of_foe, [x["f"], x["o"], x["e"]])
+        self.tc = self._keyed("tc", T.tc_of_fe, [x["f"], x["e"]])
+        self.tpg = self._keyed("tpg", T.tpg_of_fo, [x["f"], x["o"]])
+        self.tpc = self._keyed("tpc", T.tpc_of_foe, [x["f"], x["o"], x["e"]])
+        self.cpg = self._keyed("cpg", T.cpg_of_fo, [x["f"], x["o"]])
+        self.epg = self._keyed("epg", T.epg_of_foe, [x["f"], x["o"], x["e"]])
         m.add_allowed_assignments([x["f"], x["e"]], self._f_rows(T.ok_fe < 0))
         m.add_allowed_assignments([x["e"], x["o"]], np.argwhere(T.ok_eo < 0).tolist())
         m.add_allowed_assignments([x["f"], x["e"], x["s"]], self._f_rows(T.ok_fes < 0))
@@ -174,6 +181,13 @@ class _Model:
             m.add_allowed_assignments([x["e"], x["eo"]], np.argwhere(T.eo_canon).tolist())
             m.add_allowed_assignments([x["f"], x["v"], x["r"], x["eo"]], self._f_rows(T.eo_ok))
 
+    def _keyed(self, name: str, index: np.ndarray, axes: list):
+        """The group key ``index[axes...]`` (over (f, ...)) as a variable, with the (key, mb) pairs
+        the kept triples reach, which the tables read through it are cut to."""
+        key = self._lookup(name, index, axes)
+        self.pairs.append((key, key_use(index, int(index.max()) + 1, self.f_mb)))
+        return key
+
     def _f_rows(self, mask: np.ndarray) -> list:
         """The index tuples where ``mask`` (first axis: factorization) holds, for the factorizations
         the model keeps (the others cannot be chosen, so their rows only cost loading time)."""
@@ -182,7 +196,7 @@ class _Model:
     def _memory(self) -> None:
         """Every memory row (``planner.search.tables.memory_rows``) within the capacity."""
         T, x = self.T, self.x
-        ta = self._lookup("ta", T.ta_of_f, [x["f"]])
+        ta = self._keyed("ta", T.ta_of_f, [x["f"]])
         axes4 = [ta, x["mb"], x["s"], x["r"]]
         trans = self._lookup("trans", T.TRANS, axes4)
         logits = self._lookup("logits", T.LOGITS, [ta, x["mb"]])
@@ -225,7 +239,7 @@ class _Model:
         m.add(per_mb == head + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"], x["s"]]))
         tw, bw = T.time_weight, T.busy_weight
         extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi, tw * Q)
-        _, hmin = _once(T, _factor_minima)
+        _, hmin = once(T, factor_minima)
         m.add(extra >= self._lookup("head_lb", self._fvm_table((T.M * hmin)[:, :, None].repeat(T.U.shape[2], 2)),
                                     [self.fvm]))
         core = self._pipeline_and_dp(u, c, tpc, cpc, epc, axes4, axes5, frac, (bwd, fw), mb_count)
@@ -262,7 +276,7 @@ class _Model:
             layer = m.new_int_var(0, layer_hi, "layer_time")
             m.add(layer == c + tpc + cpc + epc)
             pipe = self._product("pipeline", u, layer, int(T.U.max()) * layer_hi, tw)
-            xmin, _ = _once(T, _factor_minima)
+            xmin, _ = once(T, factor_minima)
             m.add(pipe >= self._lookup("pipeline_lb", self._fvm_table(T.U * xmin[:, :, None]), [self.fvm]))
             step_window = self._product("dp_window_share", frac, bwd, int(T.FRAC.max()) * int(T.BWD.max()))
             mb_window = self._product("fsdp_window_share", frac, fw, int(T.FRAC.max()) * int(T.FW.max()))
@@ -402,170 +416,6 @@ def _bounds(var) -> tuple[int, int]:
     return int(domain[0]), int(domain[-1])
 
 
-UNREACHABLE = np.iinfo(np.int64).max // 4  # lower bound of a (triple, ep) with no layout that fits
-
-
-def _once(T: Tables, fn):
-    """``fn(T)``, computed once per tables: the model is built twice (optimum, then runners-up)."""
-    cache = T.__dict__.setdefault("_derived", {})
-    if fn.__name__ not in cache:
-        cache[fn.__name__] = fn(T)
-    return cache[fn.__name__]
-
-
-def _objective_lower_bound(T: Tables) -> np.ndarray:
-    """A lower bound of the objective per (f, mb, v, e); UNREACHABLE where no layout fits.
-
-    Over the knobs left free (sequence parallelism, recomputation, ZeRO stage) only the
-    combinations whose memory fits are kept; the order, DP overlap and TP overlap are minimised
-    term by term. The minimum of a sum is at least the sum of the minima, so this is a valid cut,
-    and it is tight enough that CP-SAT's proof mostly happens at the root (memory is what rules out
-    the fastest layouts). Exposed data-parallel traffic is at least its last bucket (ZeRO 0-2, per
-    step) or the micro-batch count times its last bucket (ZeRO 3), whatever the overlap window.
-    For the energy objective the busy part is bounded by its plain minima.
-    """
-    lb = np.concatenate([_lower_bound_block(T, sl) for sl in _f_blocks(T)], axis=0)  # (F, E, V, MB)
-    lb = np.transpose(lb, (0, 3, 2, 1))  # (F, MB, V, E)
-    if T.busy_weight:
-        Q = SLOT_QUANTUM
-        cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9, 10))  # (F, MB)
-        head_min = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9, 10))
-        opt_min = Q * T.OPT.min(axis=(2, 3))  # (F, V)
-        busy = (T.M * cmin)[:, :, None] * T.FRAC[:, None, :] + Q * (T.M * head_min)[:, :, None] + opt_min[:, None, :]
-        return np.where(lb < UNREACHABLE, T.time_weight * lb + T.busy_weight * busy[:, :, :, None], UNREACHABLE)
-    return np.where(lb < UNREACHABLE, T.time_weight * lb, UNREACHABLE)
-
-
-LB_BLOCK_ELEMENTS = 1 << 19  # (f, e, v, mb, s, r, z) cells per block (o, to, eo instead of z with EP overlap)
-
-
-def _f_blocks(T: Tables) -> list[slice]:
-    S = T.space
-    per_f = len(S.ep) * len(S.vp) * len(S.micro_batch_size) * len(S.sequence_parallel) * len(S.recompute) * len(S.zero_stage)
-    if True in S.ep_overlap:  # the pipeline term is then bounded over orders and overlaps at once
-        per_f = len(S.ep) * len(S.vp) * len(S.micro_batch_size) * len(S.sequence_parallel) * len(S.recompute) * max(
-            len(S.zero_stage), len(S.order) * len(S.tp_overlap) * len(S.ep_overlap))
-    step = max(1, LB_BLOCK_ELEMENTS // max(1, per_f))
-    n = len(S.factorizations)
-    return [slice(a, min(n, a + step)) for a in range(0, n, step)]
-
-
-def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
-    """:func:`_objective_lower_bound`'s time part for the factorizations in ``sl``: (f, e, v, mb)."""
-    Q = SLOT_QUANTUM
-    axis = {d: k for k, d in enumerate(DIMS)}
-    placed = (_place(T.ok_fo[sl], ("f", "o")) < 0) & (_place(T.ok_eo, ("e", "o")) < 0)  # orders allowed
-
-    def min_over_orders(arr: np.ndarray, *more: str) -> np.ndarray:
-        arr = np.where(placed, arr, UNREACHABLE)
-        return arr.min(axis=(axis["o"], *(axis[d] for d in more)), keepdims=True)
-
-    U, M = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb"))
-    if T.stages is not None:  # the slower of the candidate stages: one order and overlap setting at a time
-        pipe = min_over_orders(pipeline_term(T, sl), "to", "eo")
-    elif True in T.space.ep_overlap:  # EP overlap's saving belongs to one order and TP overlap: minimise them together
-        pipe = min_over_orders(U * layer_time(T, sl) - ep_saving(T, sl), "to", "eo")
-    else:
-        X = min_over_orders(layer_time(T, sl), "to")
-        pipe = np.where(X < UNREACHABLE, U * X, UNREACHABLE)
-    H = min_over_orders(_place(T.H[T.tpg_of_fo[sl]], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb", "s")))
-    dims5 = ("f", "o", "v", "e", "z")
-    # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
-    # window (this stage's backward, or whole compute for ZeRO-3 gathers) cannot hide.
-    # a stage of dense and MoE layers both hides behind its share of each kind's window, at most the
-    # whole of both (Tables.stages): the bound takes the whole
-    frac = SLOT_QUANTUM if T.stages is not None else _place(T.FRAC[sl], ("f", "v"))
-    tc = T.tc_of_fe[sl]
-    window_dims = ("f", "e", "mb", "s", "r", "to")
-    bwd = _place(T.BWD[tc], window_dims).max(axis=axis["to"], keepdims=True)
-    comp = _place(T.FW[tc], window_dims + ("eo",)).max(axis=(axis["to"], axis["eo"]), keepdims=True)
-    step_tr = Q * min_over_orders(_place(T.DPS[sl], dims5))
-    mb_tr = Q * min_over_orders(per_microbatch_traffic(T, sl))
-    dp = overlapped(T, step_tr, frac * bwd) + M * overlapped(T, mb_tr, frac * comp)
-    dp = dp + Q * min_over_orders(_place(T.DPX[sl], dims5))
-    opt = Q * _place(T.OPT[sl], ("f", "v", "e", "z"))
-    total = pipe + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1, 1)
-    ok = _memory_fits(T, sl) & (_place(T.ok_fes[sl], ("f", "e", "s")) < 0) & (_place(T.ok_fe[sl], ("f", "e")) < 0)
-    ok &= (pipe < UNREACHABLE) & (H < UNREACHABLE)
-    total = np.where(ok, total, UNREACHABLE).min(axis=(axis["s"], axis["r"], axis["z"]))
-    return total.reshape(total.shape[0], total.shape[2], total.shape[3], total.shape[4])
-
-
-def _memory_fits(T: Tables, sl: slice = slice(None)) -> np.ndarray:
-    """Whether the peak memory fits, over (f, e, v, mb, s, r, z) (placed on DIMS)."""
-    return peak_memory(T, sl) <= T.capacity
-
-
-def _factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
-    """Per (f, mb): the least layer time X and the least head+p2p time over the other knobs."""
-    X = layer_time(T, slice(None))
-    H = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb", "s"))
-    f_ax, mb_ax = DIMS.index("f"), DIMS.index("mb")
-
-    def reduce(arr: np.ndarray) -> np.ndarray:
-        other = tuple(a for a in range(arr.ndim) if a not in (f_ax, mb_ax))
-        return arr.min(axis=other).reshape(arr.shape[f_ax], arr.shape[mb_ax])
-
-    return reduce(X), reduce(H)
-
-
-def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
-    """Feasible layouts to start from: the best of a small sub-space of common defaults, then the
-    best of them improved by coordinate descent.
-
-    The sub-space fixes the knobs practitioners start with (DP overlap on, selective or full
-    recomputation, ZeRO-0, 1 or 3); its ``count`` best are upper bounds on the ``count`` best of the
-    whole space. The descent then frees one knob at a time (with the factorization) while the
-    others stay where they are, as long as that improves the objective. Everything is scored on
-    the same integer tables; the result only gives CP-SAT an incumbent and cutoffs.
-    """
-    from clusterplan.planner.search.exhaustive import restrict, solve_exhaustive
-
-    S = T.space
-    keep = {"do": [S.dp_overlap.index(True)] if True in S.dp_overlap else None,
-            "r": [i for i, r in enumerate(S.recompute) if r in ("selective", "full")] or None,
-            "z": [i for i, z in enumerate(S.zero_stage) if z in (0, 1, 3)] or None}
-    sub = restrict(T, {k: v for k, v in keep.items() if v})
-    best, _ = solve_exhaustive(sub, count - 1)
-    bounds = [(value, sub.unrestrict(idx)) for value, idx in best]
-    if bounds:
-        bounds[0] = _descend(T, *bounds[0])
-    return bounds
-
-
-def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, dict]:
-    """Coordinate descent: free one knob (and the factorization) at a time, keep improvements."""
-    from clusterplan.planner.search.exhaustive import restrict, solve_exhaustive
-
-    knobs = [k for k in DIMS if k != "f"]
-    for _ in range(rounds):
-        improved = False
-        for knob in knobs:
-            sub = restrict(T, {k: [idx[k]] for k in knobs if k != knob})
-            found, _ = solve_exhaustive(sub, 0)
-            if found and found[0][0] < value:
-                value, idx, improved = found[0][0], sub.unrestrict(found[0][1]), True
-        if not improved:
-            break
-    return value, idx
-
-
-def _neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
-    """The ``count`` best layouts sharing ``idx``'s micro-batch size and EP overlap.
-
-    Scored on the same tables. Used twice: among layouts tied with the proven optimum, the least
-    memory wins (ties come from knobs that change memory but not time: ZeRO 1 against 2, a rank
-    order giving the same groups, ...); and the j-th best here bounds the j-th runner-up.
-    """
-    from clusterplan.planner.search.exhaustive import restrict, solve_exhaustive
-
-    # a fifth of the space or less: tight runner-up bounds, cheaply (EP overlap changes no memory,
-    # so the optimum's own setting keeps its ties)
-    sub = restrict(T, {"mb": [idx["mb"]], "eo": [idx["eo"]]})
-    found, _ = solve_exhaustive(sub, count - 1)
-    return [(value, sub.unrestrict(i)) for value, i in found]
-
-
 CPSAT_MAX_MEMORY_MB = 2048
 """CP-SAT's own memory limit. A model whose propagation outgrows it (Mixtral at 32k tokens with
 unfused attention on Gaudi 2 exhausted the machine's memory after two minutes) stops, and
@@ -602,7 +452,7 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
         if k == 0:
             status_name, gap = _status_and_gap(solver, status)
             if status == cp_model.OPTIMAL:
-                idx, bounds = _with_neighbourhood(T, value, idx, bounds, top_k)
+                idx, bounds = _withneighbourhood(T, value, idx, bounds, top_k)
         solutions.append((value, idx))
         if k == 0 and top_k > 0 and len(bounds) > top_k and (cap is None or bounds[top_k][0] < cap):
             cap = bounds[top_k][0]  # the neighbourhood tightened the bound: re-solve on a smaller model
@@ -673,10 +523,10 @@ def _status_and_gap(solver: cp_model.CpSolver, status: int) -> tuple[str, float]
     return solver.status_name(status), max(0.0, (value - bound) / value)
 
 
-def _with_neighbourhood(T: Tables, value: int, idx: dict, bounds: list, top_k: int) -> tuple[dict, list]:
+def _withneighbourhood(T: Tables, value: int, idx: dict, bounds: list, top_k: int) -> tuple[dict, list]:
     """The least memory among the layouts tied at the optimum, and the runners-up bounds merged with
     the optimum's neighbours."""
-    near = _neighbourhood(T, idx, top_k + 1)
+    near = neighbourhood(T, idx, top_k + 1)
     if near and near[0][0] == value:
         idx = near[0][1]
     merged = [min((b for b in (bounds[j] if j < len(bounds) else None, near[j] if j < len(near) else None)

@@ -225,7 +225,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = masks(ctx, S)
     use = ((ok_fmbv < 0).any(axis=2) & (ok_f < 0)[:, None])  # (f, mb) pairs some layout can take
     timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_of_fe, tc_keys, use)
-    DPS, DPM, RG, DPX, OPT, statics = _dp_tables(ctx, S, times=not memory_only)
+    DPS, DPM, RG, DPX, OPT, statics = _dp_tables(ctx, S, use.any(axis=1), times=not memory_only)
     U, UG, FRAC, M, stages = _count_tables(ctx, S)
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
@@ -263,12 +263,12 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    C, C_M, BWD, FW, WE, BWD_M, FW_M = _compute_tables(ctx, S, tc_keys, _key_use(tc_of_fe, len(tc_keys), use))
+    C, C_M, BWD, FW, WE, BWD_M, FW_M = _compute_tables(ctx, S, tc_keys, key_use(tc_of_fe, len(tc_keys), use))
     TPC, TPC_M, CPC, ep_open, H = _comm_tables(
-        S, (tpc_keys, tpc_ctx, _key_use(tpc_of_foe, len(tpc_keys), use)),
-        (cpg_keys, cpg_ctx, _key_use(cpg_of_fo, len(cpg_keys), use)),
-        (epg_keys, epg_ctx, _key_use(epg_of_foe, len(epg_keys), use)),
-        (tpg_keys, tpg_ctx, _key_use(tpg_of_fo, len(tpg_keys), use)))
+        S, (tpc_keys, tpc_ctx, key_use(tpc_of_foe, len(tpc_keys), use)),
+        (cpg_keys, cpg_ctx, key_use(cpg_of_fo, len(cpg_keys), use)),
+        (epg_keys, epg_ctx, key_use(epg_of_foe, len(epg_keys), use)),
+        (tpg_keys, tpg_ctx, key_use(tpg_of_fo, len(tpg_keys), use)))
     P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) if use[i, m] else 0.0
                   for sp in S.sequence_parallel] for m, mb in enumerate(S.micro_batch_size)] for l in row]
                for i, row in enumerate(probe)])
@@ -277,7 +277,7 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
                 FW_M=FW_M)
 
 
-def _key_use(index: np.ndarray, count: int, use: np.ndarray) -> np.ndarray:
+def key_use(index: np.ndarray, count: int, use: np.ndarray) -> np.ndarray:
     """(key, mb): whether some factorization whose ``index`` (over (f, ...)) names the key takes
     the micro-batch size (``use`` over (f, mb))."""
     rows = np.broadcast_to(use.reshape((use.shape[0],) + (1,) * (index.ndim - 1) + (use.shape[1],)),
@@ -443,10 +443,12 @@ def _qb(values) -> np.ndarray:
     return np.ceil(np.asarray(values, dtype=float) / MEMORY_QUANTUM_BYTES).astype(np.int64)
 
 
-def _dp_tables(ctx: Context, S: Space, times: bool = True) -> tuple[np.ndarray, ...]:
+def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) -> tuple[np.ndarray, ...]:
     """Data-parallel traffic (per step, per micro-batch, ZeRO-3's third gathers under full
-    recomputation, never overlapped), optimizer step and static memory over (f, o, v, e, z);
-    ``times=False``: the static memory alone (the time tables stay 0)."""
+    recomputation, never overlapped), optimizer step and static memory over (f, o, v, e, z), for the
+    factorizations some layout of which passes the structural rules (``valid``; the others' rows
+    stay 0: every layout of theirs is refused before memory); ``times=False``: the static memory
+    alone (the time tables stay 0)."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
     dps, dpm, rg, dpx = (np.zeros((F, O, V, E, Z)) for _ in range(4))
     opt = np.zeros((F, V, E, Z))
@@ -455,7 +457,7 @@ def _dp_tables(ctx: Context, S: Space, times: bool = True) -> tuple[np.ndarray, 
     L = ctx.model.num_layers
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
-            if expert_ok(ctx.model, tp, dp, cp, e, et) is not None:
+            if not valid[i] or expert_ok(ctx.model, tp, dp, cp, e, et) is not None:
                 continue
             profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o, et) if times and dp * cp > 1 else (None, None)
                         for o in S.order]
@@ -508,11 +510,12 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     L, B, hs = ctx.model.num_layers, ctx.job.global_batch_size, S.head_slots[0]
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         period = [period_layers(ctx, pp, v, hs)[0] for v in S.vp]
+        # each candidate stage's (dense, MoE) share per vp, asked once (not per micro-batch size)
+        kinds = [stage_kind_shares(ctx, pp, v, hs) if mixed else () for v in S.vp]
+        kinds = [[shares[min(k, len(shares) - 1)] for k in range(len(stages or ()))] for shares in kinds]
         for vi, v in enumerate(S.vp):
             FRAC[i, vi] = round(SLOT_QUANTUM * period[vi] / L)
-            for k, stage in enumerate(stages or ()):
-                shares = stage_kind_shares(ctx, pp, v, hs)
-                wd, wm = shares[min(k, len(shares) - 1)]
+            for stage, (wd, wm) in zip(stages or (), kinds[vi]):
                 stage.fd[i, vi], stage.fm[i, vi] = round(SLOT_QUANTUM * wd), round(SLOT_QUANTUM * wm)
         for j, mb in enumerate(S.micro_batch_size):
             M[i, j] = m = max(1, B // (dp * mb))
@@ -522,9 +525,7 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 group = ctx.job.microbatch_group(m, pp, v)
                 steady = ep_overlap_steady_share(pp, v, m, "none", group)
                 UG[i, j, vi] = round(slots * steady)
-                for k, stage in enumerate(stages or ()):
-                    shares = stage_kind_shares(ctx, pp, v, hs)
-                    wd, wm = shares[min(k, len(shares) - 1)]
+                for stage, (wd, wm) in zip(stages or (), kinds[vi]):
                     whole = SLOT_QUANTUM * (m + (pp - 1) / v)
                     stage.ud[i, j, vi], stage.um[i, j, vi] = round(whole * wd), round(whole * wm)
                     stage.ugm[i, j, vi] = round(whole * wm * steady)

@@ -36,7 +36,7 @@ from clusterplan.cost.terms import OPTIMIZER_STATE_BYTES, Context, param_counts
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
-from clusterplan.planner.search.exhaustive import any_feasible, smallest_memory
+from clusterplan.planner.search.exhaustive import any_feasible
 from clusterplan.planner.search.space import Bounds, build_space, divisors, split_spaces
 from clusterplan.planner.search.tables import build_tables
 from clusterplan.topologies.cluster import Cluster, size_step
@@ -95,9 +95,7 @@ def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         return False
     ctx, headroom = Context(model, job, cluster), b.headroom(job, cluster)
     for sub in split_spaces(space, model, job):  # each pipeline split the framework offers, as plan tries them
-        tables = build_tables(ctx, sub, headroom, memory_only=True)
-        least = smallest_memory(tables)  # over the structurally valid layouts: a quick no
-        if least is not None and least[0] <= tables.capacity and any_feasible(tables):
+        if any_feasible(build_tables(ctx, sub, headroom, memory_only=True)):
             return True
     return False
 

@@ -1,0 +1,177 @@
+"""What the CP-SAT model starts from, computed on the same tables with numpy: a memory-aware lower
+bound of the objective per (f, mb, v) triple and expert degree (each term minimised separately over
+the placement and overlap knobs, over only the (sp, recompute, ZeRO) choices whose memory fits),
+the least per-micro-batch times per factorization, and warm starts: the best layouts of a small
+sub-space of common defaults, improved knob by knob, and the optimum's neighbourhood (its
+micro-batch size) for tight runner-up bounds (``planner.search.cpsat``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clusterplan.planner.search.exhaustive import (
+    DIMS, _place, ep_saving, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term, restrict,
+    solve_exhaustive,
+)
+from clusterplan.planner.search.tables import SLOT_QUANTUM, Tables
+
+UNREACHABLE = np.iinfo(np.int64).max // 4  # lower bound of a (triple, ep) with no layout that fits
+
+
+def once(T: Tables, fn):
+    """``fn(T)``, computed once per tables: the model is built twice (optimum, then runners-up)."""
+    cache = T.__dict__.setdefault("_derived", {})
+    if fn.__name__ not in cache:
+        cache[fn.__name__] = fn(T)
+    return cache[fn.__name__]
+
+
+def objective_lower_bound(T: Tables) -> np.ndarray:
+    """A lower bound of the objective per (f, mb, v, e); UNREACHABLE where no layout fits.
+
+    Over the knobs left free (sequence parallelism, recomputation, ZeRO stage) only the
+    combinations whose memory fits are kept; the order, DP overlap and TP overlap are minimised
+    term by term. The minimum of a sum is at least the sum of the minima, so this is a valid cut,
+    and it is tight enough that CP-SAT's proof mostly happens at the root (memory is what rules out
+    the fastest layouts). Exposed data-parallel traffic is at least its last bucket (ZeRO 0-2, per
+    step) or the micro-batch count times its last bucket (ZeRO 3), whatever the overlap window.
+    For the energy objective the busy part is bounded by its plain minima.
+    """
+    lb = np.concatenate([_lower_bound_block(T, sl) for sl in _f_blocks(T)], axis=0)  # (F, E, V, MB)
+    lb = np.transpose(lb, (0, 3, 2, 1))  # (F, MB, V, E)
+    if T.busy_weight:
+        Q = SLOT_QUANTUM
+        cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9, 10))  # (F, MB)
+        head_min = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9, 10))
+        opt_min = Q * T.OPT.min(axis=(2, 3))  # (F, V)
+        busy = (T.M * cmin)[:, :, None] * T.FRAC[:, None, :] + Q * (T.M * head_min)[:, :, None] + opt_min[:, None, :]
+        return np.where(lb < UNREACHABLE, T.time_weight * lb + T.busy_weight * busy[:, :, :, None], UNREACHABLE)
+    return np.where(lb < UNREACHABLE, T.time_weight * lb, UNREACHABLE)
+
+
+LB_BLOCK_ELEMENTS = 1 << 19  # (f, e, v, mb, s, r, z) cells per block (o, to, eo instead of z with EP overlap)
+
+
+def _f_blocks(T: Tables) -> list[slice]:
+    S = T.space
+    per_f = len(S.ep) * len(S.vp) * len(S.micro_batch_size) * len(S.sequence_parallel) * len(S.recompute) * len(S.zero_stage)
+    if True in S.ep_overlap:  # the pipeline term is then bounded over orders and overlaps at once
+        per_f = len(S.ep) * len(S.vp) * len(S.micro_batch_size) * len(S.sequence_parallel) * len(S.recompute) * max(
+            len(S.zero_stage), len(S.order) * len(S.tp_overlap) * len(S.ep_overlap))
+    step = max(1, LB_BLOCK_ELEMENTS // max(1, per_f))
+    n = len(S.factorizations)
+    return [slice(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
+    """:func:`objective_lower_bound`'s time part for the factorizations in ``sl``: (f, e, v, mb)."""
+    Q = SLOT_QUANTUM
+    axis = {d: k for k, d in enumerate(DIMS)}
+    placed = (_place(T.ok_fo[sl], ("f", "o")) < 0) & (_place(T.ok_eo, ("e", "o")) < 0)  # orders allowed
+
+    def min_over_orders(arr: np.ndarray, *more: str) -> np.ndarray:
+        arr = np.where(placed, arr, UNREACHABLE)
+        return arr.min(axis=(axis["o"], *(axis[d] for d in more)), keepdims=True)
+
+    U, M = _place(T.U[sl], ("f", "mb", "v")), _place(T.M[sl], ("f", "mb"))
+    if T.stages is not None:  # the slower of the candidate stages: one order and overlap setting at a time
+        pipe = min_over_orders(pipeline_term(T, sl), "to", "eo")
+    elif True in T.space.ep_overlap:  # EP overlap's saving belongs to one order and TP overlap: minimise them together
+        pipe = min_over_orders(U * layer_time(T, sl) - ep_saving(T, sl), "to", "eo")
+    else:
+        X = min_over_orders(layer_time(T, sl), "to")
+        pipe = np.where(X < UNREACHABLE, U * X, UNREACHABLE)
+    H = min_over_orders(_place(T.H[T.tpg_of_fo[sl]], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb", "s")))
+    dims5 = ("f", "o", "v", "e", "z")
+    # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
+    # window (this stage's backward, or whole compute for ZeRO-3 gathers) cannot hide.
+    # a stage of dense and MoE layers both hides behind its share of each kind's window, at most the
+    # whole of both (Tables.stages): the bound takes the whole
+    frac = SLOT_QUANTUM if T.stages is not None else _place(T.FRAC[sl], ("f", "v"))
+    tc = T.tc_of_fe[sl]
+    window_dims = ("f", "e", "mb", "s", "r", "to")
+    bwd = _place(T.BWD[tc], window_dims).max(axis=axis["to"], keepdims=True)
+    comp = _place(T.FW[tc], window_dims + ("eo",)).max(axis=(axis["to"], axis["eo"]), keepdims=True)
+    step_tr = Q * min_over_orders(_place(T.DPS[sl], dims5))
+    mb_tr = Q * min_over_orders(per_microbatch_traffic(T, sl))
+    dp = overlapped(T, step_tr, frac * bwd) + M * overlapped(T, mb_tr, frac * comp)
+    dp = dp + Q * min_over_orders(_place(T.DPX[sl], dims5))
+    opt = Q * _place(T.OPT[sl], ("f", "v", "e", "z"))
+    total = pipe + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1, 1)
+    ok = _memory_fits(T, sl) & (_place(T.ok_fes[sl], ("f", "e", "s")) < 0) & (_place(T.ok_fe[sl], ("f", "e")) < 0)
+    ok &= (pipe < UNREACHABLE) & (H < UNREACHABLE)
+    total = np.where(ok, total, UNREACHABLE).min(axis=(axis["s"], axis["r"], axis["z"]))
+    return total.reshape(total.shape[0], total.shape[2], total.shape[3], total.shape[4])
+
+
+def _memory_fits(T: Tables, sl: slice = slice(None)) -> np.ndarray:
+    """Whether the peak memory fits, over (f, e, v, mb, s, r, z) (placed on DIMS)."""
+    return peak_memory(T, sl) <= T.capacity
+
+
+def factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
+    """Per (f, mb): the least layer time X and the least head+p2p time over the other knobs."""
+    X = layer_time(T, slice(None))
+    H = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb", "s"))
+    f_ax, mb_ax = DIMS.index("f"), DIMS.index("mb")
+
+    def reduce(arr: np.ndarray) -> np.ndarray:
+        other = tuple(a for a in range(arr.ndim) if a not in (f_ax, mb_ax))
+        return arr.min(axis=other).reshape(arr.shape[f_ax], arr.shape[mb_ax])
+
+    return reduce(X), reduce(H)
+
+
+def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
+    """Feasible layouts to start from: the best of a small sub-space of common defaults, then the
+    best of them improved by coordinate descent.
+
+    The sub-space fixes the knobs practitioners start with (DP overlap on, selective or full
+    recomputation, ZeRO-0, 1 or 3); its ``count`` best are upper bounds on the ``count`` best of the
+    whole space. The descent then frees one knob at a time (with the factorization) while the
+    others stay where they are, as long as that improves the objective. Everything is scored on
+    the same integer tables; the result only gives CP-SAT an incumbent and cutoffs.
+    """
+
+    S = T.space
+    keep = {"do": [S.dp_overlap.index(True)] if True in S.dp_overlap else None,
+            "r": [i for i, r in enumerate(S.recompute) if r in ("selective", "full")] or None,
+            "z": [i for i, z in enumerate(S.zero_stage) if z in (0, 1, 3)] or None}
+    sub = restrict(T, {k: v for k, v in keep.items() if v})
+    best, _ = solve_exhaustive(sub, count - 1)
+    bounds = [(value, sub.unrestrict(idx)) for value, idx in best]
+    if bounds:
+        bounds[0] = _descend(T, *bounds[0])
+    return bounds
+
+
+def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, dict]:
+    """Coordinate descent: free one knob (and the factorization) at a time, keep improvements."""
+
+    knobs = [k for k in DIMS if k != "f"]
+    for _ in range(rounds):
+        improved = False
+        for knob in knobs:
+            sub = restrict(T, {k: [idx[k]] for k in knobs if k != knob})
+            found, _ = solve_exhaustive(sub, 0)
+            if found and found[0][0] < value:
+                value, idx, improved = found[0][0], sub.unrestrict(found[0][1]), True
+        if not improved:
+            break
+    return value, idx
+
+
+def neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
+    """The ``count`` best layouts sharing ``idx``'s micro-batch size and EP overlap.
+
+    Scored on the same tables. Used twice: among layouts tied with the proven optimum, the least
+    memory wins (ties come from knobs that change memory but not time: ZeRO 1 against 2, a rank
+    order giving the same groups, ...); and the j-th best here bounds the j-th runner-up.
+    """
+
+    # a fifth of the space or less: tight runner-up bounds, cheaply (EP overlap changes no memory,
+    # so the optimum's own setting keeps its ties)
+    sub = restrict(T, {"mb": [idx["mb"]], "eo": [idx["eo"]]})
+    found, _ = solve_exhaustive(sub, count - 1)
+    return [(value, sub.unrestrict(i)) for value, i in found]
