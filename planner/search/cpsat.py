@@ -78,6 +78,7 @@ class _Model:
         self.cap = cap
         self.m = cp_model.CpModel()
         self.table_rows = 0
+        self.pairs: list[tuple[object, np.ndarray]] = []  # (group key variable, its reached (key, mb) pairs)
         S = T.space
         triples = _valid_triples(T)
         if len(triples) == 0:
@@ -114,7 +115,6 @@ class _Model:
         # some kept factorization reaches at one of its micro-batch sizes (``_lookup``)
         self.f_mb = np.zeros((len(T.space.factorizations), len(S.micro_batch_size)), bool)
         self.f_mb[triples[:, 0], triples[:, 1]] = True
-        self.pairs: list[tuple[object, np.ndarray]] = []
         self._structure()
         self._memory()
         self._objective()
@@ -135,7 +135,7 @@ class _Model:
             rows = np.concatenate([np.indices(table.shape).reshape(len(axes), -1).T, table.reshape(-1, 1)], axis=1)
             if axes and axes[0] is getattr(self, "x", {}).get("f"):  # dropped factorizations cannot occur
                 rows = rows[self.f_keep[rows[:, 0]]]
-            reached = next((mask for var, mask in getattr(self, "pairs", ()) if var is axes[0]), None)
+            reached = next((mask for var, mask in self.pairs if var is axes[0]), None)
             if reached is not None and len(axes) > 1 and axes[1] is self.x["mb"]:
                 rows = rows[reached[rows[:, 0], rows[:, 1]]]
             self.m.add_allowed_assignments(list(axes) + [target], rows.tolist())
@@ -452,7 +452,7 @@ def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, wo
         if k == 0:
             status_name, gap = _status_and_gap(solver, status)
             if status == cp_model.OPTIMAL:
-                idx, bounds = _withneighbourhood(T, value, idx, bounds, top_k)
+                idx, bounds = _with_neighbourhood(T, value, idx, bounds, top_k)
         solutions.append((value, idx))
         if k == 0 and top_k > 0 and len(bounds) > top_k and (cap is None or bounds[top_k][0] < cap):
             cap = bounds[top_k][0]  # the neighbourhood tightened the bound: re-solve on a smaller model
@@ -523,7 +523,7 @@ def _status_and_gap(solver: cp_model.CpSolver, status: int) -> tuple[str, float]
     return solver.status_name(status), max(0.0, (value - bound) / value)
 
 
-def _withneighbourhood(T: Tables, value: int, idx: dict, bounds: list, top_k: int) -> tuple[dict, list]:
+def _with_neighbourhood(T: Tables, value: int, idx: dict, bounds: list, top_k: int) -> tuple[dict, list]:
     """The least memory among the layouts tied at the optimum, and the runners-up bounds merged with
     the optimum's neighbours."""
     near = neighbourhood(T, idx, top_k + 1)
