@@ -1,6 +1,6 @@
 """The command line: parse options, load the inputs, call ``planner``, render a report or JSON.
 
-Commands: ``clusterplan plan|evaluate|explain|compare|sweep|export|validate|models|clusters|devices``;
+Commands: ``clusterplan plan|evaluate|explain|compare|sweep|export|validate|calibrate|models|clusters|devices``;
 ``plan`` is also installed as a command of its own (``plan --model gpt --cluster dgx-superpod``).
 Every figure printed comes from the Plan document (``planner.report.plan``); nothing here computes a cost,
 and nothing here writes a report: the text of each one is in ``planner.report`` (``text``, ``whatif_text``,
@@ -22,11 +22,9 @@ Results go to stdout, errors to stderr as ``error: <message>``. Exit codes (DESI
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import sys
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -34,26 +32,30 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
+from clusterplan.cli_errors import Command, Group, _err, guarded
 from clusterplan.cli_options import (ENGINE_OPTIONS, FRAMEWORK_NAMES, INPUT_OPTIONS, MOE_ROUTING_OPTIONS, POSITIVE_FLOAT,
                                      POSITIVE_INT, PRICE_OPTION, PROBLEM_OPTIONS, SEARCH_OPTIONS, WHATIF_OUTPUT_OPTIONS,
                                      BoundedNumber, Headroom, TokenCount, apply_options, remembered)
 from clusterplan.cost.framework import check_platform, resolve_name as resolve_framework
 from clusterplan.cost.layout import MODEL_CODES
 from clusterplan.cost.goodput import Reliability
-from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
+from clusterplan.models.errors import SpecError
 from clusterplan.models.library import job_defaults, list_models
 from clusterplan.planner.report.catalogue_text import clusters_table, devices_table, models_table
 from clusterplan.planner.report.plan import PLANNER_VERSION, read_plan_document
 from clusterplan.planner.report.progress import progress_bar, searching
 from clusterplan.planner.report.text import explain_report, fit_lines, render_report, report_text
 from clusterplan.planner.report.validation_text import validation_report
+from clusterplan.planner.report.calibration_text import calibrate_one_report, calibration_report
 from clusterplan.planner.report.whatif_text import check_outputs, whatif_table
 from clusterplan.planner.inputs import Request, default_global_batch  # noqa: F401 (re-exported: tests, API)
 from clusterplan.planner.requests import Planned, evaluate_request, fit_request, plan_request
 from clusterplan.planner.studies.fit import TIME_LIMIT_S
 from clusterplan.planner.search import ENGINES, SearchOptions
-from clusterplan.planner.search.space import REASONS, parse_bounds
+from clusterplan.planner.search.space import parse_bounds
 from clusterplan.planner.studies.validate import markdown_report, validate
+from clusterplan.planner.studies.calibrate import calibrate_one, calibration_inputs, fit, points_from_runs, study_runs
+from clusterplan.planner.studies.calibration import load_calibration, save
 from clusterplan.planner.report.chart import compare_chart, grid_heatmap, sweep_chart
 from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
                                         check_distinct, parse_candidate, parse_grid, rank, sweep)
@@ -62,83 +64,8 @@ from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import list_clusters, list_devices
 from clusterplan.topologies.precisions import PRECISIONS
 
-EXIT_BUG = 1
 REPORT_WIDTH = 120
 """Report width when stdout is not a terminal (a terminal uses its own width)."""
-
-
-class _Errors:
-    """Usage errors as the README's ``error: <message>`` (exit 2), not click's Usage/Error block."""
-
-    def main(self, *args, **kwargs):
-        kwargs["standalone_mode"] = False
-        try:
-            rv = super().main(*args, **kwargs)
-        except click.exceptions.UsageError as err:
-            where = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
-            _err(f"error: {err.format_message()}{where}")
-            sys.exit(2)
-        except click.exceptions.ClickException as err:
-            _err(f"error: {err.format_message()}")
-            sys.exit(err.exit_code)
-        except click.exceptions.Abort:
-            _err("error: aborted")
-            sys.exit(1)
-        if isinstance(rv, int) and rv:  # click.exceptions.Exit with standalone_mode off
-            sys.exit(rv)
-        return rv
-
-
-class Group(_Errors, click.Group):
-    pass
-
-
-class Command(_Errors, click.Command):
-    pass
-
-
-# ---- errors and exit codes ---------------------------------------------------------------------------
-def _err(line: str) -> None:
-    click.echo(line, err=True)
-
-
-def guarded(fn: Callable) -> Callable:
-    """Map every exception of a command to its message on stderr and its exit code, never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            result = fn(*args, **kwargs)
-            sys.stdout.flush()  # a closed pipe shows up here, inside the handler below
-            return result
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise
-        except BrokenPipeError:
-            # `plan ... | head`: the reader has gone. Point stdout at /dev/null so the interpreter's
-            # final flush does not fail again, and end as a normal pipeline member would.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(0)
-        except InfeasibleError as err:
-            _err(f"error: {err}")
-            if err.rejections:
-                counts = ", ".join(f"{REASONS.get(k, k)}: {n:,}"
-                                   for k, n in sorted(err.rejections.items(), key=lambda kv: -kv[1]))
-                _err(f"rejected layouts: {counts}")
-            if err.hint:
-                _err(f"hint: {err.hint}")
-            sys.exit(err.exit_code)
-        except ClusterplanError as err:
-            _err(f"error: {err}")
-            sys.exit(err.exit_code)
-        except Exception as err:  # noqa: BLE001 - the last line of defence: a bug, reported as one
-            _err(f"internal error: {type(err).__name__}: {err}")
-            _err("this is a bug in clusterplan: please report it with the command line you ran "
-                 "(CLUSTERPLAN_DEBUG=1 prints the traceback)")
-            if os.environ.get("CLUSTERPLAN_DEBUG") == "1":
-                traceback.print_exc()
-            sys.exit(EXIT_BUG)
-
-    return wrapper
 
 
 # ---- the request (planner.inputs.Request; the what-if options come from the click context) ------------
@@ -449,8 +376,13 @@ def fit_command(model_arg, cluster_arg, memory_headroom, time_limit_s, as_json, 
 @click.option("--search", "engine", type=click.Choice(list(ENGINES)), default="cpsat", show_default=True,
               help="Engine for the unpublished knobs and the best layout per run.")
 @click.option("--no-best", is_flag=True, help="Skip the planner's own best layout per run (faster).")
+@click.option("--calibration", "calibration", metavar="CAL.yaml", type=click.Path(dir_okay=False),
+              help="Price each run as this calibration (clusterplan calibrate) says for its device and framework.")
+@click.option("--calibrate-one", "calibrate_one", is_flag=True,
+              help="For each group of runs of one job and each family under one framework: calibrate on one run, "
+                   "predict the others, print their error before and after.")
 @guarded
-def validate_command(file, as_json, markdown, engine, no_best):
+def validate_command(file, as_json, markdown, engine, no_best, calibration, calibrate_one):
     """Compare predictions with published training runs (format clusterplan-runs/1).
 
     Each run keeps its published layout; unpublished knobs are chosen by the search. Without FILE,
@@ -458,8 +390,12 @@ def validate_command(file, as_json, markdown, engine, no_best):
     """
     if as_json and markdown:
         raise SpecError("--json and --markdown both format the output; give one")
+    if calibrate_one:
+        return _calibrate_one(file, as_json, markdown, calibration)
+    cal = load_calibration(calibration) if calibration else None
     with progress_bar("runs", not as_json and not markdown) as tick:
-        result = validate(file, SearchOptions(engine=engine, top_k=0), best=not no_best, progress=tick)
+        result = validate(file, SearchOptions(engine=engine, top_k=0), best=not no_best, progress=tick,
+                          calibration=cal)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -467,6 +403,50 @@ def validate_command(file, as_json, markdown, engine, no_best):
         click.echo(markdown_report(result))
         return
     validation_report(result, _console())
+
+
+def _calibrate_one(file: str | None, as_json: bool, markdown: bool, calibration: str | None) -> None:
+    if markdown or calibration:
+        raise SpecError("--calibrate-one prints its own table (text or --json) from the uncalibrated runs; "
+                        "give it without --markdown and --calibration")
+    runs, groups = study_runs(file)
+    with progress_bar("runs", not as_json) as tick:
+        points, _ = points_from_runs(runs, progress=tick)
+    study = calibrate_one(points, groups)
+    if as_json:
+        click.echo(json.dumps(study, indent=2))
+    else:
+        calibrate_one_report(study, _console())
+
+
+@click.command("calibrate")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("-o", "--output", "output", required=True, metavar="CAL.yaml", type=click.Path(dir_okay=False),
+              help="Where to write the calibration (format clusterplan-calibration/1).")
+@click.option("--json", "as_json", is_flag=True, help="Print the fitted entries as JSON.")
+@guarded
+def calibrate_command(inputs, output, as_json):
+    """Fit site parameters on your own measured runs (clusterplan-runs/1 files): per device and
+    framework, factors on the achieved matmul rate, the memory-bound rate and the host time per
+    kernel, and per fabric on the collectives' bandwidth; only those the runs determine. Prints the
+    error before, after and leave-one-out, and writes CAL.yaml for --calibration.
+
+    \b
+    Example:  clusterplan calibrate my_runs.yaml -o site.yaml
+              clusterplan plan --model llama3-70b --cluster dgx-h100-superpod --calibration site.yaml
+    """
+    runs = calibration_inputs(inputs)
+    with progress_bar("runs", not as_json) as tick:
+        points, results = points_from_runs(runs, progress=tick)
+    entries = fit(points, results)
+    save(entries, output)
+    fitted = {p.id for p in points}
+    skipped = [(r.id, r.reason or "no measured step time") for r in results if r.id not in fitted]
+    if as_json:
+        click.echo(json.dumps({"file": output, "entries": [e.as_dict() for e in entries],
+                               "left_out": [{"id": i, "reason": why} for i, why in skipped]}, indent=2))
+        return
+    calibration_report([e.as_dict() for e in entries], skipped, output, _console())
 
 
 @click.command("render")
@@ -495,7 +475,7 @@ def main():
 
 
 for _command in (plan_command, evaluate_command, explain_command, compare_command, sweep_command, export_command,
-                 fit_command, validate_command, render_command, models_command, clusters_command, devices_command):
+                 fit_command, validate_command, calibrate_command, render_command, models_command, clusters_command, devices_command):
     main.add_command(_command)
 
 plan_main = plan_command

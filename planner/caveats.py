@@ -47,7 +47,7 @@ def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
         lines.append(f"unvalidated: overlapped communication on {dev.name} under {prof.id} is charged an assumed "
                      f"{UNMEASURED_OVERLAP_SHARE:.0%} of the compute it overlaps (no SM-count figure)")
     return {"matmul_ceiling": dev.matmul_ceiling(job.precision), "unvalidated": lines,
-            "validated_error": validated}
+            "validated_error": validated, "calibration": (cluster.calibration or {}).get("note")}
 
 
 def moe_caveats(model: ModelSpec | None, cluster: Cluster) -> list[str]:

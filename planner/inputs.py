@@ -265,6 +265,7 @@ class Request:
     moe_load_imbalance: float | None = None
     reliability: Reliability = field(default_factory=Reliability)
     framework_date: str | None = None  # an earlier framework release, YYYY-MM (export of an older launcher's form)
+    calibration: str | None = None  # a file written by `clusterplan calibrate` (planner.studies.calibration)
 
     def __post_init__(self) -> None:
         """Each option of the right kind and in the command line's range: the ids as text, the counts
@@ -272,6 +273,8 @@ class Request:
         for name in ("model", "cluster"):
             if not isinstance(getattr(self, name), str):
                 raise SpecError(f"{name}: got {shown(getattr(self, name))}; allowed: an id or a file path")
+        if self.calibration is not None and not isinstance(self.calibration, str):
+            raise SpecError(f"calibration: got {shown(self.calibration)}; allowed: the path of a calibration file")
         for name in _REQUEST_COUNTS:
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), 1, 2**31 - 1, whole=True)
@@ -293,9 +296,17 @@ class Request:
         return with_moe_routing(load_model(self.model), self.moe_capacity_factor, self.moe_load_imbalance)
 
     def load_cluster(self) -> Cluster:
-        return load_cluster(self.cluster, self.num_devices, self.num_nodes, self.device, self.scale_out_gbit_per_s,
-                            self.oversubscription, price_per_device_hour=self.price_per_device_hour, pue=self.pue,
-                            host_power_w=self.host_power_w, domain_devices=self.domain_devices)
+        """The cluster asked for, priced as the request's calibration says for its device and
+        framework (``planner.studies.calibration``)."""
+        cluster = load_cluster(self.cluster, self.num_devices, self.num_nodes, self.device, self.scale_out_gbit_per_s,
+                               self.oversubscription, price_per_device_hour=self.price_per_device_hour, pue=self.pue,
+                               host_power_w=self.host_power_w, domain_devices=self.domain_devices)
+        if self.calibration is None:
+            return cluster
+        from clusterplan.planner.studies.calibration import load_calibration
+
+        fw = resolve_framework(self.framework) if self.framework else default_framework(cluster.platform)
+        return load_calibration(self.calibration).apply(cluster, fw)
 
     def build_job(self, model: ModelSpec, cluster: Cluster) -> tuple[Job, dict[str, str]]:
         return build_job(self.model, model, cluster, self.global_batch, self.seq_len, self.precision, self.tokens,

@@ -24,7 +24,7 @@ from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.caveats import caveats
 from clusterplan.planner.explain import explain, placement
 from clusterplan.planner.search import SearchResult
-from clusterplan.planner.studies.uncertainty import prediction_interval
+from clusterplan.planner.studies.uncertainty import LEVEL, prediction_interval
 from clusterplan.topologies.cluster import Cluster
 
 
@@ -98,13 +98,25 @@ def step_time_interval(ev: Evaluation, job: Job, cluster: Cluster, moe: bool) ->
     """The 80% interval of the step time (:func:`planner.studies.uncertainty.prediction_interval`),
     its low end no faster than the device's matmul ceiling allows (every model FLOP at the large-GEMM
     rate: the MFU no layout exceeds), and the MFU interval that goes with it; None without a table."""
-    interval = prediction_interval(cluster.device.family, moe, job.profile.profile.id, ev.step_time_s)
+    interval = calibrated_interval(cluster, ev.step_time_s) or prediction_interval(
+        cluster.device.family, moe, job.profile.profile.id, ev.step_time_s)
     if interval is None:
         return None
     fastest_s = ev.step_time_s * ev.mfu / cluster.device.matmul_ceiling(job.precision)
     interval["low_s"] = max(interval["low_s"], fastest_s)
     interval["mfu"] = [ev.mfu * ev.step_time_s / interval["high_s"], ev.mfu * ev.step_time_s / interval["low_s"]]
     return interval
+
+
+def calibrated_interval(cluster: Cluster, step_time_s: float) -> dict | None:
+    """The 80% interval a user's calibration gives where it applies and has one (from its fit's
+    leave-one-out errors, ``planner.studies.calibrate``); None otherwise."""
+    cal = cluster.calibration or {}
+    if not cal.get("applied") or not cal.get("interval"):
+        return None
+    low, high = cal["interval"]
+    return {"low_s": step_time_s * low, "high_s": step_time_s * high, "level": LEVEL, "runs": cal["runs"],
+            "regime": f"the runs of calibration {cal['file']}", "sources": 1, "calibrated": True}
 
 
 def _inputs(model: ModelSpec, job: Job, cluster: Cluster) -> dict:

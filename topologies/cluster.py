@@ -99,6 +99,12 @@ class Cluster:
     """The cluster a :meth:`placed` view was made from (None on a cluster as built)."""
     rank_to_device: np.ndarray | None = field(default=None, repr=False)
     """Device id of each rank in a :meth:`placed` view."""
+    bandwidth_scale: tuple[float, float] = (1.0, 1.0)
+    """Factors on the bandwidth collectives achieve inside and across scale-up domains (a user's
+    calibration, ``planner.studies.calibration``); (1, 1) as built."""
+    calibration: dict | None = field(default=None, repr=False)
+    """The user's calibration asked for on this cluster (``planner.studies.calibration``): where it
+    was fitted, whether it applies here, its values and its interval; None: none asked for."""
 
     @property
     def platform(self) -> str:
@@ -365,17 +371,18 @@ def _group_profile(cluster: Cluster, ranks: tuple[int, ...]) -> GroupProfile:
     sharp = False
     if len(domains) > 1:
         inter_bw, inter_lat, sharp = _inter_bandwidth(cluster, ranks)
+    up, out = cluster.bandwidth_scale
     return GroupProfile(
         num_ranks=len(ranks),
         num_domains=len(domains),
         ranks_per_domain=per_domain,
-        intra_bytes_per_s=intra_bw,
-        inter_bytes_per_s=inter_bw,
+        intra_bytes_per_s=intra_bw * up,
+        inter_bytes_per_s=inter_bw * out,
         intra_latency_s=intra_lat,
         inter_latency_s=inter_lat,
         intra_in_network_reduction=nir and per_domain > 2,
         inter_in_network_reduction=sharp,
-        intra_nir_bytes_per_s=nir_bw,
+        intra_nir_bytes_per_s=nir_bw * up,
         torus_axes=axes,
         torus_wraparound=wraps,
     )

@@ -77,7 +77,8 @@ def evaluation_dict(figures: LayoutResults, num_devices: int) -> dict:
     if iv is not None:  # how sure: the 80% interval from the published runs of the prediction's regime
         out["step_time_interval_s"] = [iv["low_s"], iv["high_s"]]
         out["mfu_interval"] = iv["mfu"]
-        out["interval"] = {"level": iv["level"], "regime": iv["regime"], "runs": iv["runs"], "sources": iv["sources"]}
+        out["interval"] = {"level": iv["level"], "regime": iv["regime"], "runs": iv["runs"], "sources": iv["sources"],
+                           "calibrated": bool(iv.get("calibrated"))}
     out.update(figures.training)
     return out
 

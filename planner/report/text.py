@@ -178,9 +178,15 @@ def _header(doc: dict, origin: dict[str, str], console: Console) -> None:
         if fw.get("compile_switch") and not fw.get("compiled"):
             console.print("         eager, as the framework's default (its element-wise ops priced as separate "
                           "kernels): --compile prices torch.compile, which fuses them (and offers async TP)")
-    caveats = doc["inputs"].get("caveats", {})
+    _caveat_lines(doc["inputs"].get("caveats", {}), console)
+
+
+def _caveat_lines(caveats: dict, console: Console) -> None:
+    """The validated error, the calibration asked for, and each unvalidated assumption."""
     if caveats.get("validated_error"):
         console.print(f"         {caveats['validated_error']['line']}")
+    if caveats.get("calibration"):
+        console.print(f"         {caveats['calibration']}")
     for line in caveats.get("unvalidated", []):
         console.print(f"         {line}")
     console.print()
@@ -238,6 +244,9 @@ def interval_text(doc: dict) -> str | None:
         return None
     mfu = doc.get("mfu_interval") or (None, None)
     mfu_text = f", MFU {mfu[0]:.1%} to {mfu[1]:.1%}" if None not in mfu else ""
+    if basis.get("calibrated"):
+        return (f"{basis['level']:.0%} interval {low_s:.3f} s to {high_s:.3f} s{mfu_text}: how far {basis['regime']} "
+                f"fell from their predictions, each predicted by a fit without it ({basis['runs']} runs)")
     return (f"{basis['level']:.0%} interval {low_s:.3f} s to {high_s:.3f} s{mfu_text}: how far measured steps of "
             f"{basis['regime']} fell from their predictions ({basis['runs']} runs of {basis['sources']} sources, "
             f"each checked without its own source; clusterplan validate)")

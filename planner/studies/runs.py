@@ -274,29 +274,50 @@ def _source_date(run: dict, latest: str) -> str:
     return min(f"{max(years)}-12", latest) if years else latest
 
 
-def evaluate_run(run: dict, options: SearchOptions, best: bool = True) -> RunResult:
-    """Evaluate one run with its published layout; never raises for a bad run."""
+def evaluate_run(run: dict, options: SearchOptions, best: bool = True, calibration=None) -> RunResult:
+    """Evaluate one run with its published layout; never raises for a bad run. ``calibration``
+    (``planner.studies.calibration.Calibration``): the run is priced on its cluster as calibrated
+    for its device and framework, where the calibration has them."""
+    return price_run(run, options, best, calibration)[0]
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A run as evaluated: its model, job, cluster and the layout priced (the published knobs and the
+    search's choice of the others), to price again on another cluster (``calibrate``)."""
+
+    run: dict
+    model: object
+    job: Job
+    cluster: object
+    layout: object
+
+    def step_s(self, cluster=None) -> float:
+        """The predicted time of what the run measured, on ``cluster`` (default: its own)."""
+        cl = self.cluster if cluster is None else cluster
+        ev = _with_partial_recompute(self.run, self.model, self.job, cl, evaluate(self.model, self.job, cl, self.layout))
+        return _scoped_step_s(self.run, self.model, self.job, cl, ev)
+
+
+def price_run(run: dict, options: SearchOptions, best: bool = False,
+              calibration=None) -> tuple[RunResult, Priced | None]:
+    """:func:`evaluate_run` and what it priced (None where the run could not be evaluated)."""
     result = RunResult(id=str(run.get("id", "?")), confidence=str(run.get("confidence", "")), source=source_key(run))
+    priced = None
     try:
-        _evaluate(run, options, result, best)
+        priced = _evaluate(run, options, result, best, calibration)
     except ClusterplanError as err:
         result.reason = str(err).splitlines()[0]
     except (KeyError, TypeError, ValueError) as err:
         result.reason = f"malformed run: {err}"
-    return result
+    return result, priced
 
 
-def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) -> None:
+def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, calibration=None) -> Priced:
     hw = run.get("hardware") or {}
     result.cluster, result.device, result.count = hw.get("cluster", ""), hw.get("device", ""), int(hw.get("count") or 0)
     _check_measured(run)
-    measured = run.get("measured") or {}
-    result.measured_step_time_s = measured.get("step_time_s")
-    if measured.get("peak_memory_gib") is not None:
-        result.measured_peak_memory_bytes = measured["peak_memory_gib"] * GIB
-        result.memory_kind = _memory_kind(measured.get("peak_memory_kind"))
-    if measured.get("fits") is not None:
-        result.measured_fits = bool(measured["fits"])
+    _record_measured(run, result)
     model = _model(run, result.notes)
     cluster = load_cluster(str(hw["cluster"]), num_devices=hw.get("count"), device=hw.get("device"),
                             scale_out_gbit_per_s=hw.get("scale_out_gbit_per_s_per_device"),
@@ -305,6 +326,10 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     if not run.get("global_batch_size"):
         raise SpecError("global_batch_size is not published")
     fw, date, origin = run_framework(run, cluster.platform)
+    if calibration is not None:
+        cluster = calibration.apply(cluster, fw)
+        if cluster.calibration and not cluster.calibration.get("applied"):
+            result.notes.append(cluster.calibration["note"])
     compiled = _compiled(run)
     prof = load_profile(fw).at(date, compiled)
     result.framework = f"{fw}@{date} ({origin})"
@@ -321,6 +346,27 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
               fp8_scaling=str(run.get("fp8_scaling") or ""))
     check_precision_framework(job.precision, prof, "precision")
     check_device_precision(job.precision, cluster.device, "precision")
+    ev = _published_layout(run, model, job, cluster, options, prof, result)
+    cal = cluster.calibration or {}
+    if cal.get("applied") and cal.get("interval"):  # the calibration's own interval (planner.studies.calibrate)
+        result.step_time_interval_s = [result.predicted_step_time_s * x for x in cal["interval"]]
+    if best and (run.get("measured") or {}).get("step_scope", "step") == "step":  # a whole step to compare with
+        _record_best(result, model, job, cluster, options)
+    return Priced(run, model, job, cluster, ev.layout)
+
+
+def _record_measured(run: dict, result: RunResult) -> None:
+    measured = run.get("measured") or {}
+    result.measured_step_time_s = measured.get("step_time_s")
+    if measured.get("peak_memory_gib") is not None:
+        result.measured_peak_memory_bytes = measured["peak_memory_gib"] * GIB
+        result.memory_kind = _memory_kind(measured.get("peak_memory_kind"))
+    if measured.get("fits") is not None:
+        result.measured_fits = bool(measured["fits"])
+
+
+def _published_layout(run: dict, model, job: Job, cluster, options: SearchOptions, prof, result: RunResult) -> Evaluation:
+    """The run's published layout, its unpublished knobs chosen by the search, priced (and recorded)."""
     fixed = _bounds(run, prof)
     _one_microbatch_rule(run, job, fixed, result.notes)
     opts = SearchOptions(engine=options.engine, top_k=0, time_limit_s=options.time_limit_s, bounds=fixed)
@@ -334,8 +380,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool) 
     _record(result, ev, _scoped_step_s(run, model, job, cluster, ev))
     result.framework_problems = [msg for key, msg in layout_problems(model, job, cluster, res.best.layout)
                                  if key == "framework"]
-    if best and (run.get("measured") or {}).get("step_scope", "step") == "step":  # a whole step to compare with
-        _record_best(result, model, job, cluster, options)
+    return ev
 
 
 MEMORY_KINDS = ("allocated", "reserved", "device", "unspecified")

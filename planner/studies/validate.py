@@ -146,13 +146,15 @@ BUNDLED_EXTRAS = {
 
 
 def validate(path: str | Path | None = None, options: SearchOptions | None = None, best: bool = True,
-             progress: Callable[[int, int], None] | None = None) -> dict:
+             progress: Callable[[int, int], None] | None = None, calibration=None) -> dict:
     """Evaluate every run of ``path`` (the bundled runs by default); ``{"runs": [...], "summary": {...}}``.
 
     Without ``path`` the other bundled files are evaluated too, each under its own key with its own
     summary (:data:`BUNDLED_EXTRAS`): layout sweeps (their runs count for the ranking measure),
     memory ground truth and runs beyond A100/H100. The bundled runs' summary stays the one the
-    project's step-time targets are stated on. ``progress(done, total)`` is called after each run."""
+    project's step-time targets are stated on. ``progress(done, total)`` is called after each run.
+    ``calibration`` (``planner.studies.calibration.Calibration``): each run is priced as calibrated for
+    its device and framework where the calibration has them, with the calibration's interval."""
     opts = options or SearchOptions()
     main_path = path or bundled_runs_path()
     runs, extra = load_runs_and_groups(main_path)
@@ -171,13 +173,13 @@ def validate(path: str | Path | None = None, options: SearchOptions | None = Non
             progress(done, total)
         return result
 
-    results = [tick(evaluate_run(run, opts, best)) for run in runs]
+    results = [tick(evaluate_run(run, opts, best, calibration)) for run in runs]
     out = {"file": str(main_path), "runs": [r.as_dict() for r in results]}
     groups = run_groups(runs, extra)
     ranked = list(results)
     for key, name, what, (extra_runs, extra_groups) in extras:
         file = name if isinstance(name, Path) else bundled_data_path(name)
-        extra_results = [tick(evaluate_run(run, opts, best=False)) for run in extra_runs]
+        extra_results = [tick(evaluate_run(run, opts, False, calibration)) for run in extra_runs]
         for g, ids in run_groups(extra_runs, extra_groups).items():
             groups.setdefault(g, []).extend(ids)
         ranked += extra_results
@@ -185,16 +187,25 @@ def validate(path: str | Path | None = None, options: SearchOptions | None = Non
                     "summary": summarize(extra_results)}
     out["summary"] = summarize(results)
     out["summary"]["ranking"] = ranking(ranked, groups)
-    if path is None:  # every measured step time of the bundled files, and their intervals' coverage
+    _intervals(out, path is None, results, ranked, [out[key] for key, *_ in extras])
+    return out
+
+
+def _intervals(out: dict, bundled: bool, results: list[RunResult], ranked: list[RunResult], sections: list[dict]) -> None:
+    """Each run's 80% interval into its row, and their coverage into the summary (``interval_coverage``):
+    for the bundled files, each run's from the other sources' runs; for a user's runs, the interval a
+    plan would quote (the stored table, or the calibration's)."""
+    if bundled:  # every measured step time of the bundled files, and their intervals' coverage
         out["summary"]["every_measured"] = trust_summary(ranked)
         intervals = cross_validated_runs(ranked)
-        for section in [out] + [out[key] for key, *_ in extras]:
+        for section in [out] + sections:
             for row in section["runs"]:
                 if intervals.get(row["id"]):
                     row["step_time_interval_s"] = [intervals[row["id"]]["low_s"], intervals[row["id"]]["high_s"]]
-    else:  # a user's runs: each against the interval a plan would quote for it (the stored table)
+        out["summary"]["interval_coverage"] = (out["summary"]["every_measured"].get("interval") or {}).get("coverage")
+    else:
         out["summary"]["interval"] = stored_interval_check(results, out["runs"])
-    return out
+        out["summary"]["interval_coverage"] = out["summary"]["interval"]["coverage"]
 
 
 def stored_interval_check(results: list[RunResult], rows: list[dict]) -> dict:
@@ -205,13 +216,14 @@ def stored_interval_check(results: list[RunResult], rows: list[dict]) -> dict:
     for result, row in zip(results, rows):
         if not result.predicted_step_time_s:
             continue
-        iv = prediction_interval(result.family, result.moe, result.framework.split("@")[0],
-                                 result.predicted_step_time_s)
+        iv = result.step_time_interval_s or (None if (stored := prediction_interval(
+            result.family, result.moe, result.framework.split("@")[0], result.predicted_step_time_s)) is None
+            else [stored["low_s"], stored["high_s"]])
         if iv is None:
             continue
-        row["step_time_interval_s"] = [iv["low_s"], iv["high_s"]]
+        row["step_time_interval_s"] = iv
         if result.measured_step_time_s:
-            inside.append(iv["low_s"] <= result.measured_step_time_s <= iv["high_s"])
+            inside.append(iv[0] <= result.measured_step_time_s <= iv[1])
     return {"level": LEVEL, "runs": len(inside), "coverage": sum(inside) / len(inside) if inside else None}
 
 

@@ -1,0 +1,63 @@
+"""The text of ``clusterplan calibrate`` (the factors fitted per device and framework, what each run
+left undetermined, the error before, after and leave-one-out) and of ``validate --calibrate-one``."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from clusterplan.planner.report.text import make_table
+from clusterplan.planner.studies.calibration import PARAMETERS
+
+
+def _error_text(e: dict) -> str:
+    if not e.get("runs"):
+        return "-"
+    return (f"median {e['median_abs_error']:.1%}, p90 {e['p90_abs_error']:.1%}, signed {e['median_signed_error']:+.1%}"
+            f" ({e['runs']} runs)")
+
+
+def calibration_report(entries: list[dict], skipped: list[tuple[str, str]], path: str, console: Console) -> None:
+    """One block per entry: its scope, the factors (fitted with their standard error, or kept and
+    why), the error before, after and leave-one-out, and the interval; then the runs left out."""
+    for e in entries:
+        console.print(f"{e['device']} under {e['framework']} on {e['cluster']}: {len(e['runs'])} runs")
+        table = make_table("parameter", ("factor", "right"), "status", "what it multiplies")
+        for p in PARAMETERS:
+            value = e["values"].get(p.name, 1.0)
+            if p.name in e["fitted"]:
+                se = e["fitted"][p.name].get("stderr_log")
+                status = "fitted" + (f", +/- {se:.0%} (1 s.e.)" if se is not None else ", exactly (no run to spare)")
+            else:
+                status = f"kept: {e['kept'].get(p.name, 'bundled figure')}"
+            table.add_row(p.name, f"{value:.3f}", status, p.what)
+        console.print(table)
+        err = e["error"]
+        console.print(f"  error before: {_error_text(err['before'])}")
+        console.print(f"  error after:  {_error_text(err['after'])} (on the runs it was fitted on)")
+        console.print(f"  leave-one-out: {_error_text(err['leave_one_out'])} (each run predicted by a fit without it)")
+        iv = e.get("interval")
+        console.print("  80% interval of measured / predicted: "
+                      + (f"{iv[0]:.3f} to {iv[1]:.3f}" if iv else "none (fewer than three runs: plans keep the "
+                                                                 "uncalibrated interval)"))
+        console.print()
+    for run_id, reason in skipped:
+        console.print(f"left out: {run_id}: {reason}")
+    console.print(f"written: {path} (use it with --calibration on plan, evaluate, fit, compare, sweep, export, "
+                  f"validate)")
+
+
+def calibrate_one_report(study: dict, console: Console) -> None:
+    """Per group of runs of one job and per family under one framework: the median |error| of the
+    other runs before and after calibrating on one run, then the summary."""
+    table = make_table("cell", ("runs", "right"), ("calibrated on", "right"), ("before", "right"),
+                       ("after", "right"), "fitted", title="calibrated on one run, the others predicted")
+    for c in study["cells"]:
+        table.add_row(f"{c['kind']}: {c['name']}", str(c["runs"]), str(c["calibrated_on"]),
+                      f"{c['median_abs_error_before']:.1%}", f"{c['median_abs_error_after']:.1%}",
+                      ", ".join(f"{k} {v}" for k, v in c["fitted"].items()) or "-")
+    console.print(table)
+    for kind, s in study["summary"].items():
+        if s.get("cells"):
+            console.print(f"{kind} cells: {s['cells']}, median |error| of the others {s['median_before']:.1%} "
+                          f"uncalibrated -> {s['median_after']:.1%} calibrated on one run; {s['within_6pct']} of "
+                          f"{s['cells']} within 6%")

@@ -1,0 +1,304 @@
+"""Fitting a calibration on measured runs (``clusterplan calibrate``) and the calibrate-on-one study
+(``clusterplan validate --calibrate-one``). The parameters, the file and how a calibration is applied
+are in ``planner.studies.calibration``; its docstring gives the method.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from clusterplan.models.errors import SpecError
+from clusterplan.planner.search import SearchOptions
+from clusterplan.planner.studies.calibration import (
+    FABRIC, MAX_ITERATIONS, MIN_INDEPENDENCE, MIN_SENSITIVITY, NAMES, PARAMETERS, PRIOR_WEIGHT, STEP, Entry,
+    with_factors,
+)
+from clusterplan.planner.studies.runs import Priced, RunResult, load_runs, load_runs_and_groups, price_run
+from clusterplan.planner.studies.validate import STEP_TIME_FILES, bundled_data_path, repository_holdouts, run_groups
+from clusterplan.planner.studies.uncertainty import _t90, percentile
+
+BOUNDS = {p.name: (math.log(p.low), math.log(p.high)) for p in PARAMETERS}
+MAX_LOO_RUNS = 20  # beyond, ten folds instead of one run left out at a time
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured run, priced, ready to price again under other factors."""
+
+    id: str
+    priced: Priced
+    measured_s: float
+    framework: str
+    family: str
+
+    @property
+    def device(self) -> str:
+        return self.priced.cluster.device.id
+
+    @property
+    def cluster(self) -> str:
+        return self.priced.cluster.id
+
+    def log_error(self, values: dict[str, float], fabric: bool = True) -> float:
+        """log(predicted / measured) with the factors ``values`` (``fabric=False``: not the bandwidths)."""
+        return math.log(self.priced.step_s(with_factors(self.priced.cluster, values, fabric)) / self.measured_s)
+
+
+def points_from_runs(runs: Sequence[dict], options: SearchOptions | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> tuple[list[Point], list[RunResult]]:
+    """The runs with a measured step time that could be priced, and every run's result (the others
+    say why they were left out)."""
+    points, results = [], []
+    for i, run in enumerate(runs):
+        result, priced = price_run(run, options or SearchOptions())
+        results.append(result)
+        if priced is not None and result.measured_step_time_s and result.predicted_step_time_s:
+            points.append(Point(result.id, priced, float(result.measured_step_time_s),
+                                result.framework.split("@")[0], result.family))
+        if progress:
+            progress(i + 1, len(runs))
+    return points, results
+
+
+def residuals(points: Sequence[Point], names: Sequence[str], x: np.ndarray) -> np.ndarray:
+    values = {n: math.exp(v) for n, v in zip(names, x)}
+    return np.array([p.log_error(values) for p in points])
+
+
+def jacobian(points: Sequence[Point], names: Sequence[str], x: np.ndarray, r0: np.ndarray) -> np.ndarray:
+    """d log(predicted) / d log(factor), by forward differences (backward at a parameter's upper bound)."""
+    J = np.zeros((len(points), len(names)))
+    for j, name in enumerate(names):
+        h = STEP if x[j] + STEP <= BOUNDS[name][1] else -STEP
+        xj = x.copy()
+        xj[j] += h
+        J[:, j] = (residuals(points, names, xj) - r0) / h
+    return J
+
+
+def select(J: np.ndarray, names: Sequence[str], kept: dict[str, str]) -> list[str]:
+    """The parameters the runs determine, most visible first (module docstring of
+    ``planner.studies.calibration``); why each other one keeps the bundled figure goes into ``kept``."""
+    sens = np.abs(J).max(axis=0) if len(J) else np.zeros(len(names))
+    chosen: list[int] = []
+    for j in np.argsort(-sens, kind="stable"):
+        name = names[j]
+        if name in kept:
+            continue
+        if sens[j] < MIN_SENSITIVITY:
+            kept[name] = (f"doubling it would move no run's step time by more than {sens[j] * math.log(2):.1%}; "
+                          f"needs {_needs(name)}")
+        elif len(chosen) >= len(J):
+            kept[name] = f"no more parameters than runs ({len(J)}); needs {_needs(name)}"
+        elif _independent(J[:, chosen + [j]]):
+            chosen.append(int(j))
+        else:
+            kept[name] = (f"the runs do not tell it apart from {', '.join(names[c] for c in chosen)}; needs "
+                          f"{_needs(name)}")
+    return [names[j] for j in sorted(chosen)]
+
+
+def _needs(name: str) -> str:
+    return next(p.needs for p in PARAMETERS if p.name == name)
+
+
+def _independent(A: np.ndarray) -> bool:
+    norms = np.linalg.norm(A, axis=0)
+    s = np.linalg.svd(A / np.where(norms > 0, norms, 1.0), compute_uv=False)
+    return bool(s[-1] >= MIN_INDEPENDENCE * s[0])
+
+
+def solve(points: Sequence[Point], names: Sequence[str], x0: np.ndarray | None = None,
+          iterations: int = MAX_ITERATIONS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Levenberg-Marquardt on the runs' log errors plus :data:`PRIOR_WEIGHT` times the squared log
+    factors, within each parameter's range: ``(log factors, residuals, Jacobian)`` at the answer."""
+    x = np.zeros(len(names)) if x0 is None else np.array(x0, dtype=float)
+    r = residuals(points, names, x)
+    J = jacobian(points, names, x, r) if names else np.zeros((len(points), 0))
+    if not names:
+        return x, r, J
+    lo, hi = np.array([BOUNDS[n][0] for n in names]), np.array([BOUNDS[n][1] for n in names])
+    mu, cost = 1e-3, float(r @ r + PRIOR_WEIGHT * x @ x)
+    for _ in range(iterations):
+        A, g = J.T @ J + PRIOR_WEIGHT * np.eye(len(names)), J.T @ r + PRIOR_WEIGHT * x
+        step = np.linalg.solve(A + mu * np.diag(np.diag(A)), -g)
+        x_new = np.clip(x + step, lo, hi)
+        r_new = residuals(points, names, x_new)
+        cost_new = float(r_new @ r_new + PRIOR_WEIGHT * x_new @ x_new)
+        if cost_new < cost:
+            converged = cost - cost_new < 1e-10 + 1e-6 * cost
+            x, r, cost, mu = x_new, r_new, cost_new, mu / 10
+            J = jacobian(points, names, x, r)
+            if converged:
+                break
+        else:
+            mu *= 10
+            if mu > 1e6:
+                break
+    return x, r, J
+
+
+def stats(log_errors: Sequence[float]) -> dict:
+    """Median, 90th percentile and median signed of the relative errors behind ``log_errors``."""
+    rel = [math.exp(e) - 1 for e in log_errors]
+    if not rel:
+        return {"runs": 0}
+    mags = sorted(abs(e) for e in rel)
+    return {"runs": len(rel), "median_abs_error": round(statistics.median(mags), 4),
+            "p90_abs_error": round(percentile(mags, 0.9), 4), "median_signed_error": round(statistics.median(rel), 4)}
+
+
+def fit_entry(points: Sequence[Point]) -> Entry:
+    """The factors for one device under one framework (``points`` share both)."""
+    fabrics = Counter(p.cluster for p in points)
+    kept: dict[str, str] = {}
+    if len(fabrics) > 1:
+        kept.update({k: f"the runs are on several fabrics ({', '.join(sorted(fabrics))}); fabric factors need runs "
+                        f"on one" for k in FABRIC})
+    zero = np.zeros(len(NAMES))
+    r0 = residuals(points, NAMES, zero)
+    chosen = select(jacobian(points, NAMES, zero, r0), NAMES, kept)
+    x, r, J = solve(points, chosen)
+    fitted = {name: {"stderr_log": None} for name in chosen}
+    dof = len(points) - len(chosen)
+    if chosen and dof > 0:
+        cov = float(r @ r) / dof * np.linalg.inv(J.T @ J + PRIOR_WEIGHT * np.eye(len(chosen)))
+        fitted = {name: {"stderr_log": round(math.sqrt(max(0.0, cov[j, j])), 4)} for j, name in enumerate(chosen)}
+    loo = leave_one_out(points, chosen, x)
+    values = {name: 1.0 for name in NAMES} | {n: math.exp(v) for n, v in zip(chosen, x)}
+    error = {"before": stats(r0), "after": stats(r), "leave_one_out": stats(loo)}
+    return Entry(points[0].device, points[0].framework, fabrics.most_common(1)[0][0], values, fitted, kept,
+                 tuple(p.id for p in points), interval_from(loo), error)
+
+
+def leave_one_out(points: Sequence[Point], chosen: Sequence[str], x: np.ndarray) -> list[float]:
+    """Each run's log error from a fit without it (ten folds beyond :data:`MAX_LOO_RUNS` runs), the
+    same parameters (no more than the runs left): empty for one run."""
+    n = len(points)
+    if n < 2:
+        return []
+    folds = [[i] for i in range(n)] if n <= MAX_LOO_RUNS else [list(range(k, n, 10)) for k in range(10)]
+    out = [0.0] * n
+    for held in folds:
+        train = [p for i, p in enumerate(points) if i not in held]
+        names = [c for c in chosen][:len(train)]
+        start = np.array([x[list(chosen).index(c)] for c in names])
+        xf, _, _ = solve(train, names, start, iterations=6)
+        values = {c: math.exp(v) for c, v in zip(names, xf)}
+        for i in held:
+            out[i] = points[i].log_error(values)
+    return out
+
+
+def interval_from(loo: Sequence[float]) -> tuple[float, float] | None:
+    """80% bounds of measured / predicted for the next run, from the leave-one-out log errors: their
+    mean and spread with Student's t (as ``planner.studies.uncertainty.predictive_bounds`` does for
+    sources); None below three runs."""
+    k = len(loo)
+    if k < 3:
+        return None
+    ratios = [-e for e in loo]
+    mean, sd = statistics.fmean(ratios), statistics.stdev(ratios)
+    half = _t90(k - 1) * sd * math.sqrt(1 + 1 / k)
+    return math.exp(mean - half), math.exp(mean + half)
+
+
+def fit(points: Sequence[Point], results: Sequence[RunResult] = ()) -> list[Entry]:
+    """One entry per (device, framework) among ``points``; SpecError (exit 2) where there is none,
+    with why each run (``results``) was left out."""
+    if not points:
+        why = "; ".join(f"{r.id}: {r.reason or 'no measured step time'}" for r in list(results)[:5])
+        raise SpecError(f"calibrate: none of the {len(results)} runs given has a measured step time that could be "
+                        f"priced{': ' + why if why else ''}")
+    groups: dict[tuple[str, str], list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.device, p.framework), []).append(p)
+    return [fit_entry(groups[key]) for key in sorted(groups)]
+
+
+# ---- calibrating on one run, predicting the others (validate --calibrate-one) ------------------------------
+
+MAX_CALIBRATION_RUNS = 8  # per group or family, evenly spaced through it: each is fitted alone
+MIN_FAMILY_RUNS = 3
+
+
+def calibrate_one(points: Sequence[Point], groups: dict[str, list[str]]) -> dict:
+    """For every group of runs of one job (``groups``: name -> run ids) and every hardware family
+    under one framework with :data:`MIN_FAMILY_RUNS` or more runs: fit on one run (the parameters one run determines), predict
+    the others, and compare their |error| with the uncalibrated one. Up to
+    :data:`MAX_CALIBRATION_RUNS` runs of each take the calibrating turn; a run's fabric factors apply
+    to runs on the same cluster preset only. ``{"cells": [...], "summary": {...}}``."""
+    by_id = {p.id: p for p in points}
+    cells = [("job", name, [by_id[i] for i in dict.fromkeys(ids) if i in by_id]) for name, ids in sorted(groups.items())]
+    families: dict[str, list[Point]] = {}
+    for p in points:  # a calibration applies to a device under one framework: families are split by it
+        families.setdefault(f"{p.family} under {p.framework}", []).append(p)
+    cells += [("family", f, rows) for f, rows in sorted(families.items()) if len(rows) >= MIN_FAMILY_RUNS]
+    before = {p.id: abs(math.exp(p.log_error({})) - 1) for p in points}
+    out = [_one_cell(kind, name, rows, before) for kind, name, rows in cells if len(rows) >= 2]
+    return {"cells": out, "summary": {kind: _cells_summary([c for c in out if c["kind"] == kind])
+                                      for kind in ("job", "family")}}
+
+
+def _one_cell(kind: str, name: str, rows: list[Point], before: dict[str, float]) -> dict:
+    picks = sorted({round(i * (len(rows) - 1) / max(1, MAX_CALIBRATION_RUNS - 1))
+                    for i in range(min(len(rows), MAX_CALIBRATION_RUNS))})
+    after, base, fitted = [], [], Counter()
+    for k in picks:
+        one = rows[k]
+        kept: dict[str, str] = {}
+        r0 = residuals([one], NAMES, np.zeros(len(NAMES)))
+        chosen = select(jacobian([one], NAMES, np.zeros(len(NAMES)), r0), NAMES, kept)
+        x, _, _ = solve([one], chosen)
+        values = {c: math.exp(v) for c, v in zip(chosen, x)}
+        fitted.update(chosen)
+        for j, p in enumerate(rows):
+            if j != k:
+                after.append(abs(math.exp(p.log_error(values, fabric=p.cluster == one.cluster)) - 1))
+                base.append(before[p.id])
+    return {"kind": kind, "name": name, "runs": len(rows), "calibrated_on": len(picks),
+            "predictions": len(after), "fitted": dict(fitted),
+            "median_abs_error_before": round(statistics.median(base), 4),
+            "median_abs_error_after": round(statistics.median(after), 4)}
+
+
+def _cells_summary(cells: list[dict]) -> dict:
+    if not cells:
+        return {"cells": 0}
+    return {"cells": len(cells), "median_before": round(statistics.median(c["median_abs_error_before"] for c in cells), 4),
+            "median_after": round(statistics.median(c["median_abs_error_after"] for c in cells), 4),
+            "within_6pct": sum(c["median_abs_error_after"] <= 0.06 for c in cells)}
+
+
+RUN_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def calibration_inputs(paths: Sequence[str]) -> list[dict]:
+    """The runs of ``paths``: files in the ``clusterplan-runs/1`` format (``.yaml``, ``.yml``, ``.json``)."""
+    runs: list[dict] = []
+    for path in paths:
+        if not str(path).lower().endswith(RUN_FILE_SUFFIXES):
+            raise SpecError(f"calibrate INPUT: got {str(path)!r}; allowed: a clusterplan-runs/1 file "
+                            f"({', '.join(RUN_FILE_SUFFIXES)})")
+        runs += load_runs(path)
+    return runs
+
+
+def study_runs(path: str | None = None) -> tuple[list[dict], dict[str, list[str]]]:
+    """The runs and groups of runs of one job of ``path``, or of every bundled file with measured step
+    times and the repository's hold-outs (what ``validate`` counts in its headline)."""
+    paths = [path] if path else [bundled_data_path(n) for n in STEP_TIME_FILES] + repository_holdouts()
+    runs: list[dict] = []
+    groups: dict[str, list[str]] = {}
+    for p in paths:
+        file_runs, extra = load_runs_and_groups(p)
+        runs += file_runs
+        for name, ids in run_groups(file_runs, extra).items():
+            groups.setdefault(name, []).extend(ids)
+    return runs, groups

@@ -1,0 +1,235 @@
+"""Calibration on a user's own measured runs: ``clusterplan calibrate`` and ``--calibration``.
+
+No model built from published runs is right for every site's software stack. A calibration fits a
+small, named set of site parameters (:data:`PARAMETERS`), never one per run, on the runs a user
+measured: per device and framework, factors on the achieved matmul rate, the memory-bound rate and
+the host time per kernel, and per fabric the bandwidth collectives achieve inside and across the
+scale-up domains. Each factor multiplies the bundled figure it names, so a calibration moves every
+prediction that rests on that figure, and nothing else; no factor takes a rate past the device's
+peak or a link's nominal rate.
+
+The fit (:func:`fit_entry`) minimizes the squared log error of the runs' predicted step times
+(each run priced with its published layout and the knobs the search chose for it, the way
+``validate`` prices it), with a weak pull toward the bundled figures (:data:`PRIOR_WEIGHT`). It
+fits a parameter only where some run spends :data:`MIN_SENSITIVITY` of its step on it, where the
+runs tell it apart from the parameters already fitted, and never more parameters than runs; the
+others keep the bundled figure, with the kind of run that would tie them down. Its error is given
+before, after, and leave-one-out (each run predicted by a fit without it), and the leave-one-out
+errors give the 80% interval that plans quote where the calibration applies.
+
+A calibration applies to the device and framework it was fitted on; its fabric factors only to the
+cluster preset it was fitted on. Asked for elsewhere, a plan says so and prices without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from clusterplan.models.errors import SpecError
+from clusterplan.models.files import load_file
+from clusterplan.planner.studies.uncertainty import LEVEL, _t90
+from clusterplan.topologies.cluster import SCALE_OUT_LEVELS, SCALE_UP_LEVELS, Cluster
+
+FORMAT = "clusterplan-calibration/1"
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One site parameter: a factor on a bundled figure, its allowed range, and what ties it down."""
+
+    name: str
+    what: str
+    low: float
+    high: float
+    needs: str
+
+
+PARAMETERS: tuple[Parameter, ...] = (
+    Parameter("compute", "achieved matmul and fused-attention rate (x the bundled figure, capped at the device's "
+              "peak)", 0.2, 5.0, "runs whose step is mostly matrix math (long sequences, large micro-batches)"),
+    Parameter("memory", "achieved rate of memory-bound kernels: norms, activations, casts, the optimizer (x the "
+              "bundled figure, capped at the memory's nominal rate)", 0.2, 5.0,
+              "runs where memory-bound kernels take a larger share (small hidden sizes, unfused kernels, few devices)"),
+    Parameter("host", "launch and host time per kernel (x the bundled figure)", 0.05, 50.0,
+              "runs of short steps with many small kernels (small models or micro-batches, MoE layers)"),
+    Parameter("scale_up", "bandwidth collectives achieve inside a scale-up domain: NVLink, ICI, xGMI (x the bundled "
+              "figure, capped at the links' nominal rate)", 0.1, 5.0,
+              "runs whose tensor-, expert- or data-parallel traffic inside a domain is exposed"),
+    Parameter("scale_out", "bandwidth collectives achieve across domains: the NICs (x the bundled figure, capped at "
+              "the links' nominal rate)", 0.1, 5.0,
+              "runs over several nodes whose data-parallel, pipeline or expert traffic crosses the network exposed"),
+)
+NAMES = tuple(p.name for p in PARAMETERS)
+FABRIC = ("scale_up", "scale_out")
+
+MIN_SENSITIVITY = 0.03
+"""A parameter is fitted only where doubling it would move some run's step by at least about 2%
+(d log step / d log factor of 0.03): below that the runs cannot see it."""
+
+MIN_INDEPENDENCE = 0.1
+"""Smallest over largest singular value of the runs' sensitivities (columns scaled to unit length)
+for the parameters fitted together: below it the runs cannot tell them apart."""
+
+PRIOR_WEIGHT = 1e-3
+"""Weight of the pull toward the bundled figures, per squared log factor, against the runs' squared
+log errors: a factor of 2 costs what a 2.2% error on one run costs. It picks one answer where the runs
+leave a direction nearly flat, and does not move a fit the runs determine."""
+
+STEP = 0.05  # log step of the finite differences
+MAX_ITERATIONS = 12
+HOST_CEILING_S = 1e-3  # topologies.entries: a kernel's overhead is at most 1 ms
+
+
+# ---- applying factors to a cluster -------------------------------------------------------------------
+
+GEMM_FIELDS = ("large", "large_fp8", "large_mxfp8", "large_nvfp4")
+ATTENTION_FIELDS = ("attention_efficiency", "attention_efficiency_fa2")
+
+
+def with_factors(cluster: Cluster, values: Mapping[str, float], fabric: bool = True) -> Cluster:
+    """``cluster`` with its device's figures and its collectives' bandwidth multiplied by ``values``
+    (:data:`PARAMETERS`; missing ones 1), each capped at what the hardware's nominal rate allows;
+    ``fabric=False`` leaves the bandwidths as built."""
+    cluster = cluster.physical
+    dev = cluster.device
+    c = float(values.get("compute", 1.0))
+    gemm = dev.gemm.model_copy(update={k: min(1.0, getattr(dev.gemm, k) * c)
+                                       for k in GEMM_FIELDS if getattr(dev.gemm, k) is not None})
+    update = {"gemm": gemm, "memory_efficiency": min(1.0, dev.memory_efficiency * float(values.get("memory", 1.0))),
+              "kernel_overhead_s": min(HOST_CEILING_S, dev.kernel_overhead_s * float(values.get("host", 1.0)))}
+    update.update({k: min(1.0, getattr(dev, k) * c) for k in ATTENTION_FIELDS if getattr(dev, k) is not None})
+    scale = cluster.bandwidth_scale
+    if fabric:
+        caps = _bandwidth_caps(cluster.physical)
+        scale = (min(caps[0], scale[0] * float(values.get("scale_up", 1.0))),
+                 min(caps[1], scale[1] * float(values.get("scale_out", 1.0))))
+    return replace(cluster, device=dev.model_copy(update=update), bandwidth_scale=scale, base=None,
+                   traversal="", rank_to_device=None)
+
+
+@functools.lru_cache(maxsize=64)
+def _bandwidth_caps(cluster: Cluster) -> tuple[float, float]:
+    """The largest factors on the achieved bandwidths that keep every link at or below its nominal
+    rate: 1 over the highest achieved fraction of the scale-up and of the scale-out links."""
+    best = {"up": 0.0, "out": 0.0}
+    for _, _, d in cluster.graph.edges(data=True):
+        kind = "up" if d.get("level") in SCALE_UP_LEVELS else "out" if d.get("level") in SCALE_OUT_LEVELS else None
+        if kind:
+            best[kind] = max(best[kind], float(d.get("achieved_fraction", 1.0)))
+    return tuple(1.0 / best[k] if best[k] else 1.0 for k in ("up", "out"))
+
+
+# ---- the calibration file ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    """The factors fitted for one device under one framework, on one fabric."""
+
+    device: str
+    framework: str
+    cluster: str
+    values: dict[str, float]
+    fitted: dict[str, dict] = field(default_factory=dict)  # name -> {stderr}
+    kept: dict[str, str] = field(default_factory=dict)  # name -> why the bundled figure is kept
+    runs: tuple[str, ...] = ()
+    interval: tuple[float, float] | None = None  # 80% bounds of measured / predicted, leave-one-out
+    error: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"device": self.device, "framework": self.framework, "cluster": self.cluster,
+                "values": {k: round(v, 6) for k, v in self.values.items()},
+                "fitted": self.fitted, "kept": self.kept, "runs": list(self.runs),
+                "interval": None if self.interval is None else [round(x, 6) for x in self.interval],
+                "error": self.error}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration file: its entries, one per (device, framework)."""
+
+    path: str
+    entries: tuple[Entry, ...]
+
+    def entry_for(self, device: str, framework: str) -> Entry | None:
+        return next((e for e in self.entries if e.device == device and e.framework == framework), None)
+
+    def apply(self, cluster: Cluster, framework: str) -> Cluster:
+        """``cluster`` priced as calibrated for its device under ``framework``, carrying what was done
+        (``Cluster.calibration``): the fabric factors only on the preset they were fitted on; nothing
+        where the file has no entry for the device and framework (the note says so)."""
+        entry = self.entry_for(cluster.device.id, framework)
+        if entry is None:
+            have = ", ".join(f"{e.device} under {e.framework}" for e in self.entries) or "nothing"
+            note = (f"calibration {self.path} not applied: it was fitted for {have}, not {cluster.device.id} under "
+                    f"{framework}")
+            return replace(cluster, calibration={"applied": False, "note": note, "file": self.path})
+        same_fabric = entry.cluster == cluster.id
+        out = with_factors(cluster, entry.values, fabric=same_fabric)
+        note = (f"calibrated: {self.path}, fitted on {len(entry.runs)} run(s) of {entry.device} under {entry.framework}"
+                f" (every figure uses it; the validated error above is the uncalibrated model's)"
+                + ("" if same_fabric or not any(entry.values.get(k, 1.0) != 1.0 for k in FABRIC)
+                   else f"; its fabric factors were fitted on {entry.cluster}, not applied on {cluster.id}"))
+        return replace(out, calibration={"applied": True, "note": note, "file": self.path, "runs": len(entry.runs),
+                                         "values": dict(entry.values), "interval": entry.interval})
+
+
+def save(calibration_entries: Sequence[Entry], path: str | Path) -> None:
+    import yaml
+
+    doc = {"format": FORMAT, "parameters": {p.name: p.what for p in PARAMETERS},
+           "entries": [e.as_dict() for e in calibration_entries]}
+    Path(path).write_text(yaml.safe_dump(doc, sort_keys=False, width=110))
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(path: str, mtime_ns: int) -> Calibration:
+    where = f"--calibration {path}"
+    doc = load_file(path, where)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise SpecError(f"{where}: format: got {got!r}; allowed: {FORMAT} (written by clusterplan calibrate)")
+    entries = doc.get("entries")
+    if not isinstance(entries, list) or not entries:
+        raise SpecError(f"{where}: entries: got {entries!r}; allowed: a non-empty list of fitted entries")
+    return Calibration(path, tuple(_entry(e, f"{where}: entries[{i}]") for i, e in enumerate(entries)))
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read and check a calibration file (:data:`FORMAT`); SpecError (exit 2) names what is wrong."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"--calibration: got {str(path)!r}; allowed: the path of a file written by clusterplan calibrate")
+    return _load_cached(str(p), p.stat().st_mtime_ns)
+
+
+def _entry(raw, where: str) -> Entry:
+    if not isinstance(raw, dict):
+        raise SpecError(f"{where}: got {raw!r}; allowed: a mapping with device, framework, cluster and values")
+    for key in ("device", "framework", "cluster"):
+        if not isinstance(raw.get(key), str) or not raw.get(key):
+            raise SpecError(f"{where}.{key}: got {raw.get(key)!r}; allowed: an id")
+    values = raw.get("values")
+    if not isinstance(values, dict):
+        raise SpecError(f"{where}.values: got {values!r}; allowed: a mapping of {', '.join(NAMES)} to factors")
+    for name, v in values.items():
+        spec = next((p for p in PARAMETERS if p.name == name), None)
+        if spec is None:
+            raise SpecError(f"{where}.values.{name}: unknown parameter; allowed: {', '.join(NAMES)}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (spec.low <= v <= spec.high):
+            raise SpecError(f"{where}.values.{name}: got {v!r}; allowed: a number from {spec.low:g} to {spec.high:g}")
+    iv = raw.get("interval")
+    if iv is not None and not (isinstance(iv, list) and len(iv) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 100 for x in iv) and iv[0] <= iv[1]):
+        raise SpecError(f"{where}.interval: got {iv!r}; allowed: [low, high] ratios of measured to predicted, or null")
+    runs = raw.get("runs") or []
+    return Entry(raw["device"], raw["framework"], raw["cluster"], {k: float(v) for k, v in values.items()},
+                 dict(raw.get("fitted") or {}), dict(raw.get("kept") or {}), tuple(str(r) for r in runs),
+                 None if iv is None else (float(iv[0]), float(iv[1])), dict(raw.get("error") or {}))

@@ -1,0 +1,159 @@
+"""Calibration on a user's measured runs: ``clusterplan calibrate`` fits the site parameters the runs
+determine, ``--calibration`` prices with them where they apply, ``validate --calibrate-one`` measures
+calibrating on one run (planner.studies.calibrate, planner.studies.calibration)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from clusterplan.cli import main
+from clusterplan.planner.inputs import Request
+from clusterplan.planner.search import SearchOptions
+from clusterplan.planner.studies.calibrate import calibrate_one, fit, points_from_runs
+from clusterplan.planner.studies.calibration import load_calibration, with_factors
+from clusterplan.planner.studies.runs import bundled_data_path, load_runs
+from clusterplan.topologies.library import build_cluster
+
+TRUTH = {"compute": 0.8, "memory": 0.6}
+
+
+def _a100_runs(count: int = 8) -> list[dict]:
+    """Megatron runs on DGX A100 of several model sizes (their memory-bound shares differ)."""
+    runs = [r for r in load_runs(bundled_data_path("runs.yaml"))
+            if (r.get("hardware") or {}).get("cluster") == "dgx-a100-superpod" and "megatron" in r["id"]
+            and (r.get("measured") or {}).get("step_time_s")]
+    return runs[:count]
+
+
+def _synthetic(runs: list[dict], truth: dict[str, float]) -> list[dict]:
+    """The runs with their measured step times replaced by the model's own prediction under ``truth``:
+    a calibration that works recovers ``truth`` from them."""
+    points, _ = points_from_runs(runs)
+    out = []
+    for run, p in zip(runs, points):
+        assert p.id == run["id"]
+        r = copy.deepcopy(run)
+        r["measured"]["step_time_s"] = p.priced.step_s(with_factors(p.priced.cluster, truth))
+        out.append(r)
+    return out
+
+
+@pytest.fixture(scope="module")
+def synthetic_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cal") / "runs.yaml"
+    path.write_text(yaml.safe_dump({"format": "clusterplan-runs/1", "runs": _synthetic(_a100_runs(), TRUTH)}))
+    return path
+
+
+def test_calibrate_recovers_the_factors_the_runs_were_made_with(synthetic_file):
+    points, _ = points_from_runs(load_runs(synthetic_file))
+    (entry,) = fit(points)
+    assert entry.values["compute"] == pytest.approx(TRUTH["compute"], rel=0.03)
+    assert "compute" in entry.fitted
+    assert entry.error["after"]["median_abs_error"] < 0.01 < entry.error["before"]["median_abs_error"]
+    assert entry.error["leave_one_out"]["runs"] == len(points)
+
+
+def test_one_run_fits_one_parameter_and_says_what_would_tie_down_the_rest():
+    points, _ = points_from_runs(_a100_runs(1))
+    (entry,) = fit(points)
+    assert len(entry.fitted) == 1
+    assert set(entry.fitted) | set(entry.kept) == set(entry.values)
+    assert all("needs runs" in why for why in entry.kept.values())
+    assert entry.interval is None  # too few runs for an interval of its own
+
+
+def test_factors_never_take_a_rate_past_the_hardware():
+    cluster = build_cluster("dgx-h100-superpod", 16)
+    fast = with_factors(cluster, {"compute": 5.0, "memory": 5.0, "scale_up": 5.0, "scale_out": 5.0})
+    assert fast.device.gemm.large <= 1.0 and fast.device.memory_efficiency <= 1.0
+    assert fast.device.matmul_ceiling("bf16") <= 1.0
+    up = fast.strided_profile(8, 1)
+    base = cluster.strided_profile(8, 1)
+    assert base.intra_bytes_per_s < up.intra_bytes_per_s <= 900e9  # NVLink 4: 900 GB/s per direction, nominal
+
+
+def test_cli_calibrate_then_validate_another_file_with_it(tmp_path, synthetic_file):
+    runs = load_runs(synthetic_file)
+    fit_file, other_file, cal = tmp_path / "fit.yaml", tmp_path / "other.yaml", tmp_path / "cal.yaml"
+    fit_file.write_text(yaml.safe_dump({"format": "clusterplan-runs/1", "runs": runs[:5]}))
+    other_file.write_text(yaml.safe_dump({"format": "clusterplan-runs/1", "runs": runs[5:]}))
+    runner = CliRunner()
+    res = runner.invoke(main, ["calibrate", str(fit_file), "-o", str(cal)])
+    assert res.exit_code == 0, res.output
+    assert "leave-one-out" in res.output and cal.is_file()
+    before = json.loads(runner.invoke(main, ["validate", str(other_file), "--no-best", "--json"]).output)
+    res = runner.invoke(main, ["validate", str(other_file), "--no-best", "--json", "--calibration", str(cal)])
+    assert res.exit_code == 0, res.output
+    after = json.loads(res.output)
+    assert after["summary"]["overall"]["median_abs_error"] < 0.02 < before["summary"]["overall"]["median_abs_error"]
+    assert "interval_coverage" in after["summary"]
+
+
+def test_a_calibration_applies_only_to_its_device_and_framework(tmp_path, synthetic_file):
+    cal = tmp_path / "cal.yaml"
+    assert CliRunner().invoke(main, ["calibrate", str(synthetic_file), "-o", str(cal)]).exit_code == 0
+    here = Request(model="gpt3-13b", cluster="dgx-a100-superpod", num_devices=64, calibration=str(cal),
+                   framework="megatron").load_cluster()
+    assert here.calibration["applied"] and here.device.gemm.large < build_cluster("dgx-a100-superpod", 64).device.gemm.large
+    other = Request(model="gpt3-13b", cluster="dgx-h100-superpod", num_devices=64, calibration=str(cal)).load_cluster()
+    assert not other.calibration["applied"] and "not applied" in other.calibration["note"]
+    assert other.device == build_cluster("dgx-h100-superpod", 64).device
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-13b", "--cluster", "dgx-a100-superpod", "--devices", "64",
+                                    "--calibration", str(cal)])
+    assert res.exit_code == 0, res.output
+    assert "calibrated:" in res.output and "fit without it" in res.output
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"format": "other/1"}, "format"),
+    ({"format": "clusterplan-calibration/1", "entries": []}, "entries"),
+    ({"format": "clusterplan-calibration/1", "entries": [{"device": "b200", "framework": "megatron",
+                                                          "cluster": "x", "values": {"compute": 99}}]}, "values.compute"),
+    ({"format": "clusterplan-calibration/1", "entries": [{"device": "b200", "framework": "megatron",
+                                                          "cluster": "x", "values": {"speed": 1}}]}, "unknown parameter"),
+])
+def test_bad_calibration_files_are_refused_by_field(tmp_path, doc, message):
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "dgx-a100-superpod", "--devices", "8",
+                                    "--calibration", str(path)])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+
+
+def test_calibrate_without_a_measured_run_is_bad_input(tmp_path):
+    run = copy.deepcopy(_a100_runs(1)[0])
+    run["measured"] = {"peak_memory_gib": 30.0}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"format": "clusterplan-runs/1", "runs": [run]}))
+    res = CliRunner().invoke(main, ["calibrate", str(path), "-o", str(tmp_path / "cal.yaml")])
+    assert res.exit_code == 2 and "measured step time" in res.output
+
+
+def test_calibrating_on_one_run_predicts_the_others_of_its_job(synthetic_file):
+    runs = load_runs(synthetic_file)
+    points, _ = points_from_runs(runs)
+    study = calibrate_one(points, {"a100 megatron": [r["id"] for r in runs]})
+    (job,) = [c for c in study["cells"] if c["kind"] == "job"]
+    assert job["median_abs_error_after"] < job["median_abs_error_before"]
+    assert study["summary"]["job"]["cells"] == 1
+
+
+def test_the_calibrated_interval_is_the_one_plans_quote(synthetic_file, tmp_path):
+    cal = tmp_path / "cal.yaml"
+    CliRunner().invoke(main, ["calibrate", str(synthetic_file), "-o", str(cal)])
+    entry = load_calibration(cal).entries[0]
+    assert entry.interval is not None and entry.interval[0] <= 1.0 <= entry.interval[1]
+    doc = json.loads(CliRunner().invoke(main, ["evaluate", "--model", "gpt3-13b", "--cluster", "dgx-a100-superpod",
+                                               "--devices", "64", "--layout", "tp=8,dp=8", "--calibration", str(cal),
+                                               "--json"]).output)
+    low, high = doc["step_time_interval_s"]
+    assert math.isclose(high / doc["step_time_s"], entry.interval[1], rel_tol=1e-6)
+    assert doc["interval"]["calibrated"]
