@@ -33,7 +33,7 @@ import click
 from rich.console import Console
 
 from clusterplan.cli_errors import Command, Group, _err, guarded
-from clusterplan.cli_options import (ENGINE_OPTIONS, FRAMEWORK_NAMES, INPUT_OPTIONS, MOE_ROUTING_OPTIONS, POSITIVE_FLOAT,
+from clusterplan.cli_options import (CALIBRATION_OPTION, ENGINE_OPTIONS, FRAMEWORK_NAMES, INPUT_OPTIONS, MOE_ROUTING_OPTIONS, POSITIVE_FLOAT,
                                      POSITIVE_INT, PRICE_OPTION, PROBLEM_OPTIONS, SEARCH_OPTIONS, WHATIF_OUTPUT_OPTIONS,
                                      BoundedNumber, Headroom, TokenCount, apply_options, remembered)
 from clusterplan.cost.framework import check_platform, resolve_name as resolve_framework
@@ -204,10 +204,11 @@ def explain_command(as_json, **options):
               help="Search each candidate for, and rank the candidates by, step time, rental cost per step or "
                    "energy per step (the last two need a price/power for the device: --price-per-device-hour, or "
                    "a cluster file's price_per_device_hour_usd; a candidate without it says so in its row).")
-@apply_options(WHATIF_OUTPUT_OPTIONS)
+@apply_options(WHATIF_OUTPUT_OPTIONS + [CALIBRATION_OPTION])
 @guarded
 def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, framework, compiled, model_code,
-                    moe_capacity_factor, moe_load_imbalance, engine, objective, as_json, csv_path, chart_path):
+                    moe_capacity_factor, moe_load_imbalance, engine, objective, as_json, csv_path, chart_path,
+                    calibration):
     """What-if: the best layout of MODEL on each candidate cluster, side by side (step time, MFU,
     time, energy and cost to train the job's tokens).
 
@@ -223,7 +224,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
     request = _request(model_arg, candidates[0].cluster, global_batch=global_batch, seq_len=seq_len,
                        precision=precision, tokens=tokens, framework=framework, compiled=compiled,
                        model_code=model_code, moe_capacity_factor=moe_capacity_factor,
-                       moe_load_imbalance=moe_load_imbalance)
+                       moe_load_imbalance=moe_load_imbalance, calibration=calibration)
     model = request.load_model()
     with progress_bar("clusters", not as_json) as tick:
         rows = rank(compare(request, candidates, SearchOptions(engine=engine, top_k=0, objective=objective),

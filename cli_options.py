@@ -131,6 +131,12 @@ PRICE_OPTION = click.option(
     expose_value=False, callback=remember,
     help="Rental price per device-hour, replacing the catalogue's and a cluster file's price_per_device_hour_usd "
          "(cost figures and --objective cost).")
+CALIBRATION_OPTION = click.option("--calibration", "calibration", metavar="CAL.yaml", type=click.Path(dir_okay=False),
+             help="A calibration written by `clusterplan calibrate` from your own measured runs: where it "
+                  "was fitted for the device and framework, every figure uses it and the interval comes "
+                  "from its fit; elsewhere the report says it was not applied.")
+
+
 INPUT_OPTIONS = [
     click.option("--model", "model_arg", required=True, metavar="ID|FILE",
                  help="Bundled model id or alias (see `clusterplan models`), or the path of a YAML/JSON "
@@ -151,10 +157,7 @@ INPUT_OPTIONS = [
                  help="NIC bandwidth per device and direction, Gb/s, replacing the preset's."),
     click.option("--oversubscription", type=BoundedNumber(float, 64.0, minimum=1.0), metavar="RATIO",
                  help="Leaf downlink/uplink ratio of a fat-tree preset (1 = non-blocking)."),
-    click.option("--calibration", "calibration", metavar="CAL.yaml", type=click.Path(dir_okay=False),
-                 help="A calibration written by `clusterplan calibrate` from your own measured runs: where it "
-                      "was fitted for the device and framework, every figure uses it and the interval comes "
-                      "from its fit; elsewhere the report says it was not applied."),
+    CALIBRATION_OPTION,
     click.option("--domain-devices", "domain_devices", type=POSITIVE_INT, metavar="N",
                  help="Devices the job uses in each NVLink Switch domain of an NVL72 preset, a multiple of "
                       "the devices per node (e.g. 64 of a rack's 72, as SLURM --segment 16 allocates; "
