@@ -36,7 +36,7 @@ from clusterplan.cli_errors import Command, Group, _err, guarded
 from clusterplan.cli_options import (CALIBRATION_OPTION, ENGINE_OPTIONS, FRAMEWORK_NAMES, INPUT_OPTIONS, MOE_ROUTING_OPTIONS, POSITIVE_FLOAT,
                                      POSITIVE_INT, PRICE_OPTION, PROBLEM_OPTIONS, SEARCH_OPTIONS, WHATIF_OUTPUT_OPTIONS,
                                      BoundedNumber, Headroom, TokenCount, apply_options, remembered)
-from clusterplan.cost.framework import check_platform, resolve_name as resolve_framework
+from clusterplan.cost.framework import check_platform, default_framework, resolve_name as resolve_framework
 from clusterplan.cost.layout import MODEL_CODES
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import SpecError
@@ -56,6 +56,7 @@ from clusterplan.planner.search.space import parse_bounds
 from clusterplan.planner.studies.validate import markdown_report, validate
 from clusterplan.planner.studies.calibrate import calibrate_one, calibration_inputs, fit, points_from_runs, study_runs
 from clusterplan.planner.studies.calibration import load_calibration, save
+from clusterplan.planner.studies.probe import entry_from_figures, measure, read_figures
 from clusterplan.planner.report.chart import compare_chart, grid_heatmap, sweep_chart
 from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
                                         check_distinct, parse_candidate, parse_grid, rank, sweep)
@@ -450,6 +451,43 @@ def calibrate_command(inputs, output, as_json):
     calibration_report([e.as_dict() for e in entries], skipped, output, _console())
 
 
+@click.command("probe")
+@click.option("-o", "--output", "output", required=True, metavar="CAL.yaml", type=click.Path(dir_okay=False),
+              help="Where to write the calibration (the form clusterplan calibrate writes).")
+@click.option("--cluster", "cluster_arg", required=True, metavar="ID|FILE",
+              help="The cluster (preset or file) this machine belongs to: its device and fabric are what the figures "
+                   "are compared with.")
+@click.option("--device", "device", metavar="ID", help="Another device of the preset's family (as for plan).")
+@click.option("--framework", "framework", type=click.Choice(list(FRAMEWORK_NAMES), case_sensitive=False),
+              help="The framework the calibration is for (default: maxtext on TPU, megatron elsewhere).")
+@click.option("--figures", "figures_path", metavar="FILE", type=click.Path(dir_okay=False),
+              help="Figures recorded before (probe --save-figures, or benchmarks/gpu_probe.py's JSON) instead of "
+                   "measuring this machine.")
+@click.option("--save-figures", "save_path", metavar="FILE", type=click.Path(dir_okay=False),
+              help="Also write the measured figures as JSON.")
+@click.option("--quick", is_flag=True, help="Fewer GEMM shapes (about a minute).")
+@guarded
+def probe_command(output, cluster_arg, device, framework, figures_path, save_path, quick):
+    """Measure this machine's GPU (matmul rate, memory copy; under torchrun, NCCL collectives inside
+    and across nodes) and write a calibration of the cluster's device and fabric from it. Needs
+    PyTorch and a GPU (pip install 'clusterplan[probe]'), or --figures recorded before.
+
+    \b
+    Example:  torchrun --nproc-per-node 8 -m clusterplan.cli probe --cluster dgx-h100-superpod -o site.yaml
+    """
+    figures = read_figures(figures_path) if figures_path else measure(quick)
+    if int(os.environ.get("RANK", 0)) != 0:
+        return
+    request = _request("gpt3-1.3b", cluster_arg, device=device, framework=framework)
+    cluster = request.load_cluster()
+    fw = resolve_framework(framework) if framework else default_framework(cluster.platform)
+    entry = entry_from_figures(figures, cluster, fw)
+    save([entry], output)
+    if save_path:
+        Path(save_path).write_text(json.dumps(figures, indent=2))
+    calibration_report([entry.as_dict()], [], output, _console())
+
+
 @click.command("render")
 @click.argument("plan_file", metavar="PLAN.json")
 @guarded
@@ -476,7 +514,8 @@ def main():
 
 
 for _command in (plan_command, evaluate_command, explain_command, compare_command, sweep_command, export_command,
-                 fit_command, validate_command, calibrate_command, render_command, models_command, clusters_command, devices_command):
+                 fit_command, validate_command, calibrate_command, probe_command, render_command, models_command,
+                 clusters_command, devices_command):
     main.add_command(_command)
 
 plan_main = plan_command

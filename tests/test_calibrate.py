@@ -157,3 +157,46 @@ def test_the_calibrated_interval_is_the_one_plans_quote(synthetic_file, tmp_path
     low, high = doc["step_time_interval_s"]
     assert math.isclose(high / doc["step_time_s"], entry.interval[1], rel_tol=1e-6)
     assert doc["interval"]["calibrated"]
+
+
+# ---- clusterplan probe: measured figures into a calibration -----------------------------------------------
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_probe_turns_recorded_figures_into_factors(tmp_path):
+    cal = tmp_path / "cal.yaml"
+    res = CliRunner().invoke(main, ["probe", "--cluster", "dgx-h100-superpod", "-o", str(cal), "--figures",
+                                    str(REPO / "benchmarks/results/gpu_probe_h100_2026-11-26.json")])
+    assert res.exit_code == 0, res.output
+    (entry,) = load_calibration(cal).entries
+    dev = build_cluster("dgx-h100-superpod", 8).device
+    assert entry.values["compute"] == pytest.approx(799.8e12 / (dev.peak("bf16") * dev.gemm.large), rel=1e-4)
+    assert entry.values["host"] == 1.0 and "host" in entry.kept
+
+
+def test_probe_prices_the_fabric_from_measured_collectives(tmp_path):
+    cal = tmp_path / "cal.yaml"
+    res = CliRunner().invoke(main, ["probe", "--cluster", "dgx-h100-superpod", "-o", str(cal), "--figures",
+                                    str(REPO / "tests/data/probe_2x8_h100_fixture.json")])
+    assert res.exit_code == 0, res.output
+    (entry,) = load_calibration(cal).entries
+    cluster = build_cluster("dgx-h100-superpod", 1024)
+    assert entry.values["scale_up"] == pytest.approx(3.3e11 / cluster.strided_profile(8, 1).intra_bytes_per_s, rel=1e-6)
+    assert entry.values["scale_out"] == pytest.approx(4.0e10 / cluster.strided_profile(2, 8).inter_bytes_per_s, rel=1e-6)
+    slower = Request(model="llama3-70b", cluster="dgx-h100-superpod", num_devices=64, calibration=str(cal)).load_cluster()
+    assert slower.strided_profile(8, 1).intra_bytes_per_s < build_cluster("dgx-h100-superpod", 64).strided_profile(
+        8, 1).intra_bytes_per_s
+
+
+def test_probe_without_pytorch_or_with_bad_figures_is_bad_input(tmp_path):
+    bad = tmp_path / "figures.json"
+    bad.write_text(json.dumps({"format": "clusterplan-probe/1", "gemm_bf16_flops_per_s": -1}))
+    res = CliRunner().invoke(main, ["probe", "--cluster", "dgx-h100-superpod", "-o", str(tmp_path / "c.yaml"),
+                                    "--figures", str(bad)])
+    assert res.exit_code == 2 and "gemm_bf16_flops_per_s" in res.output
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        res = CliRunner().invoke(main, ["probe", "--cluster", "dgx-h100-superpod", "-o", str(tmp_path / "c.yaml")])
+        assert res.exit_code == 2 and "PyTorch" in res.output

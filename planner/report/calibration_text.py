@@ -24,14 +24,24 @@ def calibration_report(entries: list[dict], skipped: list[tuple[str, str]], path
         table = make_table("parameter", ("factor", "right"), "status", "what it multiplies")
         for p in PARAMETERS:
             value = e["values"].get(p.name, 1.0)
-            if p.name in e["fitted"]:
-                se = e["fitted"][p.name].get("stderr_log")
+            got = e["fitted"].get(p.name) or {}
+            if got.get("measured") is not None:
+                status = f"measured {got['measured']:.4g} against the bundled {got['bundled']:.4g}"
+            elif p.name in e["fitted"]:
+                se = got.get("stderr_log")
                 status = "fitted" + (f", +/- {se:.0%} (1 s.e.)" if se is not None else ", exactly (no run to spare)")
             else:
                 status = f"kept: {e['kept'].get(p.name, 'bundled figure')}"
             table.add_row(p.name, f"{value:.3f}", status, p.what)
         console.print(table)
         err = e["error"]
+        if "before" not in err:  # a probe's entry: no runs
+            probe = err.get("probe") or {}
+            console.print(f"  measured on: {probe.get('device') or 'an unnamed device'}; host time of a tiny eager op: "
+                          + (f"{probe['kernel_launch_s'] * 1e6:.1f} us" if probe.get("kernel_launch_s") else "-")
+                          + " (recorded; runs calibrate the host factor)")
+            console.print()
+            continue
         console.print(f"  error before: {_error_text(err['before'])}")
         console.print(f"  error after:  {_error_text(err['after'])} (on the runs it was fitted on)")
         console.print(f"  leave-one-out: {_error_text(err['leave_one_out'])} (each run predicted by a fit without it)")

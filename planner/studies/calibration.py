@@ -173,7 +173,8 @@ class Calibration:
             return replace(cluster, calibration={"applied": False, "note": note, "file": self.path})
         same_fabric = entry.cluster == cluster.id
         out = with_factors(cluster, entry.values, fabric=same_fabric)
-        note = (f"calibrated: {self.path}, fitted on {len(entry.runs)} run(s) of {entry.device} under {entry.framework}"
+        basis = f"fitted on {len(entry.runs)} run(s)" if entry.runs else "measured by clusterplan probe on"
+        note = (f"calibrated: {self.path}, {basis} {entry.device} under {entry.framework}"
                 f" (every figure uses it; the validated error above is the uncalibrated model's)"
                 + ("" if same_fabric or not any(entry.values.get(k, 1.0) != 1.0 for k in FABRIC)
                    else f"; its fabric factors were fitted on {entry.cluster}, not applied on {cluster.id}"))
