@@ -36,7 +36,7 @@ from clusterplan.cli_errors import Command, Group, _err, guarded
 from clusterplan.cli_options import (CALIBRATION_OPTION, ENGINE_OPTIONS, FRAMEWORK_NAMES, INPUT_OPTIONS, MOE_ROUTING_OPTIONS, POSITIVE_FLOAT,
                                      POSITIVE_INT, PRICE_OPTION, PROBLEM_OPTIONS, SEARCH_OPTIONS, WHATIF_OUTPUT_OPTIONS,
                                      BoundedNumber, Headroom, TokenCount, apply_options, remembered)
-from clusterplan.cost.framework import check_platform, default_framework, resolve_name as resolve_framework
+from clusterplan.cost.framework import check_platform, resolve_name as resolve_framework
 from clusterplan.cost.layout import MODEL_CODES
 from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import SpecError
@@ -45,7 +45,7 @@ from clusterplan.planner.report.catalogue_text import clusters_table, devices_ta
 from clusterplan.planner.report.plan import PLANNER_VERSION, read_plan_document
 from clusterplan.planner.report.progress import progress_bar, searching
 from clusterplan.planner.report.text import explain_report, fit_lines, render_report, report_text
-from clusterplan.planner.report.validation_text import validation_report
+from clusterplan.planner.report.validation_text import cv_lines, validation_report
 from clusterplan.planner.report.calibration_text import calibrate_one_report, calibration_report
 from clusterplan.planner.report.whatif_text import check_outputs, whatif_table
 from clusterplan.planner.inputs import Request, default_global_batch  # noqa: F401 (re-exported: tests, API)
@@ -56,7 +56,7 @@ from clusterplan.planner.search.space import parse_bounds
 from clusterplan.planner.studies.validate import markdown_report, validate
 from clusterplan.planner.studies.calibrate import calibrate_one, calibration_inputs, fit, points_from_runs, study_runs
 from clusterplan.planner.studies.calibration import load_calibration, save
-from clusterplan.planner.studies.probe import entry_from_figures, measure, read_figures
+from clusterplan.planner.studies.probe import measure, probe_entry, read_figures
 from clusterplan.planner.report.chart import compare_chart, grid_heatmap, sweep_chart
 from clusterplan.planner.studies.whatif import (OBJECTIVES, SWEEP_KNOBS, Grid, check_sweep_options, compare, csv_text,
                                         check_distinct, parse_candidate, parse_grid, rank, sweep)
@@ -380,11 +380,14 @@ def fit_command(model_arg, cluster_arg, memory_headroom, time_limit_s, as_json, 
 @click.option("--no-best", is_flag=True, help="Skip the planner's own best layout per run (faster).")
 @click.option("--calibration", "calibration", metavar="CAL.yaml", type=click.Path(dir_okay=False),
               help="Price each run as this calibration (clusterplan calibrate) says for its device and framework.")
+@click.option("--cv", "cv", is_flag=True,
+              help="Print only the cross-validated figures of the bundled runs: each source predicted with the "
+                   "constants derived from runs re-derived without it, overall, by family and by framework.")
 @click.option("--calibrate-one", "calibrate_one", is_flag=True,
               help="For each group of runs of one job and each family under one framework: calibrate on one run, "
                    "predict the others, print their error before and after.")
 @guarded
-def validate_command(file, as_json, markdown, engine, no_best, calibration, calibrate_one):
+def validate_command(file, as_json, markdown, engine, no_best, calibration, cv, calibrate_one):
     """Compare predictions with published training runs (format clusterplan-runs/1).
 
     Each run keeps its published layout; unpublished knobs are chosen by the search. Without FILE,
@@ -394,17 +397,23 @@ def validate_command(file, as_json, markdown, engine, no_best, calibration, cali
         raise SpecError("--json and --markdown both format the output; give one")
     if calibrate_one:
         return _calibrate_one(file, as_json, markdown, calibration)
+    if cv and (file or calibration or markdown):
+        raise SpecError("--cv cross-validates the bundled runs (text or --json): give it without FILE, --calibration "
+                        "and --markdown")
     cal = load_calibration(calibration) if calibration else None
     with progress_bar("runs", not as_json and not markdown) as tick:
         result = validate(file, SearchOptions(engine=engine, top_k=0), best=not no_best, progress=tick,
                           calibration=cal)
+    if cv:
+        result = result["summary"]["cross_validated"]
     if as_json:
         click.echo(json.dumps(result, indent=2))
-        return
-    if markdown:
+    elif markdown:
         click.echo(markdown_report(result))
-        return
-    validation_report(result, _console())
+    elif cv:
+        cv_lines(result, _console(), detail=True)
+    else:
+        validation_report(result, _console())
 
 
 def _calibrate_one(file: str | None, as_json: bool, markdown: bool, calibration: str | None) -> None:
@@ -478,10 +487,7 @@ def probe_command(output, cluster_arg, device, framework, figures_path, save_pat
     figures = read_figures(figures_path) if figures_path else measure(quick)
     if int(os.environ.get("RANK", 0)) != 0:
         return
-    request = _request("gpt3-1.3b", cluster_arg, device=device, framework=framework)
-    cluster = request.load_cluster()
-    fw = resolve_framework(framework) if framework else default_framework(cluster.platform)
-    entry = entry_from_figures(figures, cluster, fw)
+    entry = probe_entry(figures, _request("gpt3-1.3b", cluster_arg, device=device, framework=framework))
     save([entry], output)
     if save_path:
         Path(save_path).write_text(json.dumps(figures, indent=2))

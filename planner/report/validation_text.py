@@ -38,7 +38,8 @@ def validation_report(result: dict, console: Console) -> None:
         _step_time_lines(rows, console)
         _memory_lines(ps, console)
     _ranking_lines(result["summary"].get("ranking") or {}, console)
-    _trust_lines(result["summary"].get("every_measured") or {}, console)
+    _trust_lines({**(result["summary"].get("every_measured") or {}),
+                  "cross_validated": result["summary"].get("cross_validated")}, console)
     user = result["summary"].get("interval") or {}
     if user.get("runs"):
         console.print(f"{'80% intervals':>22}: as a plan quotes them (from the repository's published runs): "
@@ -59,6 +60,8 @@ def _trust_lines(e: dict, console: Console) -> None:
     how often the 80% intervals, each taken from the other sources' runs, held the measured time."""
     if not e.get("runs"):
         return
+    if e.get("cross_validated"):
+        cv_lines(e["cross_validated"], console)
     iv = e["interval"]
     console.print(f"\n{'every measured step':>22}: {e['runs']} runs from {e['sources']} sources (the bundled files and, "
                   f"from the repository, the hold-outs): median |error| {e['median_abs_error']:.1%}, "
@@ -67,6 +70,23 @@ def _trust_lines(e: dict, console: Console) -> None:
                   f"{iv['runs']} measured step times inside (target 75-85%), median width {iv['median_width']:.2f}x")
     console.print(f"{'':>22}  by family: " + ", ".join(f"{f} {v['coverage']:.0%} of {v['runs']}"
                                                        for f, v in iv["by_family"].items()))
+
+
+def cv_lines(cv: dict, console: Console, detail: bool = False) -> None:
+    """The cross-validated headline: every measured step time, each source predicted with the
+    constants derived without it (``planner.studies.derived``); by family and framework with ``detail``."""
+    derived = "; ".join(f"{dev} {d['value']:.3f} (without {', '.join(f'{s}: {v:.3f}' for s, v in d['without'].items())})"
+                        for dev, d in cv["derived"].items() if d["value"] is not None)
+    console.print(f"\n{'cross-validated':>22}: {cv['runs']} measured step times from {cv['sources']} sources, each "
+                  f"source predicted with the constants derived without it: median |error| {cv['median_abs_error']:.1%}, "
+                  f"p90 {cv['p90_abs_error']:.1%}, median signed {cv['median_signed_error']:+.1%} (constants "
+                  f"derived from runs: {derived or 'none'})")
+    if detail:
+        for key in ("by_family", "by_framework"):
+            for name, st in cv[key].items():
+                if st.get("runs"):
+                    console.print(f"{name:>22}: {st['runs']} runs, median |error| {st['median_abs_error']:.1%}, "
+                                  f"p90 {st['p90_abs_error']:.1%}, median signed {st['median_signed_error']:+.1%}")
 
 
 def _step_time_lines(rows: list[tuple[str, dict]], console: Console) -> None:

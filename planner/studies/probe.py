@@ -62,6 +62,16 @@ def read_figures(path: str | Path) -> dict:
     return doc
 
 
+def probe_entry(figures: dict, request) -> Entry:
+    """:func:`entry_from_figures` for the cluster and framework of a ``planner.inputs.Request``
+    (the framework defaults to the platform's, as for ``plan``)."""
+    from clusterplan.cost.framework import default_framework, resolve_name
+
+    cluster = request.load_cluster()
+    fw = resolve_name(request.framework) if request.framework else default_framework(cluster.platform)
+    return entry_from_figures(figures, cluster, fw)
+
+
 def entry_from_figures(figures: dict, cluster: Cluster, framework: str) -> Entry:
     """The calibration entry the figures give for ``cluster``'s device under ``framework``: each
     factor the figures measure, the others kept with why."""
