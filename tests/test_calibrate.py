@@ -164,23 +164,25 @@ def test_the_calibrated_interval_is_the_one_plans_quote(synthetic_file, tmp_path
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
-def test_probe_turns_recorded_figures_into_factors(tmp_path):
+def _probe_entry(tmp_path, figures: str):
+    """The one entry `probe --figures` writes for a DGX H100 pod."""
     cal = tmp_path / "cal.yaml"
     res = CliRunner().invoke(main, ["probe", "--cluster", "dgx-h100-superpod", "-o", str(cal), "--figures",
-                                    str(REPO / "benchmarks/results/gpu_probe_h100_2026-11-26.json")])
+                                    str(REPO / figures)])
     assert res.exit_code == 0, res.output
     (entry,) = load_calibration(cal).entries
+    return entry, cal
+
+
+def test_probe_turns_recorded_figures_into_factors(tmp_path):
+    entry, _ = _probe_entry(tmp_path, "benchmarks/results/gpu_probe_h100_2026-11-26.json")
     dev = build_cluster("dgx-h100-superpod", 8).device
     assert entry.values["compute"] == pytest.approx(799.8e12 / (dev.peak("bf16") * dev.gemm.large), rel=1e-4)
     assert entry.values["host"] == 1.0 and "host" in entry.kept
 
 
 def test_probe_prices_the_fabric_from_measured_collectives(tmp_path):
-    cal = tmp_path / "cal.yaml"
-    res = CliRunner().invoke(main, ["probe", "--cluster", "dgx-h100-superpod", "-o", str(cal), "--figures",
-                                    str(REPO / "tests/data/probe_2x8_h100_fixture.json")])
-    assert res.exit_code == 0, res.output
-    (entry,) = load_calibration(cal).entries
+    entry, cal = _probe_entry(tmp_path, "tests/data/probe_2x8_h100_fixture.json")
     cluster = build_cluster("dgx-h100-superpod", 1024)
     assert entry.values["scale_up"] == pytest.approx(3.3e11 / cluster.strided_profile(8, 1).intra_bytes_per_s, rel=1e-6)
     assert entry.values["scale_out"] == pytest.approx(4.0e10 / cluster.strided_profile(2, 8).inter_bytes_per_s, rel=1e-6)
