@@ -180,8 +180,8 @@ def maxtext_overrides(doc: dict, model=None) -> str:
     if L["pp"] > 1:
         pairs += [("num_layers_per_pipeline_stage", model.num_layers // stages),
                   ("num_pipeline_repeats", L["vp"]), ("num_pipeline_microbatches", L["num_microbatches"])]
-    if job["precision"] == "fp8":
-        pairs.append(("quantization", "fp8"))
+    if job["precision"] in ("fp8", "int8"):  # int8: AQT's dynamic-range int8 (use_qwix_quantization stays false)
+        pairs.append(("quantization", job["precision"]))
     torus = doc["inputs"]["cluster"].get("torus_shape")
     split = bool(torus) and not torus_axes_fit([ici[a] for a in MAXTEXT_MESH_ORDER], tuple(torus))
     if split:  # else create_device_mesh raises 'Failed to find assignment for logical_axis_index ...'
