@@ -170,7 +170,8 @@ INPUT_OPTIONS = [
     click.option("--precision", type=click.Choice(list(PRECISIONS)),
                  help="Training precision: bf16, fp16, or the linear layers' GEMMs in fp8 (per-tensor "
                       "scales), mxfp8 or nvfp4 (block-scaled; NVIDIA Blackwell; megatron, torchtitan "
-                      "mxfp8). Default: the model's published one, else bf16."),
+                      "mxfp8), int8 (MaxText's AQT int8; TPU v5e, v5p, v6e). Default: the model's published "
+                      "one, else bf16."),
     click.option("--tokens", "tokens", type=TokenCount(), metavar="N",
                  help="Tokens to train, for time, energy and cost to train: 300e9, 300B, 1.5T "
                       "(default: the model's published figure, if any)."),

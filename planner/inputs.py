@@ -26,7 +26,7 @@ from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster, with_what_if
 from clusterplan.topologies.library import (MAX_NIC_GBIT_PER_S, MAX_OVERSUBSCRIPTION, MIN_NIC_GBIT_PER_S, build_cluster,
                                             load_cluster_file)
-from clusterplan.topologies.precisions import low_precision
+from clusterplan.topologies.precisions import OWN_RATE_PRECISIONS, low_precision
 
 DEFAULT_TOKENS_PER_STEP = 4 * 2**20
 # (lowest, highest, lowest excluded) of the what-if figures: the command line's option bounds (cli.py)
@@ -152,9 +152,10 @@ def check_device_precision(precision: str, device, name: str = "--precision") ->
     if not low_precision(precision) or device.supports(precision):
         return
     has = ", ".join(device.low_precisions()) or "none"
-    raise SpecError(f"{name}: {precision} needs a device with {precision.upper()} math; {device.id} has low "
-                    f"precisions: {has}; use bf16{''.join(', ' + p for p in device.low_precisions())}, or a device "
-                    f"with {precision.upper()} (--device, another --cluster)")
+    raise SpecError(f"{name}: {precision} needs a device with {precision.upper()} math (a peak_tflops.{precision} "
+                    f"in the catalogue); {device.id} has low precisions: {has}; use "
+                    f"bf16{''.join(', ' + p for p in device.low_precisions())}, or a device with {precision.upper()} "
+                    f"(--device, another --cluster; `clusterplan devices`)")
 
 
 def _fp8_scaling(scaling: str | None, precision: str) -> str:
@@ -166,11 +167,12 @@ def _fp8_scaling(scaling: str | None, precision: str) -> str:
 
 
 def check_precision_framework(precision: str, prof: ProfileAt, name: str = "--precision") -> None:
-    """MXFP8 and NVFP4 need a framework release with that recipe (the profile's features)."""
-    if precision in ("mxfp8", "nvfp4") and not prof.has(precision):
+    """MXFP8, NVFP4 and INT8 need a framework release with that recipe (the profile's features)."""
+    if precision in OWN_RATE_PRECISIONS and not prof.has(precision):
         since = prof.profile.since.get(precision)
         when = f"from {since} on" if since else "in no release clusterplan knows"
-        other = "" if prof.profile.id == "megatron" else ", or --framework megatron"
+        others = [f for f in FRAMEWORKS if f != prof.profile.id and load_profile(f).at(None).has(precision)]
+        other = f", or --framework {' or '.join(others)}" if others else ""
         raise SpecError(f"{name}: {precision} is not a recipe of {prof.profile.describe(prof.date)}: it has it {when}; "
                         f"use bf16 or fp8{other}")
 

@@ -88,6 +88,8 @@ def check(preset: str, model: str, fmt: str) -> None:
         return
     if exported.exit_code == 2 and any(s in exported.stderr for s in MODEL_REFUSALS):
         return  # the launcher release defines no such model (and clusterplan writes no shape for it): said so
+    if exported.exit_code == 2 and fmt == "maxtext" and "does not write a chiplet mesh" in exported.stderr:
+        return  # TPU7x: JAX counts two chiplets per chip, the plan counts chips (export.maxtext JAX_DEVICES_PER_CHIP)
     code, doc = _plan(preset, model, fmt)
     if exported.exit_code != 0:  # the search found nothing (3, 4) or the input is refused (2): so did plan
         assert exported.exit_code == code and code in (2, 3, 4), (preset, model, fmt, code, exported.output)

@@ -1,4 +1,5 @@
-"""The block-scaled precisions (MXFP8, NVFP4): formats, device math, framework recipes, pricing, labels."""
+"""The block-scaled precisions (MXFP8, NVFP4): formats, device math, framework recipes, pricing, labels
+(INT8, MaxText's AQT: tests/test_catalogue_int8.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ BLACKWELL = ("b200", "gb200", "b300", "gb300")
 
 
 def test_formats_count_their_block_scales():
-    assert PRECISIONS == ("bf16", "fp16", "fp8", "mxfp8", "nvfp4")
+    assert PRECISIONS == ("bf16", "fp16", "fp8", "mxfp8", "nvfp4", "int8")
+    assert LOW_PRECISIONS["int8"].cast_bytes == LOW_PRECISIONS["fp8"].cast_bytes  # per-channel scales not counted
     assert LOW_PRECISIONS["fp8"].cast_bytes == 4.0  # read 2 B, write the copy and its transpose
     assert LOW_PRECISIONS["mxfp8"].element_bytes == pytest.approx(1 + 1 / 32)  # E8M0 scale per 32
     assert LOW_PRECISIONS["nvfp4"].element_bytes == pytest.approx(0.5 + 1 / 16)  # E4M3 scale per 16

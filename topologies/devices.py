@@ -11,12 +11,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clusterplan.topologies.precisions import LOW_PRECISIONS, low_precision, peak_key
+from clusterplan.topologies.precisions import LOW_PRECISIONS, OWN_RATE_PRECISIONS, low_precision, peak_key
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _GemmDim = Annotated[int, Field(gt=0, le=1_000_000)]  # a GEMM dimension, at most a million
 
-Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4"]
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4", "int8"]  # int8: integer ops, TOPS
 
 
 class GemmEfficiency(BaseModel):
@@ -35,10 +35,13 @@ class GemmEfficiency(BaseModel):
         None, gt=0, le=1, description="Same for MXFP8 GEMMs (of the MXFP8 peak); None: large_fp8.")
     large_nvfp4: float | None = Field(
         None, gt=0, le=1, description="Same for NVFP4 GEMMs (of the NVFP4 peak); None: large_fp8.")
+    large_int8: float | None = Field(
+        None, gt=0, le=1, description="Same for INT8 GEMMs (of the INT8 peak); None: large_fp8.")
     low_measured: tuple[str, ...] = Field(
-        (), description="The block-scaled formats (mxfp8, nvfp4) whose large_* figure was measured on this very "
-                        "device; the others are borrowed and labelled unvalidated in plans.")
-    low_source: str = Field("", description="Where large_mxfp8 and large_nvfp4 come from (or are borrowed from).")
+        (), description="The formats with a rate of their own (mxfp8, nvfp4, int8) whose large_* figure was "
+                        "measured on this very device; the others are borrowed and labelled unvalidated in plans.")
+    low_source: str = Field("", description="Where large_mxfp8, large_nvfp4 and large_int8 come from (or are "
+                                            "borrowed from).")
     source: str = Field(description="Where the efficiency was measured (or borrowed from).")
     measured: bool = Field(
         False,
@@ -165,10 +168,11 @@ class DeviceSpec(BaseModel):
         return tuple(p for p in LOW_PRECISIONS if self.supports(p))
 
     def gemm_fraction(self, precision: str) -> float:
-        """MAMF over dense peak for ``precision``'s GEMMs: ``gemm.large_mxfp8`` / ``gemm.large_nvfp4``
-        for the block formats where the data gives them, else ``gemm.large_fp8`` (then ``gemm.large``)."""
+        """MAMF over dense peak for ``precision``'s GEMMs: ``gemm.large_mxfp8`` / ``large_nvfp4`` /
+        ``large_int8`` where the data gives them, else ``gemm.large_fp8`` (then ``gemm.large``)."""
         fp8 = self.gemm.large_fp8 or self.gemm.large
-        own = {"mxfp8": self.gemm.large_mxfp8, "nvfp4": self.gemm.large_nvfp4}.get(precision)
+        own = {"mxfp8": self.gemm.large_mxfp8, "nvfp4": self.gemm.large_nvfp4,
+               "int8": self.gemm.large_int8}.get(precision)
         return own or fp8
 
     def gemm_flops_per_s(self, precision: str) -> float:
@@ -207,9 +211,9 @@ class DeviceSpec(BaseModel):
         return f"unvalidated: no measured matmul ceiling for {self.name}; {self.gemm.source}"
 
     def low_precision_note(self, precision: str) -> str | None:
-        """The label of a block-scaled (MXFP8, NVFP4) plan whose GEMM rate was not measured on this
-        device (``gemm.low_measured``): borrowed from another part, or the FP8 fraction."""
-        if precision not in ("mxfp8", "nvfp4") or not self.supports(precision) or precision in self.gemm.low_measured:
+        """The label of an MXFP8, NVFP4 or INT8 plan whose GEMM rate was not measured on this device
+        (``gemm.low_measured``): borrowed from another part, or the FP8 (else 16-bit) fraction."""
+        if precision not in OWN_RATE_PRECISIONS or not self.supports(precision) or precision in self.gemm.low_measured:
             return None
-        where = self.gemm.low_source or "the per-tensor FP8 fraction taken"
+        where = self.gemm.low_source or f"the {'per-tensor FP8' if self.gemm.large_fp8 else '16-bit'} fraction taken"
         return f"unvalidated: no measured {precision.upper()} GEMM rate for {self.name}; {where}"

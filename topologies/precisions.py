@@ -2,8 +2,9 @@
 
 ``bf16`` and ``fp16`` run every GEMM in 16 bits. The low precisions run the linear layers' GEMMs
 (forward, input gradient, weight gradient) in 8 or 4 bits and keep the rest in 16 bits: attention,
-the LM head, the MoE router, norms and the optimizer (Transformer Engine and torchao alike). They
-differ in how a tensor is scaled, which sets what a cast writes:
+the LM head, the MoE router, norms and the optimizer (Transformer Engine and torchao alike; MaxText
+quantizes no logits matmul either). They differ in how a tensor is scaled, which sets what a cast
+writes:
 
 - ``fp8``: one scale per tensor (delayed or current scaling). Hopper's FP8 GEMMs take only the TN
   layout, so a cast writes the 8-bit copy and its transpose; a scaled copy can be transposed.
@@ -14,8 +15,20 @@ differ in how a tensor is scaled, which sets what a cast writes:
 - ``nvfp4``: NVIDIA's 4-bit E2M1 with one E4M3 scale per 16 elements and a second, FP32 scale per
   tensor (Transformer Engine ``NVFP4BlockScaling``; NVIDIA, "Pretraining Large Language Models
   with NVFP4", arXiv:2509.25149): row- and column-wise copies as for MXFP8.
+- ``int8``: 8-bit integer GEMMs with int32 accumulation and scales taken from each tensor as it is
+  quantized, one per channel ("dynamic range" quantization): MaxText's AQT int8 training
+  (``quantization: int8``; maxtext ``layers/quantizations.py`` ``_get_int8_quant_config``: AQT
+  ``config_v3`` with the forward, the input gradient and, since "Local AQT" of 2024-02, the weight
+  gradient in 8 bits, gradients rounded stochastically). The weights stay in their training dtype and
+  are quantized at every use (AQT's TRAIN mode stores no quantized copy: its freezer holds values only
+  in CONVERT and SERVE modes), and the backward quantizes its operands again along their own
+  contraction axes: the bytes of FP8's cast and transpose. Each quantization first reduces the
+  tensor to its per-channel maxima, as FP8's current scaling does: its casts cost current
+  scaling's measured ratio (``cast_time_over_fp8`` below, measured with Transformer Engine on a B300
+  and borrowed for XLA's fused quantization on a TPU, where it is not measured).
 
-Bytes per element include the block scales: 1 + 1/32 for MXFP8, 0.5 + 1/16 for NVFP4.
+Bytes per element include the block scales: 1 + 1/32 for MXFP8, 0.5 + 1/16 for NVFP4 (INT8's
+per-channel scales, one per row of thousands, are not counted).
 
 Quantizing costs more than its bytes for the block formats: each block's scale is a reduction, and
 NVFP4 adds a 16x16 random Hadamard transform on the weight gradient's operands, 2D 16x16 blocks for
@@ -44,7 +57,7 @@ class LowPrecision:
 
     name: str
     element_bytes: float  # data plus block scales, per element
-    block: int | None  # elements per scale; None: one scale per tensor
+    block: int | None  # elements per scale; None: one scale per tensor (INT8: per channel, not counted)
     bits: int  # the GEMM's operand width: 8 or 4
     cast_time_over_fp8: float = 1.0  # quantization time over a per-tensor FP8 cast of the same tensors (measured)
     peak_key: str = ""  # the device peak it runs at; "": its own name
@@ -57,14 +70,22 @@ class LowPrecision:
         return 2.0 + 2.0 * self.element_bytes
 
 
+CURRENT_SCALING_CAST_OVER_DELAYED = 2.335 / 1.15
+"""Quantization time of a tensor that is reduced to its amax before the cast, over a one-pass cast
+(Transformer Engine on a B300, ``te_gemm_profiling``: FP8 current scaling 2.335 ms, delayed 1.15)."""
 LOW_PRECISIONS: dict[str, LowPrecision] = {
     "fp8": LowPrecision("fp8", 1.0, None, 8),
     "mxfp8": LowPrecision("mxfp8", 1.0 + 1.0 / 32, 32, 8, cast_time_over_fp8=1.82 / 1.15),
     "nvfp4": LowPrecision("nvfp4", 0.5 + 1.0 / 16, 16, 4, cast_time_over_fp8=2.69 / 1.15),
+    "int8": LowPrecision("int8", 1.0, None, 8, cast_time_over_fp8=CURRENT_SCALING_CAST_OVER_DELAYED),
 }
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", *LOW_PRECISIONS)
+OWN_RATE_PRECISIONS: tuple[str, ...] = ("mxfp8", "nvfp4", "int8")
+"""The low precisions with a GEMM rate of their own (``gemm.large_<name>``) and a framework recipe
+each (a profile feature of the same name); FP8 is every FP8-capable framework's."""
 FP8_SCALINGS: tuple[str, ...] = ("delayed", "current")
-FP8_CURRENT = LowPrecision("fp8_current", 1.0, None, 8, cast_time_over_fp8=2.335 / 1.15, peak_key="fp8")
+FP8_CURRENT = LowPrecision("fp8_current", 1.0, None, 8, cast_time_over_fp8=CURRENT_SCALING_CAST_OVER_DELAYED,
+                           peak_key="fp8")
 """FP8 with per-tensor current scaling: FP8's GEMMs, bytes and peak, its casts 2.03x as long."""
 
 

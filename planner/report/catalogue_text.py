@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clusterplan.planner.report.text import GIB, human_count, keep_whole, make_table
+from clusterplan.topologies.precisions import OWN_RATE_PRECISIONS
 
 
 def models_table(rows: list[dict], console: Console) -> None:
@@ -41,6 +42,10 @@ def devices_table(devices: list, console: Console) -> None:
                       f"{d.memory_bytes_per_s / 1e12:,.2f}", "-" if d.power_w is None else f"{d.power_w:.0f}",
                       "-" if d.price_per_hour_usd is None else f"{d.price_per_hour_usd:.2f}")
     _print_catalogue(table, "pass --device ID to swap the device of a preset (same family)", console)
+    for precision in OWN_RATE_PRECISIONS:  # --precision values beyond fp8, and the devices whose math runs them
+        ids = [d.id for d in devices if precision in d.low_precisions()]
+        if ids:
+            console.print(f"--precision {precision}: {', '.join(ids)}")
 
 
 def _print_catalogue(table: Table, footer: str, console: Console) -> None:

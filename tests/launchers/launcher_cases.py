@@ -66,6 +66,9 @@ CASES = {
                                 "--precision", "mxfp8"], ["megatron", "slurm", "torchtitan"]),
     "llama3-70b-gb200-nvfp4": (["--model", "llama3-70b", "--cluster", "gb200-nvl72", "--devices", "64",
                                 "--precision", "nvfp4"], ["megatron", "slurm", "torchtitan"]),
+    # MaxText's AQT int8 training on TPU (quantization=int8)
+    "llama3-8b-tpu-v5p-int8": (["--model", "llama3-8b", "--cluster", "tpu-v5p-pod", "--devices", "64",
+                                "--precision", "int8"], ["maxtext"]),
     # FP8 with per-tensor current scaling: --fp8-recipe tensorwise
     "llama3-8b-h100-fp8-current": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8",
                                     "--precision", "fp8", "--fp8-scaling", "current"], ["megatron"]),

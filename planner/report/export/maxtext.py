@@ -123,12 +123,25 @@ def maxtext_batch(gbs: int, devices: int, accumulation: int) -> str:
                     f"{gbs} sequences; choose a global batch that is a multiple of {exact.denominator}")
 
 
+JAX_DEVICES_PER_CHIP = {"google-tpu7x": 2}
+"""Device families whose chips JAX shows as several devices: TPU7x's two TensorCore chiplets are two
+TPU devices (Google Cloud TPU7x docs, ``gcp_tpu7x`` in devices.yaml), which MaxText's mesh and
+``per_device_batch_size`` count, while the catalogue's device is the chip."""
+
+
 def _maxtext_refusals(doc: dict, model, family: str) -> None:
     """What MaxText cannot run, by its profile's rules (the search keeps to them): another platform,
-    a pipeline split or micro-batch count its config validation asserts against, partial remat."""
+    a pipeline split or micro-batch count its config validation asserts against, partial remat;
+    and a mesh clusterplan does not write (chiplets that JAX counts as devices)."""
     L = doc["layout"]
     if family not in GPU_FAMILIES and family != "tpu-torus":
         raise SpecError(f"--format maxtext: MaxText runs on TPUs and GPUs, not {family}")
+    chiplets = JAX_DEVICES_PER_CHIP.get(doc["inputs"]["cluster"].get("device_family", ""), 1)
+    if chiplets > 1:
+        raise SpecError(f"--format maxtext: JAX sees {chiplets} devices per {doc['inputs']['cluster']['device']} chip "
+                        "(one per TensorCore chiplet), which MaxText's ici_*/dcn_* degrees and per_device_batch_size "
+                        "count, while clusterplan plans per chip; it does not write a chiplet mesh: take the plan's "
+                        f"per-chip degrees and give the {chiplets} chiplets of each chip an axis of your own")
     prof = load_profile("maxtext").at(None)
     dense = model.moe.num_dense_layers if model.moe else 0
     for problem in (prof.pipeline_split_problem(model.num_layers, dense, L["pp"], L["vp"]),
@@ -167,8 +180,8 @@ def maxtext_overrides(doc: dict, model=None) -> str:
     if L["pp"] > 1:
         pairs += [("num_layers_per_pipeline_stage", model.num_layers // stages),
                   ("num_pipeline_repeats", L["vp"]), ("num_pipeline_microbatches", L["num_microbatches"])]
-    if job["precision"] == "fp8":
-        pairs.append(("quantization", "fp8"))
+    if job["precision"] in ("fp8", "int8"):  # int8: AQT's dynamic-range int8 (use_qwix_quantization stays false)
+        pairs.append(("quantization", job["precision"]))
     torus = doc["inputs"]["cluster"].get("torus_shape")
     split = bool(torus) and not torus_axes_fit([ici[a] for a in MAXTEXT_MESH_ORDER], tuple(torus))
     if split:  # else create_device_mesh raises 'Failed to find assignment for logical_axis_index ...'
