@@ -210,13 +210,18 @@ def test_a_step_logged_by_every_rank_counts_once(tmp_path):
 
 
 def test_megatron_deepspeed_arguments_name_deepspeed_and_its_zero_stage(tmp_path):
+    """Megatron-DeepSpeed's dump has --deepspeed and --zero-stage, and its step lines give seconds."""
     text = (LOGS / "megatron_llama3_8b_tp2.log").read_text()
     dump = ("  deepspeed ....................................... True\n"
             "  zero_stage ...................................... 2\n")
+    text = re.sub(r"elapsed time per iteration \(ms\): ([\d.]+)",
+                  lambda m: f"elapsed time per iteration (s): {float(m.group(1)) / 1000:.2f}", text)
     path = tmp_path / "mds.log"
     path.write_text(text.replace("  ffn_hidden_size", dump + "  ffn_hidden_size", 1))
     run = runs_from_log(path, cluster=H100)[0]
     assert run["framework"]["name"] == "deepspeed" and run["layout"]["zero_stage"] == 2
+    megatron = _read("megatron_llama3_8b_tp2.log")["measured"]["step_time_s"]
+    assert run["measured"]["step_time_s"] == pytest.approx(megatron, abs=0.006)
 
 
 def test_deepspeed_pipeline_engine_lines_give_the_step_and_the_stages(tmp_path):

@@ -6,7 +6,9 @@ Megatron-Bridge 067f987d of 2026-08-22):
 - the step line of ``training_log`` (megatron/training/training.py; Megatron-Bridge
   src/megatron/bridge/training/utils/train_utils.py), every ``log_interval`` iterations, averaged
   over them: `` [time] iteration       10/    1000 | consumed samples: ... | elapsed time per
-  iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 456.7 | ...``;
+  iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 456.7 | ...``; Megatron-DeepSpeed
+  (microsoft/Megatron-DeepSpeed, bigscience-workshop/Megatron-DeepSpeed ``training_log``) prints
+  ``elapsed time per iteration (s): 12.34 |``;
 - the argument dump of ``_print_args`` (megatron/training/arguments.py): a line
   ``------------------------ arguments ------------------------``, then one line
   ``  name ........ value`` per argument (dots to column 48, values as Python prints them), then
@@ -36,7 +38,7 @@ from clusterplan.planner.studies.logs.common import (
 
 NAME = "Megatron-LM / NeMo / Megatron-Bridge"
 LOOKS_LIKE = re.compile(r"\biteration\s+\d+\s*/\s*\d+\s*\|\s*consumed samples:")
-STEP = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|.*?\belapsed time per iteration \(ms\):\s*(" + NUMBER + r")\s*\|")
+STEP = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|.*?\belapsed time per iteration \((ms|s)\):\s*(" + NUMBER + r")\s*\|")
 TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*(" + NUMBER + ")")
 ARGS_START = re.compile(r"-{8,} arguments -{8,}")
 ARGS_END = re.compile(r"-{8,} end of arguments -{8,}")
@@ -158,7 +160,7 @@ def _step(found: MegatronLog, log: LogFile, lineno: int, text: str) -> None:
         raise log.error(lineno, "a Megatron step line ('iteration N/M | consumed samples: ...') without "
                         f"'elapsed time per iteration (ms): <number> |'; got {shown_line(text)}")
     step = int(m.group(1))
-    found.steps.append(Step(step, lineno, float(m.group(3).replace(",", "")) / 1000.0))
+    found.steps.append(Step(step, lineno, float(m.group(3).replace(",", "")) / (1000.0 if m.group(2) == "ms" else 1.0)))
     tflops = TFLOPS.search(text)
     if tflops:
         found.tflops[step] = float(tflops.group(1).replace(",", ""))
