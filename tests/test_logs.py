@@ -162,6 +162,10 @@ def _broken(tmp_path: Path, name: str, line_re: str, new: str) -> tuple[Path, in
     ("torchtitan_llama3_8b_fsdp8.log", r"step:\s+7 ", "[rank0]:[titan] 2026-02-25 14:03:01,000 - root - INFO - "
      "step:  7  loss:  9.1  memory: ??GiB  tps: 7,200", "memory"),
     ("maxtext_llama2_7b_v5p16.log", r"completed step: 7,", "completed step: 7, secs: 2.5", "seconds"),
+    ("maxtext_llama2_7b_v5p16.log", r"completed step: 7,", "completed step: 7, seconds: 0, TFLOP/s/device: 0.0, "
+     "Tokens/s/device: 0.0, total_weights: 131072, loss: 9.1", "seconds: got 0; expected a finite number > 0"),
+    ("torchtitan_llama3_8b_fsdp8.log", r"step:\s+7 ", "step:  7  loss:  9.1  memory: 51.20GiB(64.72%)  tps: 0  "
+     "tflops: 0.00  mfu: 0.00%", "tps: got 0; expected a finite number > 0"),
     ("deepspeed_hf_llama3_8b_zero3.log", r"global_step=7,", "[2025-03-03 10:01:20,000] [INFO] [timer.py:264:stop] "
      "epoch=0/micro_step=28/global_step=7, RunningAvgSamplesPerSec=6.7, CurrSamplesPerSec=, MemAllocated=16GB", "CurrSamplesPerSec"),
 ])
@@ -184,6 +188,8 @@ def test_an_unknown_log_names_the_formats_it_looked_for(tmp_path):
     ("mbridge_llama3_8b_tp2.log", {"devices": None}, r"hardware.count: .*devices="),
     ("mbridge_llama3_8b_tp2.log", {"model": None}, r"model: .*no vocabulary size.*model="),
     ("megatron_llama3_8b_tp2.log", {"devices": 16}, r"the log gives 8, devices=16"),
+    ("deepspeed_hf_llama3_8b_zero3.log", {"seq_len": 0}, r"seq_len=: got 0; expected an integer >= 1"),
+    ("maxtext_llama2_7b_v5p16.log", {"cluster": " "}, r"cluster: a log does not say which cluster it ran on"),
     ("megatron_llama3_8b_tp2.log", {"model": "llama2-70b"}, r"model='llama2-70b' has 80 layers"),
 ])
 def test_a_missing_or_contradicted_value_is_refused(name, drop, expected):

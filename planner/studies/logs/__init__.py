@@ -15,7 +15,9 @@ from pathlib import Path
 
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.studies.logs import deepspeed, maxtext, megatron, torchtitan
-from clusterplan.planner.studies.logs.common import WARMUP_STEPS, Given, LogFile, assemble, first_timestamp
+from clusterplan.planner.studies.logs.common import (
+    WARMUP_STEPS, Given, LogFile, assemble, first_timestamp, positive_int,
+)
 from clusterplan.planner.studies.runs import load_runs
 
 __all__ = ["FORMATS", "WARMUP_STEPS", "detect_format", "load_inputs", "runs_from_log"]
@@ -101,8 +103,8 @@ def runs_from_log(log_path: str | Path, config_path: str | Path | None = None, *
     reader = FORMATS[fmt][0]
     if not cluster or not str(cluster).strip():
         raise log.error(None, "cluster: a log does not say which cluster it ran on; give a preset id or a cluster file")
-    given = Given(cluster=cluster, device=device, model=model, framework_version=framework_version, devices=devices,
-                  seq_len=seq_len)
+    given = Given(cluster=cluster, device=device, model=model, framework_version=framework_version,
+                  devices=positive_int(devices, log, "devices="), seq_len=positive_int(seq_len, log, "seq_len="))
     config_file = Path(config_path) if config_path is not None else config_beside(log.path, fmt)
     config = reader.load_config(config_file, log) if config_file is not None else None
     facts = reader.read(log, config, given)

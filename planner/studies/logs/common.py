@@ -9,6 +9,7 @@ loader reads (``planner/data/RUNS_FORMAT.md``), leaving out every field the log 
 from __future__ import annotations
 
 import ast
+import math
 import re
 import statistics
 from collections.abc import Iterator
@@ -33,11 +34,29 @@ compile (its guide's example: 44.9 s against 5.7 s) and its step 1 can end befor
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 TIMESTAMP = re.compile(r"\b(20\d\d)-(0[1-9]|1[0-2])-([0-3]\d)[ T_]\d\d:\d\d")
-NUMBER = r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-"""A logged number: digits with optional thousands commas (torchtitan's ``tps: 1,234``), a
-fraction and an exponent."""
+NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+"""A logged number: digits with optional thousands commas (torchtitan's ``tps: 1,234``; a comma
+not followed by three digits separates fields, as in MaxText's ``seconds: 5.6, ...``), a fraction
+and an exponent."""
 
 GIB = 2**30
+
+
+def measured(text: str, log: "LogFile", lineno: int, what: str) -> float:
+    """A figure a step line must give (a time, a rate): a finite number > 0, else :class:`SpecError`
+    naming the line."""
+    value = float(text.replace(",", ""))
+    if not math.isfinite(value) or value <= 0:
+        raise log.error(lineno, f"{what}: got {text}; expected a finite number > 0")
+    return value
+
+
+def optional(text: str | None) -> float | None:
+    """A figure a line may give (TFLOP/s, a memory peak): None where absent, not finite or not > 0."""
+    if text is None:
+        return None
+    value = float(text.replace(",", ""))
+    return value if math.isfinite(value) and value > 0 else None
 
 
 def literal(text: str):
@@ -266,7 +285,8 @@ def positive_int(value, log: LogFile, what: str) -> int | None:
     """A count read from a log or config (None stays None); anything but an integer > 0 is refused."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value != int(value) or value < 1):
         raise log.error(None, f"{what}: got {value!r}; expected an integer >= 1")
     return int(value)
 
@@ -329,6 +349,7 @@ def run_id(path: Path) -> str:
     return f"{parent}/{stem}" if parent else stem
 
 
-def peak_gib(values_gib: list[float]) -> float | None:
+def peak_gib(values_gib: list[float | None]) -> float | None:
     """The largest of the peaks a log reports (ranks and intervals), rounded to MiB; none: None."""
-    return round(max(values_gib), 3) if values_gib else None
+    values = [v for v in values_gib if v is not None]
+    return round(max(values), 3) if values else None

@@ -32,7 +32,8 @@ from clusterplan.models import hf
 from clusterplan.models.errors import SpecError
 from clusterplan.models.files import load_file, parse_json
 from clusterplan.planner.studies.logs.common import (
-    NUMBER, Given, LogFile, RunFacts, Step, literal, median_step_time, peak_gib, positive_int, shown_line,
+    NUMBER, Given, LogFile, RunFacts, Step, literal, measured, median_step_time, optional, peak_gib, positive_int,
+    shown_line,
 )
 
 NAME = "DeepSpeed"
@@ -152,11 +153,10 @@ def _block_line(found: DeepSpeedLog, log: LogFile, text: str) -> None:
 
 def _step(found: DeepSpeedLog, log: LogFile, lineno: int, text: str) -> None:
     if (m := TIMER.search(text)):
-        found.timer.append((Step(int(m.group(1)), lineno, 0.0), float(m.group(2).replace(",", ""))))
-        if m.group(3):
-            found.peaks_gib.append(float(m.group(3)))
+        found.timer.append((Step(int(m.group(1)), lineno, 0.0), measured(m.group(2), log, lineno, "CurrSamplesPerSec")))
+        found.peaks_gib.append(optional(m.group(3)))
     elif (m := PIPE.search(text)):
-        found.pipe.append(Step(int(m.group(1)), lineno, float(m.group(2))))
+        found.pipe.append(Step(int(m.group(1)), lineno, measured(m.group(2), log, lineno, "iter time (s)")))
     else:
         raise log.error(lineno, "a DeepSpeed step line without 'global_step=N, RunningAvgSamplesPerSec=..., "
                         "CurrSamplesPerSec=<number>' (ThroughputTimer) or 'steps: N loss: ... iter time (s): <number> "
@@ -208,7 +208,7 @@ def _measured(facts: RunFacts, found: DeepSpeedLog, log: LogFile) -> None:
     if found.timer:
         if not facts.global_batch_size:
             raise log.error(None, "train_batch_size: the ThroughputTimer's samples per second need it; give the JSON config")
-        steps = [Step(s.step, s.lineno, facts.global_batch_size / rate) for s, rate in found.timer if rate > 0]
+        steps = [Step(s.step, s.lineno, facts.global_batch_size / rate) for s, rate in found.timer]
         what = "DeepSpeed ThroughputTimer 'CurrSamplesPerSec'"
         facts.measured["step_time_derivation"] = "train_batch_size/CurrSamplesPerSec"
     else:
@@ -216,7 +216,7 @@ def _measured(facts: RunFacts, found: DeepSpeedLog, log: LogFile) -> None:
     time_s, note, _ = median_step_time(steps, log, what)
     facts.measured["step_time_s"] = round(time_s, 6)
     facts.notes.append(note)
-    if found.peaks_gib:
+    if peak_gib(found.peaks_gib):
         facts.measured.update(peak_memory_gib=peak_gib(found.peaks_gib), peak_memory_kind="allocated")
         facts.notes.append("peak_memory_gib: the largest 'MaxMemAllocated' of the ThroughputTimer lines "
                            "(torch.cuda.max_memory_allocated of rank 0)")

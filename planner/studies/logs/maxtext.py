@@ -27,8 +27,8 @@ from clusterplan.models.errors import SpecError
 from clusterplan.models.files import load_file
 from clusterplan.models.library import get_model
 from clusterplan.planner.studies.logs.common import (
-    NUMBER, Given, LogFile, RunFacts, Step, agree, dims_model, literal, median_of, median_step_time, positive_int,
-    shown_line,
+    NUMBER, Given, LogFile, RunFacts, Step, agree, dims_model, literal, measured, median_of, median_step_time,
+    optional, positive_int, shown_line,
 )
 
 NAME = "MaxText"
@@ -124,11 +124,10 @@ def _scan(log: LogFile) -> MaxTextLog:
                 raise log.error(lineno, "a MaxText step line ('completed step: N, ...') without 'seconds: <number>,' "
                                 f"as MaxText's metric logger prints it; got {shown_line(text)}")
             step = int(m.group(1))
-            found.steps.append(Step(step, lineno, float(m.group(2))))
-            if m.group(3):
-                found.tflops[step] = float(m.group(3))
-            if m.group(4):
-                found.tokens[step] = float(m.group(4))
+            found.steps.append(Step(step, lineno, measured(m.group(2), log, lineno, "seconds")))
+            for figures, text_value in ((found.tflops, m.group(3)), (found.tokens, m.group(4))):
+                if optional(text_value) is not None:
+                    figures[step] = optional(text_value)
         elif (m := PARAM.search(text)):
             found.params[m.group(1)] = literal(m.group(2))
         elif (m := DEVICES.search(text)):
@@ -191,7 +190,7 @@ def _batch(facts: RunFacts, cfg: dict, log: LogFile) -> None:
     per_device = cfg.get("per_device_batch_size")
     accumulation = positive_int(cfg.get("gradient_accumulation_steps", 1), log, "gradient_accumulation_steps")
     glob = cfg.get("global_batch_size_to_train_on")
-    if glob is None and isinstance(per_device, (int, float)) and facts.count:
+    if glob is None and isinstance(per_device, (int, float)) and math.isfinite(per_device) and facts.count:
         glob = int(per_device * facts.count) * accumulation
     facts.global_batch_size = positive_int(glob, log, "global_batch_size_to_train_on")
     facts.seq_len = positive_int(cfg.get("max_target_length"), log, "max_target_length")

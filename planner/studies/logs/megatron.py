@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from clusterplan.models.errors import SpecError
 from clusterplan.models.files import load_file
 from clusterplan.planner.studies.logs.common import (
-    GIB, NUMBER, Given, LogFile, RunFacts, Step, agree, dims_model, literal, median_of, median_step_time, peak_gib,
-    positive_int, shown_line,
+    GIB, NUMBER, Given, LogFile, RunFacts, Step, agree, dims_model, literal, measured, median_of, median_step_time,
+    optional, peak_gib, positive_int, shown_line,
 )
 
 NAME = "Megatron-LM / NeMo / Megatron-Bridge"
@@ -159,18 +159,18 @@ def _step(found: MegatronLog, log: LogFile, lineno: int, text: str) -> None:
     if not m:
         raise log.error(lineno, "a Megatron step line ('iteration N/M | consumed samples: ...') without "
                         f"'elapsed time per iteration (ms): <number> |'; got {shown_line(text)}")
-    step = int(m.group(1))
-    found.steps.append(Step(step, lineno, float(m.group(3).replace(",", "")) / (1000.0 if m.group(2) == "ms" else 1.0)))
+    step, unit_s = int(m.group(1)), 1e-3 if m.group(2) == "ms" else 1.0
+    found.steps.append(Step(step, lineno, measured(m.group(3), log, lineno, "elapsed time per iteration") * unit_s))
     tflops = TFLOPS.search(text)
-    if tflops:
-        found.tflops[step] = float(tflops.group(1).replace(",", ""))
+    if tflops and optional(tflops.group(1)) is not None:
+        found.tflops[step] = optional(tflops.group(1))
 
 
 def _other(found: MegatronLog, text: str) -> None:
-    if (m := MEMORY_MB.search(text)):
-        found.peaks_gib.append(float(m.group(1).replace(",", "")) * 2**20 / GIB)
-    elif (m := MEMORY_GB.search(text)):
-        found.peaks_gib.append(float(m.group(1).replace(",", "")) * 1e9 / GIB)
+    if (m := MEMORY_MB.search(text)) and optional(m.group(1)):
+        found.peaks_gib.append(optional(m.group(1)) * 2**20 / GIB)
+    elif (m := MEMORY_GB.search(text)) and optional(m.group(1)):
+        found.peaks_gib.append(optional(m.group(1)) * 1e9 / GIB)
     elif (m := PADDED_VOCAB.search(text)):
         found.vocab = int(m.group(1))
     elif (m := WORLD.search(text)):

@@ -36,8 +36,8 @@ from clusterplan.models.errors import SpecError
 from clusterplan.models.files import read_text
 from clusterplan.models.library import get_model
 from clusterplan.planner.studies.logs.common import (
-    NUMBER, Given, LogFile, RunFacts, Step, agree, literal, median_of, median_step_time, peak_gib, positive_int,
-    shown_line,
+    NUMBER, Given, LogFile, RunFacts, Step, agree, literal, measured, median_of, median_step_time, optional, peak_gib,
+    positive_int, shown_line,
 )
 
 NAME = "torchtitan"
@@ -141,10 +141,10 @@ def _step(found: TitanLog, log: LogFile, lineno: int, text: str) -> None:
                         f"tps: <tokens/s>' as torchtitan's metrics print them; got {shown_line(text)}")
     step = int(m.group(1))
     found.steps.append(Step(step, lineno, 0.0))
-    found.tps.setdefault(step, []).append(float(m.group(4).replace(",", "")))
-    found.peaks_gib.append(float(m.group(2)))
-    if m.group(5):
-        found.tflops[step] = float(m.group(5).replace(",", ""))
+    found.tps.setdefault(step, []).append(measured(m.group(4), log, lineno, "tps"))
+    found.peaks_gib.append(optional(m.group(2)))
+    if optional(m.group(5)) is not None:
+        found.tflops[step] = optional(m.group(5))
 
 
 def _get(cfg: dict, *paths: str):
@@ -280,6 +280,7 @@ def _measured(facts: RunFacts, found: TitanLog, log: LogFile) -> None:
     if tflops:
         facts.measured["tflops_per_device"] = round(median_of(tflops), 3)
         facts.measured["tflops_definition"] = "torchtitan 'tflops': num_flops_per_token x tps (6N + attention)"
-    facts.measured.update(peak_memory_gib=peak_gib(found.peaks_gib), peak_memory_kind="reserved")
-    facts.notes.append("peak_memory_gib: the largest 'memory' of the step lines (max_memory_reserved since the "
-                       "previous line)")
+    if peak_gib(found.peaks_gib):
+        facts.measured.update(peak_memory_gib=peak_gib(found.peaks_gib), peak_memory_kind="reserved")
+        facts.notes.append("peak_memory_gib: the largest 'memory' of the step lines (max_memory_reserved since the "
+                           "previous line)")
