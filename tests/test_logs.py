@@ -215,6 +215,26 @@ def test_a_step_logged_by_every_rank_counts_once(tmp_path):
     assert run["measured"]["step_time_s"] == _read("torchtitan_llama3_8b_fsdp8.log")["measured"]["step_time_s"]
 
 
+def test_a_2024_torchtitan_log_and_config(tmp_path):
+    """torchtitan before 2024-09 named the FSDP mesh dimension 'dp', logged 'wps' and 'Training starts
+    at step 1, with local batch size ...', and kept the degrees in [training] and [experimental]."""
+    text = (LOGS / "torchtitan_llama3_8b_fsdp8.log").read_text()
+    text = text.replace("Building device mesh with parallelism: pp=1, dp_replicate=1, dp_shard=8, cp=1, tp=1, ep=1, "
+                        "etp=1", "Building 2-D device mesh with ['dp', 'tp'], [4, 2]").replace("tps:", "wps:")
+    text = re.sub(r"Trainer is initialized with .*", "Training starts at step 1, with local batch size 2, global batch "
+                  "size 8, sequence length 8192, total steps 20 (warmup 2)", text)
+    (tmp_path / "train.log").write_text(text)
+    (tmp_path / "train.toml").write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nbatch_size = 2\n'
+                                         'seq_len = 8192\ndata_parallel_degree = -1\ntensor_parallel_degree = 2\n'
+                                         '[experimental]\npipeline_parallel_degree = 1\n[activation_checkpoint]\n'
+                                         'mode = "full"\n')
+    run = runs_from_log(tmp_path / "train.log", cluster=H100)[0]
+    _subset({"global_batch_size": 8, "micro_batch_size": 2, "hardware": {"count": 8},
+             "layout": {"tp": 2, "dp": 4, "pp": 1, "zero_stage": 3, "recompute": "full", "sequence_parallel": True}}, run)
+    tps = [int(t.replace(",", "")) for t in re.findall(r"wps: ([\d,]+)", text)][WARMUP_STEPS:]
+    assert run["measured"]["step_time_s"] == pytest.approx(statistics.median(8 * 8192 / (8 * v) for v in tps), rel=1e-4)
+
+
 def test_megatron_deepspeed_arguments_name_deepspeed_and_its_zero_stage(tmp_path):
     """Megatron-DeepSpeed's dump has --deepspeed and --zero-stage, and its step lines give seconds."""
     text = (LOGS / "megatron_llama3_8b_tp2.log").read_text()

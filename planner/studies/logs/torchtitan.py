@@ -123,6 +123,8 @@ def _scan(log: LogFile) -> TitanLog:
                 found.mesh = {str(n): int(d) for n, d in zip(names, dims)}
                 if "dp_shard_mod_ep" in found.mesh:  # v0.2.0 with ep: dp_shard = dp_shard_mod_ep x dp_shard_in_ep
                     found.mesh["dp_shard"] = found.mesh.pop("dp_shard_mod_ep") * found.mesh.pop("dp_shard_in_ep", 1)
+                if "dp" in found.mesh:  # 2024, before HSDP: 'dp' was the FSDP dimension
+                    found.mesh["dp_shard"] = found.mesh.pop("dp")
         elif (m := BATCH.search(text)):
             for words, key in BATCH_FIELDS.items():
                 if (v := re.search(re.escape(words) + r"\s+(\d+)", m.group(1))):
@@ -158,10 +160,19 @@ def _get(cfg: dict, *paths: str):
     return None
 
 
-MESH_KEYS = {"tp": ("tp", "parallelism.tensor_parallel_degree"), "pp": ("pp", "parallelism.pipeline_parallel_degree"),
-             "cp": ("cp", "parallelism.context_parallel_degree"), "ep": ("ep", "parallelism.expert_parallel_degree"),
-             "dp_replicate": ("dp_replicate", "parallelism.data_parallel_replicate_degree"),
-             "dp_shard": ("dp_shard", "parallelism.data_parallel_shard_degree")}
+MESH_KEYS = {
+    # degree: (its name on the log's mesh line, its config keys: [parallelism] since 2024-09, before it
+    # [training] and [experimental], as torchtitan's llama3_8b.toml of 2024-05 and 2024-08 has them)
+    "tp": ("tp", ("parallelism.tensor_parallel_degree", "training.tensor_parallel_degree")),
+    "pp": ("pp", ("parallelism.pipeline_parallel_degree", "experimental.pipeline_parallel_degree",
+                  "training.pipeline_parallel_degree")),
+    "cp": ("cp", ("parallelism.context_parallel_degree", "experimental.context_parallel_degree")),
+    "ep": ("ep", ("parallelism.expert_parallel_degree",)),
+    "dp_replicate": ("dp_replicate", ("parallelism.data_parallel_replicate_degree",
+                                      "training.data_parallel_replicate_degree")),
+    "dp_shard": ("dp_shard", ("parallelism.data_parallel_shard_degree", "training.data_parallel_shard_degree",
+                              "training.data_parallel_degree")),
+}
 
 
 def _layout(facts: RunFacts, found: TitanLog, cfg: dict, log: LogFile) -> None:
@@ -169,10 +180,10 @@ def _layout(facts: RunFacts, found: TitanLog, cfg: dict, log: LogFile) -> None:
     devices left); the device count is their product. FSDP sharding is ZeRO-3 (``never``
     resharding after forward ZeRO-2), plain replication ZeRO-0; HSDP (both) is left to the search."""
     deg = {}
-    for key, (mesh_name, path) in MESH_KEYS.items():
+    for key, (mesh_name, paths) in MESH_KEYS.items():
         # the mesh line has every device-taking degree (the old one those above 1); ep borrows devices
-        value = found.mesh.get(mesh_name, 1) if found.mesh and key != "ep" else found.mesh.get("ep", _get(cfg, path))
-        deg[key] = positive_int(value, log, path) if value != -1 else -1
+        value = found.mesh.get(mesh_name, 1) if found.mesh and key != "ep" else found.mesh.get("ep", _get(cfg, *paths))
+        deg[key] = positive_int(value, log, paths[0]) if value != -1 else -1
         if deg[key] is None:
             deg[key] = -1 if key == "dp_shard" else 1
     if deg["dp_shard"] != -1:
@@ -180,6 +191,8 @@ def _layout(facts: RunFacts, found: TitanLog, cfg: dict, log: LogFile) -> None:
     shard, replicate = deg["dp_shard"], deg["dp_replicate"]
     reshard = _get(cfg, "parallelism.fsdp_reshard_after_forward")
     zero = 0 if shard == 1 else (None if replicate > 1 else (2 if reshard == "never" else 3))
+    if _get(cfg, "training.data_parallel_type") == "ddp":  # 2024: the dp dimension replicated instead of sharding
+        zero = 0
     if zero is None:
         facts.notes.append(f"zero_stage: HSDP (dp_replicate {replicate} x dp_shard {shard}) shards within a group; "
                            "left to the search")
@@ -189,8 +202,9 @@ def _layout(facts: RunFacts, found: TitanLog, cfg: dict, log: LogFile) -> None:
     sp = _get(cfg, "parallelism.enable_sequence_parallel")  # main since 2026-03-29; before, apply_tp always ran SP
     if deg["tp"] > 1:
         facts.layout["sequence_parallel"] = sp if isinstance(sp, bool) else True
-    if isinstance(_get(cfg, "parallelism.enable_async_tensor_parallel"), bool):
-        facts.layout["tp_overlap"] = _get(cfg, "parallelism.enable_async_tensor_parallel")
+    async_tp = _get(cfg, "parallelism.enable_async_tensor_parallel", "experimental.enable_async_tensor_parallel")
+    if isinstance(async_tp, bool):
+        facts.layout["tp_overlap"] = async_tp
 
 
 def _vp(cfg: dict, pp: int) -> int | None:
@@ -198,7 +212,7 @@ def _vp(cfg: dict, pp: int) -> int | None:
     ``module_fqns_per_model_part`` where the config gives it, else unknown."""
     if pp == 1:
         return 1
-    schedule = str(_get(cfg, "parallelism.pipeline_parallel_schedule") or "1F1B")
+    schedule = str(_get(cfg, "parallelism.pipeline_parallel_schedule", "experimental.pipeline_parallel_schedule") or "1F1B")
     if schedule in ("1F1B", "GPipe"):
         return 1
     parts = _get(cfg, "parallelism.module_fqns_per_model_part")
@@ -234,7 +248,10 @@ def _batch(facts: RunFacts, found: TitanLog, cfg: dict, log: LogFile) -> None:
     facts.global_batch_size = positive_int(glob if glob != -1 else None, log, "global batch size")
     facts.seq_len = positive_int(found.batch.get("seq_len") or _get(cfg, "training.seq_len"), log, "seq_len")
     if facts.layout.get("pp", 1) > 1:
-        local = _get(cfg, "parallelism.pipeline_parallel_microbatch_size") or 1
+        count = _get(cfg, "experimental.pipeline_parallel_microbatches")  # 2024: a count, not a size
+        size = _get(cfg, "parallelism.pipeline_parallel_microbatch_size")
+        local = size or (local // count if isinstance(local, int) and isinstance(count, int) and count > 0
+                         and local % count == 0 else (None if count else 1))
     facts.micro_batch_size = positive_int(local, log, "local batch size")
 
 
