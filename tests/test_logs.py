@@ -40,7 +40,7 @@ CASES = {
          "model": {"num_layers": 32, "vocab_size": 128256, "dropout": False}}),
     "torchtitan_llama3_8b_fsdp8.log": (
         {"cluster": H100},
-        {"framework": {"name": "torchtitan", "version": "0.2.2", "date": "2026-02"}, "seq_len": 8192,
+        {"framework": {"name": "torchtitan", "version": "torchtitan 0.2.2", "date": "2026-02"}, "seq_len": 8192,
          "global_batch_size": 16, "micro_batch_size": 2, "precision": "bf16", "hardware": {"cluster": H100, "count": 8},
          "layout": {"tp": 1, "pp": 1, "dp": 8, "cp": 1, "ep": 1, "vp": 1, "zero_stage": 3, "recompute": "selective"},
          "model": {"name": "Llama 3 8B", "num_layers": 32, "vocab_size": 128256}}),

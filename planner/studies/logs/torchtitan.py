@@ -92,7 +92,7 @@ def load_config(path, log: LogFile) -> dict:
 def read(log: LogFile, config: dict | None, given: Given) -> RunFacts:
     found = _scan(log)
     cfg = config or {}
-    facts = RunFacts(framework="torchtitan", framework_version=found.version)
+    facts = RunFacts(framework="torchtitan", framework_version=f"torchtitan {found.version}" if found.version else None)
     facts.config_source = "; layout and batch from " + ("its TOML job config and " if config else "") + "the log"
     _layout(facts, found, cfg, log)
     facts.count = agree(log, "hardware.count (the mesh's devices)", facts.count, given.devices, "devices")
