@@ -54,7 +54,8 @@ from clusterplan.planner.studies.fit import TIME_LIMIT_S
 from clusterplan.planner.search import ENGINES, SearchOptions
 from clusterplan.planner.search.space import parse_bounds
 from clusterplan.planner.studies.validate import markdown_report, validate
-from clusterplan.planner.studies.calibrate import calibrate_one, calibration_inputs, fit, points_from_runs, study_runs
+from clusterplan.planner.studies.calibrate import (calibrate_one, calibration_inputs, fit, points_from_runs,
+                                                   save_runs_file, study_runs)
 from clusterplan.planner.studies.calibration import load_calibration, save
 from clusterplan.planner.studies.probe import measure, probe_entry, read_figures
 from clusterplan.planner.report.chart import compare_chart, grid_heatmap, sweep_chart
@@ -434,19 +435,30 @@ def _calibrate_one(file: str | None, as_json: bool, markdown: bool, calibration:
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("-o", "--output", "output", required=True, metavar="CAL.yaml", type=click.Path(dir_okay=False),
               help="Where to write the calibration (format clusterplan-calibration/1).")
+@click.option("--cluster", "cluster_arg", metavar="ID|FILE", help="The cluster the logs ran on (runs files name their own).")
+@click.option("--device", "device", metavar="ID", help="The device the logs ran on, where the preset has several.")
+@click.option("--model", "model_arg", metavar="ID|FILE", help="The model of logs that name none (Megatron-Bridge).")
+@click.option("--devices", "devices", type=POSITIVE_INT, help="The device count of logs that print none (Megatron-Bridge).")
+@click.option("--seq-len", "seq_len", type=POSITIVE_INT, help="The sequence length of logs that give none (DeepSpeed).")
+@click.option("--save-runs", "save_runs", metavar="RUNS.yaml", type=click.Path(dir_okay=False),
+              help="Also write the runs read (from logs too) as a clusterplan-runs/1 file, for validate.")
 @click.option("--json", "as_json", is_flag=True, help="Print the fitted entries as JSON.")
 @guarded
-def calibrate_command(inputs, output, as_json):
-    """Fit site parameters on your own measured runs (clusterplan-runs/1 files): per device and
-    framework, factors on the achieved matmul rate, the memory-bound rate and the host time per
+def calibrate_command(inputs, output, cluster_arg, device, model_arg, devices, seq_len, save_runs, as_json):
+    """Fit site parameters on your own measured runs: clusterplan-runs/1 files, or training logs of
+    Megatron-LM/NeMo, torchtitan, MaxText or DeepSpeed (LOG or LOG::CONFIG; docs/logs.md). Per device
+    and framework, factors on the achieved matmul rate, the memory-bound rate and the host time per
     kernel, and per fabric on the collectives' bandwidth; only those the runs determine. Prints the
     error before, after and leave-one-out, and writes CAL.yaml for --calibration.
 
     \b
     Example:  clusterplan calibrate my_runs.yaml -o site.yaml
+              clusterplan calibrate train.log::train.toml --cluster dgx-h100-superpod -o site.yaml
               clusterplan plan --model llama3-70b --cluster dgx-h100-superpod --calibration site.yaml
     """
-    runs = calibration_inputs(inputs)
+    runs = calibration_inputs(inputs, cluster_arg, device=device, model=model_arg, devices=devices, seq_len=seq_len)
+    if save_runs:
+        save_runs_file(runs, save_runs)
     with progress_bar("runs", not as_json) as tick:
         points, results = points_from_runs(runs, progress=tick)
     entries = fit(points, results)

@@ -202,3 +202,17 @@ def test_probe_without_pytorch_or_with_bad_figures_is_bad_input(tmp_path):
     except ImportError:
         res = CliRunner().invoke(main, ["probe", "--cluster", "dgx-h100-superpod", "-o", str(tmp_path / "c.yaml")])
         assert res.exit_code == 2 and "PyTorch" in res.output
+
+
+def test_calibrate_reads_training_logs_and_saves_them_as_runs_validate_scores(tmp_path):
+    logs = REPO / "tests/data/logs"
+    cal, runs = tmp_path / "cal.yaml", tmp_path / "runs.yaml"
+    res = CliRunner().invoke(main, ["calibrate", str(logs / "torchtitan_llama3_8b_fsdp8.log"),
+                                    str(logs / "megatron_llama3_8b_tp2.log"), "--cluster", "dgx-h100-superpod",
+                                    "-o", str(cal), "--save-runs", str(runs)])
+    assert res.exit_code == 0, res.output
+    assert {e.framework for e in load_calibration(cal).entries} == {"torchtitan", "megatron"}
+    doc = json.loads(CliRunner().invoke(main, ["validate", str(runs), "--no-best", "--json"]).output)
+    assert all(r["reason"] is None and r["error"] is not None for r in doc["runs"])
+    res = CliRunner().invoke(main, ["calibrate", str(logs / "megatron_llama3_8b_tp2.log"), "-o", str(cal)])
+    assert res.exit_code == 2 and "--cluster" in res.output

@@ -19,7 +19,7 @@ from clusterplan.planner.studies.calibration import (
     FABRIC, MAX_ITERATIONS, MIN_INDEPENDENCE, MIN_SENSITIVITY, NAMES, PARAMETERS, PRIOR_WEIGHT, STEP, Entry,
     with_factors,
 )
-from clusterplan.planner.studies.runs import Priced, RunResult, load_runs, load_runs_and_groups, price_run
+from clusterplan.planner.studies.runs import Priced, RunResult, load_runs_and_groups, price_run
 from clusterplan.planner.studies.validate import STEP_TIME_FILES, bundled_data_path, repository_holdouts, run_groups
 from clusterplan.planner.studies.uncertainty import _t90, percentile
 
@@ -276,18 +276,17 @@ def _cells_summary(cells: list[dict]) -> dict:
             "within_6pct": sum(c["median_abs_error_after"] <= 0.06 for c in cells)}
 
 
-RUN_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+def calibration_inputs(paths: Sequence[str], cluster: str | None = None, **given) -> list[dict]:
+    """The runs of ``paths``: ``clusterplan-runs/1`` files (``.yaml``, ``.yml``, ``.json``) as they are,
+    and training logs (``planner.studies.logs``: ``LOG`` or ``LOG::CONFIG``) read on ``cluster`` with
+    the other hardware and job facts ``given`` (device, model, devices, seq_len) that logs lack."""
+    from clusterplan.planner.studies.logs import RUN_FILE_SUFFIXES, load_inputs
 
-
-def calibration_inputs(paths: Sequence[str]) -> list[dict]:
-    """The runs of ``paths``: files in the ``clusterplan-runs/1`` format (``.yaml``, ``.yml``, ``.json``)."""
-    runs: list[dict] = []
-    for path in paths:
-        if not str(path).lower().endswith(RUN_FILE_SUFFIXES):
-            raise SpecError(f"calibrate INPUT: got {str(path)!r}; allowed: a clusterplan-runs/1 file "
-                            f"({', '.join(RUN_FILE_SUFFIXES)})")
-        runs += load_runs(path)
-    return runs
+    logs = [p for p in paths if "::" in str(p) or not str(p).lower().endswith(RUN_FILE_SUFFIXES)]
+    if logs and not cluster:
+        raise SpecError(f"--cluster: a training log ({logs[0]}) does not say which cluster it ran on; give the preset "
+                        "id or cluster file (and --device where the preset has several)")
+    return load_inputs(paths, cluster=cluster, **{k: v for k, v in given.items() if v is not None})
 
 
 def study_runs(path: str | None = None) -> tuple[list[dict], dict[str, list[str]]]:
@@ -302,3 +301,13 @@ def study_runs(path: str | None = None) -> tuple[list[dict], dict[str, list[str]
         for name, ids in run_groups(file_runs, extra).items():
             groups.setdefault(name, []).extend(ids)
     return runs, groups
+
+
+def save_runs_file(runs: Sequence[dict], path: str) -> None:
+    """``runs`` as a ``clusterplan-runs/1`` file (what ``validate FILE`` reads)."""
+    import yaml
+
+    from clusterplan.planner.studies.runs import FORMAT
+
+    with open(path, "w") as out:
+        yaml.safe_dump({"format": FORMAT, "runs": list(runs)}, out, sort_keys=False, width=110)
