@@ -384,3 +384,19 @@ def test_a_framework_date_before_the_frameworks_code_is_named():
     result = evaluate_run(run, SearchOptions(time_limit_s=10), best=False)
     assert result.reason is not None and "torchtitan" in result.reason and "2023-02" in result.reason
     assert "leave no value" not in result.reason
+
+
+def test_regret_is_what_the_run_ranked_first_measured_against_the_best():
+    from clusterplan.planner.studies.runs import RunResult
+    from clusterplan.planner.studies.validate import regret
+
+    def run(i, predicted, measured):
+        return RunResult(id=f"r{i}", count=8, predicted_step_time_s=predicted, measured_step_time_s=measured)
+
+    # the model ranks r0 first (1.0 s predicted) but it measured 1.5 s against r2's 1.2 s
+    results = [run(0, 1.0, 1.5), run(1, 1.1, 1.3), run(2, 1.2, 1.2), run(3, 9.0, 9.0), run(4, 1.0, 1.0)]
+    out = regret(results, {"job": ["r0", "r1", "r2"], "pair": ["r3", "r4"]})
+    assert out["groups"] == 1  # the pair is too small to have a first and a best apart
+    assert out["median"] == pytest.approx(1.25)
+    assert out["above"] == []
+    assert regret(results, {"job": ["r0", "r1", "r2"]}, min_runs=3)["max"] == pytest.approx(1.5 / 1.2)

@@ -135,6 +135,12 @@ def _ranking_lines(rk: dict, console: Console) -> None:
                   f"within {rk['tie_threshold']:.0%} of each other are ties, not counted")
     console.print(f"{'':>22}  by source: " + ", ".join(f"{k} {v['agreed']}/{v['pairs']}"
                                                        for k, v in rk["by_source"].items()))
+    rg = rk.get("regret") or {}
+    if rg.get("groups"):
+        above = "; ".join(f"{r['group']} {r['regret']:.2f}x ({r['first']})" for r in rg["above"])
+        console.print(f"{'':>22}  the run ranked first, measured against each group's best (groups of 3 or more runs, "
+                      f"{rg['groups']}): median {rg['median']:.3f}x, worst {rg['max']:.2f}x; above {rg['limit']:.2f}x: "
+                      + (above or "none"))
     for g in rk["by_group"]:
         if g["wrong"]:
             console.print(f"{'':>22}  {g['group']}: {g['agreed']}/{g['pairs']}; wrong: {'; '.join(g['wrong'][:3])}"

@@ -128,7 +128,32 @@ def ranking(results: list[RunResult], groups: dict[str, list[str]]) -> dict:
         tally[0], tally[1] = tally[0] + row["agreed"], tally[1] + row["pairs"]
     return {"groups": len(rows), "pairs": pairs, "agreed": agreed, "ties": ties, "tie_threshold": RANKING_TIE,
             "agreement": agreed / pairs if pairs else None, "by_group": rows,
-            "by_source": {k: {"agreed": a, "pairs": n} for k, (a, n) in sorted(by_source.items())}}
+            "by_source": {k: {"agreed": a, "pairs": n} for k, (a, n) in sorted(by_source.items())},
+            "regret": regret(results, groups)}
+
+
+REGRET_LIMIT = 1.25  # issue 35: the run ranked first measured within 1.25x of the group's best
+
+
+def regret(results: list[RunResult], groups: dict[str, list[str]], min_runs: int = 3) -> dict:
+    """In each group of ``min_runs`` or more runs of one job: the measured cost per step (step time x
+    devices) of the run the model ranks first, over the best measured: what picking the planner's
+    favourite would have cost. Median, worst, and the groups above :data:`REGRET_LIMIT`."""
+    by_id = {r.id: r for r in results}
+    rows = []
+    for name, ids in sorted(groups.items()):
+        members = [by_id[i] for i in dict.fromkeys(ids) if i in by_id and by_id[i].reason is None
+                   and by_id[i].measured_step_time_s and by_id[i].predicted_step_time_s]
+        if len(members) < min_runs:
+            continue
+        first = min(members, key=lambda r: r.predicted_step_time_s * r.count)
+        best = min(r.measured_step_time_s * r.count for r in members)
+        rows.append({"group": name, "runs": len(members), "first": first.id,
+                     "regret": first.measured_step_time_s * first.count / best})
+    values = sorted(r["regret"] for r in rows)
+    return {"groups": len(rows), "median": statistics.median(values) if values else None,
+            "max": values[-1] if values else None, "limit": REGRET_LIMIT,
+            "above": [r for r in rows if r["regret"] > REGRET_LIMIT]}
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -322,6 +347,11 @@ def markdown_report(result: dict) -> str:
         lines.append(f"- ranking: {rk['agreed']} of {rk['pairs']} pairs ordered as measured ({rk['agreement']:.1%}) in "
                      f"{rk['groups']} groups; {rk['ties']} pairs within {rk['tie_threshold']:.0%} are ties; by source: "
                      + ", ".join(f"{k} {v['agreed']}/{v['pairs']}" for k, v in rk["by_source"].items()))
+        rg = rk.get("regret") or {}
+        if rg.get("groups"):
+            lines.append(f"- the run ranked first against each group's best measured (groups of 3 or more runs, "
+                         f"{rg['groups']}): median {rg['median']:.3f}x, worst {rg['max']:.2f}x, "
+                         f"{len(rg['above'])} above {rg['limit']:.2f}x")
     if result.get("sweeps"):
         st = result["sweeps"]["summary"]["overall"]
         lines.append(f"- layout sweeps (`planner/data/sweeps.yaml`): {st['runs']} runs, median |error| "
