@@ -42,7 +42,7 @@ from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import job_defaults, list_models
 from clusterplan.planner.report.catalogue_text import clusters_table, devices_table, models_table
-from clusterplan.planner.report.html import console_text, plan_page, whatif_page, write_views
+from clusterplan.planner.report.html import console_text, plan_page, saved_plan_page, whatif_page, write_views
 from clusterplan.planner.report.plan import PLANNER_VERSION, read_plan_document
 from clusterplan.planner.report.progress import progress_bar, searching
 from clusterplan.planner.report.text import explain_report, fit_lines, render_report, report_text
@@ -505,7 +505,7 @@ def render_command(plan_file):
     """
     doc = read_plan_document(plan_file)
     sys.stdout.write(report_text(doc, _console()))
-    _write_views(lambda: plan_page(doc), doc)
+    _write_views(lambda: saved_plan_page(doc), doc)
 
 
 @click.group("clusterplan", cls=Group)

@@ -7,7 +7,6 @@ context (:func:`remember`) for the Request the command builds (:func:`remembered
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -288,9 +287,13 @@ def view_path(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         raise click.UsageError(f"{option}: {value!r} is a directory; give a file name")
     if option == "--timeline" and target.suffix.lower() != ".png":
         raise click.UsageError(f"--timeline: {value!r} is not a .png file (e.g. --timeline step.png)")
-    if option == "--timeline" and importlib.util.find_spec("matplotlib") is None:
-        raise click.UsageError(f"--timeline: {INSTALL_HINT}")
-    return remember(ctx, param, distinct_output(ctx, param, value))
+    value = distinct_output(ctx, param, value)
+    if option == "--timeline":
+        try:
+            import matplotlib  # noqa: F401 (an optional extra: said before any search, as --chart does)
+        except ImportError:
+            raise click.UsageError(f"--timeline: {INSTALL_HINT}") from None
+    return remember(ctx, param, value)
 
 
 OUTPUT_OPTIONS = [

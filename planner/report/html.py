@@ -87,6 +87,17 @@ def plan_page(doc: dict) -> str:
     return page(title, [s for s in sections if s[2]])
 
 
+def saved_plan_page(doc: dict) -> str:
+    """:func:`plan_page` of a saved document (``render --html``), or :class:`SpecError` naming what in
+    it is missing or malformed (a document no plan writes), as the text report does."""
+    try:
+        return plan_page(doc)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, IndexError) as err:
+        raise SpecError(f"PLAN.json: a field the page reads is missing or malformed ({type(err).__name__}: {err}); "
+                        "write it with plan/evaluate --json and do not edit it (if the file is unedited, this is a "
+                        "bug: please report it)") from None
+
+
 def _fabric(doc: dict) -> str:
     """Rank 0's groups drawn on the domains, and a table of each group's span and fabric tier."""
     groups = doc.get("fabric_groups")
