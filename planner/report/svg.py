@@ -209,7 +209,7 @@ def rows_chart(rows: list[dict], label: str, key: str, interval: str, title: str
     values = [(r, None if "error" in r or r.get(key) is None else r[key] / unit) for r in rows]
     spans = [[v / unit for v in r[interval]] for r, _ in values if "error" not in r and r.get(interval)]
     top = max([v for _, v in values if v is not None] + [hi for _, hi in spans] + [1e-30]) * 1.08
-    scale, body, y = (PLOT_W - 120) / top, [text(4, 12, title, ' class="lbl"')], 20.0
+    scale, body, y = (PLOT_W - 160) / top, [], 6.0
     for r, v in values:
         body.append(text(4, y + ROW_H - 5, str(r[label])[:28], ' class="lbl"'))
         if v is None:
@@ -219,7 +219,8 @@ def rows_chart(rows: list[dict], label: str, key: str, interval: str, title: str
             body.append(rect(LABEL_W + 80, y + 2, v * scale, ROW_H - 4, "#4e79a7", f"{title}: {fmt.format(v)}",
                              f' data-v="{v!r}"'))
             body.append(_whisker(r.get(interval), unit, scale, y, fmt, title))
-            body.append(text(LABEL_W + 84 + v * scale, y + ROW_H - 5, fmt.format(v), ' class="tick"'))
+            right = max([v] + [hi / unit for hi in (r.get(interval) or [])[1:]])
+            body.append(text(LABEL_W + 86 + right * scale, y + ROW_H - 5, fmt.format(v), ' class="tick"'))
         y += ROW_H + 4
     return svg(LABEL_W + PLOT_W + 20, y + 6, body, title)
 

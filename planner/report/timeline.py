@@ -118,7 +118,9 @@ def build_timeline(doc: dict) -> Timeline:
     note = (f"{len(shown)} of {s['pp']} stages shown" + (" (evenly spaced, first to last)" if len(shown) < s["pp"] else "")
             + f"; {s['num_microbatches']} micro-batches"
             + (f", {s['vp']} model chunks per stage" if s["vp"] > 1 else "")
-            + "; every stage at the slowest stage's times, as the step is priced; the LM head and stage sends "
+            + "; the critical path (top row) chains the blocks each of which starts as the one before it ends, "
+              "so they sum to the step time; every stage at the slowest stage's times, as the step is priced; "
+              "the LM head and stage sends "
               "on the last stage, where the model charges them; exposed layer collectives drawn half in the "
               "forward, half in the backward")
     return Timeline(doc["step_time_s"], path, rows, note)
