@@ -34,7 +34,7 @@ from rich.console import Console
 
 from clusterplan.cli_errors import Command, Group, _err, guarded
 from clusterplan.cli_options import (CALIBRATION_OPTION, ENGINE_OPTIONS, FRAMEWORK_NAMES, INPUT_OPTIONS, MOE_ROUTING_OPTIONS, POSITIVE_FLOAT,
-                                     POSITIVE_INT, PRICE_OPTION, PROBLEM_OPTIONS, SEARCH_OPTIONS, WHATIF_OUTPUT_OPTIONS,
+                                     OUTPUT_OPTIONS, POSITIVE_INT, PRICE_OPTION, PROBLEM_OPTIONS, SEARCH_OPTIONS, WHATIF_OUTPUT_OPTIONS,
                                      BoundedNumber, Headroom, TokenCount, apply_options, remembered)
 from clusterplan.cost.framework import check_platform, resolve_name as resolve_framework
 from clusterplan.cost.layout import MODEL_CODES
@@ -42,6 +42,7 @@ from clusterplan.cost.goodput import Reliability
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import job_defaults, list_models
 from clusterplan.planner.report.catalogue_text import clusters_table, devices_table, models_table
+from clusterplan.planner.report.html import console_text, plan_page, saved_plan_page, whatif_page, write_views
 from clusterplan.planner.report.plan import PLANNER_VERSION, read_plan_document
 from clusterplan.planner.report.progress import progress_bar, searching
 from clusterplan.planner.report.text import explain_report, fit_lines, render_report, report_text
@@ -91,7 +92,7 @@ def _request(model_arg: str, cluster_arg: str, **options: Any) -> Request:
 # ---- commands ----------------------------------------------------------------------------------------
 @click.command("plan", cls=Command)
 @click.version_option(PLANNER_VERSION, prog_name="clusterplan")  # `plan --version`, as `clusterplan --version`
-@apply_options(PROBLEM_OPTIONS + SEARCH_OPTIONS)
+@apply_options(PROBLEM_OPTIONS + SEARCH_OPTIONS + OUTPUT_OPTIONS)
 @guarded
 def plan_command(as_json, **options):
     """Search the parallel layouts of MODEL on CLUSTER and report the fastest that fits (or the
@@ -124,7 +125,7 @@ def _load_and_search(*, model_arg, cluster_arg, top_k, engine, time_limit_s, fix
                    "recomputes K layers of each stage; with recompute=selective under Megatron, "
                    "recompute_modules=layernorm+moe_act names Megatron-Core's --recompute-modules; "
                    "head_slots=on gives the embedding and the LM head a layer's slot each in the pipeline split.")
-@apply_options(PROBLEM_OPTIONS)
+@apply_options(PROBLEM_OPTIONS + OUTPUT_OPTIONS)
 @guarded
 def evaluate_command(layout_text, as_json, **options):
     """Predict step time and memory of one given layout (no search).
@@ -172,15 +173,16 @@ def devices_command(as_json):
 
 
 @click.command("explain")
-@apply_options(PROBLEM_OPTIONS + SEARCH_OPTIONS)
+@apply_options(PROBLEM_OPTIONS + SEARCH_OPTIONS + OUTPUT_OPTIONS)
 @guarded
 def explain_command(as_json, **options):
     """Why the best layout won: against each runner-up, what binds, and one step in every knob."""
     doc = _load_and_search(**options).document()
     if as_json:
         click.echo(json.dumps(doc["explanation"], indent=2))
-        return
-    explain_report(doc, _console())
+    else:
+        explain_report(doc, _console())
+    _write_views(lambda: plan_page(doc), doc)
 
 
 @click.command("compare")
@@ -206,7 +208,7 @@ def explain_command(as_json, **options):
               help="Search each candidate for, and rank the candidates by, step time, rental cost per step or "
                    "energy per step (the last two need a price/power for the device: --price-per-device-hour, or "
                    "a cluster file's price_per_device_hour_usd; a candidate without it says so in its row).")
-@apply_options(WHATIF_OUTPUT_OPTIONS + [CALIBRATION_OPTION])
+@apply_options(WHATIF_OUTPUT_OPTIONS + OUTPUT_OPTIONS + [CALIBRATION_OPTION])
 @guarded
 def compare_command(model_arg, clusters, global_batch, seq_len, precision, tokens, framework, compiled, model_code,
                     moe_capacity_factor, moe_load_imbalance, engine, objective, as_json, csv_path, chart_path,
@@ -250,7 +252,7 @@ def compare_command(model_arg, clusters, global_batch, seq_len, precision, token
                    + ", ".join([*SWEEP_KNOBS, "gpus (= devices)"])
                    + ", e.g. --over devices=256,512,1024 or --over scale-out-gbit-per-s=100,200,400. The other "
                      "options apply to every point; the swept knob's own option must not be given too.")
-@apply_options(INPUT_OPTIONS + ENGINE_OPTIONS + WHATIF_OUTPUT_OPTIONS)
+@apply_options(INPUT_OPTIONS + ENGINE_OPTIONS + WHATIF_OUTPUT_OPTIONS + OUTPUT_OPTIONS)
 @guarded
 def sweep_command(over, ray_address, jobs, model_arg, cluster_arg, engine, time_limit_s, fix, minimum, maximum,
                   memory_headroom, objective, as_json, csv_path, chart_path, **options):
@@ -319,6 +321,8 @@ def _whatif_output(rows: list[dict], label: str, title: str, as_json: bool, csv_
     if chart_path:
         draw(chart_path)
         _err(f"wrote {chart_path}")
+    _write_views(lambda: whatif_page(rows, label, title, console_text(lambda c: whatif_table(rows, label, title, c))),
+                 next((r for r in rows if "error" not in r), None), f"{title}: one step of the best")
 
 
 @click.command("export")
@@ -508,6 +512,7 @@ def probe_command(output, cluster_arg, device, framework, figures_path, save_pat
 
 @click.command("render")
 @click.argument("plan_file", metavar="PLAN.json")
+@apply_options(OUTPUT_OPTIONS)
 @guarded
 def render_command(plan_file):
     """Print the report of a saved Plan document (the JSON of `plan --json` or `evaluate --json`)
@@ -516,7 +521,9 @@ def render_command(plan_file):
     Example:  clusterplan plan --model gpt --cluster dgx-superpod --json > plan.json
               clusterplan render plan.json
     """
-    sys.stdout.write(report_text(read_plan_document(plan_file), _console()))
+    doc = read_plan_document(plan_file)
+    sys.stdout.write(report_text(doc, _console()))
+    _write_views(lambda: saved_plan_page(doc), doc)
 
 
 @click.group("clusterplan", cls=Group)
@@ -568,6 +575,13 @@ def emit(doc: dict, cluster: Cluster, origin: dict[str, str], as_json: bool) -> 
         click.echo(json.dumps(doc, indent=2))
     else:
         render_report(doc, _console())
+    _write_views(lambda: plan_page(doc), doc)
+
+
+def _write_views(page: Callable[[], str], source: dict | None, title: str | None = None) -> None:
+    """--html and --timeline, where given (remembered by their options), each with a line on stderr."""
+    for path in write_views(remembered("html_path"), remembered("timeline_path"), page, source, title):
+        _err(f"wrote {path}")
 
 
 def _console() -> Console:

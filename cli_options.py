@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -16,6 +17,7 @@ import click
 from clusterplan.cost.framework import FRAMEWORKS
 from clusterplan.cost.layout import MODEL_CODES
 from clusterplan.models.ops import ATTENTION_KINDS
+from clusterplan.planner.report.chart import INSTALL_HINT
 from clusterplan.planner.search import ENGINES
 from clusterplan.planner.search.engine import MAX_TOP_K
 from clusterplan.planner.studies.whatif import OBJECTIVES
@@ -260,11 +262,57 @@ ENGINE_OPTIONS = [
                       "on communication or bubbles, plus the host's share)."),
 ]
 SEARCH_OPTIONS = [TOP_OPTION] + ENGINE_OPTIONS
+def distinct_output(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Each file option of a command (--csv, --chart, --html, --timeline) names its own file: two
+    writing one would leave only the last."""
+    if value is None or value == "-":
+        return value
+    seen = ctx.meta.setdefault("clusterplan.output_paths", {})
+    key = str(Path(value).resolve())
+    if key in seen:
+        raise click.UsageError(f"{seen[key]} and {param.opts[0]} both name {value!r}; give each its own file")
+    seen[key] = param.opts[0]
+    return value
+
+
+def view_path(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """--html FILE / --timeline FILE.png: a file that can be written (its folder exists, it is no
+    folder; a .png with matplotlib installed for --timeline), checked before any search, and
+    remembered for the command to write (:func:`remembered`)."""
+    if value is None:
+        return value
+    option, target = param.opts[0], Path(value)
+    if not target.parent.is_dir():
+        raise click.UsageError(f"{option}: folder {str(target.parent)!r} does not exist; create it or write elsewhere")
+    if target.is_dir():
+        raise click.UsageError(f"{option}: {value!r} is a directory; give a file name")
+    if option == "--timeline" and target.suffix.lower() != ".png":
+        raise click.UsageError(f"--timeline: {value!r} is not a .png file (e.g. --timeline step.png)")
+    value = distinct_output(ctx, param, value)
+    if option == "--timeline":
+        try:
+            import matplotlib  # noqa: F401 (an optional extra: said before any search, as --chart does)
+        except ImportError:
+            raise click.UsageError(f"--timeline: {INSTALL_HINT}") from None
+    return remember(ctx, param, value)
+
+
+OUTPUT_OPTIONS = [
+    click.option("--html", "html_path", metavar="FILE", expose_value=False, callback=view_path,
+                 help="Also write the report as one self-contained HTML page (no external resource): the step's "
+                      "timeline per pipeline stage with its critical path, memory per stage, the groups on the "
+                      "fabric, the runners-up and rejections (compare/sweep: charts of the rows with their 80% "
+                      "intervals)."),
+    click.option("--timeline", "timeline_path", metavar="FILE.png", expose_value=False, callback=view_path,
+                 help="Also draw the step's timeline per pipeline stage as a PNG (compare/sweep: the best row's; "
+                      "needs matplotlib: pip install 'clusterplan[chart]')."),
+]
+"""The files of the HTML page and the timeline, on every command that reports a plan or rows."""
 WHATIF_OUTPUT_OPTIONS = [
     click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON."),
-    click.option("--csv", "csv_path", metavar="FILE",
+    click.option("--csv", "csv_path", metavar="FILE", callback=distinct_output,
                  help="Also write the rows as CSV to FILE (- for stdout, instead of the table)."),
-    click.option("--chart", "chart_path", metavar="FILE.png",
+    click.option("--chart", "chart_path", metavar="FILE.png", callback=distinct_output,
                  help="Also draw the rows as a chart (.png, .svg or .pdf; needs matplotlib: "
                       "pip install 'clusterplan[chart]')."),
     click.option("--no-timings", "no_timings", is_flag=True, default=None, expose_value=False, callback=remember,

@@ -382,10 +382,16 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     """The step's time by cause, on the slowest pipeline stage: with dense and MoE layers both, the
     slower of the candidate stages (``cost.terms.stage_kind_shares``), each with the compute it
     leaves to hide its data-parallel traffic behind."""
+    return slowest_stage(ctx, layout, m)[1]
+
+
+def slowest_stage(ctx: Context, layout: Layout, m: int) -> tuple[LayerTerms, TimeBreakdown]:
+    """The pipeline stage whose step :func:`time_breakdown` reports: its layer terms for one
+    micro-batch (what a drawing of the schedule is made of) and its step's breakdown."""
     ctx = ctx.placed(layout.order)
     dp = dp_terms(ctx, layout)
-    return max((_stage_breakdown(ctx, layout, m, stage, windows, dp) for stage, windows in _stages(ctx, layout, m)),
-               key=lambda t: t.total_s)
+    return max(((stage, _stage_breakdown(ctx, layout, m, stage, windows, dp)) for stage, windows in _stages(ctx, layout, m)),
+               key=lambda pair: pair[1].total_s)
 
 
 def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, windows: tuple[float, float],
@@ -453,11 +459,15 @@ def _exposed(comm_s: float, window_s: float, overlap: bool, share: float) -> flo
 
 def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:
     """Memory of the pipeline rank whose peak is the highest (:func:`memory_ranks`)."""
+    return max(rank_memories(ctx, layout, m).values(), key=lambda b: b.fit_bytes)
+
+
+def rank_memories(ctx: Context, layout: Layout, m: int) -> dict[str, MemoryBreakdown]:
+    """The memory peak of each rank of :func:`memory_ranks` (first, second, last), by category."""
     lt = layer_terms(ctx, layout)
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
-    return max((_rank_memory(ctx, layout, m, lt, head.logits_bytes, rank) for rank in memory_ranks(layout.pp)),
-               key=lambda b: b.fit_bytes)
+    return {rank: _rank_memory(ctx, layout, m, lt, head.logits_bytes, rank) for rank in memory_ranks(layout.pp)}
 
 
 def memory_ranks(pp: int) -> tuple[str, ...]:
@@ -497,11 +507,7 @@ def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
     """Peak bytes (reserved) on the first and on the last pipeline stage: the first holds the most
     in-flight micro-batches (1F1B warm-up; reported with rank 1's where that is higher: no
     vocabulary matrix, but no dense layers either), the last one micro-batch plus the logits."""
-    lt = layer_terms(ctx, layout)
-    head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
-                      layout.stride("tp"))
-    peaks = {rank: _rank_memory(ctx, layout, m, lt, head.logits_bytes, rank).total_bytes
-             for rank in memory_ranks(layout.pp)}
+    peaks = {rank: b.total_bytes for rank, b in rank_memories(ctx, layout, m).items()}
     return max(peaks["first"], peaks.get("second", 0.0)), peaks["last"]
 
 

@@ -13,7 +13,7 @@ a :class:`PlanResults` into the JSON-ready document without computing anything.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from clusterplan.cost.energy import has_idle_power, host_power_w, step_cost_usd, step_energy_j
 from clusterplan.cost.goodput import goodput
@@ -25,6 +25,7 @@ from clusterplan.planner.caveats import caveats
 from clusterplan.planner.explain import explain, placement
 from clusterplan.planner.search import SearchResult
 from clusterplan.planner.studies.uncertainty import LEVEL, prediction_interval
+from clusterplan.planner.views import fabric_groups, schedule_figures, stage_memory_figures
 from clusterplan.topologies.cluster import Cluster
 
 
@@ -50,6 +51,9 @@ class LayoutResults:
     """The step time's 80% interval from the published runs of its regime
     (:func:`planner.studies.uncertainty.prediction_interval`): ``{low_s, high_s, level, regime, runs,
     sources}``; None without the interval table."""
+    views: dict | None = None
+    """The winner's figures the HTML page and the timeline draw (:mod:`planner.views`): ``schedule``,
+    ``stage_memory`` and ``fabric_groups``; None for a runner-up."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +98,14 @@ def layout_results(ev: Evaluation, job: Job, cluster: Cluster, model: ModelSpec 
         step_time_interval=interval)
 
 
+def with_views(figures: LayoutResults, model: ModelSpec, job: Job, cluster: Cluster) -> LayoutResults:
+    """The winner's figures with those the page and the timeline draw (:mod:`planner.views`)."""
+    ev = figures.evaluation
+    return replace(figures, views={"schedule": schedule_figures(model, job, cluster, ev),
+                                   "stage_memory": stage_memory_figures(model, job, cluster, ev),
+                                   "fabric_groups": fabric_groups(cluster, ev.layout)})
+
+
 def step_time_interval(ev: Evaluation, job: Job, cluster: Cluster, moe: bool) -> dict | None:
     """The 80% interval of the step time (:func:`planner.studies.uncertainty.prediction_interval`),
     its low end no faster than the device's matmul ceiling allows (every model FLOP at the large-GEMM
@@ -132,7 +144,7 @@ def plan_results(result: SearchResult) -> PlanResults:
     m = result.model
     return PlanResults(
         **_inputs(result.model, result.job, result.cluster),
-        best=layout_results(result.best, result.job, result.cluster, m),
+        best=with_views(layout_results(result.best, result.job, result.cluster, m), m, result.job, result.cluster),
         runners_up=tuple(layout_results(ev, result.job, result.cluster, m) for ev in result.runners_up),
         search=result, idle_power_known=has_idle_power(result.cluster),
         explanation=explain(result.model, result.job, result.cluster, result.best, result.runners_up, result.space))
@@ -142,7 +154,8 @@ def evaluation_results(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluat
     """The results of one given layout (``clusterplan evaluate``): its figures and, on a torus, which
     torus axes each parallel axis spans."""
     torus = placement(cluster, ev.layout)
-    return PlanResults(**_inputs(model, job, cluster), best=layout_results(ev, job, cluster, model),
+    return PlanResults(**_inputs(model, job, cluster),
+                       best=with_views(layout_results(ev, job, cluster, model), model, job, cluster),
                        explanation={"placement": torus} if torus else None)
 
 
@@ -189,6 +202,9 @@ def training_totals(figures: dict, job: Job, num_params: float | None = None, nu
     interval = figures.get("step_time_interval")
     if interval and out["time_to_train_s"] is not None:
         out["time_to_train_interval_s"] = [scale(interval["low_s"]), scale(interval["high_s"])]
+        if figures["cost_per_step_usd"] is not None:  # rental cost is the step time times a rate
+            rate = figures["cost_per_step_usd"] / figures["step_time_s"]
+            out["cost_interval_usd"] = [scale(rate * interval["low_s"]), scale(rate * interval["high_s"])]
     if gp is not None:
         out["device_hours"] = None if factor is None else num_devices * ideal_s * factor / 3600.0
         finite = lambda value: value if math.isfinite(value) else None  # no failures: null, not Infinity

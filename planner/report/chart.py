@@ -154,10 +154,36 @@ def _tick(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _save(plt, fig, path: str) -> None:
+def _save(plt, fig, path: str, option: str = "--chart") -> None:
     try:
         fig.savefig(path, dpi=120)
     except OSError as err:
-        raise SpecError(f"--chart: cannot write {path}: {err.strerror or err}") from None
+        raise SpecError(f"{option}: cannot write {path}: {err.strerror or err}") from None
     finally:
         plt.close(fig)
+
+
+def timeline_png(timeline, path: str, title: str) -> None:
+    """The step's timeline (:func:`planner.report.timeline.build_timeline`) as a PNG: the critical
+    path on top, then each stage drawn, a block per term, what the overlaps hide as a thin lane."""
+    from clusterplan.planner.report.timeline import TERMS
+
+    plt = _pyplot()
+    rows = [timeline.path] + timeline.rows
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.45 * len(rows)), layout="constrained")
+    for i, row in enumerate(rows):
+        y = len(rows) - 1 - i
+        for term in dict.fromkeys(b.term for b in row.blocks):
+            spans = [(b.start_s, b.duration_s) for b in row.blocks if b.term == term]
+            ax.broken_barh(spans, (y - 0.35, 0.7), color=TERMS[term][1], label=TERMS[term][0])
+        if row.hidden:
+            ax.broken_barh([(b.start_s, b.duration_s) for b in row.hidden], (y - 0.5, 0.12),
+                           color=TERMS["hidden"][1], label=TERMS["hidden"][0])
+    ax.set_yticks(range(len(rows)), [r.label for r in reversed(rows)])
+    ax.set_xlim(0, timeline.step_time_s)
+    ax.set(xlabel="seconds into the step", title=title)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(rows) < 4 else -0.12),
+              ncol=4, fontsize=8, frameon=False)
+    _save(plt, fig, path, "--timeline")

@@ -11,7 +11,10 @@ num_microbatches}, num_devices, step_time_s, tokens_per_s, mfu, hfu, model_flops
 peak_memory_bytes (reserved), allocated_memory_bytes, fit_memory_bytes (allocated + runtime: what must fit),
 device_memory_bytes, fits, overflow_bytes, memory{...}, breakdown{...},
 energy_per_step_j, cost_per_step_usd, time_to_train_s, energy_j, cost_usd, runners_up[...],
-rejections{...}, search{objective, ...}``.
+rejections{...}, search{objective, ...}``; the winner also carries ``schedule{...}`` (one micro-batch
+on the stage that sets the step, per term), ``stage_memory{first, second, last}`` (each rank's
+peak by category) and ``fabric_groups[...]`` (rank 0's group of each axis on the fabric), which
+the HTML page and the timeline draw (:mod:`planner.views`; a document from before them has none).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ def evaluation_dict(figures: LayoutResults, num_devices: int) -> dict:
         out["interval"] = {"level": iv["level"], "regime": iv["regime"], "runs": iv["runs"], "sources": iv["sources"],
                            "calibrated": bool(iv.get("calibrated"))}
     out.update(figures.training)
+    out.update(figures.views or {})  # the winner's schedule, memory per stage and groups on the fabric
     return out
 
 

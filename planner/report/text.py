@@ -83,6 +83,19 @@ def report_text(doc: dict, screen: Console) -> str:
     return text.getvalue()
 
 
+def section_text(doc: dict, name: str, width: int = 120) -> str:
+    """One section of the report (``header``, ``figures``, ``memory``, ``time``, ``training``,
+    ``runners_up``, ``why``, ``rejections``, ``search``) as plain text, as ``render_report`` prints
+    it: the HTML page quotes the same strings."""
+    sections = {"header": lambda d, c: _header(d, d["inputs"].get("origin") or {}, c), "figures": _figures,
+                "memory": _memory, "time": _time, "training": _training, "runners_up": _runners_up, "why": _why,
+                "rejections": _rejections, "search": _search}
+    text = io.StringIO()
+    sections[name](doc, Console(file=text, width=width, color_system=None, highlight=False, markup=False,
+                                emoji=False, soft_wrap=True))
+    return text.getvalue()
+
+
 def fit_lines(fit) -> list[str]:
     """``clusterplan fit``: the answer, the best layout there and what was checked (a
     :class:`planner.requests.FitResult`)."""

@@ -89,7 +89,8 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
     return dict(
         device=cluster.device.id, num_devices=cluster.num_devices, precision=job.precision,
         layout=doc["layout"], step_time_s=doc["step_time_s"], step_time_interval_s=doc.get("step_time_interval_s"),
-        time_to_train_interval_s=doc.get("time_to_train_interval_s"), tokens_per_s=doc["tokens_per_s"],
+        time_to_train_interval_s=doc.get("time_to_train_interval_s"), mfu_interval=doc.get("mfu_interval"),
+        cost_interval_usd=doc.get("cost_interval_usd"), tokens_per_s=doc["tokens_per_s"],
         mfu=doc["mfu"], peak_memory_bytes=doc["peak_memory_bytes"], fit_memory_bytes=doc["fit_memory_bytes"],
         device_memory_bytes=doc["device_memory_bytes"], time_to_train_s=doc["time_to_train_s"],
         energy_per_step_j=doc["energy_per_step_j"], cost_per_step_usd=doc["cost_per_step_usd"],
@@ -97,6 +98,7 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
         goodput=None if doc.get("goodput") is None else doc["goodput"]["goodput"],
         device_hours=doc.get("device_hours"), validated_error=_validated(doc),
         unvalidated=list(doc["inputs"]["caveats"].get("unvalidated", [])),
+        schedule=doc.get("schedule"),  # the timeline of the row's best layout (--html, --timeline)
     )
 
 
