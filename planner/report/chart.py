@@ -7,6 +7,8 @@ chart is asked for, with the Agg backend (no display needed). The charts read th
 
 from __future__ import annotations
 
+import textwrap
+
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +183,8 @@ def timeline_png(timeline, path: str, title: str) -> None:
                            color=TERMS["hidden"][1], label=TERMS["hidden"][0])
     ax.set_yticks(range(len(rows)), [r.label for r in reversed(rows)])
     ax.set_xlim(0, timeline.step_time_s)
-    ax.set(xlabel="seconds into the step", title=title)
+    ax.set(xlabel="seconds into the step")
+    ax.set_title(textwrap.fill(title, 110), fontsize=10)  # a long layout wraps instead of running off the figure
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(rows) < 4 else -0.12),
