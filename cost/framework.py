@@ -48,6 +48,8 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
         out["recompute_modules"] = ((),)
     if not prof.has("head_slots"):
         out["head_slots"] = (False,)
+    if not prof.has("offload_activations"):
+        out["offload"] = ("none",)
     out["zero_stage"] = prof.zero_stages()
     if not prof.has("dp_overlap"):
         out["dp_overlap"] = (False,)
