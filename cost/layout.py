@@ -90,6 +90,11 @@ class Layout:
         and back in the backward, so device memory holds none of it; the copies cross the host link
         (``cost.terms.offload_s``). MaxText's ``remat_policy: custom`` with ``decoder_layer_input:
         offload``. Priced by ``evaluate`` and ``validate``; the search does not offer it.
+    shard_across_domains : with ZeRO-3 under a framework that by default shards inside each scale-up
+        domain and replicates the shards between domains (``semantics.zero3_across_domains: replicate``:
+        MaxText's ICI fsdp axis and DCN data axis), shard over every data-parallel rank instead
+        (MaxText's ``dcn_fsdp_parallelism``). Priced by ``evaluate`` and ``validate``; the search
+        does not offer it.
     head_slots : with pp > 1, the embedding and the output layer (LM head and loss) each take one
         layer's place when the layers are split over the pipeline ranks, so the first and the last
         rank hold one layer fewer (Megatron-Core's ``--account-for-embedding-in-pipeline-split
@@ -118,6 +123,7 @@ class Layout:
     recompute_modules: tuple[str, ...] = ()
     head_slots: bool = False
     offload: str = "none"
+    shard_across_domains: bool = False
 
     @property
     def num_devices(self) -> int:
@@ -193,6 +199,8 @@ class Layout:
                   f"zero={self.zero_stage}"]
         if self.offload != "none":
             parts.append(f"offload={self.offload}")
+        if self.shard_across_domains:
+            parts.append("shard_across_domains=on")
         if self.tp_overlap and self.tp > 1:
             parts.append("tp_overlap=on")
         if not self.dp_overlap and self.dp * self.cp > 1:
@@ -395,7 +403,8 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
     aliases = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                "micro_batch": "micro_batch_size", "recomp": "recompute"}
     ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "etp", "recompute_layers"}
-    bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp", "ep_overlap", "head_slots"}
+    bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp", "ep_overlap", "head_slots",
+             "shard_across_domains"}
     values: dict[str, object] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
@@ -443,7 +452,7 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
             raise SpecError(f"layout.offload: got {raw!r}; allowed: {', '.join(OFFLOAD_MODES)}")
         return raw
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
-               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload")
+               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

@@ -271,7 +271,8 @@ def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None
               "zero_stage": layout.zero_stage, "dp_overlap": layout.dp_overlap,
               "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1,
               "recompute_layers": layout.recompute_layers, "recompute_modules": layout.recompute_modules,
-              "head_slots": layout.head_slots, "order": layout.order, "offload": layout.offload}
+              "head_slots": layout.head_slots, "order": layout.order, "offload": layout.offload,
+              "shard_across_domains": layout.shard_across_domains}
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
         bad("framework", message)

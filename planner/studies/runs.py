@@ -139,7 +139,7 @@ def _load_doc(path: str | Path) -> dict:
 
 # what a run's layout may name (RUNS_FORMAT.md); anything else is a typo the run would be priced without
 RUN_LAYOUT_KEYS = LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "recompute_layers", "recompute_modules",
-                                 "expert_tp", "order", "head_slots", "offload")
+                                 "expert_tp", "order", "head_slots", "offload", "shard_across_domains")
 
 
 def _check_measured(run: dict) -> None:
@@ -419,13 +419,18 @@ def predicted_peak(ev: Evaluation, kind: str | None) -> float:
 
 def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation) -> Evaluation:
     """The searched layout with the run's published ``layout.recompute_layers``,
-    ``layout.recompute_modules`` and ``layout.offload`` (knobs the search does not offer: the other
-    knobs were chosen without them), priced by the cost model."""
+    ``layout.recompute_modules``, ``layout.offload`` and ``layout.shard_across_domains`` (knobs the
+    search does not offer: the other knobs were chosen without them), priced by the cost model."""
     published = run.get("layout") or {}
     k, mods, offload = published.get("recompute_layers"), published.get("recompute_modules"), published.get("offload")
-    if not k and not mods and offload in (None, "none"):
+    across = published.get("shard_across_domains")
+    if not k and not mods and offload in (None, "none") and not across:
         return ev
     changes = {}
+    if across is not None:
+        if not isinstance(across, bool):
+            raise SpecError(f"layout.shard_across_domains: got {across!r}; allowed: true, false")
+        changes["shard_across_domains"] = across
     if offload not in (None, "none"):
         if offload not in OFFLOAD_MODES:
             raise SpecError(f"layout.offload: got {offload!r}; allowed: {', '.join(OFFLOAD_MODES)}")
@@ -438,9 +443,9 @@ def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation)
         changes["recompute_modules"] = parse_recompute_modules(mods, "layout.recompute_modules")
     layout = ev.layout.with_(**changes)
     problems = [msg for key, msg in layout_problems(model, job, cluster, layout)
-                if key == "offload" or msg.startswith("offload=")]
+                if key == "offload" or msg.startswith(("offload=", "shard_across_domains="))]
     if problems:
-        raise SpecError(f"layout.offload: {problems[0]}")
+        raise SpecError(f"layout: {problems[0]}")
     return evaluate(model, job, cluster, layout)
 
 
