@@ -48,6 +48,10 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
         out["recompute_modules"] = ((),)
     if not prof.has("head_slots"):
         out["head_slots"] = (False,)
+    if not prof.has("offload_activations"):
+        out["offload"] = ("none",)
+    if prof.profile.zero3_across_domains != "replicate":  # it shards over every rank already
+        out["shard_across_domains"] = (False,)
     out["zero_stage"] = prof.zero_stages()
     if not prof.has("dp_overlap"):
         out["dp_overlap"] = (False,)

@@ -37,6 +37,10 @@ RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "
 ``recompute_modules``) that clusterplan prices: core attention, the two layer norms, MLA's up
 projections with their RoPE, the dense MLP, the experts' activation and the shared experts. ``moe``
 (the whole MoE layer, all-to-alls included) is not priced."""
+OFFLOAD_MODES: tuple[str, ...] = ("none", "activations")
+"""Where the activations a layer keeps for its backward live: device memory, or host memory
+(``activations``: MaxText's ``remat_policy: custom`` with ``decoder_layer_input: offload``, which
+moves what the recompute mode keeps to pinned host memory; ``features.offload_activations``)."""
 MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused", "llmfoundry")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 MAX_JOB_INT = 2**31 - 1  # sequences per step and tokens per sequence: the command line's bound
@@ -81,6 +85,16 @@ class Layout:
     ep_overlap : overlap the expert-parallel all-to-alls of one micro-batch with the compute of
         another (Megatron-Core's ``--overlap-moe-expert-parallel-comm``, its combined 1F1B schedule).
     expert_tp : experts sharded over the tensor-parallel group (True) or whole (False, ``etp=1``).
+    offload : ``none`` or ``activations`` (:data:`OFFLOAD_MODES`): what the recompute mode keeps of each
+        layer for its backward (with ``full``, the layer's input) is copied to host memory in the forward
+        and back in the backward, so device memory holds none of it; the copies cross the host link
+        (``cost.terms.offload_s``). MaxText's ``remat_policy: custom`` with ``decoder_layer_input:
+        offload``. Priced by ``evaluate`` and ``validate``; the search does not offer it.
+    shard_across_domains : with ZeRO-3 under a framework that by default shards inside each scale-up
+        domain and replicates the shards between domains (``semantics.zero3_across_domains: replicate``:
+        MaxText's ICI fsdp axis and DCN data axis), shard over every data-parallel rank instead
+        (MaxText's ``dcn_fsdp_parallelism``). Priced by ``evaluate`` and ``validate``; the search
+        does not offer it.
     head_slots : with pp > 1, the embedding and the output layer (LM head and loss) each take one
         layer's place when the layers are split over the pipeline ranks, so the first and the last
         rank hold one layer fewer (Megatron-Core's ``--account-for-embedding-in-pipeline-split
@@ -108,6 +122,8 @@ class Layout:
     recompute_layers: int = 0
     recompute_modules: tuple[str, ...] = ()
     head_slots: bool = False
+    offload: str = "none"
+    shard_across_domains: bool = False
 
     @property
     def num_devices(self) -> int:
@@ -181,6 +197,10 @@ class Layout:
         parts += [f"mbs={self.micro_batch_size}", f"sp={'on' if self.sequence_parallel else 'off'}",
                   *recompute_words(self.recompute, self.recompute_layers, self.recompute_modules),
                   f"zero={self.zero_stage}"]
+        if self.offload != "none":
+            parts.append(f"offload={self.offload}")
+        if self.shard_across_domains:
+            parts.append("shard_across_domains=on")
         if self.tp_overlap and self.tp > 1:
             parts.append("tp_overlap=on")
         if not self.dp_overlap and self.dp * self.cp > 1:
@@ -241,6 +261,9 @@ class Job:
     fp8_all_gather : an FP8 job's sharded data parallelism all-gathers the weights already cast to
         FP8, one byte each (torchao's ``enable_fsdp_float8_all_gather`` under FSDP2, its tensorwise
         recipe; ``cost.terms.gather_bytes``).
+    weight_bytes : bytes per element of the parameters the optimizer updates (4: an fp32 master copy;
+        2: MaxText's ``weight_dtype: bfloat16``, whose Adam moments take the same dtype, so the optimizer
+        holds ``3 x weight_bytes`` per parameter: ``cost.terms.optimizer_state_bytes``).
     fp8_scaling : an FP8 job's scaling, ``delayed`` (scales from earlier steps' amax history, one
         cast pass) or ``current`` (per-tensor amax of the tensor itself first); "" for the
         framework's default (``semantics.fp8_scaling``). Priced by ``gemm_format``.
@@ -259,11 +282,13 @@ class Job:
     model_code: str = "native"
     fp8_all_gather: bool = False
     fp8_scaling: str = ""
+    weight_bytes: int = 4
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "seq_len"):  # the command line's bound (cli.POSITIVE_INT)
             check_number(f"job.{name}", getattr(self, name), 1, MAX_JOB_INT, whole=True)
         check_number("job.grad_bytes", self.grad_bytes, 1, 8, whole=True)
+        check_number("job.weight_bytes", self.weight_bytes, 1, 8, whole=True)
         if self.precision not in PRECISIONS:
             raise SpecError(f"job.precision: got {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
         check_number("job.tokens_to_train", self.tokens_to_train, 0, MAX_TOKENS_TO_TRAIN)
@@ -378,7 +403,8 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
     aliases = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                "micro_batch": "micro_batch_size", "recomp": "recompute"}
     ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "etp", "recompute_layers"}
-    bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp", "ep_overlap", "head_slots"}
+    bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp", "ep_overlap", "head_slots",
+             "shard_across_domains"}
     values: dict[str, object] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
@@ -421,8 +447,12 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         return _parse_order(raw)
     if key == "recompute_modules":
         return parse_recompute_modules(raw.split("+"), "layout.recompute_modules")
+    if key == "offload":
+        if raw not in OFFLOAD_MODES:
+            raise SpecError(f"layout.offload: got {raw!r}; allowed: {', '.join(OFFLOAD_MODES)}")
+        return raw
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
-               "dp_overlap, tp_overlap, ep_overlap, head_slots")
+               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

@@ -92,6 +92,12 @@ class Profile:
     attention: str = "flash"
     logit_bytes: float = 6.0  # bytes per logit held by the loss at its peak (semantics.logit_bytes)
     compiled_logit_bytes: float | None = None  # the same when the loss itself runs compiled
+    # The same on one platform where it was measured apart (semantics.logit_bytes_by_platform: MaxText on TPU)
+    logit_bytes_by_platform: dict = field(default_factory=dict, hash=False)
+    # Where XLA plans the step's buffers (semantics.logits_freed_before_layers): the logits and their
+    # gradient die in the head's backward, before any layer is recomputed, so the peak holds the larger
+    # of the two, not both
+    logits_freed_before_layers: bool = False
     compiled_loss_history: tuple[tuple[str, bool], ...] = ()  # (since YYYY-MM, loss compiled under compile)
     fsdp_with_pp: str = "sharded"  # "unsharded": FSDP keeps params and grads gathered with pp > 1 (torchtitan)
     selective_recompute: str = "attention_core"  # or "op_sac": torchtitan's per-op selective checkpointing
@@ -228,17 +234,18 @@ class ProfileAt:
         until = self.profile.kv_repeat_until
         return until is not None and self.date < until
 
-    def logit_bytes(self, compiled: bool | None = None) -> float:
+    def logit_bytes(self, compiled: bool | None = None, platform: str | None = None) -> float:
         """Bytes per logit the loss holds at its peak: ``semantics.compiled_logit_bytes`` where the job
         runs compiled (``compiled``, by default this job's) and this release compiles the loss with the
-        model (the latest ``semantics.compiled_loss_history`` entry not after the date), else
+        model (the latest ``semantics.compiled_loss_history`` entry not after the date), else the
+        figure measured on ``platform`` (``semantics.logit_bytes_by_platform``), else
         ``semantics.logit_bytes``."""
         prof = self.profile
         if compiled is None:
             compiled = self.compiled
         if compiled and self._as_of(prof.compiled_loss_history, False) and prof.compiled_logit_bytes is not None:
             return prof.compiled_logit_bytes
-        return prof.logit_bytes
+        return prof.logit_bytes_by_platform.get(platform, prof.logit_bytes)
 
     @property
     def p2p_scatter_gather(self) -> bool:

@@ -21,7 +21,7 @@ FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "vp_groups", "grad_accumulation", "cp", "ep", "etp1", "sequence_parallel",
     "recompute_selective", "recompute_full", "recompute_layers", "recompute_modules", "head_slots",
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
-    "mxfp8", "nvfp4", "int8",
+    "mxfp8", "nvfp4", "int8", "offload_activations",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
              "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap")
@@ -77,6 +77,7 @@ def load_profile(framework_id: str) -> Profile:
         dropout=float(sem.get("dropout") or 0.0), **_attention(sem, where),
         logit_bytes=float(sem.get("logit_bytes", 6.0)), flex_attention_history=_flex_history(sem, where),
         compiled_logit_bytes=None if sem.get("compiled_logit_bytes") is None else float(sem["compiled_logit_bytes"]),
+        **_logits(sem, where),
         compiled_loss_history=_history(sem, "compiled_loss_history", "compiled", bool),
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
         eager_norm_history=_choice_history(sem, where, "eager_norm_history", "kernel", EAGER_NORMS),
@@ -258,6 +259,26 @@ def _attention(sem: dict, where: str) -> dict:
         _choice(kernel, ATTENTION_KINDS, f"{where}: semantics.attention_by_platform.{platform}")
     return dict(attention=str(sem.get("attention", "flash")),
                 attention_history=_history(sem, "attention_history", "kernel", str), attention_by_platform=dict(table))
+
+
+def _logits(sem: dict, where: str) -> dict:
+    """What the loss holds (``Profile.logit_bytes_by_platform``, ``logits_freed_before_layers``)."""
+    return dict(logit_bytes_by_platform=_by_platform(sem, "logit_bytes_by_platform", where),
+                logits_freed_before_layers=bool(sem.get("logits_freed_before_layers", False)))
+
+
+def _by_platform(sem: dict, key: str, where: str) -> dict[str, float]:
+    """A ``semantics`` table of positive figures by platform (names from :data:`PLATFORM_FAMILIES`)."""
+    table = sem.get(key) or {}
+    if not isinstance(table, dict):
+        raise SpecError(f"{where}: semantics.{key}: got {table!r}; expected platform: number")
+    out = {}
+    for platform, value in table.items():
+        _choice(platform, tuple(PLATFORM_FAMILIES), f"{where}: semantics.{key}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise SpecError(f"{where}: semantics.{key}.{platform}: got {value!r}; allowed: a positive number")
+        out[platform] = float(value)
+    return out
 
 
 def _platforms(doc: dict, where: str) -> tuple[str, ...]:

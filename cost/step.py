@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
-from clusterplan.cost.layout import (RECOMPUTE_MODES, Job, Layout, interleaved_warmup, misaligned_axis,
-                                      parse_recompute_modules)
+from clusterplan.cost.layout import (OFFLOAD_MODES, RECOMPUTE_MODES, Job, Layout, interleaved_warmup,
+                                      misaligned_axis, parse_recompute_modules)
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, compute_terms, dp_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares,
-    grads_freed_bytes, layer_terms, layers_on_stage, optimizer_s, overlap_share, overlapped_exposed_s, p2p_s,
+    grads_freed_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
+    overlapped_exposed_s, p2p_s,
     param_counts, period_layers, regather_share, runtime_bytes, stage_slots, stage_split, static_memory,
 )
 
@@ -46,6 +47,7 @@ class TimeBreakdown:
     pp_p2p_s: float
     dp_comm_s: float
     optimizer_s: float
+    offload_s: float = 0.0  # host offload transfers beyond the compute they overlap (layout.offload)
 
     @property
     def total_s(self) -> float:
@@ -140,6 +142,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if layout.zero_stage not in (0, 1, 2, 3):
         bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
     _partial_recompute_problems(model, layout, bad)
+    _offload_problems(cluster, layout, bad)
     _head_slot_problems(model, job, layout, bad)
     _model_code_problems(job, layout, bad)
     if layout.sequence_parallel and layout.tp == 1:
@@ -196,6 +199,16 @@ def _partial_recompute_problems(model: ModelSpec, layout: Layout, bad) -> None:
     elif k > stage:
         bad("recompute", f"recompute_layers={k} exceeds the {stage} layers of a pipeline stage")
     _recompute_module_problems(model, layout, bad)
+
+
+def _offload_problems(cluster: Cluster, layout: Layout, bad) -> None:
+    """``offload`` names a mode (``OFFLOAD_MODES``), and offloading needs the device's host-memory
+    tier with its bandwidth (``cost.terms.host_tier``) to price the copies."""
+    if layout.offload not in OFFLOAD_MODES:
+        bad("offload", f"offload={layout.offload!r}; allowed: {', '.join(OFFLOAD_MODES)}")
+    elif layout.offload != "none" and host_tier(cluster.device) is None:
+        bad("offload", f"offload={layout.offload}: {cluster.device.name} has no host memory tier with a bandwidth "
+            "in the device catalogue (memory_tiers: host), so the copies cannot be priced")
 
 
 def _head_slot_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
@@ -258,7 +271,8 @@ def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None
               "zero_stage": layout.zero_stage, "dp_overlap": layout.dp_overlap,
               "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1,
               "recompute_layers": layout.recompute_layers, "recompute_modules": layout.recompute_modules,
-              "head_slots": layout.head_slots, "order": layout.order}
+              "head_slots": layout.head_slots, "order": layout.order, "offload": layout.offload,
+              "shard_across_domains": layout.shard_across_domains}
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
         bad("framework", message)
@@ -420,7 +434,17 @@ def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, wi
         pp_p2p_s=m * p2p_s(ctx, layout),
         dp_comm_s=dp_exposed,
         optimizer_s=optimizer_s(ctx, layout),
+        offload_s=m * _offload_s(ctx, layout, stage),
     )
+
+
+def _offload_s(ctx: Context, layout: Layout, stage: LayerTerms) -> float:
+    """One micro-batch's exposed host-offload time on the stage (``cost.terms.offload_exposed_s``):
+    the stage's layers' kept activations against its forward, backward and recompute."""
+    if layout.offload == "none":
+        return 0.0
+    kept = stage.act_bytes_per_layer * layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp)
+    return offload_exposed_s(ctx, layout, kept, stage.forward_s + stage.backward_s + stage.recompute_s)
 
 
 STAGE_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s")
@@ -480,8 +504,9 @@ def _rank_memory(ctx: Context, layout: Layout, m: int, lt, logits_bytes: float, 
     """One rank's peak: its weights, gradients and optimizer states, the activations it holds in
     flight (by layer kind, ``cost.stages.inflight``) and one layer's transient, with the logits on
     the last rank."""
-    activations = _inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes)
-    working = lt.act_transient_bytes + (logits_bytes if rank == "last" else 0.0)
+    # offload=activations: what each layer keeps lives in host memory (cost.layout.OFFLOAD_MODES)
+    activations = 0.0 if layout.offload == "activations" else _inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes)
+    working = working_bytes(ctx, lt.act_transient_bytes, logits_bytes if rank == "last" else 0.0)
     weights, grads, optim = _static_parts(ctx, layout, rank)
     freed = grads_freed_bytes(ctx, layout, rank) if m == 1 else 0.0
     # One micro-batch: no gradient yet at the activation peak; at backward's end every gradient and
@@ -493,6 +518,15 @@ def _rank_memory(ctx: Context, layout: Layout, m: int, lt, logits_bytes: float, 
     reserve = runtime_bytes(ctx, layout)
     allocator = _allocator_cache(ctx, weights + grads + optim + activations + working, reserve)
     return MemoryBreakdown(weights, grads, optim, activations, working, reserve, allocator)
+
+
+def working_bytes(ctx: Context, transient_bytes: float, logits_bytes: float) -> float:
+    """One layer's transient and the logits: both at once under a caching allocator, the larger of
+    the two where the framework's compiler plans buffers by liveness and the logits die in the head's
+    backward before any layer is recomputed (``semantics.logits_freed_before_layers``: XLA)."""
+    if ctx.job.profile.profile.logits_freed_before_layers:
+        return max(transient_bytes, logits_bytes)
+    return transient_bytes + logits_bytes
 
 
 def _allocator_cache(ctx: Context, allocated: float, runtime: float) -> float:

@@ -177,7 +177,7 @@ def test_one_micro_batch_rule_applies_to_every_maxtext_run():
     files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml")]
     files += [root / "benchmarks" / "holdout_family_runs.yaml"]
     runs = [r for f in files for r in load_runs(f) if (r.get("framework") or {}).get("name") == "maxtext"]
-    assert len(runs) == 31
+    assert len(runs) == 43  # 12 Trillium recipes (tpu-recipes) since 2026-11-29
     for r in runs:
         assert r["micro_batch_size"] * r["layout"]["dp"] == r["global_batch_size"], r["id"]
     run = copy.deepcopy(next(r for r in load_runs(files[0]) if r["id"] == "maxtext-32b-v5p-128"))

@@ -102,6 +102,9 @@ from clusterplan.cost.terms.pipeline import (  # noqa: F401
 )
 from clusterplan.cost.terms.memory import (  # noqa: F401
     OPTIMIZER_STATE_BYTES,
+    optimizer_state_bytes,
+    host_tier,
+    offload_exposed_s,
     WEIGHT_BYTES,
     RUNTIME_RESERVE_BYTES,
     CUDA_CONTEXT_EAGER_BYTES,

@@ -27,7 +27,8 @@ def optimizer_s(ctx: Context, layout: Layout) -> float:
     divide, add eps (8 each), addcdiv into p (16): ``72 + 3 grad_bytes``, 84 B with fp32
     gradients."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
-    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, layout.zero_stage)
+    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, layout.zero_stage,
+                           layout.shard_across_domains)
     count = owned_params(pc, layout, layout.zero_stage >= 1, copies)
     dev = ctx.cluster.device
     gb = ctx.job.grad_bytes
@@ -54,20 +55,20 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
     profiles = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp)
     return dp_terms_of(ctx, pc, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp,
-                       layout.vp, layout.zero_stage, profiles)
+                       layout.vp, layout.zero_stage, profiles, layout.shard_across_domains)
 
 
 def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: int, ep: int, order: str,
-                expert_tp: bool, vp: int, zero: int, profiles: tuple) -> DataParallelTerms:
+                expert_tp: bool, vp: int, zero: int, profiles: tuple, across: bool = False) -> DataParallelTerms:
     """:func:`dp_traffic` for the degrees and the groups' ``profiles`` (:func:`dp_profiles`); where
     ZeRO-3 shards inside each scale-up domain only (:func:`zero_replicas`), its collectives run
     over the domain's ranks of the data-parallel group and the shards' gradients are all-reduced
-    across the domains once a step."""
+    across the domains once a step (unless ``across``: ``Layout.shard_across_domains``)."""
     z = effective_zero_stage(ctx, zero, pp)
     modules = zero3_collectives(ctx, tp, pp, vp, ep, expert_tp) if z == 3 else None
     prof = ctx.job.profile.profile
     copy_s = zero3_host_s(ctx) if modules else (0.0, 0.0)
-    copies = zero_replicas(ctx, dp, pp, cp, ep, z)
+    copies = zero_replicas(ctx, dp, pp, cp, ep, z, across)
     if copies == 1:
         t = dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
                        gather_bytes(ctx.job), copy_s)

@@ -19,6 +19,13 @@ from clusterplan.topologies.precisions import low_precision
 OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhandari et al. 2020)
 
 
+def optimizer_state_bytes(job) -> float:
+    """Optimizer bytes per parameter: the master copy and Adam's two moments, each of
+    ``job.weight_bytes`` (12 for fp32; 6 for MaxText's ``weight_dtype: bfloat16``, where ``mu_dtype``
+    inherits the weight dtype and optax keeps ``nu`` in the parameter's)."""
+    return OPTIMIZER_STATE_BYTES * job.weight_bytes / 4
+
+
 WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
 
 
@@ -232,20 +239,22 @@ def owned_params(pc: ParamCounts, layout: Layout, sharded: bool, replicas: int =
     return pc.dense / shard + pc.expert / (shard * (1 if layout.expert_tp else layout.tp) // layout.ep)
 
 
-def zero_replicas(ctx: Context, dp: int, pp: int, cp: int, ep: int, zero: int) -> int:
+def zero_replicas(ctx: Context, dp: int, pp: int, cp: int, ep: int, zero: int, across: bool = False) -> int:
     """Copies of each ZeRO-3 shard: 1, except where the framework shards only inside a scale-up
     domain and runs plain data parallelism between domains (``semantics.zero3_across_domains:
     replicate``: MaxText's base.yml puts the fsdp axis on ICI, ``ici_fsdp_parallelism: -1``, and the
     data axis on DCN, ``dcn_data_parallelism: -1``). Then a data-parallel group spanning D slices
     keeps D copies of each shard, gathered and reduce-scattered inside its slice, with one
     all-reduce of the shard's gradients across slices a step. Taken where the data axis alone
-    crosses the slices (no pipeline, context or expert parallelism), so every rank order agrees."""
-    return shard_copies(ctx.job.profile.profile, ctx.cluster, dp, pp, cp, ep, zero)
+    crosses the slices (no pipeline, context or expert parallelism), so every rank order agrees.
+    ``across`` (``Layout.shard_across_domains``: MaxText's ``dcn_fsdp_parallelism``): the layout
+    shards over every data-parallel rank, one copy."""
+    return shard_copies(ctx.job.profile.profile, ctx.cluster, dp, pp, cp, ep, zero, across)
 
 
-def shard_copies(profile, cluster, dp: int, pp: int, cp: int, ep: int, zero: int) -> int:
+def shard_copies(profile, cluster, dp: int, pp: int, cp: int, ep: int, zero: int, across: bool = False) -> int:
     """:func:`zero_replicas` from the framework profile and the cluster alone (what a report needs)."""
-    if profile.zero3_across_domains != "replicate" or zero < 3 or pp > 1 or cp > 1 or ep > 1:
+    if profile.zero3_across_domains != "replicate" or across or zero < 3 or pp > 1 or cp > 1 or ep > 1:
         return 1
     domains = cluster.num_domains
     return domains if domains > 1 and dp % domains == 0 else 1
@@ -268,7 +277,7 @@ def static_memory(ctx: Context, layout: Layout, rank: str | None = None) -> Stat
     or on ``rank`` (:func:`param_counts`)."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots, rank)
     z = effective_zero_stage(ctx, layout.zero_stage, layout.pp)
-    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z)
+    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z, layout.shard_across_domains)
     weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3, copies)
     if z >= 3 and not ctx.job.profile.profile.sharded_weight_copy:
         weights = 0.0  # FSDP2: the fp32 shard (with the optimizer states) is cast at each gather
@@ -278,7 +287,7 @@ def static_memory(ctx: Context, layout: Layout, rank: str | None = None) -> Stat
     grads = ctx.job.grad_bytes * owned_params(pc, layout, z >= 2, copies)
     if _lp_grads_kept(ctx, z):  # DeepSpeed's BF16_Optimizer: the 16-bit .grad tensors besides
         grads += WEIGHT_BYTES * owned_params(pc, layout, False, copies)
-    optim = OPTIMIZER_STATE_BYTES * owned_params(pc, layout, z >= 1, copies)
+    optim = optimizer_state_bytes(ctx.job) * owned_params(pc, layout, z >= 1, copies)
     return StaticMemory(weights, grads, optim)
 
 
@@ -301,3 +310,26 @@ def grads_freed_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> 
     if effective_zero_stage(ctx, layout.zero_stage, layout.pp) < 2:
         return 0.0
     return static_memory(ctx, layout, rank).gradients_bytes
+
+
+HOST_TIER = "host"
+"""The name of the host-memory tier in a device's ``memory_tiers`` (``topologies/data/devices.yaml``):
+the memory activations are offloaded to, with the bandwidth of the link to it."""
+
+
+def host_tier(device):
+    """The device's host-memory tier with a bandwidth (:data:`HOST_TIER`), or None."""
+    return next((t for t in device.memory_tiers if t.name == HOST_TIER and t.bytes_per_s), None)
+
+
+def offload_exposed_s(ctx: Context, layout: Layout, kept_bytes: float, window_s: float) -> float:
+    """Time a micro-batch's host offload adds on the stage (``layout.offload``): what its layers keep
+    (``kept_bytes``) goes to host memory in the forward and comes back in the backward, twice over the
+    device's host link (:func:`host_tier`). XLA issues the copies as asynchronous transfers its
+    latency-hiding scheduler overlaps with the micro-batch's compute (``window_s``: forward, backward
+    and recompute; MaxText's recipes add its HOST_OFFLOAD_FLAGS), so only what exceeds that compute
+    is exposed. 0 without offload or without a host tier (``layout_problems`` refuses that)."""
+    tier = host_tier(ctx.cluster.device)
+    if layout.offload == "none" or tier is None:
+        return 0.0
+    return max(0.0, 2.0 * kept_bytes / tier.bytes_per_s - window_s)

@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import ops_time_s
+from clusterplan.cost.framework import device_platform
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.stages import rank_layers
 from clusterplan.cost.terms.activations import MODEL_CODE_LOGIT_BYTES
@@ -37,7 +38,8 @@ def head_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, tp_stride: in
         prof = ctx.cluster.strided_profile(tp, tp_stride)
         size = ACT_BYTES * n * ctx.model.hidden_size
         t += 2 * (coll.all_gather_s(size, prof) if sp else coll.all_reduce_s(size, prof))
-    per_logit = MODEL_CODE_LOGIT_BYTES.get(ctx.job.model_code) or ctx.job.profile.logit_bytes()
+    per_logit = (MODEL_CODE_LOGIT_BYTES.get(ctx.job.model_code)
+                 or ctx.job.profile.logit_bytes(platform=device_platform(ctx.cluster.device)))
     return HeadTerms(t, per_logit * n * ctx.model.vocab_size / tp)
 
 

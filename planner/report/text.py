@@ -47,7 +47,8 @@ TIME_LABELS = {"compute": "compute (forward + backward)", "recompute": "recomput
                "tp_comm": "tensor-parallel comm (exposed)", "cp_comm": "context-parallel comm (exposed)",
                "ep_comm": "expert all-to-all (exposed)", "pp_bubble": "pipeline bubble",
                "pp_p2p": "pipeline send/recv", "dp_comm": "data-parallel comm (exposed)",
-               "optimizer": "optimizer step"}
+               "optimizer": "optimizer step", "offload": "host offload transfers (exposed)"}
+OPTIONAL_TIME = ("offload",)  # terms of a knob most layouts leave off: not listed under "no time in"
 
 
 SHORT_KNOBS = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
@@ -309,7 +310,8 @@ def _time(doc: dict, console: Console) -> None:
             table.add_row(TIME_LABELS.get(key, key), f"{value:.4f}", f"{value / step:.1%}")
     table.add_row("step time", f"{step:.4f}", "100.0%", style="bold")
     console.print(table)
-    zero = [TIME_LABELS.get(k, k).split(" (")[0] for k, v in doc["breakdown"].items() if not v]
+    zero = [TIME_LABELS.get(k, k).split(" (")[0] for k, v in doc["breakdown"].items()
+            if not v and k not in OPTIONAL_TIME]
     if zero:
         console.print(f"no time in: {', '.join(zero)}")
     names = {"tp": "TP overlap", "dp": "DP overlap", "cp": "context-parallel ring", "ep": "EP overlap"}

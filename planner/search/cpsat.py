@@ -199,7 +199,7 @@ class _Model:
         ta = self._keyed("ta", T.ta_of_f, [x["f"]])
         axes4 = [ta, x["mb"], x["s"], x["r"]]
         trans = self._lookup("trans", T.TRANS, axes4)
-        logits = self._lookup("logits", T.LOGITS, [ta, x["mb"]])
+        logits = self._lookup("logits", T.LOGITS, axes4)
         acts = [(self._lookup(f"act_{kind}", table, axes4), table, kind)
                 for table, kind in ((T.ACT_D, "ifd"), (T.ACT_M, "ifm")) if table.any()]
         one = None

@@ -204,7 +204,7 @@ def peak_memory(T: Tables, sl: slice = slice(None)) -> np.ndarray:
         for act, kind in acts:
             peak = peak + act * _place(getattr(row, kind)[sl], ("f", "mb", "v"))
         if row.logits:
-            peak = peak + _place(T.LOGITS[ta], ("f", "mb"))
+            peak = peak + _place(T.LOGITS[ta], ("f", "mb", "s", "r"))
         peaks.append(np.maximum(peak, full + trans) if freed else peak)
     out = peaks[0]
     for peak in peaks[1:]:
@@ -341,7 +341,7 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "DPM": ("f", "o", "v", "e", "z"), "RG": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
         "tpc_of_foe": ("f", "o", "e"),
         "OPT": ("f", "v", "e", "z"), "ACT_D": (None, "mb", "s", "r"), "ACT_M": (None, "mb", "s", "r"),
-        "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
+        "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb", "s", "r"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
         "M": ("f", "mb"), "tpg_of_fo": ("f", "o"),
         "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
         "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),

@@ -39,7 +39,7 @@ import numpy as np
 
 from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.stages import RANKS, rank_index
-from clusterplan.cost.step import memory_static_bytes, rank_inflight
+from clusterplan.cost.step import memory_static_bytes, rank_inflight, working_bytes
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms, mixed_kinds,
     kind_windows, stage_kind_shares,
@@ -97,7 +97,7 @@ class Tables:
     ACT_D: np.ndarray  # (TA, MB, S, R) one dense layer's stored activations (0: the model has none)
     ACT_M: np.ndarray  # (TA, MB, S, R) one MoE layer's
     TRANS: np.ndarray  # (TA, MB, S, R)
-    LOGITS: np.ndarray  # (TA, MB)
+    LOGITS: np.ndarray  # (TA, MB, S, R): what the logits add to TRANS on the last rank (cost.step.working_bytes)
     rows: tuple  # MemoryRow per pipeline rank and moment whose peak can bind (memory_rows)
     capacity: int
     # feasibility masks, False = rejected, with the reason masks
@@ -378,11 +378,14 @@ def _busy_s(c) -> float:
 
 def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarray, ...]:
     """Activation bytes of one dense and one MoE layer, the transient bytes of the largest op, and
-    the logits' bytes."""
+    what the logits add to that transient on the last rank (all of them, or under a compiler that
+    frees them before any layer is recomputed, what they exceed it by: ``cost.step.working_bytes``)."""
     MB, SP, RC = S.micro_batch_size, S.sequence_parallel, S.recompute
     mem = [[[[activation_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
     ACT_D, ACT_M, TRANS = (_qb([[[[c[k] for c in r] for r in s] for s in m] for m in mem]) for k in range(3))
-    LOGITS = _qb([[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys])
+    logits = [[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys]
+    LOGITS = _qb([[[[working_bytes(ctx, c[2], logits[t][b]) - c[2] for c in r] for r in s] for b, s in enumerate(m)]
+                  for t, m in enumerate(mem)])
     return ACT_D, ACT_M, TRANS, LOGITS
 
 

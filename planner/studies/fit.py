@@ -32,7 +32,7 @@ import clusterplan.cost.terms as cost_terms
 import clusterplan.topologies.cluster as fabric
 import clusterplan.topologies.library as library
 from clusterplan.cost.layout import Job
-from clusterplan.cost.terms import OPTIMIZER_STATE_BYTES, Context, param_counts
+from clusterplan.cost.terms import Context, optimizer_state_bytes, param_counts
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
@@ -104,7 +104,7 @@ def least_devices(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds |
     """The fewest devices whose memory can hold the gradients and the optimizer states of every
     parameter spread over all of them (ZeRO-3 / FSDP sharding, the most any framework offers), a
     lower bound on every size that fits: each device holds at least its share of them
-    (``cost.terms.static_memory``: ``grad_bytes`` and ``OPTIMIZER_STATE_BYTES`` per parameter of
+    (``cost.terms.static_memory``: ``grad_bytes`` and ``optimizer_state_bytes`` per parameter of
     the most loaded stage, over the data- and context-parallel ranks at most), and weights,
     activations and the runtime only add to it. 1 with weight streaming (Cerebras MemoryX holds the
     weights and their states off the wafer)."""
@@ -112,7 +112,7 @@ def least_devices(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds |
         return 1
     capacity_bytes = cluster.device.memory_bytes * (1 - (bounds or Bounds()).headroom(job, cluster))
     whole = param_counts(model, 1, 1, 1, 1)  # every parameter, as the cost model counts them
-    state_bytes = (whole.dense + whole.expert) * (job.grad_bytes + OPTIMIZER_STATE_BYTES)
+    state_bytes = (whole.dense + whole.expert) * (job.grad_bytes + optimizer_state_bytes(job))
     return max(1, math.ceil(state_bytes / capacity_bytes))
 
 

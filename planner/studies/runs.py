@@ -18,7 +18,7 @@ from pathlib import Path
 from clusterplan.cost.framework import (
     default_framework, load_profile, parse_date, refuses_dp_overlap, resolve_name as resolve_framework,
 )
-from clusterplan.cost.layout import Job, MODEL_CODES, parse_recompute_modules
+from clusterplan.cost.layout import Job, MODEL_CODES, OFFLOAD_MODES, parse_recompute_modules
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.cost.terms import Context, layer_terms
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
@@ -139,7 +139,7 @@ def _load_doc(path: str | Path) -> dict:
 
 # what a run's layout may name (RUNS_FORMAT.md); anything else is a typo the run would be priced without
 RUN_LAYOUT_KEYS = LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "recompute_layers", "recompute_modules",
-                                 "expert_tp", "order", "head_slots")
+                                 "expert_tp", "order", "head_slots", "offload", "shard_across_domains")
 
 
 def _check_measured(run: dict) -> None:
@@ -342,7 +342,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, 
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
               precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or prof.attention),
               framework=fw, framework_date=date, grad_bytes=_grad_bytes(run, prof.profile.grad_bytes),
-              compiled=compiled, model_code=code, fp8_all_gather=_flag(run, "fp8_all_gather"),
+              weight_bytes=_weight_bytes(run), compiled=compiled, model_code=code, fp8_all_gather=_flag(run, "fp8_all_gather"),
               fp8_scaling=str(run.get("fp8_scaling") or ""))
     check_precision_framework(job.precision, prof, "precision")
     check_device_precision(job.precision, cluster.device, "precision")
@@ -391,14 +391,29 @@ GRAD_REDUCE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 def _grad_bytes(run: dict, framework_default: int) -> int:
     """``grad_reduce_dtype``: the dtype the run kept and reduced its gradients in, where its source
-    or its release's config says (RUNS_FORMAT.md, the Megatron-Bridge config rule); else the
-    framework's ``semantics.grad_bytes``."""
+    or its release's config says (RUNS_FORMAT.md, the Megatron-Bridge config rule); else, where the
+    run names MaxText's ``weight_dtype``, that dtype (the gradients of its parameters take it); else
+    the framework's ``semantics.grad_bytes``."""
     value = run.get("grad_reduce_dtype")
+    if value is None and run.get("weight_dtype") is not None:
+        return _weight_bytes(run)
     if value is None:
         return framework_default
     if value not in GRAD_REDUCE_BYTES:
         raise SpecError(f"grad_reduce_dtype: got {value!r}; allowed: {', '.join(GRAD_REDUCE_BYTES)}")
     return GRAD_REDUCE_BYTES[value]
+
+
+WEIGHT_DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+
+
+def _weight_bytes(run: dict) -> int:
+    """``weight_dtype``: the dtype of the parameters the optimizer updates, with its Adam moments
+    (MaxText's ``weight_dtype``, RUNS_FORMAT.md: the MaxText weight-dtype rule); absent: fp32."""
+    value = run.get("weight_dtype", "fp32")
+    if value not in WEIGHT_DTYPE_BYTES:
+        raise SpecError(f"weight_dtype: got {value!r}; allowed: {', '.join(WEIGHT_DTYPE_BYTES)}")
+    return WEIGHT_DTYPE_BYTES[value]
 
 
 def _model_code(run: dict) -> str:
@@ -448,21 +463,35 @@ def predicted_peak(ev: Evaluation, kind: str | None) -> float:
 
 
 def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation) -> Evaluation:
-    """The searched layout with the run's published ``layout.recompute_layers`` and
-    ``layout.recompute_modules`` (knobs the search does not offer: the other knobs were chosen
-    without them), priced by the cost model."""
+    """The searched layout with the run's published ``layout.recompute_layers``,
+    ``layout.recompute_modules``, ``layout.offload`` and ``layout.shard_across_domains`` (knobs the
+    search does not offer: the other knobs were chosen without them), priced by the cost model."""
     published = run.get("layout") or {}
-    k, mods = published.get("recompute_layers"), published.get("recompute_modules")
-    if not k and not mods:
+    k, mods, offload = published.get("recompute_layers"), published.get("recompute_modules"), published.get("offload")
+    across = published.get("shard_across_domains")
+    if not k and not mods and offload in (None, "none") and not across:
         return ev
     changes = {}
+    if across is not None:
+        if not isinstance(across, bool):
+            raise SpecError(f"layout.shard_across_domains: got {across!r}; allowed: true, false")
+        changes["shard_across_domains"] = across
+    if offload not in (None, "none"):
+        if offload not in OFFLOAD_MODES:
+            raise SpecError(f"layout.offload: got {offload!r}; allowed: {', '.join(OFFLOAD_MODES)}")
+        changes["offload"] = offload
     if k:
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise SpecError(f"layout.recompute_layers: got {k!r}; must be an integer >= 0")
         changes["recompute_layers"] = k
     if mods:
         changes["recompute_modules"] = parse_recompute_modules(mods, "layout.recompute_modules")
-    return evaluate(model, job, cluster, ev.layout.with_(**changes))
+    layout = ev.layout.with_(**changes)
+    problems = [msg for key, msg in layout_problems(model, job, cluster, layout)
+                if key == "offload" or msg.startswith(("offload=", "shard_across_domains="))]
+    if problems:
+        raise SpecError(f"layout: {problems[0]}")
+    return evaluate(model, job, cluster, layout)
 
 
 STEP_SCOPES = ("step", "layers")
