@@ -177,7 +177,7 @@ INPUT_OPTIONS = [
                       "(default: the model's published figure, if any)."),
     click.option("--framework", "framework", type=click.Choice(list(FRAMEWORK_NAMES), case_sensitive=False),
                  help="The training framework whose profile the plan must run under: megatron (also nemo, "
-                      "megatron-bridge), torchtitan, deepspeed, maxtext. Default: maxtext on TPU, megatron "
+                      "megatron-bridge), torchtitan, deepspeed, maxtext, nanotron. Default: maxtext on TPU, megatron "
                       "elsewhere. The search offers only the knobs and combinations it has, and prices "
                       "overlap by its mechanism (see docs/frameworks.md)."),
     click.option("--compile/--no-compile", "compiled", default=None,
