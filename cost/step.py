@@ -253,7 +253,9 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
     are invalid anyway, e.g. zero_stage=7, are reported by their own rule only), and what its
     attention and pipeline engine refuse for this model and batch."""
     prof = job.profile
+    dense = model.moe.num_dense_layers if model.moe else 0
     for message in (prof.kv_heads_problem(model, layout.tp) if layout.tp > 1 else None,
+                    prof.pipeline_split_problem(model.num_layers, dense, layout.pp, layout.vp),
                     prof.pipeline_microbatch_problem(layout.pp, num_microbatches(job, layout))):
         if message:
             bad("framework", message)
