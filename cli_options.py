@@ -179,7 +179,7 @@ INPUT_OPTIONS = [
                       "(default: the model's published figure, if any)."),
     click.option("--framework", "framework", type=click.Choice(list(FRAMEWORK_NAMES), case_sensitive=False),
                  help="The training framework whose profile the plan must run under: megatron (also nemo, "
-                      "megatron-bridge), torchtitan, deepspeed, maxtext. Default: maxtext on TPU, megatron "
+                      "megatron-bridge), torchtitan, deepspeed, maxtext, nanotron. Default: maxtext on TPU, megatron "
                       "elsewhere. The search offers only the knobs and combinations it has, and prices "
                       "overlap by its mechanism (see docs/frameworks.md)."),
     click.option("--compile/--no-compile", "compiled", default=None,
@@ -254,7 +254,7 @@ ENGINE_OPTIONS = [
                  help="Upper bound on a numeric knob, e.g. --max pp=16 (repeatable)."),
     click.option("--memory-headroom", "memory_headroom", type=Headroom(), default=None,
                  help="Share of device memory to keep free: 10% or 0.1. Default: the framework's allocator "
-                      "margin, 8.4% for megatron, torchtitan and deepspeed on HBM devices (PyTorch's caching "
+                      "margin, 8.4% for megatron, torchtitan, deepspeed and nanotron on HBM devices (PyTorch's caching "
                       "allocator reserve, measured), 0 for maxtext and on SRAM machines."),
     click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
                  help="What to minimise per step: time; cost (rental price x time, so the same layout as "

@@ -80,6 +80,13 @@ class Profile:
     pipeline_even_split: bool = False
     pipeline_microbatches_multiple: bool = False
     pipeline_dense_layers_outside: bool = False
+    # requires.pipeline_microbatches_fill_warmup: the 1F1B engine needs at least pp - 1 micro-batches
+    # to fill its warm-up (nanotron's OneForwardOneBackwardPipelineEngine asserts it)
+    pipeline_microbatches_fill_warmup: bool = False
+    # requires.kv_heads_divisible_by_tp: tp must divide the key/value heads (no K/V replication over
+    # TP ranks, nanotron's CausalSelfAttention asserts it); else tp may also be a multiple of them
+    kv_heads_divisible_by_tp: bool = False
+    precisions: tuple[str, ...] = ()  # requires.precisions: the training precisions it runs (empty: any)
     no_accumulation_precisions: tuple[str, ...] = ()  # requires.no_accumulation_precisions: no grad accumulation with these
     # The model kinds (MODEL_KINDS) run with FlexAttention, by release (semantics.flex_attention_history),
     # and the month context parallelism first ran with it (requires.cp_with_flex_attention_from; None: never)
@@ -88,6 +95,9 @@ class Profile:
     ep_expert_tp_until: str | None = None  # requires.ep_expert_tp_until: experts split over TP with ep > 1 until this month
     grad_bytes: int = 4
     zero2_param_gather: str | None = "per_step"
+    # ZeRO-1's gradient reduction (semantics.zero1_grad_reduce): "reduce_scatter" of the full buffer to
+    # the shards' owners, or "all_reduce" of it (nanotron, which then updates only its shard)
+    zero1_grad_reduce: str = "reduce_scatter"
     dropout: float = 0.0
     attention: str = "flash"
     logit_bytes: float = 6.0  # bytes per logit held by the loss at its peak (semantics.logit_bytes)
@@ -136,6 +146,7 @@ class Profile:
     # (semantics.op_sac_unsaved_attention_history: (since YYYY-MM, capability or None for none))
     op_sac_unsaved_attention_history: tuple[tuple[str, float | None], ...] = ()
     eager_activations: bool = False  # eager PyTorch modules: autograd keeps more than fused kernels (terms.activation_bytes)
+    fused_rotary: bool = False  # eager modules whose rotary embedding is one fused kernel (nanotron: flash-attn's)
     # The RMSNorm kernel eager modules run, by release (semantics.eager_norm_history): (since YYYY-MM,
     # "fused" or "composite"); before the first entry, fused (models.ops.Kernels)
     eager_norm_history: tuple[tuple[str, str], ...] = ()
@@ -331,7 +342,20 @@ class ProfileAt:
         if pp > 1 and self.profile.pipeline_microbatches_multiple and num_microbatches % pp:
             return (f"{self.profile.describe(self.date)} needs the pipeline micro-batches to be a multiple of the "
                     f"stages: {num_microbatches} micro-batches over pp={pp}")
+        if pp > 1 and self.profile.pipeline_microbatches_fill_warmup and num_microbatches < pp - 1:
+            return (f"{self.profile.describe(self.date)}'s 1F1B engine needs at least pp - 1 = {pp - 1} micro-batches "
+                    f"('Number of microbatches ... must be at least PP_SIZE-1'): {num_microbatches} over pp={pp}")
         return None
+
+    def kv_heads_problem(self, model, tp: int) -> str | None:
+        """Why this framework cannot split ``model``'s key/value heads over ``tp`` ranks, or None:
+        frameworks that replicate a K/V head over the ranks that share it (Megatron-Core) take a tp
+        that is a multiple of the heads; ``requires.kv_heads_divisible_by_tp`` does not."""
+        g = model.num_kv_heads_resolved
+        if not self.profile.kv_heads_divisible_by_tp or g % tp == 0:
+            return None
+        return (f"tp={tp}: {self.profile.describe(self.date)} needs tp to divide the {g} key/value heads of "
+                f"{model.name} (it does not replicate K/V heads over TP ranks)")
 
     def orders(self) -> tuple[str, ...] | None:
         """The rank orders (parallel axes, innermost first) this release lays out; None: any."""

@@ -12,11 +12,11 @@ from clusterplan.cost.orders import ORDERS
 from clusterplan.cost.profile import MODEL_KINDS, Profile, Rule
 from clusterplan.models.errors import SpecError
 from clusterplan.models.files import bundled_yaml
-from clusterplan.topologies.precisions import FP8_SCALINGS
+from clusterplan.topologies.precisions import FP8_SCALINGS, PRECISIONS
 
 
 FORMAT = "clusterplan-framework/1"
-FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext")
+FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext", "nanotron")
 FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "vp_groups", "grad_accumulation", "cp", "ep", "etp1", "sequence_parallel",
     "recompute_selective", "recompute_full", "recompute_layers", "recompute_modules", "head_slots",
@@ -72,8 +72,8 @@ def load_profile(framework_id: str) -> Profile:
         id=framework_id, name=str(doc.get("name")), version=str(doc.get("version")), date=date,
         aliases=tuple(str(a).lower() for a in doc.get("aliases") or ()),
         platforms=_platforms(doc, where), since=since, until=until, feature_sources=feature_sources,
-        rules=tuple(rules), **_requires(req), head_slots_default=bool(sem.get("head_slots_default", False)),
-        grad_bytes=int(sem.get("grad_bytes", 4)), zero2_param_gather=sem.get("zero2_param_gather"),
+        rules=tuple(rules), **_requires(req, where), head_slots_default=bool(sem.get("head_slots_default", False)),
+        grad_bytes=int(sem.get("grad_bytes", 4)), **_zero_reductions(sem, where),
         dropout=float(sem.get("dropout") or 0.0), **_attention(sem, where),
         logit_bytes=float(sem.get("logit_bytes", 6.0)), flex_attention_history=_flex_history(sem, where),
         compiled_logit_bytes=None if sem.get("compiled_logit_bytes") is None else float(sem["compiled_logit_bytes"]),
@@ -103,19 +103,34 @@ def load_profile(framework_id: str) -> Profile:
     )
 
 
-def _requires(req: dict) -> dict:
+def _requires(req: dict, where: str) -> dict:
     """The profile's ``requires`` section: what a knob needs beside it."""
+    precisions = tuple(req.get("precisions") or ())
+    for name in precisions:
+        _choice(name, PRECISIONS, f"{where}: requires.precisions")
     return {"sequence_parallel_with_tp": bool(req.get("sequence_parallel_with_tp", False)),
             "tp_overlap_families": tuple(req.get("tp_overlap_families") or ()),
             "tp_overlap_needs_compile": bool(req.get("tp_overlap_needs_compile", False)),
-            "head_slots_even": bool(req.get("head_slots_even", False)),
+            "head_slots_even": bool(req.get("head_slots_even", False)), "precisions": precisions,
             **{k: bool(req.get(k, False)) for k in ("pipeline_even_split", "pipeline_microbatches_multiple",
-                                                    "pipeline_dense_layers_outside")},
+                                                    "pipeline_dense_layers_outside", "kv_heads_divisible_by_tp",
+                                                    "pipeline_microbatches_fill_warmup")},
             "no_accumulation_precisions": tuple(req.get("no_accumulation_precisions") or ()),
             "cp_with_flex_attention_from": parse_date(req.get("cp_with_flex_attention_from"),
                                                       "requires.cp_with_flex_attention_from"),
             "ep_expert_tp_until": parse_date(req.get("ep_expert_tp_until"), "requires.ep_expert_tp_until"),
             "head_slots_moe_from": parse_date(req.get("head_slots_moe_from"), "requires.head_slots_moe_from")}
+
+
+ZERO1_GRAD_REDUCES = ("reduce_scatter", "all_reduce")
+
+
+def _zero_reductions(sem: dict, where: str) -> dict:
+    """How ZeRO-1 reduces the gradient buffer (``semantics.zero1_grad_reduce``) and when ZeRO-2
+    gathers the weights (``semantics.zero2_param_gather``)."""
+    return dict(zero1_grad_reduce=_choice(sem.get("zero1_grad_reduce", "reduce_scatter"), ZERO1_GRAD_REDUCES,
+                                          f"{where}: semantics.zero1_grad_reduce"),
+                zero2_param_gather=sem.get("zero2_param_gather"))
 
 
 def _history(sem: dict, key: str, field: str, cast) -> tuple[tuple[str, object], ...]:
@@ -167,6 +182,7 @@ def _activations(sem: dict, where: str) -> dict:
     """What the framework's modules keep for backward (``Profile.selective_recompute`` and the rest)."""
     return dict(selective_recompute=str(sem.get("selective_recompute", "attention_core")),
                 eager_activations=bool(sem.get("eager_activations", False)),
+                fused_rotary=bool(sem.get("fused_rotary", False)),
                 kv_repeat_until=parse_date(sem.get("kv_repeat_until"), f"{where}: semantics.kv_repeat_until"),
                 op_sac_unsaved_attention_history=_history(sem, "op_sac_unsaved_attention_history",
                                                           "min_compute_capability",

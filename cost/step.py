@@ -151,7 +151,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
         bad("sequence_parallel", f"sequence_parallel splits each sequence over the tp ranks: seq_len/cp = "
             f"{job.seq_len}/{layout.cp} is not divisible by tp={layout.tp}")
     _alignment_problems(layout, cluster.occupied_domain_size, bad)
-    _framework_problems(job, cluster, layout, bad)
+    _framework_problems(model, job, cluster, layout, bad)
     traversal_problem = cluster.traversal_problem(layout.traversal)
     if traversal_problem:
         bad("traversal", f"order={layout.order}: {traversal_problem}")
@@ -261,10 +261,17 @@ def _recompute_module_problems(model: ModelSpec, layout: Layout, bad) -> None:
             bad("recompute", f"recompute_modules: {name} needs a model with {what}; {model.name} has none")
 
 
-def _framework_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
-    """Knobs the job's framework does not offer at its date, and combinations it refuses (knobs that
-    are invalid anyway, e.g. zero_stage=7, are reported by their own rule only)."""
+def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout, bad) -> None:
+    """Knobs the job's framework does not offer at its date, combinations it refuses (knobs that
+    are invalid anyway, e.g. zero_stage=7, are reported by their own rule only), and what its
+    attention and pipeline engine refuse for this model and batch."""
     prof = job.profile
+    dense = model.moe.num_dense_layers if model.moe else 0
+    for message in (prof.kv_heads_problem(model, layout.tp) if layout.tp > 1 else None,
+                    prof.pipeline_split_problem(model.num_layers, dense, layout.pp, layout.vp),
+                    prof.pipeline_microbatch_problem(layout.pp, num_microbatches(job, layout))):
+        if message:
+            bad("framework", message)
     invalid = {"zero_stage": layout.zero_stage not in (0, 1, 2, 3), "recompute": layout.recompute not in RECOMPUTE_MODES}
     values = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vp": layout.vp, "ep": layout.ep,
               "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,

@@ -87,12 +87,14 @@ class Kernels:
     (``EAGER_ROTARY_BYTES``) and SwiGLU as ``silu`` then a product, whose intermediate is written and
     read back; LayerNorm and GELU are one kernel each even then. ``composite_norm``: the RMSNorm is
     PyTorch ops (``EAGER_RMSNORM_BYTES``), not a fused kernel. ``kv_repeat``: K and V are copied per
-    query head before attention (``repeat_kv``). The default is the fused kernels of Megatron-LM,
-    Transformer Engine and compiled graphs."""
+    query head before attention (``repeat_kv``). ``fused_rotary``: eager modules that still apply
+    rotary embedding as one fused kernel (nanotron calls flash-attn's Triton ``apply_rotary``). The
+    default is the fused kernels of Megatron-LM, Transformer Engine and compiled graphs."""
 
     eager: bool = False
     composite_norm: bool = False
     kv_repeat: bool = False
+    fused_rotary: bool = False
 
 
 FUSED = Kernels()
@@ -261,7 +263,7 @@ def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, kern
     d, a, g = model.head_dim_resolved, model.num_attention_heads, model.num_kv_heads_resolved
     composite = kernels.composite_norm and model.norm_resolved == "rmsnorm"
     norm_bytes = EAGER_RMSNORM_BYTES if composite else FUSED_NORM_BYTES
-    rotary_bytes = EAGER_ROTARY_BYTES if kernels.eager else 2 * ACT_BYTES
+    rotary_bytes = EAGER_ROTARY_BYTES if kernels.eager and not kernels.fused_rotary else 2 * ACT_BYTES
     ops = [
         Op("norms", "memory", 0.0, norm_bytes * local * h * 2),  # two norms
         Op("residuals", "memory", 0.0, ACT_BYTES * local * h * 6),  # 2 x (read 2h, write h)

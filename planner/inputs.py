@@ -167,7 +167,15 @@ def _fp8_scaling(scaling: str | None, precision: str) -> str:
 
 
 def check_precision_framework(precision: str, prof: ProfileAt, name: str = "--precision") -> None:
-    """MXFP8, NVFP4 and INT8 need a framework release with that recipe (the profile's features)."""
+    """MXFP8, NVFP4 and INT8 need a framework release with that recipe (the profile's features), and
+    a framework that trains only in some precisions (``requires.precisions``: nanotron has no FP8
+    path) runs no other."""
+    allowed = prof.profile.precisions
+    if allowed and precision not in allowed:
+        others = [f for f in FRAMEWORKS if precision in (load_profile(f).precisions or (precision,))
+                  and (precision not in OWN_RATE_PRECISIONS or load_profile(f).at(None).has(precision))]
+        raise SpecError(f"{name}: {prof.profile.describe(prof.date)} trains in {', '.join(allowed)} only, not "
+                        f"{precision}; use {' or '.join(allowed)}, or --framework {' or '.join(others)}")
     if precision in OWN_RATE_PRECISIONS and not prof.has(precision):
         since = prof.profile.since.get(precision)
         when = f"from {since} on" if since else "in no release clusterplan knows"

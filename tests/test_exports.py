@@ -177,6 +177,17 @@ def test_maxtext_profile_carries_its_pipeline_rule(layers, dense, pp, vp, refuse
     assert prof.pipeline_microbatch_problem(4, 6) and not prof.pipeline_microbatch_problem(4, 8)
 
 
+@pytest.mark.parametrize("layout,needle", [("tp=1,pp=8,dp=128", "divide evenly over pp x vp"),
+                                           ("tp=1,pp=4,dp=256,mbs=1", "a multiple of the stages")])
+def test_maxtext_evaluate_refuses_the_pipelines_its_search_leaves_out(layout, needle):
+    """evaluate holds a given layout to the rules the search applies: 126 layers over 8 stages, or
+    6 micro-batches over 4 stages (global batch 1,536 / (256 x 1)), are layouts MaxText refuses."""
+    done = run("evaluate", "--model", "llama3-405b", "--cluster", "dgx-h100-superpod", "--devices", "1024",
+               "--framework", "maxtext", "--global-batch", "1536" if "mbs=1" in layout else "1024", "--layout", layout)
+    assert done.exit_code == 2, done.output
+    assert needle in done.output
+
+
 @pytest.mark.parametrize("model", ["llama3-405b", "deepseek-v3"])
 def test_maxtext_search_offers_no_pipeline_its_export_refuses(model):
     """pp=8 for 126 or 61 layers was the search's pick under MaxText, which its export then refused."""

@@ -198,7 +198,8 @@ def layer_kernels(ctx: Context) -> Kernels:
     """How the job's layers run their element-wise passes (:class:`models.ops.Kernels`): eager
     PyTorch ops for a Hugging Face transformers class (``HF_MODEL_CODE``: its ``LlamaRMSNorm`` is
     always PyTorch ops) and for a profile of eager modules (``semantics.eager_activations``, with
-    its release's RMSNorm kernel) not run under ``torch.compile``; K and V copied per query head
+    its release's RMSNorm kernel, and its rotary kernel where ``semantics.fused_rotary`` says it is
+    fused) not run under ``torch.compile``; K and V copied per query head
     where the code calls ``repeat_kv`` (compiled or not: the copy is the graph's output either way).
     A model of fused kernels (``FUSED_MODEL_CODE``) runs none of these."""
     prof = ctx.job.profile
@@ -207,7 +208,7 @@ def layer_kernels(ctx: Context) -> Kernels:
     hf = ctx.job.model_code == HF_MODEL_CODE
     eager = hf or (prof.profile.eager_activations and not ctx.job.compiled)
     return Kernels(eager=eager, composite_norm=eager and (hf or prof.eager_norm_composite),
-                   kv_repeat=hf or prof.kv_repeated)
+                   kv_repeat=hf or prof.kv_repeated, fused_rotary=not hf and prof.profile.fused_rotary)
 
 
 @lru_cache(maxsize=65536)

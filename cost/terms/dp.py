@@ -69,17 +69,18 @@ def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: in
     prof = ctx.job.profile.profile
     copy_s = zero3_host_s(ctx) if modules else (0.0, 0.0)
     copies = zero_replicas(ctx, dp, pp, cp, ep, z, across)
+    all_reduce = prof.zero1_grad_reduce == "all_reduce"
     if copies == 1:
         t = dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
-                       gather_bytes(ctx.job), copy_s)
+                       gather_bytes(ctx.job), copy_s, zero1_all_reduce=all_reduce)
         return replace(t, regather_s=zero3_regather_s(ctx, tp, pp, vp, z, profiles[0]))
     placed, shard, stride = ctx.placed(order).cluster, dp // copies, tp  # pp = cp = 1: dp's stride is tp
     inner = placed.strided_profile(shard, stride) if shard > 1 else None
     t = dp_traffic(ctx.job.grad_bytes, pc, inner, inner, z, prof.zero2_param_gather, modules, gather_bytes(ctx.job),
-                   copy_s)
-    across = coll.all_reduce_s(ctx.job.grad_bytes * (pc.dense + pc.expert) / shard,
-                               placed.strided_profile(copies, stride * shard))
-    return DataParallelTerms(t.per_step_s + across, t.per_microbatch_s, t.blocking_s,
+                   copy_s, zero1_all_reduce=all_reduce)
+    across_s = coll.all_reduce_s(ctx.job.grad_bytes * (pc.dense + pc.expert) / shard,
+                                 placed.strided_profile(copies, stride * shard))
+    return DataParallelTerms(t.per_step_s + across_s, t.per_microbatch_s, t.blocking_s,
                              zero3_regather_s(ctx, tp, pp, vp, z, inner))
 
 
@@ -184,13 +185,14 @@ def gather_bytes(job: Job) -> float:
 def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_stage: int,
                zero2_param_gather: str | None = "per_step",
                zero3_modules: tuple[int, int] | None = None, weight_bytes: float = WEIGHT_BYTES,
-               host_s: tuple[float, float] = (0.0, 0.0)) -> DataParallelTerms:
+               host_s: tuple[float, float] = (0.0, 0.0), zero1_all_reduce: bool = False) -> DataParallelTerms:
     """The collectives of :func:`dp_terms` for given parameter counts and group profiles.
 
     - ZeRO-0 (DDP): one all-reduce of the gradients per step.
     - ZeRO-1 (Megatron-Core's distributed optimizer, DeepSpeed ZeRO-1): gradients accumulate in a
       full buffer over the micro-batches, then one reduce-scatter, the optimizer step on the
-      shard, and an all-gather of the updated 16-bit weights per step.
+      shard, and an all-gather of the updated 16-bit weights per step. ``zero1_all_reduce`` (nanotron's
+      ``semantics.zero1_grad_reduce``): the whole buffer is all-reduced instead, each rank updating its shard.
     - ZeRO-2 (DeepSpeed ZeRO-2, FSDP2 without resharding after forward): gradients are kept only
       as shards, so every micro-batch's backward reduce-scatters them. DeepSpeed then all-gathers
       the updated weights once after the step, outside any backward (``per_step``); FSDP2 gathers
@@ -211,16 +213,16 @@ def dp_traffic(grad_bytes: int, pc: ParamCounts, dense_prof, expert_prof, zero_s
         streams = ((pc.dense, dense_prof, collectives[0]), (pc.expert, expert_prof, collectives[1]))
         return sum(k * fn(count / k, prof) for count, prof, k in streams if prof is not None and count)
 
-    def rs(count, prof):
-        return coll.reduce_scatter_s(grad_bytes * count, prof)
+    def rs(count, prof, all_reduce: bool = False):  # the gradients' reduction (all-reduce: twice the ring bytes)
+        return (coll.all_reduce_s if all_reduce else coll.reduce_scatter_s)(grad_bytes * count, prof)
 
     def ag(count, prof):
         return coll.all_gather_s(weight_bytes * count, prof)
 
     if zero_stage == 0:
-        return DataParallelTerms(over(lambda c, p: coll.all_reduce_s(grad_bytes * c, p)), 0.0)
+        return DataParallelTerms(over(lambda c, p: rs(c, p, True)), 0.0)
     if zero_stage == 1:
-        return DataParallelTerms(over(rs) + over(ag), 0.0)
+        return DataParallelTerms(over(lambda c, p: rs(c, p, zero1_all_reduce)) + over(ag), 0.0)
     if zero_stage == 2:
         if zero2_param_gather == "per_microbatch":
             return DataParallelTerms(0.0, over(rs) + over(ag))

@@ -159,7 +159,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
-    _check_fixed_shape(model, b)
+    _check_fixed_shape(model, b, prof)
     return space
 
 
@@ -239,7 +239,7 @@ def _check_fixed_consistent(model: ModelSpec, bounds: Bounds) -> None:
         raise SpecError(f"--fix vp={vp}: interleaving needs pp > 1, and pp is held at 1; drop one of them")
 
 
-def _check_fixed_shape(model: ModelSpec, bounds: Bounds) -> None:
+def _check_fixed_shape(model: ModelSpec, bounds: Bounds, prof) -> None:
     """--fix values the model's shape rules out (ep not dividing the experts, tp not splitting the
     heads) are bad input naming the rule, not "no layout passes the structural rules"."""
     ep, tp = bounds.fixed.get("ep", 1), bounds.fixed.get("tp")
@@ -249,6 +249,9 @@ def _check_fixed_shape(model: ModelSpec, bounds: Bounds) -> None:
     if tp is not None and not heads_split(model, tp):
         raise SpecError(f"--fix tp={tp}: tp must divide {model.name}'s {model.num_attention_heads} attention heads and "
                         f"divide or be a multiple of its {model.num_kv_heads_resolved} key/value heads")
+    problem = tp is not None and not bounds.allow_unavailable and prof.kv_heads_problem(model, tp)
+    if problem:
+        raise SpecError(f"--fix {problem}; pick another --framework or drop the --fix")
 
 
 def _check_fixed_overlap(prof, bounds: Bounds) -> None:
@@ -335,16 +338,17 @@ def _no_factorization(b: Bounds, n: int) -> str:
 
 # ---- structural rules on small groups of knobs (shared by CP-SAT and exhaustive) --------------
 
-def heads_split(model: ModelSpec, tp: int) -> bool:
-    """tp divides the attention heads, and divides the key/value heads or is a multiple of them
-    (Megatron-Core replicates a group's K/V over the ranks that share it)."""
+def heads_split(model: ModelSpec, tp: int, replicate_kv: bool = True) -> bool:
+    """tp divides the attention heads, and divides the key/value heads or (``replicate_kv``) is a
+    multiple of them (Megatron-Core replicates a group's K/V over the ranks that share it)."""
     g = model.num_kv_heads_resolved
-    return not (model.num_attention_heads % tp or (g % tp and tp % g))
+    return not (model.num_attention_heads % tp or (g % tp and (tp % g or not replicate_kv)))
 
 
 def factor_ok(model: ModelSpec, job: Job, tp: int, pp: int, dp: int, cp: int) -> str | None:
-    """Rules on the degrees alone."""
-    if not heads_split(model, tp):
+    """Rules on the degrees alone (a framework that does not replicate K/V heads over TP ranks,
+    ``requires.kv_heads_divisible_by_tp``, needs tp to divide them)."""
+    if not heads_split(model, tp, not job.profile.profile.kv_heads_divisible_by_tp):
         return "heads"
     if cp > 1 and job.seq_len % (2 * cp):
         return "context"

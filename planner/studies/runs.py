@@ -48,7 +48,8 @@ FORMAT = "clusterplan-runs/1"
 FRAMEWORK_KEYWORDS: tuple[tuple[str, str], ...] = (
     ("torchtitan", "torchtitan"), ("automodel", "torchtitan"), ("llmfoundry", "torchtitan"),
     ("llm-foundry", "torchtitan"), ("maxtext", "maxtext"), ("deepspeed", "deepspeed"), ("zero3", "deepspeed"),
-    ("zero-3", "deepspeed"), ("bloom", "deepspeed"), ("neox", "deepspeed"), ("megatron", "megatron"),
+    ("zero-3", "deepspeed"), ("bloom", "deepspeed"), ("neox", "deepspeed"), ("nanotron", "nanotron"),
+    ("megatron", "megatron"),
     ("mbridge", "megatron"), ("nemo", "megatron"),
 )
 

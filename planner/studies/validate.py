@@ -167,7 +167,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 BUNDLED_EXTRAS = {
     "sweeps": ("sweeps.yaml", "published layout sweeps: groups of runs of one job, for the ranking measure"),
     "memory": ("memory_runs.yaml", "measured peak memory per device and published fit/OOM facts"),
-    "families": ("family_runs.yaml", "runs beyond NVIDIA A100/H100, for the per-family error"),
+    "families": ("family_runs.yaml", "runs beyond NVIDIA A100/H100 (and of nanotron), for the per-family error"),
 }
 
 
@@ -367,7 +367,7 @@ def markdown_report(result: dict) -> str:
     if result["summary"].get("every_measured", {}).get("runs"):
         lines.append(trust_line(result["summary"]["every_measured"], result["summary"].get("cross_validated")))
     if result.get("families"):
-        lines += ["", "Runs beyond NVIDIA A100/H100 (`planner/data/family_runs.yaml`):", ""]
+        lines += ["", "Runs beyond NVIDIA A100/H100, and of nanotron (`planner/data/family_runs.yaml`):", ""]
         lines += _markdown_runs(result["families"]["runs"]) + [""] + _markdown_stats(result["families"]["summary"])
     return "\n".join(lines)
 

@@ -1,0 +1,33 @@
+"""Every framework profile is sourced: each feature a release offers, each rule it refuses and each
+semantic or overlap figure names a source the profile's ``sources`` define (docs/frameworks.md: "Every
+fact names its source in the file's `sources:`"; figures taken as assumptions say so)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterplan.cost.framework import FRAMEWORKS, load_profile
+from clusterplan.models.files import bundled_yaml
+
+
+def _doc(framework: str) -> dict:
+    return bundled_yaml("clusterplan.cost", "data", "frameworks", f"{framework}.yaml")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_offered_feature_and_rule_names_a_defined_source(framework):
+    prof = load_profile(framework)
+    unsourced = [name for name, since in prof.since.items()
+                 if since is not None and prof.feature_sources.get(name) not in prof.sources]
+    unsourced += [rule.id for rule in prof.rules if rule.source not in prof.sources]
+    assert not unsourced, f"{framework}: {unsourced}"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_semantic_figure_names_defined_sources_or_says_it_is_assumed(framework):
+    doc = _doc(framework)
+    missing = [f"{section}.{key}: {name.strip()}" for section in ("semantics", "overlap", "requires")
+               for key, value in (doc.get(section) or {}).items()
+               if key.endswith("_source") and isinstance(value, str) and not value.startswith("assumed")
+               for name in value.split(",") if name.strip() not in doc["sources"]]
+    assert not missing, missing
