@@ -33,9 +33,10 @@ import click
 from rich.console import Console
 
 from clusterplan.cli_errors import Command, Group, _err, guarded
-from clusterplan.cli_options import (CALIBRATION_OPTION, ENGINE_OPTIONS, FRAMEWORK_NAMES, INPUT_OPTIONS, MOE_ROUTING_OPTIONS, POSITIVE_FLOAT,
-                                     OUTPUT_OPTIONS, POSITIVE_INT, PRICE_OPTION, PROBLEM_OPTIONS, SEARCH_OPTIONS, WHATIF_OUTPUT_OPTIONS,
-                                     BoundedNumber, Headroom, TokenCount, apply_options, remembered)
+from clusterplan.cli_options import (CALIBRATION_OPTION, ENGINE_OPTIONS, FRAMEWORK_NAMES, INPUT_OPTIONS,
+                                     MOE_ROUTING_OPTIONS, OUTPUT_OPTIONS, POSITIVE_FLOAT, POSITIVE_INT, PRICE_OPTION,
+                                     PROBLEM_OPTIONS, SEARCH_OPTIONS, WHATIF_OUTPUT_OPTIONS, BoundedNumber, Headroom,
+                                     TokenCount, apply_options, remembered, writable_file)
 from clusterplan.cost.framework import check_platform, resolve_name as resolve_framework
 from clusterplan.cost.layout import MODEL_CODES
 from clusterplan.cost.goodput import Reliability
@@ -438,13 +439,13 @@ def _calibrate_one(file: str | None, as_json: bool, markdown: bool, calibration:
 @click.command("calibrate")
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("-o", "--output", "output", required=True, metavar="CAL.yaml", type=click.Path(dir_okay=False),
-              help="Where to write the calibration (format clusterplan-calibration/1).")
+              callback=writable_file, help="Where to write the calibration (format clusterplan-calibration/1).")
 @click.option("--cluster", "cluster_arg", metavar="ID|FILE", help="The cluster the logs ran on (runs files name their own).")
 @click.option("--device", "device", metavar="ID", help="The device the logs ran on, where the preset has several.")
 @click.option("--model", "model_arg", metavar="ID|FILE", help="The model of logs that name none (Megatron-Bridge).")
 @click.option("--devices", "devices", type=POSITIVE_INT, help="The device count of logs that print none (Megatron-Bridge).")
 @click.option("--seq-len", "seq_len", type=POSITIVE_INT, help="The sequence length of logs that give none (DeepSpeed).")
-@click.option("--save-runs", "save_runs", metavar="RUNS.yaml", type=click.Path(dir_okay=False),
+@click.option("--save-runs", "save_runs", metavar="RUNS.yaml", type=click.Path(dir_okay=False), callback=writable_file,
               help="Also write the runs read (from logs too) as a clusterplan-runs/1 file, for validate.")
 @click.option("--json", "as_json", is_flag=True, help="Print the fitted entries as JSON.")
 @guarded
@@ -478,7 +479,7 @@ def calibrate_command(inputs, output, cluster_arg, device, model_arg, devices, s
 
 @click.command("probe")
 @click.option("-o", "--output", "output", required=True, metavar="CAL.yaml", type=click.Path(dir_okay=False),
-              help="Where to write the calibration (the form clusterplan calibrate writes).")
+              callback=writable_file, help="Where to write the calibration (the form clusterplan calibrate writes).")
 @click.option("--cluster", "cluster_arg", required=True, metavar="ID|FILE",
               help="The cluster (preset or file) this machine belongs to: its device and fabric are what the figures "
                    "are compared with.")
@@ -488,7 +489,7 @@ def calibrate_command(inputs, output, cluster_arg, device, model_arg, devices, s
 @click.option("--figures", "figures_path", metavar="FILE", type=click.Path(dir_okay=False),
               help="Figures recorded before (probe --save-figures, or benchmarks/gpu_probe.py's JSON) instead of "
                    "measuring this machine.")
-@click.option("--save-figures", "save_path", metavar="FILE", type=click.Path(dir_okay=False),
+@click.option("--save-figures", "save_path", metavar="FILE", type=click.Path(dir_okay=False), callback=writable_file,
               help="Also write the measured figures as JSON.")
 @click.option("--quick", is_flag=True, help="Fewer GEMM shapes (about a minute).")
 @guarded

@@ -275,6 +275,15 @@ def distinct_output(ctx: click.Context, param: click.Parameter, value: Any) -> A
     return value
 
 
+def writable_file(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A file option the command writes (-o CAL.yaml, --save-runs, --save-figures): its folder must
+    exist, checked before any work."""
+    if value is not None and not Path(value).parent.is_dir():
+        raise click.UsageError(f"{param.opts[-1]}: folder {str(Path(value).parent)!r} does not exist; create it or "
+                               "write elsewhere")
+    return value
+
+
 def view_path(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """--html FILE / --timeline FILE.png: a file that can be written (its folder exists, it is no
     folder; a .png with matplotlib installed for --timeline), checked before any search, and
