@@ -216,3 +216,13 @@ def test_calibrate_reads_training_logs_and_saves_them_as_runs_validate_scores(tm
     assert all(r["reason"] is None and r["error"] is not None for r in doc["runs"])
     res = CliRunner().invoke(main, ["calibrate", str(logs / "megatron_llama3_8b_tp2.log"), "-o", str(cal)])
     assert res.exit_code == 2 and "--cluster" in res.output
+
+
+def test_writing_into_a_missing_folder_is_bad_input_before_any_work(tmp_path):
+    runs = str(REPO / "planner/data/runs.yaml")
+    res = CliRunner().invoke(main, ["calibrate", runs, "-o", str(tmp_path / "nope" / "cal.yaml")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    res = CliRunner().invoke(main, ["probe", "--cluster", "dgx-superpod", "-o", str(tmp_path / "c.yaml"), "--figures",
+                                    str(REPO / "tests/data/probe_2x8_h100_fixture.json"), "--save-figures",
+                                    str(tmp_path / "nope" / "f.json")])
+    assert res.exit_code == 2 and "--save-figures" in res.output
