@@ -128,6 +128,8 @@ def _files(tmp_path):
     (tmp_path / "bad.yaml").write_text("num_layers: 4\nhidden_size: [1, 2\n")
     (tmp_path / "neg.yaml").write_text(TINY_MODEL.replace("hidden_size: 256", "hidden_size: -64"))
     (tmp_path / "pod.yaml").write_text("base: dgx-h100-superpod\nnum_nodes: 2\n")
+    (tmp_path / "seg.yaml").write_text("base: gb200-nvl72\nnum_devices: 256\ndomain_devices: 70\n")
+    (tmp_path / "podseg.yaml").write_text("base: dgx-h100-superpod\nnum_nodes: 2\ndomain_devices: 8\n")
     return tmp_path
 
 
@@ -144,6 +146,14 @@ BAD_INPUT = {
                        "exceeds the largest cluster"),
     "devices not whole nodes": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--devices", "12"],
                                 "multiple of 8"),
+    "devices not whole trays": (["evaluate", "--model", "llama3-405b", "--cluster", "gb200-nvl72", "--devices", "258",
+                                 "--layout", "tp=4,pp=8,cp=2"], "multiple of 4"),
+    "segment not whole trays": (["plan", "--model", "gpt", "--cluster", "{tmp}/seg.yaml"],
+                                "seg.yaml: domain_devices: got 70; allowed: a multiple of the 4 devices per node"),
+    "devices not whole segments": (["plan", "--model", "gpt", "--cluster", "gb200-nvl72", "--devices", "100",
+                                    "--domain-devices", "64"], "100 is not whole segments of 64 devices"),
+    "segment without NVLink domains": (["plan", "--model", "gpt", "--cluster", "{tmp}/podseg.yaml"],
+                                       "domain_devices: preset podseg (nvswitch) has no NVLink Switch domain"),
     "fix unknown knob": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--fix", "foo=3"],
                          "unknown knob 'foo'"),
     "fix without value": (["plan", "--model", "gpt", "--cluster", "dgx-superpod", "--fix", "tp8"],

@@ -116,6 +116,9 @@ class Cluster:
     """The cluster a :meth:`placed` view was made from (None on a cluster as built)."""
     rank_to_device: np.ndarray | None = field(default=None, repr=False)
     """Device id of each rank in a :meth:`placed` view."""
+    segment_devices: int = 0
+    """Devices a job is allocated in each scale-up domain where not the whole domain (Slurm's block
+    topology ``--segment``; ``domain_size`` is then the segment); 0 where it takes any whole nodes."""
 
     @property
     def platform(self) -> str:
@@ -556,21 +559,22 @@ def _placed(cluster: Cluster, traversal: str) -> Cluster:
 
 def size_step(cluster: Cluster, num_devices: int) -> int:
     """The step between the device counts near ``num_devices`` that a job can use on ``cluster``'s
-    fabric (at any size of it): a whole node; beyond one scale-up domain of a fixed size that spans
-    several nodes (an NVL72 rack, or the part of it ``--domain-devices`` uses), a whole domain, since
-    a job's parallel groups must tile the domains evenly and no layout does on 76 devices of 72-GPU
-    racks (``cost.layout.misaligned_axis``). Tori and grids step by whole nodes (hosts, instances):
-    their own rules (``builders.tpu_slice_layout``, ``builders.grid_layout``) say which counts form
-    slices or grids.
+    fabric (at any size of it): a whole node; beyond one segment, where the job is allocated whole
+    segments of each scale-up domain (``Cluster.segment_devices``: Slurm's block topology
+    ``--segment``), a whole segment. A job on whole nodes of NVL72 racks may use part of its last
+    rack (76 = 72 + 4): groups that straddle the racks unevenly are priced at their slowest group
+    (``Cluster.axis_profile``). Tori and grids step by whole nodes (hosts, instances): their own
+    rules (``builders.tpu_slice_layout``, ``builders.grid_layout``) say which counts form slices or
+    grids.
 
     >>> from clusterplan.topologies.library import build_cluster
-    >>> nvl72 = build_cluster("gb200-nvl72")
-    >>> size_step(nvl72, 64), size_step(nvl72, 100), size_step(build_cluster("tpu-v5p-pod"), 8192)
-    (4, 72, 4)
+    >>> nvl72, segments = build_cluster("gb200-nvl72"), build_cluster("gb200-nvl72", domain_devices=64)
+    >>> size_step(nvl72, 100), size_step(segments, 60), size_step(segments, 100)
+    (4, 4, 64)
     """
-    node = cluster.devices_per_node
-    if cluster.torus_shape is None and cluster.domain_size > node and num_devices > cluster.domain_size:
-        return cluster.domain_size
+    node, segment = cluster.devices_per_node, cluster.segment_devices
+    if segment and num_devices > segment:
+        return segment
     return node
 
 
