@@ -304,9 +304,8 @@ def build_cluster(preset_id: str, num_devices: int | None = None, num_nodes: int
     entry = _presets()[resolve_cluster_id(preset_id)]
     size = _num_devices(entry, num_devices, num_nodes)
     device_id = resolve_device_id(device) if device is not None else entry.device
-    segment = _domain_devices(entry, entry.domain_devices if domain_devices is None else domain_devices)
     return _build_bundled(entry.id, size, device_id, _nic_rate("scale_out_gbit_per_s", scale_out_gbit_per_s),
-                          _oversubscription(entry, oversubscription), _whole_segments(size, segment))
+                          _oversubscription(entry, oversubscription), _segment(entry, size, domain_devices))
 
 
 @lru_cache(maxsize=64)
@@ -347,6 +346,13 @@ def _domain_devices(entry: PresetEntry, value: int | None, where: str = "") -> i
         raise SpecError(f"{where}domain_devices: got {value!r}; allowed: a multiple of the {per_node} devices per node "
                         f"from {per_node} to the domain's {size}")
     return value
+
+
+def _segment(entry: PresetEntry, num_devices: int, domain_devices: int | None, where: str = "") -> int | None:
+    """The devices a job is allocated in each scale-up domain: the command line's ``domain_devices``,
+    else the preset's or cluster file's (``where`` names the file), checked; None for whole nodes."""
+    given = entry.domain_devices if domain_devices is None else domain_devices
+    return _whole_segments(num_devices, _domain_devices(entry, given, where if domain_devices is None else ""))
 
 
 def _whole_segments(num_devices: int, segment: int | None) -> int | None:
@@ -573,10 +579,8 @@ def load_cluster_file(path: str | Path, num_devices: int | None = None, num_node
         merged["reference_size"] = _reference_size(num_devices, num_nodes, merged.get("devices_per_node"), where)
     entry = _validate(PresetEntry, merged, where)
     _oversubscription(entry, oversubscription)  # the command line's value, checked as for a preset
-    segment = _domain_devices(entry, entry.domain_devices if domain_devices is None else domain_devices,
-                              "" if domain_devices is not None else where)
     size = _num_devices(entry, num_devices, num_nodes)
-    entry = _segmented(entry, _whole_segments(size, segment))
+    entry = _segmented(entry, _segment(entry, size, domain_devices, where))
     device = device or load_device(entry.device)
     return assemble_cluster(entry, device, size, links)
 
