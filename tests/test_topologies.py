@@ -400,6 +400,33 @@ def test_a_cluster_file_carries_the_segment_of_each_rack(tmp_path):
     assert (size_step(c, 300), size_step(build_cluster("gb200-nvl72", 256), 300)) == (64, 4)
 
 
+@pytest.mark.parametrize("preset,n", [("gb200-nvl72", 576), ("gb200-nvl72", 288), ("dgx-h100-superpod", 96),
+                                      ("dgx-h100-superpod", 128), ("mi300x-cluster", 64)])
+def test_groups_said_to_split_alike_do(preset, n):
+    """The shortcut that skips listing a communicator's groups (``_splits_alike``) agrees with listing
+    them, on the dp, dp x cp and tp x cp groups of every factorization and rank order."""
+    import itertools
+    import numpy as np
+    from clusterplan.cost.layout import Layout
+    from clusterplan.topologies.cluster import _progressions, _rank_domains, _splits, _splits_alike, _translates
+    cluster = build_cluster(preset, num_devices=n)
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    checked = 0
+    for tp, cp, dp in itertools.product([1, 2, 3, 4, 6, 8, 16, 32], [1, 2, 4], divisors):
+        if n % (tp * cp * dp):
+            continue
+        for order in ("tp-cp-dp-pp", "tp-cp-pp-dp", "tp-dp-cp-pp"):
+            layout = Layout(tp=tp, cp=cp, dp=dp, pp=n // (tp * cp * dp), order=order)
+            for ranks in (layout.group("dp"), sorted(d + c for d in layout.group("dp") for c in layout.group("cp")),
+                          sorted(t + c for t in layout.group("tp") for c in layout.group("cp"))):
+                axes = _progressions(tuple(ranks))
+                rows = _translates(n, axes) if axes else None
+                if axes and rows is not None and _splits_alike(cluster, axes):
+                    checked += 1
+                    assert len(np.unique(_splits(_rank_domains(cluster)[rows]), axis=0)) == 1, (tp, cp, dp, order)
+    assert checked > 20
+
+
 def test_unknown_device_suggests_close_names():
     with pytest.raises(SpecError, match="did you mean .*b200"):
         load_device("b250")

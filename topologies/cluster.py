@@ -276,7 +276,7 @@ class Cluster:
         >>> [(v.num_domains, v.ranks_per_domain, v.fewest_ranks_per_domain) for v in nvl72.strided_profile(32, 1).shapes]
         [(1, 32, 32), (2, 24, 8), (2, 16, 16)]
         """
-        return _ranks_profile(self, tuple(int(r) for r in ranks))
+        return _ranks_profile(self, ranks if type(ranks) is tuple else tuple(int(r) for r in ranks))
 
     def neighbour_profile(self, count: int, stride: int, ring: bool = False) -> GroupProfile:
         """Point-to-point between neighbours along an axis of ``count`` ranks at ``stride``: the
@@ -502,17 +502,39 @@ def _splits(domains: np.ndarray) -> np.ndarray:
     return -np.sort(-counts, axis=1)
 
 
+def _one_domain_or_whole_domains(cluster: Cluster) -> bool:
+    return cluster.num_devices <= cluster.domain_size or cluster.num_devices % cluster.domain_size == 0
+
+
+def _splits_alike(cluster: Cluster, axes: tuple[tuple[int, int], ...]) -> bool:
+    """Whether every group built from ``axes`` splits over the domains as rank 0's does, known without
+    listing them. On whole domains, progressions that stride over whole domains move a group's ranks
+    domain by domain, so the others decide: all of them inside a domain's share (the widest span
+    divides the domain), or one that fills whole domains alike (its stride divides the domain and its
+    span is whole domains: tp x cp = 32 on 8-GPU nodes)."""
+    if cluster.num_devices <= cluster.domain_size:
+        return True
+    if not _one_domain_or_whole_domains(cluster):
+        return False
+    d = cluster.domain_size
+    within = [(count, stride) for count, stride in axes if stride % d]
+    if not within or d % max(count * stride for count, stride in within) == 0:
+        return True
+    (count, stride), = within if len(within) == 1 else ((0, 0),)
+    return count > 0 and d % stride == 0 and count * stride % d == 0
+
+
 @lru_cache(maxsize=4096)
 def _axis_profile(cluster: Cluster, axes: tuple[tuple[int, int], ...]) -> GroupProfile:
     """:meth:`Cluster.axis_profile` of the group built from the progressions ``axes``."""
-    rows = _translates(cluster.num_devices, axes)
-    if rows is None:  # not a tiling of the cluster: the group of rank 0 alone
+    rows = None if _splits_alike(cluster, axes) else _translates(cluster.num_devices, axes)
+    if rows is None:  # every group alike, or not a tiling of the cluster: the group of rank 0
         members = np.zeros(1, np.int64)
         for count, stride in axes:
             members = (members[:, None] + np.arange(count) * stride).ravel()
-        return _group_profile(cluster.physical, cluster.devices(np.sort(members)))
+        return _group_profile(cluster.physical, cluster.devices(members.tolist()))
     _, first = np.unique(_splits(_rank_domains(cluster)[rows]), axis=0, return_index=True)
-    profiles = [_group_profile(cluster.physical, cluster.devices(rows[i])) for i in sorted(first)]
+    profiles = [_group_profile(cluster.physical, cluster.devices(rows[i].tolist())) for i in sorted(first)]
     return _with_variants(profiles)
 
 
@@ -526,6 +548,9 @@ def _with_variants(profiles: list[GroupProfile]) -> GroupProfile:
 def _neighbour_profile(cluster: Cluster, count: int, stride: int, ring: bool) -> GroupProfile:
     if count < 2:
         return _group_profile(cluster.physical, cluster.devices((0,)))
+    d = cluster.domain_size
+    if cluster.num_devices <= d or (_one_domain_or_whole_domains(cluster) and (stride % d == 0 or d % (count * stride) == 0)):
+        return _group_profile(cluster.physical, cluster.devices((0, stride)))  # every pair crosses, or none
     rank = np.arange(cluster.num_devices)
     digit = (rank // stride) % count
     lower = rank[(digit < count - 1) & (rank + stride < cluster.num_devices)]
@@ -538,7 +563,7 @@ def _neighbour_profile(cluster: Cluster, count: int, stride: int, ring: bool) ->
     crossing = np.flatnonzero(domains[:, 0] != domains[:, 1])
     inside = np.flatnonzero(domains[:, 0] == domains[:, 1])
     picks = [0] + [int(w[0]) for w in (inside, crossing) if len(w)]
-    return _with_variants([_group_profile(cluster.physical, cluster.devices(pairs[i])) for i in picks])
+    return _with_variants([_group_profile(cluster.physical, cluster.devices(pairs[i].tolist())) for i in picks])
 
 
 @lru_cache(maxsize=64)
