@@ -1145,6 +1145,25 @@ def test_remote_nodes_per_token_by_hand():
     assert remote_nodes_per_token(8, 2, 1) == 0.0  # one node: nothing crosses the fabric
 
 
+def test_remote_nodes_from_the_emptiest_domain_by_hand():
+    """An expert group straddling domains unevenly is timed at its rank in the emptiest domain: with a
+    share ``o`` of the experts at home and the rest split over the other ``N - 1`` domains, each other
+    domain is hit unless all ``k`` picks miss it: ``(N - 1) (1 - C(E - m, k) / C(E, k))``, ``m = E (1 -
+    o) / (N - 1)``. Equal shares give the even formula; a smaller home share sends more across."""
+    from math import comb
+
+    from clusterplan.cost.terms import remote_nodes_per_token
+
+    E, k, N = 256, 8, 2
+    m = E * (1 - 8 / 64)  # 8 of an expert group of 64 at home, the other 56 in one other domain
+    assert remote_nodes_per_token(E, k, N, own_share=8 / 64) == pytest.approx(
+        (N - 1) * (1 - comb(int(E - m), k) / comb(E, k)), rel=1e-12)
+    for n, limit in ((2, None), (8, None), (8, 4)):
+        even = remote_nodes_per_token(E, k, n, limit)
+        assert remote_nodes_per_token(E, k, n, limit, own_share=1 / n) == pytest.approx(even, rel=1e-12)
+        assert even < remote_nodes_per_token(E, k, n, limit, own_share=0.5 / n) <= min(k, n - 1)
+
+
 def test_deepseek_v3_all_to_all_halves_with_node_limited_routing():
     """DeepSeek-V3 routes each token to at most 4 nodes (section 3.2): on 8 nodes the InfiniBand
     bytes fall to about 3.2 remote nodes per token, from 7 of 8 copies under a flat all-to-all."""
