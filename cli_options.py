@@ -162,8 +162,9 @@ INPUT_OPTIONS = [
     CALIBRATION_OPTION,
     click.option("--domain-devices", "domain_devices", type=POSITIVE_INT, metavar="N",
                  help="Devices the job uses in each NVLink Switch domain of an NVL72 preset, a multiple of "
-                      "the devices per node (e.g. 64 of a rack's 72, as SLURM --segment 16 allocates; "
-                      "default: the whole domain)."),
+                      "the devices per node (e.g. 64 of a rack's 72, as SLURM --segment 16 allocates; beyond "
+                      "one segment the device count is whole segments). Default: a cluster file's "
+                      "domain_devices, else whole nodes, the last rack in part."),
     click.option("--global-batch", "global_batch", type=POSITIVE_INT, metavar="SEQUENCES",
                  help="Sequences per optimizer step. Default: the model's published batch, else the power "
                       "of two nearest to 4,194,304 / seq-len (about 4M tokens per step)."),

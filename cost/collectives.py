@@ -10,22 +10,42 @@ Sources: ring all-reduce ``2 (k-1)/k * S / W + 2 (k-1) alpha`` and reduce-scatte
 hierarchical all-reduce (reduce-scatter in the node, all-reduce of ``S/k_local`` across nodes,
 all-gather in the node; FORMULAS.md); in-network reduction sends each byte once (NVLS/SHARP,
 nccl-tests PR #239); torus rings per axis ("How to Scale Your Model", part 3).
+
+Groups that straddle the scale-up domains unevenly (``k_max`` ranks in the fullest domain,
+``k_min`` in the emptiest) go at the pace of their slowest part: a ring leaves each domain through
+the NICs of the ranks it has there, so through ``k_min`` NICs where it has fewest; a hierarchical
+collective reduces inside every domain at once, the fullest (``k_max`` ranks) last, and each
+domain's ranks carry its whole buffer across, ``S / k_min`` each where it has fewest; an
+all-to-all's rank in the emptiest domain sends the most off it, ``(k - k_min) / k`` of its buffer.
+Where a layout's groups differ in shape (``GroupProfile.variants``), all run at once and the step
+waits for the slowest: each function returns the slowest over the shapes. docs/cost-model.md,
+section 1.2, derives both.
 """
 
 from __future__ import annotations
 
 import math
+from functools import wraps
 
 from clusterplan.topologies.cluster import GroupProfile
 
 
+def _slowest_shape(collective):
+    """``collective`` over every shape of the profile's groups (``GroupProfile.shapes``): the slowest."""
+    @wraps(collective)
+    def timed(*args: float | GroupProfile) -> float:
+        *sizes, p = args
+        return max(collective(*sizes, shape) for shape in p.shapes) if p.variants else collective(*args)
+    return timed
+
+
 def _ring_bandwidth(p: GroupProfile) -> float:
-    """Bus bandwidth of a flat ring: each domain's segment leaves through ``k_local`` NICs."""
+    """Bus bandwidth of a flat ring: each domain's segment leaves through its ``k_local`` NICs."""
     limits = []
     if p.ranks_per_domain > 1:
         limits.append(p.intra_bytes_per_s)
-    if p.num_domains > 1:
-        limits.append(p.ranks_per_domain * p.inter_bytes_per_s)
+    if p.num_domains > 1:  # the domain holding fewest of the group's ranks has fewest NICs to leave by
+        limits.append(p.fewest_ranks_per_domain * p.inter_bytes_per_s)
     return min(limits) if limits else math.inf
 
 
@@ -40,6 +60,7 @@ def _phase_time(fraction_bytes: float, bandwidth: float) -> float:
     return 0.0 if fraction_bytes <= 0 else fraction_bytes / bandwidth
 
 
+@_slowest_shape
 def all_reduce_s(size_bytes: float, p: GroupProfile) -> float:
     """All-reduce of ``size_bytes`` per rank over the group; 0 for a group of one."""
     k = p.num_ranks
@@ -58,8 +79,8 @@ def all_reduce_s(size_bytes: float, p: GroupProfile) -> float:
 
 def _hierarchical_all_reduce_s(size_bytes: float, p: GroupProfile) -> float:
     kl, n = p.ranks_per_domain, p.num_domains
-    intra = 2 * _phase_time((kl - 1) / kl * size_bytes, p.intra_bytes_per_s)
-    shard = size_bytes / kl
+    intra = 2 * _phase_time((kl - 1) / kl * size_bytes, p.intra_bytes_per_s)  # the fullest domain's
+    shard = size_bytes / p.fewest_ranks_per_domain  # what each rank of the emptiest domain carries across
     if p.inter_in_network_reduction:
         inter = shard / p.inter_bytes_per_s  # SHARP: each byte crosses the NIC once each way
     else:
@@ -68,6 +89,7 @@ def _hierarchical_all_reduce_s(size_bytes: float, p: GroupProfile) -> float:
     return intra + inter + latency
 
 
+@_slowest_shape
 def reduce_scatter_s(size_bytes: float, p: GroupProfile) -> float:
     """Reduce-scatter of a ``size_bytes`` buffer (each rank keeps ``1/k`` of it)."""
     k = p.num_ranks
@@ -77,7 +99,7 @@ def reduce_scatter_s(size_bytes: float, p: GroupProfile) -> float:
     kl, n = p.ranks_per_domain, p.num_domains
     if n > 1 and kl > 1:
         hier = (_phase_time((kl - 1) / kl * size_bytes, p.intra_bytes_per_s)
-                + (n - 1) / n * size_bytes / kl / p.inter_bytes_per_s
+                + (n - 1) / n * size_bytes / p.fewest_ranks_per_domain / p.inter_bytes_per_s
                 + (kl - 1) * p.intra_latency_s + (n - 1) * p.inter_latency_s)
         return min(ring, hier)
     return ring
@@ -88,6 +110,7 @@ def all_gather_s(size_bytes: float, p: GroupProfile) -> float:
     return reduce_scatter_s(size_bytes, p)
 
 
+@_slowest_shape
 def all_to_all_s(size_bytes: float, p: GroupProfile) -> float:
     """All-to-all where each rank holds ``size_bytes`` and keeps ``1/k`` of it.
 
@@ -100,11 +123,12 @@ def all_to_all_s(size_bytes: float, p: GroupProfile) -> float:
         return 0.0
     kl = p.ranks_per_domain
     intra = _phase_time(size_bytes * (kl - 1) / k, p.intra_bytes_per_s)
-    inter = _phase_time(size_bytes * (k - kl) / k, p.inter_bytes_per_s)
+    inter = _phase_time(size_bytes * (k - p.fewest_ranks_per_domain) / k, p.inter_bytes_per_s)
     latency = (kl - 1) * p.intra_latency_s + (p.num_domains - 1) * p.inter_latency_s
     return max(intra, inter) + latency
 
 
+@_slowest_shape
 def hierarchical_all_to_all_s(size_bytes: float, remote_bytes: float, p: GroupProfile) -> float:
     """All-to-all that crosses the fabric once per destination domain (DeepEP's internode kernels:
     a token goes over RDMA once to each node holding any of its experts, and is forwarded to those
@@ -123,6 +147,7 @@ def hierarchical_all_to_all_s(size_bytes: float, remote_bytes: float, p: GroupPr
     return max(intra, inter) + latency
 
 
+@_slowest_shape
 def p2p_s(size_bytes: float, p: GroupProfile) -> float:
     """Point-to-point send of ``size_bytes`` between the two ranks of ``p``."""
     if p.num_ranks <= 1 or size_bytes <= 0:

@@ -370,22 +370,6 @@ def interleaved_warmup(pp: int, vp: int, group: int | None = None, rank: int = 0
     return 2 * (pp - rank - 1) + (vp - 1) * (group or pp)
 
 
-def misaligned_axis(degrees: dict[str, int], order: str, domain_size: int) -> tuple[str, int] | None:
-    """The first axis whose groups straddle scale-up domains unevenly, with their span; or None.
-
-    With the axes laid out innermost first, the product of the degrees up to an axis is the span of
-    its groups. Unless that span divides the domain size (or is a multiple of it), groups cross
-    domain boundaries unevenly and no single representative group describes the axis (Megatron-LM
-    asks the same of tensor parallelism within a node).
-    """
-    span = 1
-    for axis in order_axes(order):
-        span *= degrees[axis]
-        if domain_size % span and span % domain_size:
-            return axis, span
-    return None
-
-
 def given_keys(text: str) -> set[str]:
     """The Layout fields a layout string sets (``"tp=8,zero=1"`` -> ``{"tp", "zero_stage"}``)."""
     aliases = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import (OFFLOAD_MODES, RECOMPUTE_MODES, Job, Layout, interleaved_warmup,
-                                      misaligned_axis, parse_recompute_modules)
+                                      parse_recompute_modules)
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, compute_terms, dp_terms, head_terms,
@@ -150,7 +150,6 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     elif layout.sequence_parallel and (job.seq_len // layout.cp) % layout.tp:
         bad("sequence_parallel", f"sequence_parallel splits each sequence over the tp ranks: seq_len/cp = "
             f"{job.seq_len}/{layout.cp} is not divisible by tp={layout.tp}")
-    _alignment_problems(layout, cluster.occupied_domain_size, bad)
     _framework_problems(model, job, cluster, layout, bad)
     traversal_problem = cluster.traversal_problem(layout.traversal)
     if traversal_problem:
@@ -289,15 +288,6 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
                                 data_parallel=layout.dp * layout.cp > 1)
     if refusal and not any(invalid.values()):
         bad("framework", f"{prof.profile.describe(prof.date)}: {refusal}")
-
-
-def _alignment_problems(layout: Layout, domain_size: int, bad) -> None:
-    degrees = {a: layout.degree(a) for a in ("tp", "pp", "dp", "cp")}
-    found = misaligned_axis(degrees, layout.order, domain_size)
-    if found:
-        axis, span = found
-        bad("alignment", f"the {axis} groups (order {layout.order}) span {span} devices, which neither divides "
-            f"nor is a multiple of the {domain_size}-device scale-up domain, so they straddle domains unevenly")
 
 
 def _moe_problems(model: ModelSpec, layout: Layout, bad) -> None:

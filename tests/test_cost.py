@@ -477,6 +477,99 @@ def test_p2p_intra_and_inter():
     assert coll.p2p_s(SIZE, profile(2, 2, inter=50e9, a_out=5e-6)) == pytest.approx(SIZE / 50e9 + 5e-6, rel=REL)
 
 
+# ---- groups that straddle the scale-up domains unevenly (issue 36) --------------------------------
+def test_an_uneven_group_goes_at_the_pace_of_its_slowest_part():
+    """32 ranks, 24 in one domain and 8 in the next: a ring leaves the emptier domain through its 8
+    NICs; a hierarchical collective reduces inside the fuller domain (24 ranks) last and carries the
+    whole buffer across on the emptier one's 8 NICs; an all-to-all's rank in the emptier domain sends
+    24/32 of its buffer off it (docs/cost-model.md, section 1.2)."""
+    Wi, We, ai, ae, k = 300e9, 50e9, 2e-6, 5e-6, 32
+    p = dataclasses.replace(profile(k, 2, Wi, We, ai, ae), ranks_per_domain=24, min_ranks_per_domain=8)
+    ring = 2 * 31 / 32 * SIZE / min(Wi, 8 * We) + (2 * 31 - 2) * ai + 2 * ae
+    hier = 2 * 23 / 24 * SIZE / Wi + 2 * (1 / 2) * SIZE / 8 / We + 2 * 23 * ai + 2 * ae
+    assert coll.all_reduce_s(SIZE, p) == pytest.approx(min(ring, hier), rel=REL)
+    rs = min(31 / 32 * SIZE / min(Wi, 8 * We) + 30 * ai + ae, 23 / 24 * SIZE / Wi + SIZE / 2 / 8 / We + 23 * ai + ae)
+    assert coll.reduce_scatter_s(SIZE, p) == pytest.approx(rs, rel=REL)
+    a2a = max(SIZE * 23 / 32 / Wi, SIZE * 24 / 32 / We) + 23 * ai + ae
+    assert coll.all_to_all_s(SIZE, p) == pytest.approx(a2a, rel=REL)
+
+
+def test_the_slowest_group_shape_sets_a_collective():
+    """A layout's groups that differ in shape run at once; the step waits for the slowest."""
+    even = profile(32, intra=300e9)
+    uneven = dataclasses.replace(profile(32, 2), ranks_per_domain=24, min_ranks_per_domain=8)
+    both = dataclasses.replace(even, variants=(uneven,))
+    for fn in (coll.all_reduce_s, coll.reduce_scatter_s, coll.all_gather_s, coll.all_to_all_s):
+        assert fn(SIZE, both) == max(fn(SIZE, even), fn(SIZE, uneven)) > fn(SIZE, even)
+
+
+def test_axis_profiles_hold_every_shape_of_their_groups():
+    """dp groups of 32 on 256 GB200 (3 racks of 72 and 40 of a fourth) straddle racks at 64-95
+    (8 + 24) and 128-159 (16 + 16); pipeline neighbours 4 ranks apart on 8-GPU nodes cross a node
+    between 4 and 8; sets of ranks that no layout builds are profiled alone."""
+    nvl72 = build_cluster("gb200-nvl72", num_devices=256)
+    shapes = {(s.num_domains, s.ranks_per_domain, s.fewest_ranks_per_domain) for s in nvl72.strided_profile(32, 1).shapes}
+    assert shapes == {(1, 32, 32), (2, 24, 8), (2, 16, 16)}
+    assert nvl72.axis_profile(range(0, 64, 2)) == nvl72.strided_profile(32, 2)
+    assert nvl72.axis_profile([0, 5, 7]) == nvl72.group_profile([0, 5, 7])
+    pairs = build_cluster("dgx-h100-superpod", num_devices=16).neighbour_profile(4, 4)
+    assert [s.num_domains for s in pairs.shapes] == [1, 2]
+    aligned = build_cluster("dgx-h100-superpod", num_devices=64)
+    assert not aligned.strided_profile(8, 8).variants and not aligned.neighbour_profile(8, 8).variants
+
+
+LAW_SIZES = (1e3, 1e5, 1e7, 1e9)
+LAW_GROUPS = [  # (preset, devices, count, stride): groups that straddle the domains unevenly
+    ("gb200-nvl72", 256, 32, 1), ("gb200-nvl72", 256, 16, 4), ("gb200-nvl72", 576, 64, 1),
+    ("gb200-nvl72", 576, 32, 2), ("dgx-h100-superpod", 96, 6, 1), ("dgx-h100-superpod", 96, 3, 2),
+    ("dgx-a100-superpod", 96, 6, 1),
+]
+
+
+def _over_scale_out(p: GroupProfile) -> GroupProfile:
+    """The same number of ranks, each in a domain of its own, on the slowest NIC path the group's
+    shapes use."""
+    crossing = [s for s in p.shapes if s.num_domains > 1]
+    return profile(p.num_ranks, p.num_ranks, inter=min(s.inter_bytes_per_s for s in crossing),
+                   a_out=max(s.inter_latency_s for s in crossing))
+
+
+@pytest.mark.parametrize("preset,n,count,stride", LAW_GROUPS)
+def test_straddling_groups_are_between_aligned_and_scale_out(preset, n, count, stride):
+    """A group that straddles the scale-up domains unevenly is never faster than the same group laid
+    from a domain's first device, nor slower than the same traffic all over the scale-out network
+    (on switched domains, whose links are at least as fast as a NIC; on a direct mesh a pair's one
+    link can be slower than a NIC: MI300X 44.7 GB/s against 47)."""
+    cluster = build_cluster(preset, num_devices=n)
+    axis = cluster.strided_profile(count, stride)
+    aligned = cluster.group_profile(range(0, count * stride, stride))  # rank 0's group, from a domain's start
+    assert axis.variants and aligned.fewest_ranks_per_domain == aligned.ranks_per_domain
+    scale_out = _over_scale_out(axis)
+    for fn in (coll.all_reduce_s, coll.reduce_scatter_s, coll.all_gather_s, coll.all_to_all_s):
+        for size in LAW_SIZES:
+            t = fn(size, axis)
+            assert fn(size, aligned) * (1 - 1e-12) <= t <= fn(size, scale_out) * (1 + 1e-12), (fn.__name__, size)
+    pairs = cluster.neighbour_profile(count, stride, ring=True)
+    for size in LAW_SIZES:
+        t = coll.p2p_s(size, pairs)
+        assert coll.p2p_s(size, cluster.group_profile((0, stride))) <= t <= coll.p2p_s(size, profile(2, 2, inter=min(
+            s.inter_bytes_per_s for s in pairs.shapes if s.num_domains > 1), a_out=max(
+            s.inter_latency_s for s in pairs.shapes if s.num_domains > 1)))
+
+
+@pytest.mark.parametrize("preset,n,count,stride", LAW_GROUPS)
+def test_one_uneven_group_is_never_faster_than_itself_aligned_when_bandwidth_bound(preset, n, count, stride):
+    """Each shape alone, where bandwidth dominates (a 1 GB buffer): its slowest part makes it slower
+    than the group laid from a domain's first device. (At 64 MB over 64 GB200, 40 + 24, the
+    hierarchical schedule's 39 + 1 latency steps beat the 63 of the aligned ring the model prices, by
+    6%; the step is priced at the slowest shape, the aligned one among them, so that never shows.)"""
+    cluster = build_cluster(preset, num_devices=n)
+    aligned = cluster.group_profile(range(0, count * stride, stride))
+    for shape in cluster.strided_profile(count, stride).shapes:
+        for fn in (coll.all_reduce_s, coll.reduce_scatter_s, coll.all_to_all_s):
+            assert fn(1e9, shape) >= fn(1e9, aligned) * (1 - 1e-12), (fn.__name__, shape)
+
+
 # ---- cost/terms: communication terms through a real cluster --------------------------------------
 def _ctx(cluster, model=GPT, batch=64, seq=2048, precision="bf16") -> Context:
     return Context(model, Job(global_batch_size=batch, seq_len=seq, precision=precision), cluster)
@@ -514,10 +607,12 @@ def test_pipeline_p2p_follows_the_framework(cluster16, framework, date, sp, pp, 
     job = Job(global_batch_size=64, seq_len=2048, framework=framework, framework_date=date)
     ctx = Context(GPT, job, cluster16)
     layout = Layout(tp=2, pp=pp, dp=8 // pp, micro_batch_size=2, sequence_parallel=sp)
-    prof = cluster16.group_profile((0, layout.stride("pp")))
+    stride = layout.stride("pp")  # every stage's send to the next: the slowest pair sets the pace (at pp=4 on
+    pairs = [(r, r + stride) for r in range(16 - stride) if (r // stride) % pp < pp - 1]  # 8-GPU nodes 4->8 crosses)
     full = 2 * 2 * 2048 * GPT.hidden_size
     gather = coll.all_gather_s(full, cluster16.group_profile(range(2)))
-    expected = transfers * coll.p2p_s(full * share, prof) + gathers * gather
+    send = max(coll.p2p_s(full * share, cluster16.group_profile(pair)) for pair in pairs)
+    expected = transfers * send + gathers * gather
     assert p2p_s(ctx, layout) == pytest.approx(expected, rel=REL)
     assert p2p_s(ctx, layout.with_(pp=1, dp=8)) == 0.0
 
@@ -1048,6 +1143,25 @@ def test_remote_nodes_per_token_by_hand():
     assert remote_nodes_per_token(E, k, N, M) == pytest.approx(hit_m * (N - 1) / N, rel=1e-12)
     assert remote_nodes_per_token(E, k, N, M) < remote_nodes_per_token(E, k, N) < k
     assert remote_nodes_per_token(8, 2, 1) == 0.0  # one node: nothing crosses the fabric
+
+
+def test_remote_nodes_from_the_emptiest_domain_by_hand():
+    """An expert group straddling domains unevenly is timed at its rank in the emptiest domain: with a
+    share ``o`` of the experts at home and the rest split over the other ``N - 1`` domains, each other
+    domain is hit unless all ``k`` picks miss it: ``(N - 1) (1 - C(E - m, k) / C(E, k))``, ``m = E (1 -
+    o) / (N - 1)``. Equal shares give the even formula; a smaller home share sends more across."""
+    from math import comb
+
+    from clusterplan.cost.terms import remote_nodes_per_token
+
+    E, k, N = 256, 8, 2
+    m = E * (1 - 8 / 64)  # 8 of an expert group of 64 at home, the other 56 in one other domain
+    assert remote_nodes_per_token(E, k, N, own_share=8 / 64) == pytest.approx(
+        (N - 1) * (1 - comb(int(E - m), k) / comb(E, k)), rel=1e-12)
+    for n, limit in ((2, None), (8, None), (8, 4)):
+        even = remote_nodes_per_token(E, k, n, limit)
+        assert remote_nodes_per_token(E, k, n, limit, own_share=1 / n) == pytest.approx(even, rel=1e-12)
+        assert even < remote_nodes_per_token(E, k, n, limit, own_share=0.5 / n) <= min(k, n - 1)
 
 
 def test_deepseek_v3_all_to_all_halves_with_node_limited_routing():

@@ -132,10 +132,11 @@ def test_memory_only_tables_decide_fit_as_the_full_tables(model_id, preset, devi
 
 
 # ---- issue 41: fit on NVL72, bounded in time and memory, agreeing with plan's hint --------------------
-def test_size_ladder_steps_by_node_then_by_domain_and_thins_out_by_doubling():
+def test_size_ladder_steps_by_node_then_by_segment_and_thins_out_by_doubling():
     """Every whole node up to 32 nodes, then 16 sizes per doubling on multiples of a step that doubles
-    (so 4,096 stays on it); on NVL72 beyond one rack only whole racks (a job's groups must tile the
-    72-GPU domains), or the --domain-devices part of each; below one node, the node's divisors."""
+    (so 4,096 stays on it); on NVL72 whole trays beyond one rack too (issue 36: a partly used last rack
+    is priced, not refused), and with --domain-devices whole segments beyond one; below one node, the
+    node's divisors."""
     dgx = build_cluster("dgx-h100-superpod")
     assert [n for n, _ in size_ladder(dgx, 1, 8)] == [1, 2, 4, 8]  # part of a node: the loader refuses it here
     sizes = list(size_ladder(dgx, 8, 600))
@@ -144,20 +145,21 @@ def test_size_ladder_steps_by_node_then_by_domain_and_thins_out_by_doubling():
     assert not any(exact for _, exact in sizes[32:])
     assert 4096 in [n for n, _ in size_ladder(dgx, 3000, 5000)]
     nvl72 = [n for n, _ in size_ladder(build_cluster("gb200-nvl72"), 4, 800)]
-    assert nvl72[:18] == list(range(4, 73, 4)) and nvl72[18:] == list(range(144, 800, 72))
+    assert nvl72[:32] == list(range(4, 129, 4)) and 76 in nvl72 and 256 in nvl72
     segments = build_cluster("gb200-nvl72", domain_devices=64)
     assert [n for n, _ in size_ladder(segments, 60, 300)] == [60, 64, 128, 192, 256]
     assert [n for n, _ in size_ladder(build_cluster("tpu-v5e-pod"), 1, 16)] == [1, 2, 4, 8, 16]
     assert [n for n, _ in size_ladder(build_cluster("cerebras-cs3-cluster"), 1, 5)] == [1, 2, 3, 4, 5]
 
 
-def test_fit_on_nvl72_tries_whole_racks():
+def test_fit_on_nvl72_tries_whole_trays_or_segments():
     """Issue 41: fit said no layout of DeepSeek-V3 fits a GB200 NVL72 up to 131,072 GPUs (it tried
-    powers of two, none a whole number of racks) while plan fits at 576."""
+    powers of two, none a whole number of racks) while plan fits at 576. Issue 36: a partly used last
+    rack is priced, so every whole tray is a size; with --domain-devices 64, whole segments."""
     model, request = get_model("deepseek-v3"), Request(model="deepseek-v3", cluster="gb200-nvl72")
     answer = fewest_devices(model, request, budget_s=None)
     assert answer.num_devices is not None and answer.num_devices <= 576, answer
-    assert all(n <= 72 or n % 72 == 0 for n, _ in answer.checked), answer.checked
+    assert answer.every_size and all(n % 4 == 0 for n, _ in answer.checked), answer.checked
     cluster = build_cluster("gb200-nvl72", num_devices=answer.num_devices)
     assert layouts_fit(model, build_job("deepseek-v3", model, cluster)[0], cluster)
     segments = fewest_devices(model, request.with_(domain_devices=64), budget_s=None)

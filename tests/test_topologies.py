@@ -11,7 +11,7 @@ import pytest
 from clusterplan.models.errors import SpecError
 
 REPO = Path(__file__).resolve().parents[1]
-from clusterplan.topologies.cluster import SCALE_OUT_LEVELS, SCALE_UP_LEVELS
+from clusterplan.topologies.cluster import SCALE_OUT_LEVELS, SCALE_UP_LEVELS, size_step
 from clusterplan.topologies.library import (
     build_cluster, list_clusters, list_devices, load_cluster_file, load_device, resolve_cluster_id,
 )
@@ -382,7 +382,49 @@ def test_domain_devices_use_part_of_each_nvl72_rack():
     assert (whole.domain_size, part.domain_size, part.num_domains) == (72, 64, 4)
     group = range(64, 128)
     assert part.group_profile(group).num_domains == 1 and whole.group_profile(group).num_domains == 2
-    assert build_cluster("gb200-nvl72", 256, domain_devices=72).domain_size == 72
+    assert build_cluster("gb200-nvl72", 288, domain_devices=72).domain_size == 72
+    with pytest.raises(SpecError, match="256 is not whole segments of 72 devices"):  # Slurm refuses --segment 18
+        build_cluster("gb200-nvl72", 256, domain_devices=72)
+
+
+def test_a_cluster_file_carries_the_segment_of_each_rack(tmp_path):
+    """A cluster file's ``domain_devices`` is the segment Slurm's block topology allocates in each
+    NVL72 rack (issue 36): 256 GB200 as 4 racks of 64, as --domain-devices 64 builds them, which the
+    command line's value replaces; sizes step by whole segments beyond one."""
+    path = tmp_path / "segments.yaml"
+    path.write_text("base: gb200-nvl72\nnum_devices: 256\ndomain_devices: 64\n")
+    c = load_cluster_file(path)
+    assert (c.domain_size, c.num_domains, c.segment_devices) == (64, 4, 64)
+    assert c.group_profile(range(64, 128)).num_domains == 1
+    assert load_cluster_file(path, num_devices=288, domain_devices=72).domain_size == 72
+    assert (size_step(c, 300), size_step(build_cluster("gb200-nvl72", 256), 300)) == (64, 4)
+
+
+@pytest.mark.parametrize("preset,n", [("gb200-nvl72", 576), ("gb200-nvl72", 288), ("dgx-h100-superpod", 96),
+                                      ("dgx-h100-superpod", 128), ("mi300x-cluster", 64)])
+def test_groups_said_to_split_alike_do(preset, n):
+    """The shortcut that skips listing a communicator's groups (``_splits_alike``) agrees with listing
+    them, on the dp, dp x cp and tp x cp groups of every factorization and rank order."""
+    import itertools
+    import numpy as np
+    from clusterplan.cost.layout import Layout
+    from clusterplan.topologies.cluster import _progressions, _rank_domains, _splits, _splits_alike, _translates
+    cluster = build_cluster(preset, num_devices=n)
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    checked = 0
+    for tp, cp, dp in itertools.product([1, 2, 3, 4, 6, 8, 16, 32], [1, 2, 4], divisors):
+        if n % (tp * cp * dp):
+            continue
+        for order in ("tp-cp-dp-pp", "tp-cp-pp-dp", "tp-dp-cp-pp"):
+            layout = Layout(tp=tp, cp=cp, dp=dp, pp=n // (tp * cp * dp), order=order)
+            for ranks in (layout.group("dp"), sorted(d + c for d in layout.group("dp") for c in layout.group("cp")),
+                          sorted(t + c for t in layout.group("tp") for c in layout.group("cp"))):
+                axes = _progressions(tuple(ranks))
+                rows = _translates(n, axes) if axes else None
+                if axes and rows is not None and _splits_alike(cluster, axes):
+                    checked += 1
+                    assert len(np.unique(_splits(_rank_domains(cluster)[rows]), axis=0)) == 1, (tp, cp, dp, order)
+    assert checked > 20
 
 
 def test_unknown_device_suggests_close_names():

@@ -153,16 +153,35 @@ def test_catalogue_ids_are_never_broken_on_a_narrow_terminal(command, monkeypatc
     assert all(i in firsts for i in ids), [i for i in ids if i not in firsts]
 
 
-def test_an_moe_plan_on_72_gpu_racks_says_how_to_keep_expert_parallelism():
-    """DeepSeek-V3 on the default GB200 NVL72 pod plans without expert parallelism: every expert
-    group of 64 straddles the 72-GPU racks (refused until issue 36 prices such groups). The plan says
-    what NVIDIA's recipes do instead (--domain-devices 64), and that way the search finds ep > 1."""
+def test_an_moe_plan_on_72_gpu_racks_prices_expert_groups_across_racks():
+    """DeepSeek-V3 on the default GB200 NVL72 pod: expert groups that straddle the 72-GPU racks are
+    priced at their slowest group, not refused (issue 36), so the plan keeps expert parallelism;
+    with 64 devices of each rack (--domain-devices 64, Slurm's --segment 16) groups of 64 stay inside
+    a rack and the same search finds them."""
+    import json
     out = RUN.invoke(main, ["plan", "--model", "deepseek-v3", "--cluster", "gb200-nvl72", "--top", "0", "--json"])
     assert out.exit_code == 0, out.output
-    import json
     doc = json.loads(out.stdout)
-    assert doc["layout"]["ep"] == 1
-    assert any("--domain-devices 64" in h for h in doc["search"]["hints"])
+    assert doc["layout"]["ep"] > 1 and "alignment" not in doc["rejections"]
     segmented = RUN.invoke(main, ["plan", "--model", "deepseek-v3", "--cluster", "gb200-nvl72", "--domain-devices", "64",
                                   "--top", "0", "--json"])
-    assert segmented.exit_code == 0 and json.loads(segmented.stdout)["layout"]["ep"] > 1
+    assert segmented.exit_code == 0 and json.loads(segmented.stdout)["layout"]["ep"] == 64
+
+
+def test_llama3_405b_on_256_gb200_evaluates_and_plans():
+    """Measured outside the repository: Llama 3.1 405B ran on 256 GB200 at TP4 PP8 CP2. 256 GB200 are
+    3 full racks and 40 of a fourth, so every layout's groups straddle the racks; evaluate refused
+    it ("straddle domains unevenly", exit 2) and plan found no layout. Both now price it (exit 0)."""
+    import json
+    layout = ["--layout", "tp=4,pp=8,cp=2"]
+    base = ["--model", "llama3-405b", "--cluster", "gb200-nvl72", "--devices", "256"]
+    out = RUN.invoke(main, ["evaluate", *base, *layout])
+    assert out.exit_code == 0, out.output
+    assert "step time" in out.stdout and "straddle" not in out.output
+    racks = json.loads(RUN.invoke(main, ["evaluate", *base, *layout, "--json"]).stdout)
+    segments = json.loads(RUN.invoke(main, ["evaluate", *base, *layout, "--domain-devices", "64", "--json"]).stdout)
+    # 4 racks of 64 hold every dp group of 32 in one rack; 3 x 72 + 40 split some 8 + 24 and 16 + 16
+    assert racks["breakdown"]["dp_comm"] > segments["breakdown"]["dp_comm"] > 0
+    plan = RUN.invoke(main, ["plan", *base, "--top", "0", "--json"])
+    assert plan.exit_code == 0, plan.output
+    assert json.loads(plan.stdout)["step_time_s"] > 0

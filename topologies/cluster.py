@@ -64,6 +64,23 @@ class GroupProfile:
     intra_nir_bytes_per_s: float  # achieved all-reduce algorithm bandwidth with in-network reduction
     torus_axes: int  # torus axes the group spans inside a domain (0 for switched fabrics)
     torus_wraparound: bool  # every spanned torus axis wraps around
+    min_ranks_per_domain: int = 0
+    """Ranks in the domain holding the fewest of the group's: below ``ranks_per_domain`` where the
+    group straddles domains unevenly (0: every domain holds ``ranks_per_domain``)."""
+    variants: tuple["GroupProfile", ...] = ()
+    """The other shapes the groups of the same communicator take (:meth:`Cluster.axis_profile`):
+    where a layout's groups straddle the scale-up domains unevenly they differ from one another, all
+    run their collectives at once, and the step waits for the slowest (``cost.collectives``)."""
+
+    @property
+    def fewest_ranks_per_domain(self) -> int:
+        """Ranks of the group in its emptiest domain (``ranks_per_domain`` for an even group)."""
+        return self.min_ranks_per_domain or self.ranks_per_domain
+
+    @property
+    def shapes(self) -> tuple["GroupProfile", ...]:
+        """This group and the differently shaped groups of its communicator."""
+        return (self, *self.variants)
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,6 +116,9 @@ class Cluster:
     """The cluster a :meth:`placed` view was made from (None on a cluster as built)."""
     rank_to_device: np.ndarray | None = field(default=None, repr=False)
     """Device id of each rank in a :meth:`placed` view."""
+    segment_devices: int = 0
+    """Devices a job is allocated in each scale-up domain where not the whole domain (Slurm's block
+    topology ``--segment``; ``domain_size`` is then the segment); 0 where it takes any whole nodes."""
     bandwidth_scale: tuple[float, float] = (1.0, 1.0)
     """Factors on the bandwidth collectives achieve inside and across scale-up domains (a user's
     calibration, ``planner.studies.calibration``); (1, 1) as built."""
@@ -239,8 +259,38 @@ class Cluster:
         return _group_profile(self.physical, self.devices(ranks))
 
     def strided_profile(self, count: int, stride: int) -> GroupProfile:
-        """:meth:`group_profile` of ``0, stride, ..., (count - 1) * stride``, cached by its shape."""
-        return _strided_profile(self, count, stride)
+        """:meth:`axis_profile` of ``0, stride, ..., (count - 1) * stride``, cached by its shape."""
+        return _axis_profile(self, ((count, stride),))
+
+    def axis_profile(self, ranks: Sequence[int]) -> GroupProfile:
+        """The profile of the communicator whose group holding rank 0 is ``ranks``: that group's
+        :meth:`group_profile`, with the other shapes its translates take as ``variants``.
+
+        A layout builds every communicator of an axis (or of several axes together) from arithmetic
+        progressions of ranks, ``(count, stride)`` each; its groups are the translates of the one
+        holding rank 0, by the ranks whose digits along those progressions are 0. Where they tile
+        the scale-up domains evenly they all look alike; where they straddle them unevenly (dp groups
+        of 32 on 72-GPU racks: 0-31, 32-63, then 64-95 with 8 ranks in one rack and 24 in the next)
+        they differ, and each distinct split of ranks over domains is profiled once, the first group
+        with it standing for the others (what they share beyond it, e.g. which switch tiers their
+        traffic climbs, is read from that group). ``ranks`` of another shape: their own profile.
+
+        Examples
+        --------
+        >>> from clusterplan.topologies.library import build_cluster
+        >>> nvl72 = build_cluster("gb200-nvl72", num_devices=256)
+        >>> [(v.num_domains, v.ranks_per_domain, v.fewest_ranks_per_domain) for v in nvl72.strided_profile(32, 1).shapes]
+        [(1, 32, 32), (2, 24, 8), (2, 16, 16)]
+        """
+        return _ranks_profile(self, ranks if type(ranks) is tuple else tuple(int(r) for r in ranks))
+
+    def neighbour_profile(self, count: int, stride: int, ring: bool = False) -> GroupProfile:
+        """Point-to-point between neighbours along an axis of ``count`` ranks at ``stride``: the
+        pair ``(0, stride)`` with, as ``variants``, a pair that crosses a domain boundary where some
+        does (pipeline stages of 4 ranks' stride on 8-GPU nodes: 0-4 inside a node, 4-8 across);
+        ``ring`` adds the pairs that close each ring (context parallelism's last rank to its first).
+        Each step waits for its slowest pair."""
+        return _neighbour_profile(self, count, stride, ring)
 
 
 def _edge(graph: nx.Graph, u, v) -> dict:
@@ -366,7 +416,16 @@ def _group_profile(cluster: Cluster, ranks: tuple[int, ...]) -> GroupProfile:
     intra_bw = intra_lat = nir_bw = 0.0
     nir, axes, wraps = False, 0, False
     if per_domain > 1:
-        intra_bw, intra_lat, nir, nir_bw, axes, wraps = _intra_bandwidth(cluster, first_domain[0], set(first_domain))
+        # An uneven group's collective goes at the pace of its slowest part: on a direct mesh the part
+        # with the fewest members has the fewest links among them. An even group reads its first part.
+        looks = [first_domain] if len(first_domain) > 1 else []
+        smallest = min((v for v in domains.values() if len(v) > 1), key=len)
+        if not looks or len(smallest) < len(looks[0]):
+            looks.append(smallest)
+        reads = [_intra_bandwidth(cluster, part[0], set(part)) for part in looks]
+        intra_bw, intra_lat = min(r[0] for r in reads), max(r[1] for r in reads)
+        nir, nir_bw = all(r[2] for r in reads), min(r[3] for r in reads)
+        axes, wraps = reads[0][4], reads[0][5]
     inter_bw = inter_lat = 0.0
     sharp = False
     if len(domains) > 1:
@@ -385,14 +444,133 @@ def _group_profile(cluster: Cluster, ranks: tuple[int, ...]) -> GroupProfile:
         intra_nir_bytes_per_s=nir_bw * up,
         torus_axes=axes,
         torus_wraparound=wraps,
+        min_ranks_per_domain=min(len(v) for v in domains.values()),
     )
 
 
 
+def _progressions(ranks: tuple[int, ...]) -> tuple[tuple[int, int], ...] | None:
+    """``ranks`` as a product of arithmetic progressions from 0, ``(count, stride)`` each, innermost
+    first (how a layout's order builds its groups); None for a set of another shape."""
+    todo = set(ranks)
+    have, axes = {0}, []
+    if 0 not in todo:
+        return None
+    while len(have) < len(todo):
+        stride = min(todo - have)
+        count = 1
+        while all(h + count * stride in todo for h in have):
+            count += 1
+        grown = {h + j * stride for h in have for j in range(count)}
+        if count == 1 or len(grown) != len(have) * count:
+            return None
+        have = grown
+        axes.append((count, stride))
+    return tuple(axes) if have == todo else None
+
+
 @lru_cache(maxsize=4096)
-def _strided_profile(cluster: Cluster, count: int, stride: int) -> GroupProfile:
-    ranks = range(0, count * stride, stride)
-    return _group_profile(cluster.physical, tuple(ranks) if cluster.base is None else cluster.devices(ranks))
+def _ranks_profile(cluster: Cluster, ranks: tuple[int, ...]) -> GroupProfile:
+    axes = _progressions(ranks)
+    return _group_profile(cluster.physical, cluster.devices(ranks)) if axes is None else _axis_profile(cluster, axes)
+
+
+@lru_cache(maxsize=64)
+def _rank_domains(cluster: Cluster) -> np.ndarray:
+    """The scale-up domain of each rank of ``cluster`` (a view's ranks through its device map)."""
+    graph = cluster.physical.graph
+    domains = np.array([graph.nodes[d]["domain"] for d in range(cluster.num_devices)], dtype=np.int64)
+    return domains if cluster.rank_to_device is None else domains[cluster.rank_to_device]
+
+
+def _translates(n: int, axes: tuple[tuple[int, int], ...]) -> np.ndarray | None:
+    """Every group built like the progressions ``axes``, one row of ranks each (the group of rank 0
+    first); None where they do not tile ``range(n)`` (progressions that are no layout's digits)."""
+    rank = np.arange(n)
+    base = np.ones(n, bool)
+    members = np.zeros(1, np.int64)
+    for count, stride in axes:
+        base &= (rank // stride) % count == 0
+        members = (members[:, None] + np.arange(count) * stride).ravel()
+    rows = rank[base][:, None] + np.sort(members)[None, :]
+    if rows.size != n or rows.max() >= n or not (np.bincount(rows.ravel(), minlength=n) == 1).all():
+        return None
+    return rows
+
+
+def _splits(domains: np.ndarray) -> np.ndarray:
+    """Per row of domain ids, the ranks in each domain, most first (0-padded to the row length)."""
+    groups, k = domains.shape
+    ordered = np.sort(domains, axis=1)
+    new_run = np.ones((groups, k), bool)
+    new_run[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    run = np.cumsum(new_run, axis=1) - 1
+    counts = np.bincount((np.arange(groups)[:, None] * k + run).ravel(), minlength=groups * k).reshape(groups, k)
+    return -np.sort(-counts, axis=1)
+
+
+def _one_domain_or_whole_domains(cluster: Cluster) -> bool:
+    return cluster.num_devices <= cluster.domain_size or cluster.num_devices % cluster.domain_size == 0
+
+
+def _splits_alike(cluster: Cluster, axes: tuple[tuple[int, int], ...]) -> bool:
+    """Whether every group built from ``axes`` splits over the domains as rank 0's does, known without
+    listing them. On whole domains, progressions that stride over whole domains move a group's ranks
+    domain by domain, so the others decide: all of them inside a domain's share (the widest span
+    divides the domain), or one that fills whole domains alike (its stride divides the domain and its
+    span is whole domains: tp x cp = 32 on 8-GPU nodes)."""
+    if cluster.num_devices <= cluster.domain_size:
+        return True
+    if not _one_domain_or_whole_domains(cluster):
+        return False
+    d = cluster.domain_size
+    within = [(count, stride) for count, stride in axes if stride % d]
+    if not within or d % max(count * stride for count, stride in within) == 0:
+        return True
+    (count, stride), = within if len(within) == 1 else ((0, 0),)
+    return count > 0 and d % stride == 0 and count * stride % d == 0
+
+
+@lru_cache(maxsize=4096)
+def _axis_profile(cluster: Cluster, axes: tuple[tuple[int, int], ...]) -> GroupProfile:
+    """:meth:`Cluster.axis_profile` of the group built from the progressions ``axes``."""
+    rows = None if _splits_alike(cluster, axes) else _translates(cluster.num_devices, axes)
+    if rows is None:  # every group alike, or not a tiling of the cluster: the group of rank 0
+        members = np.zeros(1, np.int64)
+        for count, stride in axes:
+            members = (members[:, None] + np.arange(count) * stride).ravel()
+        return _group_profile(cluster.physical, cluster.devices(members.tolist()))
+    _, first = np.unique(_splits(_rank_domains(cluster)[rows]), axis=0, return_index=True)
+    profiles = [_group_profile(cluster.physical, cluster.devices(rows[i].tolist())) for i in sorted(first)]
+    return _with_variants(profiles)
+
+
+def _with_variants(profiles: list[GroupProfile]) -> GroupProfile:
+    """The first profile, the distinct others as its variants."""
+    variants = tuple(dict.fromkeys(p for p in profiles[1:] if p != profiles[0]))
+    return replace(profiles[0], variants=variants) if variants else profiles[0]
+
+
+@lru_cache(maxsize=4096)
+def _neighbour_profile(cluster: Cluster, count: int, stride: int, ring: bool) -> GroupProfile:
+    if count < 2:
+        return _group_profile(cluster.physical, cluster.devices((0,)))
+    d = cluster.domain_size
+    if cluster.num_devices <= d or (_one_domain_or_whole_domains(cluster) and (stride % d == 0 or d % (count * stride) == 0)):
+        return _group_profile(cluster.physical, cluster.devices((0, stride)))  # every pair crosses, or none
+    rank = np.arange(cluster.num_devices)
+    digit = (rank // stride) % count
+    lower = rank[(digit < count - 1) & (rank + stride < cluster.num_devices)]
+    pairs = [np.stack([lower, lower + stride], axis=1)]
+    if ring and count > 2:
+        first = rank[(digit == 0) & (rank + (count - 1) * stride < cluster.num_devices)]
+        pairs.append(np.stack([first, first + (count - 1) * stride], axis=1))
+    pairs = np.concatenate(pairs)
+    domains = _rank_domains(cluster)[pairs]
+    crossing = np.flatnonzero(domains[:, 0] != domains[:, 1])
+    inside = np.flatnonzero(domains[:, 0] == domains[:, 1])
+    picks = [0] + [int(w[0]) for w in (inside, crossing) if len(w)]
+    return _with_variants([_group_profile(cluster.physical, cluster.devices(pairs[i].tolist())) for i in picks])
 
 
 @lru_cache(maxsize=64)
@@ -413,21 +591,22 @@ def _placed(cluster: Cluster, traversal: str) -> Cluster:
 
 def size_step(cluster: Cluster, num_devices: int) -> int:
     """The step between the device counts near ``num_devices`` that a job can use on ``cluster``'s
-    fabric (at any size of it): a whole node; beyond one scale-up domain of a fixed size that spans
-    several nodes (an NVL72 rack, or the part of it ``--domain-devices`` uses), a whole domain, since
-    a job's parallel groups must tile the domains evenly and no layout does on 76 devices of 72-GPU
-    racks (``cost.layout.misaligned_axis``). Tori and grids step by whole nodes (hosts, instances):
-    their own rules (``builders.tpu_slice_layout``, ``builders.grid_layout``) say which counts form
-    slices or grids.
+    fabric (at any size of it): a whole node; beyond one segment, where the job is allocated whole
+    segments of each scale-up domain (``Cluster.segment_devices``: Slurm's block topology
+    ``--segment``), a whole segment. A job on whole nodes of NVL72 racks may use part of its last
+    rack (76 = 72 + 4): groups that straddle the racks unevenly are priced at their slowest group
+    (``Cluster.axis_profile``). Tori and grids step by whole nodes (hosts, instances): their own
+    rules (``builders.tpu_slice_layout``, ``builders.grid_layout``) say which counts form slices or
+    grids.
 
     >>> from clusterplan.topologies.library import build_cluster
-    >>> nvl72 = build_cluster("gb200-nvl72")
-    >>> size_step(nvl72, 64), size_step(nvl72, 100), size_step(build_cluster("tpu-v5p-pod"), 8192)
-    (4, 72, 4)
+    >>> nvl72, segments = build_cluster("gb200-nvl72"), build_cluster("gb200-nvl72", domain_devices=64)
+    >>> size_step(nvl72, 100), size_step(segments, 60), size_step(segments, 100)
+    (4, 4, 64)
     """
-    node = cluster.devices_per_node
-    if cluster.torus_shape is None and cluster.domain_size > node and num_devices > cluster.domain_size:
-        return cluster.domain_size
+    node, segment = cluster.devices_per_node, cluster.segment_devices
+    if segment and num_devices > segment:
+        return segment
     return node
 
 

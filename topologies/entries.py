@@ -246,6 +246,11 @@ class PresetEntry(_Entry):
     reference_size: int = Field(gt=0, le=MAX_DEVICES)
     devices_per_node: int = Field(gt=0, le=MAX_DEVICES)
     domain_size: int | None = Field(None, gt=0, le=MAX_DEVICES)
+    domain_devices: int | None = Field(
+        None, gt=0, le=MAX_DEVICES,
+        description="Devices a job is allocated in each scale-up domain it uses, where not the whole domain: the "
+                    "segment of Slurm's block topology (--segment, in nodes, times devices_per_node; e.g. 64 of an "
+                    "NVL72 rack's 72 with --segment 16). nvlink-domain families only; null: any whole nodes.")
     description: str = ""
     scale_up_link: str | None = Field(None, min_length=1, description="A link class (null: none).")
     nvls_nir_fraction: float | None = Field(None, gt=0, le=1)

@@ -31,6 +31,7 @@ with ``base:`` and override any preset key (mappings merge key by key), or give 
     device: h100-sxm5-80gb           # a device id, or an inline device (devices.yaml keys)
     scale_out: {nic_gbit_per_s: 200, oversubscription: 2}
     price_per_device_hour_usd: 2.1   # optional: the rental price on this cluster (else the device's)
+    domain_devices: 64               # optional, NVLink Switch domains (NVL72 racks): each rack's segment
 
 Without ``base`` the preset keys are required: ``family`` (nvswitch | nvlink-domain | gaudi | xgmi |
 tpu-torus | cerebras | groq | grid | pods), ``device``, ``devices_per_node``, ``scale_up_link`` (a link
@@ -38,7 +39,12 @@ class), ``scale_out`` (``nic_gbit_per_s``, ``link``, ``nodes_per_su``, ``switch_
 ``oversubscription``, ``leaves_per_su``, ``sharp``, ``sharp_nir_fraction``, and for pods
 ``global_gbit_per_s``), ``torus`` for TPUs, ``grid`` for grids (``shape``, ``wraparound``,
 ``link_share``, ``link``, ``fabric``: one domain's 2D/3D grid of direct chip-to-chip links, a mesh
-axis where ``wraparound`` is false), ``domain_size`` for NVLink domains. A device may list
+axis where ``wraparound`` is false), ``domain_size`` for NVLink domains. ``domain_devices`` (NVLink
+Switch domains only, as ``--domain-devices``): the devices a job is allocated in each domain where not
+all of them, a multiple of ``devices_per_node`` (Slurm's block topology allocates whole segments of a
+block: ``--segment 16`` takes 16 of an NVL72 rack's 18 trays, 64 GPUs); the job then runs on whole
+segments (256 GB200 = 4 racks of 64). Without it a job takes whole nodes, and its last rack may be
+partly used (256 GB200 = 3 racks of 72 and 40 of a fourth). A device may list
 ``memory_tiers`` (``name``, ``capacity_gb``/``capacity_gib``, ``gbyte_per_s``, ``source``): tiers
 besides its primary memory, carried into ``DeviceSpec.memory_tiers`` in SI units. New link classes go under ``links:`` as
 ``name: {achieved_fraction, latency_us, switch_hop_us, source}``; the bundled ones (``ib_ndr``,
@@ -299,15 +305,13 @@ def build_cluster(preset_id: str, num_devices: int | None = None, num_nodes: int
     size = _num_devices(entry, num_devices, num_nodes)
     device_id = resolve_device_id(device) if device is not None else entry.device
     return _build_bundled(entry.id, size, device_id, _nic_rate("scale_out_gbit_per_s", scale_out_gbit_per_s),
-                          _oversubscription(entry, oversubscription), _domain_devices(entry, domain_devices))
+                          _oversubscription(entry, oversubscription), _segment(entry, size, domain_devices))
 
 
 @lru_cache(maxsize=64)
 def _build_bundled(preset_id: str, num_devices: int, device_id: str, scale_out: float | None,
                    oversubscription: float | None, domain_devices: int | None = None) -> Cluster:
-    entry = _override(_presets()[preset_id], scale_out, oversubscription)
-    if domain_devices is not None:
-        entry = entry.model_copy(update={"domain_size": domain_devices})
+    entry = _segmented(_override(_presets()[preset_id], scale_out, oversubscription), domain_devices)
     return assemble_cluster(entry, _family_device(entry, _bundled_device(device_id)), num_devices, _links())
 
 
@@ -319,20 +323,48 @@ def _override(entry: PresetEntry, scale_out: float | None, oversubscription: flo
     return entry.model_copy(update={"scale_out": entry.scale_out.model_copy(update=changes)})
 
 
-def _domain_devices(entry: PresetEntry, value: int | None) -> int | None:
-    """``domain_devices`` checked against the preset: an NVLink Switch domain spanning several hosts,
-    used by whole hosts, up to its size."""
+def _segmented(entry: PresetEntry, domain_devices: int | None) -> PresetEntry:
+    """``entry`` with a job's segment of each scale-up domain (checked by :func:`_domain_devices`) as
+    the domain its graph is built with; ``entry`` itself without one."""
+    if domain_devices is None:
+        return entry
+    return entry.model_copy(update={"domain_size": domain_devices, "domain_devices": domain_devices})
+
+
+def _domain_devices(entry: PresetEntry, value: int | None, where: str = "") -> int | None:
+    """``domain_devices`` (the command line's, else the preset's or cluster file's) checked against
+    the preset: an NVLink Switch domain spanning several hosts, used by whole hosts, up to its size."""
     if value is None:
         return None
+    where = f"{where}: " if where else ""
     if entry.family != "nvlink-domain":
-        raise SpecError(f"domain_devices: preset {entry.id} ({entry.family}) has no NVLink Switch domain spanning "
+        raise SpecError(f"{where}domain_devices: preset {entry.id} ({entry.family}) has no NVLink Switch domain spanning "
                         f"several hosts to fill in part (given: {value!r}); allowed with nvlink-domain presets "
                         "(gb200-nvl72, gb300-nvl72)")
     size, per_node = entry.domain_size, entry.devices_per_node
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= size or value % per_node:
-        raise SpecError(f"domain_devices: got {value!r}; allowed: a multiple of the {per_node} devices per node "
+        raise SpecError(f"{where}domain_devices: got {value!r}; allowed: a multiple of the {per_node} devices per node "
                         f"from {per_node} to the domain's {size}")
     return value
+
+
+def _segment(entry: PresetEntry, num_devices: int, domain_devices: int | None, where: str = "") -> int | None:
+    """The devices a job is allocated in each scale-up domain: the command line's ``domain_devices``,
+    else the preset's or cluster file's (``where`` names the file), checked; None for whole nodes."""
+    given = entry.domain_devices if domain_devices is None else domain_devices
+    return _whole_segments(num_devices, _domain_devices(entry, given, where if domain_devices is None else ""))
+
+
+def _whole_segments(num_devices: int, segment: int | None) -> int | None:
+    """``segment`` (``domain_devices``), checked against the size: beyond one segment, whole ones, as
+    Slurm's block topology allocates (``--segment``: a node count larger than the segment must divide
+    by it; slurm.schedmd.com/topology.html, "User Options")."""
+    if segment is not None and num_devices > segment and num_devices % segment:
+        lower = num_devices // segment * segment
+        raise SpecError(f"num_devices: {num_devices:,} is not whole segments of {segment} devices (domain_devices "
+                        f"{segment}; Slurm's --segment takes a node count that divides by it): use {lower:,} or "
+                        f"{lower + segment:,}, or drop domain_devices to use whole nodes (the last rack in part)")
+    return segment
 
 
 def _nic_rate(name: str, value: float | None) -> float | None:
@@ -497,6 +529,7 @@ def assemble_cluster(entry: PresetEntry, device: DeviceSpec, num_devices: int,
         in_network_reduction=fabric.in_network_reduction,
         power_overhead_w_per_device=entry.power_overhead_w_per_device,
         weight_streaming=entry.family == "cerebras",
+        segment_devices=entry.domain_devices or 0,
     )
 
 
@@ -546,10 +579,10 @@ def load_cluster_file(path: str | Path, num_devices: int | None = None, num_node
         merged["reference_size"] = _reference_size(num_devices, num_nodes, merged.get("devices_per_node"), where)
     entry = _validate(PresetEntry, merged, where)
     _oversubscription(entry, oversubscription)  # the command line's value, checked as for a preset
-    if _domain_devices(entry, domain_devices) is not None:
-        entry = entry.model_copy(update={"domain_size": domain_devices})
+    size = _num_devices(entry, num_devices, num_nodes)
+    entry = _segmented(entry, _segment(entry, size, domain_devices, where))
     device = device or load_device(entry.device)
-    return assemble_cluster(entry, device, _num_devices(entry, num_devices, num_nodes), links)
+    return assemble_cluster(entry, device, size, links)
 
 
 CLUSTER_FILE_KEYS = ("format", "base", "num_devices", "num_nodes", "links")  # read before the preset fields

@@ -157,7 +157,7 @@ def cp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: in
     if cp == 1:
         return 0.0
     n = _tokens(ctx, cp, mbs)
-    prof = ctx.cluster.group_profile([0, stride])
+    prof = ctx.cluster.neighbour_profile(cp, stride, ring=True)
     total = 0.0
     for moe, count in _layer_kinds(ctx.model, kind):
         ops = layer_ops(ctx.model, n, ctx.job.seq_len, tp, sp, moe)
@@ -188,7 +188,7 @@ def _ep_open_s(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, reco
     """The MoE layers' all-to-alls of one micro-batch, in the open."""
     if ep == 1 or ctx.model.moe is None:
         return 0.0
-    prof = ctx.cluster.group_profile(ranks)
+    prof = ctx.cluster.axis_profile(ranks)
     return (ctx.model.num_moe_layers * _ep_comm_s(ctx, _tokens(ctx, cp, mbs), tp, prof, sp)
             * _comm_multiplier(recompute))
 
@@ -260,21 +260,50 @@ def _ep_comm_s(ctx: Context, n: float, tp: int, prof, sp: bool) -> float:
     e = ctx.model.moe
     token_bytes = ACT_BYTES * n * ctx.model.hidden_size / tp
     size = token_bytes * e.top_k * e.load_factor  # the most loaded rank receives the most
+    return 4 * max(_dispatch_s(e, token_bytes, size, shape) for shape in prof.shapes)  # the slowest group
+
+
+def _dispatch_s(e, token_bytes: float, size: float, prof) -> float:
+    """One all-to-all of :func:`_ep_comm_s` over one group shape. A group straddling domains
+    unevenly is timed at its rank in the emptiest domain, whose tokens find the fewest experts at
+    home (``own_share``)."""
     if prof.num_domains <= 1:
-        return 4 * coll.all_to_all_s(size, prof)
+        return coll.all_to_all_s(size, prof)
+    kmin = prof.fewest_ranks_per_domain
+    own = None if kmin == prof.ranks_per_domain else kmin / prof.num_ranks
     remote = token_bytes * e.load_factor * remote_nodes_per_token(e.num_experts, e.top_k, prof.num_domains,
-                                                                  e.max_nodes_per_token)
-    return 4 * coll.hierarchical_all_to_all_s(size, remote, prof)
+                                                                  e.max_nodes_per_token, own)
+    return coll.hierarchical_all_to_all_s(size, remote, prof)
 
 
-def remote_nodes_per_token(num_experts: int, top_k: int, num_nodes: int, max_nodes: int | None = None) -> float:
+def remote_nodes_per_token(num_experts: int, top_k: int, num_nodes: int, max_nodes: int | None = None,
+                           own_share: float | None = None) -> float:
     """Expected number of other nodes a token's ``top_k`` experts lie on, with the experts spread
     evenly over ``num_nodes`` nodes and chosen uniformly (the uniform-load assumption); with
     node-limited routing they are chosen among the experts of ``max_nodes`` nodes (DeepSeek-V3,
-    section 3.2)."""
+    section 3.2). ``own_share``: the share of the experts on the token's own node where it differs
+    from the others' (an expert group straddling domains unevenly), the other nodes sharing the rest
+    equally."""
+    if own_share is not None and num_nodes > 1:
+        return _remote_nodes_uneven(num_experts, top_k, num_nodes, max_nodes, own_share)
     per_node = num_experts / num_nodes
     candidates = num_nodes if max_nodes is None else min(max_nodes, num_nodes)
     pool = candidates * per_node
     k = min(top_k, int(pool))
     miss = math.prod((pool - per_node - i) / (pool - i) for i in range(k)) if pool - per_node >= k else 0.0
     return candidates * (1.0 - miss) * (num_nodes - 1) / num_nodes
+
+
+def _remote_nodes_uneven(num_experts: int, top_k: int, num_nodes: int, max_nodes: int | None,
+                         own_share: float) -> float:
+    """:func:`remote_nodes_per_token` where the token's own node holds ``own_share`` of the experts
+    and the others ``(1 - own_share) / (num_nodes - 1)`` each: each other node is hit unless all
+    ``top_k`` picks miss its experts (picks among every expert, or among ``max_nodes`` nodes' with
+    node-limited routing, each of them another node with probability ``1 - own_share``). With equal
+    shares it is the even formula."""
+    per_node = num_experts * (1.0 - own_share) / (num_nodes - 1)
+    limited = max_nodes is not None and max_nodes < num_nodes
+    pool = max_nodes * per_node if limited else float(num_experts)
+    k = min(top_k, int(pool))
+    miss = math.prod((pool - per_node - i) / (pool - i) for i in range(k)) if pool - per_node >= k else 0.0
+    return max_nodes * (1.0 - miss) * (1.0 - own_share) if limited else (num_nodes - 1) * (1.0 - miss)

@@ -253,14 +253,14 @@ def dp_profiles(ctx: Context, tp: int, pp: int, dp: int, cp: int, ep: int, order
     if ep == 1 and outer[1] == inner[1] * layout.degree(inner[0]):  # dp and cp adjacent: one progression
         dense = ctx.cluster.strided_profile(dp * cp, inner[1])
         return dense, dense
-    dense = ctx.cluster.group_profile(_dp_cp_group(layout))
+    dense = ctx.cluster.axis_profile(_dp_cp_group(layout))
     if ep == 1:  # experts replicated like the dense weights: reduced over the same group
         return dense, dense
     # Expert weights are replicated over the data-parallel ranks outside their expert group, and
     # over the context-parallel ranks (Megatron-Core's expert-data-parallel group, dp * cp / ep).
     cp_offsets = [c - layout.group("cp")[0] for c in layout.group("cp")]
     edp_group = tuple(sorted(d + c for d in layout.group("edp") for c in cp_offsets))
-    expert = ctx.cluster.group_profile(edp_group) if len(edp_group) > 1 else None
+    expert = ctx.cluster.axis_profile(edp_group) if len(edp_group) > 1 else None
     return dense, expert
 
 

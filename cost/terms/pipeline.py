@@ -60,7 +60,7 @@ def p2p_s(ctx: Context, layout: Layout) -> float:
     if layout.pp == 1:
         return 0.0
     placed = ctx.placed(layout.order).cluster
-    prof = placed.group_profile((0, layout.stride("pp")))
+    prof = placed.neighbour_profile(layout.pp, layout.stride("pp"))
     fw = ctx.job.profile
     full = ACT_BYTES * _tokens(ctx, layout.cp, layout.micro_batch_size) * ctx.model.hidden_size
     scattered = fw.p2p_scatter_gather and layout.tp > 1 and not layout.sequence_parallel

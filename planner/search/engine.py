@@ -119,8 +119,7 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     status = next((p.status for p in done if p.status != "OPTIMAL"), done[0].status)
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible,
                         feasible + sum(rejections.values()), opts.engine, status, max(p.gap for p in done),
-                        time.perf_counter() - start, [o for o, _, _ in ranked], space, opts.objective, headroom,
-                        _domain_hints(model, cluster, rejections, evaluations[0].layout))
+                        time.perf_counter() - start, [o for o, _, _ in ranked], space, opts.objective, headroom)
 
 
 class _SplitSearch:
@@ -157,40 +156,6 @@ def objective_seconds(units: int) -> float:
 
 
 
-def _structural_hint(cluster, rejections: dict[str, int]) -> str:
-    """What to change when no layout passes the structural rules; on NVLink Switch domains that the
-    device count does not fill evenly, the devices to use per domain (``--domain-devices``)."""
-    hint = "change the batch size, sequence length or device count"
-    n, size = cluster.num_devices, cluster.domain_size
-    if "alignment" in rejections and cluster.family == "nvlink-domain" and n > size and n % size:
-        per_node = cluster.devices_per_node
-        fits = [d for d in range(size - size % per_node, 0, -per_node) if n % d == 0]
-        if fits:
-            hint += (f", or use {fits[0]} devices of each {size}-device NVLink domain (--domain-devices {fits[0]}, "
-                     f"as Slurm's --segment {fits[0] // per_node} allocates)")
-    return hint
-
-
-def _domain_hints(model: ModelSpec, cluster: Cluster, rejections: dict[str, int], best: Layout) -> list[str]:
-    """On NVLink Switch domains whose size has an odd factor (72-GPU racks), layouts whose groups
-    straddle the domains unevenly are refused (issue 36 would price them): every expert group of
-    64 among them. NVIDIA's recipes run 64 devices of each rack (Slurm ``--segment 16``); say so
-    where the answer lost expert parallelism or many layouts to it."""
-    size, per_node = cluster.domain_size, cluster.devices_per_node
-    if cluster.family != "nvlink-domain" or not rejections.get("alignment") or size & (size - 1) == 0:
-        return []
-    if model.moe is None or best.ep > 1:
-        return []
-    power = 1 << (size.bit_length() - 1)  # the largest power of two within a domain
-    if power % per_node or power < per_node:
-        return []
-    racks = -(-cluster.num_devices // power)
-    return [f"{rejections['alignment']:,} layouts were refused because their groups straddle the {size}-device NVLink "
-            f"domains unevenly, every expert-parallel group of {power} among them; with {power} devices of each "
-            f"domain (--domain-devices {power}, as Slurm's --segment {power // per_node} allocates; {racks} domains "
-            f"for {cluster.num_devices:,} devices) expert parallelism can stay inside a domain"]
-
-
 def _infeasible(ctx: Context, spaces: list[Space], rejections: dict[str, int], headroom: float,
                 bounds: Bounds | None = None) -> ClusterplanError:
     """Why no layout is left: the framework refuses every layout the user's bounds leave (exit 2,
@@ -209,7 +174,7 @@ def _infeasible(ctx: Context, spaces: list[Space], rejections: dict[str, int], h
     if least is None:
         msg = (f"no layout of {model.name} on {cluster.num_devices} x {cluster.device.id} passes the structural "
                f"rules ({reasons})")
-        return InfeasibleError(msg, rejections, _structural_hint(cluster, rejections))
+        return InfeasibleError(msg, rejections, "change the batch size, sequence length or device count")
     need_bytes, layout = least
     have = cluster.device.memory_bytes * (1 - headroom)
     factor = need_bytes / have

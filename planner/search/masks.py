@@ -12,11 +12,11 @@ from clusterplan.cost.framework import framework_refusal, refuses_overlap
 from clusterplan.cost.step import head_slot_problem
 from clusterplan.cost.terms import Context
 from clusterplan.planner.search.space import (
-    Space, _representative, alignment_ok, batch_ok, canonical, expert_ok, factor_ok, folding_ok, placement_ok,
+    Space, _representative, batch_ok, canonical, expert_ok, factor_ok, folding_ok, placement_ok,
     sequence_parallel_ok,
 )
 
-REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement", "alignment",
+REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement",
                 "sequence_parallel", "memory")
 
 
@@ -43,9 +43,11 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     ok_fes = np.array([[[_sp_code(code, f, e, et, sp, job.seq_len) for sp in S.sequence_parallel]
                         for e, et in zip(S.ep, S.expert_tp)] for f in S.factorizations]).reshape(
         len(S.factorizations), len(S.ep), len(S.sequence_parallel))
-    domain = ctx.cluster.occupied_domain_size
-    ok_fo = np.array([[-1 if alignment_ok(*f, o, domain) is None else code["alignment"] for o in S.order]
-                      for f in S.factorizations])
+    # (f, o): no rule refuses an order alone. Groups that straddle the scale-up domains unevenly are
+    # priced at their slowest group (``topologies.cluster.Cluster.axis_profile``), not refused: on
+    # 72-GPU racks they can win (DeepSeek-V3 on 576 GB200: cp=2, dp=32, pp=9, 18% faster than any
+    # aligned layout), and where the devices do not fill whole domains no layout is aligned.
+    ok_fo = np.full((len(S.factorizations), len(S.order)), -1)
     return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo
 
 

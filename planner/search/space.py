@@ -16,7 +16,7 @@ from clusterplan.cost.framework import (framework_domains, framework_refusal, kn
                                         model_domains, unoffered)
 from clusterplan.cost.step import head_slot_problem
 from clusterplan.cost.terms import stage_slots
-from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, misaligned_axis, order_axes, split_order
+from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -40,7 +40,6 @@ REASONS = {
     "experts": "ep does not divide the experts or dp (with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
     "placement": "expert groups laid across pipeline stages",
     "sequence_parallel": "sequence parallelism without tp, or with a sequence tp does not split",
-    "alignment": "parallel groups not aligned with the scale-up domains",
     "memory": "does not fit in device memory",
 }
 
@@ -447,12 +446,6 @@ def traversal_duplicates(orders: tuple[str, ...], keep: list[bool], fingerprints
         traversal = split_order(order)[1]
         out[k] = any(keep[j] and fingerprints[j] == fp and split_order(orders[j])[1] != traversal for j in range(k))
     return out
-
-
-def alignment_ok(tp: int, pp: int, dp: int, cp: int, order: str, domain_size: int) -> str | None:
-    """Groups must tile the scale-up domains evenly (``cost.layout.misaligned_axis``)."""
-    degrees = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
-    return None if misaligned_axis(degrees, order, domain_size) is None else "alignment"
 
 
 def sequence_parallel_ok(tp: int, sp: bool, seq_len: int = 0, cp: int = 1) -> str | None:

@@ -9,8 +9,9 @@ Which sizes are checked, smallest first:
 * none below :func:`least_devices`: the gradients and optimizer states of every parameter, spread
   over every device (the most sharding any framework offers), already exceed a device's memory;
 * the sizes a job can use on the fabric (``topologies.cluster.size_step``): part of a node where the
-  fabric takes it, whole nodes, and beyond one multi-host scale-up domain (an NVL72 rack) whole
-  domains; a size the fabric refuses (a TPU count that forms no slice) is skipped;
+  fabric takes it, whole nodes, and beyond one segment whole segments where the job is allocated
+  segments of each scale-up domain (``--domain-devices``: Slurm's ``--segment`` on NVL72 racks); a
+  size the fabric refuses (a TPU count that forms no slice) is skipped;
 * every such size up to :data:`EXACT_STEPS` steps, then :data:`SIZES_PER_DOUBLING` per doubling
   (multiples of a step that doubles with the size, so round sizes such as 4,096 stay on the ladder).
 
@@ -48,7 +49,7 @@ its cluster and the rules and memory tables (about 0.1 s at 100 devices, 1 s at 
 cores), and ``fit`` then plans at the answer; past it the answer is "not found"."""
 SIZES_PER_DOUBLING = 16  # a power of two
 EXACT_STEPS = 2 * SIZES_PER_DOUBLING
-"""Every size up to 32 steps (nodes, or domains) is checked; beyond, 16 per doubling of the device
+"""Every size up to 32 steps (nodes, or segments) is checked; beyond, 16 per doubling of the device
 count (at most 6% apart), so that the search from the memory bound to the answer is a few dozen
 sizes at any scale: a scan of every 8-chip node of a Groq rack from 560 to 4,096 chips took 220 s."""
 
@@ -80,7 +81,7 @@ class FitAnswer:
             lines.append(f"every size the fabric accepts from {self.least_devices:,} to {self.num_devices:,} was "
                          f"checked")
         elif self.num_devices is not None:
-            lines.append(f"beyond {EXACT_STEPS} nodes (or scale-up domains) the search checks {SIZES_PER_DOUBLING} "
+            lines.append(f"beyond {EXACT_STEPS} nodes (or segments) the search checks {SIZES_PER_DOUBLING} "
                          f"sizes per doubling: a size between those checked may fit too (plan --devices N checks one)")
         return lines
 
@@ -124,8 +125,8 @@ def size_ladder(reference: Cluster, first: int, last: int) -> Iterator[tuple[int
     chips, a trn2 instance); then multiples of :func:`~topologies.cluster.size_step`.
 
     >>> from clusterplan.topologies.library import build_cluster
-    >>> [n for n, _ in size_ladder(build_cluster("gb200-nvl72"), 60, 800)][:6]
-    [60, 64, 68, 72, 144, 216]
+    >>> [n for n, _ in size_ladder(build_cluster("gb200-nvl72", domain_devices=64), 56, 800)][:6]
+    [56, 60, 64, 128, 192, 256]
     """
     node = reference.devices_per_node
     for d in divisors(node)[:-1]:

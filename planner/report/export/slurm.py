@@ -19,8 +19,12 @@ RDZV_PORT = 29500  # torchrun's default master port
 def _segment_line(cluster: dict, num_devices: int) -> list[str]:
     """On NVLink Switch domains spanning several nodes, the nodes of each domain the plan assumes,
     kept together by Slurm's topology/block plugin (``--segment``: Megatron-Bridge's GB200 executor
-    sets it the same way)."""
+    sets it the same way). Slurm takes a segment only where the node count divides by it (Topology
+    Guide, "User Options"): a job on whole nodes that uses part of its last domain (256 GB200 = 3
+    racks of 72 and 40) asks for none, and the plan prices its groups that straddle the racks."""
     if cluster["family"] != "nvlink-domain" or not cluster.get("domain_size"):
+        return []
+    if num_devices > cluster["domain_size"] and num_devices % cluster["domain_size"]:
         return []
     nodes = min(cluster["domain_size"], num_devices) // cluster["devices_per_node"]
     return [f"#SBATCH --segment={nodes}"]
