@@ -31,3 +31,22 @@ def test_every_semantic_figure_names_defined_sources_or_says_it_is_assumed(frame
                if key.endswith("_source") and isinstance(value, str) and not value.startswith("assumed")
                for name in value.split(",") if name.strip() not in doc["sources"]]
     assert not missing, missing
+
+
+def test_torchtitan_plain_ddp_composes_with_tp_from_its_replicate_release():
+    """torchtitan refused DDP beside TP/PP/CP ('DDP has not supported > 1D parallelism') until #2458
+    (2026-03-09) replaced DDP by composable replicate, which composes with them."""
+    from clusterplan.cost.layout import Job, Layout
+    from clusterplan.cost.step import layout_problems
+    from clusterplan.models.library import get_model
+    from clusterplan.topologies.library import build_cluster
+
+    model, cluster = get_model("llama3-8b"), build_cluster("dgx-h100-superpod", 16)
+    layout = Layout(tp=2, pp=1, dp=8, sequence_parallel=True, zero_stage=0, recompute="selective")
+
+    def refused(date: str) -> list[str]:
+        job = Job(global_batch_size=64, seq_len=8192, framework="torchtitan", framework_date=date)
+        return [msg for key, msg in layout_problems(model, job, cluster, layout) if "DDP" in msg]
+
+    assert refused("2026-02")
+    assert not refused("2026-03")
