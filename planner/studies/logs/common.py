@@ -353,3 +353,14 @@ def peak_gib(values_gib: list[float | None]) -> float | None:
     """The largest of the peaks a log reports (ranks and intervals), rounded to MiB; none: None."""
     values = [v for v in values_gib if v is not None]
     return round(max(values), 3) if values else None
+
+
+def mapping_config(path, log: "LogFile", what: str) -> dict:
+    """A config file that must hold a mapping (YAML or JSON by suffix), read through the file limits;
+    SpecError naming ``what`` was expected otherwise."""
+    from clusterplan.models.files import load_file
+
+    doc = load_file(path, f"config of {log.path}")
+    if not isinstance(doc, dict):
+        raise SpecError(f"{path}: expected {what}, got {type(doc).__name__}")
+    return doc

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 from clusterplan.models import hf
 from clusterplan.models.errors import SpecError
-from clusterplan.models.files import load_file, parse_json
+from clusterplan.models.files import parse_json
 from clusterplan.planner.studies.logs.common import (
     NUMBER, Given, LogFile, RunFacts, Step, literal, measured, median_step_time, optional, peak_gib, positive_int,
-    shown_line,
+    shown_line, mapping_config,
 )
 
 NAME = "DeepSpeed"
@@ -74,10 +74,7 @@ def looks_like(text: str) -> bool:
 
 
 def load_config(path, log: LogFile) -> dict:
-    doc = load_file(path, f"config of {log.path}")
-    if not isinstance(doc, dict):
-        raise SpecError(f"{path}: expected a DeepSpeed JSON config (a mapping), got {type(doc).__name__}")
-    return doc
+    return mapping_config(path, log, "a DeepSpeed JSON config (a mapping)")
 
 
 def read(log: LogFile, config: dict | None, given: Given) -> RunFacts:

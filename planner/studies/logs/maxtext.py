@@ -24,11 +24,10 @@ import re
 from dataclasses import dataclass, field
 
 from clusterplan.models.errors import SpecError
-from clusterplan.models.files import load_file
 from clusterplan.models.library import get_model
 from clusterplan.planner.studies.logs.common import (
     NUMBER, Given, LogFile, RunFacts, Step, agree, dims_model, literal, measured, median_of, median_step_time,
-    optional, positive_int, shown_line,
+    optional, positive_int, shown_line, mapping_config,
 )
 
 NAME = "MaxText"
@@ -82,10 +81,7 @@ def looks_like(text: str) -> bool:
 
 
 def load_config(path, log: LogFile) -> dict:
-    doc = load_file(path, f"config of {log.path}")
-    if not isinstance(doc, dict):
-        raise SpecError(f"{path}: expected a MaxText YAML config (a mapping), got {type(doc).__name__}")
-    return doc
+    return mapping_config(path, log, "a MaxText YAML config (a mapping)")
 
 
 def read(log: LogFile, config: dict | None, given: Given) -> RunFacts:
