@@ -5,8 +5,8 @@ imports only go down the DESIGN.md table (``planner`` re-exports it).
 
 Ranks are laid out by ``order``: a permutation of the parallel axes from the fastest-varying
 (innermost, adjacent device ids) to the slowest, in Megatron-Core's notation
-(``"tp-cp-ep-dp-pp"`` is its default). Expert parallelism is carved out of the data-parallel axis
-(Megatron-Core), so ``ep`` divides ``dp`` and sits directly inside it.
+(``"tp-cp-ep-dp-pp"`` is its default). Expert parallelism is carved out of the context x data
+block, innermost first (``Layout.group``): out of ``dp`` alone where ``ep`` divides it and cp = 1.
 
 On a TPU torus the order may end in ``@`` and a traversal: the torus axes from the fastest- to the
 slowest-varying as consecutive ranks are laid on a slice's chips (``"tp-cp-dp-pp@xzy"``: ranks walk
@@ -61,7 +61,8 @@ class Layout:
     tp, pp, dp, cp : tensor, pipeline, data and context parallel degrees.
     ep : expert-parallel degree; 1 for dense models. With ``expert_tp`` (Megatron-Core's default
         expert tensor parallelism = tp) experts are sharded over the tensor-parallel group like the
-        dense MLP and ``ep`` is carved from ``dp`` (must divide it). Without it (expert tensor
+        dense MLP and ``ep`` is carved from ``dp`` or, where the framework lets it span context
+        parallelism, from ``cp x dp`` (``ProfileAt.ep_carve_problem``). Without it (expert tensor
         parallelism 1, Megatron-Core's "MoE parallel folding") each expert is whole on its rank and
         ``ep`` is carved from ``tp * cp * dp``: the expert group is the first ``ep`` ranks of that
         block (a multiple of ``tp * cp``), and MoE layers need no tensor-parallel collectives.
@@ -149,8 +150,12 @@ class Layout:
     def group(self, axis: str, base: int = 0) -> tuple[int, ...]:
         """Device ids of the ``axis`` communicator that contains device ``base`` (0 by default).
 
-        ``ep`` groups are the first ``ep`` members of the data-parallel group; ``edp`` (the
-        data-parallel group of expert weights) takes every ``ep``-th member. Folded (``expert_tp``
+        With experts split like the dense MLP (``expert_tp``), the ``ep`` group is ``ep``
+        consecutive positions of the context x data block (tp-strided; the first ``ep`` members of
+        the data-parallel group when cp = 1) and ``edp`` (the ranks that hold the same experts) every
+        ``ep``-th position of that block: Megatron-Core's expert rank generator (order
+        ``tp-ep-dp-pp`` over the expert world, since 2024-11) and torchtitan's expert mesh (ep over
+        cp and dp_shard, since 2025-07). Folded (``expert_tp``
         off): the ``ep`` group is the tensor- and context-parallel block times the first
         ``ep / (tp * cp)`` data-parallel ranks; ``edp`` takes every ``ep / (tp * cp)``-th
         data-parallel rank.
@@ -164,11 +169,21 @@ class Layout:
             block = sorted(t + c for t in self.group("tp") for c in self.group("cp"))
             return tuple(sorted(d + b for d in dp[:step] for b in block))
         if axis == "ep":
-            return self.group("dp", base)[: self.ep]
+            return tuple(sorted(base + self._data_block_rank(k) for k in range(self.ep)))
         if axis == "edp":
-            return self.group("dp", base)[:: self.ep]
+            return tuple(base + self._data_block_rank(j * self.ep) for j in range(self.cp * self.dp // self.ep))
         s = self.stride(axis)
         return tuple(base + k * s for k in range(self.degree(axis)))
+
+    def _data_block_rank(self, index: int) -> int:
+        """Rank offset of the ``index``-th position of the context x data block, walked in the
+        order's own sequence of ``cp`` and ``dp`` (``cp`` first under ``tp-cp-dp-pp``): the expert
+        rank generator's ``ep`` then ``edp`` with expert tensor parallelism = tp."""
+        offset = 0
+        for name in (a for a in order_axes(self.order) if a in ("cp", "dp")):
+            offset += (index % self.degree(name)) * self.stride(name)
+            index //= self.degree(name)
+        return offset
 
     def as_dict(self) -> dict:
         return asdict(self)

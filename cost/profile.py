@@ -93,6 +93,11 @@ class Profile:
     flex_attention_history: tuple[tuple[str, tuple[str, ...]], ...] = ()
     cp_with_flex_attention_from: str | None = None
     ep_expert_tp_until: str | None = None  # requires.ep_expert_tp_until: experts split over TP with ep > 1 until this month
+    # requires.ep_spans_cp_from: from this month an expert group with experts split over TP may take
+    # its ranks from context x data parallelism (ep divides cp x dp), before from dp alone (None: never);
+    # requires.ep_whole_cp_until: until this month such a group must hold whole cp groups (cp divides ep)
+    ep_spans_cp_from: str | None = None
+    ep_whole_cp_until: str | None = None
     grad_bytes: int = 4
     zero2_param_gather: str | None = "per_step"
     # ZeRO-1's gradient reduction (semantics.zero1_grad_reduce): "reduce_scatter" of the full buffer to
@@ -331,6 +336,22 @@ class ProfileAt:
         parallelism = tp); after ``requires.ep_expert_tp_until`` only whole experts (etp = 1)."""
         until = self.profile.ep_expert_tp_until
         return until is None or self.date < until
+
+    def ep_carve_problem(self, cp: int, dp: int, ep: int) -> str | None:
+        """Why this release cannot carve an expert group of ``ep`` ranks, experts split over TP like
+        the dense MLP, from ``cp x dp``, or None: from ``requires.ep_spans_cp_from`` on ``ep`` divides
+        ``cp x dp`` (and until ``requires.ep_whole_cp_until`` is a multiple of ``cp``), before ``dp``."""
+        since, until = self.profile.ep_spans_cp_from, self.profile.ep_whole_cp_until
+        if since is None or self.date < since:
+            return None if dp % ep == 0 else (f"ep={ep} must divide dp={dp} (expert parallelism is carved from data "
+                                              "parallelism; etp=1 carves it from tp x cp x dp)")
+        if (cp * dp) % ep:
+            return (f"ep={ep} must divide cp x dp = {cp}x{dp} = {cp * dp} ({self.profile.describe(self.date)} "
+                    "carves expert parallelism from context and data parallelism)")
+        if until is not None and self.date < until and ep % cp:
+            return (f"ep={ep} must be a multiple of cp={cp} ({self.profile.describe(self.date)}: the expert "
+                    f"group takes whole context-parallel groups until {until})")
+        return None
 
     def accumulates_gradients(self, precision: str) -> bool:
         """This release accumulates gradients over micro-batches (``features.grad_accumulation``) for a

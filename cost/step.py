@@ -136,7 +136,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     _batch_problems(model, job, layout, bad)
     if layout.cp > 1 and job.seq_len % (2 * layout.cp):
         bad("context", f"seq_len={job.seq_len} is not divisible by 2*cp = {2 * layout.cp} (load-balanced causal chunks)")
-    _moe_problems(model, layout, bad)
+    _moe_problems(model, job, layout, bad)
     if layout.recompute not in RECOMPUTE_MODES:
         bad("recompute", f"recompute={layout.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
     if layout.zero_stage not in (0, 1, 2, 3):
@@ -290,7 +290,7 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
         bad("framework", f"{prof.profile.describe(prof.date)}: {refusal}")
 
 
-def _moe_problems(model: ModelSpec, layout: Layout, bad) -> None:
+def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
     if model.moe is None and layout.ep == 1 and (layout.ep_overlap or not layout.expert_tp):
         knob = "ep_overlap=on" if layout.ep_overlap else "etp=1"
         bad("experts", f"{knob} concerns expert layers; {model.name} is dense (no experts)")
@@ -300,9 +300,8 @@ def _moe_problems(model: ModelSpec, layout: Layout, bad) -> None:
         bad("experts", f"ep={layout.ep} needs an MoE model; {model.name} is dense")
     elif model.moe.num_experts % layout.ep:
         bad("experts", f"num_experts={model.moe.num_experts} is not divisible by ep={layout.ep}")
-    elif layout.expert_tp and layout.dp % layout.ep:
-        bad("experts", f"ep={layout.ep} must divide dp={layout.dp} (expert parallelism is carved from data parallelism; "
-                       "etp=1 carves it from tp x cp x dp)")
+    elif layout.expert_tp and (problem := job.profile.ep_carve_problem(layout.cp, layout.dp, layout.ep)):
+        bad("experts", problem)
     elif not layout.expert_tp:
         inner = layout.tp * layout.cp
         if layout.ep % inner or layout.dp % (layout.ep // inner):

@@ -1416,3 +1416,53 @@ def test_moe_router_keeps_fp32_scores_per_expert():
     extra = moe_mlp_activation_bytes(many, 1000.0, 3) - moe_mlp_activation_bytes(few, 1000.0, 3)
     assert extra == pytest.approx(1000.0 * (64 - m.moe.num_experts) * ROUTER_BYTES_PER_SCORE)
     assert ROUTER_BYTES_PER_CHOICE > 0
+
+
+# ---- expert parallelism over context x data (issue 36 item 1) -----------------------------------------
+def test_expert_group_spans_context_then_data_like_megatrons_expert_rank_generator():
+    """Megatron-Core's expert ranks run etp (= tp), ep, edp, pp over the world, the dense ones tp, cp,
+    dp, pp: with tp=2, cp=4, dp=4 and ep=8 the expert group of rank 0 is every other rank of the
+    first 16 (cp innermost, then two dp ranks), and the 2 ranks holding the same experts stride 16."""
+    lay = Layout(tp=2, cp=4, dp=4, ep=8, sequence_parallel=True)
+    assert lay.group("ep") == tuple(range(0, 16, 2))
+    assert lay.group("edp") == (0, 16)
+    assert Layout(tp=2, dp=8, ep=4).group("ep") == (0, 2, 4, 6)  # cp = 1: the first ep data-parallel ranks
+    assert Layout(tp=2, cp=2, dp=4, ep=2).group("ep") == (0, 2)  # ep inside cp: the context-parallel pair
+
+
+def test_ep_over_cp_and_dp_evaluates_and_prices_the_frameworks_group():
+    """tp=2, cp=8, dp=4, ep=8 on 64 H100s (Megatron-Core since 2024-11 runs it: world % (etp ep pp) = 0;
+    ep does not divide dp): evaluated, with the all-to-all over the 8 tp-strided ranks of one node
+    pair's context block, as priced over exactly those ranks."""
+    from clusterplan.cost.terms.comm import _ep_open_s
+
+    model = get_model("mixtral-8x7b")
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    job = Job(global_batch_size=128, seq_len=32768)
+    lay = parse_layout("tp=2,cp=8,dp=4,ep=8,mbs=1,sp=on")
+    assert layout_problems(model, job, cluster, lay) == []
+    ev = evaluate(model, job, cluster, lay)
+    assert 1.0 < ev.step_time_s < 100.0 and ev.time.ep_comm_s > 0
+    ranks = lay.group("ep")
+    assert ranks == tuple(range(0, 16, 2))
+    ctx = Context(model, job, cluster)
+    assert ev.time.ep_comm_s == pytest.approx(
+        _ep_open_s(ctx, 2, 8, 8, 1, True, "selective", ranks) * num_microbatches(job, lay), rel=0.05)
+
+
+def test_ep_over_cp_is_refused_where_the_framework_refuses_it():
+    """Megatron-Core before 2024-11 carved ep from dp alone; torchtitan until 2025-12 needed ep to be
+    a multiple of cp; nobody runs ep that does not divide cp x dp."""
+    model = get_model("mixtral-8x7b")
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    lay = parse_layout("tp=2,cp=8,dp=4,ep=8,mbs=1,sp=on")
+    old = layout_problems(model, Job(global_batch_size=128, seq_len=32768, framework_date="2024-06"), cluster, lay)
+    assert any(k == "experts" and "ep=8 must divide dp=4" in m for k, m in old)
+    titan = Job(global_batch_size=128, seq_len=32768, framework="torchtitan", framework_date="2025-10")
+    inside = parse_layout("tp=2,cp=8,dp=4,ep=4,mbs=1,sp=on,zero=3")
+    assert any(k == "experts" and "multiple of cp=8" in m for k, m in layout_problems(model, titan, cluster, inside))
+    assert not [m for k, m in layout_problems(model, titan, cluster, lay.with_(zero_stage=3)) if k == "experts"]
+    odd = parse_layout("tp=2,cp=2,dp=2,ep=8,mbs=1,sp=on")
+    small = build_cluster("dgx-h100-superpod", num_devices=8)
+    assert any("must divide cp x dp = 2x2 = 4" in m
+               for _, m in layout_problems(model, Job(global_batch_size=128, seq_len=32768), small, odd))

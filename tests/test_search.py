@@ -824,3 +824,36 @@ def test_cpsat_solves_deepseek_on_72_mi300x_within_a_bounded_memory():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, preexec_fn=cap)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "OPTIMAL", out.stdout
+
+
+# ---- expert parallelism over context x data (issue 36 item 1) -----------------------------------------
+def _moe_8(num_devices: int = 16):
+    model = next(m for m in SYNTHETIC if m.name == "moe-8")
+    return model, build_cluster("dgx-h100-superpod", num_devices=num_devices)
+
+
+@pytest.mark.parametrize("framework,date", [("megatron", ""), ("torchtitan", "")])
+def test_engines_agree_where_ep_spans_context_and_data(framework, date):
+    """cp=4, dp=2 and ep=8 on 16 GPUs: the expert group takes all of cp x dp (Megatron-Core since
+    2024-11, torchtitan since 2025-07), which no layout carved from dp alone can; both engines
+    consider it and agree."""
+    model, cluster = _moe_8()
+    job = Job(global_batch_size=32, seq_len=4096, framework=framework, framework_date=date)
+    fixed = {"cp": 4, "ep": 8} if framework == "megatron" else {"cp": 4, "ep": 8, "zero_stage": 3}
+    bounds = Bounds(fixed, {}, {}, 0.0)
+    _check_engines_agree(model, job, cluster, bounds)
+    res = plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=0, bounds=bounds))
+    assert (res.best.layout.cp, res.best.layout.ep) == (4, 8) and res.best.layout.dp < 8
+    assert res.best.layout.dp % res.best.layout.ep  # not carved from dp alone
+
+
+def test_search_offers_ep_over_cp_only_where_the_framework_does():
+    """The same space under Megatron-Core before MoE parallel folding (2024-06) rejects every
+    ep=8 layout with cp=4 as 'experts' (ep must divide dp there); today's release considers them."""
+    model, cluster = _moe_8()
+    counts = {}
+    for date in ("2024-06", ""):
+        job = Job(global_batch_size=32, seq_len=4096, framework_date=date)
+        T = _tables(model, job, cluster, Bounds({"cp": 4, "ep": 8, "tp": 1}, {}, {}, 0.0))
+        counts[date] = int((T.ok_fe < 0).sum())
+    assert counts["2024-06"] == 0 and counts[""] > 0

@@ -256,10 +256,9 @@ def dp_profiles(ctx: Context, tp: int, pp: int, dp: int, cp: int, ep: int, order
     dense = ctx.cluster.axis_profile(_dp_cp_group(layout))
     if ep == 1:  # experts replicated like the dense weights: reduced over the same group
         return dense, dense
-    # Expert weights are replicated over the data-parallel ranks outside their expert group, and
-    # over the context-parallel ranks (Megatron-Core's expert-data-parallel group, dp * cp / ep).
-    cp_offsets = [c - layout.group("cp")[0] for c in layout.group("cp")]
-    edp_group = tuple(sorted(d + c for d in layout.group("edp") for c in cp_offsets))
+    # Expert weights are replicated over the context x data ranks outside their expert group
+    # (Megatron-Core's expert-data-parallel group, dp * cp / ep: ``Layout.group``).
+    edp_group = layout.group("edp")
     expert = ctx.cluster.axis_profile(edp_group) if len(edp_group) > 1 else None
     return dense, expert
 

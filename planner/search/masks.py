@@ -37,7 +37,7 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                     "layers" if slots and head_slot_problem(model, job, pp, v) else None)
                 ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
-            reason = expert_ok(model, tp, dp, cp, e, et)
+            reason = expert_ok(model, tp, dp, cp, e, et, ctx.job.profile)
             ok_fe[i, ei] = -1 if reason is None else code[reason]
     ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
     ok_fes = np.array([[[_sp_code(code, f, e, et, sp, job.seq_len) for sp in S.sequence_parallel]

@@ -12,7 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
-from clusterplan.cost.framework import (framework_domains, framework_refusal, knob_text, model_code_domains,
+from clusterplan.cost.framework import (ProfileAt, framework_domains, framework_refusal, knob_text, model_code_domains,
                                         model_domains, unoffered)
 from clusterplan.cost.step import head_slot_problem
 from clusterplan.cost.terms import stage_slots
@@ -37,7 +37,7 @@ REASONS = {
     "layers": "pp * vp exceeds the number of layers (with head_slots: or an uneven split the framework refuses)",
     "interleave": "interleaving needs pp > 1 and a micro-batch count its schedule takes",
     "context": "seq_len not divisible by 2 * cp",
-    "experts": "ep does not divide the experts or dp (with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
+    "experts": "ep does not divide the experts or dp (or cp x dp where the framework allows; with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
     "placement": "expert groups laid across pipeline stages",
     "sequence_parallel": "sequence parallelism without tp, or with a sequence tp does not split",
     "memory": "does not fit in device memory",
@@ -369,14 +369,17 @@ def batch_ok(model: ModelSpec, job: Job, pp: int, dp: int, mbs: int, vp: int, he
     return None
 
 
-def expert_ok(model: ModelSpec, tp: int, dp: int, cp: int, ep: int, expert_tp: bool = True) -> str | None:
-    """ep divides the experts and is carved from dp, or (folded) from the tp x cp block and dp."""
+def expert_ok(model: ModelSpec, tp: int, dp: int, cp: int, ep: int, expert_tp: bool = True,
+              profile: "ProfileAt | None" = None) -> str | None:
+    """ep divides the experts and is carved from dp (from cp x dp where the framework ``profile``
+    lets it: ``ProfileAt.ep_carve_problem``), or (folded) from the tp x cp block and dp."""
     if ep == 1:
         return None
     if model.moe is None or model.moe.num_experts % ep:
         return "experts"
     if expert_tp:
-        return "experts" if dp % ep else None
+        carve = profile.ep_carve_problem(cp, dp, ep) if profile is not None else dp % ep
+        return "experts" if carve else None
     inner = tp * cp
     return "experts" if ep % inner or dp % (ep // inner) else None
 

@@ -206,7 +206,7 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
             for k, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
                 tpc_keys[i, j, k] = tp_keys[i, j] + (et or e == 1, e, et)
                 ranks = ()
-                if e > 1 and expert_ok(ctx.model, l.tp, l.dp, l.cp, e, et) is None:
+                if e > 1 and expert_ok(ctx.model, l.tp, l.dp, l.cp, e, et, ctx.job.profile) is None:
                     ranks = l.with_(ep=e, expert_tp=et).group("ep")
                 ep_keys[i, j, k] = (l.tp, l.cp, e, et, c.cluster.devices(ranks) if torus and ranks else ranks)
     return (*_group_index(head_keys, placed), *_group_index(tpc_keys, placed), *_group_index(cp_keys, placed),
@@ -321,7 +321,7 @@ def _compute_keys(ctx: Context, S: Space):
     experts = list(zip(S.ep, S.expert_tp))
 
     def tc_key(f, e, et):
-        valid = expert_ok(ctx.model, f[0], f[2], f[3], e, et) is None
+        valid = expert_ok(ctx.model, f[0], f[2], f[3], e, et, ctx.job.profile) is None
         return (f[0], f[3], e, et) if valid else (f[0], f[3], 1, True)
     tc_pos, tc_keys = _index([tc_key(f, e, et) for f in S.factorizations for e, et in experts])
     tc_of_fe = np.array([[tc_pos[tc_key(f, e, et)] for e, et in experts] for f in S.factorizations])
@@ -460,7 +460,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
     L = ctx.model.num_layers
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
-            if not valid[i] or expert_ok(ctx.model, tp, dp, cp, e, et) is not None:
+            if not valid[i] or expert_ok(ctx.model, tp, dp, cp, e, et, ctx.job.profile) is not None:
                 continue
             profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o, et) if times and dp * cp > 1 else (None, None)
                         for o in S.order]
