@@ -37,7 +37,7 @@ REASONS = {
     "layers": "pp * vp exceeds the number of layers (with head_slots: or an uneven split the framework refuses)",
     "interleave": "interleaving needs pp > 1 and a micro-batch count its schedule takes",
     "context": "seq_len not divisible by 2 * cp",
-    "experts": "ep does not divide the experts or dp (or cp x dp where the framework allows; with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
+    "experts": "ep does not divide the experts or dp/cp*dp (with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
     "placement": "expert groups laid across pipeline stages",
     "sequence_parallel": "sequence parallelism without tp, or with a sequence tp does not split",
     "memory": "does not fit in device memory",
