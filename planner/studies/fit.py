@@ -95,7 +95,7 @@ def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     except SpecError:
         return False
     ctx, headroom = Context(model, job, cluster), b.headroom(job, cluster)
-    for sub in split_spaces(space, model, job):  # each pipeline split the framework offers, as plan tries them
+    for sub in split_spaces(space, model, job, cluster):  # each pipeline split the framework offers, as plan tries them
         if any_feasible(build_tables(ctx, sub, headroom, memory_only=True)):
             return True
     return False
