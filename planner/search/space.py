@@ -125,6 +125,9 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     offered = {**framework_domains(prof, cluster.device.family), **model_code_domains(job), **model_domains(prof, model)}
     _check_fixed_offered(prof, cluster.device.family, b, model)
     _check_fixed_model_code(job, b)
+    if b.fixed.get("offload", "none") != "none" and host_tier(cluster.device) is None and not b.allow_unavailable:
+        raise SpecError(f"--fix offload={b.fixed['offload']}: {cluster.device.name} has no host memory tier with a "
+                        "bandwidth to offload to; drop the --fix")
     _check_fixed_consistent(model, b)
     _check_fixed_overlap(prof, b)
     facts = _factorizations(model, cluster, offered, b)
