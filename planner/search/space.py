@@ -125,9 +125,6 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     offered = {**framework_domains(prof, cluster.device.family), **model_code_domains(job), **model_domains(prof, model)}
     _check_fixed_offered(prof, cluster.device.family, b, model)
     _check_fixed_model_code(job, b)
-    if b.fixed.get("offload", "none") != "none" and host_tier(cluster.device) is None and not b.allow_unavailable:
-        raise SpecError(f"--fix offload={b.fixed['offload']}: {cluster.device.name} has no host memory tier with a "
-                        "bandwidth to offload to; drop the --fix")
     _check_fixed_consistent(model, b)
     _check_fixed_overlap(prof, b)
     facts = _factorizations(model, cluster, offered, b)
@@ -161,7 +158,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         tp_overlap=pick("tp_overlap", (False, True)),
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
         head_slots=pick("head_slots", _pipeline_splits(prof)),
-        offload=pick("offload", OFFLOAD_MODES if host_tier(cluster.device) else ("none",)),
+        offload=pick("offload", _offload_modes(cluster, b)),
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
@@ -259,6 +256,18 @@ def _check_fixed_model_code(job: Job, bounds: Bounds) -> None:
     if bad:
         raise SpecError(f"--fix {', '.join(bad)}: a Hugging Face transformers model class runs data-parallel only "
                         "(DeepSpeed ZeRO or FSDP); drop the fix or use --model-code native")
+
+
+def _offload_modes(cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:
+    """The offload modes the device allows (a host memory tier with a bandwidth: ``cost.terms.host_tier``);
+    --fix offload=activations on a device without one is bad input."""
+    mode = bounds.fixed.get("offload", "none")
+    if host_tier(cluster.device) is not None:
+        return OFFLOAD_MODES
+    if mode != "none" and not bounds.allow_unavailable:
+        raise SpecError(f"--fix offload={mode}: {cluster.device.name} has no host memory tier with a bandwidth "
+                        "to offload to; drop the --fix")
+    return ("none",)
 
 
 def _check_fixed_consistent(model: ModelSpec, bounds: Bounds) -> None:
