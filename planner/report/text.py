@@ -422,8 +422,9 @@ def _why(doc: dict, console: Console) -> None:
                               f"step {v['step_time_delta_s'] * 1e3:+,.1f} ms, energy {ratio:+.2%}")
                 continue
             if v["term"] == "tie":
+                rule = "no host offload" if "offload" in v["changed"] else "the least memory"  # split_spaces' order
                 console.print(f"  #{i + 2} {changed}: same step time, "
-                              f"{v['memory_delta_bytes'] / GIB:+,.1f} GiB to fit (ties go to the least memory)")
+                              f"{v['memory_delta_bytes'] / GIB:+,.1f} GiB to fit (ties go to {rule})")
                 continue
             term = TIME_LABELS.get(v["term"], v["term"]).split(" (")[0]
             console.print(f"  #{i + 2} {changed}: {term} {v['delta_s'] * 1e3:+,.1f} ms, "
