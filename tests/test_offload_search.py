@@ -4,7 +4,13 @@ where a layout does not fit without it, and priced alike by both engines."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
+from click.testing import CliRunner
+
+from clusterplan.cli import main
 
 from clusterplan.cost.layout import Job
 from clusterplan.cost.step import evaluate
@@ -13,7 +19,10 @@ from clusterplan.models.library import get_model
 from clusterplan.planner.search import SearchOptions, objective_seconds, plan
 from clusterplan.planner.search.space import Bounds, build_space, parse_bounds, split_spaces
 from clusterplan.topologies.library import build_cluster
+from clusterplan.planner.studies.fit import layouts_fit
 from tests.test_search import _check_engines_agree
+
+RUN = CliRunner()
 
 RECIPE = Job(global_batch_size=32, seq_len=8192, framework="maxtext")  # 4 sequences per v6e chip
 
@@ -76,3 +85,33 @@ def test_engines_agree_with_offload_on_v6e():
     bounds = Bounds(fixed={"pp": 1, "micro_batch_size": 4, "order": "tp-cp-dp-pp"})
     _check_engines_agree(model, job, _v6e8(), bounds)
     _check_engines_agree(get_model("llama3-8b"), job, _v6e8(), bounds)
+
+
+def test_fit_prints_the_fewest_devices_with_and_without_offload():
+    """Llama 3 8B at 64 sequences on v6e: offloading the layer inputs lowers the fewest chips; the
+    answer without offload is the one planned (num_devices), the other is beside it."""
+    out = RUN.invoke(main, ["fit", "--model", "llama3-8b", "--cluster", "tpu-v6e-pod", "--global-batch", "64",
+                            "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["num_devices_with_offload"] < doc["num_devices"]
+    text = RUN.invoke(main, ["fit", "--model", "llama3-8b", "--cluster", "tpu-v6e-pod", "--global-batch", "64"])
+    assert (f"fewest devices: {doc['num_devices']}; with activation offload: {doc['num_devices_with_offload']}"
+            in text.output)
+    # with offload held off, no layout fits on the smaller count
+    cluster = build_cluster("tpu-v6e-pod", num_devices=doc["num_devices_with_offload"])
+    job = Job(global_batch_size=64, seq_len=8192, framework="maxtext")
+    assert layouts_fit(get_model("llama3-8b"), job, cluster, Bounds())
+    assert not layouts_fit(get_model("llama3-8b"), job, cluster, Bounds(fixed={"offload": "none"}))
+
+
+def test_fit_of_llama3_405b_on_v6e_names_both_answers():
+    out = RUN.invoke(main, ["fit", "--model", "llama3-405b", "--cluster", "tpu-v6e-pod"])
+    assert out.exit_code == 0, out.output
+    assert re.search(r"fewest devices: [\d,]+; with activation offload: [\d,]+", out.output)
+
+
+def test_fit_says_why_offload_is_not_offered_on_gpu():
+    out = RUN.invoke(main, ["fit", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--json"])
+    doc = json.loads(out.output)
+    assert doc["num_devices_with_offload"] is None and "not offered" in doc["offload_note"]
