@@ -115,3 +115,14 @@ def test_fit_says_why_offload_is_not_offered_on_gpu():
     out = RUN.invoke(main, ["fit", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--json"])
     doc = json.loads(out.output)
     assert doc["num_devices_with_offload"] is None and "not offered" in doc["offload_note"]
+
+
+def test_maxtext_export_writes_the_custom_policy_that_offloads_the_layer_input():
+    """base.yml (MaxText 0.2.5): remat_policy 'custom', decoder_layer_input 'offload'; the other
+    named tensors default to 'remat' (full recomputation from the offloaded input)."""
+    args = ["export", "--format", "maxtext", "--model", "llama3-8b", "--cluster", "tpu-v6e-pod", "--devices", "8",
+            "--global-batch", "32", "--seq-len", "8192", "--fix"]
+    lines = RUN.invoke(main, [*args, "dp=8,mbs=4"]).output.splitlines()
+    assert "remat_policy=custom" in lines and "decoder_layer_input=offload" in lines
+    plain = RUN.invoke(main, [*args, "dp=8,mbs=1"]).output.splitlines()
+    assert "remat_policy=full" in plain and not any(line.startswith("decoder_layer_input") for line in plain)
