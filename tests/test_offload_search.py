@@ -126,3 +126,12 @@ def test_maxtext_export_writes_the_custom_policy_that_offloads_the_layer_input()
     assert "remat_policy=custom" in lines and "decoder_layer_input=offload" in lines
     plain = RUN.invoke(main, [*args, "dp=8,mbs=1"]).output.splitlines()
     assert "remat_policy=full" in plain and not any(line.startswith("decoder_layer_input") for line in plain)
+
+
+def test_fixed_offload_with_another_recompute_is_refused_by_name():
+    out = RUN.invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "tpu-v6e-pod", "--devices", "8",
+                            "--fix", "offload=activations,recompute=selective"])
+    assert out.exit_code == 2 and "needs recompute=full" in out.output and "Traceback" not in out.output
+    out = RUN.invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "tpu-v6e-pod", "--devices", "8",
+                            "--min", "offload=none"])
+    assert out.exit_code == 2 and "use --fix" in out.output

@@ -188,10 +188,13 @@ def split_spaces(space: Space, model: ModelSpec, job: Job, cluster: Cluster) -> 
             facts = tuple(f for f in sub.factorizations if _offload_hides(ctx, sub, f))
             if facts:
                 out.append(replace(sub, offload=(mode,), recompute=("full",), factorizations=facts))
+    if not out and "full" not in space.recompute:
+        raise SpecError(f"--fix offload={space.offload[0]}: needs recompute=full (MaxText's custom remat policy "
+                        f"recomputes each layer from its offloaded input); the bounds leave recompute "
+                        f"{', '.join(space.recompute)}")
     if not out:
-        raise SpecError("--fix offload=activations: no layout offloads with full recomputation (recompute=full) "
-                        "and host transfers that hide behind the compute; drop the --fix (clusterplan evaluate "
-                        "prices one layout's exposed transfers)")
+        raise SpecError(f"--fix offload={space.offload[0]}: no layout's host transfers hide behind its compute; drop "
+                        "the --fix (clusterplan evaluate prices one layout's exposed transfers)")
     return out
 
 
