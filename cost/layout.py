@@ -90,7 +90,8 @@ class Layout:
         layer for its backward (with ``full``, the layer's input) is copied to host memory in the forward
         and back in the backward, so device memory holds none of it; the copies cross the host link
         (``cost.terms.offload_s``). MaxText's ``remat_policy: custom`` with ``decoder_layer_input:
-        offload``. Priced by ``evaluate`` and ``validate``; the search does not offer it.
+        offload``. Priced by ``evaluate`` and ``validate``; the search offers it with full recomputation
+        where its transfers hide (``planner.search.space.split_spaces``).
     shard_across_domains : with ZeRO-3 under a framework that by default shards inside each scale-up
         domain and replicates the shards between domains (``semantics.zero3_across_domains: replicate``:
         MaxText's ICI fsdp axis and DCN data axis), shard over every data-parallel rank instead

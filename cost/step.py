@@ -443,6 +443,28 @@ def _offload_s(ctx: Context, layout: Layout, stage: LayerTerms) -> float:
     return offload_exposed_s(ctx, layout, kept, stage.forward_s + stage.backward_s + stage.recompute_s)
 
 
+def offload_hidden(ctx: Context, tp: int, pp: int, cp: int, ep: int, expert_tp: bool, vp: int, mbs: int, sp: bool,
+                   head_slots: bool = False) -> bool:
+    """Whether ``offload=activations`` with full recomputation adds no time on any candidate slowest
+    stage (:func:`_stages`, :func:`_offload_s`): the round trip of the stage's kept layer inputs over
+    the host link hides behind its forward, backward and recompute. The search offers offload only
+    there (``planner.search.space.split_spaces``), so its tables need no transfer term."""
+    tier = host_tier(ctx.cluster.device)
+    if tier is None:
+        return False
+    base, model = ctx._base, ctx.model
+    kept_layers = layers_on_stage(model.num_layers, pp, vp)
+    shares = stage_kind_shares(base, pp, vp, head_slots and pp > 1)
+    if not mixed_kinds(model):
+        c = compute_terms(base, tp, cp, mbs, sp, "full", ep, expert_tp)
+        stages = [(c.act_bytes_per_layer, shares[0][0] * (c.forward_s + c.backward_s + c.recompute_s))]
+    else:
+        d, m = (compute_terms(base, tp, cp, mbs, sp, "full", ep, expert_tp, kind) for kind in (False, True))
+        stages = [(m.act_bytes_per_layer, a * (d.forward_s + d.backward_s + d.recompute_s)
+                   + b * (m.forward_s + m.backward_s + m.recompute_s)) for a, b in shares]
+    return all(2.0 * act * kept_layers / tier.bytes_per_s <= window for act, window in stages)
+
+
 STAGE_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s")
 
 

@@ -17,11 +17,13 @@ from clusterplan.topologies.cluster import Cluster
 GIB = 2**30
 
 
-def _moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
+def _moves(lay: Layout, moe: bool, offload: bool = False) -> list[tuple[str, Layout]]:
     """One step up and down in each knob, keeping tp*pp*dp*cp fixed by trading with dp.
 
-    Knobs that cannot apply (interleaving without a pipeline, expert parallelism on a dense model)
-    are left out rather than reported as blocked.
+    Knobs that cannot apply (interleaving without a pipeline, expert parallelism on a dense model,
+    host offload where the search does not offer it: ``offload`` False) are left out rather than
+    reported as blocked. A recompute move keeps the layer inputs on the device (offload goes with
+    full recomputation).
     """
     out: list[tuple[str, Layout]] = []
     for axis in ("tp", "pp", "cp"):
@@ -46,7 +48,10 @@ def _moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
     i = RECOMPUTE_MODES.index(lay.recompute)
     for j in (i - 1, i + 1):
         if 0 <= j < len(RECOMPUTE_MODES):
-            out.append((f"recompute {RECOMPUTE_MODES[j]}", lay.with_(recompute=RECOMPUTE_MODES[j])))
+            out.append((f"recompute {RECOMPUTE_MODES[j]}", lay.with_(recompute=RECOMPUTE_MODES[j], offload="none")))
+    if offload and lay.recompute == "full":
+        other = "none" if lay.offload != "none" else "activations"
+        out.append((f"offload {other}", lay.with_(offload=other)))
     for z in (lay.zero_stage - 1, lay.zero_stage + 1):
         if 0 <= z <= 3:
             out.append((f"zero {z}", lay.with_(zero_stage=z)))
@@ -74,7 +79,7 @@ def _outside(space: Space | None, lay: Layout) -> str | None:
                         ("zero_stage", lay.zero_stage), ("recompute", lay.recompute),
                         ("sequence_parallel", lay.sequence_parallel), ("dp_overlap", lay.dp_overlap),
                         ("tp_overlap", lay.tp_overlap), ("ep_overlap", lay.ep_overlap),
-                        ("head_slots", lay.head_slots and lay.pp > 1)):
+                        ("head_slots", lay.head_slots and lay.pp > 1), ("offload", lay.offload)):
         if value not in getattr(space, knob):
             searched = ", ".join(knob_text(v) for v in getattr(space, knob))
             return f"{knob}={knob_text(value)} is outside the searched values [{searched}]"
@@ -85,7 +90,8 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
                   space: Space | None = None) -> list[dict]:
     """For each one-step move: the new step time and its change, or why the move is not allowed."""
     rows = []
-    for name, lay in _moves(best.layout, model.is_moe):
+    offload = best.layout.offload != "none" or space is not None and len(space.offload) > 1
+    for name, lay in _moves(best.layout, model.is_moe, offload):
         outside = _outside(space, lay)
         if outside:
             rows.append({"move": name, "allowed": False, "reason": outside})

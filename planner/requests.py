@@ -6,7 +6,8 @@ returns documents; printing them is the caller's business.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 from clusterplan.cost.framework import framework_defaults
 from clusterplan.cost.layout import given_keys, parse_layout
@@ -18,7 +19,9 @@ from clusterplan.planner.report.plan import results_document
 from clusterplan.planner.results import evaluation_results, plan_results
 from clusterplan.planner.search import SearchOptions, SearchResult, check_layout, plan
 from clusterplan.planner.search.space import Bounds
-from clusterplan.planner.studies.fit import TIME_LIMIT_S, FitAnswer, fewest_devices, fit_hint, smallest_device
+from clusterplan.planner.studies.fit import (
+    TIME_LIMIT_S, FitAnswer, fewest_devices, fewest_with_offload, fit_hint, offload_refusal, smallest_device,
+)
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import list_devices
 
@@ -81,9 +84,15 @@ class FitResult:
     question: str
     answer: FitAnswer
     planned: Planned
+    # the fewest devices with host offload of the layer inputs offered (None: not offered, or not found
+    # within the time limit), and why it is not offered (empty where it is)
+    num_devices_with_offload: int | None = None
+    offload_note: str = ""
 
     def document(self) -> dict:
-        return {"question": self.question, "num_devices": self.answer.num_devices, "device": self.answer.device,
+        return {"question": self.question, "num_devices": self.answer.num_devices,
+                "num_devices_with_offload": self.num_devices_with_offload, "offload_note": self.offload_note,
+                "device": self.answer.device,
                 "checked": [{"num_devices": n, "fits": ok} for n, ok in self.answer.checked],
                 "least_devices": self.answer.least_devices, "every_size": self.answer.every_size,
                 "plan": self.planned.document()}
@@ -100,14 +109,45 @@ def fit_request(request: Request, bounds: Bounds, time_limit_s: float | None = T
         answer = smallest_device(model, request.with_(num_devices=here.num_devices, num_nodes=None), family, bounds)
         question = f"the smallest device for {model.name} on {here.num_devices:,} devices of {request.cluster}"
     else:
-        answer = fewest_devices(model, request, bounds, budget_s=time_limit_s)
-        question = f"the fewest devices for {model.name} on {request.cluster}"
+        return _fewest(model, request, bounds, time_limit_s)
     if answer.num_devices is None:
         _not_found(question, answer, time_limit_s)
+    return FitResult(question, answer, _plan_there(model, request, answer, bounds, time_limit_s))
+
+
+def _plan_there(model: ModelSpec, request: Request, answer: FitAnswer, bounds: Bounds,
+                time_limit_s: float | None) -> Planned:
+    """The plan at the answer: its solve bounded by the same limit (CP-SAT then answers its best with the gap)."""
     there = request.with_(num_devices=answer.num_devices, num_nodes=None, device=answer.device)
-    # the plan there: its solve bounded by the same limit (CP-SAT then answers its best with the gap)
-    return FitResult(question, answer, plan_request(there, SearchOptions(top_k=0, bounds=bounds,
-                                                                         time_limit_s=time_limit_s), model))
+    return plan_request(there, SearchOptions(top_k=0, bounds=bounds, time_limit_s=time_limit_s), model)
+
+
+def _fewest(model: ModelSpec, request: Request, bounds: Bounds, time_limit_s: float | None) -> FitResult:
+    """The fewest devices with the layer inputs on the device and, where the framework and the device
+    offer host offload (``offload_refusal``), with it too, in what is left of the time limit."""
+    question = f"the fewest devices for {model.name} on {request.cluster}"
+    reference = request.with_(num_devices=None, num_nodes=None).load_cluster()
+    refusal = offload_refusal(request.build_job(model, reference)[0], reference, bounds)
+    start = time.perf_counter()
+    held = bounds if refusal else replace(bounds, fixed={**bounds.fixed, "offload": "none"})
+    answer = fewest_devices(model, request, held, budget_s=time_limit_s, reference=reference)
+    if refusal:
+        return _fit_result(model, request, question, answer, bounds, time_limit_s, None, f"not offered: {refusal}")
+    left_s = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - start))
+    offload = fewest_with_offload(model, request, bounds, answer, left_s)
+    if answer.num_devices is None and offload.num_devices is None:
+        _not_found(question, answer, time_limit_s)
+    note = ("" if answer.num_devices and offload.num_devices else "not found within the time limit"
+            if answer.num_devices else "no size fits without offload: the answer offloads")
+    return _fit_result(model, request, question, answer if answer.num_devices else offload, bounds,
+                       time_limit_s, offload.num_devices, note)
+
+
+def _fit_result(model: ModelSpec, request: Request, question: str, answer: FitAnswer, bounds: Bounds,
+                time_limit_s: float | None, with_offload: int | None, note: str) -> FitResult:
+    if answer.num_devices is None:
+        _not_found(question, answer, time_limit_s)
+    return FitResult(question, answer, _plan_there(model, request, answer, bounds, time_limit_s), with_offload, note)
 
 
 def _not_found(question: str, answer: FitAnswer, time_limit_s: float | None) -> None:

@@ -171,7 +171,7 @@ def _least_memory_bytes(model, job, cluster) -> float:
     bounds = Bounds()
     ctx, headroom = Context(model, job, cluster), bounds.headroom(job, cluster)
     least = [smallest_memory(build_tables(ctx, sub, headroom, ignore_memory=True, memory_only=True))
-             for sub in split_spaces(build_space(model, job, cluster, bounds), model, job)]
+             for sub in split_spaces(build_space(model, job, cluster, bounds), model, job, cluster)]
     return min(m for m, _ in filter(None, least)) * MEMORY_QUANTUM_BYTES
 
 

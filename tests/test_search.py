@@ -257,7 +257,7 @@ def _check_engines_agree(model, job, cluster, bounds) -> None:
         return
     # each pipeline split the framework offers is its own search (split_spaces); plan merges them
     rejections, feasible, objectives = {}, 0, []
-    for sub in split_spaces(space, model, job):
+    for sub in split_spaces(space, model, job, cluster):
         T = build_tables(Context(model, job, cluster), sub, bounds.headroom(job, cluster), bounds.ignore_memory)
         sub_rejections, sub_feasible = _check_split_agrees(model, job, cluster, T)
         for key, count in sub_rejections.items():
@@ -324,7 +324,7 @@ INFEASIBLE = [
 def test_infeasible_instances_raise_for_both_engines(model, job, where, bounds):
     cluster = build_cluster(where[0], num_devices=where[1])
     rejections = {}
-    for sub in split_spaces(build_space(model, job, cluster, bounds), model, job):  # each pipeline split the framework offers
+    for sub in split_spaces(build_space(model, job, cluster, bounds), model, job, cluster):  # each pipeline split the framework offers
         T = build_tables(Context(model, job, cluster), sub, bounds.headroom(job, cluster), bounds.ignore_memory)
         sub_rejections, feasible = count_rejections(T)
         assert feasible == 0 and sub_rejections

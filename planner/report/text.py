@@ -105,12 +105,26 @@ def fit_lines(fit) -> list[str]:
              f"  best layout there: {best.layout.short()}, step {best.step_time_s:.3f} s, "
              f"peak {best.memory.fit_bytes / GIB:.1f} of {best.capacity_bytes / GIB:.1f} GiB allocated with the runtime "
              f"({best.peak_memory_bytes / GIB:.1f} reserved)"]
+    lines += _offload_lines(fit)
     if answer.devices_tried is not None:
         lines.append("  devices checked, least memory first: " + ", ".join(
             f"{d} {'fits' if ok else 'no'}" for d, (_, ok) in zip(answer.devices_tried, answer.checked)))
     else:
         lines.append("\n".join(f"  {line}" for line in answer.notes()))
     return lines
+
+def _offload_lines(fit) -> list[str]:
+    """What host offload of the layer inputs changes in ``fit``'s answer (``FitResult``)."""
+    n, m = fit.answer.num_devices, fit.num_devices_with_offload
+    if fit.answer.devices_tried is not None:
+        return []
+    if m is not None and m != n:
+        return [f"  fewest devices: {n:,}; with activation offload: {m:,} (offload=activations: MaxText "
+                f"remat_policy custom, decoder_layer_input offload; plan --devices {m} for its layout)"]
+    if m is not None:
+        return [f"  fewest devices: {n:,}; with activation offload: {m:,} (offload does not lower it)"]
+    return [f"  activation offload: {fit.offload_note}"]
+
 
 def explain_report(doc: dict, console: Console) -> None:
     """``clusterplan explain``: the best layout, why it beat each runner-up, what binds, and the step
@@ -422,8 +436,9 @@ def _why(doc: dict, console: Console) -> None:
                               f"step {v['step_time_delta_s'] * 1e3:+,.1f} ms, energy {ratio:+.2%}")
                 continue
             if v["term"] == "tie":
+                rule = "no host offload" if "offload" in v["changed"] else "the least memory"  # split_spaces' order
                 console.print(f"  #{i + 2} {changed}: same step time, "
-                              f"{v['memory_delta_bytes'] / GIB:+,.1f} GiB to fit (ties go to the least memory)")
+                              f"{v['memory_delta_bytes'] / GIB:+,.1f} GiB to fit (ties go to {rule})")
                 continue
             term = TIME_LABELS.get(v["term"], v["term"]).split(" (")[0]
             console.print(f"  #{i + 2} {changed}: {term} {v['delta_s'] * 1e3:+,.1f} ms, "

@@ -95,7 +95,7 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     weights = (weights[0] // scale, weights[1] // scale)
     space = build_space(model, job, cluster, opts.bounds)
     headroom = opts.bounds.headroom(job, cluster)
-    subs = split_spaces(space, model, job)
+    subs = split_spaces(space, model, job, cluster)
     limit_s = opts.time_limit_s / len(subs) if opts.time_limit_s else None  # --time-limit shared by the splits
     parts: list[_SplitSearch] = []
     for sub in subs:  # each later split only has to beat the answers already kept (their worst)

@@ -14,15 +14,15 @@ from dataclasses import dataclass, field, replace
 
 from clusterplan.cost.framework import (ProfileAt, framework_domains, framework_refusal, knob_text, model_code_domains,
                                         model_domains, unoffered)
-from clusterplan.cost.step import head_slot_problem
-from clusterplan.cost.terms import stage_slots
-from clusterplan.cost.layout import ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
+from clusterplan.cost.step import head_slot_problem, offload_hidden
+from clusterplan.cost.terms import Context, host_tier, stage_slots
+from clusterplan.cost.layout import OFFLOAD_MODES, ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
-         "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots")
+         "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots", "offload")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order", "expert_tp": "etp"}
 KNOB_TEXT = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
@@ -94,6 +94,9 @@ class Space:
     # the pipeline splits the framework offers, its own first (torchtitan counts the embedding and
     # the head as layers); each is searched on its own (split_spaces); Layout.head_slots
     head_slots: tuple[bool, ...] = (False,)
+    # where the layers keep their inputs (cost.layout.OFFLOAD_MODES): host offload where the framework
+    # and the device have it; each mode is searched on its own (split_spaces); Layout.offload
+    offload: tuple[str, ...] = ("none",)
     framework_rules: bool = True  # apply the profile's combination rules (off: validation of published layouts)
 
     @property
@@ -155,6 +158,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         tp_overlap=pick("tp_overlap", (False, True)),
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
         head_slots=pick("head_slots", _pipeline_splits(prof)),
+        offload=pick("offload", _offload_modes(cluster, b)),
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
@@ -169,7 +173,40 @@ def _pipeline_splits(prof) -> tuple[bool, ...]:
     return (default, not default) if prof.has("head_slots") else (default,)
 
 
-def split_spaces(space: Space, model: ModelSpec, job: Job) -> list[Space]:
+def split_spaces(space: Space, model: ModelSpec, job: Job, cluster: Cluster) -> list[Space]:
+    """One space per pipeline split (:func:`head_slot_spaces`) and per offload mode of
+    ``space.offload``: each offloaded space has full recomputation alone (MaxText's custom remat
+    policy recomputes the layer from its offloaded input) and the factorizations whose transfers
+    hide behind the compute at every micro-batch size, sp and vp of the space
+    (``cost.step.offload_hidden``: the search's tables then need no transfer term; ``evaluate``
+    prices the others)."""
+    splits = head_slot_spaces(space, model, job)
+    out = [replace(sub, offload=("none",)) for sub in splits if "none" in space.offload]
+    ctx = Context(model, job, cluster)
+    for sub in splits if "full" in space.recompute else ():
+        for mode in (m for m in space.offload if m != "none"):
+            facts = tuple(f for f in sub.factorizations if _offload_hides(ctx, sub, f))
+            if facts:
+                out.append(replace(sub, offload=(mode,), recompute=("full",), factorizations=facts))
+    if not out and "full" not in space.recompute:
+        raise SpecError(f"--fix offload={space.offload[0]}: needs recompute=full (MaxText's custom remat policy "
+                        f"recomputes each layer from its offloaded input); the bounds leave recompute "
+                        f"{', '.join(space.recompute)}")
+    if not out:
+        raise SpecError(f"--fix offload={space.offload[0]}: no layout's host transfers hide behind its compute; drop "
+                        "the --fix (clusterplan evaluate prices one layout's exposed transfers)")
+    return out
+
+
+def _offload_hides(ctx: Context, S: Space, f: tuple[int, int, int, int]) -> bool:
+    """Offload's transfers hide at every (ep, mbs, sp, vp) of the space with factorization ``f``."""
+    tp, pp, dp, cp = f
+    return all(offload_hidden(ctx, tp, pp, cp, e, et, v, mb, sp, S.head_slots[0])
+               for e, et in zip(S.ep, S.expert_tp) for v in S.vp for mb in S.micro_batch_size
+               for sp in S.sequence_parallel if (v == 1 or pp > 1) and not (sp and tp == 1))
+
+
+def head_slot_spaces(space: Space, model: ModelSpec, job: Job) -> list[Space]:
     """One space per pipeline split of ``space.head_slots``, searched one after the other (the split
     sets which layers each rank holds, which every pipeline table depends on): the first split over
     every factorization, the others over those with a pipeline (without one the split changes
@@ -222,6 +259,18 @@ def _check_fixed_model_code(job: Job, bounds: Bounds) -> None:
     if bad:
         raise SpecError(f"--fix {', '.join(bad)}: a Hugging Face transformers model class runs data-parallel only "
                         "(DeepSpeed ZeRO or FSDP); drop the fix or use --model-code native")
+
+
+def _offload_modes(cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:
+    """The offload modes the device allows (a host memory tier with a bandwidth: ``cost.terms.host_tier``);
+    --fix offload=activations on a device without one is bad input."""
+    mode = bounds.fixed.get("offload", "none")
+    if host_tier(cluster.device) is not None:
+        return OFFLOAD_MODES
+    if mode != "none" and not bounds.allow_unavailable:
+        raise SpecError(f"--fix offload={mode}: {cluster.device.name} has no host memory tier with a bandwidth "
+                        "to offload to; drop the --fix")
+    return ("none",)
 
 
 def _check_fixed_consistent(model: ModelSpec, bounds: Bounds) -> None:
@@ -462,12 +511,12 @@ def sequence_parallel_ok(tp: int, sp: bool, seq_len: int = 0, cp: int = 1) -> st
 
 def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool, recompute: str,
               zero: int, order: str, dp_overlap: bool, tp_overlap: bool, expert_tp: bool = True,
-              ep_overlap: bool = False, head_slots: bool = False) -> Layout:
+              ep_overlap: bool = False, head_slots: bool = False, offload: str = "none") -> Layout:
     tp, pp, dp, cp = f
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, micro_batch_size=mbs, sequence_parallel=sp,
                   recompute=recompute, zero_stage=zero, order=order, dp_overlap=dp_overlap,
                   tp_overlap=tp_overlap, expert_tp=expert_tp, ep_overlap=ep_overlap,
-                  head_slots=head_slots and f[1] > 1)
+                  head_slots=head_slots and f[1] > 1, offload=offload)
 
 
 def _once(out: dict, key: str, value, flag: str) -> None:

@@ -383,6 +383,8 @@ def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarra
     MB, SP, RC = S.micro_batch_size, S.sequence_parallel, S.recompute
     mem = [[[[activation_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
     ACT_D, ACT_M, TRANS = (_qb([[[[c[k] for c in r] for r in s] for s in m] for m in mem]) for k in range(3))
+    if S.offload[0] != "none":  # what each layer keeps lives in host memory (cost.step._rank_memory)
+        ACT_D, ACT_M = np.zeros_like(ACT_D), np.zeros_like(ACT_M)
     logits = [[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys]
     LOGITS = _qb([[[[working_bytes(ctx, c[2], logits[t][b]) - c[2] for c in r] for r in s] for b, s in enumerate(m)]
                   for t, m in enumerate(mem)])
@@ -598,4 +600,4 @@ def layout_from_indices(space: Space, idx: dict) -> Layout:
     return layout_of(S.factorizations[idx["f"]], S.ep[idx["e"]], S.vp[idx["v"]], S.micro_batch_size[idx["mb"]],
                      S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],
                      S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]], S.expert_tp[idx["e"]],
-                     S.ep_overlap[idx.get("eo", 0)], S.head_slots[0])
+                     S.ep_overlap[idx.get("eo", 0)], S.head_slots[0], S.offload[0])

@@ -33,7 +33,7 @@ import clusterplan.cost.terms as cost_terms
 import clusterplan.topologies.cluster as fabric
 import clusterplan.topologies.library as library
 from clusterplan.cost.layout import Job
-from clusterplan.cost.terms import Context, optimizer_state_bytes, param_counts
+from clusterplan.cost.terms import Context, host_tier, optimizer_state_bytes, param_counts
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
@@ -95,7 +95,7 @@ def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     except SpecError:
         return False
     ctx, headroom = Context(model, job, cluster), b.headroom(job, cluster)
-    for sub in split_spaces(space, model, job):  # each pipeline split the framework offers, as plan tries them
+    for sub in split_spaces(space, model, job, cluster):  # each pipeline split the framework offers, as plan tries them
         if any_feasible(build_tables(ctx, sub, headroom, memory_only=True)):
             return True
     return False
@@ -115,6 +115,32 @@ def least_devices(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds |
     whole = param_counts(model, 1, 1, 1, 1)  # every parameter, as the cost model counts them
     state_bytes = (whole.dense + whole.expert) * (job.grad_bytes + optimizer_state_bytes(job))
     return max(1, math.ceil(state_bytes / capacity_bytes))
+
+
+def offload_refusal(job: Job, cluster: Cluster, bounds: Bounds | None = None) -> str | None:
+    """Why the size search cannot count host offload of the layer inputs (``offload=activations``,
+    searched where the framework and the device have it: ``planner.search.space.split_spaces``), or
+    None where it can."""
+    b = bounds or Bounds()
+    if "offload" in b.fixed:
+        return f"the bounds hold offload={b.fixed['offload']}"
+    if not job.profile.has("offload_activations"):
+        return f"{job.profile.profile.describe(job.profile.date)} has no activation offload clusterplan prices"
+    if host_tier(cluster.device) is None:
+        return f"{cluster.device.name} has no host memory tier with a bandwidth (topologies/data/devices.yaml)"
+    return None
+
+
+def fewest_with_offload(model: ModelSpec, request: Request, bounds: Bounds | None, without: FitAnswer,
+                        budget_s: float | None) -> FitAnswer:
+    """The fewest devices with host offload offered, given the answer ``without`` it (found with
+    ``offload=none`` held): offloading only adds layouts, so only the sizes below that answer are
+    checked, from the same memory bound; none fitting there, the answer is the same."""
+    below = (without.num_devices or MAX_DEVICES + 1) - 1
+    answer = fewest_devices(model, request, bounds, max_devices=below, budget_s=budget_s)
+    if answer.num_devices is None and not answer.stopped and without.num_devices is not None:
+        answer.num_devices = without.num_devices
+    return answer
 
 
 def size_ladder(reference: Cluster, first: int, last: int) -> Iterator[tuple[int, bool]]:

@@ -203,6 +203,9 @@ def _bounds(run: dict, prof) -> Bounds:
     fixed.setdefault("tp_overlap", False)
     fixed.setdefault("ep_overlap", False)
     fixed.setdefault("head_slots", prof.own_split_has_head_slots())
+    # the search keeps the layer inputs on the device; a published offload is applied after it, with
+    # the run's other knobs the search does not choose (_with_partial_recompute)
+    fixed["offload"] = "none"
     if run.get("micro_batch_size") is not None:
         fixed["micro_batch_size"] = run["micro_batch_size"]
     # the run ran: its unpublished knobs are chosen by what fits, without a plan's headroom
@@ -466,7 +469,8 @@ def predicted_peak(ev: Evaluation, kind: str | None) -> float:
 def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation) -> Evaluation:
     """The searched layout with the run's published ``layout.recompute_layers``,
     ``layout.recompute_modules``, ``layout.offload`` and ``layout.shard_across_domains`` (knobs the
-    search does not offer: the other knobs were chosen without them), priced by the cost model."""
+    search does not offer, or, offload, is held off for validation: the other knobs were chosen without
+    them), priced by the cost model."""
     published = run.get("layout") or {}
     k, mods, offload = published.get("recompute_layers"), published.get("recompute_modules"), published.get("offload")
     across = published.get("shard_across_domains")

@@ -404,6 +404,8 @@ def check_maxtext(text: str, meta: dict) -> dict:
     _expect("mlp dim", cfg.base_mlp_dim, m["ffn_hidden_size"])
     if m["vocab_size"] != 50257:  # GPT-3's 50257 is padded to 50304 in MaxText's gpt3 configs
         _expect("vocabulary", cfg.vocab_size, m["vocab_size"])
+    if meta["layout"].get("offload", "none") != "none":  # offload=activations: the custom policy offloads the input
+        _expect("remat policy", (cfg.remat_policy, "decoder_layer_input" in cfg.tensors_to_offload), ("custom", True))
     mesh = _maxtext_mesh_on_torus(cfg, meta) if meta.get("torus_shape") else None
     return {"ici": dict(zip(cfg.mesh_axes, ici)), "dcn": dict(zip(cfg.mesh_axes, dcn)), "slices": cfg.num_slices,
             "per_device_batch_size": cfg.per_device_batch_size, "mesh": mesh}

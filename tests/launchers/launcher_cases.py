@@ -44,6 +44,10 @@ CASES = {
     "llama3-70b-tpu-v5p-4096": (["--model", "llama3-70b", "--cluster", "tpu-v5p-pod", "--devices", "4096"], ["maxtext"]),
     "deepseek-v3-tpu-v5p": (["--model", "deepseek-v3", "--cluster", "tpu-v5p-pod"], ["maxtext"]),
     "llama2-7b-tpu-v5e-2-slices": (["--model", "llama2-7b", "--cluster", "tpu-v5e-pod", "--devices", "512"], ["maxtext"]),
+    # fsdp over 8 v6e chips at 4 sequences each fits only with the layer inputs offloaded to host memory:
+    # remat_policy custom, decoder_layer_input offload
+    "llama3-8b-tpu-v6e-8-offload": (["--model", "llama3-8b", "--cluster", "tpu-v6e-pod", "--devices", "8",
+                                     "--global-batch", "32", "--seq-len", "8192", "--fix", "dp=8,mbs=4"], ["maxtext"]),
     "llama3-405b-gb200-nvl72": (["--model", "llama3-405b", "--cluster", "gb200-nvl72", "--devices", "576"],
                                 ["megatron", "slurm", "torchtitan"]),
     # 12 micro-batches over pp 8 with interleaving: Megatron-Core groups them (since 2024-11)

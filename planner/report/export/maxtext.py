@@ -167,6 +167,10 @@ def maxtext_overrides(doc: dict, model=None) -> str:
     # MaxText names what it saves: 'minimal' recomputes least (the nearest to none/selective here),
     # 'full' recomputes everything.
     remat = "full" if L["recompute"] == "full" else "minimal"
+    # offload=activations (with full recomputation): base.yml's remat_policy 'custom' with
+    # decoder_layer_input 'offload' (its other named tensors default to 'remat'), MaxText 0.2.5
+    offload = [("decoder_layer_input", "offload")] if L.get("offload", "none") != "none" else []
+    remat = "custom" if offload else remat
     pairs: list[tuple[str, object]] = [*maxtext_model(model),
                                        ("hardware", "tpu" if family == "tpu-torus" else "gpu")]
     names = {"pipeline": "pipeline"}
@@ -176,7 +180,7 @@ def maxtext_overrides(doc: dict, model=None) -> str:
         pairs.append((f"dcn_{names.get(axis, axis)}_parallelism", dcn[axis]))
     pairs += [("per_device_batch_size", maxtext_batch(job["global_batch_size"], doc["num_devices"], accumulation)),
               ("gradient_accumulation_steps", accumulation), ("max_target_length", job["seq_len"]),
-              ("remat_policy", remat)]
+              ("remat_policy", remat), *offload]
     if L["pp"] > 1:
         pairs += [("num_layers_per_pipeline_stage", model.num_layers // stages),
                   ("num_pipeline_repeats", L["vp"]), ("num_pipeline_microbatches", L["num_microbatches"])]
