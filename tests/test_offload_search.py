@@ -20,7 +20,7 @@ from clusterplan.planner.search import SearchOptions, objective_seconds, plan
 from clusterplan.planner.search.space import Bounds, build_space, parse_bounds, split_spaces
 from clusterplan.topologies.library import build_cluster
 from clusterplan.planner.studies.fit import layouts_fit
-from tests.test_search import _check_engines_agree
+from test_search import _check_engines_agree  # tests/ is on the path, as for grids (test_ceilings.py)
 
 RUN = CliRunner()
 
