@@ -504,7 +504,7 @@ def probe_command(output, cluster_arg, device, framework, figures_path, save_pat
     figures = read_figures(figures_path) if figures_path else measure(quick)
     if int(os.environ.get("RANK", 0)) != 0:
         return
-    entry = probe_entry(figures, _request("gpt3-1.3b", cluster_arg, device=device, framework=framework))
+    entry = probe_entry(figures, cluster_arg, device, framework)
     save([entry], output)
     if save_path:
         Path(save_path).write_text(json.dumps(figures, indent=2))

@@ -133,10 +133,11 @@ PRICE_OPTION = click.option(
     expose_value=False, callback=remember,
     help="Rental price per device-hour, replacing the catalogue's and a cluster file's price_per_device_hour_usd "
          "(cost figures and --objective cost).")
-CALIBRATION_OPTION = click.option("--calibration", "calibration", metavar="CAL.yaml", type=click.Path(dir_okay=False),
-             help="A calibration written by `clusterplan calibrate` from your own measured runs: where it "
-                  "was fitted for the device and framework, every figure uses it and the interval comes "
-                  "from its fit; elsewhere the report says it was not applied.")
+CALIBRATION_OPTION = click.option(
+    "--calibration", "calibration", metavar="CAL.yaml", type=click.Path(dir_okay=False),
+    help="A calibration written by `clusterplan calibrate` from your own measured runs: where it was fitted for the "
+         "device and framework, every figure uses it and the interval comes from its fit; elsewhere the report says "
+         "it was not applied.")
 
 
 INPUT_OPTIONS = [

@@ -67,6 +67,12 @@ def load_cluster(name_or_path: str, num_devices: int | None = None, num_nodes: i
     return with_what_if(cluster, price_per_device_hour, pue, host_power_w)
 
 
+def job_framework(framework: str | None, cluster: Cluster) -> str:
+    """The profile id of ``--framework`` (any of its names), or without it the platform's default
+    (maxtext on TPU, megatron elsewhere)."""
+    return resolve_framework(framework) if framework else default_framework(cluster.platform)
+
+
 def published_defaults(model_arg: str) -> dict[str, Any]:
     """The job a bundled model was published with; empty for a model file."""
     if Path(model_arg).exists():
@@ -119,7 +125,7 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
     prec = pick("precision", precision, "bf16")
     tokens_to_train = pick("tokens_to_train", tokens, 0)
     prec = _device_precision(prec, origin, cluster)
-    fw = resolve_framework(framework) if framework else default_framework(cluster.platform)
+    fw = job_framework(framework, cluster)
     prof = load_profile(fw)
     check_precision_framework(prec, prof.at(framework_date))
     if framework:  # without --framework a platform no profile runs on plans under the default's, as a stand-in
@@ -315,8 +321,7 @@ class Request:
             return cluster
         from clusterplan.planner.studies.calibration import load_calibration
 
-        fw = resolve_framework(self.framework) if self.framework else default_framework(cluster.platform)
-        return load_calibration(self.calibration).apply(cluster, fw)
+        return load_calibration(self.calibration).apply(cluster, job_framework(self.framework, cluster))
 
     def build_job(self, model: ModelSpec, cluster: Cluster) -> tuple[Job, dict[str, str]]:
         return build_job(self.model, model, cluster, self.global_batch, self.seq_len, self.precision, self.tokens,

@@ -24,7 +24,8 @@ from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.caveats import caveats
 from clusterplan.planner.explain import explain, placement
 from clusterplan.planner.search import SearchResult
-from clusterplan.planner.studies.uncertainty import LEVEL, prediction_interval
+from clusterplan.planner.studies.calibration import calibrated_interval
+from clusterplan.planner.studies.uncertainty import prediction_interval
 from clusterplan.planner.views import fabric_groups, schedule_figures, stage_memory_figures
 from clusterplan.topologies.cluster import Cluster
 
@@ -119,17 +120,6 @@ def step_time_interval(ev: Evaluation, job: Job, cluster: Cluster, moe: bool) ->
     interval["low_s"] = max(interval["low_s"], fastest_s)
     interval["mfu"] = [ev.mfu * ev.step_time_s / interval["high_s"], ev.mfu * ev.step_time_s / interval["low_s"]]
     return interval
-
-
-def calibrated_interval(cluster: Cluster, step_time_s: float) -> dict | None:
-    """The 80% interval a user's calibration gives where it applies and has one (from its fit's
-    leave-one-out errors, ``planner.studies.calibrate``); None otherwise."""
-    cal = cluster.calibration or {}
-    if not cal.get("applied") or not cal.get("interval"):
-        return None
-    low, high = cal["interval"]
-    return {"low_s": step_time_s * low, "high_s": step_time_s * high, "level": LEVEL, "runs": cal["runs"],
-            "regime": f"the runs of calibration {cal['file']}", "sources": 1, "calibrated": True}
 
 
 def _inputs(model: ModelSpec, job: Job, cluster: Cluster) -> dict:

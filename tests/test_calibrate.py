@@ -118,6 +118,9 @@ def test_a_calibration_applies_only_to_its_device_and_framework(tmp_path, synthe
                                                           "cluster": "x", "values": {"compute": 99}}]}, "values.compute"),
     ({"format": "clusterplan-calibration/1", "entries": [{"device": "b200", "framework": "megatron",
                                                           "cluster": "x", "values": {"speed": 1}}]}, "unknown parameter"),
+    ({"format": "clusterplan-calibration/1", "entries": [{"device": "b200", "framework": "megatron",
+                                                          "cluster": "x", "values": {"compute": 1}, "fitted": [1]}]},
+     "entries[0].fitted"),
 ])
 def test_bad_calibration_files_are_refused_by_field(tmp_path, doc, message):
     path = tmp_path / "cal.yaml"
@@ -191,12 +194,23 @@ def test_probe_prices_the_fabric_from_measured_collectives(tmp_path):
         8, 1).intra_bytes_per_s
 
 
-def test_probe_without_pytorch_or_with_bad_figures_is_bad_input(tmp_path):
+@pytest.mark.parametrize("doc, message", [
+    ({"format": "clusterplan-probe/1", "gemm_bf16_flops_per_s": -1}, "gemm_bf16_flops_per_s"),
+    ({"format": "clusterplan-probe/1", "collectives": [{"op": "all_gather", "ranks": 8, "nodes": 1}]},
+     "collectives[0].busbw_bytes_per_s"),
+    ({"format": "clusterplan-probe/1", "collectives": {"all_gather": 1}}, "collectives"),
+    ({"format": "clusterplan-probe/1", "device": "h100"}, "device"),
+    ({"mamf": {"bf16": {"best_tflops": "800"}}}, "mamf.bf16.best_tflops"),
+])
+def test_probe_with_bad_figures_is_bad_input(tmp_path, doc, message):
     bad = tmp_path / "figures.json"
-    bad.write_text(json.dumps({"format": "clusterplan-probe/1", "gemm_bf16_flops_per_s": -1}))
+    bad.write_text(json.dumps(doc))
     res = CliRunner().invoke(main, ["probe", "--cluster", "dgx-h100-superpod", "-o", str(tmp_path / "c.yaml"),
                                     "--figures", str(bad)])
-    assert res.exit_code == 2 and "gemm_bf16_flops_per_s" in res.output
+    assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_probe_without_pytorch_is_bad_input(tmp_path):
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -226,3 +240,11 @@ def test_writing_into_a_missing_folder_is_bad_input_before_any_work(tmp_path):
                                     str(REPO / "tests/data/probe_2x8_h100_fixture.json"), "--save-figures",
                                     str(tmp_path / "nope" / "f.json")])
     assert res.exit_code == 2 and "--save-figures" in res.output
+
+
+def test_the_compute_factor_scales_every_precision_s_gemm_fraction():
+    """int8's (TPU v6e) as much as bf16's: a calibration of a device applies to whatever it runs."""
+    cluster = build_cluster("tpu-v6e-pod", 8)
+    half = with_factors(cluster, {"compute": 0.5}).device.gemm
+    assert half.large == pytest.approx(cluster.device.gemm.large / 2)
+    assert cluster.device.gemm.large_int8 and half.large_int8 == pytest.approx(cluster.device.gemm.large_int8 / 2)

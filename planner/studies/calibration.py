@@ -24,19 +24,15 @@ cluster preset it was fitted on. Asked for elsewhere, a plan says so and prices 
 from __future__ import annotations
 
 import functools
-import math
-import statistics
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
-from clusterplan.models.errors import SpecError
+from clusterplan.models.errors import SpecError, check_number, shown
 from clusterplan.models.files import load_file
-from clusterplan.planner.studies.uncertainty import LEVEL, _t90
+from clusterplan.planner.studies.uncertainty import LEVEL
 from clusterplan.topologies.cluster import SCALE_OUT_LEVELS, SCALE_UP_LEVELS, Cluster
+from clusterplan.topologies.devices import GemmEfficiency
 
 FORMAT = "clusterplan-calibration/1"
 
@@ -67,7 +63,8 @@ PARAMETERS: tuple[Parameter, ...] = (
               "the links' nominal rate)", 0.1, 5.0,
               "runs over several nodes whose data-parallel, pipeline or expert traffic crosses the network exposed"),
 )
-NAMES = tuple(p.name for p in PARAMETERS)
+PARAMETER = {p.name: p for p in PARAMETERS}
+NAMES = tuple(PARAMETER)
 FABRIC = ("scale_up", "scale_out")
 
 MIN_SENSITIVITY = 0.03
@@ -90,7 +87,7 @@ HOST_CEILING_S = 1e-3  # topologies.entries: a kernel's overhead is at most 1 ms
 
 # ---- applying factors to a cluster -------------------------------------------------------------------
 
-GEMM_FIELDS = ("large", "large_fp8", "large_mxfp8", "large_nvfp4")
+GEMM_FIELDS = tuple(k for k in GemmEfficiency.model_fields if k.startswith("large"))  # every precision's fraction
 ATTENTION_FIELDS = ("attention_efficiency", "attention_efficiency_fa2")
 
 
@@ -108,11 +105,10 @@ def with_factors(cluster: Cluster, values: Mapping[str, float], fabric: bool = T
     update.update({k: min(1.0, getattr(dev, k) * c) for k in ATTENTION_FIELDS if getattr(dev, k) is not None})
     scale = cluster.bandwidth_scale
     if fabric:
-        caps = _bandwidth_caps(cluster.physical)
+        caps = _bandwidth_caps(cluster)
         scale = (min(caps[0], scale[0] * float(values.get("scale_up", 1.0))),
                  min(caps[1], scale[1] * float(values.get("scale_out", 1.0))))
-    return replace(cluster, device=dev.model_copy(update=update), bandwidth_scale=scale, base=None,
-                   traversal="", rank_to_device=None)
+    return replace(cluster, device=dev.model_copy(update=update), bandwidth_scale=scale)
 
 
 @functools.lru_cache(maxsize=64)
@@ -182,6 +178,18 @@ class Calibration:
                                          "values": dict(entry.values), "interval": entry.interval})
 
 
+def calibrated_interval(cluster: Cluster, step_time_s: float) -> dict | None:
+    """The 80% interval of ``step_time_s`` that the calibration applied to ``cluster`` gives (from its
+    fit's leave-one-out errors, ``planner.studies.calibrate``), in the form
+    ``planner.studies.uncertainty.prediction_interval`` returns; None where none applies or it has none."""
+    cal = cluster.calibration or {}
+    if not cal.get("applied") or not cal.get("interval"):
+        return None
+    low, high = cal["interval"]
+    return {"low_s": step_time_s * low, "high_s": step_time_s * high, "level": LEVEL, "runs": cal["runs"],
+            "regime": f"the runs of calibration {cal['file']}", "sources": 1, "calibrated": True}
+
+
 def save(calibration_entries: Sequence[Entry], path: str | Path) -> None:
     import yaml
 
@@ -221,16 +229,25 @@ def _entry(raw, where: str) -> Entry:
     if not isinstance(values, dict):
         raise SpecError(f"{where}.values: got {values!r}; allowed: a mapping of {', '.join(NAMES)} to factors")
     for name, v in values.items():
-        spec = next((p for p in PARAMETERS if p.name == name), None)
-        if spec is None:
+        if name not in PARAMETER:
             raise SpecError(f"{where}.values.{name}: unknown parameter; allowed: {', '.join(NAMES)}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (spec.low <= v <= spec.high):
-            raise SpecError(f"{where}.values.{name}: got {v!r}; allowed: a number from {spec.low:g} to {spec.high:g}")
+        check_number(f"{where}.values.{name}", v, PARAMETER[name].low, PARAMETER[name].high)
     iv = raw.get("interval")
     if iv is not None and not (isinstance(iv, list) and len(iv) == 2 and all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 100 for x in iv) and iv[0] <= iv[1]):
         raise SpecError(f"{where}.interval: got {iv!r}; allowed: [low, high] ratios of measured to predicted, or null")
-    runs = raw.get("runs") or []
+    fitted, kept, error = (_optional(raw, key, dict, where) for key in ("fitted", "kept", "error"))
     return Entry(raw["device"], raw["framework"], raw["cluster"], {k: float(v) for k, v in values.items()},
-                 dict(raw.get("fitted") or {}), dict(raw.get("kept") or {}), tuple(str(r) for r in runs),
-                 None if iv is None else (float(iv[0]), float(iv[1])), dict(raw.get("error") or {}))
+                 fitted, kept, tuple(str(r) for r in _optional(raw, "runs", list, where)),
+                 None if iv is None else (float(iv[0]), float(iv[1])), error)
+
+
+def _optional(raw: dict, key: str, kind: type, where: str):
+    """An entry's informational field (what was fitted and kept, the error, the runs): absent or of
+    ``kind`` (a mapping or a list), else a SpecError naming it."""
+    value = raw.get(key)
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise SpecError(f"{where}.{key}: got {shown(value)}; allowed: {'a mapping' if kind is dict else 'a list'}")
+    return kind(value)

@@ -21,11 +21,10 @@ On a machine without a GPU, ``--figures FILE`` reads figures recorded before (th
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 
-from clusterplan.models.errors import SpecError
+from clusterplan.models.errors import SpecError, check_number, shown
 from clusterplan.models.files import load_file
 from clusterplan.planner.studies.calibration import FABRIC, NAMES, PARAMETERS, Entry
 from clusterplan.topologies.cluster import Cluster
@@ -37,9 +36,15 @@ GEMM_SHAPES = tuple((m, n, k) for m in (4096, 8192, 16384) for n in (4096, 8192,
 
 # ---- turning figures into factors --------------------------------------------------------------------
 
+FIGURES = ("gemm_bf16_flops_per_s", "copy_bytes_per_s", "kernel_launch_s")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+MAX_FIGURE = 1e20  # beyond any device's FLOP/s or bytes/s
+
+
 def read_figures(path: str | Path) -> dict:
     """Figures recorded by :func:`measure` (``clusterplan-probe/1``) or by ``benchmarks/gpu_probe.py``
-    (its ``mamf``, ``memory_bandwidth`` and ``launch`` sections), in this module's form."""
+    (its ``mamf``, ``memory_bandwidth`` and ``launch`` sections), in this module's form, each figure
+    checked: SpecError (exit 2) names the one that is not what :func:`measure` writes."""
     where = f"--figures {path}"
     if not Path(path).is_file():
         raise SpecError(f"{where}: no such file; allowed: a JSON file of probe figures")
@@ -47,29 +52,59 @@ def read_figures(path: str | Path) -> dict:
     if not isinstance(doc, dict):
         raise SpecError(f"{where}: got {type(doc).__name__}; allowed: a JSON object of probe figures")
     if doc.get("format") != FORMAT and "mamf" in doc:  # benchmarks/gpu_probe.py's own output
-        doc = {"format": FORMAT, "device": doc.get("device") or {},
-               "gemm_bf16_flops_per_s": ((doc.get("mamf") or {}).get("bf16") or {}).get("best_tflops", 0) * 1e12 or None,
-               "copy_bytes_per_s": (doc.get("memory_bandwidth") or {}).get("copy_bytes_per_s"),
-               "kernel_launch_s": (doc.get("launch") or {}).get("add_s"), "collectives": []}
+        doc = _from_gpu_probe(doc, where)
     if doc.get("format") != FORMAT:
         raise SpecError(f"{where}: format: got {doc.get('format')!r}; allowed: {FORMAT} (clusterplan probe "
                         f"--save-figures) or benchmarks/gpu_probe.py's JSON")
-    for key in ("gemm_bf16_flops_per_s", "copy_bytes_per_s", "kernel_launch_s"):
-        value = doc.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
-                                  or not math.isfinite(value)):
-            raise SpecError(f"{where}: {key}: got {value!r}; allowed: a positive number or null")
+    for key in FIGURES:
+        if doc.get(key) is not None:
+            check_number(f"{where}: {key}", doc[key], 0.0, MAX_FIGURE, above=True)
+    if not isinstance(doc.get("device") or {}, dict):
+        raise SpecError(f"{where}: device: got {shown(doc['device'])}; allowed: a mapping (name, memory_bytes, ...)")
+    rows = doc.get("collectives") or []
+    if not isinstance(rows, list):
+        raise SpecError(f"{where}: collectives: got {shown(rows)}; allowed: a list of measured collectives")
+    for i, row in enumerate(rows):
+        _check_collective(row, f"{where}: collectives[{i}]")
     return doc
 
 
-def probe_entry(figures: dict, request) -> Entry:
-    """:func:`entry_from_figures` for the cluster and framework of a ``planner.inputs.Request``
-    (the framework defaults to the platform's, as for ``plan``)."""
-    from clusterplan.cost.framework import default_framework, resolve_name
+def _from_gpu_probe(doc: dict, where: str) -> dict:
+    """``benchmarks/gpu_probe.py``'s sections as this module's figures (a section that failed there
+    records an error instead of figures: the figure is then absent)."""
+    def figure(section: str, *keys: str):
+        value = doc.get(section)
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
 
-    cluster = request.load_cluster()
-    fw = resolve_name(request.framework) if request.framework else default_framework(cluster.platform)
-    return entry_from_figures(figures, cluster, fw)
+    tflops = figure("mamf", "bf16", "best_tflops")
+    if tflops is not None:
+        check_number(f"{where}: mamf.bf16.best_tflops", tflops, 0.0, MAX_FIGURE / 1e12, above=True)
+    return {"format": FORMAT, "device": doc.get("device") or {}, "collectives": [],
+            "gemm_bf16_flops_per_s": None if tflops is None else tflops * 1e12,
+            "copy_bytes_per_s": figure("memory_bandwidth", "copy_bytes_per_s"),
+            "kernel_launch_s": figure("launch", "add_s")}
+
+
+def _check_collective(row, where: str) -> None:
+    """One measured collective as :func:`measure` writes it."""
+    if not isinstance(row, dict):
+        raise SpecError(f"{where}: got {shown(row)}; allowed: a mapping with op, ranks, nodes, busbw_bytes_per_s")
+    if row.get("op") not in OPS:
+        raise SpecError(f"{where}.op: got {shown(row.get('op'))}; allowed: {', '.join(OPS)}")
+    for key in ("ranks", "nodes"):
+        check_number(f"{where}.{key}", row.get(key), 1, 2**31 - 1, whole=True)
+    check_number(f"{where}.busbw_bytes_per_s", row.get("busbw_bytes_per_s"), 0.0, MAX_FIGURE, above=True)
+
+
+def probe_entry(figures: dict, cluster_arg: str, device: str | None, framework: str | None) -> Entry:
+    """:func:`entry_from_figures` for ``--cluster`` (a preset or file, ``--device`` of its family) and
+    ``--framework`` (default: the platform's, as for ``plan``)."""
+    from clusterplan.planner.inputs import job_framework, load_cluster
+
+    cluster = load_cluster(cluster_arg, device=device)
+    return entry_from_figures(figures, cluster, job_framework(framework, cluster))
 
 
 def entry_from_figures(figures: dict, cluster: Cluster, framework: str) -> Entry:
@@ -85,7 +120,7 @@ def entry_from_figures(figures: dict, cluster: Cluster, framework: str) -> Entry
     measured.update(_fabric(figures.get("collectives") or [], cluster))
     for spec in PARAMETERS:
         name = spec.name
-        if name == "host":
+        if name in kept:
             continue
         got, bundled = measured.get(name, (None, None))
         if got and bundled:
@@ -103,12 +138,11 @@ def _fabric(rows: list[dict], cluster: Cluster) -> dict[str, tuple[float | None,
     """Median bus bandwidth of the measured collectives inside one node and across nodes, against
     what the cluster's graph gives the same groups per device and direction."""
     out: dict[str, tuple[float | None, float | None]] = {}
-    inside = [r["busbw_bytes_per_s"] for r in rows if r.get("nodes") == 1 and r.get("ranks", 0) > 1
-              and r.get("op") != "all_reduce"]
+    inside = [r["busbw_bytes_per_s"] for r in rows if r["nodes"] == 1 and r["ranks"] > 1 and r["op"] != "all_reduce"]
     if inside:
-        ranks = max(r["ranks"] for r in rows if r.get("nodes") == 1)
+        ranks = max(r["ranks"] for r in rows if r["nodes"] == 1)
         out["scale_up"] = (statistics.median(inside), cluster.strided_profile(ranks, 1).intra_bytes_per_s)
-    across = [r for r in rows if r.get("nodes", 1) > 1 and r.get("ranks") == r.get("nodes") and r.get("op") != "all_reduce"]
+    across = [r for r in rows if r["nodes"] > 1 and r["ranks"] == r["nodes"] and r["op"] != "all_reduce"]
     if across and cluster.num_devices >= across[0]["nodes"] * cluster.devices_per_node:
         nodes = across[0]["nodes"]
         out["scale_out"] = (statistics.median(r["busbw_bytes_per_s"] for r in across),

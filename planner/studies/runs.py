@@ -31,6 +31,7 @@ from clusterplan.planner.inputs import (
 from clusterplan.planner.report.explain import changed_knobs
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.planner.search.space import Bounds, MBS_CANDIDATES, VP_CANDIDATES
+from clusterplan.planner.studies.calibration import calibrated_interval
 from clusterplan.planner.studies.uncertainty import Sample, source_key
 
 
@@ -351,9 +352,9 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, 
     check_precision_framework(job.precision, prof, "precision")
     check_device_precision(job.precision, cluster.device, "precision")
     ev = _published_layout(run, model, job, cluster, options, prof, result)
-    cal = cluster.calibration or {}
-    if cal.get("applied") and cal.get("interval"):  # the calibration's own interval (planner.studies.calibrate)
-        result.step_time_interval_s = [result.predicted_step_time_s * x for x in cal["interval"]]
+    iv = calibrated_interval(cluster, result.predicted_step_time_s)  # a calibration's own interval, where one applies
+    if iv:
+        result.step_time_interval_s = [iv["low_s"], iv["high_s"]]
     if best and (run.get("measured") or {}).get("step_scope", "step") == "step":  # a whole step to compare with
         _record_best(result, model, job, cluster, options)
     return Priced(run, model, job, cluster, ev.layout)
