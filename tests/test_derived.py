@@ -7,7 +7,7 @@ import pytest
 
 from clusterplan.planner.search import SearchOptions
 from clusterplan.planner.studies.derived import DERIVED_CEILINGS, cross_validated, derive_ceilings
-from clusterplan.planner.studies.runs import bundled_data_path, evaluate_run, load_runs, price_run
+from clusterplan.planner.studies.runs import bundled_data_path, load_runs, price_run
 from clusterplan.topologies.library import load_device
 
 BUNDLED = ("runs.yaml", "family_runs.yaml")
@@ -29,8 +29,9 @@ def test_the_catalogue_holds_what_the_code_derives_from_the_bundled_runs(tpu_run
 
 def test_each_source_is_predicted_with_the_constants_derived_without_it(tpu_runs):
     opts = SearchOptions(top_k=0)
-    results = [evaluate_run(run, opts, False) for run in tpu_runs]
-    cv = cross_validated(tpu_runs, results, opts)
+    pairs = [price_run(run, opts) for run in tpu_runs]
+    results = [r for r, _ in pairs]
+    cv = cross_validated(tpu_runs, pairs, opts)
     for d in DERIVED_CEILINGS:
         without = cv["derived"][d.device]["without"]
         assert without, d.device  # some source holds the best run: without it the constant changes

@@ -16,12 +16,12 @@ import numpy as np
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.search import SearchOptions
 from clusterplan.planner.studies.calibration import (
-    FABRIC, MAX_ITERATIONS, MIN_INDEPENDENCE, MIN_SENSITIVITY, NAMES, PARAMETERS, PRIOR_WEIGHT, STEP, Entry,
+    FABRIC, MAX_ITERATIONS, MIN_INDEPENDENCE, MIN_SENSITIVITY, NAMES, PARAMETER, PARAMETERS, PRIOR_WEIGHT, STEP, Entry,
     with_factors,
 )
 from clusterplan.planner.studies.runs import Priced, RunResult, load_runs_and_groups, price_run
 from clusterplan.planner.studies.validate import STEP_TIME_FILES, bundled_data_path, repository_holdouts, run_groups
-from clusterplan.planner.studies.uncertainty import _t90, percentile
+from clusterplan.planner.studies.uncertainty import _t90, error_figures
 
 BOUNDS = {p.name: (math.log(p.low), math.log(p.high)) for p in PARAMETERS}
 MAX_LOO_RUNS = 20  # beyond, ten folds instead of one run left out at a time
@@ -93,19 +93,15 @@ def select(J: np.ndarray, names: Sequence[str], kept: dict[str, str]) -> list[st
             continue
         if sens[j] < MIN_SENSITIVITY:
             kept[name] = (f"doubling it would move no run's step time by more than {sens[j] * math.log(2):.1%}; "
-                          f"needs {_needs(name)}")
+                          f"needs {PARAMETER[name].needs}")
         elif len(chosen) >= len(J):
-            kept[name] = f"no more parameters than runs ({len(J)}); needs {_needs(name)}"
+            kept[name] = f"no more parameters than runs ({len(J)}); needs {PARAMETER[name].needs}"
         elif _independent(J[:, chosen + [j]]):
             chosen.append(int(j))
         else:
             kept[name] = (f"the runs do not tell it apart from {', '.join(names[c] for c in chosen)}; needs "
-                          f"{_needs(name)}")
+                          f"{PARAMETER[name].needs}")
     return [names[j] for j in sorted(chosen)]
-
-
-def _needs(name: str) -> str:
-    return next(p.needs for p in PARAMETERS if p.name == name)
 
 
 def _independent(A: np.ndarray) -> bool:
@@ -144,14 +140,21 @@ def solve(points: Sequence[Point], names: Sequence[str], x0: np.ndarray | None =
     return x, r, J
 
 
+def fit_chosen(points: Sequence[Point], kept: dict[str, str]) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray,
+                                                                       np.ndarray]:
+    """The parameters ``points`` determine (:func:`select`, at the bundled figures) fitted
+    (:func:`solve`): ``(residuals at the bundled figures, chosen names, log factors, residuals,
+    Jacobian)``; why each other parameter is kept goes into ``kept``."""
+    zero = np.zeros(len(NAMES))
+    r0 = residuals(points, NAMES, zero)
+    chosen = select(jacobian(points, NAMES, zero, r0), NAMES, kept)
+    x, r, J = solve(points, chosen)
+    return r0, chosen, x, r, J
+
+
 def stats(log_errors: Sequence[float]) -> dict:
     """Median, 90th percentile and median signed of the relative errors behind ``log_errors``."""
-    rel = [math.exp(e) - 1 for e in log_errors]
-    if not rel:
-        return {"runs": 0}
-    mags = sorted(abs(e) for e in rel)
-    return {"runs": len(rel), "median_abs_error": round(statistics.median(mags), 4),
-            "p90_abs_error": round(percentile(mags, 0.9), 4), "median_signed_error": round(statistics.median(rel), 4)}
+    return error_figures([math.exp(e) - 1 for e in log_errors], 4)
 
 
 def fit_entry(points: Sequence[Point]) -> Entry:
@@ -161,10 +164,7 @@ def fit_entry(points: Sequence[Point]) -> Entry:
     if len(fabrics) > 1:
         kept.update({k: f"the runs are on several fabrics ({', '.join(sorted(fabrics))}); fabric factors need runs "
                         f"on one" for k in FABRIC})
-    zero = np.zeros(len(NAMES))
-    r0 = residuals(points, NAMES, zero)
-    chosen = select(jacobian(points, NAMES, zero, r0), NAMES, kept)
-    x, r, J = solve(points, chosen)
+    r0, chosen, x, r, J = fit_chosen(points, kept)
     fitted = {name: {"stderr_log": None} for name in chosen}
     dof = len(points) - len(chosen)
     if chosen and dof > 0:
@@ -252,10 +252,7 @@ def _one_cell(kind: str, name: str, rows: list[Point], before: dict[str, float])
     after, base, fitted = [], [], Counter()
     for k in picks:
         one = rows[k]
-        kept: dict[str, str] = {}
-        r0 = residuals([one], NAMES, np.zeros(len(NAMES)))
-        chosen = select(jacobian([one], NAMES, np.zeros(len(NAMES)), r0), NAMES, kept)
-        x, _, _ = solve([one], chosen)
+        _, chosen, x, _, _ = fit_chosen([one], {})
         values = {c: math.exp(v) for c, v in zip(chosen, x)}
         fitted.update(chosen)
         for j, p in enumerate(rows):

@@ -13,14 +13,13 @@ evidence: :func:`cross_validated` predicts each source's runs with the constants
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from clusterplan.cost.step import evaluate
 from clusterplan.planner.search import SearchOptions
-from clusterplan.planner.studies.runs import Priced, RunResult, evaluate_run, price_run
-from clusterplan.planner.studies.uncertainty import percentile
+from clusterplan.planner.studies.runs import Priced, RunResult, evaluate_run
+from clusterplan.planner.studies.uncertainty import error_figures
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import load_device
 
@@ -66,8 +65,6 @@ class CeilingOverride:
         self.fractions = fractions
 
     def apply(self, cluster: Cluster, framework: str) -> Cluster:
-        from dataclasses import replace
-
         value = self.fractions.get(cluster.device.id)
         if value is None:
             return cluster
@@ -75,21 +72,18 @@ class CeilingOverride:
         return replace(cluster, device=dev.model_copy(update={"gemm": dev.gemm.model_copy(update={"large": value})}))
 
 
-def cross_validated(runs: Sequence[dict], results: Sequence[RunResult], options: SearchOptions | None = None) -> dict:
+def cross_validated(runs: Sequence[dict], pairs: Sequence[tuple[RunResult, Priced | None]],
+                    options: SearchOptions | None = None) -> dict:
     """Every measured step time predicted with the constants derived without its own source: the
-    plain errors of ``results`` (``runs``' evaluations, in order) where no derived constant rests on
-    the source, re-evaluated otherwise. Median, p90 and signed error, overall, by family and by
-    framework profile, and what each constant was re-derived to."""
+    plain errors of ``pairs`` (``runs`` as ``planner.studies.runs.price_run`` priced them, in order)
+    where no derived constant rests on the source, re-evaluated otherwise. Median, p90 and signed
+    error, overall, by family and by framework profile, and what each constant was re-derived to."""
     opts = options or SearchOptions(top_k=0)
-    rows: list[tuple[RunResult, Priced]] = []
-    for run in runs:  # the runs on the derived devices, priced
-        if "tpu" in str((run.get("hardware") or {}).get("cluster")):
-            r, p = price_run(run, opts)
-            if p is not None and r.measured_step_time_s:
-                rows.append((r, p))
+    devices = {d.device for d in DERIVED_CEILINGS}
+    rows = [(r, p) for r, p in pairs if p is not None and r.measured_step_time_s and p.cluster.device.id in devices]
     device_of = {r.id: p.cluster.device.id for r, p in rows}
     full = derive_ceilings(rows)
-    errors = {r.id: r for r in results if r.sample() is not None}
+    errors = {r.id: r for r, _ in pairs if r.sample() is not None}
     derived = {d.device: {"value": None if full[d.device] is None else round(full[d.device][0], 4),
                           "run": None if full[d.device] is None else full[d.device][1], "without": {}}
                for d in DERIVED_CEILINGS}
@@ -100,7 +94,7 @@ def cross_validated(runs: Sequence[dict], results: Sequence[RunResult], options:
         for device, value in fractions.items():
             derived[device]["without"][source] = round(value, 4)
         held = CeilingOverride(fractions)
-        for run, r in zip(runs, results):
+        for run, (r, _) in zip(runs, pairs):
             if r.source == source and r.id in errors and device_of.get(r.id) in fractions:
                 errors[r.id] = evaluate_run(run, opts, False, held)
     return {**_error_stats(list(errors.values())), "derived": derived}
@@ -108,12 +102,7 @@ def cross_validated(runs: Sequence[dict], results: Sequence[RunResult], options:
 
 def _error_stats(rows: list[RunResult]) -> dict:
     def stats(group: list[RunResult]) -> dict:
-        mags = sorted(abs(r.error) for r in group if r.error is not None)
-        if not mags:
-            return {"runs": 0}
-        return {"runs": len(mags), "median_abs_error": statistics.median(mags),
-                "p90_abs_error": percentile(mags, 0.9),
-                "median_signed_error": statistics.median(r.error for r in group if r.error is not None)}
+        return error_figures([r.error for r in group if r.error is not None])
 
     by = lambda key: {k: stats([r for r in rows if key(r) == k]) for k in sorted({key(r) for r in rows})}  # noqa: E731
     return {**stats(rows), "sources": len({r.source for r in rows}),

@@ -25,6 +25,7 @@ import math
 import re
 import functools
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_RUNS = 5
@@ -108,6 +109,18 @@ def percentile(sorted_values: list[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def error_figures(errors: Sequence[float], digits: int | None = None) -> dict:
+    """Runs, median and 90th-percentile |error| and median signed error of relative step-time
+    ``errors`` ((predicted - measured) / measured), rounded to ``digits`` where given; ``{"runs": 0}``
+    for none."""
+    if not errors:
+        return {"runs": 0}
+    mags = sorted(abs(e) for e in errors)
+    figures = {"median_abs_error": statistics.median(mags), "p90_abs_error": percentile(mags, 0.9),
+               "median_signed_error": statistics.median(errors)}
+    return {"runs": len(errors), **({k: round(v, digits) for k, v in figures.items()} if digits is not None else figures)}
 
 
 def ratio_cells(samples: list[Sample]) -> dict[tuple, dict]:

@@ -15,10 +15,12 @@ from clusterplan.cost.layout import recompute_text
 from clusterplan.planner.search import SearchOptions
 from clusterplan.planner.studies.runs import (  # FORMAT, run_framework: re-exported
     FORMAT, RunResult, bundled_data_path, bundled_runs_path, evaluate_run, load_runs, load_runs_and_groups,
-    run_framework,
+    price_run, run_framework,
 )
 from clusterplan.planner.studies.derived import cross_validated as derived_cross_validated
-from clusterplan.planner.studies.uncertainty import LEVEL, coverage, cross_validated, prediction_interval, ratio_cells
+from clusterplan.planner.studies.uncertainty import (
+    LEVEL, coverage, cross_validated, error_figures, percentile, prediction_interval, ratio_cells,
+)
 
 
 def summarize(results: list[RunResult], groups: dict[str, list[str]] | None = None) -> dict:
@@ -30,7 +32,7 @@ def summarize(results: list[RunResult], groups: dict[str, list[str]] | None = No
         if not errors:
             return {"runs": 0}
         return {"runs": len(errors), "median_abs_error": statistics.median(errors),
-                "p90_abs_error": _percentile(errors, 0.9), "max_abs_error": errors[-1],
+                "p90_abs_error": percentile(errors, 0.9), "max_abs_error": errors[-1],
                 "within_2x": sum(1 for r in rows if r.error is not None and 0.5 <= 1 + r.error <= 2.0),
                 "fits": sum(1 for r in rows if r.fits), "evaluated": len(rows)}
 
@@ -46,7 +48,7 @@ def summarize(results: list[RunResult], groups: dict[str, list[str]] | None = No
         summary["zero3"] = {"runs": len(zero3), "median_signed_error": statistics.median(zero3)}
     if mem:
         summary["memory"] = {"runs": len(mem), "median_abs_error": statistics.median(mem),
-                             "p90_abs_error": _percentile(mem, 0.9), "max_abs_error": mem[-1]}
+                             "p90_abs_error": percentile(mem, 0.9), "max_abs_error": mem[-1]}
     facts = [r for r in evaluated if r.measured_fits is not None]
     if facts:
         summary["fit_facts"] = {"facts": len(facts), "agreed": sum(1 for r in facts if r.fits == r.measured_fits),
@@ -102,7 +104,7 @@ def ranking(results: list[RunResult], groups: dict[str, list[str]]) -> dict:
     by_id = {r.id: r for r in results}
     rows, agreed, pairs, ties = [], 0, 0, 0
     for name, ids in sorted(groups.items()):
-        members = [by_id[i] for i in ids if i in by_id and by_id[i].reason is None and by_id[i].measured_step_time_s]
+        members = _measured_members(by_id, ids)
         g_pairs = g_agreed = 0
         wrong = []
         for a in range(len(members)):
@@ -132,6 +134,12 @@ def ranking(results: list[RunResult], groups: dict[str, list[str]]) -> dict:
             "regret": regret(results, groups)}
 
 
+def _measured_members(by_id: dict[str, RunResult], ids) -> list[RunResult]:
+    """The runs of a group (by id) that were evaluated and have a measured step time."""
+    return [by_id[i] for i in ids if i in by_id and by_id[i].reason is None and by_id[i].measured_step_time_s
+            and by_id[i].predicted_step_time_s]
+
+
 REGRET_LIMIT = 1.25  # issue 35: the run ranked first measured within 1.25x of the group's best
 
 
@@ -142,8 +150,7 @@ def regret(results: list[RunResult], groups: dict[str, list[str]], min_runs: int
     by_id = {r.id: r for r in results}
     rows = []
     for name, ids in sorted(groups.items()):
-        members = [by_id[i] for i in dict.fromkeys(ids) if i in by_id and by_id[i].reason is None
-                   and by_id[i].measured_step_time_s and by_id[i].predicted_step_time_s]
+        members = _measured_members(by_id, dict.fromkeys(ids))
         if len(members) < min_runs:
             continue
         first = min(members, key=lambda r: r.predicted_step_time_s * r.count)
@@ -154,14 +161,6 @@ def regret(results: list[RunResult], groups: dict[str, list[str]], min_runs: int
     return {"groups": len(rows), "median": statistics.median(values) if values else None,
             "max": values[-1] if values else None, "limit": REGRET_LIMIT,
             "above": [r for r in rows if r["regret"] > REGRET_LIMIT]}
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method)."""
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 BUNDLED_EXTRAS = {
@@ -192,31 +191,33 @@ def validate(path: str | Path | None = None, options: SearchOptions | None = Non
         for p in repository_holdouts()]
     total, done = len(runs) + sum(len(e[3][0]) for e in extras), 0
 
-    def tick(result):
+    def tick(pair):
         nonlocal done
         done += 1
         if progress:
             progress(done, total)
-        return result
+        return pair
 
-    results = [tick(evaluate_run(run, opts, best, calibration)) for run in runs]
+    pairs = [tick(price_run(run, opts, best, calibration)) for run in runs]  # (RunResult, Priced | None)
+    results = [r for r, _ in pairs]
     out = {"file": str(main_path), "runs": [r.as_dict() for r in results]}
     groups = run_groups(runs, extra)
-    ranked, every_run = list(results), list(runs)
+    every_run = list(runs)
     for key, name, what, (extra_runs, extra_groups) in extras:
         file = name if isinstance(name, Path) else bundled_data_path(name)
-        extra_results = [tick(evaluate_run(run, opts, False, calibration)) for run in extra_runs]
+        extra_pairs = [tick(price_run(run, opts, False, calibration)) for run in extra_runs]
+        extra_results = [r for r, _ in extra_pairs]
         for g, ids in run_groups(extra_runs, extra_groups).items():
             groups.setdefault(g, []).extend(ids)
-        ranked += extra_results
-        every_run += extra_runs
+        every_run, pairs = every_run + extra_runs, pairs + extra_pairs
         out[key] = {"file": str(file), "what": what, "runs": [r.as_dict() for r in extra_results],
                     "summary": summarize(extra_results)}
+    ranked = [r for r, _ in pairs]  # every file's runs
     out["summary"] = summarize(results)
     out["summary"]["ranking"] = ranking(ranked, groups)
     _intervals(out, path is None, results, ranked, [out[key] for key, *_ in extras])
     if path is None and calibration is None:  # the headline: constants derived from runs re-derived without each source
-        out["summary"]["cross_validated"] = derived_cross_validated(every_run, ranked,
+        out["summary"]["cross_validated"] = derived_cross_validated(every_run, pairs,
                                                                     SearchOptions(engine=opts.engine, top_k=0))
     return out
 
@@ -271,12 +272,9 @@ def trust_summary(results: list[RunResult]) -> dict:
     themselves (the TPU v5e and v5p GEMM ceilings); ``planner.studies.derived.cross_validated`` gives
     the same figures with each source predicted by constants derived without it, the headline."""
     rows = [r for r in results if r.sample() is not None]
-    errors = sorted(abs(r.error) for r in rows)
-    if not errors:
+    if not rows:
         return {"runs": 0}
-    return {"runs": len(rows), "sources": len({r.source for r in rows}),
-            "median_abs_error": statistics.median(errors), "p90_abs_error": _percentile(errors, 0.9),
-            "median_signed_error": statistics.median(r.error for r in rows),
+    return {**error_figures([r.error for r in rows]), "sources": len({r.source for r in rows}),
             "interval": coverage([r.sample() for r in rows])}
 
 
@@ -311,10 +309,7 @@ def error_by_family(options: SearchOptions | None = None,
     results = [evaluate_run(run, opts, best=False) for path in paths for run in load_runs(path)]
 
     def entry(rows: list[RunResult]) -> dict:
-        errors = sorted(abs(r.error) for r in rows)
-        return {"runs": len(errors), "median_abs_error": round(statistics.median(errors), 3),
-                "p90_abs_error": round(_percentile(errors, 0.9), 3),
-                "median_signed_error": round(statistics.median(r.error for r in rows), 3)}
+        return error_figures([r.error for r in rows], 3)
 
     out = {}
     for family in sorted({r.family for r in results if r.error is not None}):

@@ -40,7 +40,7 @@ def detect_format(log: LogFile) -> str:
     seen: set[str] = set()
     for _, text in log.lines():
         for fmt, (reader, _) in FORMATS.items():
-            if fmt not in seen and reader.looks_like(text):
+            if fmt not in seen and reader.LOOKS_LIKE.search(text):
                 seen.add(fmt)
         if "megatron" in seen:
             break

@@ -69,10 +69,6 @@ class DeepSpeedLog:
     in_dump: bool = False
 
 
-def looks_like(text: str) -> bool:
-    return bool(LOOKS_LIKE.search(text))
-
-
 def load_config(path, log: LogFile) -> dict:
     return mapping_config(path, log, "a DeepSpeed JSON config (a mapping)")
 

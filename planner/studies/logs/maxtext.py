@@ -23,7 +23,6 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from clusterplan.models.errors import SpecError
 from clusterplan.models.library import get_model
 from clusterplan.planner.studies.logs.common import (
     NUMBER, Given, LogFile, RunFacts, Step, agree, dims_model, literal, measured, median_of, median_step_time,
@@ -74,10 +73,6 @@ class MaxTextLog:
     overrides: dict = field(default_factory=dict)
     devices: int | None = None
     shape: tuple = ()
-
-
-def looks_like(text: str) -> bool:
-    return bool(LOOKS_LIKE.search(text))
 
 
 def load_config(path, log: LogFile) -> dict:

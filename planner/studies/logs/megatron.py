@@ -82,10 +82,6 @@ class MegatronLog:
     section: str = ""
 
 
-def looks_like(text: str) -> bool:
-    return bool(LOOKS_LIKE.search(text))
-
-
 def read(log: LogFile, config: dict | None, given: Given) -> RunFacts:
     """The facts of a Megatron log; ``config`` (a Megatron-Bridge config YAML or a mapping of
     Megatron argument names) fills what the log does not print."""

@@ -76,10 +76,6 @@ class TitanLog:
     version: str | None = None
 
 
-def looks_like(text: str) -> bool:
-    return bool(LOOKS_LIKE.search(text))
-
-
 def load_config(path, log: LogFile) -> dict:
     """A torchtitan TOML job config."""
     text = read_text(path, f"config of {log.path}")
