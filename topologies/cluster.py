@@ -132,11 +132,6 @@ class Cluster:
         return "tpu" if self.device.family.startswith("google-tpu") else "gpu"
 
     @property
-    def occupied_domain_size(self) -> int:
-        """Devices per scale-up domain as used: a cluster smaller than one domain fills only part of it."""
-        return min(self.domain_size, self.num_devices)
-
-    @property
     def num_domains(self) -> int:
         return -(-self.num_devices // self.domain_size)
 
