@@ -113,28 +113,29 @@ def bundled_runs_path() -> Path:
     return Path(str(resources.files("clusterplan.planner") / "data" / "runs.yaml"))
 
 
-def load_runs(path: str | Path) -> list[dict]:
-    """Read a ``clusterplan-runs/1`` file; raise :class:`SpecError` if it is not one."""
-    return _load_doc(path)["runs"]
+def load_runs(path: str | Path, label: str = "validate FILE") -> list[dict]:
+    """Read a ``clusterplan-runs/1`` file; raise :class:`SpecError` if it is not one (naming the file
+    as the command's ``label`` for it)."""
+    return _load_doc(path, label)["runs"]
 
 
-def _load_doc(path: str | Path) -> dict:
+def _load_doc(path: str | Path, label: str = "validate FILE") -> dict:
     """The document of a ``clusterplan-runs/1`` file, checked: a mapping whose ``runs`` is a list."""
     p = Path(path)
-    doc = load_file(p, f"validate FILE {str(p)!r}")
+    doc = load_file(p, f"{label} {str(p)!r}")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise SpecError(f"validate FILE: {p}: format is {got!r}; expected {FORMAT!r} (the format: RUNS_FORMAT.md beside the bundled runs, clusterplan/planner/data/)")
+        raise SpecError(f"{label}: {p}: format is {got!r}; expected {FORMAT!r} (the format: RUNS_FORMAT.md beside the bundled runs, clusterplan/planner/data/)")
     if not isinstance(doc.get("runs"), list):
-        raise SpecError(f"validate FILE: {p}: 'runs' must be a list of runs")
+        raise SpecError(f"{label}: {p}: 'runs' must be a list of runs")
     seen: set[str] = set()
     for k, run in enumerate(doc["runs"]):
         if not isinstance(run, dict) or not isinstance(run.get("id"), str) or not run["id"].strip():
             got = run.get("id") if isinstance(run, dict) else run
-            raise SpecError(f"validate FILE: {p}: runs[{k}]: id: got {got!r}; each run is a mapping with a "
+            raise SpecError(f"{label}: {p}: runs[{k}]: id: got {got!r}; each run is a mapping with a "
                             "non-empty text id (the format: RUNS_FORMAT.md beside the bundled runs, clusterplan/planner/data/)")
         if run["id"] in seen:
-            raise SpecError(f"validate FILE: {p}: runs[{k}]: id {run['id']!r} appears twice; ids must be unique")
+            raise SpecError(f"{label}: {p}: runs[{k}]: id {run['id']!r} appears twice; ids must be unique")
         seen.add(run["id"])
     return doc
 

@@ -143,7 +143,7 @@ def load_inputs(paths: Iterable[str | Path], **given) -> list[dict]:
 
 def _run_file(path: str) -> list[dict]:
     try:
-        return load_runs(path)
+        return load_runs(path, "INPUT")
     except SpecError as err:
         raise SpecError(f"{err} (a .yaml/.yml/.json input is a clusterplan-runs/1 file; a log's config goes after "
                         f"its log: LOG{CONFIG_SEPARATOR}CONFIG)") from None
