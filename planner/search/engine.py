@@ -100,8 +100,7 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     parts: list[_SplitSearch] = []
     for sub in subs:  # each later split only has to beat the answers already kept (their worst)
         kept = sorted(o for p in parts for o, _ in p.solutions)
-        wanted = solutions_wanted(space, opts.top_k)  # two kept answers can be one layout (_distinct)
-        ceiling = kept[wanted] if len(kept) > wanted else None
+        ceiling = kept[opts.top_k] if len(kept) > opts.top_k else None
         parts.append(_SplitSearch(ctx, sub, headroom, weights, opts, limit_s, ceiling))
     rejections: dict[str, int] = {}
     for part in parts:
@@ -111,38 +110,17 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     if feasible == 0:
         raise _infeasible(ctx, [p.tables.space for p in parts], rejections, headroom, opts.bounds)
     # the splits' winners merged by objective (a stable sort: the framework's own split wins ties)
-    ranked = _distinct(sorted(((obj, part.tables.space, idx) for part in parts for obj, idx in part.solutions),
-                              key=lambda row: row[0]))[:opts.top_k + 1]
+    ranked = sorted(((obj, part.tables.space, idx) for part in parts for obj, idx in part.solutions),
+                    key=lambda row: row[0])[:opts.top_k + 1]
     if not ranked:  # every split's solve stopped before a layout (the time limit)
         raise next((p.error for p in parts if p.error), SolverError("CP-SAT found no layout in any pipeline split"))
-    evaluations = [evaluate_ctx(ctx, layout) for _, _, _, layout in ranked]
+    evaluations = [evaluate_ctx(ctx, layout_from_indices(sub, idx)) for _, sub, idx in ranked]
     done = [p for p in parts if p.feasible]
     status = next((p.status for p in done if p.status != "OPTIMAL"), done[0].status)
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible,
                         feasible + sum(rejections.values()), opts.engine, status, max(p.gap for p in done),
-                        time.perf_counter() - start, [o for o, *_ in ranked], space, opts.objective, headroom)
+                        time.perf_counter() - start, [o for o, _, _ in ranked], space, opts.objective, headroom)
 
-
-def _distinct(ranked: list) -> list:
-    """The ranked solutions ``(objective, space, indices)``, each with its layout appended, without
-    those that are the same layout as one ranked before them: at tp = 1 whole experts carved from
-    cp x dp (etp=1) and experts split over the one-rank tp group (etp=tp) put the same expert groups
-    on the same ranks, where the framework offers both (the engines are asked for more solutions
-    there: :func:`solutions_wanted`)."""
-    seen, out = set(), []
-    for obj, sub, idx in ranked:
-        layout = layout_from_indices(sub, idx)
-        key = layout.with_(expert_tp=True) if layout.tp == 1 else layout
-        if key not in seen:
-            seen.add(key)
-            out.append((obj, sub, idx, layout))
-    return out
-
-
-def solutions_wanted(space: Space, top_k: int) -> int:
-    """Runners-up to ask an engine for: twice ``top_k`` where the space holds both expert layouts
-    (two of its solutions can be one layout: :func:`_distinct`), else ``top_k``."""
-    return 2 * top_k + 1 if len(set(space.expert_tp)) > 1 else top_k
 
 
 class _SplitSearch:
@@ -157,10 +135,10 @@ class _SplitSearch:
         if not self.feasible:
             return
         if opts.engine == "exhaustive":
-            self.solutions, _ = solve_exhaustive(self.tables, solutions_wanted(space, opts.top_k))
+            self.solutions, _ = solve_exhaustive(self.tables, opts.top_k)
             return
         try:
-            result = solve_cpsat(self.tables, solutions_wanted(space, opts.top_k), limit_s, opts.workers, ceiling)
+            result = solve_cpsat(self.tables, opts.top_k, limit_s, opts.workers, ceiling)
             self.solutions, self.status, self.gap = result.solutions, result.status, result.gap
             if ceiling is not None and result.status == "INFEASIBLE":
                 self.status = "OPTIMAL"  # proven: no layout of this split beats the answers already kept
@@ -169,7 +147,7 @@ class _SplitSearch:
         except MemoryError:
             # CP-SAT gave up on memory (its limit, CPSAT_MAX_MEMORY_MB): the exhaustive engine
             # scores the same tables (the tests hold the two engines equal) and proves the optimum
-            self.solutions, _ = solve_exhaustive(self.tables, solutions_wanted(space, opts.top_k))
+            self.solutions, _ = solve_exhaustive(self.tables, opts.top_k)
             self.status = "OPTIMAL (exhaustive: CP-SAT ran out of memory)"
 
 

@@ -63,13 +63,18 @@ def order_representatives(S: Space) -> np.ndarray:
                      for tp, pp, dp, cp in S.factorizations], dtype=bool).reshape(len(S.factorizations), len(S.order))
 
 
-def canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
+def canonical_mask(S: Space, order_ok: np.ndarray, ok_fe: np.ndarray | None = None,
+                   allowed: np.ndarray | None = None) -> np.ndarray:
     """``planner.search.space.canonical`` over (f, e, s, z, o, do, to), vectorized (EP overlap's
-    part is ``Tables.eo_canon``).
+    part is ``Tables.eo_canon``), within ``allowed`` (the framework's mask, same shape but for o).
 
     The order part ``order_ok`` is evaluated per (f, o) (``canonical``, then
     ``traversal_duplicates``); the rest are the same rules as ``canonical``, with the
-    representatives taken from the space's own domains.
+    representatives taken from the space's own domains. With the expert rule's codes ``ok_fe``: on a
+    factorization with tp = 1, folded experts (etp=1) and the same ep split over the one-rank tp group
+    (etp=tp) carve the expert group from the same cp x dp ranks in the same order (Megatron-Core's
+    expert rank generator, torchtitan's expert mesh), so where both pass the expert rule and the
+    framework keeps the unfolded one, it stands for both and the folded one is left out.
     """
     facts = np.array(S.factorizations)
     tp1 = facts[:, 0] == 1
@@ -84,7 +89,17 @@ def canonical_mask(S: Space, order_ok: np.ndarray) -> np.ndarray:
     folded = ~np.array(S.expert_tp, bool)
     fold_bad = block1[:, None, None, None, None, None, None] & folded[None, :, None, None, None, None, None]
     shape = (len(facts), len(S.ep), len(S.sequence_parallel), len(zero), len(S.order), len(do), len(to))
-    return np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad & ~fold_bad
+    canon = np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad & ~fold_bad
+    if allowed is not None:
+        canon = canon & allowed[:, :, :, :, None, :, :]
+    if ok_fe is None:
+        return canon
+    unfolded = {e: j for j, (e, et) in enumerate(zip(S.ep, S.expert_tp)) if et}
+    for j, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
+        if not et and e > 1 and e in unfolded:
+            both = tp1 & (ok_fe[:, j] < 0) & (ok_fe[:, unfolded[e]] < 0)
+            canon[both, j] &= ~canon[both, unfolded[e]]
+    return canon
 
 
 def ep_overlap_mask(ctx: Context, S: Space) -> np.ndarray:

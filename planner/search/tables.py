@@ -230,7 +230,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
         order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX), ok_fo, ok_eo, order_ok, use)
-    canon = canonical_mask(S, order_ok) & framework_mask(ctx, S)[:, :, :, :, None, :, :]
+    canon = canonical_mask(S, order_ok, ok_fe, framework_mask(ctx, S))
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
