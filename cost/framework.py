@@ -50,6 +50,8 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
         out["head_slots"] = (False,)
     if not prof.has("offload_activations"):
         out["offload"] = ("none",)
+    # "" is the schedule vp implies (1F1B, interleaved), under the pp and vp features
+    out["schedule"] = ("", *(s for s in ("zb1p", "zbv", "dualpipe", "dualpipev", "looped") if prof.has(f"schedule_{s}")))
     if prof.profile.zero3_across_domains != "replicate":  # it shards over every rank already
         out["shard_across_domains"] = (False,)
     out["zero_stage"] = prof.zero_stages()
@@ -90,6 +92,11 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
     if knob == "tp_overlap" and not prof.compiled and prof.at_compiled().tp_overlap_on(family):
         return (f"tp_overlap=on: {name} overlaps TP (async TP) only under torch.compile; "
                 "plan with --compile (the exported config then enables it)")
+    if knob == "schedule":  # "" is the schedule vp implies
+        since = prof.profile.since.get(f"schedule_{value}")
+        runs = ", ".join(["1f1b", *(["interleaved"] if prof.has("vp") else []), *(v for v in allowed if v)])
+        has = f"has it only from {since}" if since else "has no such pipeline schedule at any release"
+        return f"schedule={value}: {name} {has} (it runs: {runs})"
     return (f"{knob}={knob_text(value)}: {name} does not offer it "
             f"(allowed: {', '.join(knob_text(v) for v in allowed)})")
 

@@ -41,6 +41,16 @@ OFFLOAD_MODES: tuple[str, ...] = ("none", "activations")
 """Where the activations a layer keeps for its backward live: device memory, or host memory
 (``activations``: MaxText's ``remat_policy: custom`` with ``decoder_layer_input: offload``, which
 moves what the recompute mode keeps to pinned host memory; ``features.offload_activations``)."""
+PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "zb1p", "zbv", "dualpipe", "dualpipev", "looped")
+"""The pipeline schedules ``Layout.schedule`` names (priced in ``cost.terms.pipeline.bubble_s``):
+1F1B (Narayanan et al. 2021), Megatron-Core's interleaved 1F1B (vp > 1), zero bubble ZB-H1 with the
+backward split into its input and weight halves (Qi et al. 2024, ICLR, arXiv 2401.10241; torchtitan's
+``InterleavedZeroBubble`` with vp > 1), ZB-V (two chunks per rank in a V, ``ZBVZeroBubble``),
+DeepSeek-V3's DualPipe (two mirrored stages per rank, twice the weights) and DualPipeV (its V-shaped
+half, ``DualPipeV``), and the looped breadth-first schedule (MaxText's circular pipeline, torchtitan's
+``LoopedBFS``: every micro-batch through a chunk before the next chunk)."""
+SCHEDULE_CHUNKS: dict[str, int] = {"zbv": 2, "dualpipev": 2}
+"""The schedules whose chunk count per rank is fixed: the V shapes hold two (rank r: chunks r and 2 pp - 1 - r)."""
 MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused", "llmfoundry")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 MAX_JOB_INT = 2**31 - 1  # sequences per step and tokens per sequence: the command line's bound
@@ -86,6 +96,10 @@ class Layout:
     ep_overlap : overlap the expert-parallel all-to-alls of one micro-batch with the compute of
         another (Megatron-Core's ``--overlap-moe-expert-parallel-comm``, its combined 1F1B schedule).
     expert_tp : experts sharded over the tensor-parallel group (True) or whole (False, ``etp=1``).
+    schedule : the pipeline schedule (:data:`PIPELINE_SCHEDULES`); "" for the one ``vp`` implies
+        (:func:`default_schedule`: 1f1b at vp = 1, interleaved above), which is how every layout
+        without the key runs. A schedule given equal to that default is stored as "". Priced by
+        ``evaluate`` and ``validate``; the search does not offer it (``--fix`` refuses it).
     offload : ``none`` or ``activations`` (:data:`OFFLOAD_MODES`): what the recompute mode keeps of each
         layer for its backward (with ``full``, the layer's input) is copied to host memory in the forward
         and back in the backward, so device memory holds none of it; the copies cross the host link
@@ -126,6 +140,16 @@ class Layout:
     head_slots: bool = False
     offload: str = "none"
     shard_across_domains: bool = False
+    schedule: str = ""
+
+    def __post_init__(self) -> None:
+        if self.schedule and self.schedule == default_schedule(self.vp):
+            object.__setattr__(self, "schedule", "")
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """The schedule the pipeline runs: ``schedule``, or the one ``vp`` implies."""
+        return self.schedule or default_schedule(self.vp)
 
     @property
     def num_devices(self) -> int:
@@ -227,7 +251,14 @@ class Layout:
             parts.append("head_slots=on")
         if self.order != DEFAULT_ORDER:
             parts.append(f"order={self.order}")
+        if self.schedule:
+            parts.append(f"schedule={self.schedule}")
         return " ".join(parts)
+
+
+def default_schedule(vp: int) -> str:
+    """The schedule a layout without ``schedule`` runs: 1F1B, interleaved 1F1B with virtual stages."""
+    return "1f1b" if vp == 1 else "interleaved"
 
 
 @lru_cache(maxsize=64)
@@ -447,12 +478,16 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         return _parse_order(raw)
     if key == "recompute_modules":
         return parse_recompute_modules(raw.split("+"), "layout.recompute_modules")
+    if key == "schedule":
+        if raw not in PIPELINE_SCHEDULES:
+            raise SpecError(f"layout.schedule: got {raw!r}; allowed: {', '.join(PIPELINE_SCHEDULES)}")
+        return raw
     if key == "offload":
         if raw not in OFFLOAD_MODES:
             raise SpecError(f"layout.offload: got {raw!r}; allowed: {', '.join(OFFLOAD_MODES)}")
         return raw
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
-               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains")
+               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains, schedule")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

@@ -106,12 +106,16 @@ class InFlight:
 
 
 @lru_cache(maxsize=65536)
-def inflight(layers: RankLayers, pp: int, vp: int, m: int, group: int | None, rank: int) -> InFlight:
+def inflight(layers: RankLayers, pp: int, vp: int, m: int, group: int | None, rank: int, schedule: str = "") -> InFlight:
     """The layers ``layers`` (rank ``rank``) holds in flight at its memory peak under 1F1B (``vp`` 1:
     ``min(m, pp - rank)`` micro-batches of every layer, Narayanan et al. 2021) or interleaved 1F1B
     (Megatron-Core's schedule: a warm-up of ``interleaved_warmup`` forwards, then one forward and
     one backward at a time, forwards through the chunks in groups of ``group`` micro-batches and
-    backwards through them in reverse; the peak is at full occupancy, over its moments)."""
+    backwards through them in reverse; the peak is at full occupancy, over its moments), or the
+    ``schedule`` given by name where it holds otherwise (:func:`schedule_inflight`)."""
+    counts = schedule_inflight(schedule, pp, vp, m)
+    if counts is not None:
+        return _moments([counts], layers)
     if vp == 1:
         c = min(m, pp - rank)
         return _moments([(c,)], layers)
@@ -127,6 +131,23 @@ def inflight(layers: RankLayers, pp: int, vp: int, m: int, group: int | None, ra
         ahead, done = warm + 1 + i, i
         counts.append(tuple(_passes(ahead, j, n, vp) - _passes(done, vp - 1 - j, n, vp) for j in range(vp)))
     return _moments(counts, layers)
+
+
+def schedule_inflight(schedule: str, pp: int, vp: int, m: int) -> tuple[int, ...] | None:
+    """Micro-batches in flight on each local chunk of every rank at its peak, for the schedules whose
+    count does not follow 1F1B's or interleaving's warm-up (``cost.stages.inflight``); None for those.
+    ZB-V: ``pp`` per chunk, the same activations as 1F1B's first rank on every rank (Qi et al. sec. 6:
+    the V keeps memory balanced). DualPipe and DualPipeV: ``pp + 1`` (DeepSeek-V3 Table 2). Looped
+    (breadth-first): every micro-batch of every chunk, as jax autodiff of MaxText's circular pipeline
+    and torchtitan's ``LoopedBFS`` keep them until the backward. ZB-H1 keeps 1F1B's (Qi et al.
+    sec. 2.1: the same peak memory)."""
+    if schedule == "zbv":
+        return (min(m, pp),) * vp
+    if schedule in ("dualpipe", "dualpipev"):
+        return (min(m, pp + 1),) * vp
+    if schedule == "looped":
+        return (m,) * vp
+    return None
 
 
 def _passes(k: int, chunk: int, n: int, vp: int) -> int:

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
-from clusterplan.cost.layout import (OFFLOAD_MODES, RECOMPUTE_MODES, Job, Layout, interleaved_warmup,
-                                      parse_recompute_modules)
+from clusterplan.cost.layout import (OFFLOAD_MODES, PIPELINE_SCHEDULES, RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout,
+                                      interleaved_warmup, parse_recompute_modules)
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
-    NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, compute_terms, dp_terms, head_terms,
+    NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares,
     grads_freed_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
     overlapped_exposed_s, p2p_s,
@@ -144,6 +144,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     _partial_recompute_problems(model, layout, bad)
     _offload_problems(cluster, layout, bad)
     _head_slot_problems(model, job, layout, bad)
+    _schedule_problems(layout, num_microbatches(job, layout), bad)
     _model_code_problems(job, layout, bad)
     if layout.sequence_parallel and layout.tp == 1:
         bad("sequence_parallel", "sequence_parallel needs tp > 1")
@@ -178,6 +179,32 @@ def _batch_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         bad("interleave", f"interleaved 1F1B with {m} micro-batches and pp={layout.pp}: "
             + (f"needs at least pp micro-batches ({job.framework} groups them per model chunk)"
                if job.profile.has("vp_groups") else f"needs the micro-batch count divisible by pp ({job.framework})"))
+
+
+def _schedule_problems(layout: Layout, m: int, bad) -> None:
+    """What a pipeline schedule given by name needs (``Layout.schedule``): a pipeline; its chunks per
+    rank (1F1B and DualPipe one, the V shapes two, interleaved and looped several); DualPipe an even
+    pp (its ranks pair up, rank r with pp - 1 - r) and an even micro-batch count (half enter at
+    each end: DeepSeek-V3 sec. 3.2.1)."""
+    s = layout.schedule
+    if not s:
+        return
+    if s not in PIPELINE_SCHEDULES:
+        bad("schedule", f"schedule={s!r}; allowed: {', '.join(PIPELINE_SCHEDULES)}")
+        return
+    if layout.pp == 1:
+        bad("schedule", f"schedule={s} needs pp > 1 (a pipeline to schedule)")
+        return
+    chunks = SCHEDULE_CHUNKS.get(s)
+    if chunks and layout.vp != chunks:
+        bad("schedule", f"schedule={s} runs {chunks} chunks per rank in a V: needs vp={chunks} (got vp={layout.vp})")
+    elif s in ("1f1b", "dualpipe") and layout.vp > 1:
+        bad("schedule", f"schedule={s} runs one chunk per rank: needs vp=1 (got vp={layout.vp})")
+    elif s in ("interleaved", "looped") and layout.vp == 1:
+        bad("schedule", f"schedule={s} runs several chunks per rank: needs vp > 1")
+    if s == "dualpipe" and (layout.pp % 2 or m % 2):
+        bad("schedule", f"schedule=dualpipe pairs rank r with rank pp - 1 - r and feeds half the micro-batches from "
+                        f"each end: needs an even pp and micro-batch count (got pp={layout.pp}, {m} micro-batches)")
 
 
 def _model_code_problems(job: Job, layout: Layout, bad) -> None:
@@ -278,7 +305,7 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
               "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1,
               "recompute_layers": layout.recompute_layers, "recompute_modules": layout.recompute_modules,
               "head_slots": layout.head_slots, "order": layout.order, "offload": layout.offload,
-              "shard_across_domains": layout.shard_across_domains}
+              "shard_across_domains": layout.shard_across_domains, "schedule": layout.schedule}
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
         bad("framework", message)
@@ -344,16 +371,16 @@ def _inflight(ctx: Context, layout: Layout, m: int, rank: str) -> InFlight:
     """The layers ``rank`` holds in flight at its peak (``cost.stages.inflight``), with the
     micro-batch group the job's framework runs."""
     return rank_inflight(ctx.model, layout.pp, layout.vp, m, ctx.job.microbatch_group(m, layout.pp, layout.vp),
-                         layout.head_slots, rank)
+                         layout.head_slots, rank, layout.schedule)
 
 
 def rank_inflight(model: ModelSpec, pp: int, vp: int, m: int, group: int | None, head_slots: bool,
-                  rank: str) -> InFlight:
+                  rank: str, schedule: str = "") -> InFlight:
     """``cost.stages.inflight`` of ``rank`` (first, second or last) for this model's layer kinds."""
     index = rank_index(pp, rank)
     layers = rank_layers(model.num_layers, model.num_dense_layers, pp, vp, index, head_slots and pp > 1,
                          model.num_moe_layers == 0)
-    return inflight(layers, pp, vp, m, group, index)
+    return inflight(layers, pp, vp, m, group, index, schedule)
 
 
 def evaluate(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> Evaluation:
@@ -426,7 +453,7 @@ def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, wi
         tp_comm_s=m * stage.tp_comm_s,
         cp_comm_s=m * stage.cp_comm_s,
         ep_comm_s=m * stage.ep_comm_s,
-        pp_bubble_s=(layout.pp - 1) / layout.vp * stage.total_s,
+        pp_bubble_s=bubble_s(layout.schedule, layout.pp, layout.vp, stage.total_s, stage.backward_s),
         pp_p2p_s=m * p2p_s(ctx, layout),
         dp_comm_s=dp_exposed,
         optimizer_s=optimizer_s(ctx, layout),
@@ -574,7 +601,10 @@ def _static_parts(ctx: Context, layout: Layout, rank: str | None = None) -> tupl
         per_layer = (pc.dense + pc.expert) / ctx.model.num_layers
         return 2 * WEIGHT_BYTES * per_layer, 0.0, 0.0
     static = static_memory(ctx, layout, rank)
-    return static.weights_bytes, static.gradients_bytes, static.optimizer_bytes
+    # DualPipe: each rank holds its stage and the mirrored one (rank r: stages r and pp - 1 - r), twice
+    # the parameters with their gradients and optimizer states (DeepSeek-V3 report, Table 2: "2x")
+    copies = 2 if layout.schedule == "dualpipe" else 1
+    return copies * static.weights_bytes, copies * static.gradients_bytes, copies * static.optimizer_bytes
 
 
 def memory_static_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:

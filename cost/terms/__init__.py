@@ -88,6 +88,7 @@ from clusterplan.cost.terms.comm import (  # noqa: F401
 )
 from clusterplan.cost.terms.pipeline import (  # noqa: F401
     HeadTerms,
+    bubble_s,
     head_terms,
     p2p_s,
     layers_on_stage,

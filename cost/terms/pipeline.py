@@ -73,6 +73,40 @@ def p2p_s(ctx: Context, layout: Layout) -> float:
     return transfers * coll.p2p_s(size, prof) + gather_s
 
 
+def bubble_s(schedule: str, pp: int, vp: int, total_s: float, backward_s: float) -> float:
+    """The pipeline bubble of one step under ``schedule`` (``cost.layout.PIPELINE_SCHEDULES``), from
+    ``total_s``, one micro-batch's time through the slowest rank's layers, and its backward compute
+    ``backward_s`` (input and weight gradients together).
+
+    The weight gradient ``W`` is taken as half the backward: a linear layer's backward is two GEMMs
+    of the forward's size, one for the input gradient (B) and one for the weights (W); the attention
+    core has no weights, so this slightly overstates W at long sequences. Per ``vp``-th chunk:
+
+    - 1F1B, interleaved, looped: ``(pp - 1) / vp * t`` (Narayanan et al. 2021 sec. 2.2; Lamy-Poirier
+      2022 for the breadth-first loop, whose bubble equals interleaving's).
+    - ZB-H1 (zb1p): ``(pp - 1)(T_F + T_B - T_W)`` with ``T_B`` the input gradient alone (Qi et al.
+      2024, arXiv 2401.10241, sec. 2.1), ``= (pp - 1)(t - 2 W)``: a third of 1F1B's at ``F = B = W``.
+    - ZB-V (zbv, two chunks in a V): ``(pp - 1)(T_F + T_B - 2 T_W)`` per chunk (ibid. sec. 6), zero
+      at ``F = B = W``: ``(pp - 1)(t - 3 W) / 2``.
+    - DualPipe: ``(pp / 2 - 1)(F&B + B - 3 W)`` with ``B`` the whole backward (DeepSeek-V3 report,
+      arXiv 2412.19437, Table 2), ``F&B`` an overlapped forward and backward taken as ``F + B``:
+      ``(pp / 2 - 1)(t - B / 2)``. DualPipeV is DualPipe on ``2 pp`` ranks folded in half, each
+      chunk half a rank's layers: ``(pp - 1)(t - B / 2) / 2``.
+    """
+    if schedule in ("", "1f1b", "interleaved", "looped"):
+        return (pp - 1) / vp * total_s
+    w_s = backward_s / 2
+    if schedule == "zb1p":
+        return (pp - 1) / vp * max(0.0, total_s - 2 * w_s)
+    if schedule == "zbv":
+        return (pp - 1) * max(0.0, total_s - 3 * w_s) / 2
+    if schedule == "dualpipe":
+        return (pp / 2 - 1) * max(0.0, total_s - backward_s / 2)
+    if schedule == "dualpipev":
+        return (pp - 1) * max(0.0, total_s - backward_s / 2) / 2
+    raise ValueError(f"unknown pipeline schedule {schedule!r}")
+
+
 def layers_on_stage(num_layers: int, pp: int, vp: int) -> int:
     """Layers on the most loaded pipeline rank: ``vp`` chunks of ``ceil(L / (pp vp))`` layers."""
     return math.ceil(num_layers / (pp * vp)) * vp

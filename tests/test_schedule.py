@@ -1,0 +1,99 @@
+"""Pipeline schedules as a layout knob (issue 38 item 1): ``schedule=1f1b|interleaved|zb1p|zbv|dualpipe|
+dualpipev|looped``, its default from vp, its refusals, its bubble and its memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterplan.cost.framework import load_profile, unoffered
+from clusterplan.cost.layout import Job, Layout, parse_layout
+from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.terms import bubble_s
+from clusterplan.models.errors import SpecError
+from clusterplan.models.library import load_model
+from clusterplan.planner.inputs import load_cluster
+
+BASE = "tp=2,sp=on,pp=4,dp=2,zero=2"
+
+
+def _run(text: str, framework: str = "torchtitan"):
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100-superpod", num_devices=16)
+    job = Job(global_batch_size=64, seq_len=8192, framework=framework)
+    layout = parse_layout(text)
+    return layout_problems(model, job, cluster, layout), evaluate(model, job, cluster, layout)
+
+
+def test_layout_text_writes_only_a_schedule_other_than_vps_default():
+    assert parse_layout("pp=4,schedule=1f1b") == parse_layout("pp=4")
+    assert parse_layout("pp=4,vp=2,schedule=interleaved").short() == parse_layout("pp=4,vp=2").short()
+    assert "schedule" not in parse_layout("pp=4,vp=2").short()
+    text = parse_layout("pp=4,vp=2,schedule=zbv").short()
+    assert text.endswith("schedule=zbv")
+    assert parse_layout(",".join(text.split())).schedule == "zbv"
+    assert Layout(vp=2, schedule="interleaved").pipeline_schedule == "interleaved" == Layout(vp=2).pipeline_schedule
+
+
+def test_unknown_schedule_names_the_field_and_the_allowed_values():
+    with pytest.raises(SpecError, match=r"layout.schedule: got 'gpipe'; allowed: 1f1b, interleaved, zb1p, zbv"):
+        parse_layout("pp=4,schedule=gpipe")
+
+
+@pytest.mark.parametrize("text, words", [
+    (BASE + ",schedule=zbv", "needs vp=2"),
+    (BASE + ",vp=2,schedule=1f1b", "needs vp=1"),
+    (BASE + ",schedule=looped", "needs vp > 1"),
+    ("tp=2,sp=on,pp=1,dp=8,zero=2,schedule=zb1p", "needs pp > 1"),
+])
+def test_a_schedule_refuses_a_shape_it_cannot_run(text, words):
+    problems, _ = _run(text)
+    assert any(key == "schedule" and words in message for key, message in problems), problems
+
+
+def test_frameworks_without_a_schedule_refuse_it_with_its_since_date():
+    problems, _ = _run(BASE + ",vp=2,schedule=zbv", "megatron")
+    assert any("schedule=zbv: megatron" in m and "no such pipeline schedule" in m for _, m in problems), problems
+    early = load_profile("torchtitan").at("2025-01")
+    message = unoffered(early, "nvidia-h100", {"schedule": "zbv"})
+    assert message and "only from 2025-02" in message[0]
+    assert not _run(BASE + ",vp=2,schedule=zbv")[0]
+    problems, _ = _run(BASE + ",schedule=dualpipe")
+    assert any("schedule=dualpipe: torchtitan" in m for _, m in problems)
+
+
+def test_the_default_schedule_prices_exactly_as_before():
+    for text in (BASE, BASE + ",vp=2"):
+        implied = parse_layout(text + (",schedule=1f1b" if "vp" not in text else ",schedule=interleaved"))
+        assert _run(text)[1] == _run(implied.short().replace(" ", ","))[1]
+
+
+def test_bubbles_follow_the_published_formulas_at_equal_f_b_w():
+    # F = B_input = W = 1: one micro-batch through a rank takes 3, its backward 2
+    pp = 8
+    one_f_one_b = bubble_s("1f1b", pp, 1, 3.0, 2.0)
+    assert one_f_one_b == pytest.approx(3 * (pp - 1))
+    assert bubble_s("zb1p", pp, 1, 3.0, 2.0) == pytest.approx(one_f_one_b / 3)  # Qi et al.: a third
+    assert bubble_s("zbv", pp, 2, 3.0, 2.0) == 0.0  # ZB-V: zero at F = B = W
+    assert bubble_s("dualpipe", pp, 1, 3.0, 2.0) == pytest.approx((pp / 2 - 1) * 2)  # DeepSeek-V3 Table 2
+    assert bubble_s("dualpipev", pp, 2, 3.0, 2.0) == pytest.approx((pp - 1) * 2 / 2)
+    assert bubble_s("looped", pp, 2, 3.0, 2.0) == bubble_s("interleaved", pp, 2, 3.0, 2.0)
+
+
+def test_zero_bubble_schedules_shorten_the_step_and_keep_1f1b_memory():
+    _, plain = _run(BASE)
+    _, zb = _run(BASE + ",schedule=zb1p")
+    _, zbv = _run(BASE + ",vp=2,schedule=zbv")
+    assert zb.time.pp_bubble_s < plain.time.pp_bubble_s and zb.step_time_s < plain.step_time_s
+    assert zbv.time.pp_bubble_s < zb.time.pp_bubble_s
+    assert zb.memory.activations_bytes == plain.memory.activations_bytes
+    assert zbv.memory.activations_bytes == pytest.approx(plain.memory.activations_bytes)
+
+
+def test_dualpipe_doubles_the_weights_and_looped_holds_every_microbatch():
+    _, plain = _run(BASE)
+    _, dual = _run(BASE + ",schedule=dualpipe")
+    assert dual.memory.weights_bytes == 2 * plain.memory.weights_bytes
+    assert dual.memory.activations_bytes == pytest.approx(plain.memory.activations_bytes * 5 / 4)  # pp + 1 of pp
+    _, inter = _run(BASE + ",vp=2")
+    _, looped = _run(BASE + ",vp=2,schedule=looped")
+    assert looped.time.pp_bubble_s == inter.time.pp_bubble_s
+    assert looped.memory.activations_bytes > 2 * inter.memory.activations_bytes
