@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from clusterplan.cost.framework import knob_text
-from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, order_axes, split_order
+from clusterplan.cost.framework import framework_domains, knob_text
+from clusterplan.cost.layout import RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, default_schedule, order_axes, split_order
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.search.space import Space
@@ -67,6 +67,21 @@ def _moves(lay: Layout, moe: bool, offload: bool = False) -> list[tuple[str, Lay
     return out
 
 
+def _schedule_moves(lay: Layout, offered: tuple[str, ...]) -> list[tuple[str, Layout]]:
+    """With a pipeline, each schedule the framework runs (``offered``, "" the one vp implies) in
+    place of the layout's, with the chunks per rank it needs (``cost.layout.SCHEDULE_CHUNKS``)."""
+    if lay.pp == 1:
+        return []
+    out = []
+    for name in offered:
+        vp = SCHEDULE_CHUNKS.get(name) or (1 if name == "dualpipe" else max(2, lay.vp) if name == "looped" else lay.vp)
+        if name == lay.schedule or not name and not lay.schedule:
+            continue
+        label = f"schedule {name or default_schedule(vp)}" + (f" (vp {vp})" if vp != lay.vp else "")
+        out.append((label, lay.with_(vp=vp, schedule=name)))
+    return out
+
+
 def _outside(space: Space | None, lay: Layout) -> str | None:
     """Why ``lay`` lies outside the searched space, if it does."""
     if space is None:
@@ -91,7 +106,8 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
     """For each one-step move: the new step time and its change, or why the move is not allowed."""
     rows = []
     offload = best.layout.offload != "none" or space is not None and len(space.offload) > 1
-    for name, lay in _moves(best.layout, model.is_moe, offload):
+    schedules = framework_domains(job.profile, cluster.device.family)["schedule"]
+    for name, lay in _moves(best.layout, model.is_moe, offload) + _schedule_moves(best.layout, schedules):
         outside = _outside(space, lay)
         if outside:
             rows.append({"move": name, "allowed": False, "reason": outside})

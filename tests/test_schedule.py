@@ -97,3 +97,20 @@ def test_dualpipe_doubles_the_weights_and_looped_holds_every_microbatch():
     _, looped = _run(BASE + ",vp=2,schedule=looped")
     assert looped.time.pp_bubble_s == inter.time.pp_bubble_s
     assert looped.memory.activations_bytes > 2 * inter.memory.activations_bytes
+
+
+def test_explain_prices_each_schedule_the_framework_runs():
+    from clusterplan.planner.explain import sensitivities
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100-superpod", num_devices=16)
+    job = Job(global_batch_size=64, seq_len=8192, framework="torchtitan")
+    best = evaluate(model, job, cluster, parse_layout(BASE))
+    rows = {r["move"]: r for r in sensitivities(model, job, cluster, best)}
+    assert rows["schedule zb1p"]["step_time_s"] < best.step_time_s
+    assert "schedule zbv (vp 2)" in rows and "schedule dualpipe" not in rows  # torchtitan has DualPipeV only
+    megatron = Job(global_batch_size=64, seq_len=8192)
+    plain = evaluate(model, megatron, cluster, parse_layout(BASE))
+    assert not any(r["move"].startswith("schedule") for r in sensitivities(model, megatron, cluster, plain))
+    zbv = evaluate(model, job, cluster, parse_layout(BASE + ",vp=2,schedule=zbv"))
+    back = {r["move"]: r for r in sensitivities(model, job, cluster, zbv)}["schedule interleaved"]
+    assert back["step_time_s"] > zbv.step_time_s
