@@ -144,7 +144,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     _partial_recompute_problems(model, layout, bad)
     _offload_problems(cluster, layout, bad)
     _head_slot_problems(model, job, layout, bad)
-    _schedule_problems(layout, num_microbatches(job, layout), bad)
+    _schedule_problems(layout, num_microbatches(job, layout), job.profile, bad)
     _model_code_problems(job, layout, bad)
     if layout.sequence_parallel and layout.tp == 1:
         bad("sequence_parallel", "sequence_parallel needs tp > 1")
@@ -181,7 +181,7 @@ def _batch_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
                if job.profile.has("vp_groups") else f"needs the micro-batch count divisible by pp ({job.framework})"))
 
 
-def _schedule_problems(layout: Layout, m: int, bad) -> None:
+def _schedule_problems(layout: Layout, m: int, prof, bad) -> None:
     """What a pipeline schedule given by name needs (``Layout.schedule``): a pipeline; its chunks per
     rank (1F1B and DualPipe one, the V shapes two, interleaved and looped several); DualPipe an even
     pp (its ranks pair up, rank r with pp - 1 - r) and an even micro-batch count (half enter at
@@ -202,6 +202,9 @@ def _schedule_problems(layout: Layout, m: int, bad) -> None:
         bad("schedule", f"schedule={s} runs one chunk per rank: needs vp=1 (got vp={layout.vp})")
     elif s in ("interleaved", "looped") and layout.vp == 1:
         bad("schedule", f"schedule={s} runs several chunks per rank: needs vp > 1")
+    if s == "zb1p" and layout.vp == 1 and prof.has("schedule_zb1p") and not prof.has("schedule_zbh1"):
+        bad("framework", f"schedule=zb1p with vp=1: {prof.profile.describe(prof.date)} runs zero bubble with several "
+                         "stages per rank only (interleaved zero bubble): set vp >= 2, or schedule=zbv")
     if s == "dualpipe" and (layout.pp % 2 or m % 2):
         bad("schedule", f"schedule=dualpipe pairs rank r with rank pp - 1 - r and feeds half the micro-batches from "
                         f"each end: needs an even pp and micro-batch count (got pp={layout.pp}, {m} micro-batches)")

@@ -67,14 +67,16 @@ def _moves(lay: Layout, moe: bool, offload: bool = False) -> list[tuple[str, Lay
     return out
 
 
-def _schedule_moves(lay: Layout, offered: tuple[str, ...]) -> list[tuple[str, Layout]]:
+def _schedule_moves(lay: Layout, offered: tuple[str, ...], zbh1: bool = False) -> list[tuple[str, Layout]]:
     """With a pipeline, each schedule the framework runs (``offered``, "" the one vp implies) in
-    place of the layout's, with the chunks per rank it needs (``cost.layout.SCHEDULE_CHUNKS``)."""
+    place of the layout's, with the chunks per rank it needs (``cost.layout.SCHEDULE_CHUNKS``; zero bubble
+    with one where the framework has ZB-H1, ``zbh1``)."""
     if lay.pp == 1:
         return []
     out = []
     for name in offered:
-        vp = SCHEDULE_CHUNKS.get(name) or (1 if name == "dualpipe" else max(2, lay.vp) if name == "looped" else lay.vp)
+        several = name == "looped" or name == "zb1p" and not zbh1  # interleaved zero bubble needs vp > 1
+        vp = SCHEDULE_CHUNKS.get(name) or (1 if name == "dualpipe" else max(2, lay.vp) if several else lay.vp)
         if name == lay.schedule or not name and not lay.schedule:
             continue
         label = f"schedule {name or default_schedule(vp)}" + (f" (vp {vp})" if vp != lay.vp else "")
@@ -107,7 +109,9 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
     rows = []
     offload = best.layout.offload != "none" or space is not None and len(space.offload) > 1
     schedules = framework_domains(job.profile, cluster.device.family)["schedule"]
-    for name, lay in _moves(best.layout, model.is_moe, offload) + _schedule_moves(best.layout, schedules):
+    moves = _moves(best.layout, model.is_moe, offload)
+    moves += _schedule_moves(best.layout, schedules, job.profile.has("schedule_zbh1"))
+    for name, lay in moves:
         outside = _outside(space, lay)
         if outside:
             rows.append({"move": name, "allowed": False, "reason": outside})

@@ -14,6 +14,7 @@ from clusterplan.models.library import load_model
 from clusterplan.planner.inputs import load_cluster
 
 BASE = "tp=2,sp=on,pp=4,dp=2,zero=2"
+ZB = BASE + ",vp=2,schedule=zb1p"  # torchtitan runs zero bubble interleaved (2+ stages per rank)
 
 
 def _run(text: str, framework: str = "torchtitan"):
@@ -80,12 +81,19 @@ def test_bubbles_follow_the_published_formulas_at_equal_f_b_w():
 
 def test_zero_bubble_schedules_shorten_the_step_and_keep_1f1b_memory():
     _, plain = _run(BASE)
-    _, zb = _run(BASE + ",schedule=zb1p")
+    _, inter = _run(BASE + ",vp=2")
+    problems, zb = _run(ZB)
     _, zbv = _run(BASE + ",vp=2,schedule=zbv")
-    assert zb.time.pp_bubble_s < plain.time.pp_bubble_s and zb.step_time_s < plain.step_time_s
+    assert not problems
+    assert zb.time.pp_bubble_s < inter.time.pp_bubble_s and zb.step_time_s < inter.step_time_s
     assert zbv.time.pp_bubble_s < zb.time.pp_bubble_s
-    assert zb.memory.activations_bytes == plain.memory.activations_bytes
-    assert zbv.memory.activations_bytes == pytest.approx(plain.memory.activations_bytes)
+    assert zb.memory.activations_bytes == inter.memory.activations_bytes  # ZB-H1 keeps its schedule's in-flight count
+    assert zbv.memory.activations_bytes == pytest.approx(plain.memory.activations_bytes)  # ZB-V: 1F1B's
+
+
+def test_torchtitan_runs_zero_bubble_with_several_stages_per_rank_only():
+    problems, _ = _run(BASE + ",schedule=zb1p")
+    assert any("schedule=zb1p with vp=1" in m and "vp >= 2" in m for _, m in problems), problems
 
 
 def test_dualpipe_doubles_the_weights_and_looped_holds_every_microbatch():
@@ -106,7 +114,7 @@ def test_explain_prices_each_schedule_the_framework_runs():
     job = Job(global_batch_size=64, seq_len=8192, framework="torchtitan")
     best = evaluate(model, job, cluster, parse_layout(BASE))
     rows = {r["move"]: r for r in sensitivities(model, job, cluster, best)}
-    assert rows["schedule zb1p"]["step_time_s"] < best.step_time_s
+    assert rows["schedule zb1p (vp 2)"]["step_time_s"] < best.step_time_s
     assert "schedule zbv (vp 2)" in rows and "schedule dualpipe" not in rows  # torchtitan has DualPipeV only
     megatron = Job(global_batch_size=64, seq_len=8192)
     plain = evaluate(model, megatron, cluster, parse_layout(BASE))
@@ -114,3 +122,46 @@ def test_explain_prices_each_schedule_the_framework_runs():
     zbv = evaluate(model, job, cluster, parse_layout(BASE + ",vp=2,schedule=zbv"))
     back = {r["move"]: r for r in sensitivities(model, job, cluster, zbv)}["schedule interleaved"]
     assert back["step_time_s"] > zbv.step_time_s
+
+
+def _plan_doc(framework: str, fixed: str) -> dict:
+    import json
+
+    from click.testing import CliRunner
+
+    from clusterplan.cli import main
+
+    done = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64",
+                                     "--framework", framework, "--fix", fixed, "--json", "--top", "0"])
+    assert done.exit_code == 0, done.output
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("schedule, vp, name", [("zbv", 2, "ZBVZeroBubble"), ("dualpipev", 2, "DualPipeV"),
+                                                ("zb1p", 2, "InterleavedZeroBubble"), ("looped", 2, "LoopedBFS"),
+                                                ("", 2, "Interleaved1F1B"), ("", 1, "1F1B")])
+def test_torchtitan_exports_write_the_schedule_the_plan_priced(schedule, vp, name):
+    from clusterplan.planner.report.export import export
+
+    doc = _plan_doc("torchtitan", "pp=4,vp=2")
+    doc["layout"].update(schedule=schedule, vp=vp)
+    assert f"pipeline_parallel_schedule={name!r}" in export(doc, "torchtitan").replace(" ", "")
+    doc["inputs"]["framework"]["date"] = "2026-02"  # torchtitan 0.2.2's release, which has every one of them
+    assert f'pipeline_parallel_schedule = "{name}"' in export(doc, "torchtitan-0.2")
+
+
+def test_exports_refuse_a_schedule_their_launcher_lacks():
+    from clusterplan.planner.report.export import export
+
+    doc = _plan_doc("torchtitan", "pp=4,vp=2")
+    doc["layout"].update(schedule="zb1p", vp=1)
+    with pytest.raises(SpecError, match="at least 2 stages per rank"):
+        export(doc, "torchtitan")
+    doc["layout"].update(schedule="dualpipe", vp=1)
+    with pytest.raises(SpecError, match="schedule=dualpipe: torchtitan has no such pipeline schedule"):
+        export(doc, "torchtitan")
+    mlm = _plan_doc("megatron", "pp=4")
+    mlm["layout"]["schedule"] = "zb1p"
+    for fmt in ("megatron", "slurm"):
+        with pytest.raises(SpecError, match=f"export --format {fmt}: schedule=zb1p: megatron has no such"):
+            export(mlm, fmt)

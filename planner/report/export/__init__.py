@@ -59,6 +59,21 @@ def export_framework(fmt: str, given: str | None) -> str:
     return want
 
 
+SCHEDULES_WRITTEN = {"torchtitan": ("", "zb1p", "zbv", "dualpipev", "looped"),
+                     "torchtitan-0.2": ("", "zb1p", "zbv", "dualpipev", "looped"), "maxtext": ("", "looped")}
+"""The pipeline schedules (``Layout.schedule``, "" for the one vp implies) each format writes: torchtitan's
+``pipeline_parallel_schedule``; MaxText's circular pipeline (``num_pipeline_repeats``) is its looped one."""
+
+
+def _check_schedule(schedule: str, fmt: str) -> None:
+    """A plan's pipeline schedule that ``fmt``'s launcher cannot run is refused, naming what it runs."""
+    written = SCHEDULES_WRITTEN.get(fmt, ("",))
+    if schedule not in written:
+        runs = ", ".join(["1f1b", "interleaved", *filter(None, written)])
+        raise SpecError(f"export --format {fmt}: schedule={schedule}: {FRAMEWORK_OF_FORMAT[fmt]} has no such pipeline "
+                        f"schedule (it runs: {runs})")
+
+
 def export(doc: dict, fmt: str, model=None) -> str:
     """The config for ``fmt`` (one of :data:`FORMATS`); the plan must have been searched under the
     format's framework (:func:`export_framework`). ``model`` is the plan's
@@ -71,6 +86,7 @@ def export(doc: dict, fmt: str, model=None) -> str:
         raise SpecError(f"export --format {fmt}: this plan was searched under {fw}; a {fmt} config needs a plan "
                         f"searched under {FRAMEWORK_OF_FORMAT[fmt]}")
     check_platform(FRAMEWORK_OF_FORMAT[fmt], _plan_device(doc), f"export --format {fmt}", export=True)
+    _check_schedule(doc["layout"].get("schedule", ""), fmt)
     text = {"megatron": megatron_args, "deepspeed": deepspeed_config, "torchtitan": torchtitan_registry,
             "torchtitan-0.2": torchtitan_toml, "maxtext": maxtext_overrides, "slurm": slurm_script}[fmt](doc, model)
     if fmt == "deepspeed" or not text.startswith(("#", '"""')):  # JSON carries it in its comment; a shebang stays first

@@ -105,8 +105,9 @@ def _layout_line(layout: dict) -> str:
     degrees = [f"{k}={layout[k]}" for k in (*always, "cp", "ep", "vp") if k in always or layout[k] > 1]
     sp = "on" if layout["sequence_parallel"] else "off"
     recompute = recompute_words(layout["recompute"], layout.get("recompute_layers", 0), layout.get("recompute_modules") or ())
+    schedule = [f"schedule={layout['schedule']}"] if layout.get("schedule") else []
     return " ".join(degrees + [f"mbs={layout['micro_batch_size']}", f"sp={sp}", *recompute,
-                               f"zero={layout['zero_stage']}"])
+                               f"zero={layout['zero_stage']}", *schedule])
 
 
 def _plan_device(doc: dict) -> SimpleNamespace:

@@ -3,6 +3,7 @@ formats share (the model flavors by shape, the pipeline split, the header)."""
 
 from __future__ import annotations
 
+from clusterplan.cost.layout import default_schedule
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.report.export.common import PINNED, _job, _layout_line, cuda_arch, model_spec, shape_key
 
@@ -41,14 +42,25 @@ def torchtitan_flavor(model) -> tuple[str, str]:
                     "gpt_oss). Register a TrainSpec for it (experimental.custom_import) or use --format megatron")
 
 
+TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb1p": "InterleavedZeroBubble",
+                        "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV", "looped": "LoopedBFS"}
+"""``Layout.schedule`` -> torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's
+``get_schedule_class`` names; ZBVZeroBubble and DualPipeV place the stages in a V themselves)."""
+
+
 def _torchtitan_pipeline(num_layers: int, pp: int, vp: int, head_slots: bool = False,
-                         output: str = "output") -> tuple[str, list[list[str]]]:
-    """The schedule (1F1B for one stage per rank, else Interleaved1F1B), and the modules of each of
+                         output: str = "output", schedule: str = "") -> tuple[str, list[list[str]]]:
+    """The schedule (:data:`TORCHTITAN_SCHEDULES`; by default 1F1B for one stage per rank, else
+    Interleaved1F1B), and the modules of each of
     the ``pp * vp`` stages, written out so that torchtitan runs the split the plan priced: its own
     split counts the embedding and the output as a layer each since 2025-04 (``head_slots``).
     Even: no stage holds more than ``ceil(L / (pp vp))`` layers; with ``head_slots``:
     ``L + 2`` slots, the larger parts first, the first and the last stage giving one slot each to
     ``tok_embeddings`` and to ``norm`` + ``output``."""
+    name = TORCHTITAN_SCHEDULES.get(schedule or default_schedule(vp))
+    if name is None or vp == 1 and name not in ("1F1B", "GPipe"):
+        raise SpecError(f"--format torchtitan: schedule={schedule} with vp={vp}: torchtitan has no such schedule "
+                        "(its multi-stage schedules need at least 2 stages per rank; DualPipe runs as DualPipeV, vp=2)")
     stages = pp * vp
     if head_slots:
         q, r = divmod(num_layers + 2, stages)
@@ -66,7 +78,7 @@ def _torchtitan_pipeline(num_layers: int, pp: int, vp: int, head_slots: bool = F
         first += count
     parts[0].insert(0, "tok_embeddings")
     parts[-1] += ["norm", output]  # the output layer: 'output' in 0.2.2, 'lm_head' in 0.3.0
-    return ("1F1B" if vp == 1 else "Interleaved1F1B"), parts
+    return name, parts
 
 
 def _torchtitan_header(doc: dict, L: dict, job: dict, fmt: str) -> list[str]:
@@ -90,7 +102,7 @@ def _torchtitan_header(doc: dict, L: dict, job: dict, fmt: str) -> list[str]:
     if job["precision"] == "fp16":
         head.append("# fp16: torchtitan trains in bf16 mixed precision (no fp16 loss scaling); bfloat16 is written")
     if L["vp"] > 1:
-        head.append(f"# {L['vp']} virtual stages per rank: Interleaved1F1B")
+        head.append(f"# {L['vp']} virtual stages per rank: {TORCHTITAN_SCHEDULES[L.get('schedule') or 'interleaved']}")
     return head
 
 
@@ -178,7 +190,8 @@ def _torchtitan_03_parallelism(L: dict, num_layers: int) -> list[tuple[str, obje
              ("expert_parallel_degree", L["ep"]),
              ("fsdp_reshard_after_forward", "never" if L["zero_stage"] == 2 else "default")]
     if L["pp"] > 1:
-        schedule, parts = _torchtitan_pipeline(num_layers, L["pp"], L["vp"], bool(L.get("head_slots")), "lm_head")
+        schedule, parts = _torchtitan_pipeline(num_layers, L["pp"], L["vp"], bool(L.get("head_slots")), "lm_head",
+                                               L.get("schedule", ""))
         pairs += [("pipeline_parallel_schedule", schedule), ("pipeline_parallel_microbatch_size", L["micro_batch_size"]),
                   ("module_fqns_per_model_part", parts)]
     return pairs

@@ -89,7 +89,8 @@ def _torchtitan_parallelism(L: dict, num_layers: int) -> list[str]:
         f'fsdp_reshard_after_forward = "{"never" if L["zero_stage"] == 2 else "default"}"',
     ]
     if L["pp"] > 1:
-        schedule, parts = _torchtitan_pipeline(num_layers, L["pp"], L["vp"], bool(L.get("head_slots")))
+        schedule, parts = _torchtitan_pipeline(num_layers, L["pp"], L["vp"], bool(L.get("head_slots")),
+                                               schedule=L.get("schedule", ""))
         lines += [f'pipeline_parallel_schedule = "{schedule}"', f"pipeline_parallel_microbatch_size = {L['micro_batch_size']}",
                   f"module_fqns_per_model_part = {json.dumps(parts)}"]
     return lines
