@@ -165,3 +165,24 @@ def test_exports_refuse_a_schedule_their_launcher_lacks():
     for fmt in ("megatron", "slurm"):
         with pytest.raises(SpecError, match=f"export --format {fmt}: schedule=zb1p: megatron has no such"):
             export(mlm, fmt)
+
+
+def test_a_published_schedule_is_priced_by_validate():
+    """A run's ``layout.schedule`` (RUNS_FORMAT.md) is applied after the search of its unpublished
+    knobs and priced; a framework without it keeps it (the run used it)."""
+    import copy
+    from pathlib import Path
+
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.studies.runs import evaluate_run, load_runs
+
+    runs = load_runs(Path(__file__).resolve().parents[1] / "planner" / "data" / "runs.yaml")
+    run = next(r for r in runs if (r.get("layout") or {}).get("pp", 1) > 1 and (r["layout"].get("vp") or 1) == 1)
+    plain = evaluate_run(run, SearchOptions(), best=False)
+    zb = copy.deepcopy(run)
+    zb["layout"]["schedule"] = "zb1p"
+    priced = evaluate_run(zb, SearchOptions(), best=False)
+    assert plain.reason is None and priced.reason is None, (plain.reason, priced.reason)
+    assert priced.layout["schedule"] == "zb1p" and priced.predicted_step_time_s < plain.predicted_step_time_s
+    zb["layout"]["schedule"] = "gpipe"
+    assert "layout.schedule: got 'gpipe'" in evaluate_run(zb, SearchOptions(), best=False).reason
