@@ -186,3 +186,13 @@ def test_a_published_schedule_is_priced_by_validate():
     assert priced.layout["schedule"] == "zb1p" and priced.predicted_step_time_s < plain.predicted_step_time_s
     zb["layout"]["schedule"] = "gpipe"
     assert "layout.schedule: got 'gpipe'" in evaluate_run(zb, SearchOptions(), best=False).reason
+
+
+def test_the_timeline_does_not_draw_a_named_schedule_as_1f1b():
+    from clusterplan.planner.report.timeline import build_timeline
+
+    doc = _plan_doc("torchtitan", "pp=4,vp=2")
+    assert len(build_timeline(doc).rows) == min(4, doc["layout"]["pp"])  # the default schedule is drawn per stage
+    doc["layout"]["schedule"] = "zbv"
+    timeline = build_timeline(doc)
+    assert not timeline.rows and "the zbv pipeline schedule is not drawn" in timeline.note

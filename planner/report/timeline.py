@@ -98,6 +98,10 @@ def build_timeline(doc: dict) -> Timeline:
     s = doc.get("schedule")
     if not s:
         return _breakdown_timeline(doc)
+    named = (doc.get("layout") or {}).get("schedule")
+    if named:  # Layout.schedule: its bubble is priced, but the simulation below runs (interleaved) 1F1B
+        return _breakdown_timeline(doc, f"the {named} pipeline schedule is not drawn (the timeline lays out 1F1B "
+                                        "and interleaved 1F1B)", "")
     try:
         if s["pp"] * s["vp"] * s["num_microbatches"] > MAX_CHUNKS:
             raise ValueError(f"schedule: more than {MAX_CHUNKS:,} chunks")
@@ -127,14 +131,14 @@ def build_timeline(doc: dict) -> Timeline:
 
 
 def _breakdown_timeline(doc: dict, why: str = "this document has no per-micro-batch schedule (written "
-                        "before it)") -> Timeline:
+                        "before it)", hint: str = "; plan --json again for the pipeline timeline") -> Timeline:
     """A document without a schedule: its breakdown as one row of consecutive terms."""
     row, t = Row("step"), 0.0
     for term, seconds in doc["breakdown"].items():
         if seconds:
             row.blocks.append(Block(t, seconds, term, "the whole step"))
             t += seconds
-    note = f"{why}: the step's breakdown is drawn as one row; plan --json again for the pipeline timeline"
+    note = f"{why}: the step's breakdown is drawn as one row{hint}"
     return Timeline(doc["step_time_s"], row, [], note)
 
 
