@@ -184,8 +184,8 @@ def _batch_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
 def _schedule_problems(layout: Layout, m: int, prof, bad) -> None:
     """What a pipeline schedule given by name needs (``Layout.schedule``): a pipeline; its chunks per
     rank (1F1B and DualPipe one, the V shapes two, interleaved and looped several); DualPipe an even
-    pp (its ranks pair up, rank r with pp - 1 - r) and an even micro-batch count (half enter at
-    each end: DeepSeek-V3 sec. 3.2.1)."""
+    pp (its ranks pair up, rank r with pp - 1 - r) and an even micro-batch count of at least 2 pp
+    (half enter at each end: deepseek-ai/DualPipe dualpipe.py ``step`` asserts both)."""
     s = layout.schedule
     if not s:
         return
@@ -205,9 +205,10 @@ def _schedule_problems(layout: Layout, m: int, prof, bad) -> None:
     if s == "zb1p" and layout.vp == 1 and prof.has("schedule_zb1p") and not prof.has("schedule_zbh1"):
         bad("framework", f"schedule=zb1p with vp=1: {prof.profile.describe(prof.date)} runs zero bubble with several "
                          "stages per rank only (interleaved zero bubble): set vp >= 2, or schedule=zbv")
-    if s == "dualpipe" and (layout.pp % 2 or m % 2):
+    if s == "dualpipe" and (layout.pp % 2 or m % 2 or m < 2 * layout.pp):
         bad("schedule", f"schedule=dualpipe pairs rank r with rank pp - 1 - r and feeds half the micro-batches from "
-                        f"each end: needs an even pp and micro-batch count (got pp={layout.pp}, {m} micro-batches)")
+                        f"each end: needs an even pp and an even micro-batch count of at least 2 pp "
+                        f"(got pp={layout.pp}, {m} micro-batches)")
 
 
 def _model_code_problems(job: Job, layout: Layout, bad) -> None:
@@ -301,7 +302,9 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
                     prof.pipeline_microbatch_problem(layout.pp, num_microbatches(job, layout))):
         if message:
             bad("framework", message)
-    invalid = {"zero_stage": layout.zero_stage not in (0, 1, 2, 3), "recompute": layout.recompute not in RECOMPUTE_MODES}
+    invalid = {"zero_stage": layout.zero_stage not in (0, 1, 2, 3), "recompute": layout.recompute not in RECOMPUTE_MODES,
+               # vp's own schedule given against its vp, or no schedule: reported by _schedule_problems alone
+               "schedule": layout.schedule in ("1f1b", "interleaved") or layout.schedule not in ("", *PIPELINE_SCHEDULES)}
     values = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vp": layout.vp, "ep": layout.ep,
               "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
               "zero_stage": layout.zero_stage, "dp_overlap": layout.dp_overlap,

@@ -196,3 +196,12 @@ def test_the_timeline_does_not_draw_a_named_schedule_as_1f1b():
     doc["layout"]["schedule"] = "zbv"
     timeline = build_timeline(doc)
     assert not timeline.rows and "the zbv pipeline schedule is not drawn" in timeline.note
+
+
+def test_a_schedule_against_its_vp_is_reported_once_by_its_own_rule():
+    problems, _ = _run(BASE + ",vp=2,schedule=1f1b", "megatron")
+    assert [key for key, _ in problems] == ["schedule"], problems
+    problems, _ = _run(BASE.replace("zero=2", "zero=1") + ",schedule=dualpipe", "megatron")  # 32 micro-batches
+    assert [key for key, _ in problems] == ["framework"], problems
+    problems, _ = _run("tp=2,sp=on,pp=4,dp=2,zero=2,mbs=8,schedule=dualpipe")  # 4 micro-batches < 2 pp
+    assert any(key == "schedule" and "at least 2 pp" in m for key, m in problems), problems
