@@ -76,6 +76,7 @@ from clusterplan.cost.terms.comm import (  # noqa: F401
     comm_kernel_slowdown,
     overlapped_exposed_s,
     cp_comm_terms,
+    cp_a2a_size,
     ep_comm_terms,
     _ep_open_s,
     ep_comm_parts,
