@@ -83,3 +83,16 @@ def test_megatron_offers_every_kind_since_2024_11():
     job = Job(global_batch_size=64, seq_len=32768, framework_date="2024-11")
     for comm in ("allgather", "a2a", "a2a+p2p"):
         assert not layout_problems(MODEL, job, CLUSTER, Layout(tp=2, cp=4, pp=2, dp=8, cp_comm=comm))
+
+
+@pytest.mark.parametrize("framework, moves", [("megatron", {"cp_comm allgather", "cp_comm a2a", "cp_comm a2a+p2p"}),
+                                              ("torchtitan", set())])
+def test_explain_moves_to_the_kinds_the_framework_offers(framework, moves):
+    from clusterplan.planner.explain import sensitivities
+    job = Job(global_batch_size=64, seq_len=32768, framework=framework)
+    best = evaluate(MODEL, job, CLUSTER, Layout(tp=2, cp=4, pp=4, dp=4, sequence_parallel=True, recompute="full"))
+    assert best.fits
+    rows = {r["move"]: r for r in sensitivities(MODEL, job, CLUSTER, best) if r["move"].startswith("cp_comm")}
+    assert set(rows) == moves
+    for name, row in rows.items():  # priced: the ring hides behind attention, the others are exposed
+        assert row["allowed"] and row["step_time_s"] > best.step_time_s, name
