@@ -96,3 +96,19 @@ def test_explain_moves_to_the_kinds_the_framework_offers(framework, moves):
     assert set(rows) == moves
     for name, row in rows.items():  # priced: the ring hides behind attention, the others are exposed
         assert row["allowed"] and row["step_time_s"] > best.step_time_s, name
+
+
+@pytest.mark.parametrize("comm, cp, tp, flags", [
+    ("p2p", 4, 2, []),  # Megatron's default: nothing written, as before
+    ("allgather", 4, 2, ["--cp-comm-type all_gather"]),  # Transformer Engine's name for the kind
+    ("a2a", 4, 2, ["--cp-comm-type a2a"]),
+    ("a2a+p2p", 16, 1, ["--cp-comm-type a2a+p2p", "--hierarchical-context-parallel-sizes 8 2"]),  # 8 per node
+])
+def test_megatron_export_writes_the_kind(comm, cp, tp, flags):
+    from clusterplan import export
+    from clusterplan.planner.report.plan import evaluation_document
+    layout = Layout(tp=tp, cp=cp, pp=2, dp=128 // (tp * cp * 2), cp_comm=comm, recompute="full")
+    doc = evaluation_document(MODEL, JOB, CLUSTER, evaluate(MODEL, JOB, CLUSTER, layout))
+    text = export(doc, "megatron", model=MODEL)
+    written = [line.strip() for line in text.splitlines() if "cp-comm-type" in line or "hierarchical-context" in line]
+    assert written == flags

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from clusterplan.cost.layout import microbatch_group_size, split_order
+from clusterplan.cost.layout import Layout, microbatch_group_size, split_order
+from clusterplan.cost.terms import cp_a2a_size
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.report.export.common import PINNED, _job, _rope, cuda_arch, model_spec, rope_theta
 
@@ -202,6 +203,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
     args += _megatron_group_args(L, notes)
     if L["sequence_parallel"]:
         args.append("--sequence-parallel")
+    args += _megatron_cp_comm_args(L, doc["inputs"]["cluster"]["domain_size"])
     args += _megatron_recompute_args(L)
     args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
     if L["dp_overlap"]:
@@ -225,6 +227,20 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
                      "--use-tp-pp-dp-mapping, tp-cp-ep-pp-dp; this order needs your own process groups")
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if _needs_single_connection(doc) else {}
     return args, notes, env
+
+
+def _megatron_cp_comm_args(L: dict, domain_size: int) -> list[str]:
+    """Megatron-Core's context-parallel communication type (``--cp-comm-type``, core_r0.10.0; default
+    p2p, Transformer Engine's name ``all_gather`` for the all-gather kind) and, for the hierarchical
+    kind, the all-to-all and ring group sizes as priced (``cost.terms.cp_a2a_size``)."""
+    kind = L.get("cp_comm", "p2p")
+    if L["cp"] == 1 or kind == "p2p":
+        return []
+    args = [f"--cp-comm-type {'all_gather' if kind == 'allgather' else kind}"]
+    if kind == "a2a+p2p":
+        inner = cp_a2a_size(kind, L["cp"], Layout.from_dict(L).stride("cp"), domain_size)
+        args.append(f"--hierarchical-context-parallel-sizes {inner} {L['cp'] // inner}")
+    return args
 
 
 def _megatron_recompute_args(L: dict) -> list[str]:
