@@ -23,7 +23,7 @@ from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, compute_terms, dp_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares,
     grads_freed_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
-    overlapped_exposed_s, p2p_s, cp_a2a_size,
+    overlapped_exposed_s, p2p_s, cp_a2a_size, cp_heads_split,
     param_counts, period_layers, regather_share, runtime_bytes, stage_slots, stage_split, static_memory,
 )
 
@@ -219,10 +219,8 @@ def _cp_comm_problems(model: ModelSpec, cluster: Cluster, layout: Layout, bad) -
         bad("context", f"cp_comm={layout.cp_comm!r}; allowed: {', '.join(CP_COMM_KINDS)}")
         return
     k = cp_a2a_size(layout.cp_comm, layout.cp, layout.stride("cp"), cluster.domain_size)
-    if k == 1:
-        return
-    heads, kv = model.num_attention_heads // layout.tp, max(1, model.num_kv_heads_resolved // layout.tp)
-    if heads % k or kv % k:
+    if not cp_heads_split(model, layout.tp, k):
+        heads, kv = model.num_attention_heads // layout.tp, max(1, model.num_kv_heads_resolved // layout.tp)
         bad("context", f"cp_comm={layout.cp_comm}: the all-to-all over {k} context-parallel ranks splits the heads of "
             f"each tensor-parallel rank ({heads} query, {kv} key/value heads at tp={layout.tp}); both must be "
             f"divisible by {k}")

@@ -112,3 +112,38 @@ def test_megatron_export_writes_the_kind(comm, cp, tp, flags):
     text = export(doc, "megatron", model=MODEL)
     written = [line.strip() for line in text.splitlines() if "cp-comm-type" in line or "hierarchical-context" in line]
     assert written == flags
+
+
+def _search_case():
+    model = get_model("llama3-8b").model_copy(update={"num_layers": 4})
+    return model, Job(global_batch_size=32, seq_len=8192), build_cluster("dgx-h100-superpod", num_devices=32)
+
+
+def test_search_picks_the_fastest_kind_per_factorization():
+    """cp=16 over two 8-GPU nodes: all-to-alls inside each node and a ring of two beat a ring of 16."""
+    from clusterplan.planner.search import SearchOptions, plan
+    from clusterplan.planner.search.space import parse_bounds
+    model, job, cluster = _search_case()
+    best = plan(model, job, cluster, SearchOptions(engine="cpsat", bounds=parse_bounds(("cp=16,tp=1",)))).best
+    assert best.layout.cp_comm == "a2a+p2p"
+    ring = evaluate(model, job, cluster, best.layout.with_(cp_comm="p2p"))
+    assert best.time.cp_comm_s < ring.time.cp_comm_s
+    assert best.step_time_s == evaluate(model, job, cluster, best.layout).step_time_s  # priced as evaluate does
+    held = plan(model, job, cluster, SearchOptions(engine="cpsat", bounds=parse_bounds(("cp=16,tp=1,cp_comm=p2p",))))
+    assert held.best.layout.cp_comm == "p2p"
+
+
+def test_engines_agree_with_the_kinds():
+    from clusterplan.planner.search.space import parse_bounds
+    from test_search import _check_engines_agree  # tests/ is on the path (test_offload_search.py)
+    model, job, cluster = _search_case()
+    for fix in ("cp=16,pp=1", "cp=8,pp=1,cp_comm=a2a", "cp=16,pp=1,cp_comm=a2a"):  # the last: no head split
+        _check_engines_agree(model, job, cluster, parse_bounds((fix,)))
+
+
+def test_validate_holds_the_ring_where_a_run_does_not_say():
+    from clusterplan.cost.framework import load_profile
+    from clusterplan.planner.studies.runs import _bounds
+    prof = load_profile("megatron").at(None)
+    assert _bounds({"layout": {"tp": 1, "cp": 16}}, prof).fixed["cp_comm"] == "p2p"
+    assert _bounds({"layout": {"tp": 1, "cp": 16, "cp_comm": "a2a"}}, prof).fixed["cp_comm"] == "a2a"

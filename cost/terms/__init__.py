@@ -77,6 +77,8 @@ from clusterplan.cost.terms.comm import (  # noqa: F401
     overlapped_exposed_s,
     cp_comm_terms,
     cp_a2a_size,
+    cp_comm_choice,
+    cp_heads_split,
     ep_comm_terms,
     _ep_open_s,
     ep_comm_parts,

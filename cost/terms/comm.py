@@ -182,6 +182,29 @@ def cp_a2a_size(comm: str, cp: int, stride: int, domain_size: int) -> int:
     return math.gcd(cp, max(1, domain_size // stride))
 
 
+def cp_heads_split(model: ModelSpec, tp: int, k: int) -> bool:
+    """Whether an all-to-all over ``k`` context-parallel ranks can split each tensor-parallel rank's
+    query and key/value heads (Transformer Engine asserts "The number of attention heads needs to be
+    divisible by CP size!"; key/value heads fewer than tp are replicated, one per rank)."""
+    return (model.num_attention_heads // tp) % k == 0 and max(1, model.num_kv_heads_resolved // tp) % k == 0
+
+
+@lru_cache(maxsize=65536)
+def cp_comm_choice(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: int,
+                   kinds: tuple[str, ...]) -> tuple[str, float] | None:
+    """The kind of ``kinds`` with the least exposed traffic (:func:`cp_comm_terms`) and that traffic, among
+    those whose all-to-all can split the heads; the first on a tie (the ring, listed first). None where
+    none can. The kind changes no memory term, so the search decides it per factorization exactly."""
+    best = None
+    for comm in kinds:
+        if not cp_heads_split(ctx.model, tp, cp_a2a_size(comm, cp, stride, ctx.cluster.domain_size)):
+            continue
+        seconds = cp_comm_terms(ctx, tp, cp, mbs, sp, stride, None, comm)
+        if best is None or seconds < best[1]:
+            best = (comm, seconds)
+    return best
+
+
 def _cp_layer_s(ctx: Context, n: float, tp: int, cp: int, stride: int, ops, comm: str) -> float:
     """One layer's exposed context-parallel traffic: the all-gather kind, or the all-to-alls of the
     inner group and the ring of the rest."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 
-from clusterplan.cost.layout import Layout, microbatch_group_size, split_order
-from clusterplan.cost.terms import cp_a2a_size
+from clusterplan.cost.layout import microbatch_group_size, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.report.export.common import PINNED, _job, _rope, cuda_arch, model_spec, rope_theta
 
@@ -203,7 +202,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
     args += _megatron_group_args(L, notes)
     if L["sequence_parallel"]:
         args.append("--sequence-parallel")
-    args += _megatron_cp_comm_args(L, doc["inputs"]["cluster"]["domain_size"])
+    args += _megatron_cp_comm_args(L, doc.get("cp_hierarchy"))
     args += _megatron_recompute_args(L)
     args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
     if L["dp_overlap"]:
@@ -229,17 +228,19 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
     return args, notes, env
 
 
-def _megatron_cp_comm_args(L: dict, domain_size: int) -> list[str]:
+def _megatron_cp_comm_args(L: dict, hierarchy: list[int] | None) -> list[str]:
     """Megatron-Core's context-parallel communication type (``--cp-comm-type``, core_r0.10.0; default
     p2p, Transformer Engine's name ``all_gather`` for the all-gather kind) and, for the hierarchical
-    kind, the all-to-all and ring group sizes as priced (``cost.terms.cp_a2a_size``)."""
+    kind, the all-to-all and ring group sizes as priced (the plan's ``cp_hierarchy``)."""
     kind = L.get("cp_comm", "p2p")
     if L["cp"] == 1 or kind == "p2p":
         return []
     args = [f"--cp-comm-type {'all_gather' if kind == 'allgather' else kind}"]
     if kind == "a2a+p2p":
-        inner = cp_a2a_size(kind, L["cp"], Layout.from_dict(L).stride("cp"), domain_size)
-        args.append(f"--hierarchical-context-parallel-sizes {inner} {L['cp'] // inner}")
+        if not hierarchy:
+            raise SpecError("export --format megatron: cp_comm=a2a+p2p needs the plan's cp_hierarchy (the all-to-all "
+                            "and ring sizes, --hierarchical-context-parallel-sizes); plan again with this release")
+        args.append(f"--hierarchical-context-parallel-sizes {hierarchy[0]} {hierarchy[1]}")
     return args
 
 
