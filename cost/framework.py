@@ -32,6 +32,12 @@ PLATFORM_NAMES = {"nvidia": "NVIDIA GPUs (CUDA)", "amd": "AMD Instinct GPUs (ROC
                   "dojo": "Tesla Dojo", "sambanova": "SambaNova RDUs"}
 
 
+CP_COMM_FEATURES: dict[str, str | None] = {"p2p": None, "allgather": "cp_allgather", "a2a": "cp_a2a",
+                                           "a2a+p2p": "cp_a2a_p2p"}
+"""Each context-parallel communication kind (``Layout.cp_comm``) and the profile feature that offers it
+(the ring, ``p2p``, comes with ``cp`` itself)."""
+
+
 def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
     """The values of each knob the framework profile (at its date) does not offer in full: a knob
     missing here is unrestricted. A degree the framework lacks is held at 1."""
@@ -52,6 +58,9 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
         out["offload"] = ("none",)
     # "" is the schedule vp implies (1F1B, interleaved), under the pp and vp features
     out["schedule"] = ("", *(s for s in ("zb1p", "zbv", "dualpipe", "dualpipev", "looped") if prof.has(f"schedule_{s}")))
+    kinds = tuple(kind for kind, feature in CP_COMM_FEATURES.items() if feature is None or prof.has(feature))
+    if len(kinds) < len(CP_COMM_FEATURES):
+        out["cp_comm"] = kinds
     if prof.profile.zero3_across_domains != "replicate":  # it shards over every rank already
         out["shard_across_domains"] = (False,)
     out["zero_stage"] = prof.zero_stages()

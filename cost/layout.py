@@ -51,6 +51,11 @@ half, ``DualPipeV``), and the looped breadth-first schedule (MaxText's circular 
 ``LoopedBFS``: every micro-batch through a chunk before the next chunk)."""
 SCHEDULE_CHUNKS: dict[str, int] = {"zbv": 2, "dualpipev": 2}
 """The schedules whose chunk count per rank is fixed: the V shapes hold two (rank r: chunks r and 2 pp - 1 - r)."""
+CP_COMM_KINDS: tuple[str, ...] = ("p2p", "allgather", "a2a", "a2a+p2p")
+"""How context-parallel attention exchanges the sequence (Megatron-Core's ``cp_comm_type``): a ring of
+key/value blocks (``p2p``), one all-gather of keys and values (``allgather``), all-to-alls of the
+heads (``a2a``, DeepSpeed-Ulysses), or all-to-alls inside the scale-up domain and a ring across
+(``a2a+p2p``); priced in ``cost.terms.comm.cp_comm_terms``."""
 MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused", "llmfoundry")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 MAX_JOB_INT = 2**31 - 1  # sequences per step and tokens per sequence: the command line's bound
@@ -106,6 +111,8 @@ class Layout:
         (``cost.terms.offload_s``). MaxText's ``remat_policy: custom`` with ``decoder_layer_input:
         offload``. Priced by ``evaluate`` and ``validate``; the search offers it with full recomputation
         where its transfers hide (``planner.search.space.split_spaces``).
+    cp_comm : with cp > 1, how attention exchanges the sequence (:data:`CP_COMM_KINDS`; ``p2p``, the ring,
+        by default). Priced by ``evaluate`` and ``validate``; refused where the framework lacks the kind.
     shard_across_domains : with ZeRO-3 under a framework that by default shards inside each scale-up
         domain and replicates the shards between domains (``semantics.zero3_across_domains: replicate``:
         MaxText's ICI fsdp axis and DCN data axis), shard over every data-parallel rank instead
@@ -141,6 +148,7 @@ class Layout:
     offload: str = "none"
     shard_across_domains: bool = False
     schedule: str = ""
+    cp_comm: str = "p2p"
 
     def __post_init__(self) -> None:
         if self.schedule and self.schedule == default_schedule(self.vp):
@@ -228,6 +236,8 @@ class Layout:
         parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}"]
         if self.cp > 1:
             parts.append(f"cp={self.cp}")
+            if self.cp_comm != "p2p":
+                parts.append(f"cp_comm={self.cp_comm}")
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
             if not self.expert_tp:
@@ -486,8 +496,12 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         if raw not in OFFLOAD_MODES:
             raise SpecError(f"layout.offload: got {raw!r}; allowed: {', '.join(OFFLOAD_MODES)}")
         return raw
+    if key == "cp_comm":
+        if raw not in CP_COMM_KINDS:
+            raise SpecError(f"layout.cp_comm: got {raw!r}; allowed: {', '.join(CP_COMM_KINDS)}")
+        return raw
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
-               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains, schedule")
+               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains, schedule, cp_comm")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
-from clusterplan.cost.layout import (OFFLOAD_MODES, PIPELINE_SCHEDULES, RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout,
-                                      interleaved_warmup, parse_recompute_modules)
+from clusterplan.cost.layout import (CP_COMM_KINDS, OFFLOAD_MODES, PIPELINE_SCHEDULES, RECOMPUTE_MODES, SCHEDULE_CHUNKS,
+                                      Job, Layout, interleaved_warmup, parse_recompute_modules)
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares,
     grads_freed_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
-    overlapped_exposed_s, p2p_s,
+    overlapped_exposed_s, p2p_s, cp_a2a_size, cp_heads_split,
     param_counts, period_layers, regather_share, runtime_bytes, stage_slots, stage_split, static_memory,
 )
 
@@ -143,6 +143,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
         bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
     _partial_recompute_problems(model, layout, bad)
     _offload_problems(cluster, layout, bad)
+    _cp_comm_problems(model, cluster, layout, bad)
     _head_slot_problems(model, job, layout, bad)
     _schedule_problems(layout, num_microbatches(job, layout), job.profile, bad)
     _model_code_problems(job, layout, bad)
@@ -241,6 +242,21 @@ def _offload_problems(cluster: Cluster, layout: Layout, bad) -> None:
             "in the device catalogue (memory_tiers: host), so the copies cannot be priced")
 
 
+def _cp_comm_problems(model: ModelSpec, cluster: Cluster, layout: Layout, bad) -> None:
+    """``cp_comm`` names a kind (``CP_COMM_KINDS``), and the all-to-all kinds split each tensor-parallel
+    rank's query and key/value heads over their all-to-all group (Transformer Engine asserts "The number
+    of attention heads needs to be divisible by CP size!")."""
+    if layout.cp_comm not in CP_COMM_KINDS:
+        bad("context", f"cp_comm={layout.cp_comm!r}; allowed: {', '.join(CP_COMM_KINDS)}")
+        return
+    k = cp_a2a_size(layout.cp_comm, layout.cp, layout.stride("cp"), cluster.domain_size)
+    if not cp_heads_split(model, layout.tp, k):
+        heads, kv = model.num_attention_heads // layout.tp, max(1, model.num_kv_heads_resolved // layout.tp)
+        bad("context", f"cp_comm={layout.cp_comm}: the all-to-all over {k} context-parallel ranks splits the heads of "
+            f"each tensor-parallel rank ({heads} query, {kv} key/value heads at tp={layout.tp}); both must be "
+            f"divisible by {k}")
+
+
 def _head_slot_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
     message = head_slot_problem(model, job, layout.pp, layout.vp) if layout.head_slots else None
     if message:
@@ -311,7 +327,9 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
               "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1,
               "recompute_layers": layout.recompute_layers, "recompute_modules": layout.recompute_modules,
               "head_slots": layout.head_slots, "order": layout.order, "offload": layout.offload,
-              "shard_across_domains": layout.shard_across_domains, "schedule": layout.schedule}
+              "shard_across_domains": layout.shard_across_domains, "schedule": layout.schedule,
+              "cp_comm": layout.cp_comm if layout.cp > 1 else "p2p"}
+    invalid["cp_comm"] = layout.cp_comm not in CP_COMM_KINDS
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
         bad("framework", message)

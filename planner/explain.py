@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from clusterplan.cost.framework import framework_domains, knob_text
-from clusterplan.cost.layout import RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, default_schedule, order_axes, split_order
+from clusterplan.cost.layout import (CP_COMM_KINDS, RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, default_schedule,
+                                      order_axes, split_order)
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.search.space import Space
@@ -17,13 +18,14 @@ from clusterplan.topologies.cluster import Cluster
 GIB = 2**30
 
 
-def _moves(lay: Layout, moe: bool, offload: bool = False) -> list[tuple[str, Layout]]:
+def _moves(lay: Layout, moe: bool, offload: bool = False, cp_kinds: tuple[str, ...] = ()) -> list[tuple[str, Layout]]:
     """One step up and down in each knob, keeping tp*pp*dp*cp fixed by trading with dp.
 
     Knobs that cannot apply (interleaving without a pipeline, expert parallelism on a dense model,
     host offload where the search does not offer it: ``offload`` False) are left out rather than
     reported as blocked. A recompute move keeps the layer inputs on the device (offload goes with
-    full recomputation).
+    full recomputation). With cp > 1, each other context-parallel communication kind of ``cp_kinds``
+    (those the framework offers).
     """
     out: list[tuple[str, Layout]] = []
     for axis in ("tp", "pp", "cp"):
@@ -62,6 +64,7 @@ def _moves(lay: Layout, moe: bool, offload: bool = False) -> list[tuple[str, Lay
         out.append((f"ep_overlap {'off' if lay.ep_overlap else 'on'}", lay.with_(ep_overlap=not lay.ep_overlap)))
     if lay.pp > 1:  # the embedding and the head in layer slots (searched where the framework offers it)
         out.append((f"head_slots {'off' if lay.head_slots else 'on'}", lay.with_(head_slots=not lay.head_slots)))
+    out += [(f"cp_comm {k}", lay.with_(cp_comm=k)) for k in cp_kinds if lay.cp > 1 and k != lay.cp_comm]
     if lay.traversal:
         out.append(("default torus traversal", lay.with_(order=split_order(lay.order)[0])))
     return out
@@ -108,8 +111,9 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
     """For each one-step move: the new step time and its change, or why the move is not allowed."""
     rows = []
     offload = best.layout.offload != "none" or space is not None and len(space.offload) > 1
-    schedules = framework_domains(job.profile, cluster.device.family)["schedule"]
-    moves = _moves(best.layout, model.is_moe, offload)
+    domains = framework_domains(job.profile, cluster.device.family)
+    schedules, cp_kinds = domains["schedule"], domains.get("cp_comm", CP_COMM_KINDS)
+    moves = _moves(best.layout, model.is_moe, offload, cp_kinds)
     moves += _schedule_moves(best.layout, schedules, job.profile.has("schedule_zbh1"))
     for name, lay in moves:
         outside = _outside(space, lay)

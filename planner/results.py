@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 
 from clusterplan.cost.energy import has_idle_power, host_power_w, step_cost_usd, step_energy_j
 from clusterplan.cost.goodput import goodput
-from clusterplan.cost.layout import Job
+from clusterplan.cost.layout import Job, Layout
 from clusterplan.cost.step import Evaluation, gemm_precision
-from clusterplan.cost.terms import overlap_charge, shard_copies
+from clusterplan.cost.terms import cp_a2a_size, overlap_charge, shard_copies
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.caveats import caveats
 from clusterplan.planner.explain import explain, placement
@@ -52,6 +52,9 @@ class LayoutResults:
     """The step time's 80% interval from the published runs of its regime
     (:func:`planner.studies.uncertainty.prediction_interval`): ``{low_s, high_s, level, regime, runs,
     sources}``; None without the interval table."""
+    cp_hierarchy: tuple[int, int] | None = None
+    """Under ``cp_comm=a2a+p2p``: the all-to-all group's and the ring's sizes as priced
+    (``cost.terms.cp_a2a_size``; Megatron-Core's ``--hierarchical-context-parallel-sizes``); else None."""
     views: dict | None = None
     """The winner's figures the HTML page and the timeline draw (:mod:`planner.views`): ``schedule``,
     ``stage_memory`` and ``fabric_groups``; None for a runner-up."""
@@ -97,7 +100,14 @@ def layout_results(ev: Evaluation, job: Job, cluster: Cluster, model: ModelSpec 
         zero_shard_copies=shard_copies(job.profile.profile, cluster, L.dp, L.pp, L.cp, L.ep, L.zero_stage,
                                        L.shard_across_domains),
         training=training_totals(figures, job, None if model is None else model.num_params, cluster.num_devices),
-        step_time_interval=interval)
+        step_time_interval=interval, cp_hierarchy=_cp_hierarchy(L, cluster))
+
+
+def _cp_hierarchy(L: Layout, cluster: Cluster) -> tuple[int, int] | None:
+    if L.cp == 1 or L.cp_comm != "a2a+p2p":
+        return None
+    inner = cp_a2a_size(L.cp_comm, L.cp, L.stride("cp"), cluster.domain_size)
+    return inner, L.cp // inner
 
 
 def with_views(figures: LayoutResults, model: ModelSpec, job: Job, cluster: Cluster) -> LayoutResults:

@@ -153,16 +153,93 @@ def overlapped_exposed_s(comm_s: float, window_s: float, share: float) -> float:
 
 
 @lru_cache(maxsize=65536)
-def cp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: int, kind: bool | None = None) -> float:
+def cp_comm_terms(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: int, kind: bool | None = None,
+                  comm: str = "p2p") -> float:
+    """Exposed context-parallel traffic of all layers, one micro-batch, for the kind ``comm``
+    (``cost.layout.CP_COMM_KINDS``): the ring (``p2p``), the all-gather of keys and values
+    (``allgather``), the heads' all-to-alls (``a2a``), or all-to-alls inside the scale-up domain and
+    the ring across (``a2a+p2p``, :func:`cp_a2a_size`)."""
     if cp == 1:
         return 0.0
     n = _tokens(ctx, cp, mbs)
-    prof = ctx.cluster.neighbour_profile(cp, stride, ring=True)
     total = 0.0
     for moe, count in _layer_kinds(ctx.model, kind):
         ops = layer_ops(ctx.model, n, ctx.job.seq_len, tp, sp, moe)
-        total += count * _cp_comm_s(ctx, n, tp, cp, prof, ops)
+        total += count * _cp_layer_s(ctx, n, tp, cp, stride, ops, comm)
     return total
+
+
+def cp_a2a_size(comm: str, cp: int, stride: int, domain_size: int) -> int:
+    """The context-parallel ranks that exchange heads by all-to-all: all of them under ``a2a``, none
+    under ``p2p`` and ``allgather``; under ``a2a+p2p`` those of one scale-up domain (the largest
+    divisor of ``cp`` whose ranks, ``stride`` apart, fit in ``domain_size`` devices), the first of
+    Megatron-Core's ``--hierarchical-context-parallel-sizes`` (its all-to-all groups are the inner
+    ones, "e.g., via NVLink")."""
+    if comm == "a2a":
+        return cp
+    if comm != "a2a+p2p":
+        return 1
+    return math.gcd(cp, max(1, domain_size // stride))
+
+
+def cp_heads_split(model: ModelSpec, tp: int, k: int) -> bool:
+    """Whether an all-to-all over ``k`` context-parallel ranks can split each tensor-parallel rank's
+    query and key/value heads (Transformer Engine asserts "The number of attention heads needs to be
+    divisible by CP size!"; key/value heads fewer than tp are replicated, one per rank)."""
+    return (model.num_attention_heads // tp) % k == 0 and max(1, model.num_kv_heads_resolved // tp) % k == 0
+
+
+@lru_cache(maxsize=65536)
+def cp_comm_choice(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, stride: int,
+                   kinds: tuple[str, ...]) -> tuple[str, float] | None:
+    """The kind of ``kinds`` with the least exposed traffic (:func:`cp_comm_terms`) and that traffic, among
+    those whose all-to-all can split the heads; the first on a tie (the ring, listed first). None where
+    none can. The kind changes no memory term, so the search decides it per factorization exactly."""
+    best = None
+    for comm in kinds:
+        if not cp_heads_split(ctx.model, tp, cp_a2a_size(comm, cp, stride, ctx.cluster.domain_size)):
+            continue
+        seconds = cp_comm_terms(ctx, tp, cp, mbs, sp, stride, None, comm)
+        if best is None or seconds < best[1]:
+            best = (comm, seconds)
+    return best
+
+
+def _cp_layer_s(ctx: Context, n: float, tp: int, cp: int, stride: int, ops, comm: str) -> float:
+    """One layer's exposed context-parallel traffic: the all-gather kind, or the all-to-alls of the
+    inner group and the ring of the rest."""
+    if comm == "allgather":
+        return _cp_allgather_s(ctx, n, tp, ctx.cluster.strided_profile(cp, stride))
+    inner = cp_a2a_size(comm, cp, stride, ctx.cluster.domain_size)
+    a2a = _cp_a2a_s(ctx, n, tp, ctx.cluster.strided_profile(inner, stride)) if inner > 1 else 0.0
+    ring = cp // inner
+    if ring == 1:
+        return a2a
+    return a2a + _cp_comm_s(ctx, n, tp, ring, ctx.cluster.neighbour_profile(ring, stride * inner, ring=True), ops)
+
+
+def _cp_allgather_s(ctx: Context, n: float, tp: int, prof) -> float:
+    """Transformer Engine's ``AttnFuncWithCPAndKVAllGather`` (Megatron-Core ``--cp-comm-type
+    allgather``; Llama 3 paper section 3.3.2): the forward all-gathers the keys and values of the
+    whole sequence before attention, the backward gathers them again (only the local shards are
+    saved) and reduce-scatters their gradients; "the all-gather is not async, and cannot be
+    overlapped" (TransformerConfig.cp_comm_type), so all three are exposed."""
+    model = ctx.model
+    gathered = ACT_BYTES * n * prof.num_ranks * 2 * model.num_kv_heads_resolved * model.head_dim_resolved / tp
+    return 2 * coll.all_gather_s(gathered, prof) + coll.reduce_scatter_s(gathered, prof)
+
+
+def _cp_a2a_s(ctx: Context, n: float, tp: int, prof) -> float:
+    """DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509; Megatron-Core ``--cp-comm-type a2a``):
+    before attention an all-to-all turns each rank's ``n`` tokens of every head into the whole
+    sequence of ``1/k`` of the heads, for the queries, keys and values; after it one turns the output
+    back; the backward does the same with the gradients. Attention then runs on whole sequences
+    (the same work per rank as the ring), and nothing hides the all-to-alls."""
+    model = ctx.model
+    d = model.head_dim_resolved
+    qkv = ACT_BYTES * n * (model.num_attention_heads + 2 * model.num_kv_heads_resolved) * d / tp
+    out = ACT_BYTES * n * model.num_attention_heads * d / tp
+    return 2 * (coll.all_to_all_s(qkv, prof) + coll.all_to_all_s(out, prof))
 
 
 @lru_cache(maxsize=65536)

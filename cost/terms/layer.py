@@ -52,7 +52,7 @@ def layer_terms(ctx: Context, layout: Layout, m: int = 1, kind: bool | None = No
         forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
         tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap,
                                 layout.expert_tp or layout.ep == 1, layout.ep, layout.expert_tp, kind),
-        cp_comm_s=cp_comm_terms(ctx, tp, cp, mbs, sp, layout.stride("cp"), kind),
+        cp_comm_s=cp_comm_terms(ctx, tp, cp, mbs, sp, layout.stride("cp"), kind, layout.cp_comm),
         ep_comm_s=ep_s, act_bytes_per_layer=c.act_bytes_per_layer, act_transient_bytes=c.act_transient_bytes,
         act_kind_bytes=c.act_kind_bytes,
     )

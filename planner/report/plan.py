@@ -76,6 +76,8 @@ def evaluation_dict(figures: LayoutResults, num_devices: int) -> dict:
         "cost_per_step_usd": figures.cost_per_step_usd,
         "zero_shard_copies": figures.zero_shard_copies,
     }
+    if figures.cp_hierarchy:  # the all-to-all and ring sizes of hierarchical context parallelism, as priced
+        out["cp_hierarchy"] = list(figures.cp_hierarchy)
     iv = figures.step_time_interval
     if iv is not None:  # how sure: the 80% interval from the published runs of the prediction's regime
         out["step_time_interval_s"] = [iv["low_s"], iv["high_s"]]

@@ -10,13 +10,14 @@ import numpy as np
 
 from clusterplan.cost.framework import framework_refusal, refuses_overlap
 from clusterplan.cost.step import head_slot_problem
-from clusterplan.cost.terms import Context
+from clusterplan.cost.layout import Layout
+from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split
 from clusterplan.planner.search.space import (
     Space, _representative, batch_ok, canonical, expert_ok, factor_ok, folding_ok, placement_ok,
     sequence_parallel_ok,
 )
 
-REASON_ORDER = ("heads", "context", "batch", "layers", "interleave", "experts", "placement",
+REASON_ORDER = ("heads", "context", "cp_comm", "batch", "layers", "interleave", "experts", "placement",
                 "sequence_parallel", "memory")
 
 
@@ -48,6 +49,13 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     # 72-GPU racks they can win (DeepSeek-V3 on 576 GB200: cp=2, dp=32, pp=9, 18% faster than any
     # aligned layout), and where the devices do not fill whole domains no layout is aligned.
     ok_fo = np.full((len(S.factorizations), len(S.order)), -1)
+    if S.cp_comm != ("p2p",):  # context parallelism with no kind of the space that splits the heads
+        for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+            for j, o in enumerate(S.order if cp > 1 else ()):
+                stride = Layout(tp=tp, pp=pp, dp=dp, cp=cp, order=o).stride("cp")
+                if not any(cp_heads_split(model, tp, cp_a2a_size(k, cp, stride, ctx.cluster.domain_size))
+                           for k in S.cp_comm):
+                    ok_fo[i, j] = code["cp_comm"]
     return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo
 
 

@@ -16,13 +16,13 @@ from clusterplan.cost.framework import (ProfileAt, framework_domains, framework_
                                         model_domains, unoffered)
 from clusterplan.cost.step import head_slot_problem, offload_hidden
 from clusterplan.cost.terms import Context, host_tier, stage_slots
-from clusterplan.cost.layout import OFFLOAD_MODES, ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
+from clusterplan.cost.layout import CP_COMM_KINDS, OFFLOAD_MODES, ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
-         "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots", "offload")
+         "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots", "offload", "cp_comm")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order", "expert_tp": "etp"}
 KNOB_TEXT = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
@@ -37,6 +37,7 @@ REASONS = {
     "layers": "pp * vp exceeds the number of layers (with head_slots: or an uneven split the framework refuses)",
     "interleave": "interleaving needs pp > 1 and a micro-batch count its schedule takes",
     "context": "seq_len not divisible by 2 * cp",
+    "cp_comm": "no context-parallel kind of --fix cp_comm splits the heads (all-to-all over the cp ranks)",
     "experts": "ep does not divide the experts or dp/cp*dp (with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
     "placement": "expert groups laid across pipeline stages",
     "sequence_parallel": "sequence parallelism without tp, or with a sequence tp does not split",
@@ -97,6 +98,10 @@ class Space:
     # where the layers keep their inputs (cost.layout.OFFLOAD_MODES): host offload where the framework
     # and the device have it; each mode is searched on its own (split_spaces); Layout.offload
     offload: tuple[str, ...] = ("none",)
+    # the context-parallel communication kinds (cost.layout.CP_COMM_KINDS) the framework offers: not a
+    # dimension, each factorization takes the fastest that splits its heads (cost.terms.cp_comm_choice;
+    # the kind changes no memory term); Layout.cp_comm
+    cp_comm: tuple[str, ...] = ("p2p",)
     framework_rules: bool = True  # apply the profile's combination rules (off: validation of published layouts)
 
     @property
@@ -158,7 +163,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         tp_overlap=pick("tp_overlap", (False, True)),
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
         head_slots=pick("head_slots", _pipeline_splits(prof)),
-        offload=pick("offload", _offload_modes(cluster, b)),
+        offload=pick("offload", _offload_modes(cluster, b)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b, cluster.num_devices, prof, offered)

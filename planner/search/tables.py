@@ -41,7 +41,8 @@ from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.stages import RANKS, rank_index
 from clusterplan.cost.step import memory_static_bytes, rank_inflight, working_bytes
 from clusterplan.cost.terms import (
-    Context, activation_terms, compute_terms, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms, mixed_kinds,
+    Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
+    mixed_kinds,
     kind_windows, stage_kind_shares,
     ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_in_period, head_terms, optimizer_s,
     overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms, zero_replicas,
@@ -409,7 +410,7 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
         TPC, TPC_M = _qt(np.array(tp_comm(False), dtype=float) + moe), _qt(moe)
     else:
         TPC = _qt(tp_comm(None))
-    CPC = _qt([[[cp_comm_terms(c, tp, cp, mb, sp, st) if u else 0.0 for sp in SP] for mb, u in zip(MB, used)]
+    CPC = _qt([[[_cp_comm_s(c, tp, cp, mb, sp, st, S.cp_comm) if u else 0.0 for sp in SP] for mb, u in zip(MB, used)]
                for (tp, cp, st, _), c, used in zip(cpg_keys, cpg_ctx, cpg_use)])
     # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
     ep_ranks = [_ranks(c, group) for (_, _, _, _, group), c in zip(epg_keys, epg_ctx)]
@@ -421,6 +422,15 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
     H = _qt([[[0.0 if hidden or not u else head_terms(c, tp, cp, mb, sp, st).time_s for sp in SP]
               for mb, u in zip(MB, used)] for (tp, cp, st, (_, hidden)), c, used in zip(tpg_keys, tpg_ctx, tpg_use)])
     return TPC, TPC_M, CPC, EPC, H
+
+
+def _cp_comm_s(ctx: Context, tp: int, cp: int, mb: int, sp: bool, stride: int, kinds: tuple[str, ...]) -> float:
+    """The context-parallel traffic of the fastest kind of ``kinds`` (the ring alone: as priced before
+    the kinds); 0 where none splits the heads (``masks.masks`` refuses those cells)."""
+    if kinds == ("p2p",):
+        return cp_comm_terms(ctx, tp, cp, mb, sp, stride)
+    best = cp_comm_choice(ctx, tp, cp, mb, sp, stride, kinds)
+    return 0.0 if best is None else best[1]
 
 
 def _capacity(ctx: Context, memory_headroom: float, ignore_memory: bool) -> int:
@@ -594,9 +604,19 @@ def _device_to_rank(cluster) -> np.ndarray:
     return entry[1]
 
 
-def layout_from_indices(space: Space, idx: dict) -> Layout:
-    """Build the :class:`Layout` for a dict of knob indices (keys as in ``planner.search.cpsat``)."""
+def layout_from_indices(space: Space, idx: dict, ctx: Context | None = None) -> Layout:
+    """Build the :class:`Layout` for a dict of knob indices (keys as in ``planner.search.cpsat``), with
+    the context-parallel kind the tables priced for it (``ctx``: the search's context)."""
     S = space
+    lay = _layout_of_indices(S, idx)
+    if ctx is None or lay.cp == 1 or S.cp_comm == ("p2p",):
+        return lay
+    best = cp_comm_choice(ctx.placed(lay.order), lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel,
+                          lay.stride("cp"), S.cp_comm)
+    return lay.with_(cp_comm=best[0]) if best else lay
+
+
+def _layout_of_indices(S: Space, idx: dict) -> Layout:
     return layout_of(S.factorizations[idx["f"]], S.ep[idx["e"]], S.vp[idx["v"]], S.micro_batch_size[idx["mb"]],
                      S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],
                      S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]], S.expert_tp[idx["e"]],

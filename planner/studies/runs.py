@@ -142,7 +142,7 @@ def _load_doc(path: str | Path, label: str = "validate FILE") -> dict:
 
 # what a run's layout may name (RUNS_FORMAT.md); anything else is a typo the run would be priced without
 RUN_LAYOUT_KEYS = LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "recompute_layers", "recompute_modules",
-                                 "expert_tp", "order", "head_slots", "offload", "shard_across_domains", "schedule")
+                                 "expert_tp", "order", "head_slots", "offload", "shard_across_domains", "schedule", "cp_comm")
 
 
 def _check_measured(run: dict) -> None:
@@ -199,12 +199,13 @@ def _bounds(run: dict, prof) -> Bounds:
     from 2025-04). Published values the
     framework profile lacks are kept: the run used them."""
     layout = dict(run.get("layout") or {})
-    fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "head_slots")
+    fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "head_slots", "cp_comm")
              if layout.get(k) is not None}
     fixed.setdefault("dp_overlap", prof.has("dp_overlap") and not _dp_overlap_refused(fixed, prof))
     fixed.setdefault("tp_overlap", False)
     fixed.setdefault("ep_overlap", False)
     fixed.setdefault("head_slots", prof.own_split_has_head_slots())
+    fixed.setdefault("cp_comm", "p2p")  # a run that does not say ran the ring, every framework's default kind priced
     # the search keeps the layer inputs on the device; a published offload is applied after it, with
     # the run's other knobs the search does not choose (_with_partial_recompute)
     fixed["offload"] = "none"

@@ -32,6 +32,14 @@ CASES = {
     "llama3-8b-long-cp": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "256",
                            "--seq-len", "131072", "--global-batch", "64", "--min", "cp=2"],
                           ["megatron", "slurm", "torchtitan", "torchtitan-0.2", "maxtext"]),
+    # context parallelism's other kinds (Megatron-Core --cp-comm-type): the KV all-gather, and all-to-alls
+    # inside each 8-GPU node with the ring across (--hierarchical-context-parallel-sizes 8 2)
+    "llama3-8b-cp-allgather": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64",
+                                "--seq-len", "32768", "--global-batch", "32", "--fix", "cp=4,cp_comm=allgather"],
+                               ["megatron"]),
+    "llama3-8b-cp-a2a-p2p": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64",
+                              "--seq-len", "32768", "--global-batch", "32", "--fix", "cp=16,tp=1,cp_comm=a2a+p2p"],
+                             ["megatron", "slurm"]),
     # torch.compile priced (--compile): torchtitan's async TP becomes a knob, and [compile] is written
     "llama3-70b-h100x256-compile": (["--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "256",
                                      "--compile", "--min", "tp=2"], ["torchtitan"]),

@@ -202,6 +202,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
     args += _megatron_group_args(L, notes)
     if L["sequence_parallel"]:
         args.append("--sequence-parallel")
+    args += _megatron_cp_comm_args(L, doc.get("cp_hierarchy"))
     args += _megatron_recompute_args(L)
     args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
     if L["dp_overlap"]:
@@ -225,6 +226,22 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
                      "--use-tp-pp-dp-mapping, tp-cp-ep-pp-dp; this order needs your own process groups")
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if _needs_single_connection(doc) else {}
     return args, notes, env
+
+
+def _megatron_cp_comm_args(L: dict, hierarchy: list[int] | None) -> list[str]:
+    """Megatron-Core's context-parallel communication type (``--cp-comm-type``, core_r0.10.0; default
+    p2p, Transformer Engine's name ``all_gather`` for the all-gather kind) and, for the hierarchical
+    kind, the all-to-all and ring group sizes as priced (the plan's ``cp_hierarchy``)."""
+    kind = L.get("cp_comm", "p2p")
+    if L["cp"] == 1 or kind == "p2p":
+        return []
+    args = [f"--cp-comm-type {'all_gather' if kind == 'allgather' else kind}"]
+    if kind == "a2a+p2p":
+        if not hierarchy:
+            raise SpecError("export --format megatron: cp_comm=a2a+p2p needs the plan's cp_hierarchy (the all-to-all "
+                            "and ring sizes, --hierarchical-context-parallel-sizes); plan again with this release")
+        args.append(f"--hierarchical-context-parallel-sizes {hierarchy[0]} {hierarchy[1]}")
+    return args
 
 
 def _megatron_recompute_args(L: dict) -> list[str]:
