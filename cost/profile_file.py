@@ -21,7 +21,7 @@ FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "vp_groups", "grad_accumulation", "cp", "ep", "etp1", "sequence_parallel",
     "recompute_selective", "recompute_full", "recompute_layers", "recompute_modules", "head_slots",
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
-    "mxfp8", "nvfp4", "int8", "offload_activations",
+    "mxfp8", "nvfp4", "int8", "offload_activations", "moe_alltoall", "moe_deepep", "moe_hybridep",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
              "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap")
