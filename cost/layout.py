@@ -41,6 +41,11 @@ OFFLOAD_MODES: tuple[str, ...] = ("none", "activations")
 """Where the activations a layer keeps for its backward live: device memory, or host memory
 (``activations``: MaxText's ``remat_policy: custom`` with ``decoder_layer_input: offload``, which
 moves what the recompute mode keeps to pinned host memory; ``features.offload_activations``)."""
+MOE_DISPATCHERS: tuple[str, ...] = ("auto", "alltoall", "deepep", "hybridep")
+"""How the expert-parallel all-to-alls move the routed tokens (``Layout.moe_dispatcher``): ``auto`` the
+planner's implicit dispatcher (a flat all-to-all inside a scale-up domain, deduplicated per node across
+domains), ``alltoall`` NCCL all-to-all of every routed copy, ``deepep`` / ``hybridep`` the fused
+dispatch and combine kernels of DeepEP and NVIDIA's Hybrid-EP (one copy per destination rank and node)."""
 MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused", "llmfoundry")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 MAX_JOB_INT = 2**31 - 1  # sequences per step and tokens per sequence: the command line's bound
@@ -86,6 +91,14 @@ class Layout:
     ep_overlap : overlap the expert-parallel all-to-alls of one micro-batch with the compute of
         another (Megatron-Core's ``--overlap-moe-expert-parallel-comm``, its combined 1F1B schedule).
     expert_tp : experts sharded over the tensor-parallel group (True) or whole (False, ``etp=1``).
+    moe_dispatcher : how the expert-parallel all-to-alls move the routed tokens (:data:`MOE_DISPATCHERS`,
+        ``cost.terms.comm``): ``auto`` (the default) prices a flat all-to-all inside one scale-up domain
+        and DeepEP-style per-node deduplication across domains; ``alltoall`` is an NCCL all-to-all of
+        every routed copy everywhere (Megatron-Core's ``--moe-token-dispatcher-type alltoall``,
+        torchtitan's standard backend); ``deepep`` and ``hybridep`` send each token once to every rank
+        and node that holds any of its experts (Megatron-Core's flex dispatcher with
+        ``--moe-flex-dispatcher-backend deepep|hybridep``, torchtitan's ``expert_parallel_comm_backend
+        deepep``). Priced by ``evaluate`` and ``validate``; the search does not offer it.
     offload : ``none`` or ``activations`` (:data:`OFFLOAD_MODES`): what the recompute mode keeps of each
         layer for its backward (with ``full``, the layer's input) is copied to host memory in the forward
         and back in the backward, so device memory holds none of it; the copies cross the host link
@@ -126,6 +139,7 @@ class Layout:
     head_slots: bool = False
     offload: str = "none"
     shard_across_domains: bool = False
+    moe_dispatcher: str = "auto"
 
     @property
     def num_devices(self) -> int:
@@ -208,6 +222,8 @@ class Layout:
             parts.append(f"ep={self.ep}")
             if not self.expert_tp:
                 parts.append("etp=1")
+            if self.moe_dispatcher != "auto":
+                parts.append(f"moe_dispatcher={self.moe_dispatcher}")
         if self.vp > 1:
             parts.append(f"vp={self.vp}")
         parts += [f"mbs={self.micro_batch_size}", f"sp={'on' if self.sequence_parallel else 'off'}",
@@ -451,8 +467,12 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         if raw not in OFFLOAD_MODES:
             raise SpecError(f"layout.offload: got {raw!r}; allowed: {', '.join(OFFLOAD_MODES)}")
         return raw
+    if key == "moe_dispatcher":
+        if raw not in MOE_DISPATCHERS:
+            raise SpecError(f"layout.moe_dispatcher: got {raw!r}; allowed: {', '.join(MOE_DISPATCHERS)}")
+        return raw
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
-               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains")
+               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains, moe_dispatcher")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

@@ -278,7 +278,8 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
               "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1,
               "recompute_layers": layout.recompute_layers, "recompute_modules": layout.recompute_modules,
               "head_slots": layout.head_slots, "order": layout.order, "offload": layout.offload,
-              "shard_across_domains": layout.shard_across_domains}
+              "shard_across_domains": layout.shard_across_domains,
+              "moe_dispatcher": layout.moe_dispatcher if layout.ep > 1 else "auto"}
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
         bad("framework", message)
@@ -291,8 +292,10 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
 
 
 def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
-    if model.moe is None and layout.ep == 1 and (layout.ep_overlap or not layout.expert_tp):
-        knob = "ep_overlap=on" if layout.ep_overlap else "etp=1"
+    if model.moe is None and layout.ep == 1 and (layout.ep_overlap or not layout.expert_tp
+                                                 or layout.moe_dispatcher != "auto"):
+        knob = ("ep_overlap=on" if layout.ep_overlap else "etp=1" if not layout.expert_tp
+                else f"moe_dispatcher={layout.moe_dispatcher}")
         bad("experts", f"{knob} concerns expert layers; {model.name} is dense (no experts)")
     if layout.ep == 1:
         return

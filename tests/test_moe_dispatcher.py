@@ -1,0 +1,111 @@
+"""The MoE dispatcher knob (``Layout.moe_dispatcher``): layout text, framework refusals, and the
+all-to-all bytes each dispatcher sends (``cost.terms.comm._dispatch_s``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from math import comb
+
+import pytest
+
+from clusterplan.cost import collectives as coll
+from clusterplan.cost.layout import Job, Layout, parse_layout
+from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.terms.comm import _dispatch_s, ranks_per_token, remote_nodes_per_token
+from clusterplan.models.errors import SpecError
+from clusterplan.models.spec import ModelSpec, MoESpec
+from clusterplan.topologies.cluster import GroupProfile
+from clusterplan.topologies.library import build_cluster
+
+MOE = ModelSpec(name="tiny-moe", num_layers=8, hidden_size=1024, num_attention_heads=16, num_kv_heads=4,
+                ffn_hidden_size=2816, vocab_size=32000, ffn_activation="swiglu",
+                moe=MoESpec(num_experts=64, top_k=8, expert_ffn_hidden_size=1024))
+DENSE = MOE.model_copy(update={"moe": None, "name": "tiny-dense"})
+JOB = Job(global_batch_size=64, seq_len=2048, framework="megatron")
+
+
+def _profile(k: int, domains: int = 1, intra: float = 300e9, inter: float = 50e9) -> GroupProfile:
+    per = k // domains
+    return GroupProfile(num_ranks=k, num_domains=domains, ranks_per_domain=per,
+                        intra_bytes_per_s=intra if per > 1 else 0.0, inter_bytes_per_s=inter if domains > 1 else 0.0,
+                        intra_latency_s=2e-6 if per > 1 else 0.0, inter_latency_s=5e-6 if domains > 1 else 0.0,
+                        intra_in_network_reduction=False, inter_in_network_reduction=False,
+                        intra_nir_bytes_per_s=0.0, torus_axes=0, torus_wraparound=False)
+
+
+def test_layout_text_takes_the_dispatcher_and_writes_it_only_when_set():
+    lay = parse_layout("tp=1,pp=1,dp=8,ep=8,moe_dispatcher=deepep")
+    assert lay.moe_dispatcher == "deepep"
+    assert "moe_dispatcher=deepep" in lay.short()
+    assert parse_layout(lay.short().replace(" ", ",")) == lay
+    assert "moe_dispatcher" not in Layout(dp=8, ep=8).short()  # the default, as every layout text before it
+    assert "moe_dispatcher" not in Layout(dp=8, moe_dispatcher="deepep").short()  # no expert parallelism
+    with pytest.raises(SpecError, match=r"layout\.moe_dispatcher: got 'nccl'; allowed: auto, alltoall, deepep, hybridep"):
+        parse_layout("dp=8,ep=8,moe_dispatcher=nccl")
+
+
+def test_ranks_per_token_by_hand():
+    """Experts spread evenly over k ranks, top-k chosen uniformly: E[ranks hit] = k (1 - C(E - E/k, top_k) / C(E, top_k))."""
+    E, top, k = 256, 8, 8
+    assert ranks_per_token(E, top, k) == pytest.approx(k * (1 - comb(E - E // k, top) / comb(E, top)), rel=1e-12)
+    assert ranks_per_token(E, top, 1) == 1.0
+    assert 1.0 < ranks_per_token(E, top, k) < top
+    assert ranks_per_token(64, 8, 64) == pytest.approx(8.0)  # one expert per rank: nothing to deduplicate
+
+
+def test_dispatchers_inside_one_domain_by_hand():
+    """One scale-up domain: NCCL all-to-all (and the implicit dispatcher) sends every routed copy,
+    DeepEP and Hybrid-EP one per destination rank."""
+    e, token_bytes, p = MOE.moe, 1e6, _profile(8)
+    every = coll.all_to_all_s(token_bytes * e.top_k * e.load_factor, p)
+    assert _dispatch_s(e, token_bytes, p, "auto") == every
+    assert _dispatch_s(e, token_bytes, p, "alltoall") == every
+    dedup = coll.all_to_all_s(token_bytes * ranks_per_token(e.num_experts, e.top_k, 8) * e.load_factor, p)
+    assert _dispatch_s(e, token_bytes, p, "deepep") == pytest.approx(dedup, rel=1e-12)
+    assert _dispatch_s(e, token_bytes, p, "hybridep") == pytest.approx(dedup, rel=1e-12)
+    assert dedup < every
+
+
+def test_dispatchers_across_domains_by_hand():
+    """Across domains NCCL all-to-all sends every copy over the fabric; the implicit dispatcher and
+    DeepEP cross it once per remote node (DeepEP's intranode leg deduplicated per rank as well)."""
+    e, token_bytes, p = MOE.moe, 1e6, _profile(32, 4, inter=10e9)
+    flat = coll.all_to_all_s(token_bytes * e.top_k * e.load_factor, p)
+    assert _dispatch_s(e, token_bytes, p, "alltoall") == flat
+    remote = token_bytes * e.load_factor * remote_nodes_per_token(e.num_experts, e.top_k, 4)
+    auto = coll.hierarchical_all_to_all_s(token_bytes * e.top_k * e.load_factor, remote, p)
+    assert _dispatch_s(e, token_bytes, p, "auto") == auto
+    deep = coll.hierarchical_all_to_all_s(token_bytes * ranks_per_token(e.num_experts, e.top_k, 32) * e.load_factor,
+                                          remote, p)
+    assert _dispatch_s(e, token_bytes, p, "deepep") == pytest.approx(deep, rel=1e-12)
+    assert deep <= auto < flat
+
+
+def test_evaluate_orders_the_dispatchers_and_keeps_the_default():
+    """Two H100 nodes, ep=16 over both: NCCL all-to-all is the slowest, DeepEP no slower than the
+    implicit dispatcher; ``auto`` is the layout without the knob."""
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    base = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none")
+    steps = {d: evaluate(MOE, JOB, cluster, base.with_(moe_dispatcher=d)).time.ep_comm_s for d in
+             ("auto", "alltoall", "deepep", "hybridep")}
+    assert steps["auto"] == evaluate(MOE, JOB, cluster, base).time.ep_comm_s
+    assert steps["alltoall"] > steps["auto"] >= steps["deepep"] == steps["hybridep"] > 0
+    one_node = base.with_(dp=8, ep=8)
+    eight = build_cluster("dgx-h100-superpod", num_devices=8)
+    assert (evaluate(MOE, JOB, eight, one_node.with_(moe_dispatcher="deepep")).time.ep_comm_s
+            < evaluate(MOE, JOB, eight, one_node).time.ep_comm_s)
+
+
+def test_frameworks_refuse_a_dispatcher_they_lack_naming_its_date():
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    lay = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none", moe_dispatcher="deepep")
+    assert not layout_problems(MOE, JOB, cluster, lay)
+    old = dict(layout_problems(MOE, dataclasses.replace(JOB, framework_date="2025-01"), cluster, lay))
+    assert "moe_dispatcher=deepep" in old["framework"] and "since 2025-02" in old["framework"]
+    hybrid = dict(layout_problems(MOE, dataclasses.replace(JOB, framework_date="2025-10"), cluster,
+                                  lay.with_(moe_dispatcher="hybridep")))
+    assert "since 2025-11" in hybrid["framework"]
+    ds = dict(layout_problems(MOE, dataclasses.replace(JOB, framework="deepspeed"), cluster, lay.with_(zero_stage=1)))
+    assert "moe_dispatcher=deepep" in ds["framework"] and "allowed: auto, alltoall" in ds["framework"]
+    dense = dict(layout_problems(DENSE, JOB, cluster, Layout(dp=16, moe_dispatcher="alltoall")))
+    assert "moe_dispatcher=alltoall concerns expert layers" in dense["experts"]
