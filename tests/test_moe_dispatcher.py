@@ -109,3 +109,21 @@ def test_frameworks_refuse_a_dispatcher_they_lack_naming_its_date():
     assert "moe_dispatcher=deepep" in ds["framework"] and "allowed: auto, alltoall" in ds["framework"]
     dense = dict(layout_problems(DENSE, JOB, cluster, Layout(dp=16, moe_dispatcher="alltoall")))
     assert "moe_dispatcher=alltoall concerns expert layers" in dense["experts"]
+
+
+def test_validate_prices_the_published_dispatchers_of_the_bundled_group():
+    """torchtitan PR #2107's DeepSeek-V3 pair (bundled sweeps, one job under the standard all-to-all
+    and under DeepEP): each run is priced with its own dispatcher, so the two differ and rank as
+    measured; a dispatcher the format does not know is the run's bad input."""
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.studies.runs import bundled_data_path, load_runs_and_groups, price_run
+
+    runs, _ = load_runs_and_groups(bundled_data_path("sweeps.yaml"))
+    pair = {r["layout"]["moe_dispatcher"]: r for r in runs if r.get("group") == "torchtitan2512-deepep-deepseek-v3-671b-512h100"}
+    assert set(pair) == {"alltoall", "deepep"}
+    priced = {d: price_run(r, SearchOptions())[1] for d, r in pair.items()}
+    assert priced["alltoall"].layout.moe_dispatcher == "alltoall"
+    assert priced["deepep"].step_s() < priced["alltoall"].step_s()
+    bad = dict(pair["deepep"], layout=dict(pair["deepep"]["layout"], moe_dispatcher="nccl"))
+    result, _ = price_run(bad, SearchOptions())
+    assert "layout.moe_dispatcher: got 'nccl'" in result.reason
