@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from clusterplan.cost.framework import knob_text
-from clusterplan.cost.layout import RECOMPUTE_MODES, Job, Layout, order_axes, split_order
+from clusterplan.cost.layout import MOE_DISPATCHERS, RECOMPUTE_MODES, Job, Layout, order_axes, split_order
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.search.space import Space
@@ -60,11 +60,21 @@ def _moves(lay: Layout, moe: bool, offload: bool = False) -> list[tuple[str, Lay
     out.append((f"tp_overlap {'off' if lay.tp_overlap else 'on'}", lay.with_(tp_overlap=not lay.tp_overlap)))
     if moe and lay.ep > 1:
         out.append((f"ep_overlap {'off' if lay.ep_overlap else 'on'}", lay.with_(ep_overlap=not lay.ep_overlap)))
+    out += _dispatcher_moves(lay, moe)
     if lay.pp > 1:  # the embedding and the head in layer slots (searched where the framework offers it)
         out.append((f"head_slots {'off' if lay.head_slots else 'on'}", lay.with_(head_slots=not lay.head_slots)))
     if lay.traversal:
         out.append(("default torus traversal", lay.with_(order=split_order(lay.order)[0])))
     return out
+
+
+def _dispatcher_moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
+    """Where a layout names its MoE dispatcher (the search keeps ``auto``): each other dispatcher, to
+    show what the all-to-alls cost under it (``cost.terms.comm._dispatch_s``), or why the framework
+    refuses it."""
+    if not moe or lay.ep == 1 or lay.moe_dispatcher == "auto":
+        return []
+    return [(f"moe_dispatcher {d}", lay.with_(moe_dispatcher=d)) for d in MOE_DISPATCHERS if d != lay.moe_dispatcher]
 
 
 def _outside(space: Space | None, lay: Layout) -> str | None:

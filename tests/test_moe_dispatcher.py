@@ -127,3 +127,19 @@ def test_validate_prices_the_published_dispatchers_of_the_bundled_group():
     bad = dict(pair["deepep"], layout=dict(pair["deepep"]["layout"], moe_dispatcher="nccl"))
     result, _ = price_run(bad, SearchOptions())
     assert "layout.moe_dispatcher: got 'nccl'" in result.reason
+
+
+def test_explain_shows_the_other_dispatchers_where_a_layout_names_one():
+    from clusterplan.planner.explain import sensitivities
+
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    lay = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none", moe_dispatcher="deepep")
+    best = evaluate(MOE, JOB, cluster, lay)
+    rows = {r["move"]: r for r in sensitivities(MOE, JOB, cluster, best)}
+    assert rows["moe_dispatcher alltoall"]["delta"] > 0  # NCCL all-to-all sends every copy over the fabric
+    assert rows["moe_dispatcher auto"]["delta"] >= 0
+    old = dataclasses.replace(JOB, framework_date="2025-10")
+    rows = {r["move"]: r for r in sensitivities(MOE, old, cluster, evaluate(MOE, old, cluster, lay))}
+    assert not rows["moe_dispatcher hybridep"]["allowed"] and "since 2025-11" in rows["moe_dispatcher hybridep"]["reason"]
+    plain = {r["move"] for r in sensitivities(MOE, JOB, cluster, evaluate(MOE, JOB, cluster, lay.with_(moe_dispatcher="auto")))}
+    assert not any(m.startswith("moe_dispatcher") for m in plain)  # a plan's own layout (auto): as before
