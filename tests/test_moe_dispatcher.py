@@ -143,3 +143,27 @@ def test_explain_shows_the_other_dispatchers_where_a_layout_names_one():
     assert not rows["moe_dispatcher hybridep"]["allowed"] and "since 2025-11" in rows["moe_dispatcher hybridep"]["reason"]
     plain = {r["move"] for r in sensitivities(MOE, JOB, cluster, evaluate(MOE, JOB, cluster, lay.with_(moe_dispatcher="auto")))}
     assert not any(m.startswith("moe_dispatcher") for m in plain)  # a plan's own layout (auto): as before
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep"])
+def test_search_holds_a_fixed_dispatcher_and_its_engines_agree(dispatcher):
+    """--fix moe_dispatcher=X: the search prices every layout's all-to-alls under X (not searched: one
+    value), CP-SAT and the exhaustive enumerator agree, and the winner is what evaluate prices."""
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.search.engine import plan
+    from clusterplan.planner.search.space import Bounds, parse_bounds
+    from tests.test_search import _check_engines_agree
+
+    cluster = build_cluster("dgx-h100-superpod", num_devices=32)
+    job = Job(global_batch_size=64, seq_len=2048, framework="megatron")
+    bounds = Bounds({"moe_dispatcher": dispatcher, "ep": 16, "tp": 1}, {}, {"pp": 2}, 0.1)
+    _check_engines_agree(MOE, job, cluster, bounds)
+    res = plan(MOE, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=bounds))
+    assert res.best.layout.moe_dispatcher == dispatcher
+    assert res.best.step_time_s == evaluate(MOE, job, cluster, res.best.layout).step_time_s
+    auto = plan(MOE, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=Bounds({"ep": 16, "tp": 1}, {}, {"pp": 2}, 0.1)))
+    assert (res.best.step_time_s > auto.best.step_time_s) == (dispatcher == "alltoall")
+    assert parse_bounds(("moe_dispatcher=deepep",)).fixed == {"moe_dispatcher": "deepep"}
+    with pytest.raises(SpecError, match="moe_dispatcher=deepep: deepspeed"):
+        plan(MOE, dataclasses.replace(job, framework="deepspeed"), cluster,
+             SearchOptions(top_k=0, bounds=Bounds({"moe_dispatcher": "deepep"})))
