@@ -167,3 +167,29 @@ def test_search_holds_a_fixed_dispatcher_and_its_engines_agree(dispatcher):
     with pytest.raises(SpecError, match="moe_dispatcher=deepep: deepspeed"):
         plan(MOE, dataclasses.replace(job, framework="deepspeed"), cluster,
              SearchOptions(top_k=0, bounds=Bounds({"moe_dispatcher": "deepep"})))
+
+
+def test_exports_write_the_dispatcher_or_refuse_it():
+    """Megatron: the flex dispatcher with the backend (float32 router probabilities, as its kernels
+    take them); the alltoall dispatcher for alltoall and auto. torchtitan 0.2.2: expert_parallel_comm_backend
+    deepep; Hybrid-EP (0.3's registry only) refused there, and both fused dispatchers refused by the 0.3 export."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "launchers"))
+    import launcher_cases
+    from clusterplan.planner.report.export import export
+
+    doc = launcher_cases.plan_doc(launcher_cases.CASES["deepseek-v3-h800x2048-deepep"][0], "megatron")
+    text = export(doc, "megatron")
+    assert "--moe-token-dispatcher-type flex" in text and "--moe-flex-dispatcher-backend deepep" in text
+    assert "--moe-router-dtype fp32" in text and "--moe-token-dispatcher-type alltoall" not in text
+    for other in ("auto", "alltoall"):
+        plain = export({**doc, "layout": {**doc["layout"], "moe_dispatcher": other}}, "megatron")
+        assert "--moe-token-dispatcher-type alltoall" in plain and "flex" not in plain
+    tt = launcher_cases.plan_doc(launcher_cases.CASES["deepseek-v3-h800x2048-deepep"][0], "torchtitan-0.2")
+    assert 'expert_parallel_comm_backend = "deepep"' in export(tt, "torchtitan-0.2")
+    with pytest.raises(SpecError, match="torchtitan 0.2.2 has no Hybrid-EP"):
+        export({**tt, "layout": {**tt["layout"], "moe_dispatcher": "hybridep"}}, "torchtitan-0.2")
+    with pytest.raises(SpecError, match="moe_dispatcher=deepep"):
+        export({**tt, "layout": {**tt["layout"], "expert_tp": False}}, "torchtitan")

@@ -160,8 +160,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         tp_overlap=pick("tp_overlap", (False, True)),
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
         head_slots=pick("head_slots", _pipeline_splits(prof)),
-        offload=pick("offload", _offload_modes(cluster, b)),
-        moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
+        offload=pick("offload", _offload_modes(cluster, b)), moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
