@@ -301,6 +301,9 @@ def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         return
     if model.moe is None:
         bad("experts", f"ep={layout.ep} needs an MoE model; {model.name} is dense")
+    elif layout.moe_dispatcher == "deepep" and model.moe.capacity_factor and job.framework == "megatron":
+        bad("experts", f"moe_dispatcher=deepep with capacity factor {model.moe.capacity_factor:g}: Megatron-Core's "
+                       "DeepEP backend does not pad expert inputs to a capacity (transformer_config.py)")
     elif model.moe.num_experts % layout.ep:
         bad("experts", f"num_experts={model.moe.num_experts} is not divisible by ep={layout.ep}")
     elif layout.expert_tp and (problem := job.profile.ep_carve_problem(layout.cp, layout.dp, layout.ep)):

@@ -193,3 +193,28 @@ def test_exports_write_the_dispatcher_or_refuse_it():
         export({**tt, "layout": {**tt["layout"], "moe_dispatcher": "hybridep"}}, "torchtitan-0.2")
     with pytest.raises(SpecError, match="moe_dispatcher=deepep"):
         export({**tt, "layout": {**tt["layout"], "expert_tp": False}}, "torchtitan")
+
+
+def test_capacity_factor_is_exported_and_refused_with_megatron_deepep():
+    """A capacity factor the plan priced is Megatron's --moe-expert-capacity-factor with padding to it;
+    Megatron-Core's DeepEP backend refuses the padding, so evaluate and the export refuse the pair."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "launchers"))
+    import launcher_cases
+    from clusterplan.planner.report.export import export
+
+    doc = launcher_cases.plan_doc(launcher_cases.CASES["mixtral-8x7b-h100-capacity"][0], "megatron")
+    text = export(doc, "megatron")
+    assert "--moe-expert-capacity-factor 1.25" in text and "--moe-pad-expert-input-to-capacity" in text
+    assert "--moe-expert-capacity-factor" not in export(launcher_cases.plan_doc(
+        launcher_cases.CASES["deepseek-v3-h800x2048-deepep"][0], "megatron"), "megatron")
+    with pytest.raises(SpecError, match="DeepEP backend does not pad"):
+        export({**doc, "layout": {**doc["layout"], "moe_dispatcher": "deepep", "ep": max(2, doc["layout"]["ep"])}},
+               "megatron")
+    padded = MOE.model_copy(update={"moe": MOE.moe.model_copy(update={"capacity_factor": 1.25})})
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    lay = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none", moe_dispatcher="deepep")
+    assert "DeepEP backend does not pad" in dict(layout_problems(padded, JOB, cluster, lay))["experts"]
+    assert not layout_problems(padded, JOB, cluster, lay.with_(moe_dispatcher="hybridep"))

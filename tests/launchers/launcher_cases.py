@@ -69,6 +69,10 @@ CASES = {
     # expert_parallel_comm_backend = "deepep"
     "deepseek-v3-h800x2048-deepep": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048",
                                       "--fix", "moe_dispatcher=deepep"], ["megatron", "slurm", "torchtitan-0.2"]),
+    # a capacity factor: experts padded to 1.25x the mean load (--moe-expert-capacity-factor with
+    # --moe-pad-expert-input-to-capacity), under the alltoall dispatcher
+    "mixtral-8x7b-h100-capacity": (["--model", "mixtral-8x7b", "--cluster", "dgx-h100-superpod", "--devices", "64",
+                                    "--moe-capacity-factor", "1.25"], ["megatron"]),
     "mixtral-8x7b-gb200-hybridep": (["--model", "mixtral-8x7b", "--cluster", "gb200-nvl72", "--devices", "72",
                                      "--fix", "moe_dispatcher=hybridep"], ["megatron", "slurm"]),
     # the block-scaled precisions: Megatron's --fp8-recipe mxfp8 and --fp4-format/--fp4-recipe nvfp4,

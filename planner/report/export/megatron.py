@@ -160,6 +160,20 @@ def _megatron_dispatcher_args(dispatcher: str) -> list[str]:
     return ["--moe-token-dispatcher-type alltoall"]
 
 
+def _megatron_capacity_args(doc: dict, dispatcher: str) -> list[str]:
+    """The capacity factor the plan priced (``--moe-capacity-factor``: each expert's input padded to it,
+    tokens beyond it dropped): Megatron-Core's ``--moe-expert-capacity-factor`` with
+    ``--moe-pad-expert-input-to-capacity``. Its DeepEP backend refuses the padding
+    (transformer_config.py): refused here too."""
+    factor = (doc["inputs"]["model"].get("moe_routing") or {}).get("capacity_factor")
+    if not factor:
+        return []
+    if dispatcher == "deepep":
+        raise SpecError("--format megatron: Megatron-Core's DeepEP backend does not pad expert inputs to a "
+                        f"capacity (capacity factor {factor:g}); use moe_dispatcher=alltoall or hybridep, or plan dropless")
+    return [f"--moe-expert-capacity-factor {factor:g}", "--moe-pad-expert-input-to-capacity"]
+
+
 def _megatron_sharding_args(zero_stage: int, tied_embeddings: bool, ep: int, notes: list[str]) -> list[str]:
     """The arguments of a ZeRO stage in Megatron-Core (a note on each mapping appended to ``notes``).
     ZeRO-3 is PyTorch FSDP2 where Megatron-Core allows it, else Megatron-FSDP: its arguments.py
@@ -210,6 +224,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         args.append(f"--expert-model-parallel-size {L['ep']}")
         if not L.get("expert_tp", True):
             args.append("--expert-tensor-parallel-size 1")
+    args += _megatron_capacity_args(doc, dispatcher)
     args += _megatron_pipeline_args(model.num_layers, L, notes)
     args += _megatron_group_args(L, notes)
     if L["sequence_parallel"]:
