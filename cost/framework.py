@@ -70,9 +70,16 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
         out["tp_overlap"] = (False,)
     if not prof.has("ep_overlap"):
         out["ep_overlap"] = (False,)
+    dispatchers = ("auto",) + tuple(d for d in MOE_DISPATCHER_FEATURES if prof.has(MOE_DISPATCHER_FEATURES[d]))
+    if len(dispatchers) < 1 + len(MOE_DISPATCHER_FEATURES):
+        out["moe_dispatcher"] = dispatchers
     if prof.orders() is not None:
         out["order"] = prof.orders()
     return out
+
+
+MOE_DISPATCHER_FEATURES = {"alltoall": "moe_alltoall", "deepep": "moe_deepep", "hybridep": "moe_hybridep"}
+"""The profile feature of each explicit ``Layout.moe_dispatcher`` (``auto`` is always offered)."""
 
 
 def model_code_domains(job) -> dict[str, tuple]:
@@ -106,8 +113,10 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
         runs = ", ".join(["1f1b", *(["interleaved"] if prof.has("vp") else []), *(v for v in allowed if v)])
         has = f"has it only from {since}" if since else "has no such pipeline schedule at any release"
         return f"schedule={value}: {name} {has} (it runs: {runs})"
+    since = prof.profile.since.get(MOE_DISPATCHER_FEATURES.get(value, "")) if knob == "moe_dispatcher" else None
+    when = f"since {since}; " if since else ""
     return (f"{knob}={knob_text(value)}: {name} does not offer it "
-            f"(allowed: {', '.join(knob_text(v) for v in allowed)})")
+            f"({when}allowed: {', '.join(knob_text(v) for v in allowed)})")
 
 
 def knob_text(value) -> str:

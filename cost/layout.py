@@ -56,6 +56,11 @@ CP_COMM_KINDS: tuple[str, ...] = ("p2p", "allgather", "a2a", "a2a+p2p")
 key/value blocks (``p2p``), one all-gather of keys and values (``allgather``), all-to-alls of the
 heads (``a2a``, DeepSpeed-Ulysses), or all-to-alls inside the scale-up domain and a ring across
 (``a2a+p2p``); priced in ``cost.terms.comm.cp_comm_terms``."""
+MOE_DISPATCHERS: tuple[str, ...] = ("auto", "alltoall", "deepep", "hybridep")
+"""How the expert-parallel all-to-alls move the routed tokens (``Layout.moe_dispatcher``): ``auto`` the
+planner's implicit dispatcher (a flat all-to-all inside a scale-up domain, deduplicated per node across
+domains), ``alltoall`` NCCL all-to-all of every routed copy, ``deepep`` / ``hybridep`` the fused
+dispatch and combine kernels of DeepEP and NVIDIA's Hybrid-EP (one copy per destination rank and node)."""
 MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused", "llmfoundry")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 MAX_JOB_INT = 2**31 - 1  # sequences per step and tokens per sequence: the command line's bound
@@ -105,6 +110,14 @@ class Layout:
         (:func:`default_schedule`: 1f1b at vp = 1, interleaved above), which is how every layout
         without the key runs. A schedule given equal to that default is stored as "". Priced by
         ``evaluate`` and ``validate``; the search does not offer it (``--fix`` refuses it).
+    moe_dispatcher : how the expert-parallel all-to-alls move the routed tokens (:data:`MOE_DISPATCHERS`,
+        ``cost.terms.comm``): ``auto`` (the default) prices a flat all-to-all inside one scale-up domain
+        and DeepEP-style per-node deduplication across domains; ``alltoall`` is an NCCL all-to-all of
+        every routed copy everywhere (Megatron-Core's ``--moe-token-dispatcher-type alltoall``,
+        torchtitan's standard backend); ``deepep`` and ``hybridep`` send each token once to every rank
+        and node that holds any of its experts (Megatron-Core's flex dispatcher with
+        ``--moe-flex-dispatcher-backend deepep|hybridep``, torchtitan's ``expert_parallel_comm_backend
+        deepep``). Priced by ``evaluate`` and ``validate``; the search does not offer it.
     offload : ``none`` or ``activations`` (:data:`OFFLOAD_MODES`): what the recompute mode keeps of each
         layer for its backward (with ``full``, the layer's input) is copied to host memory in the forward
         and back in the backward, so device memory holds none of it; the copies cross the host link
@@ -149,6 +162,7 @@ class Layout:
     shard_across_domains: bool = False
     schedule: str = ""
     cp_comm: str = "p2p"
+    moe_dispatcher: str = "auto"
 
     def __post_init__(self) -> None:
         if self.schedule and self.schedule == default_schedule(self.vp):
@@ -242,6 +256,8 @@ class Layout:
             parts.append(f"ep={self.ep}")
             if not self.expert_tp:
                 parts.append("etp=1")
+            if self.moe_dispatcher != "auto":
+                parts.append(f"moe_dispatcher={self.moe_dispatcher}")
         if self.vp > 1:
             parts.append(f"vp={self.vp}")
         parts += [f"mbs={self.micro_batch_size}", f"sp={'on' if self.sequence_parallel else 'off'}",
@@ -500,8 +516,13 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         if raw not in CP_COMM_KINDS:
             raise SpecError(f"layout.cp_comm: got {raw!r}; allowed: {', '.join(CP_COMM_KINDS)}")
         return raw
+    if key == "moe_dispatcher":
+        if raw not in MOE_DISPATCHERS:
+            raise SpecError(f"layout.moe_dispatcher: got {raw!r}; allowed: {', '.join(MOE_DISPATCHERS)}")
+        return raw
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
-               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains, schedule, cp_comm")
+               "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains, schedule, cp_comm, "
+               "moe_dispatcher")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

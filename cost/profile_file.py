@@ -22,6 +22,7 @@ FEATURES: tuple[str, ...] = (
     "recompute_selective", "recompute_full", "recompute_layers", "recompute_modules", "head_slots",
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
     "mxfp8", "nvfp4", "int8", "offload_activations", "cp_allgather", "cp_a2a", "cp_a2a_p2p",
+    "moe_alltoall", "moe_deepep", "moe_hybridep",
     "schedule_zb1p", "schedule_zbh1", "schedule_zbv", "schedule_dualpipe", "schedule_dualpipev", "schedule_looped",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",

@@ -328,7 +328,8 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
               "recompute_layers": layout.recompute_layers, "recompute_modules": layout.recompute_modules,
               "head_slots": layout.head_slots, "order": layout.order, "offload": layout.offload,
               "shard_across_domains": layout.shard_across_domains, "schedule": layout.schedule,
-              "cp_comm": layout.cp_comm if layout.cp > 1 else "p2p"}
+              "cp_comm": layout.cp_comm if layout.cp > 1 else "p2p",
+              "moe_dispatcher": layout.moe_dispatcher if layout.ep > 1 else "auto"}
     invalid["cp_comm"] = layout.cp_comm not in CP_COMM_KINDS
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
@@ -342,13 +343,18 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
 
 
 def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
-    if model.moe is None and layout.ep == 1 and (layout.ep_overlap or not layout.expert_tp):
-        knob = "ep_overlap=on" if layout.ep_overlap else "etp=1"
+    if model.moe is None and layout.ep == 1 and (layout.ep_overlap or not layout.expert_tp
+                                                 or layout.moe_dispatcher != "auto"):
+        knob = ("ep_overlap=on" if layout.ep_overlap else "etp=1" if not layout.expert_tp
+                else f"moe_dispatcher={layout.moe_dispatcher}")
         bad("experts", f"{knob} concerns expert layers; {model.name} is dense (no experts)")
     if layout.ep == 1:
         return
     if model.moe is None:
         bad("experts", f"ep={layout.ep} needs an MoE model; {model.name} is dense")
+    elif layout.moe_dispatcher == "deepep" and model.moe.capacity_factor and job.framework == "megatron":
+        bad("experts", f"moe_dispatcher=deepep with capacity factor {model.moe.capacity_factor:g}: Megatron-Core's "
+                       "DeepEP backend does not pad expert inputs to a capacity (transformer_config.py)")
     elif model.moe.num_experts % layout.ep:
         bad("experts", f"num_experts={model.moe.num_experts} is not divisible by ep={layout.ep}")
     elif layout.expert_tp and (problem := job.profile.ep_carve_problem(layout.cp, layout.dp, layout.ep)):

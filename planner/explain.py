@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from clusterplan.cost.framework import framework_domains, knob_text
-from clusterplan.cost.layout import (CP_COMM_KINDS, RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, default_schedule,
+from clusterplan.cost.layout import (CP_COMM_KINDS, MOE_DISPATCHERS, RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, default_schedule,
                                       order_axes, split_order)
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.models.spec import ModelSpec
@@ -57,17 +57,23 @@ def _moves(lay: Layout, moe: bool, offload: bool = False, cp_kinds: tuple[str, .
     for z in (lay.zero_stage - 1, lay.zero_stage + 1):
         if 0 <= z <= 3:
             out.append((f"zero {z}", lay.with_(zero_stage=z)))
-    out.append((f"sp {'off' if lay.sequence_parallel else 'on'}", lay.with_(sequence_parallel=not lay.sequence_parallel)))
-    out.append((f"dp_overlap {'off' if lay.dp_overlap else 'on'}", lay.with_(dp_overlap=not lay.dp_overlap)))
-    out.append((f"tp_overlap {'off' if lay.tp_overlap else 'on'}", lay.with_(tp_overlap=not lay.tp_overlap)))
-    if moe and lay.ep > 1:
-        out.append((f"ep_overlap {'off' if lay.ep_overlap else 'on'}", lay.with_(ep_overlap=not lay.ep_overlap)))
+    out += _switch_moves(lay, moe)
+    out += _dispatcher_moves(lay, moe) + [(f"cp_comm {k}", lay.with_(cp_comm=k)) for k in cp_kinds
+                                          if lay.cp > 1 and k != lay.cp_comm]
     if lay.pp > 1:  # the embedding and the head in layer slots (searched where the framework offers it)
         out.append((f"head_slots {'off' if lay.head_slots else 'on'}", lay.with_(head_slots=not lay.head_slots)))
-    out += [(f"cp_comm {k}", lay.with_(cp_comm=k)) for k in cp_kinds if lay.cp > 1 and k != lay.cp_comm]
     if lay.traversal:
         out.append(("default torus traversal", lay.with_(order=split_order(lay.order)[0])))
     return out
+
+
+def _switch_moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
+    """Each on/off knob turned over: sequence parallelism and the overlaps (EP overlap on MoE layouts
+    with expert parallelism)."""
+    names = ["sequence_parallel", "dp_overlap", "tp_overlap"] + (["ep_overlap"] if moe and lay.ep > 1 else [])
+    labels = {"sequence_parallel": "sp"}
+    return [(f"{labels.get(n, n)} {'off' if getattr(lay, n) else 'on'}", lay.with_(**{n: not getattr(lay, n)}))
+            for n in names]
 
 
 def _schedule_moves(lay: Layout, offered: tuple[str, ...], zbh1: bool = False) -> list[tuple[str, Layout]]:
@@ -85,6 +91,13 @@ def _schedule_moves(lay: Layout, offered: tuple[str, ...], zbh1: bool = False) -
         label = f"schedule {name or default_schedule(vp)}" + (f" (vp {vp})" if vp != lay.vp else "")
         out.append((label, lay.with_(vp=vp, schedule=name)))
     return out
+def _dispatcher_moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
+    """Where a layout names its MoE dispatcher (the search keeps ``auto``): each other dispatcher, to
+    show what the all-to-alls cost under it (``cost.terms.comm._dispatch_s``), or why the framework
+    refuses it."""
+    if not moe or lay.ep == 1 or lay.moe_dispatcher == "auto":
+        return []
+    return [(f"moe_dispatcher {d}", lay.with_(moe_dispatcher=d)) for d in MOE_DISPATCHERS if d != lay.moe_dispatcher]
 
 
 def _outside(space: Space | None, lay: Layout) -> str | None:

@@ -245,39 +245,40 @@ def _cp_a2a_s(ctx: Context, n: float, tp: int, prof) -> float:
 @lru_cache(maxsize=65536)
 def ep_comm_terms(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
                   ranks: tuple[int, ...], tp_overlap: bool = False, steady: float = 0.0,
-                  expert_tp: bool = True) -> float:
+                  expert_tp: bool = True, dispatcher: str = "auto") -> float:
     """Exposed all-to-all traffic of all MoE layers, one micro-batch, over the expert group ``ranks``.
 
     With EP overlap (``steady`` > 0: the share of chunks in combined forward/backward steps,
     :func:`ep_overlap_steady_share`) those chunks hide their all-to-alls behind the other chunk's
     compute of the MoE layers, less what TP overlap and the context-parallel ring already hide
     behind, at the price of the SMs the all-to-all kernels hold (``overlap_share(ctx, "ep")``);
-    the others pay them in full."""
+    the others pay them in full. ``dispatcher``: ``Layout.moe_dispatcher`` (:func:`_dispatch_s`)."""
     if steady <= 0.0:
-        return _ep_open_s(ctx, tp, cp, ep, mbs, sp, recompute, ranks)
-    raw, hidden = ep_comm_parts(ctx, tp, cp, ep, mbs, sp, recompute, ranks, expert_tp, tp_overlap)
+        return _ep_open_s(ctx, tp, cp, ep, mbs, sp, recompute, ranks, dispatcher)
+    raw, hidden = ep_comm_parts(ctx, tp, cp, ep, mbs, sp, recompute, ranks, expert_tp, tp_overlap, dispatcher)
     return steady * hidden + (1.0 - steady) * raw
 
 
 @lru_cache(maxsize=65536)
 def _ep_open_s(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
-               ranks: tuple[int, ...]) -> float:
+               ranks: tuple[int, ...], dispatcher: str = "auto") -> float:
     """The MoE layers' all-to-alls of one micro-batch, in the open."""
     if ep == 1 or ctx.model.moe is None:
         return 0.0
     prof = ctx.cluster.axis_profile(ranks)
-    return (ctx.model.num_moe_layers * _ep_comm_s(ctx, _tokens(ctx, cp, mbs), tp, prof, sp)
+    return (ctx.model.num_moe_layers * _ep_comm_s(ctx, _tokens(ctx, cp, mbs), tp, prof, sp, dispatcher)
             * _comm_multiplier(recompute))
 
 
 @lru_cache(maxsize=65536)
 def ep_comm_parts(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
-                  ranks: tuple[int, ...], expert_tp: bool = True, tp_overlap: bool = False) -> tuple[float, float]:
+                  ranks: tuple[int, ...], expert_tp: bool = True, tp_overlap: bool = False,
+                  dispatcher: str = "auto") -> tuple[float, float]:
     """``(open, hidden)``: the MoE layers' all-to-alls per micro-batch in the open, and exposed in
     EP overlap's steady state (:func:`ep_comm_terms`)."""
     if ep == 1 or ctx.model.moe is None:
         return 0.0, 0.0
-    raw = _ep_open_s(ctx, tp, cp, ep, mbs, sp, recompute, ranks)
+    raw = _ep_open_s(ctx, tp, cp, ep, mbs, sp, recompute, ranks, dispatcher)
     window = ep_overlap_window_s(ctx.model, compute_terms(ctx._base, tp, cp, mbs, sp, recompute, ep, expert_tp),
                                  tp_overlap, cp)
     return raw, overlapped_exposed_s(raw, window, overlap_share(ctx, "ep"))
@@ -326,31 +327,50 @@ def _cp_comm_s(ctx: Context, n: float, tp: int, cp: int, prof, ops) -> float:
     return (cp - 1) * (overlapped_exposed_s(step_s, attn_fwd, share) + overlapped_exposed_s(2 * step_s, attn_bwd, share))
 
 
-def _ep_comm_s(ctx: Context, n: float, tp: int, prof, sp: bool) -> float:
-    """Dispatch and combine all-to-alls of the routed tokens, forward and backward (4 in all).
-
-    Inside one scale-up domain a flat all-to-all of every routed copy. Across domains, hierarchical
-    dispatch (DeepEP, used by DeepSeek-V3, Megatron-Core's flex dispatcher and NeMo Automodel):
-    each token crosses the fabric once per remote node holding any of its experts
-    (:func:`remote_nodes_per_token`), and combine returns one reduced copy per node.
-    """
+def _ep_comm_s(ctx: Context, n: float, tp: int, prof, sp: bool, dispatcher: str = "auto") -> float:
+    """Dispatch and combine all-to-alls of the routed tokens, forward and backward (4 in all), by the
+    layout's ``dispatcher`` (``Layout.moe_dispatcher``, :func:`_dispatch_s`)."""
     e = ctx.model.moe
     token_bytes = ACT_BYTES * n * ctx.model.hidden_size / tp
-    size = token_bytes * e.top_k * e.load_factor  # the most loaded rank receives the most
-    return 4 * max(_dispatch_s(e, token_bytes, size, shape) for shape in prof.shapes)  # the slowest group
+    return 4 * max(_dispatch_s(e, token_bytes, shape, dispatcher) for shape in prof.shapes)  # the slowest group
 
 
-def _dispatch_s(e, token_bytes: float, size: float, prof) -> float:
-    """One all-to-all of :func:`_ep_comm_s` over one group shape. A group straddling domains
-    unevenly is timed at its rank in the emptiest domain, whose tokens find the fewest experts at
-    home (``own_share``)."""
-    if prof.num_domains <= 1:
+def _dispatch_s(e, token_bytes: float, prof, dispatcher: str = "auto") -> float:
+    """One all-to-all of :func:`_ep_comm_s` over one group shape; the most loaded rank receives the
+    most (``MoESpec.load_factor``).
+
+    ``alltoall`` (Megatron-Core's alltoall dispatcher, torchtitan's standard backend): tokens are
+    permuted into expert order and exchanged with an NCCL all-to-all, so every one of a token's
+    ``top_k`` routed copies crosses the links, the fabric included. ``deepep`` / ``hybridep``: the
+    fused kernels send a token once to each rank holding any of its experts (DeepEP's
+    ``is_token_in_rank``; :func:`ranks_per_token`) and, across domains, once over the fabric to each
+    node holding any (:func:`remote_nodes_per_token`), forwarded there over the scale-up links.
+    ``auto``: every copy inside a domain, per-node deduplication across domains. The phases run at
+    the links' achieved rates: DeepEP's normal kernels measure 153-158 GB/s of the H800's ~160 GB/s
+    NVLink maximum and 43-58 GB/s (logical) of a 400 Gb/s CX7's ~50 GB/s (DeepEP README, V1
+    performance table), no slower than the NCCL bus bandwidth the link classes carry.
+    A group straddling domains unevenly is timed at its rank in the emptiest domain, whose tokens
+    find the fewest experts at home (``own_share``)."""
+    dedup = dispatcher in ("deepep", "hybridep")
+    copies = ranks_per_token(e.num_experts, e.top_k, prof.num_ranks) if dedup else e.top_k
+    size = token_bytes * copies * e.load_factor
+    if prof.num_domains <= 1 or dispatcher == "alltoall":
         return coll.all_to_all_s(size, prof)
     kmin = prof.fewest_ranks_per_domain
     own = None if kmin == prof.ranks_per_domain else kmin / prof.num_ranks
     remote = token_bytes * e.load_factor * remote_nodes_per_token(e.num_experts, e.top_k, prof.num_domains,
                                                                   e.max_nodes_per_token, own)
     return coll.hierarchical_all_to_all_s(size, remote, prof)
+
+
+def ranks_per_token(num_experts: int, top_k: int, num_ranks: int) -> float:
+    """Expected number of the ``num_ranks`` expert-parallel ranks (experts spread evenly, chosen
+    uniformly) that hold any of a token's ``top_k`` experts: the copies a deduplicating dispatcher
+    sends. Node-limited routing, which crowds a token's experts onto fewer ranks, is not counted
+    (an upper bound)."""
+    if num_ranks <= 1:
+        return 1.0
+    return remote_nodes_per_token(num_experts, top_k, num_ranks) * num_ranks / (num_ranks - 1)
 
 
 def remote_nodes_per_token(num_experts: int, top_k: int, num_nodes: int, max_nodes: int | None = None,

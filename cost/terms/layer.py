@@ -47,7 +47,8 @@ def layer_terms(ctx: Context, layout: Layout, m: int = 1, kind: bool | None = No
     steady = (ep_overlap_steady_share(layout.pp, layout.vp, m, rc, ctx.job.microbatch_group(m, layout.pp, layout.vp))
               if layout.ep_overlap else 0.0)
     ep_s = 0.0 if kind is False else ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_ranks(layout),
-                                                   layout.tp_overlap and tp > 1, steady, layout.expert_tp)
+                                                   layout.tp_overlap and tp > 1, steady, layout.expert_tp,
+                                                   layout.moe_dispatcher)
     return LayerTerms(
         forward_s=c.forward_s, backward_s=c.backward_s, recompute_s=c.recompute_s,
         tp_comm_s=tp_comm_terms(ctx, tp, cp, mbs, sp, rc, layout.stride("tp"), layout.tp_overlap,

@@ -22,7 +22,8 @@ from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
-         "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots", "offload", "cp_comm")
+         "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots", "offload", "cp_comm",
+         "moe_dispatcher")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order", "expert_tp": "etp"}
 KNOB_TEXT = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
@@ -102,6 +103,8 @@ class Space:
     # dimension, each factorization takes the fastest that splits its heads (cost.terms.cp_comm_choice;
     # the kind changes no memory term); Layout.cp_comm
     cp_comm: tuple[str, ...] = ("p2p",)
+    # the MoE dispatcher (Layout.moe_dispatcher): the implicit one, or the one --fix holds; not searched
+    moe_dispatcher: tuple[str, ...] = ("auto",)
     framework_rules: bool = True  # apply the profile's combination rules (off: validation of published layouts)
 
     @property
@@ -128,10 +131,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     b = bounds or Bounds()
     prof = job.profile
     offered = {**framework_domains(prof, cluster.device.family), **model_code_domains(job), **model_domains(prof, model)}
-    _check_fixed_offered(prof, cluster.device.family, b, model)
-    _check_fixed_model_code(job, b)
-    _check_fixed_consistent(model, b)
-    _check_fixed_overlap(prof, b)
+    _check_fixed(prof, cluster, job, b, model)
     facts = _factorizations(model, cluster, offered, b)
 
     def pick(knob: str, values) -> tuple:
@@ -164,11 +164,21 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
         head_slots=pick("head_slots", _pipeline_splits(prof)),
         offload=pick("offload", _offload_modes(cluster, b)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
+        moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
     _check_fixed_shape(model, b, prof)
     return space
+
+
+def _check_fixed(prof, cluster: Cluster, job: Job, b: Bounds, model: ModelSpec) -> None:
+    """What ``--fix`` holds: offered by the framework, its model code, consistent with the model and
+    itself, and overlaps the framework runs."""
+    _check_fixed_offered(prof, cluster.device.family, b, model)
+    _check_fixed_model_code(job, b)
+    _check_fixed_consistent(model, b)
+    _check_fixed_overlap(prof, b)
 
 
 def _pipeline_splits(prof) -> tuple[bool, ...]:
@@ -285,6 +295,7 @@ def _check_fixed_consistent(model: ModelSpec, bounds: Bounds) -> None:
         moe_only = [f"ep={fixed['ep']}"] if fixed.get("ep", 1) != 1 else []
         moe_only += ["etp=1"] if fixed.get("expert_tp") is False else []
         moe_only += ["ep_overlap=on"] if fixed.get("ep_overlap") else []
+        moe_only += [f"moe_dispatcher={fixed['moe_dispatcher']}"] if fixed.get("moe_dispatcher", "auto") != "auto" else []
         if moe_only:
             raise SpecError(f"--fix {moe_only[0]}: {model.name} is dense (no experts); drop it or plan an MoE model")
     vp, pp = fixed.get("vp"), fixed.get("pp", bounds.maximum.get("pp"))
@@ -516,12 +527,13 @@ def sequence_parallel_ok(tp: int, sp: bool, seq_len: int = 0, cp: int = 1) -> st
 
 def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool, recompute: str,
               zero: int, order: str, dp_overlap: bool, tp_overlap: bool, expert_tp: bool = True,
-              ep_overlap: bool = False, head_slots: bool = False, offload: str = "none") -> Layout:
+              ep_overlap: bool = False, head_slots: bool = False, offload: str = "none",
+              moe_dispatcher: str = "auto") -> Layout:
     tp, pp, dp, cp = f
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, micro_batch_size=mbs, sequence_parallel=sp,
                   recompute=recompute, zero_stage=zero, order=order, dp_overlap=dp_overlap,
                   tp_overlap=tp_overlap, expert_tp=expert_tp, ep_overlap=ep_overlap,
-                  head_slots=head_slots and f[1] > 1, offload=offload)
+                  head_slots=head_slots and f[1] > 1, offload=offload, moe_dispatcher=moe_dispatcher)
 
 
 def _once(out: dict, key: str, value, flag: str) -> None:

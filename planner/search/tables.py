@@ -414,7 +414,8 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
                for (tp, cp, st, _), c, used in zip(cpg_keys, cpg_ctx, cpg_use)])
     # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
     ep_ranks = [_ranks(c, group) for (_, _, _, _, group), c in zip(epg_keys, epg_ctx)]
-    EPC = np.array([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks, expert_tp=et) if ranks and u else 0.0
+    EPC = np.array([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks, expert_tp=et, dispatcher=S.moe_dispatcher[0])
+                       if ranks and u else 0.0
                        for rc in RC] for sp in SP] for mb, u in zip(MB, used)]
                     for (tp, cp, e, et, _), c, ranks, used in zip(epg_keys, epg_ctx, ep_ranks, epg_use)],
                    dtype=float).reshape(len(epg_keys), len(MB), len(SP), len(RC))  # seconds: build_tables quantizes
@@ -620,4 +621,4 @@ def _layout_of_indices(S: Space, idx: dict) -> Layout:
     return layout_of(S.factorizations[idx["f"]], S.ep[idx["e"]], S.vp[idx["v"]], S.micro_batch_size[idx["mb"]],
                      S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],
                      S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]], S.expert_tp[idx["e"]],
-                     S.ep_overlap[idx.get("eo", 0)], S.head_slots[0], S.offload[0])
+                     S.ep_overlap[idx.get("eo", 0)], S.head_slots[0], S.offload[0], S.moe_dispatcher[0])

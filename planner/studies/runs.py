@@ -18,7 +18,7 @@ from pathlib import Path
 from clusterplan.cost.framework import (
     default_framework, load_profile, parse_date, refuses_dp_overlap, resolve_name as resolve_framework,
 )
-from clusterplan.cost.layout import Job, MODEL_CODES, OFFLOAD_MODES, parse_layout, parse_recompute_modules
+from clusterplan.cost.layout import Job, MODEL_CODES, MOE_DISPATCHERS, OFFLOAD_MODES, parse_layout, parse_recompute_modules
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.cost.terms import Context, layer_terms
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
@@ -142,7 +142,8 @@ def _load_doc(path: str | Path, label: str = "validate FILE") -> dict:
 
 # what a run's layout may name (RUNS_FORMAT.md); anything else is a typo the run would be priced without
 RUN_LAYOUT_KEYS = LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "recompute_layers", "recompute_modules",
-                                 "expert_tp", "order", "head_slots", "offload", "shard_across_domains", "schedule", "cp_comm")
+                                 "expert_tp", "order", "head_slots", "offload", "shard_across_domains", "schedule", "cp_comm",
+                                 "moe_dispatcher")
 
 
 def _check_measured(run: dict) -> None:
@@ -199,7 +200,7 @@ def _bounds(run: dict, prof) -> Bounds:
     from 2025-04). Published values the
     framework profile lacks are kept: the run used them."""
     layout = dict(run.get("layout") or {})
-    fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "head_slots", "cp_comm")
+    fixed = {k: layout[k] for k in LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "head_slots", "cp_comm", "moe_dispatcher")
              if layout.get(k) is not None}
     fixed.setdefault("dp_overlap", prof.has("dp_overlap") and not _dp_overlap_refused(fixed, prof))
     fixed.setdefault("tp_overlap", False)
@@ -471,15 +472,20 @@ def predicted_peak(ev: Evaluation, kind: str | None) -> float:
 
 def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation) -> Evaluation:
     """The searched layout with the run's published ``layout.recompute_layers``,
-    ``layout.recompute_modules``, ``layout.offload`` and ``layout.shard_across_domains`` (knobs the
-    search does not offer, or, offload, is held off for validation: the other knobs were chosen without
-    them), priced by the cost model."""
+    ``layout.recompute_modules``, ``layout.offload``, ``layout.shard_across_domains`` and
+    ``layout.moe_dispatcher`` (knobs the search does not offer, or, offload, is held off for validation:
+    the other knobs were chosen without them), priced by the cost model."""
     published = run.get("layout") or {}
     k, mods, offload = published.get("recompute_layers"), published.get("recompute_modules"), published.get("offload")
     across, schedule = published.get("shard_across_domains"), published.get("schedule")
-    if not k and not mods and offload in (None, "none") and not across and not schedule:
+    dispatcher = published.get("moe_dispatcher")
+    if not k and not mods and offload in (None, "none") and not across and not schedule and dispatcher in (None, "auto"):
         return ev
     changes = {"schedule": parse_layout(f"schedule={schedule}").schedule} if schedule else {}
+    if dispatcher is not None:
+        if dispatcher not in MOE_DISPATCHERS:
+            raise SpecError(f"layout.moe_dispatcher: got {dispatcher!r}; allowed: {', '.join(MOE_DISPATCHERS)}")
+        changes["moe_dispatcher"] = dispatcher
     if across is not None:
         if not isinstance(across, bool):
             raise SpecError(f"layout.shard_across_domains: got {across!r}; allowed: true, false")

@@ -94,7 +94,7 @@ def check_megatron_argv(argv: list[str], env: dict[str, str], meta: dict) -> dic
         groups = args.num_query_groups if args.group_query_attention else args.num_attention_heads
         _expect("query groups", groups, m["num_kv_heads"])
     _expect("data_parallel_size", args.data_parallel_size, L["dp"])
-    _expect("expert_model_parallel_size", args.expert_model_parallel_size, L["ep"])
+    _check_experts(args, L)
     _expect("micro-batches", calc.get(), L["num_microbatches"])
     _expect("virtual pipeline", args.virtual_pipeline_model_parallel_size or 1, L["vp"])
     _expect("recompute granularity", args.recompute_granularity, None if L["recompute"] == "none" else L["recompute"])
@@ -106,6 +106,17 @@ def check_megatron_argv(argv: list[str], env: dict[str, str], meta: dict) -> dic
         _check_interleave(args, calc.get(), meta["interleave"])
     return {"dp": args.data_parallel_size, "microbatches": calc.get(),
             "vp": args.virtual_pipeline_model_parallel_size, "layout": str(args.pipeline_model_parallel_layout)}
+
+
+def _check_experts(args, L: dict) -> None:
+    """The expert-parallel degree and the token dispatcher the plan priced (``Layout.moe_dispatcher``:
+    deepep and hybridep are the flex dispatcher's backends; alltoall and auto the alltoall dispatcher)."""
+    _expect("expert_model_parallel_size", args.expert_model_parallel_size, L["ep"])
+    if args.num_experts:
+        flex = L.get("moe_dispatcher", "auto") in ("deepep", "hybridep") and L["ep"] > 1
+        _expect("moe_token_dispatcher_type", args.moe_token_dispatcher_type, "flex" if flex else "alltoall")
+        if flex:
+            _expect("moe_flex_dispatcher_backend", args.moe_flex_dispatcher_backend, L["moe_dispatcher"])
 
 
 def _check_interleave(args, m: int, want: dict) -> None:
@@ -279,6 +290,8 @@ def check_torchtitan_02(text: str, meta: dict) -> dict:
                         cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
                         ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree,
                         world_size=meta["world_size"])
+    deepep = meta["layout"]["ep"] > 1 and meta["layout"].get("moe_dispatcher") == "deepep"
+    _expect("expert_parallel_comm_backend", p.expert_parallel_comm_backend, "deepep" if deepep else "standard")
     args = get_train_spec(cfg.model.name).model_args[cfg.model.flavor]
     args.update_from_config(cfg)  # the trainer's call: refuses e.g. CP with FlexAttention
     _expect_torchtitan_model(args.n_layers, args.dim, args.n_heads, getattr(args, "n_kv_heads", None), args, meta)

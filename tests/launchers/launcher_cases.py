@@ -72,6 +72,17 @@ CASES = {
                                      "--devices", "64", "--global-batch", "128", "--layout",
                                      "tp=2,pp=2,dp=16,vp=2,mbs=1,sp=on,recompute=full,recompute_layers=8"],
                                     ["megatron", "torchtitan-0.2"]),
+    # the MoE dispatcher held: Megatron's flex dispatcher with the DeepEP / Hybrid-EP backend
+    # (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend), torchtitan 0.2.2's
+    # expert_parallel_comm_backend = "deepep"
+    "deepseek-v3-h800x2048-deepep": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048",
+                                      "--fix", "moe_dispatcher=deepep"], ["megatron", "slurm", "torchtitan-0.2"]),
+    # a capacity factor: experts padded to 1.25x the mean load (--moe-expert-capacity-factor with
+    # --moe-pad-expert-input-to-capacity), under the alltoall dispatcher
+    "mixtral-8x7b-h100-capacity": (["--model", "mixtral-8x7b", "--cluster", "dgx-h100-superpod", "--devices", "64",
+                                    "--moe-capacity-factor", "1.25"], ["megatron"]),
+    "mixtral-8x7b-gb200-hybridep": (["--model", "mixtral-8x7b", "--cluster", "gb200-nvl72", "--devices", "72",
+                                     "--fix", "moe_dispatcher=hybridep"], ["megatron", "slurm"]),
     # the block-scaled precisions: Megatron's --fp8-recipe mxfp8 and --fp4-format/--fp4-recipe nvfp4,
     # torchtitan's MX converter
     "llama3-70b-gb300-mxfp8": (["--model", "llama3-70b", "--cluster", "gb300-nvl72", "--devices", "64",

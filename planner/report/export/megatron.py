@@ -101,7 +101,7 @@ def _megatron_pipeline_args(num_layers: int, L: dict, notes: list[str]) -> list[
     return [f"--num-layers-per-virtual-pipeline-stage {num_layers // (L['pp'] * L['vp'])}"] if L["vp"] > 1 else []
 
 
-def _megatron_model_args(model, seq_len: int) -> tuple[list[str], list[str]]:
+def _megatron_model_args(model, seq_len: int, dispatcher: str = "auto") -> tuple[list[str], list[str]]:
     """Model-shape arguments (what validate_args and the GPT model builder need) and their notes."""
     args = [f"--num-layers {model.num_layers}", f"--hidden-size {model.hidden_size}",
             f"--num-attention-heads {model.num_attention_heads}",
@@ -138,7 +138,7 @@ def _megatron_model_args(model, seq_len: int) -> tuple[list[str], list[str]]:
         moe = model.moe
         args += [f"--num-experts {moe.num_experts}", f"--moe-router-topk {moe.top_k}",
                  f"--moe-ffn-hidden-size {moe.expert_ffn_hidden_size}", "--moe-grouped-gemm",
-                 "--moe-token-dispatcher-type alltoall"]
+                 *_megatron_dispatcher_args(dispatcher)]
         if moe.num_shared_experts:
             args.append(f"--moe-shared-expert-intermediate-size {moe.num_shared_experts * moe.expert_ffn_hidden_size}")
         if moe.num_dense_layers:
@@ -147,6 +147,31 @@ def _megatron_model_args(model, seq_len: int) -> tuple[list[str], list[str]]:
             notes.append(f"node-limited routing ({moe.max_nodes_per_token} nodes per token): set "
                          "--moe-router-num-groups / --moe-router-group-topk to your expert placement")
     return args, notes
+
+
+def _megatron_dispatcher_args(dispatcher: str) -> list[str]:
+    """Megatron-Core's token dispatcher for ``Layout.moe_dispatcher``: the alltoall dispatcher (NCCL
+    all-to-all; what ``auto`` writes too), or the flex dispatcher with its DeepEP or Hybrid-EP backend
+    (``--moe-flex-dispatcher-backend``, Megatron-LM 3df200905e, 2025-11), whose kernels take float32
+    router probabilities (token_dispatcher.py casts and warns without ``--moe-router-dtype fp32``)."""
+    if dispatcher in ("deepep", "hybridep"):
+        return ["--moe-token-dispatcher-type flex", f"--moe-flex-dispatcher-backend {dispatcher}",
+                "--moe-router-dtype fp32"]
+    return ["--moe-token-dispatcher-type alltoall"]
+
+
+def _megatron_capacity_args(doc: dict, dispatcher: str) -> list[str]:
+    """The capacity factor the plan priced (``--moe-capacity-factor``: each expert's input padded to it,
+    tokens beyond it dropped): Megatron-Core's ``--moe-expert-capacity-factor`` with
+    ``--moe-pad-expert-input-to-capacity``. Its DeepEP backend refuses the padding
+    (transformer_config.py): refused here too."""
+    factor = (doc["inputs"]["model"].get("moe_routing") or {}).get("capacity_factor")
+    if not factor:
+        return []
+    if dispatcher == "deepep":
+        raise SpecError("--format megatron: Megatron-Core's DeepEP backend does not pad expert inputs to a "
+                        f"capacity (capacity factor {factor:g}); use moe_dispatcher=alltoall or hybridep, or plan dropless")
+    return [f"--moe-expert-capacity-factor {factor:g}", "--moe-pad-expert-input-to-capacity"]
 
 
 def _megatron_sharding_args(zero_stage: int, tied_embeddings: bool, ep: int, notes: list[str]) -> list[str]:
@@ -187,7 +212,8 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
     """The arguments (one ``--flag value`` per item), the notes on what they cannot say, and the
     environment the launch needs."""
     L, job = doc["layout"], _job(doc)
-    model_args, notes = _megatron_model_args(model, job["seq_len"])
+    dispatcher = L.get("moe_dispatcher", "auto") if L["ep"] > 1 else "auto"
+    model_args, notes = _megatron_model_args(model, job["seq_len"], dispatcher)
     args = [
         f"--tensor-model-parallel-size {L['tp']}", f"--pipeline-model-parallel-size {L['pp']}",
         f"--context-parallel-size {L['cp']}", f"--micro-batch-size {L['micro_batch_size']}",
@@ -198,6 +224,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         args.append(f"--expert-model-parallel-size {L['ep']}")
         if not L.get("expert_tp", True):
             args.append("--expert-tensor-parallel-size 1")
+    args += _megatron_capacity_args(doc, dispatcher)
     args += _megatron_pipeline_args(model.num_layers, L, notes)
     args += _megatron_group_args(L, notes)
     if L["sequence_parallel"]:

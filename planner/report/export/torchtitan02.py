@@ -87,6 +87,7 @@ def _torchtitan_parallelism(L: dict, num_layers: int) -> list[str]:
         f"expert_tensor_parallel_degree = {L['tp'] if L.get('expert_tp', True) else 1}",
         f"enable_async_tensor_parallel = {'true' if L['tp_overlap'] else 'false'}",
         f'fsdp_reshard_after_forward = "{"never" if L["zero_stage"] == 2 else "default"}"',
+        *_torchtitan_comm_backend(L),
     ]
     if L["pp"] > 1:
         schedule, parts = _torchtitan_pipeline(num_layers, L["pp"], L["vp"], bool(L.get("head_slots")),
@@ -94,6 +95,17 @@ def _torchtitan_parallelism(L: dict, num_layers: int) -> list[str]:
         lines += [f'pipeline_parallel_schedule = "{schedule}"', f"pipeline_parallel_microbatch_size = {L['micro_batch_size']}",
                   f"module_fqns_per_model_part = {json.dumps(parts)}"]
     return lines
+
+
+def _torchtitan_comm_backend(L: dict) -> list[str]:
+    """0.2.2's ``expert_parallel_comm_backend`` for ``Layout.moe_dispatcher`` (``standard``, PyTorch's
+    all-to-all, is its default: nothing to write for alltoall and auto; ``deepep`` since 36a4b6942,
+    2025-12). Hybrid-EP came with 0.3's config registry (2026-05): refused."""
+    dispatcher = L.get("moe_dispatcher", "auto") if L["ep"] > 1 else "auto"
+    if dispatcher == "hybridep":
+        raise SpecError("--format torchtitan-0.2: torchtitan 0.2.2 has no Hybrid-EP dispatcher (its "
+                        "expert_parallel_comm_backend is standard or deepep); use moe_dispatcher=deepep or alltoall")
+    return ['expert_parallel_comm_backend = "deepep"'] if dispatcher == "deepep" else []
 
 
 def _check_plan_date(doc: dict, fmt: str, latest: str) -> None:

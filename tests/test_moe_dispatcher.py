@@ -1,0 +1,220 @@
+"""The MoE dispatcher knob (``Layout.moe_dispatcher``): layout text, framework refusals, and the
+all-to-all bytes each dispatcher sends (``cost.terms.comm._dispatch_s``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from math import comb
+
+import pytest
+
+from clusterplan.cost import collectives as coll
+from clusterplan.cost.layout import Job, Layout, parse_layout
+from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.terms.comm import _dispatch_s, ranks_per_token, remote_nodes_per_token
+from clusterplan.models.errors import SpecError
+from clusterplan.models.spec import ModelSpec, MoESpec
+from clusterplan.topologies.cluster import GroupProfile
+from clusterplan.topologies.library import build_cluster
+
+MOE = ModelSpec(name="tiny-moe", num_layers=8, hidden_size=1024, num_attention_heads=16, num_kv_heads=4,
+                ffn_hidden_size=2816, vocab_size=32000, ffn_activation="swiglu",
+                moe=MoESpec(num_experts=64, top_k=8, expert_ffn_hidden_size=1024))
+DENSE = MOE.model_copy(update={"moe": None, "name": "tiny-dense"})
+JOB = Job(global_batch_size=64, seq_len=2048, framework="megatron")
+
+
+def _profile(k: int, domains: int = 1, intra: float = 300e9, inter: float = 50e9) -> GroupProfile:
+    per = k // domains
+    return GroupProfile(num_ranks=k, num_domains=domains, ranks_per_domain=per,
+                        intra_bytes_per_s=intra if per > 1 else 0.0, inter_bytes_per_s=inter if domains > 1 else 0.0,
+                        intra_latency_s=2e-6 if per > 1 else 0.0, inter_latency_s=5e-6 if domains > 1 else 0.0,
+                        intra_in_network_reduction=False, inter_in_network_reduction=False,
+                        intra_nir_bytes_per_s=0.0, torus_axes=0, torus_wraparound=False)
+
+
+def test_layout_text_takes_the_dispatcher_and_writes_it_only_when_set():
+    lay = parse_layout("tp=1,pp=1,dp=8,ep=8,moe_dispatcher=deepep")
+    assert lay.moe_dispatcher == "deepep"
+    assert "moe_dispatcher=deepep" in lay.short()
+    assert parse_layout(lay.short().replace(" ", ",")) == lay
+    assert "moe_dispatcher" not in Layout(dp=8, ep=8).short()  # the default, as every layout text before it
+    assert "moe_dispatcher" not in Layout(dp=8, moe_dispatcher="deepep").short()  # no expert parallelism
+    with pytest.raises(SpecError, match=r"layout\.moe_dispatcher: got 'nccl'; allowed: auto, alltoall, deepep, hybridep"):
+        parse_layout("dp=8,ep=8,moe_dispatcher=nccl")
+
+
+def test_ranks_per_token_by_hand():
+    """Experts spread evenly over k ranks, top-k chosen uniformly: E[ranks hit] = k (1 - C(E - E/k, top_k) / C(E, top_k))."""
+    E, top, k = 256, 8, 8
+    assert ranks_per_token(E, top, k) == pytest.approx(k * (1 - comb(E - E // k, top) / comb(E, top)), rel=1e-12)
+    assert ranks_per_token(E, top, 1) == 1.0
+    assert 1.0 < ranks_per_token(E, top, k) < top
+    assert ranks_per_token(64, 8, 64) == pytest.approx(8.0)  # one expert per rank: nothing to deduplicate
+
+
+def test_dispatchers_inside_one_domain_by_hand():
+    """One scale-up domain: NCCL all-to-all (and the implicit dispatcher) sends every routed copy,
+    DeepEP and Hybrid-EP one per destination rank."""
+    e, token_bytes, p = MOE.moe, 1e6, _profile(8)
+    every = coll.all_to_all_s(token_bytes * e.top_k * e.load_factor, p)
+    assert _dispatch_s(e, token_bytes, p, "auto") == every
+    assert _dispatch_s(e, token_bytes, p, "alltoall") == every
+    dedup = coll.all_to_all_s(token_bytes * ranks_per_token(e.num_experts, e.top_k, 8) * e.load_factor, p)
+    assert _dispatch_s(e, token_bytes, p, "deepep") == pytest.approx(dedup, rel=1e-12)
+    assert _dispatch_s(e, token_bytes, p, "hybridep") == pytest.approx(dedup, rel=1e-12)
+    assert dedup < every
+
+
+def test_dispatchers_across_domains_by_hand():
+    """Across domains NCCL all-to-all sends every copy over the fabric; the implicit dispatcher and
+    DeepEP cross it once per remote node (DeepEP's intranode leg deduplicated per rank as well)."""
+    e, token_bytes, p = MOE.moe, 1e6, _profile(32, 4, inter=10e9)
+    flat = coll.all_to_all_s(token_bytes * e.top_k * e.load_factor, p)
+    assert _dispatch_s(e, token_bytes, p, "alltoall") == flat
+    remote = token_bytes * e.load_factor * remote_nodes_per_token(e.num_experts, e.top_k, 4)
+    auto = coll.hierarchical_all_to_all_s(token_bytes * e.top_k * e.load_factor, remote, p)
+    assert _dispatch_s(e, token_bytes, p, "auto") == auto
+    deep = coll.hierarchical_all_to_all_s(token_bytes * ranks_per_token(e.num_experts, e.top_k, 32) * e.load_factor,
+                                          remote, p)
+    assert _dispatch_s(e, token_bytes, p, "deepep") == pytest.approx(deep, rel=1e-12)
+    assert deep <= auto < flat
+
+
+def test_evaluate_orders_the_dispatchers_and_keeps_the_default():
+    """Two H100 nodes, ep=16 over both: NCCL all-to-all is the slowest, DeepEP no slower than the
+    implicit dispatcher; ``auto`` is the layout without the knob."""
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    base = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none")
+    steps = {d: evaluate(MOE, JOB, cluster, base.with_(moe_dispatcher=d)).time.ep_comm_s for d in
+             ("auto", "alltoall", "deepep", "hybridep")}
+    assert steps["auto"] == evaluate(MOE, JOB, cluster, base).time.ep_comm_s
+    assert steps["alltoall"] > steps["auto"] >= steps["deepep"] == steps["hybridep"] > 0
+    one_node = base.with_(dp=8, ep=8)
+    eight = build_cluster("dgx-h100-superpod", num_devices=8)
+    assert (evaluate(MOE, JOB, eight, one_node.with_(moe_dispatcher="deepep")).time.ep_comm_s
+            < evaluate(MOE, JOB, eight, one_node).time.ep_comm_s)
+
+
+def test_frameworks_refuse_a_dispatcher_they_lack_naming_its_date():
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    lay = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none", moe_dispatcher="deepep")
+    assert not layout_problems(MOE, JOB, cluster, lay)
+    old = dict(layout_problems(MOE, dataclasses.replace(JOB, framework_date="2025-01"), cluster, lay))
+    assert "moe_dispatcher=deepep" in old["framework"] and "since 2025-02" in old["framework"]
+    hybrid = dict(layout_problems(MOE, dataclasses.replace(JOB, framework_date="2025-10"), cluster,
+                                  lay.with_(moe_dispatcher="hybridep")))
+    assert "since 2025-11" in hybrid["framework"]
+    ds = dict(layout_problems(MOE, dataclasses.replace(JOB, framework="deepspeed"), cluster, lay.with_(zero_stage=1)))
+    assert "moe_dispatcher=deepep" in ds["framework"] and "allowed: auto, alltoall" in ds["framework"]
+    dense = dict(layout_problems(DENSE, JOB, cluster, Layout(dp=16, moe_dispatcher="alltoall")))
+    assert "moe_dispatcher=alltoall concerns expert layers" in dense["experts"]
+
+
+def test_validate_prices_the_published_dispatchers_of_the_bundled_group():
+    """torchtitan PR #2107's DeepSeek-V3 pair (bundled sweeps, one job under the standard all-to-all
+    and under DeepEP): each run is priced with its own dispatcher, so the two differ and rank as
+    measured; a dispatcher the format does not know is the run's bad input."""
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.studies.runs import bundled_data_path, load_runs_and_groups, price_run
+
+    runs, _ = load_runs_and_groups(bundled_data_path("sweeps.yaml"))
+    pair = {r["layout"]["moe_dispatcher"]: r for r in runs if r.get("group") == "torchtitan2512-deepep-deepseek-v3-671b-512h100"}
+    assert set(pair) == {"alltoall", "deepep"}
+    priced = {d: price_run(r, SearchOptions())[1] for d, r in pair.items()}
+    assert priced["alltoall"].layout.moe_dispatcher == "alltoall"
+    assert priced["deepep"].step_s() < priced["alltoall"].step_s()
+    bad = dict(pair["deepep"], layout=dict(pair["deepep"]["layout"], moe_dispatcher="nccl"))
+    result, _ = price_run(bad, SearchOptions())
+    assert "layout.moe_dispatcher: got 'nccl'" in result.reason
+
+
+def test_explain_shows_the_other_dispatchers_where_a_layout_names_one():
+    from clusterplan.planner.explain import sensitivities
+
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    lay = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none", moe_dispatcher="deepep")
+    best = evaluate(MOE, JOB, cluster, lay)
+    rows = {r["move"]: r for r in sensitivities(MOE, JOB, cluster, best)}
+    assert rows["moe_dispatcher alltoall"]["delta"] > 0  # NCCL all-to-all sends every copy over the fabric
+    assert rows["moe_dispatcher auto"]["delta"] >= 0
+    old = dataclasses.replace(JOB, framework_date="2025-10")
+    rows = {r["move"]: r for r in sensitivities(MOE, old, cluster, evaluate(MOE, old, cluster, lay))}
+    assert not rows["moe_dispatcher hybridep"]["allowed"] and "since 2025-11" in rows["moe_dispatcher hybridep"]["reason"]
+    plain = {r["move"] for r in sensitivities(MOE, JOB, cluster, evaluate(MOE, JOB, cluster, lay.with_(moe_dispatcher="auto")))}
+    assert not any(m.startswith("moe_dispatcher") for m in plain)  # a plan's own layout (auto): as before
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep"])
+def test_search_holds_a_fixed_dispatcher_and_its_engines_agree(dispatcher):
+    """--fix moe_dispatcher=X: the search prices every layout's all-to-alls under X (not searched: one
+    value), CP-SAT and the exhaustive enumerator agree, and the winner is what evaluate prices."""
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.search.engine import plan
+    from clusterplan.planner.search.space import Bounds, parse_bounds
+    from tests.test_search import _check_engines_agree
+
+    cluster = build_cluster("dgx-h100-superpod", num_devices=32)
+    job = Job(global_batch_size=64, seq_len=2048, framework="megatron")
+    bounds = Bounds({"moe_dispatcher": dispatcher, "ep": 16, "tp": 1}, {}, {"pp": 2}, 0.1)
+    _check_engines_agree(MOE, job, cluster, bounds)
+    res = plan(MOE, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=bounds))
+    assert res.best.layout.moe_dispatcher == dispatcher
+    assert res.best.step_time_s == evaluate(MOE, job, cluster, res.best.layout).step_time_s
+    auto = plan(MOE, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=Bounds({"ep": 16, "tp": 1}, {}, {"pp": 2}, 0.1)))
+    assert (res.best.step_time_s > auto.best.step_time_s) == (dispatcher == "alltoall")
+    assert parse_bounds(("moe_dispatcher=deepep",)).fixed == {"moe_dispatcher": "deepep"}
+    with pytest.raises(SpecError, match="moe_dispatcher=deepep: deepspeed"):
+        plan(MOE, dataclasses.replace(job, framework="deepspeed"), cluster,
+             SearchOptions(top_k=0, bounds=Bounds({"moe_dispatcher": "deepep"})))
+
+
+def test_exports_write_the_dispatcher_or_refuse_it():
+    """Megatron: the flex dispatcher with the backend (float32 router probabilities, as its kernels
+    take them); the alltoall dispatcher for alltoall and auto. torchtitan 0.2.2: expert_parallel_comm_backend
+    deepep; Hybrid-EP (0.3's registry only) refused there, and both fused dispatchers refused by the 0.3 export."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "launchers"))
+    import launcher_cases
+    from clusterplan.planner.report.export import export
+
+    doc = launcher_cases.plan_doc(launcher_cases.CASES["deepseek-v3-h800x2048-deepep"][0], "megatron")
+    text = export(doc, "megatron")
+    assert "--moe-token-dispatcher-type flex" in text and "--moe-flex-dispatcher-backend deepep" in text
+    assert "--moe-router-dtype fp32" in text and "--moe-token-dispatcher-type alltoall" not in text
+    for other in ("auto", "alltoall"):
+        plain = export({**doc, "layout": {**doc["layout"], "moe_dispatcher": other}}, "megatron")
+        assert "--moe-token-dispatcher-type alltoall" in plain and "flex" not in plain
+    tt = launcher_cases.plan_doc(launcher_cases.CASES["deepseek-v3-h800x2048-deepep"][0], "torchtitan-0.2")
+    assert 'expert_parallel_comm_backend = "deepep"' in export(tt, "torchtitan-0.2")
+    with pytest.raises(SpecError, match="torchtitan 0.2.2 has no Hybrid-EP"):
+        export({**tt, "layout": {**tt["layout"], "moe_dispatcher": "hybridep"}}, "torchtitan-0.2")
+    with pytest.raises(SpecError, match="moe_dispatcher=deepep"):
+        export({**tt, "layout": {**tt["layout"], "expert_tp": False}}, "torchtitan")
+
+
+def test_capacity_factor_is_exported_and_refused_with_megatron_deepep():
+    """A capacity factor the plan priced is Megatron's --moe-expert-capacity-factor with padding to it;
+    Megatron-Core's DeepEP backend refuses the padding, so evaluate and the export refuse the pair."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "launchers"))
+    import launcher_cases
+    from clusterplan.planner.report.export import export
+
+    doc = launcher_cases.plan_doc(launcher_cases.CASES["mixtral-8x7b-h100-capacity"][0], "megatron")
+    text = export(doc, "megatron")
+    assert "--moe-expert-capacity-factor 1.25" in text and "--moe-pad-expert-input-to-capacity" in text
+    assert "--moe-expert-capacity-factor" not in export(launcher_cases.plan_doc(
+        launcher_cases.CASES["deepseek-v3-h800x2048-deepep"][0], "megatron"), "megatron")
+    with pytest.raises(SpecError, match="DeepEP backend does not pad"):
+        export({**doc, "layout": {**doc["layout"], "moe_dispatcher": "deepep", "ep": max(2, doc["layout"]["ep"])}},
+               "megatron")
+    padded = MOE.model_copy(update={"moe": MOE.moe.model_copy(update={"capacity_factor": 1.25})})
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    lay = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none", moe_dispatcher="deepep")
+    assert "DeepEP backend does not pad" in dict(layout_problems(padded, JOB, cluster, lay))["experts"]
+    assert not layout_problems(padded, JOB, cluster, lay.with_(moe_dispatcher="hybridep"))
