@@ -21,10 +21,10 @@ FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "vp_groups", "grad_accumulation", "cp", "ep", "etp1", "sequence_parallel",
     "recompute_selective", "recompute_full", "recompute_layers", "recompute_modules", "head_slots",
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
-    "mxfp8", "nvfp4", "int8", "offload_activations",
+    "mxfp8", "nvfp4", "int8", "offload_activations", "cuda_graph_layer", "cuda_graph_full",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
-             "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap")
+             "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap", "cuda_graph_in")
 ZERO3_FETCH = ("bucketed", "per_module_blocking")
 _DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 PLATFORM_FAMILIES: dict[str, str] = {

@@ -4,9 +4,10 @@ Part of ``cost.terms`` (its docstring); imports go down the package: context -> 
 """
 
 from __future__ import annotations
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from clusterplan.cost.compute import graphed_device
 from clusterplan.cost.layout import Job, split_order
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -79,6 +80,17 @@ def _placed_context(base: Context, traversal: str) -> Context:
     ctx = Context(base.model, base.job, cluster)
     object.__setattr__(ctx, "_base", base)
     return ctx
+
+
+@lru_cache(maxsize=64)
+def graphed_context(ctx: Context, scope: str) -> Context:
+    """The problem with its kernels replayed from CUDA graphs of ``scope`` (``Layout.cuda_graph``;
+    ``cost.compute.graphed_device``): ``ctx`` itself for none. One object per (problem, scope), so
+    the term caches hit."""
+    if scope == "none":
+        return ctx
+    base = ctx._base.cluster
+    return Context(ctx.model, ctx.job, replace(base, device=graphed_device(base.device, scope)))
 
 
 def _tokens(ctx: Context, cp: int, mbs: int) -> float:
