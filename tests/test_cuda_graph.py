@@ -66,3 +66,27 @@ def test_refused_off_cuda():
     amd = build_cluster("mi300x-cluster", num_devices=8)
     messages = [m for _, m in layout_problems(MODEL, JOB, amd, parse_layout("dp=8,cuda_graph=full", 8))]
     assert any("CUDA graphs run on NVIDIA GPUs only" in m for m in messages), messages
+
+
+def _doc(case: str, fmt: str) -> dict:
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "launchers"))
+    import launcher_cases
+    return launcher_cases.plan_doc(launcher_cases.CASES[case][0], fmt)
+
+
+def test_exports_write_the_frameworks_own_settings():
+    from clusterplan.planner.report.export import export
+    full = _doc("llama3-8b-cuda-graph-full", "megatron")
+    assert full["layout"]["cuda_graph"] == "full"
+    text = export(full, "megatron")
+    assert "--cuda-graph-impl full_iteration" in text and "--no-check-for-nan-in-loss-and-grad" in text
+    layer = export(_doc("llama3-8b-cuda-graph-layer", "megatron"), "megatron")
+    assert "--cuda-graph-impl transformer_engine" in layer and "--no-check-for-nan" not in layer
+    assert "--cuda-graph-impl" not in export(_doc("llama3-8b-h100x64", "megatron"), "megatron")
+    assert "disable_cuda_graphs = False" in export(_doc("llama3-8b-cuda-graph-full", "torchtitan"), "torchtitan")
+    deepspeed = _doc("llama3-8b-h100x64", "deepspeed")
+    deepspeed["layout"]["cuda_graph"] = "full"
+    with pytest.raises(SpecError, match="cuda_graph=full"):
+        export(deepspeed, "deepspeed")
