@@ -90,3 +90,14 @@ def test_exports_write_the_frameworks_own_settings():
     deepspeed["layout"]["cuda_graph"] = "full"
     with pytest.raises(SpecError, match="cuda_graph=full"):
         export(deepspeed, "deepspeed")
+
+
+def test_each_job_keeps_its_own_batch():
+    """Contexts that differ only in the global batch compare equal (they share every term): the graphed
+    problem must still be the caller's job, not the first one graphed (validate's sweeps caught it)."""
+    layout = Layout(dp=8, cuda_graph="layer")
+    for gbs in (8, 64, 16):
+        job = Job(global_batch_size=gbs, seq_len=2048, framework="megatron")
+        graphed, eager = evaluate(MODEL, job, CLUSTER, layout), evaluate(MODEL, job, CLUSTER, layout.with_(cuda_graph="none"))
+        assert graphed.num_microbatches == eager.num_microbatches == gbs // 8
+        assert graphed.step_time_s < eager.step_time_s

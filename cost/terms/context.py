@@ -82,15 +82,19 @@ def _placed_context(base: Context, traversal: str) -> Context:
     return ctx
 
 
-@lru_cache(maxsize=64)
 def graphed_context(ctx: Context, scope: str) -> Context:
     """The problem with its kernels replayed from CUDA graphs of ``scope`` (``Layout.cuda_graph``;
-    ``cost.compute.graphed_device``): ``ctx`` itself for none. One object per (problem, scope), so
-    the term caches hit."""
+    ``cost.compute.graphed_device``): ``ctx`` itself for none. The graphed cluster is one object per
+    (cluster, scope), so the term caches hit; the context is built around the caller's own job
+    (contexts that differ only in the global batch compare equal, so they cannot be cached)."""
     if scope == "none":
         return ctx
-    base = ctx._base.cluster
-    return Context(ctx.model, ctx.job, replace(base, device=graphed_device(base.device, scope)))
+    return Context(ctx.model, ctx.job, _graphed_cluster(ctx._base.cluster, scope))
+
+
+@lru_cache(maxsize=64)
+def _graphed_cluster(cluster: Cluster, scope: str) -> Cluster:
+    return replace(cluster, device=graphed_device(cluster.device, scope))
 
 
 def _tokens(ctx: Context, cp: int, mbs: int) -> float:
