@@ -101,3 +101,13 @@ def test_each_job_keeps_its_own_batch():
         graphed, eager = evaluate(MODEL, job, CLUSTER, layout), evaluate(MODEL, job, CLUSTER, layout.with_(cuda_graph="none"))
         assert graphed.num_microbatches == eager.num_microbatches == gbs // 8
         assert graphed.step_time_s < eager.step_time_s
+
+
+def test_explain_prices_the_graphs_where_set():
+    from clusterplan.planner.explain import sensitivities
+    layout = Layout(dp=8, cuda_graph="full")
+    best = evaluate(MODEL, JOB, CLUSTER, layout)
+    rows = {r["move"]: r for r in sensitivities(MODEL, JOB, CLUSTER, best)}
+    eager = evaluate(MODEL, JOB, CLUSTER, layout.with_(cuda_graph="none"))
+    assert rows["cuda_graph none"]["step_time_s"] == eager.step_time_s and rows["cuda_graph none"]["delta"] > 0
+    assert "cuda_graph none" not in {r["move"] for r in sensitivities(MODEL, JOB, CLUSTER, eager)}
