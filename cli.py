@@ -125,7 +125,7 @@ def _load_and_search(*, model_arg, cluster_arg, top_k, engine, time_limit_s, fix
                    "left out take a value the framework offers). With recompute=full, recompute_layers=K "
                    "recomputes K layers of each stage; with recompute=selective under Megatron, "
                    "recompute_modules=layernorm+moe_act names Megatron-Core's --recompute-modules; "
-                   "head_slots=on gives the embedding and the LM head a layer's slot each in the pipeline split.")
+                   "head_slots=on: embedding and head in layer slots; cuda_graph=layer|full: CUDA graphs.")
 @apply_options(PROBLEM_OPTIONS + OUTPUT_OPTIONS)
 @guarded
 def evaluate_command(layout_text, as_json, **options):

@@ -209,3 +209,26 @@ def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False
 
 def ops_time_s(ops: list[Op], device: DeviceSpec, precision: str, backward: bool = False) -> float:
     return sum(op_time_s(op, device, precision, backward) for op in ops)
+
+
+GRAPH_NODE_SHARE = 0.58 / 2.7
+"""The per-kernel launch cost a kernel replayed from a CUDA graph pays, as a share of an eagerly
+launched one's: 0.58 us per node of a replayed graph against 2.6-2.8 us per asynchronous
+``cuLaunchKernel`` of the same no-op kernels (ahrefs/ocannl issue #488, RTX 5070 Ti, CUDA 13.3; a
+consumer GPU, so the ratio is taken, not the figures; docs/calibration-sources.md (a)). The
+per-kernel figure it scales, ``DeviceSpec.kernel_overhead_s``, is the bundled (or calibrated)
+launch + framework cost per kernel; a graph removes PyTorch's dispatch and the driver call, and
+what is left is the device's own gap between nodes. A graph's replay call costs the host once per
+graph (15 us on that machine); it is issued while the device runs the previous graph, so it hides
+(the host runs ahead of the device between synchronisations) and is not charged."""
+
+
+def graphed_device(device: DeviceSpec, scope: str) -> DeviceSpec:
+    """``device`` as the kernels a CUDA graph scope (``Layout.cuda_graph``) replays see it: their
+    per-kernel cost at ``GRAPH_NODE_SHARE`` of it (``scope`` none: the device itself). Both
+    scopes graph every transformer layer's kernels; ``full`` also graphs the embedding, the LM head
+    and the loss, which ``layer`` leaves eager: a handful of kernels per micro-batch against some
+    fifteen per layer, priced as graphed in both."""
+    if scope == "none":
+        return device
+    return device.model_copy(update={"kernel_overhead_s": device.kernel_overhead_s * GRAPH_NODE_SHARE})

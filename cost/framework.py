@@ -61,6 +61,7 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
     kinds = tuple(kind for kind, feature in CP_COMM_FEATURES.items() if feature is None or prof.has(feature))
     if len(kinds) < len(CP_COMM_FEATURES):
         out["cp_comm"] = kinds
+    out["cuda_graph"] = ("none",) + tuple(s for s in ("layer", "full") if prof.has(f"cuda_graph_{s}"))
     if prof.profile.zero3_across_domains != "replicate":  # it shards over every rank already
         out["shard_across_domains"] = (False,)
     out["zero_stage"] = prof.zero_stages()
@@ -108,6 +109,11 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
     if knob == "tp_overlap" and not prof.compiled and prof.at_compiled().tp_overlap_on(family):
         return (f"tp_overlap=on: {name} overlaps TP (async TP) only under torch.compile; "
                 "plan with --compile (the exported config then enables it)")
+    if knob == "cuda_graph":
+        since = prof.profile.since.get(f"cuda_graph_{value}")
+        when = f"from {since} on" if since else "in no release"
+        return (f"cuda_graph={value}: {name} does not capture {'each layer' if value == 'layer' else 'the whole step'} "
+                f"in CUDA graphs (it does {when}; allowed: {', '.join(allowed)})")
     if knob == "schedule":  # "" is the schedule vp implies
         since = prof.profile.since.get(f"schedule_{value}")
         runs = ", ".join(["1f1b", *(["interleaved"] if prof.has("vp") else []), *(v for v in allowed if v)])
@@ -129,7 +135,7 @@ def knob_text(value) -> str:
 
 def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: int, zero: int, recompute: str,
                       sp: bool, tp_overlap: bool = False, dp_overlap: bool = False,
-                      ep_overlap: bool = False, data_parallel: bool = True) -> str | None:
+                      ep_overlap: bool = False, data_parallel: bool = True, cuda_graph: str = "none") -> str | None:
     """The message of the first profile rule that refuses this combination at the profile's
     release, or None. Frameworks whose TP always shards the sequence (torchtitan) refuse tp > 1
     without sequence parallelism. ``dp_overlap`` and ``ep_overlap`` are the knobs as they act:
@@ -142,7 +148,7 @@ def framework_refusal(prof: ProfileAt, tp: int, pp: int, cp: int, ep: int, vp: i
         if rule.until is not None and prof.date >= rule.until:
             continue
         if rule.refuses(tp, pp, cp, ep, vp, zero, recompute, sp, tp_overlap and tp > 1, dp_overlap, ep_overlap and ep > 1,
-                        data_parallel):
+                        data_parallel, cuda_graph):
             return rule.message
     return None
 

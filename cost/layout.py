@@ -61,6 +61,11 @@ MOE_DISPATCHERS: tuple[str, ...] = ("auto", "alltoall", "deepep", "hybridep")
 planner's implicit dispatcher (a flat all-to-all inside a scale-up domain, deduplicated per node across
 domains), ``alltoall`` NCCL all-to-all of every routed copy, ``deepep`` / ``hybridep`` the fused
 dispatch and combine kernels of DeepEP and NVIDIA's Hybrid-EP (one copy per destination rank and node)."""
+CUDA_GRAPH_SCOPES: tuple[str, ...] = ("none", "layer", "full")
+"""What of a step is captured in CUDA graphs and replayed: nothing (every kernel launched from Python),
+each transformer layer's forward and backward (Megatron-Core's ``--cuda-graph-impl transformer_engine``),
+or the whole forward and backward (Megatron-Core's ``--cuda-graph-impl full_iteration``, torchtitan 0.3's
+trainer unless ``training.disable_cuda_graphs``); ``features.cuda_graph_layer`` / ``cuda_graph_full``."""
 MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused", "llmfoundry")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 MAX_JOB_INT = 2**31 - 1  # sequences per step and tokens per sequence: the command line's bound
@@ -131,6 +136,9 @@ class Layout:
         MaxText's ICI fsdp axis and DCN data axis), shard over every data-parallel rank instead
         (MaxText's ``dcn_fsdp_parallelism``). Priced by ``evaluate`` and ``validate``; the search
         does not offer it.
+    cuda_graph : ``none``, ``layer`` or ``full`` (:data:`CUDA_GRAPH_SCOPES`): the kernels replayed from CUDA
+        graphs pay a graph node's share of the per-kernel launch cost (``cost.compute.graphed_device``).
+        Priced by ``evaluate`` and ``validate``; the search does not offer it.
     head_slots : with pp > 1, the embedding and the output layer (LM head and loss) each take one
         layer's place when the layers are split over the pipeline ranks, so the first and the last
         rank hold one layer fewer (Megatron-Core's ``--account-for-embedding-in-pipeline-split
@@ -163,6 +171,7 @@ class Layout:
     schedule: str = ""
     cp_comm: str = "p2p"
     moe_dispatcher: str = "auto"
+    cuda_graph: str = "none"
 
     def __post_init__(self) -> None:
         if self.schedule and self.schedule == default_schedule(self.vp):
@@ -233,7 +242,12 @@ class Layout:
         return offset
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a Plan document's ``layout`` block; ``cuda_graph`` only where set (Plan
+        documents written before the knob stay as they were)."""
+        d = asdict(self)
+        if d["cuda_graph"] == "none":
+            del d["cuda_graph"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Layout":
@@ -267,6 +281,8 @@ class Layout:
             parts.append(f"offload={self.offload}")
         if self.shard_across_domains:
             parts.append("shard_across_domains=on")
+        if self.cuda_graph != "none":
+            parts.append(f"cuda_graph={self.cuda_graph}")
         if self.tp_overlap and self.tp > 1:
             parts.append("tp_overlap=on")
         if not self.dp_overlap and self.dp * self.cp > 1:
@@ -512,6 +528,10 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         if raw not in OFFLOAD_MODES:
             raise SpecError(f"layout.offload: got {raw!r}; allowed: {', '.join(OFFLOAD_MODES)}")
         return raw
+    if key == "cuda_graph":
+        if raw not in CUDA_GRAPH_SCOPES:
+            raise SpecError(f"layout.cuda_graph: got {raw!r}; allowed: {', '.join(CUDA_GRAPH_SCOPES)}")
+        return raw
     if key == "cp_comm":
         if raw not in CP_COMM_KINDS:
             raise SpecError(f"layout.cp_comm: got {raw!r}; allowed: {', '.join(CP_COMM_KINDS)}")
@@ -522,7 +542,7 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         return raw
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
                "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains, schedule, cp_comm, "
-               "moe_dispatcher")
+               "moe_dispatcher, cuda_graph")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

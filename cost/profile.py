@@ -28,9 +28,10 @@ class Rule:
 
     def refuses(self, tp: int, pp: int, cp: int, ep: int, vp: int, zero_stage: int, recompute: str,
                 sequence_parallel: bool, tp_overlap: bool = False, dp_overlap: bool = False,
-                ep_overlap: bool = False, data_parallel: bool = True) -> bool:
+                ep_overlap: bool = False, data_parallel: bool = True, cuda_graph: str = "none") -> bool:
         """``data_parallel``: the layout has data-parallel ranks (dp x cp > 1); without them there
-        is nothing to shard or replicate, so a condition on the ZeRO stage never holds."""
+        is nothing to shard or replicate, so a condition on the ZeRO stage never holds.
+        ``cuda_graph``: the layout's CUDA graph scope (``Layout.cuda_graph``)."""
         values = {"pp_min": pp, "tp_min": tp, "cp_min": cp, "ep_min": ep, "vp_min": vp}
         if not data_parallel and any(key == "zero_stage_in" for key, _ in self.when):
             return False
@@ -50,6 +51,8 @@ class Rule:
             if key == "dp_overlap" and dp_overlap != want:
                 return False
             if key == "ep_overlap" and ep_overlap != want:
+                return False
+            if key == "cuda_graph_in" and cuda_graph not in want:
                 return False
         return True
 

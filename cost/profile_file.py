@@ -23,10 +23,11 @@ FEATURES: tuple[str, ...] = (
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
     "mxfp8", "nvfp4", "int8", "offload_activations", "cp_allgather", "cp_a2a", "cp_a2a_p2p",
     "moe_alltoall", "moe_deepep", "moe_hybridep",
+    "cuda_graph_layer", "cuda_graph_full",
     "schedule_zb1p", "schedule_zbh1", "schedule_zbv", "schedule_dualpipe", "schedule_dualpipev", "schedule_looped",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
-             "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap")
+             "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap", "cuda_graph_in")
 ZERO3_FETCH = ("bucketed", "per_module_blocking")
 _DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 PLATFORM_FAMILIES: dict[str, str] = {

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
-from clusterplan.cost.layout import (CP_COMM_KINDS, OFFLOAD_MODES, PIPELINE_SCHEDULES, RECOMPUTE_MODES, SCHEDULE_CHUNKS,
-                                      Job, Layout, interleaved_warmup, parse_recompute_modules)
+from clusterplan.cost.layout import (CP_COMM_KINDS, CUDA_GRAPH_SCOPES, OFFLOAD_MODES, PIPELINE_SCHEDULES, RECOMPUTE_MODES,
+                                      SCHEDULE_CHUNKS, Job, Layout, interleaved_warmup, parse_recompute_modules)
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
@@ -26,6 +26,7 @@ from clusterplan.cost.terms import (
     overlapped_exposed_s, p2p_s, cp_a2a_size, cp_heads_split,
     param_counts, period_layers, regather_share, runtime_bytes, stage_slots, stage_split, static_memory,
 )
+from clusterplan.cost.terms.context import graphed_context
 
 from clusterplan.models.errors import SpecError
 from clusterplan.models.ops import model_flops_per_token
@@ -144,6 +145,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     _partial_recompute_problems(model, layout, bad)
     _offload_problems(cluster, layout, bad)
     _cp_comm_problems(model, cluster, layout, bad)
+    _cuda_graph_problems(cluster, layout, bad)
     _head_slot_problems(model, job, layout, bad)
     _schedule_problems(layout, num_microbatches(job, layout), job.profile, bad)
     _model_code_problems(job, layout, bad)
@@ -257,6 +259,17 @@ def _cp_comm_problems(model: ModelSpec, cluster: Cluster, layout: Layout, bad) -
             f"divisible by {k}")
 
 
+def _cuda_graph_problems(cluster: Cluster, layout: Layout, bad) -> None:
+    """``cuda_graph`` names a scope (``CUDA_GRAPH_SCOPES``), and graphs need CUDA: the frameworks that
+    capture them (Megatron-Core, torchtitan) do so on NVIDIA GPUs only (torchtitan's
+    ``wrap_with_cuda_graph`` skips ROCm)."""
+    if layout.cuda_graph not in CUDA_GRAPH_SCOPES:
+        bad("cuda_graph", f"cuda_graph={layout.cuda_graph!r}; allowed: {', '.join(CUDA_GRAPH_SCOPES)}")
+    elif layout.cuda_graph != "none" and not cluster.device.family.startswith("nvidia-"):
+        bad("cuda_graph", f"cuda_graph={layout.cuda_graph}: CUDA graphs run on NVIDIA GPUs only, "
+            f"not on {cluster.device.name} ({cluster.device.vendor}); use cuda_graph=none")
+
+
 def _head_slot_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
     message = head_slot_problem(model, job, layout.pp, layout.vp) if layout.head_slots else None
     if message:
@@ -320,7 +333,8 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
             bad("framework", message)
     invalid = {"zero_stage": layout.zero_stage not in (0, 1, 2, 3), "recompute": layout.recompute not in RECOMPUTE_MODES,
                # vp's own schedule given against its vp, or no schedule: reported by _schedule_problems alone
-               "schedule": layout.schedule in ("1f1b", "interleaved") or layout.schedule not in ("", *PIPELINE_SCHEDULES)}
+               "schedule": layout.schedule in ("1f1b", "interleaved") or layout.schedule not in ("", *PIPELINE_SCHEDULES),
+               "cuda_graph": layout.cuda_graph not in CUDA_GRAPH_SCOPES}
     values = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vp": layout.vp, "ep": layout.ep,
               "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
               "zero_stage": layout.zero_stage, "dp_overlap": layout.dp_overlap,
@@ -329,7 +343,7 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
               "head_slots": layout.head_slots, "order": layout.order, "offload": layout.offload,
               "shard_across_domains": layout.shard_across_domains, "schedule": layout.schedule,
               "cp_comm": layout.cp_comm if layout.cp > 1 else "p2p",
-              "moe_dispatcher": layout.moe_dispatcher if layout.ep > 1 else "auto"}
+              "moe_dispatcher": layout.moe_dispatcher if layout.ep > 1 else "auto", "cuda_graph": layout.cuda_graph}
     invalid["cp_comm"] = layout.cp_comm not in CP_COMM_KINDS
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
@@ -337,7 +351,7 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
     refusal = framework_refusal(prof, layout.tp, layout.pp, layout.cp, layout.ep, layout.vp, layout.zero_stage,
                                 layout.recompute, layout.sequence_parallel, layout.tp_overlap,
                                 layout.dp_overlap and layout.dp * layout.cp > 1, layout.ep_overlap,
-                                data_parallel=layout.dp * layout.cp > 1)
+                                data_parallel=layout.dp * layout.cp > 1, cuda_graph=layout.cuda_graph)
     if refusal and not any(invalid.values()):
         bad("framework", f"{prof.profile.describe(prof.date)}: {refusal}")
 
@@ -420,6 +434,7 @@ def evaluate(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout) -> Ev
 
 
 def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
+    ctx = graphed_context(ctx, layout.cuda_graph)
     model, job, cluster = ctx.model, ctx.job, ctx.cluster
     m = num_microbatches(job, layout)
     time = time_breakdown(ctx, layout, m)

@@ -64,6 +64,8 @@ def _moves(lay: Layout, moe: bool, offload: bool = False, cp_kinds: tuple[str, .
         out.append((f"head_slots {'off' if lay.head_slots else 'on'}", lay.with_(head_slots=not lay.head_slots)))
     if lay.traversal:
         out.append(("default torus traversal", lay.with_(order=split_order(lay.order)[0])))
+    if lay.cuda_graph != "none":  # what the graphs buy (the search does not offer them: only where set)
+        out.append(("cuda_graph none", lay.with_(cuda_graph="none")))
     return out
 
 

@@ -4,9 +4,10 @@ Part of ``cost.terms`` (its docstring); imports go down the package: context -> 
 """
 
 from __future__ import annotations
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from clusterplan.cost.compute import graphed_device
 from clusterplan.cost.layout import Job, split_order
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -79,6 +80,21 @@ def _placed_context(base: Context, traversal: str) -> Context:
     ctx = Context(base.model, base.job, cluster)
     object.__setattr__(ctx, "_base", base)
     return ctx
+
+
+def graphed_context(ctx: Context, scope: str) -> Context:
+    """The problem with its kernels replayed from CUDA graphs of ``scope`` (``Layout.cuda_graph``;
+    ``cost.compute.graphed_device``): ``ctx`` itself for none. The graphed cluster is one object per
+    (cluster, scope), so the term caches hit; the context is built around the caller's own job
+    (contexts that differ only in the global batch compare equal, so they cannot be cached)."""
+    if scope == "none":
+        return ctx
+    return Context(ctx.model, ctx.job, _graphed_cluster(ctx._base.cluster, scope))
+
+
+@lru_cache(maxsize=64)
+def _graphed_cluster(cluster: Cluster, scope: str) -> Cluster:
+    return replace(cluster, device=graphed_device(cluster.device, scope))
 
 
 def _tokens(ctx: Context, cp: int, mbs: int) -> float:

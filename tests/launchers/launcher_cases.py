@@ -83,6 +83,15 @@ CASES = {
                                     "--moe-capacity-factor", "1.25"], ["megatron"]),
     "mixtral-8x7b-gb200-hybridep": (["--model", "mixtral-8x7b", "--cluster", "gb200-nvl72", "--devices", "72",
                                      "--fix", "moe_dispatcher=hybridep"], ["megatron", "slurm"]),
+    # CUDA graphs (no search offers them: evaluate prices the given layout): Megatron-Core's
+    # --cuda-graph-impl full_iteration (with the NaN check off, as validate_args asks) and per-layer
+    # transformer_engine; torchtitan 0.3's trainer graphs each micro-batch (disable_cuda_graphs False)
+    "llama3-8b-cuda-graph-full": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
+                                   "--devices", "8", "--global-batch", "64", "--layout",
+                                   "tp=1,pp=1,dp=8,mbs=1,cuda_graph=full"], ["megatron", "slurm", "torchtitan"]),
+    "llama3-8b-cuda-graph-layer": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
+                                    "--devices", "8", "--global-batch", "64", "--layout",
+                                    "tp=2,pp=1,dp=4,mbs=1,sp=on,recompute=selective,cuda_graph=layer"], ["megatron"]),
     # the block-scaled precisions: Megatron's --fp8-recipe mxfp8 and --fp4-format/--fp4-recipe nvfp4,
     # torchtitan's MX converter
     "llama3-70b-gb300-mxfp8": (["--model", "llama3-70b", "--cluster", "gb300-nvl72", "--devices", "64",

@@ -87,6 +87,10 @@ def export(doc: dict, fmt: str, model=None) -> str:
                         f"searched under {FRAMEWORK_OF_FORMAT[fmt]}")
     check_platform(FRAMEWORK_OF_FORMAT[fmt], _plan_device(doc), f"export --format {fmt}", export=True)
     _check_schedule(doc["layout"].get("schedule", ""), fmt)
+    graph = doc["layout"].get("cuda_graph", "none")
+    if graph != "none" and fmt not in ("megatron", "slurm", "torchtitan"):
+        raise SpecError(f"export --format {fmt}: the plan replays CUDA graphs (cuda_graph={graph}), which "
+                        f"{FRAMEWORK_OF_FORMAT[fmt]} has no setting for; plan with cuda_graph=none")
     text = {"megatron": megatron_args, "deepspeed": deepspeed_config, "torchtitan": torchtitan_registry,
             "torchtitan-0.2": torchtitan_toml, "maxtext": maxtext_overrides, "slurm": slurm_script}[fmt](doc, model)
     if fmt == "deepspeed" or not text.startswith(("#", '"""')):  # JSON carries it in its comment; a shebang stays first

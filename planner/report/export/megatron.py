@@ -241,6 +241,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         notes.append("EP overlap (combined 1F1B) needs PyTorch >= 2.6 and CUDA_DEVICE_MAX_CONNECTIONS > 1 "
                      "(left unset, as Megatron-Bridge does); Megatron's MoE README pairs it with "
                      "--delay-wgrad-compute, which the plan does not price")
+    args += _megatron_cuda_graph_args(L)
     precision = job["precision"]
     args += MEGATRON_PRECISION_ARGS[precision]
     if job.get("gemm_format") == "fp8_current":
@@ -269,6 +270,22 @@ def _megatron_cp_comm_args(L: dict, hierarchy: list[int] | None) -> list[str]:
                             "and ring sizes, --hierarchical-context-parallel-sizes); plan again with this release")
         args.append(f"--hierarchical-context-parallel-sizes {hierarchy[0]} {hierarchy[1]}")
     return args
+
+
+MEGATRON_CUDA_GRAPH_IMPL = {"layer": "transformer_engine", "full": "full_iteration"}
+"""Megatron-Core 0.19's ``--cuda-graph-impl`` for a plan's ``cuda_graph`` scope (TransformerConfig
+``cuda_graph_impl``: transformer_engine captures each layer with TE's make_graphed_callables,
+full_iteration the iteration's forward and backward; none is the default and is not written).
+full_iteration needs ``--no-check-for-nan-in-loss-and-grad`` (validate_args asserts it: the NaN check
+reads the loss on the host inside the captured iteration)."""
+
+
+def _megatron_cuda_graph_args(L: dict) -> list[str]:
+    scope = L.get("cuda_graph", "none")
+    if scope == "none":
+        return []
+    return [f"--cuda-graph-impl {MEGATRON_CUDA_GRAPH_IMPL[scope]}"] + (
+        ["--no-check-for-nan-in-loss-and-grad"] if scope == "full" else [])
 
 
 def _megatron_recompute_args(L: dict) -> list[str]:

@@ -175,6 +175,9 @@ def _torchtitan_03_refusals(L: dict) -> None:
         raise SpecError(f"--format torchtitan: the DeepEP and Hybrid-EP token dispatchers of torchtitan 0.3's config "
                         f"registry are not written by this export (moe_dispatcher={L['moe_dispatcher']}); "
                         "--format torchtitan-0.2 writes 0.2.2's expert_parallel_comm_backend = \"deepep\"")
+    if L.get("cuda_graph", "none") == "layer":
+        raise SpecError("--format torchtitan: torchtitan 0.3 has no per-layer CUDA graphs (cuda_graph=layer); its "
+                        "trainer graphs each micro-batch's whole forward and backward (cuda_graph=full)")
     if L.get("recompute_layers"):
         raise SpecError(f"--format torchtitan: torchtitan 0.3 has no layer SAC (removed 2026-03, #2357) for "
                         f"recompute_layers={L['recompute_layers']}; --format torchtitan-0.2 writes 0.2.2's")
