@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
-from clusterplan.cost.layout import (OFFLOAD_MODES, RECOMPUTE_MODES, Job, Layout, interleaved_warmup,
-                                      parse_recompute_modules)
+from clusterplan.cost.layout import (OFFLOAD_MODES, PARAM_GATHERS, RECOMPUTE_MODES, Job, Layout,
+                                      interleaved_warmup, parse_recompute_modules)
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, compute_terms, dp_terms, head_terms,
@@ -143,6 +143,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
         bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
     _partial_recompute_problems(model, layout, bad)
     _offload_problems(cluster, layout, bad)
+    _param_gather_problems(job, cluster, layout, bad)
     _head_slot_problems(model, job, layout, bad)
     _model_code_problems(job, layout, bad)
     if layout.sequence_parallel and layout.tp == 1:
@@ -208,6 +209,34 @@ def _offload_problems(cluster: Cluster, layout: Layout, bad) -> None:
     elif layout.offload != "none" and host_tier(cluster.device) is None:
         bad("offload", f"offload={layout.offload}: {cluster.device.name} has no host memory tier with a bandwidth "
             "in the device catalogue (memory_tiers: host), so the copies cannot be priced")
+
+
+def _param_gather_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
+    """``param_gather=fp8`` gathers the parameters in the job's 8-bit GEMM format: it needs an FP8 or
+    MXFP8 job on a device that runs the format, a parameter all-gather (ZeRO >= 1), and the framework's
+    gather at its release (``features.fp8_param_gather`` / ``mxfp8_param_gather``)."""
+    if layout.param_gather not in PARAM_GATHERS:
+        bad("param_gather", f"param_gather={layout.param_gather!r}; allowed: {', '.join(PARAM_GATHERS)}")
+        return
+    if layout.param_gather == "bf16":
+        return
+    fmt = job.precision if job.precision in ("fp8", "mxfp8") else None
+    prof = job.profile
+    if fmt is None:
+        bad("param_gather", f"param_gather=fp8 gathers the weights in the job's 8-bit GEMM format: needs "
+            f"precision fp8 or mxfp8 (got precision={job.precision})")
+    elif not cluster.device.supports(fmt):
+        bad("param_gather", f"param_gather=fp8: {cluster.device.name} does not run {fmt}")
+    elif layout.zero_stage == 0:
+        bad("param_gather", "param_gather=fp8 needs a sharded parameter all-gather (zero >= 1: the distributed "
+            "optimizer or FSDP); zero=0 all-reduces gradients and gathers no parameters")
+    elif not prof.has(f"{fmt}_param_gather"):
+        since = prof.profile.since.get(f"{fmt}_param_gather")
+        until = prof.profile.until.get(f"{fmt}_param_gather")
+        when = ("never offered" if since is None else f"offered from {since}"
+                + (f" until {until}" if until else ""))
+        bad("framework", f"param_gather=fp8 with precision={fmt}: {prof.profile.describe(prof.date)} has no "
+            f"{fmt} parameter all-gather ({when})")
 
 
 def _head_slot_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
