@@ -212,31 +212,33 @@ def _offload_problems(cluster: Cluster, layout: Layout, bad) -> None:
 
 
 def _param_gather_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
-    """``param_gather=fp8`` gathers the parameters in the job's 8-bit GEMM format: it needs an FP8 or
-    MXFP8 job on a device that runs the format, a parameter all-gather (ZeRO >= 1), and the framework's
-    gather at its release (``features.fp8_param_gather`` / ``mxfp8_param_gather``)."""
     if layout.param_gather not in PARAM_GATHERS:
         bad("param_gather", f"param_gather={layout.param_gather!r}; allowed: {', '.join(PARAM_GATHERS)}")
-        return
-    if layout.param_gather == "bf16":
-        return
-    fmt = job.precision if job.precision in ("fp8", "mxfp8") else None
-    prof = job.profile
-    if fmt is None:
-        bad("param_gather", f"param_gather=fp8 gathers the weights in the job's 8-bit GEMM format: needs "
-            f"precision fp8 or mxfp8 (got precision={job.precision})")
-    elif not cluster.device.supports(fmt):
-        bad("param_gather", f"param_gather=fp8: {cluster.device.name} does not run {fmt}")
-    elif layout.zero_stage == 0:
+    elif layout.param_gather != "bf16" and layout.zero_stage == 0:
         bad("param_gather", "param_gather=fp8 needs a sharded parameter all-gather (zero >= 1: the distributed "
             "optimizer or FSDP); zero=0 all-reduces gradients and gathers no parameters")
-    elif not prof.has(f"{fmt}_param_gather"):
-        since = prof.profile.since.get(f"{fmt}_param_gather")
-        until = prof.profile.until.get(f"{fmt}_param_gather")
-        when = ("never offered" if since is None else f"offered from {since}"
-                + (f" until {until}" if until else ""))
-        bad("framework", f"param_gather=fp8 with precision={fmt}: {prof.profile.describe(prof.date)} has no "
-            f"{fmt} parameter all-gather ({when})")
+    elif problem := param_gather_problem(job, cluster, layout.param_gather):
+        bad("framework" if problem.startswith(job.framework) else "param_gather", f"param_gather=fp8 {problem}")
+
+
+def param_gather_problem(job: Job, cluster: Cluster, param_gather: str) -> str | None:
+    """Why the job cannot gather its parameters in ``param_gather`` (``Layout.param_gather``), or None:
+    ``fp8`` gathers them in the job's 8-bit GEMM format, so it needs an FP8 or MXFP8 job on a device
+    that runs the format and the framework's gather at its release (``features.fp8_param_gather`` /
+    ``mxfp8_param_gather``). The message follows ``param_gather=fp8``."""
+    if param_gather == "bf16":
+        return None
+    fmt = job.precision if job.precision in ("fp8", "mxfp8") else None
+    if fmt is None:
+        return f"gathers the weights in the job's 8-bit GEMM format: needs precision fp8 or mxfp8 (got {job.precision})"
+    if not cluster.device.supports(fmt):
+        return f"needs a device that runs {fmt}: {cluster.device.name} does not"
+    prof = job.profile
+    if prof.has(f"{fmt}_param_gather"):
+        return None
+    since, until = prof.profile.since.get(f"{fmt}_param_gather"), prof.profile.until.get(f"{fmt}_param_gather")
+    when = "never offered" if since is None else f"offered from {since}" + (f" until {until}" if until else "")
+    return f"with precision={fmt}: {prof.profile.describe(prof.date)} has no {fmt} parameter all-gather ({when})"
 
 
 def _head_slot_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:

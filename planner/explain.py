@@ -62,6 +62,8 @@ def _moves(lay: Layout, moe: bool, offload: bool = False) -> list[tuple[str, Lay
         out.append((f"ep_overlap {'off' if lay.ep_overlap else 'on'}", lay.with_(ep_overlap=not lay.ep_overlap)))
     if lay.pp > 1:  # the embedding and the head in layer slots (searched where the framework offers it)
         out.append((f"head_slots {'off' if lay.head_slots else 'on'}", lay.with_(head_slots=not lay.head_slots)))
+    if lay.param_gather != "bf16":  # set by --layout/--fix only: what the 8-bit gathers save (or cost in memory)
+        out.append(("param_gather bf16", lay.with_(param_gather="bf16")))
     if lay.traversal:
         out.append(("default torus traversal", lay.with_(order=split_order(lay.order)[0])))
     return out

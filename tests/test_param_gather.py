@@ -56,7 +56,7 @@ def test_mxfp8_gathers_its_scales_too():
 
 
 @pytest.mark.parametrize("precision, framework, date, zero, words", [
-    ("bf16", "megatron", "", 1, "needs precision fp8 or mxfp8 (got precision=bf16)"),
+    ("bf16", "megatron", "", 1, "needs precision fp8 or mxfp8 (got bf16)"),
     ("fp8", "megatron", "", 0, "needs a sharded parameter all-gather"),
     ("fp8", "megatron", "2024-06", 1, "offered from 2024-09"),
     ("fp8", "torchtitan", "", 3, "offered from 2024-07 until 2026-04"),
@@ -72,7 +72,7 @@ def test_refused_where_it_cannot_run(precision, framework, date, zero, words):
 def test_refused_on_a_device_without_fp8():
     cluster = build_cluster("dgx-a100-superpod", num_devices=64)
     problems = layout_problems(M, _job(), cluster, Layout(dp=64, param_gather="fp8"))
-    assert any("does not run fp8" in message for _, message in problems), problems
+    assert any("needs a device that runs fp8" in message for _, message in problems), problems
 
 
 def test_current_scaling_pays_one_amax_all_reduce_a_step():
@@ -86,3 +86,47 @@ def test_current_scaling_pays_one_amax_all_reduce_a_step():
     assert amax_all_reduce_s(titan, 1, 1, 3, profile, "fp8") > 0
     assert amax_all_reduce_s(titan, 1, 1, 3, profile, "bf16") == 0
     assert amax_all_reduce_s(megatron, 1, 1, 1, profile, "fp8") == 0  # delayed scaling, Megatron's default
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_search_holds_a_fixed_fp8_gather_with_engines_agreeing(seed):
+    """``--fix param_gather=fp8``: CP-SAT equals the exhaustive enumerator, the winner carries the
+    knob with a ZeRO stage that gathers parameters, and its step time is what evaluate prices."""
+    from test_search import _check_engines_agree, random_instance
+    from clusterplan.models.errors import InfeasibleError
+    from clusterplan.planner.search import SearchOptions, objective_seconds, plan
+    model, job, cluster, bounds = random_instance(7000 + seed)
+    if not cluster.device.supports("fp8"):
+        cluster = build_cluster("dgx-h100-superpod", num_devices=cluster.num_devices)
+    job = Job(global_batch_size=job.global_batch_size, seq_len=job.seq_len, precision="fp8")
+    fixed = {**{k: v for k, v in bounds.fixed.items() if k != "zero_stage"}, "param_gather": "fp8"}
+    bounds = type(bounds)(fixed, bounds.minimum, bounds.maximum, bounds.memory_headroom)
+    _check_engines_agree(model, job, cluster, bounds)
+    try:
+        res = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=bounds))
+    except (InfeasibleError, SpecError):  # the draw's other bounds leave nothing, as in test_search
+        return
+    assert res.best.layout.param_gather == "fp8" and res.best.layout.zero_stage >= 1
+    assert objective_seconds(res.objective_units[0]) == pytest.approx(res.best.step_time_s, rel=1e-3)
+
+
+def test_fix_refuses_what_the_job_cannot_run():
+    from clusterplan.planner.search.space import build_space, parse_bounds
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    with pytest.raises(SpecError, match=r"--fix param_gather=fp8: .*needs precision fp8 or mxfp8 \(got bf16\)"):
+        build_space(M, _job("bf16"), cluster, parse_bounds(("param_gather=fp8",)))
+    with pytest.raises(SpecError, match=r"--fix param_gather=fp8 needs a parameter all-gather"):
+        build_space(M, _job(), cluster, parse_bounds(("param_gather=fp8,zero=0",)))
+    space = build_space(M, _job(), cluster, parse_bounds(("param_gather=fp8",)))
+    assert space.param_gather == ("fp8",) and 0 not in space.zero_stage
+
+
+def test_explain_prices_going_back_to_bf16_gathers():
+    """explain's sensitivities show what the knob buys: the same layout with 16-bit gathers is slower."""
+    from clusterplan.planner.explain import sensitivities
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    job, layout = _job(), Layout(dp=64, zero_stage=1, param_gather="fp8")
+    rows = {r["move"]: r for r in sensitivities(M, job, cluster, evaluate(M, job, cluster, layout))}
+    assert rows["param_gather bf16"]["allowed"] and rows["param_gather bf16"]["delta"] > 0
+    assert "param_gather bf16" not in {r["move"] for r in sensitivities(M, job, cluster, evaluate(M, job, cluster,
+                                                                                                   Layout(dp=64)))}
