@@ -130,3 +130,18 @@ def test_explain_prices_going_back_to_bf16_gathers():
     assert rows["param_gather bf16"]["allowed"] and rows["param_gather bf16"]["delta"] > 0
     assert "param_gather bf16" not in {r["move"] for r in sensitivities(M, job, cluster, evaluate(M, job, cluster,
                                                                                                    Layout(dp=64)))}
+
+
+def test_a_published_run_prices_its_param_gather():
+    """A run's ``layout.param_gather`` (RUNS_FORMAT.md) is priced on the searched layout; a value the
+    knob lacks, or one the job cannot run, is the run's bad input."""
+    from clusterplan.planner.studies.runs import _with_partial_recompute
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    base = evaluate(M, _job(), cluster, Layout(dp=64, zero_stage=1))
+    ev = _with_partial_recompute({"layout": {"param_gather": "fp8"}}, M, _job(), cluster, base)
+    assert ev.layout.param_gather == "fp8" and ev.step_time_s < base.step_time_s
+    with pytest.raises(SpecError, match="layout.param_gather: got 'fp4'"):
+        _with_partial_recompute({"layout": {"param_gather": "fp4"}}, M, _job(), cluster, base)
+    bf16 = evaluate(M, _job("bf16"), cluster, Layout(dp=64, zero_stage=1))
+    with pytest.raises(SpecError, match="needs precision fp8 or mxfp8"):
+        _with_partial_recompute({"layout": {"param_gather": "fp8"}}, M, _job("bf16"), cluster, bf16)
