@@ -66,6 +66,9 @@ CUDA_GRAPH_SCOPES: tuple[str, ...] = ("none", "layer", "full")
 each transformer layer's forward and backward (Megatron-Core's ``--cuda-graph-impl transformer_engine``),
 or the whole forward and backward (Megatron-Core's ``--cuda-graph-impl full_iteration``, torchtitan 0.3's
 trainer unless ``training.disable_cuda_graphs``); ``features.cuda_graph_layer`` / ``cuda_graph_full``."""
+PARAM_GATHERS: tuple[str, ...] = ("bf16", "fp8")
+"""The dtype data parallelism all-gathers the parameters in (``Layout.param_gather``): 16-bit, or the
+job's 8-bit GEMM format (FP8 or MXFP8 with its scales)."""
 MODEL_CODES: tuple[str, ...] = ("native", "huggingface", "fused", "llmfoundry")
 AXES: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 MAX_JOB_INT = 2**31 - 1  # sequences per step and tokens per sequence: the command line's bound
@@ -146,6 +149,12 @@ class Layout:
         embedding'``, torchtitan's split since 2025-04). Off: ``ceil(L / (pp vp))`` layers per rank
         and the head on top of the last one's. The search tries both where the framework offers both
         (its own split, on under torchtitan, wins a tie); ``--fix`` holds one.
+    param_gather : ``bf16`` or ``fp8`` (:data:`PARAM_GATHERS`): with ``fp8``, an FP8 or MXFP8 job's
+        sharded data parallelism all-gathers the parameters already cast to the 8-bit format (ZeRO-3/FSDP
+        gathers and the distributed optimizer's gather after the step), and the gathered copy it keeps is
+        8-bit: Megatron-LM's ``--fp8-param-gather``, torchtitan's ``enable_fsdp_float8_all_gather`` with
+        ``precompute_float8_dynamic_scale_for_fsdp`` (``cost.terms.gather_bytes``). Priced by ``evaluate``
+        and ``validate``; the search does not offer it.
     """
 
     tp: int = 1
@@ -172,6 +181,7 @@ class Layout:
     cp_comm: str = "p2p"
     moe_dispatcher: str = "auto"
     cuda_graph: str = "none"
+    param_gather: str = "bf16"
 
     def __post_init__(self) -> None:
         if self.schedule and self.schedule == default_schedule(self.vp):
@@ -283,6 +293,8 @@ class Layout:
             parts.append("shard_across_domains=on")
         if self.cuda_graph != "none":
             parts.append(f"cuda_graph={self.cuda_graph}")
+        if self.param_gather != "bf16":
+            parts.append(f"param_gather={self.param_gather}")
         if self.tp_overlap and self.tp > 1:
             parts.append("tp_overlap=on")
         if not self.dp_overlap and self.dp * self.cp > 1:
@@ -528,6 +540,10 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         if raw not in OFFLOAD_MODES:
             raise SpecError(f"layout.offload: got {raw!r}; allowed: {', '.join(OFFLOAD_MODES)}")
         return raw
+    if key == "param_gather":
+        if raw not in PARAM_GATHERS:
+            raise SpecError(f"layout.param_gather: got {raw!r}; allowed: {', '.join(PARAM_GATHERS)}")
+        return raw
     if key == "cuda_graph":
         if raw not in CUDA_GRAPH_SCOPES:
             raise SpecError(f"layout.cuda_graph: got {raw!r}; allowed: {', '.join(CUDA_GRAPH_SCOPES)}")
@@ -542,7 +558,7 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         return raw
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
                "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains, schedule, cp_comm, "
-               "moe_dispatcher, cuda_graph")
+               "moe_dispatcher, cuda_graph, param_gather")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

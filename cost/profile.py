@@ -168,6 +168,7 @@ class Profile:
     lp_grads_beside_fp32: bool = False  # 16-bit .grad tensors stay beside an fp32 accumulation buffer (DeepSpeed bf16)
     fp8_saved_inputs: bool = False  # FP8 linears keep their FP8 input copy for the weight gradient (1 B; terms.activation_bytes)
     tp_gather_quantized: bool = False  # sequence-parallel all-gathers move the low-precision copy (terms._tp_comm_s)
+    lp_param_both_layouts: bool = False  # low-precision params keep a row- and a column-wise copy (terms.param_gather_bytes)
     fp8_scaling: str = "delayed"  # an FP8 job's default scaling, delayed or current (Job.gemm_format)
     nccl_runtime: bool = False  # PyTorch on CUDA/ROCm with NCCL: the CUDA context and NCCL buffers (terms.runtime_bytes)
     plan_headroom: float = 0.0  # share of device memory a plan keeps free by default (semantics.plan_headroom)

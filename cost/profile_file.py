@@ -23,7 +23,7 @@ FEATURES: tuple[str, ...] = (
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
     "mxfp8", "nvfp4", "int8", "offload_activations", "cp_allgather", "cp_a2a", "cp_a2a_p2p",
     "moe_alltoall", "moe_deepep", "moe_hybridep",
-    "cuda_graph_layer", "cuda_graph_full",
+    "cuda_graph_layer", "cuda_graph_full", "fp8_param_gather", "mxfp8_param_gather",
     "schedule_zb1p", "schedule_zbh1", "schedule_zbv", "schedule_dualpipe", "schedule_dualpipev", "schedule_looped",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
@@ -96,7 +96,7 @@ def load_profile(framework_id: str) -> Profile:
         grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)),
         lp_grads_beside_fp32=bool(sem.get("lp_grads_beside_fp32", False)),
         nccl_runtime=bool(sem.get("nccl_runtime", False)),
-        fp8_saved_inputs=bool(sem.get("fp8_saved_inputs", False)),
+        fp8_saved_inputs=bool(sem.get("fp8_saved_inputs", False)), lp_param_both_layouts=bool(sem.get("lp_param_both_layouts")),
         tp_gather_quantized=bool(sem.get("tp_gather_quantized", False)),
         fp8_scaling=_choice(sem.get("fp8_scaling", "delayed"), FP8_SCALINGS, f"{where}: semantics.fp8_scaling"),
         tp_comm_sms=ov.get("tp_comm_sms"), dp_comm_sms=ov.get("dp_comm_sms"), ep_comm_sms=ov.get("ep_comm_sms"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
-from clusterplan.cost.layout import (CP_COMM_KINDS, CUDA_GRAPH_SCOPES, OFFLOAD_MODES, PIPELINE_SCHEDULES, RECOMPUTE_MODES,
+from clusterplan.cost.layout import (CP_COMM_KINDS, CUDA_GRAPH_SCOPES, OFFLOAD_MODES, PARAM_GATHERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES,
                                       SCHEDULE_CHUNKS, Job, Layout, interleaved_warmup, parse_recompute_modules)
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
@@ -146,6 +146,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     _offload_problems(cluster, layout, bad)
     _cp_comm_problems(model, cluster, layout, bad)
     _cuda_graph_problems(cluster, layout, bad)
+    _param_gather_problems(job, cluster, layout, bad)
     _head_slot_problems(model, job, layout, bad)
     _schedule_problems(layout, num_microbatches(job, layout), job.profile, bad)
     _model_code_problems(job, layout, bad)
@@ -268,6 +269,36 @@ def _cuda_graph_problems(cluster: Cluster, layout: Layout, bad) -> None:
     elif layout.cuda_graph != "none" and not cluster.device.family.startswith("nvidia-"):
         bad("cuda_graph", f"cuda_graph={layout.cuda_graph}: CUDA graphs run on NVIDIA GPUs only, "
             f"not on {cluster.device.name} ({cluster.device.vendor}); use cuda_graph=none")
+
+
+def _param_gather_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
+    if layout.param_gather not in PARAM_GATHERS:
+        bad("param_gather", f"param_gather={layout.param_gather!r}; allowed: {', '.join(PARAM_GATHERS)}")
+    elif layout.param_gather != "bf16" and layout.zero_stage == 0:
+        bad("param_gather", "param_gather=fp8 needs a sharded parameter all-gather (zero >= 1: the distributed "
+            "optimizer or FSDP); zero=0 all-reduces gradients and gathers no parameters")
+    elif problem := param_gather_problem(job, cluster, layout.param_gather):
+        bad("framework" if problem.startswith(job.framework) else "param_gather", f"param_gather=fp8 {problem}")
+
+
+def param_gather_problem(job: Job, cluster: Cluster, param_gather: str) -> str | None:
+    """Why the job cannot gather its parameters in ``param_gather`` (``Layout.param_gather``), or None:
+    ``fp8`` gathers them in the job's 8-bit GEMM format, so it needs an FP8 or MXFP8 job on a device
+    that runs the format and the framework's gather at its release (``features.fp8_param_gather`` /
+    ``mxfp8_param_gather``). The message follows ``param_gather=fp8``."""
+    if param_gather == "bf16":
+        return None
+    fmt = job.precision if job.precision in ("fp8", "mxfp8") else None
+    if fmt is None:
+        return f"gathers the weights in the job's 8-bit GEMM format: needs precision fp8 or mxfp8 (got {job.precision})"
+    if not cluster.device.supports(fmt):
+        return f"needs a device that runs {fmt}: {cluster.device.name} does not"
+    prof = job.profile
+    if prof.has(f"{fmt}_param_gather"):
+        return None
+    since, until = prof.profile.since.get(f"{fmt}_param_gather"), prof.profile.until.get(f"{fmt}_param_gather")
+    when = "never offered" if since is None else f"offered from {since}" + (f" until {until}" if until else "")
+    return f"with precision={fmt}: {prof.profile.describe(prof.date)} has no {fmt} parameter all-gather ({when})"
 
 
 def _head_slot_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:

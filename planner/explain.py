@@ -57,14 +57,24 @@ def _moves(lay: Layout, moe: bool, offload: bool = False, cp_kinds: tuple[str, .
     for z in (lay.zero_stage - 1, lay.zero_stage + 1):
         if 0 <= z <= 3:
             out.append((f"zero {z}", lay.with_(zero_stage=z)))
-    out += _switch_moves(lay, moe)
-    out += _dispatcher_moves(lay, moe) + [(f"cp_comm {k}", lay.with_(cp_comm=k)) for k in cp_kinds
-                                          if lay.cp > 1 and k != lay.cp_comm]
+    out += _switch_moves(lay, moe) + _kind_moves(lay, moe, cp_kinds)
     if lay.pp > 1:  # the embedding and the head in layer slots (searched where the framework offers it)
         out.append((f"head_slots {'off' if lay.head_slots else 'on'}", lay.with_(head_slots=not lay.head_slots)))
     if lay.traversal:
         out.append(("default torus traversal", lay.with_(order=split_order(lay.order)[0])))
-    if lay.cuda_graph != "none":  # what the graphs buy (the search does not offer them: only where set)
+    return out
+
+
+def _kind_moves(lay: Layout, moe: bool, cp_kinds: tuple[str, ...]) -> list[tuple[str, Layout]]:
+    """The other values of the knobs that name a kind: the MoE dispatcher and, with cp > 1, each
+    context-parallel communication kind the framework offers; and, where ``--layout``/``--fix`` set
+    them (the search does not offer them), the 8-bit parameter gathers and CUDA graphs turned off, to
+    show what they save (or cost in memory)."""
+    out = _dispatcher_moves(lay, moe) + [(f"cp_comm {k}", lay.with_(cp_comm=k)) for k in cp_kinds
+                                         if lay.cp > 1 and k != lay.cp_comm]
+    if lay.param_gather != "bf16":
+        out.append(("param_gather bf16", lay.with_(param_gather="bf16")))
+    if lay.cuda_graph != "none":
         out.append(("cuda_graph none", lay.with_(cuda_graph="none")))
     return out
 

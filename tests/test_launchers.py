@@ -21,7 +21,7 @@ import pytest
 
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.report.export import (FRAMEWORK_OF_FORMAT, PINNED, TORCHTITAN_FORMAT_DATES, export, maxtext_batch,
-                                               model_spec, pipeline_layout)
+                                               model_spec, pipeline_layout, torchtitan_registry)
 
 HERE = Path(__file__).resolve().parent / "launchers"
 sys.path.insert(0, str(HERE))
@@ -126,6 +126,20 @@ def test_ep_overlap_is_exported_where_the_plan_has_it():
     assert doc["layout"]["ep_overlap"] and doc["layout"]["ep"] > 1
     assert "--overlap-moe-expert-parallel-comm" in text and "--recompute-granularity full" not in text
     assert "--overlap-moe-expert-parallel-comm" not in export(doc_for("llama3-8b-h100x64", "megatron"), "megatron")
+
+
+def test_fp8_param_gather_is_exported_where_the_plan_has_it():
+    """param_gather=fp8: Megatron's --fp8-param-gather, torchtitan 0.2.2's float8 all-gather keys; 0.3
+    (which dropped them) refuses rather than write a config that gathers in bf16."""
+    doc = doc_for("llama3-8b-h100-fp8-param-gather", "megatron")
+    assert doc["layout"]["param_gather"] == "fp8"
+    assert "--fp8-param-gather" in export(doc, "megatron")
+    assert "--fp8-param-gather" not in export(doc_for("llama3-8b-h100-fp8-current", "megatron"), "megatron")
+    titan = doc_for("llama3-8b-h100-fp8-param-gather", "torchtitan-0.2")
+    text = export(titan, "torchtitan-0.2")
+    assert "enable_fsdp_float8_all_gather = true" in text and "precompute_float8_dynamic_scale_for_fsdp = true" in text
+    with pytest.raises(SpecError, match="torchtitan 0.3 has no float8 all-gather"):
+        torchtitan_registry(titan)
 
 
 def test_fsdp_gets_no_single_connection_and_no_fusion():

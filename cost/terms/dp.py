@@ -11,7 +11,8 @@ from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import memory_rate
 from clusterplan.cost.layout import Job, Layout
 from clusterplan.cost.terms.context import Context
-from clusterplan.cost.terms.memory import ParamCounts, WEIGHT_BYTES, effective_zero_stage, owned_params, param_counts, partitioned_modules, zero_replicas
+from clusterplan.cost.terms.memory import (ParamCounts, WEIGHT_BYTES, effective_zero_stage, owned_params, param_counts,
+                                           param_gather_bytes, partitioned_modules, zero_replicas)
 from clusterplan.cost.terms.pipeline import layers_on_stage
 
 
@@ -55,15 +56,40 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
     profiles = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp)
     return dp_terms_of(ctx, pc, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp,
-                       layout.vp, layout.zero_stage, profiles, layout.shard_across_domains)
+                       layout.vp, layout.zero_stage, profiles, layout.shard_across_domains, layout.param_gather)
 
 
 def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: int, ep: int, order: str,
-                expert_tp: bool, vp: int, zero: int, profiles: tuple, across: bool = False) -> DataParallelTerms:
+                expert_tp: bool, vp: int, zero: int, profiles: tuple, across: bool = False,
+                param_gather: str = "bf16") -> DataParallelTerms:
     """:func:`dp_traffic` for the degrees and the groups' ``profiles`` (:func:`dp_profiles`); where
     ZeRO-3 shards inside each scale-up domain only (:func:`zero_replicas`), its collectives run
     over the domain's ranks of the data-parallel group and the shards' gradients are all-reduced
-    across the domains once a step (unless ``across``: ``Layout.shard_across_domains``)."""
+    across the domains once a step (unless ``across``: ``Layout.shard_across_domains``). The
+    parameters are gathered at :func:`gather_bytes` of ``param_gather``, with
+    :func:`amax_all_reduce_s` once a step."""
+    t = _dp_terms_of(ctx, pc, tp, pp, dp, cp, ep, order, expert_tp, vp, zero, profiles, across, param_gather)
+    amax_s = amax_all_reduce_s(ctx, pp, vp, zero, profiles[0], param_gather)
+    return replace(t, per_step_s=t.per_step_s + amax_s) if amax_s else t
+
+
+def amax_all_reduce_s(ctx: Context, pp: int, vp: int, zero: int, profile, param_gather: str) -> float:
+    """Seconds a step of the one all-reduce of the weights' amaxes over the data-parallel group that a
+    sharded per-tensor FP8 cast needs under current scaling (every rank casts its shard with the
+    whole tensor's scale): torchtitan's ``precompute_float8_dynamic_scale_for_fsdp`` ("communicate
+    AMAX/scales efficiently in a single all-reduce for all parameters", docs/float8.md at v0.2.2) and
+    Megatron-LM's current-scaling ``--fp8-param-gather`` (!2811). One fp32 amax per linear weight,
+    four per layer of the stage (QKV, attention output, the MLP's two): latency-bound. Delayed
+    scaling takes the scale from the amax history (no extra collective); MXFP8 scales each 32-element
+    block locally."""
+    if param_gather != "fp8" or zero == 0 or profile is None or ctx.job.gemm_format != "fp8_current":
+        return 0.0
+    return coll.all_reduce_s(4.0 * 4 * layers_on_stage(ctx.model.num_layers, pp, vp), profile)
+
+
+def _dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: int, ep: int, order: str,
+                 expert_tp: bool, vp: int, zero: int, profiles: tuple, across: bool,
+                 param_gather: str) -> DataParallelTerms:
     z = effective_zero_stage(ctx, zero, pp)
     modules = zero3_collectives(ctx, tp, pp, vp, ep, expert_tp) if z == 3 else None
     prof = ctx.job.profile.profile
@@ -72,16 +98,16 @@ def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: in
     all_reduce = prof.zero1_grad_reduce == "all_reduce"
     if copies == 1:
         t = dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
-                       gather_bytes(ctx.job), copy_s, zero1_all_reduce=all_reduce)
-        return replace(t, regather_s=zero3_regather_s(ctx, tp, pp, vp, z, profiles[0]))
+                       gather_bytes(ctx.job, param_gather), copy_s, zero1_all_reduce=all_reduce)
+        return replace(t, regather_s=zero3_regather_s(ctx, tp, pp, vp, z, profiles[0], param_gather))
     placed, shard, stride = ctx.placed(order).cluster, dp // copies, tp  # pp = cp = 1: dp's stride is tp
     inner = placed.strided_profile(shard, stride) if shard > 1 else None
-    t = dp_traffic(ctx.job.grad_bytes, pc, inner, inner, z, prof.zero2_param_gather, modules, gather_bytes(ctx.job),
-                   copy_s, zero1_all_reduce=all_reduce)
+    t = dp_traffic(ctx.job.grad_bytes, pc, inner, inner, z, prof.zero2_param_gather, modules,
+                   gather_bytes(ctx.job, param_gather), copy_s, zero1_all_reduce=all_reduce)
     across_s = coll.all_reduce_s(ctx.job.grad_bytes * (pc.dense + pc.expert) / shard,
                                  placed.strided_profile(copies, stride * shard))
     return DataParallelTerms(t.per_step_s + across_s, t.per_microbatch_s, t.blocking_s,
-                             zero3_regather_s(ctx, tp, pp, vp, z, inner))
+                             zero3_regather_s(ctx, tp, pp, vp, z, inner, param_gather))
 
 
 def regather_share(ctx: Context, layout: Layout) -> float:
@@ -158,7 +184,7 @@ def zero3_released_modules(ctx: Context, tp: int) -> tuple[float, int]:
     return sum(released), len(released)
 
 
-def zero3_regather_s(ctx: Context, tp: int, pp: int, vp: int, zero: int, profile) -> float:
+def zero3_regather_s(ctx: Context, tp: int, pp: int, vp: int, zero: int, profile, param_gather: str = "bf16") -> float:
     """Seconds per micro-batch of the stage's third ZeRO-3 gathers under full recomputation
     (:func:`zero3_released_modules`) over the data-parallel group ``profile``: the dense layers'
     released modules, one collective each (with its host work) where the framework fetches module
@@ -172,13 +198,16 @@ def zero3_regather_s(ctx: Context, tp: int, pp: int, vp: int, zero: int, profile
     per_module = ctx.job.profile.zero3_fetch == "per_module_blocking"
     n = dense_layers * k if per_module else 1
     host = zero3_host_s(ctx)[0] if per_module else 0.0
-    return n * (coll.all_gather_s(gather_bytes(ctx.job) * dense_layers * numel / n, profile) + profile.num_ranks * host)
+    return n * (coll.all_gather_s(gather_bytes(ctx.job, param_gather) * dense_layers * numel / n, profile) + profile.num_ranks * host)
 
 
-def gather_bytes(job: Job) -> float:
-    """Bytes per parameter a sharded data-parallel group all-gathers: the 16-bit weights, or one byte
-    where an FP8 job gathers them already cast (torchao's float8 all-gather under FSDP2,
+def gather_bytes(job: Job, param_gather: str = "bf16") -> float:
+    """Bytes per parameter a sharded data-parallel group all-gathers: the 16-bit weights, or the
+    8-bit format where the layout gathers them cast (``Layout.param_gather``, :func:`param_gather_bytes`),
+    or one byte where a run says an FP8 job gathered them cast (torchao's float8 all-gather under FSDP2,
     ``Job.fp8_all_gather``: ``enable_fsdp_float8_all_gather``)."""
+    if param_gather == "fp8":
+        return param_gather_bytes(job, param_gather)
     return 1.0 if job.fp8_all_gather and job.precision == "fp8" else WEIGHT_BYTES
 
 

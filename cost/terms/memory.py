@@ -29,6 +29,26 @@ def optimizer_state_bytes(job) -> float:
 WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
 
 
+def param_gather_bytes(job, param_gather: str) -> float:
+    """Bytes per element of the parameters a data-parallel group gathers and the gathered copy it
+    keeps (``Layout.param_gather``): with ``fp8``, the job's 8-bit format with its scales (FP8 1 B,
+    MXFP8 1 + 1/32 B: Megatron-LM's ``--fp8-param-gather`` keeps the model's params in it, the fp32 main
+    params in the optimizer, instead of bf16 ones; torchtitan's FSDP2 float8 all-gather unshards float8
+    weights); else 16-bit."""
+    fmt = low_precision(job.precision) if param_gather == "fp8" and job.precision in ("fp8", "mxfp8") else None
+    return fmt.element_bytes if fmt else WEIGHT_BYTES
+
+
+def kept_param_bytes(job, param_gather: str) -> float:
+    """Bytes per element of the gathered weights a rank keeps (:func:`param_gather_bytes`), times two
+    where the framework keeps a row- and a column-wise low-precision copy (Transformer Engine under
+    Megatron-LM's ``--fp8-param-gather``: ``semantics.lp_param_both_layouts``). torchao's float8
+    all-gather unshards one float8 weight and transposes it in the backward."""
+    gathered = param_gather_bytes(job, param_gather)
+    both = gathered != WEIGHT_BYTES and job.profile.profile.lp_param_both_layouts
+    return 2 * gathered if both else gathered
+
+
 RUNTIME_RESERVE_BYTES = 1.0 * 2**30
 """Device memory outside the framework's allocator where no measurement applies (XLA on TPU, HCCL on
 Gaudi, the Neuron runtime, MaxText anywhere): a placeholder (docs/cost-model.md). The GPU frameworks
@@ -278,12 +298,13 @@ def static_memory(ctx: Context, layout: Layout, rank: str | None = None) -> Stat
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots, rank)
     z = effective_zero_stage(ctx, layout.zero_stage, layout.pp)
     copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z, layout.shard_across_domains)
-    weights = WEIGHT_BYTES * owned_params(pc, layout, z >= 3, copies)
+    kept = kept_param_bytes(ctx.job, layout.param_gather)
+    weights = kept * owned_params(pc, layout, z >= 3, copies)
     if z >= 3 and not ctx.job.profile.profile.sharded_weight_copy:
         weights = 0.0  # FSDP2: the fp32 shard (with the optimizer states) is cast at each gather
     if z >= 3:  # FSDP keeps the gathered weights of the layer in use and the one prefetched
         per_layer = (pc.dense + pc.expert) / max(1, layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
-        weights += 2 * WEIGHT_BYTES * per_layer
+        weights += 2 * kept * per_layer
     grads = ctx.job.grad_bytes * owned_params(pc, layout, z >= 2, copies)
     if _lp_grads_kept(ctx, z):  # DeepSpeed's BF16_Optimizer: the 16-bit .grad tensors besides
         grads += WEIGHT_BYTES * owned_params(pc, layout, False, copies)

@@ -239,6 +239,10 @@ def _figures(doc: dict, console: Console) -> None:
     torus = (doc.get("explanation") or {}).get("placement")
     if torus:  # which torus axes each parallel axis uses under the order's traversal
         console.print(f"{'':{len(label)}}  on the torus: {'; '.join(torus)}")
+    if lay.get("param_gather", "bf16") != "bf16":  # Layout.param_gather: cost.terms.param_gather_bytes
+        console.print(f"{'':{len(label)}}  parameter all-gathers in {doc.get('gemm_precision') or 'fp8'} "
+                      "(param_gather=fp8): the data-parallel gathers move the weights already cast to 8 bits, "
+                      "and the gathered weights are kept in that format")
     copies = doc.get("zero_shard_copies") or 1
     if copies > 1:  # the framework shards ZeRO-3 inside each scale-up domain only (MaxText's ICI fsdp)
         console.print(f"{'':{len(label)}}  ZeRO-3 shards over the {lay['dp'] // copies} data-parallel ranks of each "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from clusterplan.cost.framework import (ProfileAt, framework_domains, framework_refusal, knob_text, model_code_domains,
                                         model_domains, unoffered)
-from clusterplan.cost.step import head_slot_problem, offload_hidden
+from clusterplan.cost.step import head_slot_problem, offload_hidden, param_gather_problem
 from clusterplan.cost.terms import Context, host_tier, stage_slots
 from clusterplan.cost.layout import CP_COMM_KINDS, OFFLOAD_MODES, ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
@@ -23,7 +23,7 @@ from clusterplan.topologies.cluster import Cluster
 
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
          "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots", "offload", "cp_comm",
-         "moe_dispatcher")
+         "moe_dispatcher", "param_gather")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order", "expert_tp": "etp"}
 KNOB_TEXT = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
@@ -105,6 +105,9 @@ class Space:
     cp_comm: tuple[str, ...] = ("p2p",)
     # the MoE dispatcher (Layout.moe_dispatcher): the implicit one, or the one --fix holds; not searched
     moe_dispatcher: tuple[str, ...] = ("auto",)
+    # the dtype of the parameter all-gathers (cost.layout.PARAM_GATHERS): bf16, or what --fix holds;
+    # the search does not offer fp8 itself (Layout.param_gather)
+    param_gather: tuple[str, ...] = ("bf16",)
     framework_rules: bool = True  # apply the profile's combination rules (off: validation of published layouts)
 
     @property
@@ -157,7 +160,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         micro_batch_size=pick("micro_batch_size", _micro_batch_candidates(job, facts)),
         sequence_parallel=pick("sequence_parallel", (False, True)),
         recompute=pick("recompute", RECOMPUTE_MODES),
-        zero_stage=pick("zero_stage", (0, 1, 2, 3)),
+        zero_stage=pick("zero_stage", (0, 1, 2, 3) if b.fixed.get("param_gather", "bf16") == "bf16" else (1, 2, 3)),
         order=_orders(cluster, b, offered.get("order")),
         dp_overlap=pick("dp_overlap", (True, False)),
         tp_overlap=pick("tp_overlap", (False, True)),
@@ -165,6 +168,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         head_slots=pick("head_slots", _pipeline_splits(prof)),
         offload=pick("offload", _offload_modes(cluster, b)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
         moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
+        param_gather=(_param_gather(job, cluster, b),),
         framework_rules=not b.allow_unavailable,
     )
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
@@ -274,6 +278,18 @@ def _check_fixed_model_code(job: Job, bounds: Bounds) -> None:
     if bad:
         raise SpecError(f"--fix {', '.join(bad)}: a Hugging Face transformers model class runs data-parallel only "
                         "(DeepSpeed ZeRO or FSDP); drop the fix or use --model-code native")
+
+
+def _param_gather(job: Job, cluster: Cluster, bounds: Bounds) -> str:
+    """The parameter gathers' dtype ``--fix`` holds (bf16 unless given); one the job cannot run is bad
+    input (``cost.step.param_gather_problem``)."""
+    value = bounds.fixed.get("param_gather", "bf16")
+    problem = None if bounds.allow_unavailable else param_gather_problem(job, cluster, value)
+    if problem:
+        raise SpecError(f"--fix param_gather={value}: {problem}")
+    if value != "bf16" and bounds.fixed.get("zero_stage") == 0:
+        raise SpecError(f"--fix param_gather={value} needs a parameter all-gather (zero >= 1); --fix zero=0 has none")
+    return value
 
 
 def _offload_modes(cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:
@@ -528,12 +544,13 @@ def sequence_parallel_ok(tp: int, sp: bool, seq_len: int = 0, cp: int = 1) -> st
 def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool, recompute: str,
               zero: int, order: str, dp_overlap: bool, tp_overlap: bool, expert_tp: bool = True,
               ep_overlap: bool = False, head_slots: bool = False, offload: str = "none",
-              moe_dispatcher: str = "auto") -> Layout:
+              moe_dispatcher: str = "auto", param_gather: str = "bf16") -> Layout:
     tp, pp, dp, cp = f
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, micro_batch_size=mbs, sequence_parallel=sp,
                   recompute=recompute, zero_stage=zero, order=order, dp_overlap=dp_overlap,
                   tp_overlap=tp_overlap, expert_tp=expert_tp, ep_overlap=ep_overlap,
-                  head_slots=head_slots and f[1] > 1, offload=offload, moe_dispatcher=moe_dispatcher)
+                  head_slots=head_slots and f[1] > 1, offload=offload, moe_dispatcher=moe_dispatcher,
+                  param_gather=param_gather)
 
 
 def _once(out: dict, key: str, value, flag: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from clusterplan.cost.framework import (
     default_framework, load_profile, parse_date, refuses_dp_overlap, resolve_name as resolve_framework,
 )
-from clusterplan.cost.layout import Job, MODEL_CODES, MOE_DISPATCHERS, OFFLOAD_MODES, parse_layout, parse_recompute_modules
+from clusterplan.cost.layout import Job, MODEL_CODES, parse_layout, parse_recompute_modules
 from clusterplan.cost.step import Evaluation, evaluate, layout_problems
 from clusterplan.cost.terms import Context, layer_terms
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
@@ -143,7 +143,7 @@ def _load_doc(path: str | Path, label: str = "validate FILE") -> dict:
 # what a run's layout may name (RUNS_FORMAT.md); anything else is a typo the run would be priced without
 RUN_LAYOUT_KEYS = LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "recompute_layers", "recompute_modules",
                                  "expert_tp", "order", "head_slots", "offload", "shard_across_domains", "schedule", "cp_comm",
-                                 "moe_dispatcher")
+                                 "moe_dispatcher", "param_gather")
 
 
 def _check_measured(run: dict) -> None:
@@ -470,30 +470,27 @@ def predicted_peak(ev: Evaluation, kind: str | None) -> float:
     return ev.peak_memory_bytes
 
 
+# published knobs the search does not choose for a run (or, offload, holds off): each applied after
+# the search, checked against its allowed values (a layout text value, parsed as ``parse_layout`` does)
+_AFTER_SEARCH_KNOBS = ("offload", "schedule", "moe_dispatcher", "param_gather")
+_AFTER_SEARCH_DEFAULTS = {"offload": "none", "schedule": "", "moe_dispatcher": "auto", "param_gather": "bf16"}
+
+
 def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation) -> Evaluation:
     """The searched layout with the run's published ``layout.recompute_layers``,
-    ``layout.recompute_modules``, ``layout.offload``, ``layout.shard_across_domains`` and
-    ``layout.moe_dispatcher`` (knobs the search does not offer, or, offload, is held off for validation:
+    ``layout.recompute_modules``, ``layout.shard_across_domains`` and the knobs of
+    ``_AFTER_SEARCH_KNOBS`` (knobs the search does not offer, or, offload, is held off for validation:
     the other knobs were chosen without them), priced by the cost model."""
     published = run.get("layout") or {}
-    k, mods, offload = published.get("recompute_layers"), published.get("recompute_modules"), published.get("offload")
-    across, schedule = published.get("shard_across_domains"), published.get("schedule")
-    dispatcher = published.get("moe_dispatcher")
-    if not k and not mods and offload in (None, "none") and not across and not schedule and dispatcher in (None, "auto"):
+    k, mods, across = published.get("recompute_layers"), published.get("recompute_modules"), published.get("shard_across_domains")
+    changes = {key: parse_layout(f"{key}={published[key]}").degree(key) for key in _AFTER_SEARCH_KNOBS
+               if published.get(key) not in (None, _AFTER_SEARCH_DEFAULTS[key])}
+    if not k and not mods and not across and not changes:
         return ev
-    changes = {"schedule": parse_layout(f"schedule={schedule}").schedule} if schedule else {}
-    if dispatcher is not None:
-        if dispatcher not in MOE_DISPATCHERS:
-            raise SpecError(f"layout.moe_dispatcher: got {dispatcher!r}; allowed: {', '.join(MOE_DISPATCHERS)}")
-        changes["moe_dispatcher"] = dispatcher
     if across is not None:
         if not isinstance(across, bool):
             raise SpecError(f"layout.shard_across_domains: got {across!r}; allowed: true, false")
         changes["shard_across_domains"] = across
-    if offload not in (None, "none"):
-        if offload not in OFFLOAD_MODES:
-            raise SpecError(f"layout.offload: got {offload!r}; allowed: {', '.join(OFFLOAD_MODES)}")
-        changes["offload"] = offload
     if k:
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise SpecError(f"layout.recompute_layers: got {k!r}; must be an integer >= 0")
@@ -502,7 +499,7 @@ def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation)
         changes["recompute_modules"] = parse_recompute_modules(mods, "layout.recompute_modules")
     layout = ev.layout.with_(**changes)
     problems = [msg for key, msg in layout_problems(model, job, cluster, layout)
-                if key in ("offload", "schedule") or msg.startswith(("offload=", "shard_across_domains="))]
+                if key in ("offload", "schedule") or msg.startswith(("offload=", "shard_across_domains=", "param_gather="))]
     if problems:
         raise SpecError(f"layout: {problems[0]}")
     return evaluate(model, job, cluster, layout)

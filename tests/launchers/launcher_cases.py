@@ -104,6 +104,11 @@ CASES = {
     # FP8 with per-tensor current scaling: --fp8-recipe tensorwise
     "llama3-8b-h100-fp8-current": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8",
                                     "--precision", "fp8", "--fp8-scaling", "current"], ["megatron"]),
+    # FP8 parameter all-gathers (param_gather=fp8): Megatron's --fp8-param-gather with the distributed
+    # optimizer, torchtitan 0.2.2's [quantize.linear.float8] enable_fsdp_float8_all_gather under FSDP2
+    "llama3-8b-h100-fp8-param-gather": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64",
+                                         "--precision", "fp8", "--fix", "param_gather=fp8,tp=1,pp=1"],
+                                        ["megatron", "slurm", "torchtitan-0.2"]),
 }
 
 MAXTEXT_TOPOLOGY = {"h100-sxm5-80gb": "a3", "tpu-v5p": "v5p-{cores}"}

@@ -246,6 +246,8 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
     args += MEGATRON_PRECISION_ARGS[precision]
     if job.get("gemm_format") == "fp8_current":
         args.append("--fp8-recipe tensorwise")  # per-tensor current scaling
+    if L.get("param_gather", "bf16") != "bf16":  # FP8/MXFP8 params, gathered in 8 bits (needs the distributed optimizer)
+        args.append("--fp8-param-gather")
     order = split_order(L["order"])[0]
     if order == "tp-cp-pp-dp":
         args.append("--use-tp-pp-dp-mapping")  # RankGenerator order tp-cp-ep-pp-dp (Megatron-LM 2024-04)

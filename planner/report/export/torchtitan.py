@@ -185,6 +185,10 @@ def _torchtitan_03_refusals(L: dict) -> None:
         raise SpecError("--format torchtitan: torchtitan 0.3 has no expert tensor parallelism (removed 2026-04, #3167): "
                         "with ep > 1 experts stay whole (etp=1); plan under --framework torchtitan, whose search "
                         "keeps to it, or use --format torchtitan-0.2")
+    if L.get("param_gather", "bf16") != "bf16":
+        raise SpecError("--format torchtitan: torchtitan 0.3 has no float8 all-gather (removed 2026-04 with the "
+                        "tensorwise recipe, #3127) for param_gather=fp8; --format torchtitan-0.2 writes 0.2.2's "
+                        "enable_fsdp_float8_all_gather")
 
 
 def _torchtitan_03_parallelism(L: dict, num_layers: int) -> list[tuple[str, object]]:

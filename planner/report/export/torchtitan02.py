@@ -54,6 +54,9 @@ def torchtitan_toml(doc: dict, model=None) -> str:
     lines += ["", "[activation_checkpoint]"] + _torchtitan_ac(L, model.num_layers)
     if job.get("compiled"):  # the plan was priced compiled (--compile); async TP is offered only then
         lines += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
+    if L.get("param_gather", "bf16") != "bf16":  # FSDP2 gathers the weights cast to float8, amaxes in one all-reduce
+        lines += ["", "[quantize.linear.float8]", "enable_fsdp_float8_all_gather = true",
+                  "precompute_float8_dynamic_scale_for_fsdp = true"]
     return "\n".join(lines)
 
 
