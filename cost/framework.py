@@ -52,6 +52,8 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
         out["offload"] = ("none",)
     if prof.profile.zero3_across_domains != "replicate":  # it shards over every rank already
         out["shard_across_domains"] = (False,)
+    if not prof.has("dp_shard"):
+        out["dp_shard"] = (0,)
     out["zero_stage"] = prof.zero_stages()
     if not prof.has("dp_overlap"):
         out["dp_overlap"] = (False,)
@@ -90,6 +92,11 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
     if knob == "tp_overlap" and not prof.compiled and prof.at_compiled().tp_overlap_on(family):
         return (f"tp_overlap=on: {name} overlaps TP (async TP) only under torch.compile; "
                 "plan with --compile (the exported config then enables it)")
+    if knob == "dp_shard":
+        since = prof.profile.since.get("dp_shard")
+        when = f"since {since}" if since else "in no release"
+        return (f"dp_shard={value}: {name} has no hybrid sharded data parallelism (it has it {when}); "
+                "leave dp_shard out to shard over the framework's own group")
     return (f"{knob}={knob_text(value)}: {name} does not offer it "
             f"(allowed: {', '.join(knob_text(v) for v in allowed)})")
 

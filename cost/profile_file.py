@@ -21,7 +21,7 @@ FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "vp_groups", "grad_accumulation", "cp", "ep", "etp1", "sequence_parallel",
     "recompute_selective", "recompute_full", "recompute_layers", "recompute_modules", "head_slots",
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
-    "mxfp8", "nvfp4", "int8", "offload_activations",
+    "mxfp8", "nvfp4", "int8", "offload_activations", "dp_shard",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
              "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap")
@@ -47,7 +47,15 @@ def _zero3(sem: dict, where: str) -> dict:
                                      f"{where}: semantics.zero3_across_domains"),
         zero3_persistence_threshold=int(sem.get("zero3_persistence_threshold", 0)),
         zero3_reuse_distance_numel=int(sem.get("zero3_reuse_distance_numel", 0)),
+        dp_shard_stages=_dp_shard_stages(sem.get("dp_shard_stages") or [], where),
     )
+
+
+def _dp_shard_stages(stages, where: str) -> tuple[int, ...]:
+    """The ZeRO stages the framework's hybrid sharding (``features.dp_shard``) runs with."""
+    if not isinstance(stages, list) or any(s not in (1, 2, 3) or isinstance(s, bool) for s in stages):
+        raise SpecError(f"{where}: semantics.dp_shard_stages: got {stages!r}; expected a list of ZeRO stages 1, 2, 3")
+    return tuple(stages)
 
 
 @lru_cache(maxsize=None)

@@ -143,6 +143,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
         bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
     _partial_recompute_problems(model, layout, bad)
     _offload_problems(cluster, layout, bad)
+    _dp_shard_problems(job, layout, bad)
     _head_slot_problems(model, job, layout, bad)
     _model_code_problems(job, layout, bad)
     if layout.sequence_parallel and layout.tp == 1:
@@ -208,6 +209,25 @@ def _offload_problems(cluster: Cluster, layout: Layout, bad) -> None:
     elif layout.offload != "none" and host_tier(cluster.device) is None:
         bad("offload", f"offload={layout.offload}: {cluster.device.name} has no host memory tier with a bandwidth "
             "in the device catalogue (memory_tiers: host), so the copies cannot be priced")
+
+
+def _dp_shard_problems(job: Job, layout: Layout, bad) -> None:
+    """``dp_shard`` (hybrid sharding) divides ``dp`` into shard groups of at least 2 ranks, shards
+    something (a ZeRO stage the framework's hybrid sharding runs with), and is priced with cp = ep = 1
+    (the shard group as the innermost data-parallel ranks: ``cost.terms.dp_terms_of``)."""
+    n = layout.dp_shard
+    if not n:
+        return
+    if n < 2 or layout.dp % n:
+        bad("dp_shard", f"dp_shard={n}: must divide dp={layout.dp} and be at least 2 (0: the framework's own grouping)")
+    elif layout.cp > 1 or layout.ep > 1:
+        bad("dp_shard", f"dp_shard={n}: hybrid sharding is priced with cp=1 and ep=1 only (got cp={layout.cp}, ep={layout.ep})")
+    elif layout.shard_across_domains:
+        bad("dp_shard", f"dp_shard={n} with shard_across_domains=on: give one (dp_shard={layout.dp} shards over every rank)")
+    stages = job.profile.profile.dp_shard_stages
+    if job.profile.has("dp_shard") and layout.zero_stage not in stages:
+        bad("dp_shard", f"dp_shard={n} with zero={layout.zero_stage}: {job.profile.profile.describe(job.profile.date)} "
+            f"shards hybrid with zero {', '.join(map(str, stages))} only")
 
 
 def _head_slot_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
@@ -278,7 +298,7 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
               "tp_overlap": layout.tp_overlap and layout.tp > 1, "ep_overlap": layout.ep_overlap and layout.ep > 1,
               "recompute_layers": layout.recompute_layers, "recompute_modules": layout.recompute_modules,
               "head_slots": layout.head_slots, "order": layout.order, "offload": layout.offload,
-              "shard_across_domains": layout.shard_across_domains}
+              "shard_across_domains": layout.shard_across_domains, "dp_shard": layout.dp_shard}
     values = {k: v for k, v in values.items() if not invalid.get(k)}
     for message in unoffered(prof, cluster.device.family, values, not layout.expert_tp and layout.ep > 1):
         bad("framework", message)

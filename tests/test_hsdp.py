@@ -1,0 +1,82 @@
+"""Hybrid sharded data parallelism (issue 38 item 2, ``dp_shard=N``): ZeRO shards over N data-parallel
+ranks, dp/N replicas all-reduce the shards' gradients once a step."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterplan.cost import collectives as coll
+from clusterplan.cost.layout import Job, parse_layout
+from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.terms import Context, dp_terms, param_counts
+from clusterplan.models.errors import SpecError
+from clusterplan.models.library import load_model
+from clusterplan.planner.inputs import load_cluster
+
+
+def _eval(layout: str, framework: str = "torchtitan", cluster: str = "dgx-h100-superpod", devices: int = 64,
+          model: str = "llama3-8b", **job):
+    job = Job(global_batch_size=devices, seq_len=4096, framework=framework, **job)
+    return evaluate(load_model(model), job, load_cluster(cluster, num_devices=devices), parse_layout(layout, devices))
+
+
+def _problems(layout: str, framework: str, devices: int = 64, **job) -> list[str]:
+    job = Job(global_batch_size=devices, seq_len=4096, framework=framework, **job)
+    return [msg for _, msg in layout_problems(load_model("llama3-8b"), job,
+                                              load_cluster("dgx-h100-superpod", num_devices=devices),
+                                              parse_layout(layout, devices))]
+
+
+def test_layout_text_round_trips_and_default_is_unwritten():
+    lay = parse_layout("dp=64,zero=3,dp_shard=8", 64)
+    assert lay.dp_shard == 8 and "dp_shard=8" in lay.short()
+    assert "dp_shard" not in parse_layout("dp=64,zero=3", 64).short()
+    with pytest.raises(SpecError, match=r"layout.dp_shard: got 'x'"):
+        parse_layout("dp=64,dp_shard=x", 64)
+
+
+def test_states_shard_over_the_group_and_the_replicas_all_reduce_across_nodes():
+    """torchtitan HSDP: FSDP over the 8 GPUs of a node, 8 replicas over the scale-out fabric."""
+    full, hybrid = _eval("dp=64,zero=3"), _eval("dp=64,zero=3,dp_shard=8")
+    assert hybrid.memory.optimizer_bytes == pytest.approx(8 * full.memory.optimizer_bytes)
+    assert hybrid.memory.gradients_bytes == pytest.approx(8 * full.memory.gradients_bytes)
+    assert _eval("dp=64,zero=3,dp_shard=64").step_time_s == full.step_time_s
+    # the per-step all-reduce: 1/8 of the fp32 gradients over ranks 8 apart (one per node)
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100-superpod", num_devices=64)
+    job = Job(global_batch_size=64, seq_len=4096, framework="torchtitan")
+    ctx = Context(model, job, cluster)
+    t = dp_terms(ctx, parse_layout("dp=64,zero=3,dp_shard=8", 64))
+    pc = param_counts(model, 1, 1, 1, 1, True, False)
+    across = coll.all_reduce_s(4 * (pc.dense + pc.expert) / 8, cluster.strided_profile(8, 8))
+    assert t.per_step_s == pytest.approx(across) and across > 0
+    assert dp_terms(ctx, parse_layout("dp=64,zero=3", 64)).per_step_s == 0.0
+
+
+def test_maxtext_default_is_dp_shard_of_one_slice_and_across_domains_is_all_ranks():
+    """MaxText's base.yml default (fsdp on ICI, data on DCN) is dp_shard = the ranks of one slice;
+    shard_across_domains=on (dcn_fsdp) is dp_shard = dp: the same figures either way."""
+    run = dict(framework="maxtext", cluster="tpu-v6e-pod", devices=512)
+    default, one_slice = _eval("dp=512,zero=3", **run), _eval("dp=512,zero=3,dp_shard=256", **run)
+    assert (default.step_time_s, default.memory.total_bytes) == (one_slice.step_time_s, one_slice.memory.total_bytes)
+    across, every = _eval("dp=512,zero=3,shard_across_domains=on", **run), _eval("dp=512,zero=3,dp_shard=512", **run)
+    assert (across.step_time_s, across.memory.total_bytes) == (every.step_time_s, every.memory.total_bytes)
+    assert default.memory.optimizer_bytes == pytest.approx(2 * every.memory.optimizer_bytes)
+
+
+def test_megatron_partial_distributed_optimizer_shards_the_optimizer_only():
+    """--num-distributed-optimizer-instances 8 (dp_shard=8 of 64): optimizer states /8, grads whole."""
+    full, partial = _eval("dp=64,zero=1", "megatron"), _eval("dp=64,zero=1,dp_shard=8", "megatron")
+    assert partial.memory.optimizer_bytes == pytest.approx(8 * full.memory.optimizer_bytes)
+    assert partial.memory.gradients_bytes == full.memory.gradients_bytes
+
+
+@pytest.mark.parametrize("layout, framework, job, expected", [
+    ("dp=64,zero=3,dp_shard=7", "torchtitan", {}, "dp_shard=7: must divide dp=64"),
+    ("dp=64,zero=3,dp_shard=1", "torchtitan", {}, "be at least 2"),
+    ("dp=32,cp=2,zero=3,dp_shard=8", "torchtitan", {}, "cp=1 and ep=1 only"),
+    ("dp=64,zero=3,dp_shard=8", "megatron", {}, "shards hybrid with zero 1 only"),
+    ("dp=64,zero=1,dp_shard=8", "nanotron", {}, "has no hybrid sharded data parallelism (it has it in no release)"),
+    ("dp=64,zero=3,dp_shard=8", "torchtitan", {"framework_date": "2024-08"}, "(it has it since 2024-09)"),
+])
+def test_refusals_name_the_knob_and_what_is_allowed(layout, framework, job, expected):
+    assert any(expected in msg for msg in _problems(layout, framework, **job))
