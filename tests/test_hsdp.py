@@ -3,6 +3,8 @@ ranks, dp/N replicas all-reduce the shards' gradients once a step."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from clusterplan.cost import collectives as coll
@@ -12,6 +14,7 @@ from clusterplan.cost.terms import Context, dp_terms, param_counts
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import load_model
 from clusterplan.planner.inputs import load_cluster
+from clusterplan.planner.report.export import export
 
 
 def _eval(layout: str, framework: str = "torchtitan", cluster: str = "dgx-h100-superpod", devices: int = 64,
@@ -80,3 +83,39 @@ def test_megatron_partial_distributed_optimizer_shards_the_optimizer_only():
 ])
 def test_refusals_name_the_knob_and_what_is_allowed(layout, framework, job, expected):
     assert any(expected in msg for msg in _problems(layout, framework, **job))
+
+
+def _doc(layout: str, framework: str) -> dict:
+    from clusterplan import cli
+    args = ["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64", "--global-batch", "128",
+            "--framework", framework]
+    with cli.evaluate_command.make_context("evaluate", [*args, "--layout", layout]) as ctx:
+        params = {k: v for k, v in ctx.params.items() if k not in ("as_json", "layout_text")}
+        doc, _, _ = cli.evaluate_request(cli._request(**params), layout)
+    return json.loads(json.dumps(doc))
+
+
+@pytest.mark.parametrize("fmt, framework, layout, expected", [
+    ("torchtitan", "torchtitan", "dp=64,mbs=2,zero=3,dp_shard=8",
+     ["data_parallel_replicate_degree = 8", "data_parallel_shard_degree = 8"]),
+    ("maxtext", "maxtext", "dp=64,mbs=2,zero=3,dp_shard=16", ["ici_fsdp_parallelism=8", "dcn_fsdp_parallelism=2",
+                                                               "dcn_data_parallelism=4"]),
+    ("megatron", "megatron", "dp=64,mbs=2,zero=1,dp_shard=8", ["--num-distributed-optimizer-instances 8"]),
+])
+def test_exports_write_the_launchers_hybrid_sharding(fmt, framework, layout, expected):
+    text = export(_doc(layout, framework), fmt)
+    assert all(e in text for e in expected), text
+
+
+def test_export_refuses_hybrid_sharding_the_launcher_lacks():
+    """A plan document (edited by hand: the profile refuses the pair) with dp_shard under a ZeRO stage
+    the launcher's hybrid sharding does not run with is refused, not exported without it."""
+    doc = _doc("dp=64,mbs=2,zero=1,dp_shard=8", "megatron")
+    doc["layout"]["zero_stage"] = 3
+    with pytest.raises(SpecError, match=r"--format megatron: dp_shard=8 with zero=3: its hybrid sharding runs with zero 1 only"):
+        export(doc, "megatron")
+
+
+def test_deepspeed_export_refuses_mics_its_pinned_release_removed():
+    with pytest.raises(SpecError, match=r"--format deepspeed: dp_shard=8: DeepSpeed's hybrid sharding \(MiCS"):
+        export(_doc("dp=64,mbs=2,zero=3,dp_shard=8", "deepspeed"), "deepspeed")
