@@ -119,3 +119,30 @@ def test_export_refuses_hybrid_sharding_the_launcher_lacks():
 def test_deepspeed_export_refuses_mics_its_pinned_release_removed():
     with pytest.raises(SpecError, match=r"--format deepspeed: dp_shard=8: DeepSpeed's hybrid sharding \(MiCS"):
         export(_doc("dp=64,mbs=2,zero=3,dp_shard=8", "deepspeed"), "deepspeed")
+
+
+def _run(**layout) -> dict:
+    """A torchtitan run of a 7B Llama on 64 A100s with its layout published (the format of
+    planner/data/RUNS_FORMAT.md); the measured figure only has to be a valid one."""
+    return {"id": "hsdp-probe", "framework": {"name": "torchtitan", "date": "2026-02"}, "source": "test",
+            "confidence": "low", "seq_len": 2048, "global_batch_size": 128, "micro_batch_size": 2, "precision": "bf16",
+            "model": {"name": "llama-7b-like", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                      "num_kv_heads": 32, "ffn_hidden_size": 11008, "vocab_size": 32000, "ffn_activation": "swiglu"},
+            "hardware": {"cluster": "dgx-a100-superpod", "device": "a100-sxm4-80gb", "count": 64},
+            "layout": {"tp": 1, "pp": 1, "dp": 64, "cp": 1, "ep": 1, "zero_stage": 3, "recompute": "none", **layout},
+            "measured": {"step_time_s": 1.0}}
+
+
+def test_validate_prices_a_published_dp_shard(tmp_path):
+    """A run's ``layout.dp_shard`` is held when ``validate`` prices it, and a bad one is named."""
+    import yaml
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.studies.runs import evaluate_run, load_runs
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"format": "clusterplan-runs/1", "runs": [_run(), dict(_run(dp_shard=8), id="h")]}))
+    full, hybrid = (evaluate_run(r, SearchOptions(), best=False) for r in load_runs(path))
+    assert hybrid.layout["dp_shard"] == 8 and not full.layout["dp_shard"]
+    assert hybrid.predicted_step_time_s != full.predicted_step_time_s
+    path.write_text(yaml.safe_dump({"format": "clusterplan-runs/1", "runs": [_run(dp_shard=7)]}))
+    bad = evaluate_run(load_runs(path)[0], SearchOptions(), best=False)
+    assert bad.reason and "dp_shard=7: must divide dp=64" in bad.reason

@@ -142,7 +142,8 @@ def _load_doc(path: str | Path, label: str = "validate FILE") -> dict:
 
 # what a run's layout may name (RUNS_FORMAT.md); anything else is a typo the run would be priced without
 RUN_LAYOUT_KEYS = LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "recompute_layers", "recompute_modules",
-                                 "expert_tp", "order", "head_slots", "offload", "shard_across_domains")
+                                 "expert_tp", "order", "head_slots", "offload", "shard_across_domains",
+                                 "dp_shard")
 
 
 def _check_measured(run: dict) -> None:
@@ -470,15 +471,19 @@ def predicted_peak(ev: Evaluation, kind: str | None) -> float:
 
 def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation) -> Evaluation:
     """The searched layout with the run's published ``layout.recompute_layers``,
-    ``layout.recompute_modules``, ``layout.offload`` and ``layout.shard_across_domains`` (knobs the
-    search does not offer, or, offload, is held off for validation: the other knobs were chosen without
-    them), priced by the cost model."""
+    ``layout.recompute_modules``, ``layout.offload``, ``layout.shard_across_domains`` and
+    ``layout.dp_shard`` (knobs the search does not offer, or, offload, is held off for validation: the
+    other knobs were chosen without them), priced by the cost model."""
     published = run.get("layout") or {}
     k, mods, offload = published.get("recompute_layers"), published.get("recompute_modules"), published.get("offload")
-    across = published.get("shard_across_domains")
-    if not k and not mods and offload in (None, "none") and not across:
+    across, shard = published.get("shard_across_domains"), published.get("dp_shard")
+    if not k and not mods and offload in (None, "none") and not across and not shard:
         return ev
     changes = {}
+    if shard:  # hybrid sharding (Layout.dp_shard): its group size is checked with the layout below
+        if not isinstance(shard, int) or isinstance(shard, bool):
+            raise SpecError(f"layout.dp_shard: got {shard!r}; must be an integer dividing dp")
+        changes["dp_shard"] = shard
     if across is not None:
         if not isinstance(across, bool):
             raise SpecError(f"layout.shard_across_domains: got {across!r}; allowed: true, false")
@@ -495,7 +500,7 @@ def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation)
         changes["recompute_modules"] = parse_recompute_modules(mods, "layout.recompute_modules")
     layout = ev.layout.with_(**changes)
     problems = [msg for key, msg in layout_problems(model, job, cluster, layout)
-                if key == "offload" or msg.startswith(("offload=", "shard_across_domains="))]
+                if key in ("offload", "dp_shard") or msg.startswith(("offload=", "shard_across_domains=", "dp_shard="))]
     if problems:
         raise SpecError(f"layout: {problems[0]}")
     return evaluate(model, job, cluster, layout)
