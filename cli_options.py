@@ -249,7 +249,8 @@ ENGINE_OPTIONS = [
                  help="Hold a knob: tp, pp, dp, cp, ep, etp (1: whole experts, ep carved from tp*cp*dp; or "
                       "tp), vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap, ep_overlap, head_slots "
                       "(on: the embedding and the LM head each take a layer's slot in the pipeline split; unfixed, the "
-                      "search tries both splits the framework offers) (repeatable, or comma-separated: --fix tp=8,pp=4)."),
+                      "search tries both splits the framework offers), dp_shard (hybrid sharding over N data-parallel "
+                      "ranks; never searched) (repeatable, or comma-separated: --fix tp=8,pp=4)."),
     click.option("--min", "minimum", multiple=True, metavar="KNOB=VALUE",
                  help="Lower bound on a numeric knob, e.g. --min dp=4 (repeatable)."),
     click.option("--max", "maximum", multiple=True, metavar="KNOB=VALUE",

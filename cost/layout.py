@@ -105,7 +105,8 @@ class Layout:
         innermost data-parallel ranks and the shard's gradients are all-reduced across the replicas
         once a step (``cost.terms.zero_replicas``). torchtitan's ``data_parallel_shard_degree``,
         MaxText's ``ici_fsdp``/``dcn_data``, Megatron-Core's ``--num-distributed-optimizer-instances``
-        (``dp / N``). Priced by ``evaluate`` and ``validate`` with cp = ep = 1; the search does not offer it.
+        (``dp / N``). Priced by ``evaluate`` and ``validate`` with cp = ep = 1; the search does not offer
+        it, ``--fix dp_shard=N`` holds it (``planner.search.space.hybrid_space``).
     head_slots : with pp > 1, the embedding and the output layer (LM head and loss) each take one
         layer's place when the layers are split over the pipeline ranks, so the first and the last
         rank hold one layer fewer (Megatron-Core's ``--account-for-embedding-in-pipeline-split

@@ -146,3 +146,36 @@ def test_validate_prices_a_published_dp_shard(tmp_path):
     path.write_text(yaml.safe_dump({"format": "clusterplan-runs/1", "runs": [_run(dp_shard=7)]}))
     bad = evaluate_run(load_runs(path)[0], SearchOptions(), best=False)
     assert bad.reason and "dp_shard=7: must divide dp=64" in bad.reason
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_engines_agree_with_dp_shard_held(seed):
+    """``--fix dp_shard=N`` narrows the search to what hybrid sharding runs with (dp divisible by N,
+    cp = ep = 1, the framework's ZeRO stages) and prices every layout with it: CP-SAT equals the
+    exhaustive enumerator, and the winner is what evaluate prices."""
+    import dataclasses
+    from test_search import _check_engines_agree, random_instance  # tests/ is on the path (test_offload_search.py)
+    from clusterplan.planner.search import SearchOptions, objective_seconds, plan
+    model, job, cluster, bounds = random_instance(7000 + seed)
+    framework = ("torchtitan", "megatron", "maxtext")[seed % 3]
+    job = Job(global_batch_size=job.global_batch_size, seq_len=job.seq_len, precision="bf16", framework=framework)
+    fixed = {k: v for k, v in bounds.fixed.items() if k not in ("zero_stage", "cp", "order")}
+    bounds = dataclasses.replace(bounds, fixed={**fixed, "dp_shard": 2 if seed < 3 else 4},
+                                 maximum={k: v for k, v in bounds.maximum.items() if k != "cp"})
+    _check_engines_agree(model, job, cluster, bounds)
+    try:
+        res = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=bounds))
+    except Exception:  # noqa: BLE001 -- no layout of the instance runs hybrid (checked alike above)
+        return
+    best = res.best.layout
+    assert best.dp_shard == bounds.fixed["dp_shard"] and best.dp % best.dp_shard == 0
+    assert best.zero_stage in job.profile.profile.dp_shard_stages
+    assert objective_seconds(res.objective_units[0]) == pytest.approx(
+        evaluate(model, job, cluster, best).step_time_s, rel=1e-3)
+
+
+def test_min_and_max_do_not_take_dp_shard():
+    from clusterplan.planner.search.space import parse_bounds
+    with pytest.raises(SpecError, match="dp_shard is not searched; use --fix dp_shard=N"):
+        parse_bounds(minimum=("dp_shard=8",))
+    assert parse_bounds(fix=("dp_shard=8",)).fixed == {"dp_shard": 8}
