@@ -179,3 +179,16 @@ def test_min_and_max_do_not_take_dp_shard():
     with pytest.raises(SpecError, match="dp_shard is not searched; use --fix dp_shard=N"):
         parse_bounds(minimum=("dp_shard=8",))
     assert parse_bounds(fix=("dp_shard=8",)).fixed == {"dp_shard": 8}
+
+
+def test_explain_prices_the_held_group_halved_doubled_and_off():
+    from clusterplan.planner.explain import sensitivities
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100-superpod", num_devices=64)
+    job = Job(global_batch_size=128, seq_len=4096, framework="torchtitan")
+    best = evaluate(model, job, cluster, parse_layout("dp=64,mbs=1,zero=3,dp_shard=8", 64))
+    rows = {r["move"]: r for r in sensitivities(model, job, cluster, best)}
+    for move, shard in (("dp_shard 4", 4), ("dp_shard 16", 16), ("dp_shard off", 0)):
+        lay = best.layout.with_(dp_shard=shard)
+        assert rows[move]["step_time_s"] == pytest.approx(evaluate(model, job, cluster, lay).step_time_s)
+    assert not any(m.startswith("dp_shard") for m in
+                   (r["move"] for r in sensitivities(model, job, cluster, evaluate(model, job, cluster, best.layout.with_(dp_shard=0)))))
