@@ -32,7 +32,8 @@ from collections import Counter
 
 from clusterplan.cost.framework import framework_domains
 from clusterplan.cost.layout import Job, Layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.models.errors import ClusterplanError
 from clusterplan.models.spec import ModelSpec, MoESpec
 from clusterplan.planner.search import SearchOptions, plan

@@ -64,6 +64,8 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
     out["cuda_graph"] = ("none",) + tuple(s for s in ("layer", "full") if prof.has(f"cuda_graph_{s}"))
     if prof.profile.zero3_across_domains != "replicate":  # it shards over every rank already
         out["shard_across_domains"] = (False,)
+    if not prof.has("dp_shard"):
+        out["dp_shard"] = (0,)
     out["zero_stage"] = prof.zero_stages()
     if not prof.has("dp_overlap"):
         out["dp_overlap"] = (False,)
@@ -121,6 +123,11 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
         return f"schedule={value}: {name} {has} (it runs: {runs})"
     since = prof.profile.since.get(MOE_DISPATCHER_FEATURES.get(value, "")) if knob == "moe_dispatcher" else None
     when = f"since {since}; " if since else ""
+    if knob == "dp_shard":
+        since = prof.profile.since.get("dp_shard")
+        when = f"since {since}" if since else "in no release"
+        return (f"dp_shard={value}: {name} has no hybrid sharded data parallelism (it has it {when}); "
+                "leave dp_shard out to shard over the framework's own group")
     return (f"{knob}={knob_text(value)}: {name} does not offer it "
             f"({when}allowed: {', '.join(knob_text(v) for v in allowed)})")
 

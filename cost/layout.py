@@ -142,6 +142,16 @@ class Layout:
     cuda_graph : ``none``, ``layer`` or ``full`` (:data:`CUDA_GRAPH_SCOPES`): the kernels replayed from CUDA
         graphs pay a graph node's share of the per-kernel launch cost (``cost.compute.graphed_device``).
         Priced by ``evaluate`` and ``validate``; the search does not offer it.
+    dp_shard : the data-parallel ranks one copy of each ZeRO shard spans (hybrid sharded data
+        parallelism, HSDP): 0 (the default) for the framework's own grouping (every data-parallel
+        rank, or each scale-up domain's under ``semantics.zero3_across_domains: replicate``); else N,
+        dividing ``dp``, with ``dp / N`` replicas of each shard. The sharded states (per
+        ``zero_stage``) take ``1/N`` each; the stage's gathers and reduce-scatters run over the N
+        innermost data-parallel ranks and the shard's gradients are all-reduced across the replicas
+        once a step (``cost.terms.zero_replicas``). torchtitan's ``data_parallel_shard_degree``,
+        MaxText's ``ici_fsdp``/``dcn_data``, Megatron-Core's ``--num-distributed-optimizer-instances``
+        (``dp / N``). Priced by ``evaluate`` and ``validate`` with cp = ep = 1; the search does not offer
+        it, ``--fix dp_shard=N`` holds it (``planner.search.space.hybrid_space``).
     head_slots : with pp > 1, the embedding and the output layer (LM head and loss) each take one
         layer's place when the layers are split over the pipeline ranks, so the first and the last
         rank hold one layer fewer (Megatron-Core's ``--account-for-embedding-in-pipeline-split
@@ -182,6 +192,7 @@ class Layout:
     moe_dispatcher: str = "auto"
     cuda_graph: str = "none"
     param_gather: str = "bf16"
+    dp_shard: int = 0
 
     def __post_init__(self) -> None:
         if self.schedule and self.schedule == default_schedule(self.vp):
@@ -295,6 +306,8 @@ class Layout:
             parts.append(f"cuda_graph={self.cuda_graph}")
         if self.param_gather != "bf16":
             parts.append(f"param_gather={self.param_gather}")
+        if self.dp_shard:
+            parts.append(f"dp_shard={self.dp_shard}")
         if self.tp_overlap and self.tp > 1:
             parts.append("tp_overlap=on")
         if not self.dp_overlap and self.dp * self.cp > 1:
@@ -487,7 +500,7 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
     """
     aliases = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                "micro_batch": "micro_batch_size", "recomp": "recompute"}
-    ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "etp", "recompute_layers"}
+    ints = {"tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "etp", "recompute_layers", "dp_shard"}
     bools = {"sequence_parallel", "dp_overlap", "tp_overlap", "expert_tp", "ep_overlap", "head_slots",
              "shard_across_domains"}
     values: dict[str, object] = {}
@@ -516,7 +529,7 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
 
 def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
     if key in ints:
-        zero_ok = key in ("zero_stage", "recompute_layers")
+        zero_ok = key in ("zero_stage", "recompute_layers", "dp_shard")
         if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0 and not zero_ok:
             raise SpecError(f"layout.{key}: got {raw!r}; must be a {'non-negative' if zero_ok else 'positive'} integer")
         return int(raw)
@@ -558,7 +571,7 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         return raw
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
                "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains, schedule, cp_comm, "
-               "moe_dispatcher, cuda_graph, param_gather")
+               "moe_dispatcher, cuda_graph, param_gather, dp_shard")
     raise SpecError(f"layout: unknown key {key!r}; allowed: {allowed}")
 
 

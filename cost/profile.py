@@ -150,6 +150,8 @@ class Profile:
     # ZeRO-3 across scale-up domains: "shard" over every data-parallel rank, or "replicate" (shard
     # inside a domain, plain data parallelism between domains: MaxText's ICI fsdp / DCN data)
     zero3_across_domains: str = "shard"
+    # ZeRO stages hybrid sharding (features.dp_shard, Layout.dp_shard) runs with (semantics.dp_shard_stages)
+    dp_shard_stages: tuple[int, ...] = ()
     # Per-op SAC leaves the SDPA output unsaved from this CUDA compute capability on, by release
     # (semantics.op_sac_unsaved_attention_history: (since YYYY-MM, capability or None for none))
     op_sac_unsaved_attention_history: tuple[tuple[str, float | None], ...] = ()

@@ -23,7 +23,7 @@ FEATURES: tuple[str, ...] = (
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
     "mxfp8", "nvfp4", "int8", "offload_activations", "cp_allgather", "cp_a2a", "cp_a2a_p2p",
     "moe_alltoall", "moe_deepep", "moe_hybridep",
-    "cuda_graph_layer", "cuda_graph_full", "fp8_param_gather", "mxfp8_param_gather",
+    "cuda_graph_layer", "cuda_graph_full", "fp8_param_gather", "mxfp8_param_gather", "dp_shard",
     "schedule_zb1p", "schedule_zbh1", "schedule_zbv", "schedule_dualpipe", "schedule_dualpipev", "schedule_looped",
 )
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
@@ -50,7 +50,15 @@ def _zero3(sem: dict, where: str) -> dict:
                                      f"{where}: semantics.zero3_across_domains"),
         zero3_persistence_threshold=int(sem.get("zero3_persistence_threshold", 0)),
         zero3_reuse_distance_numel=int(sem.get("zero3_reuse_distance_numel", 0)),
+        dp_shard_stages=_dp_shard_stages(sem.get("dp_shard_stages") or [], where),
     )
+
+
+def _dp_shard_stages(stages, where: str) -> tuple[int, ...]:
+    """The ZeRO stages the framework's hybrid sharding (``features.dp_shard``) runs with."""
+    if not isinstance(stages, list) or any(s not in (1, 2, 3) or isinstance(s, bool) for s in stages):
+        raise SpecError(f"{where}: semantics.dp_shard_stages: got {stages!r}; expected a list of ZeRO stages 1, 2, 3")
+    return tuple(stages)
 
 
 @lru_cache(maxsize=None)

@@ -10,7 +10,8 @@ from dataclasses import asdict
 from clusterplan.cost.framework import framework_domains, knob_text
 from clusterplan.cost.layout import (CP_COMM_KINDS, MOE_DISPATCHERS, RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, default_schedule,
                                       order_axes, split_order)
-from clusterplan.cost.step import Evaluation, evaluate, layout_problems
+from clusterplan.cost.step import Evaluation, evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.search.space import Space
 from clusterplan.topologies.cluster import Cluster
@@ -62,7 +63,18 @@ def _moves(lay: Layout, moe: bool, offload: bool = False, cp_kinds: tuple[str, .
         out.append((f"head_slots {'off' if lay.head_slots else 'on'}", lay.with_(head_slots=not lay.head_slots)))
     if lay.traversal:
         out.append(("default torus traversal", lay.with_(order=split_order(lay.order)[0])))
-    return out
+    return out + _hybrid_moves(lay)
+
+
+def _hybrid_moves(lay: Layout) -> list[tuple[str, Layout]]:
+    """Where the layout holds a hybrid sharding group (``--fix dp_shard=N``: never searched, so not
+    checked against the space): the group halved and doubled (each dividing dp, at least 2) and off
+    (the framework's own group), priced like any move: what the knob does to this plan."""
+    if not lay.dp_shard:
+        return []
+    out = [(f"dp_shard {n}", lay.with_(dp_shard=n)) for n in (lay.dp_shard // 2, lay.dp_shard * 2)
+           if 2 <= n <= lay.dp and lay.dp % n == 0]
+    return out + [("dp_shard off", lay.with_(dp_shard=0))]
 
 
 def _kind_moves(lay: Layout, moe: bool, cp_kinds: tuple[str, ...]) -> list[tuple[str, Layout]]:

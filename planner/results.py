@@ -98,7 +98,7 @@ def layout_results(ev: Evaluation, job: Job, cluster: Cluster, model: ModelSpec 
         evaluation=ev, gemm_precision=gemm_precision(job, cluster), overlap_charges=overlap_charges(ev, job, cluster),
         energy_per_step_j=energy, cost_per_step_usd=cost,
         zero_shard_copies=shard_copies(job.profile.profile, cluster, L.dp, L.pp, L.cp, L.ep, L.zero_stage,
-                                       L.shard_across_domains),
+                                       L.shard_across_domains, L.dp_shard),
         training=training_totals(figures, job, None if model is None else model.num_params, cluster.num_devices),
         step_time_interval=interval, cp_hierarchy=_cp_hierarchy(L, cluster))
 

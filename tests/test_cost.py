@@ -18,7 +18,8 @@ from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import (BACKWARD_FACTOR, CAST_TRANSPOSE_RATE_SHARE, fp8_cast_s, gemm_rate, memory_rate,
                                       op_time_s)
 from clusterplan.cost.layout import Job, Layout, microbatch_group_size, parse_layout
-from clusterplan.cost.step import evaluate, evaluate_ctx, inflight_layers, layout_problems, num_microbatches
+from clusterplan.cost.step import evaluate, evaluate_ctx, inflight_layers, num_microbatches
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import (
     CUDA_CONTEXT_EAGER_BYTES, CUDA_CONTEXT_LAZY_BYTES, NCCL_COMMUNICATOR_BYTES, NCCL_PAIR_COMMUNICATOR_BYTES,
     OPTIMIZER_STATE_BYTES, RUNTIME_RESERVE_BYTES, WEIGHT_BYTES, Context, activation_bytes, head_terms, layer_terms,

@@ -5,7 +5,8 @@ all-to-all + ring, priced by evaluate, refused where the framework lacks them, e
 import pytest
 
 from clusterplan.cost.layout import Job, Layout, parse_layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import cp_a2a_size
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import get_model

@@ -8,7 +8,8 @@ import pytest
 
 from clusterplan.cost.compute import GRAPH_NODE_SHARE
 from clusterplan.cost.layout import Job, Layout, parse_layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import get_model
 from clusterplan.topologies.library import build_cluster

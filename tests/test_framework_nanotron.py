@@ -14,7 +14,8 @@ from clusterplan.cli import main as clusterplan
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.framework import framework_refusal, load_profile, resolve_name
 from clusterplan.cost.layout import Job, Layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import Context, dp_traffic, layer_kernels, param_counts
 from clusterplan.models.library import get_model
 from clusterplan.models.ops import Kernels

@@ -37,7 +37,7 @@ def test_torchtitan_plain_ddp_composes_with_tp_from_its_replicate_release():
     """torchtitan refused DDP beside TP/PP/CP ('DDP has not supported > 1D parallelism') until #2458
     (2026-03-09) replaced DDP by composable replicate, which composes with them."""
     from clusterplan.cost.layout import Job, Layout
-    from clusterplan.cost.step import layout_problems
+    from clusterplan.cost.checks import layout_problems
     from clusterplan.models.library import get_model
     from clusterplan.topologies.library import build_cluster
 

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 from clusterplan.cli import main
 from clusterplan.cost.layout import Job, Layout, parse_layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import (Context, head_layer_ratio, layer_terms, param_counts, period_layers,
                                     stage_split)
 from clusterplan.models.library import get_model

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterplan.cost.layout import Job, Layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import overlapped_exposed_s
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.library import build_cluster

@@ -10,7 +10,8 @@ import pytest
 
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.layout import Job, Layout, parse_layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms.comm import _dispatch_s, ranks_per_token, remote_nodes_per_token
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec, MoESpec

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from clusterplan.cost.layout import Job, Layout, parse_layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import Context, dp_terms, gather_bytes, static_memory
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import get_model

@@ -7,7 +7,8 @@ import pytest
 
 from clusterplan.cost.framework import load_profile, unoffered
 from clusterplan.cost.layout import Job, Layout, parse_layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import bubble_s
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import load_model

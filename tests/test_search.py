@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from clusterplan.cost.layout import Job, Layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import Context
 from clusterplan.models.errors import InfeasibleError, SolverError, SpecError
 from clusterplan.models.library import get_model, job_defaults, list_models

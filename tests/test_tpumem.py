@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from clusterplan.cost.layout import Job, parse_layout
-from clusterplan.cost.step import evaluate, layout_problems
+from clusterplan.cost.step import evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.models.errors import SpecError
 from clusterplan.models.library import load_model
 from clusterplan.planner.inputs import load_cluster

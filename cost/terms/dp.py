@@ -29,7 +29,7 @@ def optimizer_s(ctx: Context, layout: Layout) -> float:
     gradients."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
     copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, layout.zero_stage,
-                           layout.shard_across_domains)
+                           layout.shard_across_domains, layout.dp_shard)
     count = owned_params(pc, layout, layout.zero_stage >= 1, copies)
     dev = ctx.cluster.device
     gb = ctx.job.grad_bytes
@@ -56,19 +56,23 @@ def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
     profiles = dp_profiles(ctx, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp)
     return dp_terms_of(ctx, pc, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.order, layout.expert_tp,
-                       layout.vp, layout.zero_stage, profiles, layout.shard_across_domains, layout.param_gather)
+                       layout.vp, layout.zero_stage, profiles, layout.shard_across_domains, layout.param_gather,
+                       layout.dp_shard)
 
 
 def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: int, ep: int, order: str,
                 expert_tp: bool, vp: int, zero: int, profiles: tuple, across: bool = False,
-                param_gather: str = "bf16") -> DataParallelTerms:
+                param_gather: str = "bf16", dp_shard: int = 0) -> DataParallelTerms:
     """:func:`dp_traffic` for the degrees and the groups' ``profiles`` (:func:`dp_profiles`); where
     ZeRO-3 shards inside each scale-up domain only (:func:`zero_replicas`), its collectives run
     over the domain's ranks of the data-parallel group and the shards' gradients are all-reduced
-    across the domains once a step (unless ``across``: ``Layout.shard_across_domains``). The
+    across the domains once a step (unless ``across``: ``Layout.shard_across_domains``). With
+    ``dp_shard`` (hybrid sharding, cp = ep = 1) the same over the ``dp_shard`` innermost
+    data-parallel ranks, on whichever fabric tiers they and the replicas span. The
     parameters are gathered at :func:`gather_bytes` of ``param_gather``, with
     :func:`amax_all_reduce_s` once a step."""
-    t = _dp_terms_of(ctx, pc, tp, pp, dp, cp, ep, order, expert_tp, vp, zero, profiles, across, param_gather)
+    t = _dp_terms_of(ctx, pc, tp, pp, dp, cp, ep, order, expert_tp, vp, zero, profiles, across, param_gather,
+                     dp_shard)
     amax_s = amax_all_reduce_s(ctx, pp, vp, zero, profiles[0], param_gather)
     return replace(t, per_step_s=t.per_step_s + amax_s) if amax_s else t
 
@@ -89,18 +93,20 @@ def amax_all_reduce_s(ctx: Context, pp: int, vp: int, zero: int, profile, param_
 
 def _dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: int, ep: int, order: str,
                  expert_tp: bool, vp: int, zero: int, profiles: tuple, across: bool,
-                 param_gather: str) -> DataParallelTerms:
+                 param_gather: str, dp_shard: int) -> DataParallelTerms:
     z = effective_zero_stage(ctx, zero, pp)
     modules = zero3_collectives(ctx, tp, pp, vp, ep, expert_tp) if z == 3 else None
     prof = ctx.job.profile.profile
     copy_s = zero3_host_s(ctx) if modules else (0.0, 0.0)
-    copies = zero_replicas(ctx, dp, pp, cp, ep, z, across)
+    copies = zero_replicas(ctx, dp, pp, cp, ep, z, across, dp_shard)
     all_reduce = prof.zero1_grad_reduce == "all_reduce"
     if copies == 1:
         t = dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
                        gather_bytes(ctx.job, param_gather), copy_s, zero1_all_reduce=all_reduce)
         return replace(t, regather_s=zero3_regather_s(ctx, tp, pp, vp, z, profiles[0], param_gather))
-    placed, shard, stride = ctx.placed(order).cluster, dp // copies, tp  # pp = cp = 1: dp's stride is tp
+    placed, shard = ctx.placed(order).cluster, dp // copies
+    # the domain rule holds with pp = cp = 1 (dp's stride tp); hybrid sharding reads the order's stride
+    stride = Layout(tp=tp, pp=pp, dp=dp, cp=cp, order=order).stride("dp") if dp_shard else tp
     inner = placed.strided_profile(shard, stride) if shard > 1 else None
     t = dp_traffic(ctx.job.grad_bytes, pc, inner, inner, z, prof.zero2_param_gather, modules,
                    gather_bytes(ctx.job, param_gather), copy_s, zero1_all_reduce=all_reduce)

@@ -259,7 +259,8 @@ def owned_params(pc: ParamCounts, layout: Layout, sharded: bool, replicas: int =
     return pc.dense / shard + pc.expert / (shard * (1 if layout.expert_tp else layout.tp) // layout.ep)
 
 
-def zero_replicas(ctx: Context, dp: int, pp: int, cp: int, ep: int, zero: int, across: bool = False) -> int:
+def zero_replicas(ctx: Context, dp: int, pp: int, cp: int, ep: int, zero: int, across: bool = False,
+                  shard: int = 0) -> int:
     """Copies of each ZeRO-3 shard: 1, except where the framework shards only inside a scale-up
     domain and runs plain data parallelism between domains (``semantics.zero3_across_domains:
     replicate``: MaxText's base.yml puts the fsdp axis on ICI, ``ici_fsdp_parallelism: -1``, and the
@@ -268,12 +269,18 @@ def zero_replicas(ctx: Context, dp: int, pp: int, cp: int, ep: int, zero: int, a
     all-reduce of the shard's gradients across slices a step. Taken where the data axis alone
     crosses the slices (no pipeline, context or expert parallelism), so every rank order agrees.
     ``across`` (``Layout.shard_across_domains``: MaxText's ``dcn_fsdp_parallelism``): the layout
-    shards over every data-parallel rank, one copy."""
-    return shard_copies(ctx.job.profile.profile, ctx.cluster, dp, pp, cp, ep, zero, across)
+    shards over every data-parallel rank, one copy. ``shard`` (``Layout.dp_shard``, hybrid sharded
+    data parallelism): each copy spans that many data-parallel ranks, ``dp / shard`` copies, for
+    every sharded stage (torchtitan's HSDP, ``data_parallel_replicate_degree``; Megatron-Core's
+    partial distributed optimizer, ``--num-distributed-optimizer-instances``, 2024-11)."""
+    return shard_copies(ctx.job.profile.profile, ctx.cluster, dp, pp, cp, ep, zero, across, shard)
 
 
-def shard_copies(profile, cluster, dp: int, pp: int, cp: int, ep: int, zero: int, across: bool = False) -> int:
+def shard_copies(profile, cluster, dp: int, pp: int, cp: int, ep: int, zero: int, across: bool = False,
+                 shard: int = 0) -> int:
     """:func:`zero_replicas` from the framework profile and the cluster alone (what a report needs)."""
+    if shard:
+        return dp // shard if zero >= 1 else 1
     if profile.zero3_across_domains != "replicate" or across or zero < 3 or pp > 1 or cp > 1 or ep > 1:
         return 1
     domains = cluster.num_domains
@@ -297,7 +304,8 @@ def static_memory(ctx: Context, layout: Layout, rank: str | None = None) -> Stat
     or on ``rank`` (:func:`param_counts`)."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots, rank)
     z = effective_zero_stage(ctx, layout.zero_stage, layout.pp)
-    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z, layout.shard_across_domains)
+    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z, layout.shard_across_domains,
+                           layout.dp_shard)
     kept = kept_param_bytes(ctx.job, layout.param_gather)
     weights = kept * owned_params(pc, layout, z >= 3, copies)
     if z >= 3 and not ctx.job.profile.profile.sharded_weight_copy:

@@ -244,7 +244,10 @@ def _figures(doc: dict, console: Console) -> None:
                       "(param_gather=fp8): the data-parallel gathers move the weights already cast to 8 bits, "
                       "and the gathered weights are kept in that format")
     copies = doc.get("zero_shard_copies") or 1
-    if copies > 1:  # the framework shards ZeRO-3 inside each scale-up domain only (MaxText's ICI fsdp)
+    if copies > 1 and lay.get("dp_shard"):  # hybrid sharding asked for (Layout.dp_shard)
+        console.print(f"{'':{len(label)}}  hybrid sharding: ZeRO-{lay['zero_stage']} shards over {lay['dp_shard']} "
+                      f"data-parallel ranks and {copies} replicas all-reduce the shards' gradients once a step")
+    elif copies > 1:  # the framework shards ZeRO-3 inside each scale-up domain only (MaxText's ICI fsdp)
         console.print(f"{'':{len(label)}}  ZeRO-3 shards over the {lay['dp'] // copies} data-parallel ranks of each "
                       f"slice and the {copies} slices keep copies (fsdp on ICI, data parallelism over DCN)")
     console.print(f"step time {doc['step_time_s']:.3f} s   {doc['tokens_per_s']:,.0f} tokens/s   "

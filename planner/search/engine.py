@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from clusterplan.cost.energy import OBJECTIVES, objective_weights
 from clusterplan.cost.layout import Job, Layout
-from clusterplan.cost.step import Evaluation, evaluate_ctx, layout_problems
+from clusterplan.cost.step import Evaluation, evaluate_ctx
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import Context
 from clusterplan.cost.framework import framework_refusal, knob_text
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SolverError, SpecError

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from clusterplan.cost.framework import framework_refusal, refuses_overlap
-from clusterplan.cost.step import head_slot_problem
+from clusterplan.cost.checks import head_slot_problem
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split
 from clusterplan.planner.search.space import (

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 
 from clusterplan.cost.framework import (ProfileAt, framework_domains, framework_refusal, knob_text, model_code_domains,
                                         model_domains, unoffered)
-from clusterplan.cost.step import head_slot_problem, offload_hidden, param_gather_problem
+from clusterplan.cost.step import offload_hidden
+from clusterplan.cost.checks import head_slot_problem, param_gather_problem
 from clusterplan.cost.terms import Context, host_tier, stage_slots
 from clusterplan.cost.layout import CP_COMM_KINDS, OFFLOAD_MODES, ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
@@ -23,7 +24,8 @@ from clusterplan.topologies.cluster import Cluster
 
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
          "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots", "offload", "cp_comm",
-         "moe_dispatcher", "param_gather")
+         "moe_dispatcher", "param_gather",
+         "dp_shard")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order", "expert_tp": "etp"}
 KNOB_TEXT = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
@@ -108,6 +110,9 @@ class Space:
     # the dtype of the parameter all-gathers (cost.layout.PARAM_GATHERS): bf16, or what --fix holds;
     # the search does not offer fp8 itself (Layout.param_gather)
     param_gather: tuple[str, ...] = ("bf16",)
+    # hybrid sharding's group (Layout.dp_shard): 0, the framework's own, unless --fix holds one
+    # (hybrid_space); not searched
+    dp_shard: tuple[int, ...] = (0,)
     framework_rules: bool = True  # apply the profile's combination rules (off: validation of published layouts)
 
     @property
@@ -152,7 +157,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     experts = [(e, True) for e in pick("ep", ep_values)] + [(e, False) for e in pick("ep", ep_values) if e > 1 and fold]
     experts = [(e, t) for e, t in experts if "expert_tp" not in b.fixed or b.fixed["expert_tp"] == t or e == 1]
     experts = [(e, t) for e, t in experts if e == 1 or not t or prof.ep_splits_experts_over_tp() or b.allow_unavailable]
-    space = Space(
+    space = hybrid_space(Space(
         factorizations=tuple(facts),
         ep=tuple(e for e, _ in experts),
         expert_tp=tuple(t for _, t in experts),
@@ -169,8 +174,9 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         offload=pick("offload", _offload_modes(cluster, b)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
         moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
         param_gather=(_param_gather(job, cluster, b),),
+        dp_shard=pick("dp_shard", (0,)),
         framework_rules=not b.allow_unavailable,
-    )
+    ), prof)
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
     _check_fixed_shape(model, b, prof)
     return space
@@ -190,6 +196,20 @@ def _pipeline_splits(prof) -> tuple[bool, ...]:
     offers it at its date, the embedding and the head each in a layer's slot (``head_slots``)."""
     default = prof.own_split_has_head_slots()
     return (default, not default) if prof.has("head_slots") else (default,)
+
+
+def hybrid_space(space: Space, prof) -> Space:
+    """``space`` narrowed to what a held ``dp_shard`` N runs with (``cost.step`` refuses the rest):
+    factorizations whose dp N divides with cp = 1, no expert parallelism, and the ZeRO stages of the
+    framework's hybrid sharding (``semantics.dp_shard_stages``)."""
+    n = space.dp_shard[0]
+    if not n:
+        return space
+    experts = [(e, t) for e, t in zip(space.ep, space.expert_tp) if e == 1]
+    return replace(space, factorizations=tuple(f for f in space.factorizations if f[3] == 1 and f[2] % n == 0
+                                               and f[2] >= n >= 2),
+                   ep=tuple(e for e, _ in experts), expert_tp=tuple(t for _, t in experts),
+                   zero_stage=tuple(z for z in space.zero_stage if z in prof.profile.dp_shard_stages))
 
 
 def split_spaces(space: Space, model: ModelSpec, job: Job, cluster: Cluster) -> list[Space]:
@@ -544,13 +564,14 @@ def sequence_parallel_ok(tp: int, sp: bool, seq_len: int = 0, cp: int = 1) -> st
 def layout_of(f: tuple[int, int, int, int], ep: int, vp: int, mbs: int, sp: bool, recompute: str,
               zero: int, order: str, dp_overlap: bool, tp_overlap: bool, expert_tp: bool = True,
               ep_overlap: bool = False, head_slots: bool = False, offload: str = "none",
-              moe_dispatcher: str = "auto", param_gather: str = "bf16") -> Layout:
+              moe_dispatcher: str = "auto", param_gather: str = "bf16",
+              dp_shard: int = 0) -> Layout:
     tp, pp, dp, cp = f
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, micro_batch_size=mbs, sequence_parallel=sp,
                   recompute=recompute, zero_stage=zero, order=order, dp_overlap=dp_overlap,
                   tp_overlap=tp_overlap, expert_tp=expert_tp, ep_overlap=ep_overlap,
                   head_slots=head_slots and f[1] > 1, offload=offload, moe_dispatcher=moe_dispatcher,
-                  param_gather=param_gather)
+                  param_gather=param_gather, dp_shard=dp_shard)
 
 
 def _once(out: dict, key: str, value, flag: str) -> None:
@@ -585,6 +606,8 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
                     _once(out, "expert_tp", etp.expert_tp, flag)
                     out["_etp"] = int(raw)
                     continue
+                if key == "dp_shard" and numeric_only:  # held, never searched over a range
+                    raise SpecError(f"{flag}: dp_shard is not searched; use --fix dp_shard=N")
                 value = getattr(parse_layout(f"{key}={raw}"), key)  # knob aliases too
                 if numeric_only and not isinstance(value, int) or isinstance(value, bool) and numeric_only:
                     raise SpecError(f"{flag}: {key} is not numeric; use --fix for it")

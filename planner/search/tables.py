@@ -490,7 +490,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                 pc = param_counts(ctx.model, tp, pp, v, e, et, hs)
                 for zi, z in enumerate(S.zero_stage):
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
-                                  param_gather=S.param_gather[0])
+                                  param_gather=S.param_gather[0], dp_shard=S.dp_shard[0])
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0
                     for rank in RANKS:  # a rank the pipeline lacks (rank 1 of two) repeats the first's
                         held = rank if rank_index(pp, rank) is not None else "first"
@@ -500,11 +500,11 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                         if dense is None:
                             continue
                         at, src = (i, oi, vi, ei, zi), (i, first[oi], vi, ei, zi)
-                        if first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z) == 1:
+                        if first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z, False, S.dp_shard[0]) == 1:
                             dps[at], dpm[at], rg[at], dpx[at] = dps[src], dpm[src], rg[src], dpx[src]
                             continue
                         t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], et, v, z, (dense, expert),
-                                        param_gather=S.param_gather[0])
+                                        param_gather=S.param_gather[0], dp_shard=S.dp_shard[0])
                         dps[at], dpm[at], rg[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s
     statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank])) for rank in RANKS}
     return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(opt), statics
@@ -624,4 +624,4 @@ def _layout_of_indices(S: Space, idx: dict) -> Layout:
                      S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],
                      S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]], S.expert_tp[idx["e"]],
                      S.ep_overlap[idx.get("eo", 0)], S.head_slots[0], S.offload[0], S.moe_dispatcher[0],
-                     S.param_gather[0])
+                     S.param_gather[0], S.dp_shard[0])

@@ -19,7 +19,8 @@ from clusterplan.cost.framework import (
     default_framework, load_profile, parse_date, refuses_dp_overlap, resolve_name as resolve_framework,
 )
 from clusterplan.cost.layout import Job, MODEL_CODES, parse_layout, parse_recompute_modules
-from clusterplan.cost.step import Evaluation, evaluate, layout_problems
+from clusterplan.cost.step import Evaluation, evaluate
+from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import Context, layer_terms
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.files import load_file
@@ -143,7 +144,8 @@ def _load_doc(path: str | Path, label: str = "validate FILE") -> dict:
 # what a run's layout may name (RUNS_FORMAT.md); anything else is a typo the run would be priced without
 RUN_LAYOUT_KEYS = LAYOUT_KEYS + ("tp_overlap", "dp_overlap", "ep_overlap", "recompute_layers", "recompute_modules",
                                  "expert_tp", "order", "head_slots", "offload", "shard_across_domains", "schedule", "cp_comm",
-                                 "moe_dispatcher", "param_gather")
+                                 "moe_dispatcher", "param_gather",
+                                 "dp_shard")
 
 
 def _check_measured(run: dict) -> None:
@@ -472,8 +474,9 @@ def predicted_peak(ev: Evaluation, kind: str | None) -> float:
 
 # published knobs the search does not choose for a run (or, offload, holds off): each applied after
 # the search, checked against its allowed values (a layout text value, parsed as ``parse_layout`` does)
-_AFTER_SEARCH_KNOBS = ("offload", "schedule", "moe_dispatcher", "param_gather")
-_AFTER_SEARCH_DEFAULTS = {"offload": "none", "schedule": "", "moe_dispatcher": "auto", "param_gather": "bf16"}
+_AFTER_SEARCH_KNOBS = ("offload", "schedule", "moe_dispatcher", "param_gather", "dp_shard")
+_AFTER_SEARCH_DEFAULTS = {"offload": "none", "schedule": "", "moe_dispatcher": "auto", "param_gather": "bf16",
+                          "dp_shard": 0}
 
 
 def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation) -> Evaluation:
@@ -499,7 +502,8 @@ def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation)
         changes["recompute_modules"] = parse_recompute_modules(mods, "layout.recompute_modules")
     layout = ev.layout.with_(**changes)
     problems = [msg for key, msg in layout_problems(model, job, cluster, layout)
-                if key in ("offload", "schedule") or msg.startswith(("offload=", "shard_across_domains=", "param_gather="))]
+                if key in ("offload", "schedule", "dp_shard")
+                or msg.startswith(("offload=", "shard_across_domains=", "param_gather=", "dp_shard="))]
     if problems:
         raise SpecError(f"layout: {problems[0]}")
     return evaluate(model, job, cluster, layout)

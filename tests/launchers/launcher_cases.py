@@ -101,6 +101,15 @@ CASES = {
     # MaxText's AQT int8 training on TPU (quantization=int8)
     "llama3-8b-tpu-v5p-int8": (["--model", "llama3-8b", "--cluster", "tpu-v5p-pod", "--devices", "64",
                                 "--precision", "int8"], ["maxtext"]),
+    # hybrid sharded data parallelism (dp_shard=8 of 64: sharded inside each node, 8 replicas): torchtitan's
+    # data_parallel_shard/replicate_degree, MaxText's fsdp beside data (DeepSpeed 0.19.8 removed MiCS: refused);
+    # Megatron's partial distributed optimizer (ZeRO-1) --num-distributed-optimizer-instances
+    "llama3-8b-hsdp": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64",
+                        "--global-batch", "128", "--layout", "dp=64,mbs=2,zero=3,dp_shard=8"],
+                       ["torchtitan", "torchtitan-0.2", "maxtext"]),
+    "llama3-8b-partial-distopt": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
+                                   "--devices", "64", "--global-batch", "128", "--layout",
+                                   "tp=2,dp=32,mbs=2,sp=on,zero=1,dp_shard=8"], ["megatron", "slurm"]),
     # FP8 with per-tensor current scaling: --fp8-recipe tensorwise
     "llama3-8b-h100-fp8-current": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8",
                                     "--precision", "fp8", "--fp8-scaling", "current"], ["megatron"]),

@@ -105,9 +105,25 @@ def _layout_line(layout: dict) -> str:
     degrees = [f"{k}={layout[k]}" for k in (*always, "cp", "ep", "vp") if k in always or layout[k] > 1]
     sp = "on" if layout["sequence_parallel"] else "off"
     recompute = recompute_words(layout["recompute"], layout.get("recompute_layers", 0), layout.get("recompute_modules") or ())
+    hybrid = [f"dp_shard={layout['dp_shard']}"] if layout.get("dp_shard") else []
     schedule = [f"schedule={layout['schedule']}"] if layout.get("schedule") else []
     return " ".join(degrees + [f"mbs={layout['micro_batch_size']}", f"sp={sp}", *recompute,
-                               f"zero={layout['zero_stage']}", *schedule])
+                               f"zero={layout['zero_stage']}", *schedule, *hybrid])
+
+
+def hsdp_degrees(L: dict, fmt: str, stages: tuple[int, ...]) -> tuple[int, int]:
+    """The (shard, replicate) data-parallel degrees a launcher's hybrid sharding takes for a plan's
+    layout (``Layout.dp_shard``; 0 shards over every data-parallel rank), where its ZeRO stage is one of
+    the launcher's sharded ``stages``; else (1, dp), plain replication. A ``dp_shard`` under any other
+    stage is refused: the launcher has no hybrid sharding for it."""
+    n, zero = L.get("dp_shard") or 0, L["zero_stage"]
+    if zero not in stages:
+        if n:
+            raise SpecError(f"--format {fmt}: dp_shard={n} with zero={zero}: its hybrid sharding runs with zero "
+                            f"{', '.join(map(str, stages))} only")
+        return 1, L["dp"]
+    shard = n or L["dp"]
+    return shard, L["dp"] // shard
 
 
 def _plan_device(doc: dict) -> SimpleNamespace:

@@ -16,10 +16,7 @@ def deepspeed_config(doc: dict, model=None) -> str:
     DeepSpeed's arguments: they go in the ``_comment`` key, which DeepSpeed ignores."""
     L, job = doc["layout"], _job(doc)
     model = model_spec(doc, model)
-    if L["pp"] > 1 and L["zero_stage"] >= 2:
-        raise SpecError(f"--format deepspeed: ZeRO-{L['zero_stage']} with pipeline parallelism (pp={L['pp']}): "
-                        "DeepSpeed's PipelineEngine refuses it ('ZeRO-2 and ZeRO-3 are incompatible with pipeline "
-                        "parallelism'); plan under --framework deepspeed, or fix zero=1 or pp=1")
+    _deepspeed_refusals(L)
     comment = [f"for {PINNED['deepspeed']}; {doc['inputs']['model']['name']} on {doc['num_devices']} x "
                f"{doc['inputs']['cluster']['device']}, predicted {doc['step_time_s']:.3f} s/step", profile_line(doc)]
     if job.get("model_code", "native") == "huggingface":
@@ -58,6 +55,19 @@ def deepspeed_config(doc: dict, model=None) -> str:
         # (deepspeed.checkpointing.configure asserts it)
         config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
     return json.dumps(config, indent=2)
+
+
+def _deepspeed_refusals(L: dict) -> None:
+    """What the pinned DeepSpeed release cannot run: ZeRO-2/3 under its PipelineEngine, and hybrid
+    sharding (MiCS), removed after 0.19.5."""
+    if L["pp"] > 1 and L["zero_stage"] >= 2:
+        raise SpecError(f"--format deepspeed: ZeRO-{L['zero_stage']} with pipeline parallelism (pp={L['pp']}): "
+                        "DeepSpeed's PipelineEngine refuses it ('ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                        "parallelism'); plan under --framework deepspeed, or fix zero=1 or pp=1")
+    if L.get("dp_shard"):
+        raise SpecError(f"--format deepspeed: dp_shard={L['dp_shard']}: DeepSpeed's hybrid sharding (MiCS, "
+                        f"zero_optimization.mics_shard_size, 2023-04 to 0.19.5) was removed before {PINNED['deepspeed']}, "
+                        "which refuses the key (DeepSpeed issue #8489); plan without dp_shard for this format")
 
 
 MDS_ATTENTION_ARGS = {"flash2": ["--use-flash-attn-v2"], "flash1": ["--use-flash-attn-v1"]}

@@ -10,8 +10,8 @@ from fractions import Fraction
 from clusterplan.cost.framework import load_profile
 from clusterplan.cost.layout import order_axes
 from clusterplan.models.errors import SpecError
-from clusterplan.planner.report.export.common import (GPU_FAMILIES, PINNED, _job, _rope, model_spec, rope_theta,
-                                                      shape_key)
+from clusterplan.planner.report.export.common import (GPU_FAMILIES, PINNED, _job, _rope, hsdp_degrees, model_spec,
+                                                      rope_theta, shape_key)
 
 
 MAXTEXT_MODELS = {
@@ -80,15 +80,17 @@ def maxtext_mesh(doc: dict) -> tuple[dict[str, int], dict[str, int], int]:
                         "--framework maxtext")
     zero3 = L["zero_stage"] == 3
     dp_rest = L["dp"] // L["ep"]
+    fsdp = hsdp_degrees(L, "maxtext", (3,))[0] if L.get("dp_shard") else dp_rest if zero3 else 1
     degrees = {"tensor": L["tp"], "context": L["cp"], "pipeline": L["pp"], "expert": L["ep"],
-               "data": 1 if zero3 else dp_rest, "fsdp": dp_rest if zero3 else 1}
+               "data": dp_rest // fsdp, "fsdp": fsdp}
     if cluster["family"] in GPU_FAMILIES:
         per_slice = cluster["devices_per_node"]
     else:  # a TPU pod slice: the cluster's scale-up domain (the whole job on one slice)
         per_slice = min(cluster.get("domain_size") or doc["num_devices"], doc["num_devices"])
     if doc["num_devices"] % per_slice:
         raise SpecError(f"--format maxtext: {doc['num_devices']} devices are not whole {per_slice}-device slices")
-    by_axis = {"tp": ["tensor"], "cp": ["context"], "dp": ["expert", "data", "fsdp"], "pp": ["pipeline"]}
+    # hybrid sharding (dp_shard): the fsdp axis is the innermost data-parallel ranks, as the plan priced
+    by_axis = {"tp": ["tensor"], "cp": ["context"], "dp": ["expert", "fsdp", "data"], "pp": ["pipeline"]}
     order = [a for k in order_axes(L["order"]) for a in by_axis[k]]
     ici, dcn, room = {}, {}, per_slice
     for axis in order:
@@ -98,7 +100,7 @@ def maxtext_mesh(doc: dict) -> tuple[dict[str, int], dict[str, int], int]:
     if room != 1:
         raise SpecError(f"--format maxtext: the layout's degrees do not fill a {per_slice}-device slice with whole "
                         "axes (ici product must equal the devices per slice)")
-    if (doc.get("zero_shard_copies") or 1) > 1:
+    if (doc.get("zero_shard_copies") or 1) > 1 and not L.get("dp_shard"):
         # what the plan priced (maxtext semantics.zero3_across_domains: replicate, cost.terms.zero_replicas):
         # fsdp inside a slice, plain data parallelism across slices, as base.yml's -1 defaults do
         dcn["data"], dcn["fsdp"] = dcn["fsdp"], 1

@@ -7,7 +7,8 @@ import math
 
 from clusterplan.cost.layout import microbatch_group_size, split_order
 from clusterplan.models.errors import SpecError
-from clusterplan.planner.report.export.common import PINNED, _job, _rope, cuda_arch, model_spec, rope_theta
+from clusterplan.planner.report.export.common import (PINNED, _job, _rope, cuda_arch, hsdp_degrees, model_spec,
+                                                    rope_theta)
 
 
 MEGATRON_PRECISION_ARGS = {
@@ -232,6 +233,8 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
     args += _megatron_cp_comm_args(L, doc.get("cp_hierarchy"))
     args += _megatron_recompute_args(L)
     args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
+    if L.get("dp_shard"):  # hybrid sharding: the partial distributed optimizer (Megatron-Core 2024-11), ZeRO-1
+        args.append(f"--num-distributed-optimizer-instances {hsdp_degrees(L, 'megatron', (1,))[1]}")
     if L["dp_overlap"]:
         args += ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if L["zero_stage"] in (1, 2) else [])
     if L["tp_overlap"]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from clusterplan.cost.layout import default_schedule
 from clusterplan.models.errors import SpecError
-from clusterplan.planner.report.export.common import PINNED, _job, _layout_line, cuda_arch, model_spec, shape_key
+from clusterplan.planner.report.export.common import (PINNED, _job, _layout_line, cuda_arch, hsdp_degrees,
+                                                    model_spec, shape_key)
 
 
 TORCHTITAN_FLAVORS = {
@@ -194,9 +195,9 @@ def _torchtitan_03_refusals(L: dict) -> None:
 def _torchtitan_03_parallelism(L: dict, num_layers: int) -> list[tuple[str, object]]:
     """The ParallelismConfig fields of torchtitan 0.3.0 (FSDP2 shards for ZeRO 2 and 3; ZeRO-2 keeps the
     weights gathered from forward to backward)."""
-    sharded = L["zero_stage"] in (2, 3)
-    pairs = [("data_parallel_replicate_degree", 1 if sharded else L["dp"]),
-             ("data_parallel_shard_degree", L["dp"] if sharded else 1), ("tensor_parallel_degree", L["tp"]),
+    shard, replicate = hsdp_degrees(L, "torchtitan", (2, 3))
+    pairs = [("data_parallel_replicate_degree", replicate),
+             ("data_parallel_shard_degree", shard), ("tensor_parallel_degree", L["tp"]),
              ("pipeline_parallel_degree", L["pp"]), ("context_parallel_degree", L["cp"]),
              ("expert_parallel_degree", L["ep"]),
              ("fsdp_reshard_after_forward", "never" if L["zero_stage"] == 2 else "default")]

@@ -7,7 +7,7 @@ import json
 
 from clusterplan.cost.framework import load_profile
 from clusterplan.models.errors import SpecError
-from clusterplan.planner.report.export.common import PINNED, _job, _layout_line, model_spec
+from clusterplan.planner.report.export.common import PINNED, _job, _layout_line, hsdp_degrees, model_spec
 from clusterplan.planner.report.export.torchtitan import (TORCHTITAN_FORMAT_DATES, _torchtitan_header,
                                                           _torchtitan_pipeline, torchtitan_flavor)
 
@@ -77,8 +77,7 @@ def _torchtitan_parallelism(L: dict, num_layers: int) -> list[str]:
     """The [parallelism] table. FSDP2 shards for ZeRO 2 and 3 (ZeRO-2 is reshard_after_forward
     off: weights stay gathered from forward to backward); ZeRO-0 is plain replication; torchtitan
     has no ZeRO-1 (its profile)."""
-    sharded = L["zero_stage"] in (2, 3)
-    shard, replicate = (L["dp"], 1) if sharded else (1, L["dp"])
+    shard, replicate = hsdp_degrees(L, "torchtitan-0.2", (2, 3))
     lines = [
         "[parallelism]",
         f"data_parallel_replicate_degree = {replicate}",
