@@ -17,13 +17,13 @@ from clusterplan.topologies.cluster import Cluster
 GIB = 2**30
 
 
-def _moves(lay: Layout, moe: bool, offload: bool = False) -> list[tuple[str, Layout]]:
+def _moves(lay: Layout, moe: bool, offload: bool = False, offload_recompute: str = "full") -> list[tuple[str, Layout]]:
     """One step up and down in each knob, keeping tp*pp*dp*cp fixed by trading with dp.
 
     Knobs that cannot apply (interleaving without a pipeline, expert parallelism on a dense model,
     host offload where the search does not offer it: ``offload`` False) are left out rather than
     reported as blocked. A recompute move keeps the layer inputs on the device (offload goes with
-    full recomputation).
+    the framework's ``offload_recompute``: full recomputation, none under Megatron-Core).
     """
     out: list[tuple[str, Layout]] = []
     for axis in ("tp", "pp", "cp"):
@@ -49,7 +49,7 @@ def _moves(lay: Layout, moe: bool, offload: bool = False) -> list[tuple[str, Lay
     for j in (i - 1, i + 1):
         if 0 <= j < len(RECOMPUTE_MODES):
             out.append((f"recompute {RECOMPUTE_MODES[j]}", lay.with_(recompute=RECOMPUTE_MODES[j], offload="none")))
-    if offload and lay.recompute == "full":
+    if offload and lay.recompute == offload_recompute:
         other = "none" if lay.offload != "none" else "activations"
         out.append((f"offload {other}", lay.with_(offload=other)))
     for z in (lay.zero_stage - 1, lay.zero_stage + 1):
@@ -91,7 +91,7 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
     """For each one-step move: the new step time and its change, or why the move is not allowed."""
     rows = []
     offload = best.layout.offload != "none" or space is not None and len(space.offload) > 1
-    for name, lay in _moves(best.layout, model.is_moe, offload):
+    for name, lay in _moves(best.layout, model.is_moe, offload, job.profile.profile.offload_recompute):
         outside = _outside(space, lay)
         if outside:
             rows.append({"move": name, "allowed": False, "reason": outside})

@@ -175,22 +175,24 @@ def _pipeline_splits(prof) -> tuple[bool, ...]:
 
 def split_spaces(space: Space, model: ModelSpec, job: Job, cluster: Cluster) -> list[Space]:
     """One space per pipeline split (:func:`head_slot_spaces`) and per offload mode of
-    ``space.offload``: each offloaded space has full recomputation alone (MaxText's custom remat
-    policy recomputes the layer from its offloaded input) and the factorizations whose transfers
+    ``space.offload``: each offloaded space has the framework's offload recompute mode alone (MaxText's
+    custom remat policy and DeepSpeed's cpu_checkpointing recompute the layer from its offloaded input,
+    Megatron's --cpu-offloading refuses recomputation: ``semantics.offload_recompute``) and the
+    factorizations (at the pipeline depths it runs, ``offload_pp_max``) whose transfers
     hide behind the compute at every micro-batch size, sp and vp of the space
     (``cost.step.offload_hidden``: the search's tables then need no transfer term; ``evaluate``
     prices the others)."""
     splits = head_slot_spaces(space, model, job)
     out = [replace(sub, offload=("none",)) for sub in splits if "none" in space.offload]
-    ctx = Context(model, job, cluster)
-    for sub in splits if "full" in space.recompute else ():
+    ctx, recompute = Context(model, job, cluster), job.profile.profile.offload_recompute
+    for sub in splits if recompute in space.recompute else ():
         for mode in (m for m in space.offload if m != "none"):
             facts = tuple(f for f in sub.factorizations if _offload_hides(ctx, sub, f))
             if facts:
-                out.append(replace(sub, offload=(mode,), recompute=("full",), factorizations=facts))
-    if not out and "full" not in space.recompute:
-        raise SpecError(f"--fix offload={space.offload[0]}: needs recompute=full (MaxText's custom remat policy "
-                        f"recomputes each layer from its offloaded input); the bounds leave recompute "
+                out.append(replace(sub, offload=(mode,), recompute=(recompute,), factorizations=facts))
+    if not out and recompute not in space.recompute:
+        raise SpecError(f"--fix offload={space.offload[0]}: {job.framework}'s activation offload needs "
+                        f"recompute={recompute} (semantics.offload_recompute); the bounds leave recompute "
                         f"{', '.join(space.recompute)}")
     if not out:
         raise SpecError(f"--fix offload={space.offload[0]}: no layout's host transfers hide behind its compute; drop "
