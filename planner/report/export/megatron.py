@@ -203,6 +203,8 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
     if L["sequence_parallel"]:
         args.append("--sequence-parallel")
     args += _megatron_recompute_args(L)
+    if L.get("offload", "none") != "none":  # every layer's activations but the last's: TransformerConfig's limit
+        args.append(f"--cpu-offloading-num-layers {model.num_layers - 1}")
     args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
     if L["dp_overlap"]:
         args += ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if L["zero_stage"] in (1, 2) else [])
