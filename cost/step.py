@@ -154,6 +154,9 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     traversal_problem = cluster.traversal_problem(layout.traversal)
     if traversal_problem:
         bad("traversal", f"order={layout.order}: {traversal_problem}")
+    host = None if problems or layout.offload == "none" else host_offload_problem(Context(model, job, cluster), layout)
+    if host:
+        bad("offload", host)
     return problems
 
 
@@ -219,6 +222,21 @@ def _offload_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
         bad("framework", f"{knob} runs with recompute={sem.offload_recompute} only; got recompute={layout.recompute}")
     if sem.offload_pp_max is not None and layout.pp > sem.offload_pp_max:
         bad("framework", f"{knob} runs with pp <= {sem.offload_pp_max} only; got pp={layout.pp}")
+
+
+def host_offload_problem(ctx: Context, layout: Layout) -> str | None:
+    """What ``offload=activations`` puts in host memory, every micro-batch the most loaded rank holds
+    in flight (what it would hold on the device), against the device's share of the host tier."""
+    tier = host_tier(ctx.cluster.device)
+    if layout.offload == "none" or tier is None:
+        return None
+    lt, m = layer_terms(ctx, layout), num_microbatches(ctx.job, layout)
+    kept = ctx.job.profile.profile.offload_layers_kept * max(lt.act_kind_bytes)
+    need = max(_inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes) for rank in memory_ranks(layout.pp)) - kept
+    if need <= tier.capacity_bytes:
+        return None
+    return (f"offload={layout.offload}: the activations in flight need {need / 1e9:,.1f} GB of host memory; "
+            f"{ctx.cluster.device.name} has {tier.capacity_bytes / 1e9:,.1f} GB per device (memory_tiers: host)")
 
 
 def _head_slot_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
@@ -493,7 +511,9 @@ def offload_hidden(ctx: Context, tp: int, pp: int, cp: int, ep: int, expert_tp: 
         d, m = (compute_terms(base, tp, cp, mbs, sp, mode, ep, expert_tp, kind) for kind in (False, True))
         stages = [(m.act_bytes_per_layer, a * (d.forward_s + d.backward_s + d.recompute_s)
                    + b * (m.forward_s + m.backward_s + m.recompute_s)) for a, b in shares]
-    return all(2.0 * act * kept_layers / tier.bytes_per_s <= window for act, window in stages)
+    in_flight = pp * (2 if vp > 1 else 1)  # micro-batches the first stage may hold: a bound (host_offload_problem)
+    return all(2.0 * act * kept_layers / tier.bytes_per_s <= window and act * kept_layers * in_flight
+               <= tier.capacity_bytes for act, window in stages)
 
 
 STAGE_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s")

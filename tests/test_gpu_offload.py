@@ -127,3 +127,15 @@ def test_engines_agree_with_megatron_offload_on_gb200():
     _check_engines_agree(model, job, build_cluster("gb200-nvl72", num_devices=8),
                          Bounds(fixed={"pp": 1, "order": "tp-cp-dp-pp"}))
     _check_engines_agree(MODEL, job, build_cluster("gb200-nvl72", num_devices=8), Bounds(fixed={"pp": 1}))
+
+
+def test_offload_beyond_the_hosts_memory_is_refused_and_not_searched():
+    """Eight sequences of 8,192 tokens in flight without recomputation need more than a GB200's 240 GB
+    share of Grace memory: evaluate names both figures, and the search leaves that factorization out."""
+    job, cluster = Job(global_batch_size=64, seq_len=8192, framework="megatron"), _gb200(8)
+    problems = [m for k, m in layout_problems(MODEL, job, cluster, parse_layout(
+        "tp=1,pp=1,dp=8,mbs=8,recompute=none,zero=1,offload=activations")) if k == "offload"]
+    assert problems and "GB of host memory" in problems[0] and "240.0 GB per device" in problems[0]
+    space = build_space(MODEL, job, cluster)
+    off = [s for s in split_spaces(space, MODEL, job, cluster) if s.offload == ("activations",)]
+    assert all((1, 1, 8, 1) not in sub.factorizations for sub in off)
