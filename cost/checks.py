@@ -7,8 +7,8 @@ from __future__ import annotations
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import (CP_COMM_KINDS, CUDA_GRAPH_SCOPES, OFFLOAD_MODES, PARAM_GATHERS, PIPELINE_SCHEDULES,
                                       RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, parse_recompute_modules)
-from clusterplan.cost.step import num_microbatches
-from clusterplan.cost.terms import cp_a2a_size, cp_heads_split, host_tier, layers_on_stage, stage_slots
+from clusterplan.cost.step import host_offload_problem, num_microbatches
+from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split, host_tier, layers_on_stage, stage_slots
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -39,7 +39,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if layout.zero_stage not in (0, 1, 2, 3):
         bad("zero", f"zero_stage={layout.zero_stage}; allowed: 0, 1, 2, 3")
     _partial_recompute_problems(model, layout, bad)
-    _offload_problems(cluster, layout, bad)
+    _offload_problems(job, cluster, layout, bad)
     _cp_comm_problems(model, cluster, layout, bad)
     _cuda_graph_problems(cluster, layout, bad)
     _param_gather_problems(job, cluster, layout, bad)
@@ -56,6 +56,9 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     traversal_problem = cluster.traversal_problem(layout.traversal)
     if traversal_problem:
         bad("traversal", f"order={layout.order}: {traversal_problem}")
+    host = None if problems or layout.offload == "none" else host_offload_problem(Context(model, job, cluster), layout)
+    if host:
+        bad("offload", host)
     return problems
 
 
@@ -132,14 +135,25 @@ def _partial_recompute_problems(model: ModelSpec, layout: Layout, bad) -> None:
     _recompute_module_problems(model, layout, bad)
 
 
-def _offload_problems(cluster: Cluster, layout: Layout, bad) -> None:
+def _offload_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
     """``offload`` names a mode (``OFFLOAD_MODES``), and offloading needs the device's host-memory
-    tier with its bandwidth (``cost.terms.host_tier``) to price the copies."""
+    tier with its bandwidth (``cost.terms.host_tier``) to price the copies, and the recompute mode and
+    pipeline depth the framework's offload runs with (``semantics.offload_recompute``, ``offload_pp_max``)."""
     if layout.offload not in OFFLOAD_MODES:
         bad("offload", f"offload={layout.offload!r}; allowed: {', '.join(OFFLOAD_MODES)}")
-    elif layout.offload != "none" and host_tier(cluster.device) is None:
+        return
+    if layout.offload != "none" and host_tier(cluster.device) is None:
         bad("offload", f"offload={layout.offload}: {cluster.device.name} has no host memory tier with a bandwidth "
             "in the device catalogue (memory_tiers: host), so the copies cannot be priced")
+    prof = job.profile
+    if layout.offload == "none" or not prof.has("offload_activations"):
+        return  # unoffered() names a framework without it
+    sem, since = prof.profile, prof.profile.since.get("offload_activations")
+    knob = f"{prof.profile.describe(prof.date)}: offload={layout.offload} (since {since})"
+    if layout.recompute != sem.offload_recompute and layout.recompute in RECOMPUTE_MODES:
+        bad("framework", f"{knob} runs with recompute={sem.offload_recompute} only; got recompute={layout.recompute}")
+    if sem.offload_pp_max is not None and layout.pp > sem.offload_pp_max:
+        bad("framework", f"{knob} runs with pp <= {sem.offload_pp_max} only; got pp={layout.pp}")
 
 
 def _cp_comm_problems(model: ModelSpec, cluster: Cluster, layout: Layout, bad) -> None:

@@ -167,6 +167,17 @@ class Profile:
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
     sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
     grads_freed_between_steps: bool = False  # sharded gradients are freed after each step (zero_grad(set_to_none))
+    # Activation offload (features.offload_activations, layout offload=activations): the recompute mode it
+    # runs with (MaxText and DeepSpeed offload what full recomputation keeps; Megatron's --cpu-offloading
+    # refuses recomputation), the largest pp it runs with (None: any), whether the host copies run
+    # beside the compute (cost.terms.offload_exposed_s), and the layers it keeps on the device
+    offload_recompute: str = "full"
+    offload_pp_max: int | None = None
+    offload_copies_overlap: bool = True
+    offload_layers_kept: int = 0  # layers whose activations stay on the device (Megatron: the last)
+    # whether plan's search offers the offload by itself: only where published runs measure it (MaxText's
+    # TPU recipes); elsewhere evaluate prices it, --fix holds it and fit counts it (Bounds.offer_offload)
+    offload_searched: bool = True
     lp_grads_beside_fp32: bool = False  # 16-bit .grad tensors stay beside an fp32 accumulation buffer (DeepSpeed bf16)
     fp8_saved_inputs: bool = False  # FP8 linears keep their FP8 input copy for the weight gradient (1 B; terms.activation_bytes)
     tp_gather_quantized: bool = False  # sequence-parallel all-gathers move the low-precision copy (terms._tp_comm_s)

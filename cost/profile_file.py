@@ -61,6 +61,19 @@ def _dp_shard_stages(stages, where: str) -> tuple[int, ...]:
     return tuple(stages)
 
 
+def _offload(sem: dict, where: str) -> dict:
+    """How the framework's activation offload runs (``Profile.offload_recompute`` and the rest)."""
+    pp_max = sem.get("offload_pp_max")
+    return dict(
+        offload_recompute=_choice(sem.get("offload_recompute", "full"), ("none", "full"),
+                                  f"{where}: semantics.offload_recompute"),
+        offload_pp_max=None if pp_max is None else int(pp_max),
+        offload_copies_overlap=bool(sem.get("offload_copies_overlap", True)),
+        offload_layers_kept=int(sem.get("offload_layers_kept", 0)),
+        offload_searched=bool(sem.get("offload_searched", True)),
+    )
+
+
 @lru_cache(maxsize=None)
 def load_profile(framework_id: str) -> Profile:
     """Read and check one profile file."""
@@ -101,7 +114,7 @@ def load_profile(framework_id: str) -> Profile:
                                               f"{where}: semantics.allocator_reserved_fraction"),
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),
         sharded_weight_copy=bool(sem.get("sharded_weight_copy", True)),
-        grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)),
+        grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)), **_offload(sem, where),
         lp_grads_beside_fp32=bool(sem.get("lp_grads_beside_fp32", False)),
         nccl_runtime=bool(sem.get("nccl_runtime", False)),
         fp8_saved_inputs=bool(sem.get("fp8_saved_inputs", False)), lp_param_both_layouts=bool(sem.get("lp_param_both_layouts")),

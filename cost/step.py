@@ -115,6 +115,21 @@ class Evaluation:
         return max(0.0, self.memory.fit_bytes - self.capacity_bytes)
 
 
+def host_offload_problem(ctx: Context, layout: Layout) -> str | None:
+    """What ``offload=activations`` puts in host memory, every micro-batch the most loaded rank holds
+    in flight (what it would hold on the device), against the device's share of the host tier."""
+    tier = host_tier(ctx.cluster.device)
+    if layout.offload == "none" or tier is None:
+        return None
+    lt, m = layer_terms(ctx, layout), num_microbatches(ctx.job, layout)
+    kept = ctx.job.profile.profile.offload_layers_kept * max(lt.act_kind_bytes)
+    need = max(_inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes) for rank in memory_ranks(layout.pp)) - kept
+    if need <= tier.capacity_bytes:
+        return None
+    return (f"offload={layout.offload}: the activations in flight need {need / 1e9:,.1f} GB of host memory; "
+            f"{ctx.cluster.device.name} has {tier.capacity_bytes / 1e9:,.1f} GB per device (memory_tiers: host)")
+
+
 def num_microbatches(job: Job, layout: Layout) -> int:
     return max(1, job.global_batch_size // (layout.dp * layout.micro_batch_size))
 
@@ -243,30 +258,52 @@ def _offload_s(ctx: Context, layout: Layout, stage: LayerTerms) -> float:
     the stage's layers' kept activations against its forward, backward and recompute."""
     if layout.offload == "none":
         return 0.0
-    kept = stage.act_bytes_per_layer * layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp)
-    return offload_exposed_s(ctx, layout, kept, stage.forward_s + stage.backward_s + stage.recompute_s)
+    return offload_exposed_s(ctx, layout, _offload_kept_bytes(ctx, layout, stage),
+                             stage.forward_s + stage.backward_s + stage.recompute_s)
+
+
+def _offload_kept_bytes(ctx: Context, layout: Layout, stage: LayerTerms) -> float:
+    """What one micro-batch's layers of the stage keep in host memory: all but the layers the
+    framework keeps on the device (``semantics.offload_layers_kept``)."""
+    layers = layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp) - ctx.job.profile.profile.offload_layers_kept
+    return stage.act_bytes_per_layer * max(0, layers)
+
+
+def offload_copies(ctx: Context, layout: Layout) -> tuple[float, float, float]:
+    """One micro-batch's host-offload copies on the slowest stage, out and back over the host link
+    (s), the compute they run beside (s; 0 where the framework copies on the compute stream:
+    ``semantics.offload_copies_overlap``) and the link's bytes per second; zeros without offload."""
+    tier = host_tier(ctx.cluster.device)
+    if layout.offload == "none" or tier is None:
+        return 0.0, 0.0, 0.0
+    stage = slowest_stage(ctx, layout, num_microbatches(ctx.job, layout))[0]
+    window = stage.forward_s + stage.backward_s + stage.recompute_s
+    overlap = ctx.job.profile.profile.offload_copies_overlap
+    return 2.0 * _offload_kept_bytes(ctx, layout, stage) / tier.bytes_per_s, window if overlap else 0.0, tier.bytes_per_s
 
 
 def offload_hidden(ctx: Context, tp: int, pp: int, cp: int, ep: int, expert_tp: bool, vp: int, mbs: int, sp: bool,
                    head_slots: bool = False) -> bool:
-    """Whether ``offload=activations`` with full recomputation adds no time on any candidate slowest
-    stage (:func:`_stages`, :func:`_offload_s`): the round trip of the stage's kept layer inputs over
+    """Whether ``offload=activations`` with the framework's recompute mode (``semantics.offload_recompute``)
+    adds no time on any candidate slowest stage (:func:`_stages`, :func:`_offload_s`): the round trip of the stage's kept layer inputs over
     the host link hides behind its forward, backward and recompute. The search offers offload only
     there (``planner.search.space.split_spaces``), so its tables need no transfer term."""
-    tier = host_tier(ctx.cluster.device)
-    if tier is None:
+    tier, sem = host_tier(ctx.cluster.device), ctx.job.profile.profile
+    if tier is None or not sem.offload_copies_overlap or (sem.offload_pp_max or pp) < pp:
         return False
-    base, model = ctx._base, ctx.model
-    kept_layers = layers_on_stage(model.num_layers, pp, vp)
+    base, model, mode = ctx._base, ctx.model, sem.offload_recompute
+    kept_layers = max(0, layers_on_stage(model.num_layers, pp, vp) - sem.offload_layers_kept)
     shares = stage_kind_shares(base, pp, vp, head_slots and pp > 1)
     if not mixed_kinds(model):
-        c = compute_terms(base, tp, cp, mbs, sp, "full", ep, expert_tp)
+        c = compute_terms(base, tp, cp, mbs, sp, mode, ep, expert_tp)
         stages = [(c.act_bytes_per_layer, shares[0][0] * (c.forward_s + c.backward_s + c.recompute_s))]
     else:
-        d, m = (compute_terms(base, tp, cp, mbs, sp, "full", ep, expert_tp, kind) for kind in (False, True))
+        d, m = (compute_terms(base, tp, cp, mbs, sp, mode, ep, expert_tp, kind) for kind in (False, True))
         stages = [(m.act_bytes_per_layer, a * (d.forward_s + d.backward_s + d.recompute_s)
                    + b * (m.forward_s + m.backward_s + m.recompute_s)) for a, b in shares]
-    return all(2.0 * act * kept_layers / tier.bytes_per_s <= window for act, window in stages)
+    in_flight = pp * (2 if vp > 1 else 1)  # micro-batches the first stage may hold: a bound (host_offload_problem)
+    return all(2.0 * act * kept_layers / tier.bytes_per_s <= window and act * kept_layers * in_flight
+               <= tier.capacity_bytes for act, window in stages)
 
 
 STAGE_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s")
@@ -326,8 +363,10 @@ def _rank_memory(ctx: Context, layout: Layout, m: int, lt, logits_bytes: float, 
     """One rank's peak: its weights, gradients and optimizer states, the activations it holds in
     flight (by layer kind, ``cost.stages.inflight``) and one layer's transient, with the logits on
     the last rank."""
-    # offload=activations: what each layer keeps lives in host memory (cost.layout.OFFLOAD_MODES)
-    activations = 0.0 if layout.offload == "activations" else _inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes)
+    # offload=activations: what each layer keeps lives in host memory (cost.layout.OFFLOAD_MODES), but
+    # for the layers the framework keeps on the device (semantics.offload_layers_kept: Megatron's last)
+    activations = (ctx.job.profile.profile.offload_layers_kept * max(lt.act_kind_bytes) if layout.offload == "activations"
+                   else _inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes))
     working = working_bytes(ctx, lt.act_transient_bytes, logits_bytes if rank == "last" else 0.0)
     weights, grads, optim = _static_parts(ctx, layout, rank)
     freed = grads_freed_bytes(ctx, layout, rank) if m == 1 else 0.0

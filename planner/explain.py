@@ -19,14 +19,15 @@ from clusterplan.topologies.cluster import Cluster
 GIB = 2**30
 
 
-def _moves(lay: Layout, moe: bool, offload: bool = False, cp_kinds: tuple[str, ...] = ()) -> list[tuple[str, Layout]]:
+def _moves(lay: Layout, moe: bool, offload: bool = False, cp_kinds: tuple[str, ...] = (),
+           offload_recompute: str = "full") -> list[tuple[str, Layout]]:
     """One step up and down in each knob, keeping tp*pp*dp*cp fixed by trading with dp.
 
     Knobs that cannot apply (interleaving without a pipeline, expert parallelism on a dense model,
     host offload where the search does not offer it: ``offload`` False) are left out rather than
     reported as blocked. A recompute move keeps the layer inputs on the device (offload goes with
-    full recomputation). With cp > 1, each other context-parallel communication kind of ``cp_kinds``
-    (those the framework offers).
+    the framework's ``offload_recompute``: full recomputation, none under Megatron-Core). With cp > 1,
+    each other context-parallel communication kind of ``cp_kinds`` (those the framework offers).
     """
     out: list[tuple[str, Layout]] = []
     for axis in ("tp", "pp", "cp"):
@@ -52,7 +53,7 @@ def _moves(lay: Layout, moe: bool, offload: bool = False, cp_kinds: tuple[str, .
     for j in (i - 1, i + 1):
         if 0 <= j < len(RECOMPUTE_MODES):
             out.append((f"recompute {RECOMPUTE_MODES[j]}", lay.with_(recompute=RECOMPUTE_MODES[j], offload="none")))
-    if offload and lay.recompute == "full":
+    if offload and lay.recompute == offload_recompute:
         other = "none" if lay.offload != "none" else "activations"
         out.append((f"offload {other}", lay.with_(offload=other)))
     for z in (lay.zero_stage - 1, lay.zero_stage + 1):
@@ -150,7 +151,7 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
     offload = best.layout.offload != "none" or space is not None and len(space.offload) > 1
     domains = framework_domains(job.profile, cluster.device.family)
     schedules, cp_kinds = domains["schedule"], domains.get("cp_comm", CP_COMM_KINDS)
-    moves = _moves(best.layout, model.is_moe, offload, cp_kinds)
+    moves = _moves(best.layout, model.is_moe, offload, cp_kinds, job.profile.profile.offload_recompute)
     moves += _schedule_moves(best.layout, schedules, job.profile.has("schedule_zbh1"))
     for name, lay in moves:
         outside = _outside(space, lay)

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from clusterplan.cost.energy import has_idle_power, host_power_w, step_cost_usd, step_energy_j
 from clusterplan.cost.goodput import goodput
 from clusterplan.cost.layout import Job, Layout
-from clusterplan.cost.step import Evaluation, gemm_precision
-from clusterplan.cost.terms import cp_a2a_size, overlap_charge, shard_copies
+from clusterplan.cost.step import Evaluation, gemm_precision, offload_copies
+from clusterplan.cost.terms import Context, cp_a2a_size, overlap_charge, shard_copies
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.caveats import caveats
 from clusterplan.planner.explain import explain, placement
@@ -95,7 +95,7 @@ def layout_results(ev: Evaluation, job: Job, cluster: Cluster, model: ModelSpec 
     figures = {"step_time_s": ev.step_time_s, "energy_per_step_j": energy, "cost_per_step_usd": cost,
                "step_time_interval": interval}
     return LayoutResults(
-        evaluation=ev, gemm_precision=gemm_precision(job, cluster), overlap_charges=overlap_charges(ev, job, cluster),
+        evaluation=ev, gemm_precision=gemm_precision(job, cluster), overlap_charges=overlap_charges(ev, job, cluster, model),
         energy_per_step_j=energy, cost_per_step_usd=cost,
         zero_shard_copies=shard_copies(job.profile.profile, cluster, L.dp, L.pp, L.cp, L.ep, L.zero_stage,
                                        L.shard_across_domains, L.dp_shard),
@@ -160,9 +160,10 @@ def evaluation_results(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluat
                        explanation={"placement": torus} if torus else None)
 
 
-def overlap_charges(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
+def overlap_charges(ev: Evaluation, job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
     """For each overlap the layout turns on: the share of the compute it hides behind that it takes,
-    and the basis of that figure (``cost.terms.overlap_charge``)."""
+    and the basis of that figure (``cost.terms.overlap_charge``); with the ``model``, host offload's
+    copies too."""
     L, prof, dev = ev.layout, job.profile.profile, cluster.device
     streams = []
     if L.tp_overlap and L.tp > 1:
@@ -177,7 +178,22 @@ def overlap_charges(ev: Evaluation, job: Job, cluster: Cluster) -> dict:
     for name, stream, beside in streams:
         share, basis = overlap_charge(prof, dev, stream, beside)
         out[name] = {"share": share, "basis": basis}
+    if L.offload != "none" and model is not None:
+        out["offload"] = _offload_charge(ev, model, job, cluster)
     return out
+
+
+def _offload_charge(ev: Evaluation, model: ModelSpec, job: Job, cluster: Cluster) -> dict:
+    """Host offload's copies (``cost.step.offload_copies``): they take no SMs (copy engines), and the
+    basis says how long they run per micro-batch, beside how much compute, and whether they hide."""
+    copies_s, window_s, link = offload_copies(Context(model, job, cluster), ev.layout)
+    if window_s == 0.0:
+        verdict = f"on the compute stream ({job.framework} copies block it): all of it exposed"
+    else:
+        verdict = ("hidden" if copies_s <= window_s else f"{copies_s - window_s:.4f} s exposed") + \
+                  f" beside {window_s:.4f} s of the micro-batch's compute"
+    return {"share": 0.0, "basis": f"host offload: {copies_s:.4f} s of copies per micro-batch to host memory and "
+                                   f"back over the {link / 1e9:,.0f} GB/s host link, {verdict}"}
 
 
 def training_totals(figures: dict, job: Job, num_params: float | None = None, num_devices: int = 0) -> dict:

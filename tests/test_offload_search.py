@@ -54,8 +54,8 @@ def test_search_does_not_offload_where_it_is_not_needed():
     assert res.best.layout.offload == "none"
 
 
-@pytest.mark.parametrize("framework,cluster", [("maxtext", "dgx-h100-superpod"), ("megatron", "tpu-v6e-pod"),
-                                               ("megatron", "dgx-h100-superpod")])
+@pytest.mark.parametrize("framework,cluster", [("maxtext", "dgx-a100-superpod"), ("nanotron", "tpu-v6e-pod"),
+                                               ("megatron", "dgx-a100-superpod"), ("torchtitan", "dgx-h100-superpod")])
 def test_offload_is_not_offered_without_the_framework_or_a_host_tier(framework, cluster):
     job = Job(global_batch_size=32, seq_len=4096, framework=framework)
     try:
@@ -112,7 +112,8 @@ def test_fit_of_llama3_405b_on_v6e_names_both_answers():
 
 
 def test_fit_says_why_offload_is_not_offered_on_gpu():
-    out = RUN.invoke(main, ["fit", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--json"])
+    out = RUN.invoke(main, ["fit", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--framework",
+                            "torchtitan", "--json"])
     doc = json.loads(out.output)
     assert doc["num_devices_with_offload"] is None and "not offered" in doc["offload_note"]
 

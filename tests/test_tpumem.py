@@ -66,7 +66,7 @@ def test_offload_transfers_are_priced_beyond_the_compute_they_hide_behind():
 
 
 def test_offload_is_refused_where_the_framework_or_the_device_lacks_it():
-    model, job = load_model("llama3-8b"), Job(global_batch_size=24, seq_len=8192, framework="megatron")
+    model, job = load_model("llama3-8b"), Job(global_batch_size=24, seq_len=8192, framework="torchtitan")
     layout = parse_layout("dp=8,zero=1,mbs=3,recompute=full,offload=activations", 8)
     problems = layout_problems(model, job, load_cluster("dgx-h100-superpod", num_devices=8), layout)
     assert any(msg.startswith("offload=activations") for _, msg in problems)

@@ -356,9 +356,13 @@ def offload_exposed_s(ctx: Context, layout: Layout, kept_bytes: float, window_s:
     (``kept_bytes``) goes to host memory in the forward and comes back in the backward, twice over the
     device's host link (:func:`host_tier`). XLA issues the copies as asynchronous transfers its
     latency-hiding scheduler overlaps with the micro-batch's compute (``window_s``: forward, backward
-    and recompute; MaxText's recipes add its HOST_OFFLOAD_FLAGS), so only what exceeds that compute
-    is exposed. 0 without offload or without a host tier (``layout_problems`` refuses that)."""
+    and recompute; MaxText's recipes add its HOST_OFFLOAD_FLAGS), and Megatron-Core's offload runs
+    them on Transformer Engine's own d2h/h2d streams beside the layers, so only what exceeds that
+    compute is exposed; where the framework copies on the compute stream
+    (``semantics.offload_copies_overlap`` false) all of it is. 0 without offload or without a host tier (``layout_problems`` refuses that)."""
     tier = host_tier(ctx.cluster.device)
     if layout.offload == "none" or tier is None:
         return 0.0
+    if not ctx.job.profile.profile.offload_copies_overlap:
+        window_s = 0.0  # blocking copies on the compute stream (DeepSpeed's cpu_checkpointing at 0.19.5)
     return max(0.0, 2.0 * kept_bytes / tier.bytes_per_s - window_s)

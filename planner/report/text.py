@@ -113,14 +113,21 @@ def fit_lines(fit) -> list[str]:
         lines.append("\n".join(f"  {line}" for line in answer.notes()))
     return lines
 
+OFFLOAD_FLAGS = {"maxtext": "MaxText remat_policy custom, decoder_layer_input offload",
+                 "megatron": "Megatron-Core --cpu-offloading-num-layers, no recomputation, pp=1",
+                 "deepspeed": "DeepSpeed activation_checkpointing cpu_checkpointing"}
+"""How each framework offloads the activations (``fit``'s with-offload answer names it)."""
+
+
 def _offload_lines(fit) -> list[str]:
     """What host offload of the layer inputs changes in ``fit``'s answer (``FitResult``)."""
     n, m = fit.answer.num_devices, fit.num_devices_with_offload
     if fit.answer.devices_tried is not None:
         return []
     if m is not None and m != n:
-        return [f"  fewest devices: {n:,}; with activation offload: {m:,} (offload=activations: MaxText "
-                f"remat_policy custom, decoder_layer_input offload; plan --devices {m} for its layout)"]
+        how = OFFLOAD_FLAGS.get(fit.planned.result.job.framework, "")
+        return [f"  fewest devices: {n:,}; with activation offload: {m:,} (offload=activations: {how}; "
+                f"plan --devices {m} for its layout)"]
     if m is not None:
         return [f"  fewest devices: {n:,}; with activation offload: {m:,} (offload does not lower it)"]
     return [f"  activation offload: {fit.offload_note}"]
@@ -337,6 +344,9 @@ def _time(doc: dict, console: Console) -> None:
         console.print(f"no time in: {', '.join(zero)}")
     names = {"tp": "TP overlap", "dp": "DP overlap", "cp": "context-parallel ring", "ep": "EP overlap"}
     for key, charge in (doc.get("overlap_charges") or {}).items():
+        if key == "offload":  # copy engines, no SMs: what the copies take and whether they hide
+            console.print(charge["basis"])
+            continue
         console.print(f"{names.get(key, key)} costs {charge['share']:.1%} of the compute it hides behind "
                       f"while it runs: {charge['basis']}")
     console.print()

@@ -60,6 +60,9 @@ class Bounds:
     ignore_memory: bool = False  # evaluate layouts that overflow (validation of published layouts)
     # fixed values the framework profile lacks are kept (validation: the run used them) instead of refused
     allow_unavailable: bool = False
+    # offer host offload where the framework has it even if its profile does not search it by itself
+    # (semantics.offload_searched false: no published run measures it): fit's with-offload answer
+    offer_offload: bool = False
 
     def headroom(self, job: Job, cluster: Cluster) -> float:
         """The share of device memory a plan keeps free: as given, else the job's framework's
@@ -171,7 +174,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         tp_overlap=pick("tp_overlap", (False, True)),
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
         head_slots=pick("head_slots", _pipeline_splits(prof)),
-        offload=pick("offload", _offload_modes(cluster, b)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
+        offload=pick("offload", _offload_modes(cluster, b, prof)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
         moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
         param_gather=(_param_gather(job, cluster, b),),
         dp_shard=pick("dp_shard", (0,)),
@@ -214,22 +217,24 @@ def hybrid_space(space: Space, prof) -> Space:
 
 def split_spaces(space: Space, model: ModelSpec, job: Job, cluster: Cluster) -> list[Space]:
     """One space per pipeline split (:func:`head_slot_spaces`) and per offload mode of
-    ``space.offload``: each offloaded space has full recomputation alone (MaxText's custom remat
-    policy recomputes the layer from its offloaded input) and the factorizations whose transfers
+    ``space.offload``: each offloaded space has the framework's offload recompute mode alone (MaxText's
+    custom remat policy and DeepSpeed's cpu_checkpointing recompute the layer from its offloaded input,
+    Megatron's --cpu-offloading refuses recomputation: ``semantics.offload_recompute``) and the
+    factorizations (at the pipeline depths it runs, ``offload_pp_max``) whose transfers
     hide behind the compute at every micro-batch size, sp and vp of the space
     (``cost.step.offload_hidden``: the search's tables then need no transfer term; ``evaluate``
     prices the others)."""
     splits = head_slot_spaces(space, model, job)
     out = [replace(sub, offload=("none",)) for sub in splits if "none" in space.offload]
-    ctx = Context(model, job, cluster)
-    for sub in splits if "full" in space.recompute else ():
+    ctx, recompute = Context(model, job, cluster), job.profile.profile.offload_recompute
+    for sub in splits if recompute in space.recompute else ():
         for mode in (m for m in space.offload if m != "none"):
             facts = tuple(f for f in sub.factorizations if _offload_hides(ctx, sub, f))
             if facts:
-                out.append(replace(sub, offload=(mode,), recompute=("full",), factorizations=facts))
-    if not out and "full" not in space.recompute:
-        raise SpecError(f"--fix offload={space.offload[0]}: needs recompute=full (MaxText's custom remat policy "
-                        f"recomputes each layer from its offloaded input); the bounds leave recompute "
+                out.append(replace(sub, offload=(mode,), recompute=(recompute,), factorizations=facts))
+    if not out and recompute not in space.recompute:
+        raise SpecError(f"--fix offload={space.offload[0]}: {job.framework}'s activation offload needs "
+                        f"recompute={recompute} (semantics.offload_recompute); the bounds leave recompute "
                         f"{', '.join(space.recompute)}")
     if not out:
         raise SpecError(f"--fix offload={space.offload[0]}: no layout's host transfers hide behind its compute; drop "
@@ -312,12 +317,15 @@ def _param_gather(job: Job, cluster: Cluster, bounds: Bounds) -> str:
     return value
 
 
-def _offload_modes(cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:
-    """The offload modes the device allows (a host memory tier with a bandwidth: ``cost.terms.host_tier``);
-    --fix offload=activations on a device without one is bad input."""
+def _offload_modes(cluster: Cluster, bounds: Bounds, prof) -> tuple[str, ...]:
+    """The offload modes the device allows (a host memory tier with a bandwidth: ``cost.terms.host_tier``),
+    where the framework's profile searches its offload (``semantics.offload_searched``), ``--fix`` holds
+    it or the bounds ask for it (``Bounds.offer_offload``); --fix offload=activations on a device
+    without a host tier is bad input."""
     mode = bounds.fixed.get("offload", "none")
     if host_tier(cluster.device) is not None:
-        return OFFLOAD_MODES
+        offered = prof.profile.offload_searched or bounds.offer_offload or mode != "none"
+        return OFFLOAD_MODES if offered else ("none",)
     if mode != "none" and not bounds.allow_unavailable:
         raise SpecError(f"--fix offload={mode}: {cluster.device.name} has no host memory tier with a bandwidth "
                         "to offload to; drop the --fix")

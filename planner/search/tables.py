@@ -384,8 +384,10 @@ def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarra
     MB, SP, RC = S.micro_batch_size, S.sequence_parallel, S.recompute
     mem = [[[[activation_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
     ACT_D, ACT_M, TRANS = (_qb([[[[c[k] for c in r] for r in s] for s in m] for m in mem]) for k in range(3))
-    if S.offload[0] != "none":  # what each layer keeps lives in host memory (cost.step._rank_memory)
+    if S.offload[0] != "none":  # what each layer keeps lives in host memory (cost.step._rank_memory) but for
+        kept = ctx.job.profile.profile.offload_layers_kept  # the layers kept on the device, whatever is in flight
         ACT_D, ACT_M = np.zeros_like(ACT_D), np.zeros_like(ACT_M)
+        TRANS = _qb([[[[c[2] + kept * max(c[0], c[1]) for c in r] for r in s] for s in m] for m in mem])
     logits = [[head_terms(ctx, tp, cp, mb, False, 1).logits_bytes for mb in MB] for tp, cp in ta_keys]
     LOGITS = _qb([[[[working_bytes(ctx, c[2], logits[t][b]) - c[2] for c in r] for r in s] for b, s in enumerate(m)]
                   for t, m in enumerate(mem)])

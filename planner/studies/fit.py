@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import clusterplan.cost.terms as cost_terms
@@ -137,7 +137,8 @@ def fewest_with_offload(model: ModelSpec, request: Request, bounds: Bounds | Non
     ``offload=none`` held): offloading only adds layouts, so only the sizes below that answer are
     checked, from the same memory bound; none fitting there, the answer is the same."""
     below = (without.num_devices or MAX_DEVICES + 1) - 1
-    answer = fewest_devices(model, request, bounds, max_devices=below, budget_s=budget_s)
+    offered = replace(bounds or Bounds(), offer_offload=True)  # also where plan does not search it by itself
+    answer = fewest_devices(model, request, offered, max_devices=below, budget_s=budget_s)
     if answer.num_devices is None and not answer.stopped and without.num_devices is not None:
         answer.num_devices = without.num_devices
     return answer

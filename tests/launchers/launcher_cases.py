@@ -110,6 +110,15 @@ CASES = {
     "llama3-8b-partial-distopt": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
                                    "--devices", "64", "--global-batch", "128", "--layout",
                                    "tp=2,dp=32,mbs=2,sp=on,zero=1,dp_shard=8"], ["megatron", "slurm"]),
+    # activation offload to host memory (offload=activations): Megatron's --cpu-offloading-num-layers
+    # (no recomputation, pp 1), DeepSpeed's cpu_checkpointing (with full recomputation, --checkpoint-in-cpu)
+    "llama3-8b-gb200-offload": (["evaluate", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--devices", "64",
+                                 "--layout", "tp=1,pp=1,dp=64,mbs=1,recompute=none,zero=1,offload=activations"],
+                                ["megatron", "slurm"]),
+    "llama3-8b-gb200-cpu-checkpointing": (["evaluate", "--model", "llama3-8b", "--cluster", "gb200-nvl72",
+                                           "--devices", "64", "--layout",
+                                           "tp=1,pp=1,dp=64,mbs=1,recompute=full,zero=1,offload=activations"],
+                                          ["deepspeed"]),
     # FP8 with per-tensor current scaling: --fp8-recipe tensorwise
     "llama3-8b-h100-fp8-current": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8",
                                     "--precision", "fp8", "--fp8-scaling", "current"], ["megatron"]),

@@ -54,6 +54,8 @@ def deepspeed_config(doc: dict, model=None) -> str:
         # partitioned over the TP ranks by DeepSpeed; contiguous buffers need partitioned activations
         # (deepspeed.checkpointing.configure asserts it)
         config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
+        if L.get("offload", "none") != "none":  # each checkpointed layer's input in host memory
+            config["activation_checkpointing"]["cpu_checkpointing"] = True
     return json.dumps(config, indent=2)
 
 
@@ -100,6 +102,8 @@ def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
         mds.append(f"--recompute-granularity {L['recompute']}")
     if L.get("recompute_layers"):
         mds += ["--recompute-method block", f"--recompute-num-layers {L['recompute_layers']}"]
+    if L.get("offload", "none") != "none":  # initialize.py passes checkpoint_in_cpu to checkpointing.configure
+        mds += ["--deepspeed-activation-checkpointing", "--checkpoint-in-cpu"]
     if L.get("head_slots") and L["pp"] > 1:  # evaluate at a 2022 date: BigScience's fork had the flag
         raise SpecError("--format deepspeed: microsoft/Megatron-DeepSpeed splits the pipeline by transformer layers only "
                         "(GPTModelPipe's partition_method 'type:transformer'; BigScience's fork had --pp-partition-method); "

@@ -232,9 +232,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         args.append("--sequence-parallel")
     args += _megatron_cp_comm_args(L, doc.get("cp_hierarchy"))
     args += _megatron_recompute_args(L)
-    args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
-    if L.get("dp_shard"):  # hybrid sharding: the partial distributed optimizer (Megatron-Core 2024-11), ZeRO-1
-        args.append(f"--num-distributed-optimizer-instances {hsdp_degrees(L, 'megatron', (1,))[1]}")
+    args += _megatron_state_args(L, model, notes)
     if L["dp_overlap"]:
         args += ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if L["zero_stage"] in (1, 2) else [])
     if L["tp_overlap"]:
@@ -259,6 +257,18 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
                      "--use-tp-pp-dp-mapping, tp-cp-ep-pp-dp; this order needs your own process groups")
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if _needs_single_connection(doc) else {}
     return args, notes, env
+
+
+def _megatron_state_args(L: dict, model, notes: list[str]) -> list[str]:
+    """Where the training state lives: activations offloaded to the host, the ZeRO stage's sharding,
+    and hybrid sharding's distributed-optimizer instances."""
+    args = []
+    if L.get("offload", "none") != "none":  # every layer's activations but the last's: TransformerConfig's limit
+        args.append(f"--cpu-offloading-num-layers {model.num_layers - 1}")
+    args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
+    if L.get("dp_shard"):  # hybrid sharding: the partial distributed optimizer (Megatron-Core 2024-11), ZeRO-1
+        args.append(f"--num-distributed-optimizer-instances {hsdp_degrees(L, 'megatron', (1,))[1]}")
+    return args
 
 
 def _megatron_cp_comm_args(L: dict, hierarchy: list[int] | None) -> list[str]:
