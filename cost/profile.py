@@ -175,9 +175,10 @@ class Profile:
     offload_pp_max: int | None = None
     offload_copies_overlap: bool = True
     offload_layers_kept: int = 0  # layers whose activations stay on the device (Megatron: the last)
-    # whether plan's search offers the offload by itself: only where published runs measure it (MaxText's
-    # TPU recipes); elsewhere evaluate prices it, --fix holds it and fit counts it (Bounds.offer_offload)
-    offload_searched: bool = True
+    # the device families (prefixes) where plan's search offers the offload by itself: where published
+    # runs measure it (MaxText's TPU recipes); elsewhere evaluate prices it, --fix holds it and fit
+    # counts it (Bounds.offer_offload)
+    offload_searched: tuple[str, ...] = ()
     lp_grads_beside_fp32: bool = False  # 16-bit .grad tensors stay beside an fp32 accumulation buffer (DeepSpeed bf16)
     fp8_saved_inputs: bool = False  # FP8 linears keep their FP8 input copy for the weight gradient (1 B; terms.activation_bytes)
     tp_gather_quantized: bool = False  # sequence-parallel all-gathers move the low-precision copy (terms._tp_comm_s)

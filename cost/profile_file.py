@@ -70,7 +70,7 @@ def _offload(sem: dict, where: str) -> dict:
         offload_pp_max=None if pp_max is None else int(pp_max),
         offload_copies_overlap=bool(sem.get("offload_copies_overlap", True)),
         offload_layers_kept=int(sem.get("offload_layers_kept", 0)),
-        offload_searched=bool(sem.get("offload_searched", True)),
+        offload_searched=tuple(str(f) for f in sem.get("offload_searched") or ()),
     )
 
 

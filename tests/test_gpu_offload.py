@@ -87,6 +87,14 @@ def test_plan_does_not_search_offload_no_published_run_measures():
         assert "activations" in held.offload
 
 
+def test_maxtext_searches_offload_on_tpus_only():
+    """MaxText's offload is measured by its TPU recipes, not on GPUs (XLA on GPU): searched there only."""
+    job = _job("maxtext")
+    assert build_space(MODEL, job, _gb200()).offload == ("none",)
+    tpu = build_cluster("tpu-v6e-pod", num_devices=64)
+    assert build_space(MODEL, job, tpu).offload == ("none", "activations")
+
+
 def test_search_offers_megatron_offload_without_recompute_at_pp1_and_not_deepspeeds():
     cluster = _gb200()
     for framework, offered in (("megatron", True), ("deepspeed", False)):

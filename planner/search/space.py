@@ -324,7 +324,8 @@ def _offload_modes(cluster: Cluster, bounds: Bounds, prof) -> tuple[str, ...]:
     without a host tier is bad input."""
     mode = bounds.fixed.get("offload", "none")
     if host_tier(cluster.device) is not None:
-        offered = prof.profile.offload_searched or bounds.offer_offload or mode != "none"
+        searched = cluster.device.family.startswith(prof.profile.offload_searched)
+        offered = searched or bounds.offer_offload or mode != "none"
         return OFFLOAD_MODES if offered else ("none",)
     if mode != "none" and not bounds.allow_unavailable:
         raise SpecError(f"--fix offload={mode}: {cluster.device.name} has no host memory tier with a bandwidth "
