@@ -87,6 +87,8 @@ def test_exports_write_the_frameworks_own_settings():
     assert "--cuda-graph-impl transformer_engine" in layer and "--no-check-for-nan" not in layer
     assert "--cuda-graph-impl" not in export(_doc("llama3-8b-h100x64", "megatron"), "megatron")
     assert "disable_cuda_graphs = False" in export(_doc("llama3-8b-cuda-graph-full", "torchtitan"), "torchtitan")
+    # a plan priced without graphs launches without them (torchtitan 0.3 would capture them by default)
+    assert "disable_cuda_graphs = True" in export(_doc("llama3-8b-h100x64", "torchtitan"), "torchtitan")
     deepspeed = _doc("llama3-8b-h100x64", "deepspeed")
     deepspeed["layout"]["cuda_graph"] = "full"
     with pytest.raises(SpecError, match="cuda_graph=full"):

@@ -140,7 +140,8 @@ def torchtitan_registry(doc: dict, model=None) -> str:
             "    config.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec)))",
             f"    config.training.local_batch_size = {gbs // dp if L['pp'] > 1 else mbs}",
             f"    config.training.global_batch_size = {gbs}", f"    config.training.seq_len = {job['seq_len']}",
-            f"    config.training.disable_cuda_graphs = {L['pp'] > 1 or L['ep'] > 1}  # 0.3 refuses them with pp (and EP's default dispatcher)",
+            # as the plan was priced: graphs only where it set cuda_graph=full (0.3 refuses them with pp and EP)
+            f"    config.training.disable_cuda_graphs = {L.get('cuda_graph', 'none') != 'full'}",
             *(f"    config.parallelism.{k} = {v!r}" for k, v in _torchtitan_03_parallelism(L, model.num_layers)),
             f"    config.activation_checkpoint = {TORCHTITAN_AC_03[L['recompute']]}",
             f"    config.compile = CompileConfig(enable={compiled}, components=['model', 'loss'], "
