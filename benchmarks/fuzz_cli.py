@@ -57,9 +57,11 @@ OPTIONS = ["--devices", "--nodes", "--global-batch", "--seq-len", "--tokens", "-
 TEXT = ["0", "-1", "nan", "inf", "1e400", "99999999999999999999", "1.5", "", "8", "64", "1e-9", "10%", "200%",
         "0x20", " 8 ", "8k", "fp8", "torchtitan", "maxtext", "unfused", "energy", "h200-sxm-141gb", "b200", "%s"]
 KNOBS = ["tp", "pp", "dp", "cp", "ep", "etp", "vp", "mbs", "sp", "recompute", "zero", "order", "dp_overlap",
-         "tp_overlap", "ep_overlap", "bogus"]
+         "tp_overlap", "ep_overlap", "offload", "schedule", "cp_comm", "dp_shard", "param_gather", "cuda_graph",
+         "moe_dispatcher", "bogus"]
 KNOB_VALUES = ["1", "2", "8", "0", "-4", "on", "off", "full", "selective", "none", "7", "tp-cp-dp-pp", "nan",
-               "1e9", "", "3", "64"]
+               "1e9", "", "3", "64", "activations", "zbv", "dualpipe", "looped", "a2a", "a2a+p2p", "fp8", "layer",
+               "deepep", "alltoall"]
 MODELS = ["gpt", "llama3-8b", "llama3-70b", "mixtral", "deepseek-v3", "gpt3-1.3b"]
 CLUSTERS = ["dgx-h100-superpod", "dgx-a100-superpod", "tpu-v5p-pod", "gaudi2-cluster", "gb200-nvl72", "mi300x-cluster",
             "cerebras-cs3-cluster", "groq-rack", "tenstorrent-galaxy", "trn2-cluster"]
@@ -102,7 +104,9 @@ KINDS = ["model", "hf", "cluster", "option", "layout", "fix", "hostile", "framew
 FRAMEWORK_NAMES = ["megatron", "torchtitan", "deepspeed", "maxtext"]
 VALID_FIXES = ["tp=2", "tp=8", "pp=2", "pp=4", "dp=2", "cp=2", "ep=2", "ep=8", "vp=2", "mbs=1", "mbs=2", "sp=on",
                "zero=0", "zero=1", "zero=2", "zero=3", "recompute=none", "recompute=selective", "recompute=full",
-               "dp_overlap=on", "tp_overlap=on", "ep_overlap=on", "etp=1", "head_slots=on", "order=tp-cp-pp-dp"]
+               "dp_overlap=on", "tp_overlap=on", "ep_overlap=on", "etp=1", "head_slots=on", "order=tp-cp-pp-dp",
+               "offload=activations", "cp_comm=a2a", "cp_comm=allgather", "dp_shard=2", "param_gather=fp8",
+               "moe_dispatcher=deepep", "moe_dispatcher=alltoall"]
 EXPORT_FORMATS = ["megatron", "deepspeed", "torchtitan", "maxtext", "slurm"]
 
 
