@@ -527,6 +527,13 @@ def parse_layout(text: str, num_devices: int | None = None) -> Layout:
     return Layout(**values)
 
 
+_KINDS: dict[str, tuple[str, ...]] = {
+    "recompute": RECOMPUTE_MODES, "schedule": PIPELINE_SCHEDULES, "offload": OFFLOAD_MODES, "param_gather": PARAM_GATHERS,
+    "cuda_graph": CUDA_GRAPH_SCOPES, "cp_comm": CP_COMM_KINDS, "moe_dispatcher": MOE_DISPATCHERS,
+}
+"""The layout keys whose value is one of a set (``parse_layout``), with the values allowed."""
+
+
 def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
     if key in ints:
         zero_ok = key in ("zero_stage", "recompute_layers", "dp_shard")
@@ -537,38 +544,14 @@ def _parse_value(key: str, raw: str, ints: set[str], bools: set[str]) -> object:
         if raw.lower() not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
             raise SpecError(f"layout.{key}: got {raw!r}; allowed: on, off")
         return raw.lower() in ("on", "true", "1", "yes")
-    if key == "recompute":
-        if raw not in RECOMPUTE_MODES:
-            raise SpecError(f"layout.recompute: got {raw!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
+    if key in _KINDS:  # a knob that names one of a set of values
+        if raw not in _KINDS[key]:
+            raise SpecError(f"layout.{key}: got {raw!r}; allowed: {', '.join(_KINDS[key])}")
         return raw
     if key == "order":
         return _parse_order(raw)
     if key == "recompute_modules":
         return parse_recompute_modules(raw.split("+"), "layout.recompute_modules")
-    if key == "schedule":
-        if raw not in PIPELINE_SCHEDULES:
-            raise SpecError(f"layout.schedule: got {raw!r}; allowed: {', '.join(PIPELINE_SCHEDULES)}")
-        return raw
-    if key == "offload":
-        if raw not in OFFLOAD_MODES:
-            raise SpecError(f"layout.offload: got {raw!r}; allowed: {', '.join(OFFLOAD_MODES)}")
-        return raw
-    if key == "param_gather":
-        if raw not in PARAM_GATHERS:
-            raise SpecError(f"layout.param_gather: got {raw!r}; allowed: {', '.join(PARAM_GATHERS)}")
-        return raw
-    if key == "cuda_graph":
-        if raw not in CUDA_GRAPH_SCOPES:
-            raise SpecError(f"layout.cuda_graph: got {raw!r}; allowed: {', '.join(CUDA_GRAPH_SCOPES)}")
-        return raw
-    if key == "cp_comm":
-        if raw not in CP_COMM_KINDS:
-            raise SpecError(f"layout.cp_comm: got {raw!r}; allowed: {', '.join(CP_COMM_KINDS)}")
-        return raw
-    if key == "moe_dispatcher":
-        if raw not in MOE_DISPATCHERS:
-            raise SpecError(f"layout.moe_dispatcher: got {raw!r}; allowed: {', '.join(MOE_DISPATCHERS)}")
-        return raw
     allowed = ("tp, pp, dp, cp, ep, etp, vp, mbs, sp, recompute, recompute_layers, recompute_modules, zero, order, "
                "dp_overlap, tp_overlap, ep_overlap, head_slots, offload, shard_across_domains, schedule, cp_comm, "
                "moe_dispatcher, cuda_graph, param_gather, dp_shard")
