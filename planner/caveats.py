@@ -23,6 +23,7 @@ def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
     lines += [note] if (note := dev.low_precision_note(job.precision)) else []
     lines += shape_caveats(model) if model is not None else []
     lines += moe_caveats(model, cluster)
+    lines += list(cluster.link_caveats)
     if dev.family in NO_PUBLISHED_TRAINING:
         lines.append(f"unvalidated: no training run on {dev.name} has been published; this plan is hypothetical")
     if cluster.platform == "gpu" and dev.vendor.lower() not in GPU_FRAMEWORK_VENDORS:

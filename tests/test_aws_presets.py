@@ -68,3 +68,16 @@ def test_plan_on_aws_p5_through_the_cli():
     assert "Traceback" not in result.stdout + result.stderr
     assert result.exit_code == 0, result.stderr
     assert "aws-p5" in result.stdout and "step time" in result.stdout
+
+
+def test_assumed_efa_calibration_is_printed_as_unvalidated():
+    """A link class whose fraction and latency are assumed (note: unvalidated) says so in every plan
+    on the presets that use it; measured links (InfiniBand NDR) add no line."""
+    from clusterplan.cost.layout import Job
+    from clusterplan.planner.caveats import caveats
+    from clusterplan.topologies.library import build_cluster
+    job = Job(global_batch_size=64, seq_len=4096)
+    aws = caveats(job, build_cluster("aws-p5", num_devices=64))["unvalidated"]
+    assert any("efa_v2 links' achieved bandwidth and latency are assumed" in line for line in aws)
+    dgx = caveats(job, build_cluster("dgx-h100-superpod", num_devices=64))["unvalidated"]
+    assert not any("links' achieved bandwidth" in line for line in dgx)

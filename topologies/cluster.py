@@ -116,6 +116,9 @@ class Cluster:
     """The cluster a :meth:`placed` view was made from (None on a cluster as built)."""
     rank_to_device: np.ndarray | None = field(default=None, repr=False)
     """Device id of each rank in a :meth:`placed` view."""
+    link_caveats: tuple[str, ...] = ()
+    """What the preset's links rest on where it is not a measurement (a link class's ``note``: EFA's
+    assumed fraction and latency), as ``unvalidated`` lines for the report (``planner.caveats``)."""
     segment_devices: int = 0
     """Devices a job is allocated in each scale-up domain where not the whole domain (Slurm's block
     topology ``--segment``; ``domain_size`` is then the segment); 0 where it takes any whole nodes."""

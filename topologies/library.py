@@ -529,8 +529,15 @@ def assemble_cluster(entry: PresetEntry, device: DeviceSpec, num_devices: int,
         in_network_reduction=fabric.in_network_reduction,
         power_overhead_w_per_device=entry.power_overhead_w_per_device,
         weight_streaming=entry.family == "cerebras",
-        segment_devices=entry.domain_devices or 0,
+        segment_devices=entry.domain_devices or 0, link_caveats=_link_caveats(entry, links),
     )
+
+
+def _link_caveats(entry: PresetEntry, links: Mapping[str, LinkEntry]) -> tuple[str, ...]:
+    """An ``unvalidated`` line per link class of the preset whose calibration is not a measurement."""
+    names = dict.fromkeys(n for n in (entry.scale_out.link, entry.scale_up_link) if n)
+    return tuple(f"unvalidated: the {name} links' achieved bandwidth and latency are assumed ({links[name].source})"
+                 for name in names if name in links and links[name].note.startswith("unvalidated"))
 
 
 # ---- cluster files ---------------------------------------------------------------------------------
