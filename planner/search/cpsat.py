@@ -280,8 +280,8 @@ class _Model:
             m.add(pipe >= self._lookup("pipeline_lb", self._fvm_table(T.U * xmin[:, :, None]), [self.fvm]))
             step_window = self._product("dp_window_share", frac, bwd, int(T.FRAC.max()) * int(T.BWD.max()))
             mb_window = self._product("fsdp_window_share", frac, fw, int(T.FRAC.max()) * int(T.FW.max()))
-            return pipe - self._ep_saving(T.UG, hidden, "") + self._dp_exposed("", dp_step, dp_mb, step_window,
-                                                                                mb_window, mb_count)
+            return (pipe - self._ep_saving(T.UG, hidden, "") - self._zero_bubble(axes4)
+                    + self._dp_exposed("", dp_step, dp_mb, step_window, mb_window, mb_count))
         dense, moe = self._kind_times(c, tpc, epc, axes4, axes5)
         split = [(whole, self._lookup(f"{name}_moe", table, axes), table_whole, table) for whole, name, table, axes,
                  table_whole in ((bwd, "dp_window", T.BWD_M, axes5, T.BWD), (fw, "fsdp_window", T.FW_M,
@@ -289,11 +289,32 @@ class _Model:
         core = m.new_int_var(0, OBJECTIVE_LIMIT // max(1, tw), "pipeline_and_dp")
         for k, stage in enumerate(T.stages):
             pipe = (self._signed_product(f"stage{k}_dense", stage.ud, dense)
-                    + self._signed_product(f"stage{k}_moe", stage.um, moe) - self._ep_saving(stage.ugm, hidden, f"_stage{k}"))
+                    + self._signed_product(f"stage{k}_moe", stage.um, moe) - self._ep_saving(stage.ugm, hidden, f"_stage{k}")
+                    - self._zero_bubble(axes4, stage, k))
             step_window, mb_window = (self._stage_window(f"{k}_{n}", stage, whole, part, big, small)
                                       for n, (whole, part, big, small) in enumerate(split))
             m.add(core >= pipe + self._dp_exposed(f"_stage{k}", dp_step, dp_mb, step_window, mb_window, mb_count))
         return core + self._product("pipeline_cp", u, cpc, int(T.U.max()) * int(T.CPC.max()), tw)
+
+    def _zero_bubble(self, axes4, stage=None, k: int = 0):
+        """What zero bubble takes off the bubble (``exhaustive.zero_bubble_saving``): its slots times
+        the backward compute of one micro-batch; per kind on a candidate ``stage``. 0 where no
+        layout runs it."""
+        T, m = self.T, self.m
+        if T.ZU is None:
+            return 0
+        if "zero_bubble_backward" not in self.__dict__:
+            self.zero_bubble_backward = self._lookup("backward", T.BK, axes4)
+            if T.BK_M is not None:
+                moe = self._lookup("moe_backward", T.BK_M, axes4)
+                dense = m.new_int_var(0, int((T.BK - T.BK_M).max()), "dense_backward")
+                m.add(dense == self.zero_bubble_backward - moe)
+                self.zero_bubble_backward = (dense, moe)
+        bk = self.zero_bubble_backward
+        if stage is None:
+            return self._signed_product("zero_bubble", T.ZU, bk)
+        return (self._signed_product(f"stage{k}_zero_bubble_dense", stage.zd, bk[0])
+                + self._signed_product(f"stage{k}_zero_bubble_moe", stage.zm, bk[1]))
 
     def _kind_times(self, c, tpc, epc, axes4, axes5):
         """The dense and the MoE layers' time per micro-batch (all layers of each kind) as variables."""

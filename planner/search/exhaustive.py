@@ -67,11 +67,19 @@ def pipeline_term(T: Tables, sl: slice) -> np.ndarray:
     context-parallel traffic, the same per layer of either kind. A lower bound of the pipeline and
     data-parallel terms together (``score_factorization``)."""
     if T.stages is None:
-        return _place(T.U[sl], ("f", "mb", "v")) * layer_time(T, sl) - ep_saving(T, sl)
+        return _place(T.U[sl], ("f", "mb", "v")) * layer_time(T, sl) - ep_saving(T, sl) - zero_bubble_saving(T, sl)
     best = None
     for stage in stage_pipelines(T, sl):
         best = stage if best is None else np.maximum(best, stage)
     return best + context_term(T, sl)
+
+
+def zero_bubble_saving(T: Tables, sl: slice) -> np.ndarray | int:
+    """What zero bubble takes off the bubble where the search runs it (``Tables.ZU``): its slots
+    times the backward compute of one micro-batch; 0 where no layout runs it."""
+    if T.ZU is None:
+        return 0
+    return _place(T.ZU[sl], ("f", "mb", "v")) * _place(T.BK[T.tc_of_fe[sl]], ("f", "e", "mb", "s", "r"))
 
 
 def context_term(T: Tables, sl: slice) -> np.ndarray:
@@ -91,8 +99,13 @@ def stage_pipelines(T: Tables, sl: slice) -> list[np.ndarray]:
     moe = moe_compute + moe_tp + _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r"))
     hidden = ep_hidden(T, sl)
     fmv = ("f", "mb", "v")
-    return [_place(c.ud[sl], fmv) * dense + _place(c.um[sl], fmv) * moe - _place(c.ugm[sl], fmv) * hidden
-            for c in T.stages]
+    stages = [_place(c.ud[sl], fmv) * dense + _place(c.um[sl], fmv) * moe - _place(c.ugm[sl], fmv) * hidden
+              for c in T.stages]
+    if T.ZU is None:
+        return stages
+    dims = ("f", "e", "mb", "s", "r")
+    bk, bk_m = _place(T.BK[tc], dims), _place(T.BK_M[tc], dims)
+    return [p - _place(c.zd[sl], fmv) * (bk - bk_m) - _place(c.zm[sl], fmv) * bk_m for p, c in zip(stages, T.stages)]
 
 
 def _pipeline_and_dp(T: Tables, sl: slice, dps: np.ndarray, dpm: np.ndarray) -> np.ndarray:
@@ -361,10 +374,14 @@ def restrict(T: Tables, keep: dict) -> Tables:
                        ("BWD_M", (None, "mb", "s", "r", "to")), ("FW_M", (None, "mb", "s", "r", "to", "eo"))):
         if getattr(T, name) is not None:
             setattr(sub, name, _cut(getattr(T, name), dims, keep))
+    for name, dims in (("BK", (None, "mb", "s", "r")), ("BK_M", (None, "mb", "s", "r")), ("ZU", ("f", "mb", "v"))):
+        if getattr(T, name) is not None:
+            setattr(sub, name, _cut(getattr(T, name), dims, keep))
     if T.stages is not None:
+        zero = (("zd", ("f", "mb", "v")), ("zm", ("f", "mb", "v"))) if T.ZU is not None else ()
         sub.stages = tuple(replace(c, **{k: _cut(getattr(c, k), dims, keep) for k, dims in (
             ("ud", ("f", "mb", "v")), ("um", ("f", "mb", "v")), ("ugm", ("f", "mb", "v")), ("fd", ("f", "v")),
-            ("fm", ("f", "v")))}) for c in T.stages)
+            ("fm", ("f", "v")), *zero)}) for c in T.stages)
     changes = {space_attr[k]: tuple(getattr(T.space, space_attr[k])[i] for i in v) for k, v in keep.items()}
     if "e" in keep:  # the expert axis holds (ep, expert_tp) pairs
         changes["expert_tp"] = tuple(T.space.expert_tp[i] for i in keep["e"])

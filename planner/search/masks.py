@@ -13,7 +13,7 @@ from clusterplan.cost.checks import head_slot_problem
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split
 from clusterplan.planner.search.space import (
-    Space, _representative, batch_ok, canonical, expert_ok, factor_ok, folding_ok, placement_ok,
+    Space, _representative, batch_ok, canonical, cell_schedule, expert_ok, factor_ok, folding_ok, placement_ok,
     sequence_parallel_ok,
 )
 
@@ -35,7 +35,8 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
             for vi, v in enumerate(S.vp):
                 slots = S.head_slots[0]
                 reason = batch_ok(model, job, pp, dp, mb, v, slots) or (
-                    "layers" if slots and head_slot_problem(model, job, pp, v) else None)
+                    "layers" if slots and head_slot_problem(model, job, pp, v) else None) or (
+                    "interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)  # --fix schedule
                 ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
             reason = expert_ok(model, tp, dp, cp, e, et, ctx.job.profile)

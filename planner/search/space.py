@@ -17,7 +17,7 @@ from clusterplan.cost.framework import (ProfileAt, framework_domains, framework_
 from clusterplan.cost.step import offload_hidden
 from clusterplan.cost.checks import head_slot_problem, param_gather_problem
 from clusterplan.cost.terms import Context, host_tier, stage_slots
-from clusterplan.cost.layout import CP_COMM_KINDS, OFFLOAD_MODES, ORDERS, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
+from clusterplan.cost.layout import CP_COMM_KINDS, OFFLOAD_MODES, ORDERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -25,7 +25,7 @@ from clusterplan.topologies.cluster import Cluster
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
          "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots", "offload", "cp_comm",
          "moe_dispatcher", "param_gather",
-         "dp_shard")
+         "dp_shard", "schedule")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order", "expert_tp": "etp"}
 KNOB_TEXT = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
@@ -116,6 +116,11 @@ class Space:
     # hybrid sharding's group (Layout.dp_shard): 0, the framework's own, unless --fix holds one
     # (hybrid_space); not searched
     dp_shard: tuple[int, ...] = (0,)
+    # the pipeline schedules searched besides the one vp implies ("", Layout.schedule): not a dimension,
+    # each (pp, vp) with pp > 1 takes the one of them it runs (cell_schedule); schedule_vp1: whether
+    # they run at vp = 1 (torchtitan's zero bubble runs interleaved only: no ZB-H1)
+    schedule: tuple[str, ...] = ("",)
+    schedule_vp1: bool = True
     framework_rules: bool = True  # apply the profile's combination rules (off: validation of published layouts)
 
     @property
@@ -164,7 +169,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         factorizations=tuple(facts),
         ep=tuple(e for e, _ in experts),
         expert_tp=tuple(t for _, t in experts),
-        vp=pick("vp", VP_CANDIDATES),
+        vp=tuple(v for v in pick("vp", VP_CANDIDATES) if _schedule_vp_ok(b.fixed.get("schedule"), v)),
         micro_batch_size=pick("micro_batch_size", _micro_batch_candidates(job, facts)),
         sequence_parallel=pick("sequence_parallel", (False, True)),
         recompute=pick("recompute", RECOMPUTE_MODES),
@@ -177,8 +182,8 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         offload=pick("offload", _offload_modes(cluster, b, prof)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
         moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
         param_gather=(_param_gather(job, cluster, b),),
-        dp_shard=pick("dp_shard", (0,)),
-        framework_rules=not b.allow_unavailable,
+        dp_shard=pick("dp_shard", (0,)), schedule=_searched_schedules(prof, b),
+        schedule_vp1=prof.has("schedule_zbh1") or b.allow_unavailable, framework_rules=not b.allow_unavailable,
     ), prof)
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
     _check_fixed_shape(model, b, prof)
@@ -192,6 +197,7 @@ def _check_fixed(prof, cluster: Cluster, job: Job, b: Bounds, model: ModelSpec) 
     _check_fixed_model_code(job, b)
     _check_fixed_consistent(model, b)
     _check_fixed_overlap(prof, b)
+    _check_fixed_schedule(prof, b)
 
 
 def _pipeline_splits(prof) -> tuple[bool, ...]:
@@ -305,6 +311,49 @@ def _check_fixed_model_code(job: Job, bounds: Bounds) -> None:
                         "(DeepSpeed ZeRO or FSDP); drop the fix or use --model-code native")
 
 
+SEARCHED_SCHEDULES = ("zb1p",)
+"""The pipeline schedules the search offers (Space.schedule): those no slower than the one vp implies
+and holding no more memory, at every layout, with a bubble linear in the tables. Zero bubble (ZB-H1,
+interleaved at vp >= 2) keeps 1F1B's and interleaving's activations in flight (Qi et al. 2024 sec.
+2.1) and shrinks their bubble by ``(pp - 1) / vp`` backward's worth. ZB-V is as fast or faster but
+holds more than interleaving on some rank of most layouts, and its bubble ``(t - 3W)`` clamps at 0
+on some; DualPipeV and looped hold more too: ``evaluate`` prices them (checked over seeded layouts
+with ``evaluate``: tests/test_search.py)."""
+
+
+def _searched_schedules(prof, b: Bounds) -> tuple[str, ...]:
+    """The schedules the search offers (:data:`SEARCHED_SCHEDULES`) where the framework runs them;
+    with ``--fix schedule`` the one held ("" for the one vp implies: 1f1b, interleaved)."""
+    fixed = b.fixed.get("schedule")
+    if fixed is not None:
+        return ("",) if fixed in ("", "1f1b", "interleaved") else (fixed,)
+    return ("", *(s for s in SEARCHED_SCHEDULES if prof.has(f"schedule_{s}")))
+
+
+def _schedule_vp_ok(fixed: str | None, vp: int) -> bool:
+    """Whether a held schedule runs at ``vp``: 1F1B at 1, interleaving above (others: cell_schedule)."""
+    return fixed not in ("1f1b", "interleaved") or (vp == 1) == (fixed == "1f1b")
+
+
+def cell_schedule(S: Space, pp: int, vp: int) -> str:
+    """The schedule a layout of ``(pp, vp)`` runs in the search: the searched one where it runs there
+    (a pipeline; at vp = 1 only where ``S.schedule_vp1``), else "" (the one vp implies)."""
+    searched = [s for s in S.schedule if s]
+    return searched[0] if searched and pp > 1 and (vp > 1 or S.schedule_vp1) else ""
+
+
+def _check_fixed_schedule(prof, b: Bounds) -> None:
+    """--fix schedule: a schedule the framework runs (checked by _check_fixed_offered) that the search
+    prices (:data:`SEARCHED_SCHEDULES`, or the one vp implies); the others are priced by evaluate."""
+    fixed = b.fixed.get("schedule")
+    if fixed is None or fixed in ("", "1f1b", "interleaved", *SEARCHED_SCHEDULES) or b.allow_unavailable:
+        return
+    raise SpecError(f"--fix schedule={fixed}: the search offers only "
+                    f"{', '.join(('1f1b', 'interleaved', *SEARCHED_SCHEDULES))} (the others hold more memory than "
+                    f"1F1B or interleaving on some layouts); price a layout with it by "
+                    f"`clusterplan evaluate --layout ...,schedule={fixed}`")
+
+
 def _param_gather(job: Job, cluster: Cluster, bounds: Bounds) -> str:
     """The parameter gathers' dtype ``--fix`` holds (bf16 unless given); one the job cannot run is bad
     input (``cost.step.param_gather_problem``)."""
@@ -384,7 +433,8 @@ def _check_fixed_offered(prof, family: str, bounds: Bounds, model: ModelSpec) ->
         return
     if bounds.fixed.get("cp", 1) > 1 and prof.cp_problem(model):
         raise SpecError(f"--fix {prof.cp_problem(model)}; pick another --framework or drop the --fix")
-    problems = unoffered(prof, family, bounds.fixed, bounds.fixed.get("expert_tp") is False)
+    fixed = {**bounds.fixed, **({"schedule": ""} if bounds.fixed.get("schedule") in ("1f1b", "interleaved") else {})}
+    problems = unoffered(prof, family, fixed, bounds.fixed.get("expert_tp") is False)
     if problems:
         raise SpecError(f"--fix {problems[0]}; pick another --framework or drop the --fix")
 
@@ -617,6 +667,13 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
                     continue
                 if key == "dp_shard" and numeric_only:  # held, never searched over a range
                     raise SpecError(f"{flag}: dp_shard is not searched; use --fix dp_shard=N")
+                if key == "schedule":  # kept as named: a Layout writes the one vp implies as ""
+                    if raw not in PIPELINE_SCHEDULES:
+                        raise SpecError(f"{flag} schedule={raw}: allowed: {', '.join(PIPELINE_SCHEDULES)}")
+                    if numeric_only:
+                        raise SpecError(f"{flag}: schedule is not numeric; use --fix for it")
+                    _once(out, key, raw, flag)
+                    continue
                 value = getattr(parse_layout(f"{key}={raw}"), key)  # knob aliases too
                 if numeric_only and not isinstance(value, int) or isinstance(value, bool) and numeric_only:
                     raise SpecError(f"{flag}: {key} is not numeric; use --fix for it")

@@ -50,7 +50,9 @@ from clusterplan.cost.terms import (
 from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
-from clusterplan.planner.search.space import Space, _representative, expert_ok, layout_of, traversal_duplicates
+from clusterplan.planner.search.space import (
+    Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
+)
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
 SLOT_QUANTUM = 1000  # micro-batch slots and stage shares in thousandths
@@ -126,6 +128,12 @@ class Tables:
     BWD_M: np.ndarray | None = None
     FW_M: np.ndarray | None = None
     stages: tuple | None = None
+    # zero bubble where the search runs it (space.cell_schedule; else None): ``BK`` (TC, MB, S, R) the
+    # backward compute of all layers for one micro-batch (``BK_M`` the MoE layers' part), ``ZU`` (F, MB,
+    # V) the bubble's slots it takes off per unit of the stage's backward (SLOT_QUANTUM; 0 elsewhere)
+    BK: np.ndarray | None = None
+    BK_M: np.ndarray | None = None
+    ZU: np.ndarray | None = None
 
 
 @dataclass
@@ -140,6 +148,8 @@ class StageCandidate:
     ugm: np.ndarray
     fd: np.ndarray
     fm: np.ndarray
+    zd: np.ndarray | None = None  # (F, MB, V) zero bubble's saved slots on the dense layers' backward (Tables.ZU)
+    zm: np.ndarray | None = None  # on the MoE layers'
 
 
 @dataclass
@@ -228,6 +238,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_of_fe, tc_keys, use)
     DPS, DPM, RG, DPX, OPT, statics = _dp_tables(ctx, S, use.any(axis=1), times=not memory_only)
     U, UG, FRAC, M, stages = _count_tables(ctx, S)
+    ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
         order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX), ok_fo, ok_eo, order_ok, use)
@@ -243,13 +254,15 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         ACT_D, ACT_M, TRANS, LOGITS = (np.minimum(a, capacity + 1) for a in (ACT_D, ACT_M, TRANS, LOGITS))
         for row in rows:
             row.static, row.static1 = np.minimum(row.static, capacity + 1), np.minimum(row.static1, capacity + 1)
+    bk, bk_m = timed.pop("BK", None), timed.pop("BK_M", None)
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, OPT=OPT,
                   U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
                   capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
                   ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=ep_overlap_mask(ctx, S),
                   time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
-                  ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))), memory_only=memory_only)
+                  ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))), memory_only=memory_only,
+                  ZU=ZU, BK=None if ZU is None else bk, BK_M=None if ZU is None else bk_m)
 
 
 def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, use: np.ndarray) -> dict:
@@ -264,7 +277,7 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    C, C_M, BWD, FW, WE, BWD_M, FW_M = _compute_tables(ctx, S, tc_keys, key_use(tc_of_fe, len(tc_keys), use))
+    C, C_M, BWD, FW, WE, BWD_M, FW_M, BK, BK_M = _compute_tables(ctx, S, tc_keys, key_use(tc_of_fe, len(tc_keys), use))
     TPC, TPC_M, CPC, ep_open, H = _comm_tables(
         S, (tpc_keys, tpc_ctx, key_use(tpc_of_foe, len(tpc_keys), use)),
         (cpg_keys, cpg_ctx, key_use(cpg_of_fo, len(cpg_keys), use)),
@@ -275,7 +288,7 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
                for i, row in enumerate(probe)])
     return dict(tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe, C=C, BWD=BWD,
                 FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, P2P=P2P, C_M=C_M, TPC_M=TPC_M, BWD_M=BWD_M,
-                FW_M=FW_M)
+                FW_M=FW_M, BK=BK, BK_M=BK_M)
 
 
 def key_use(index: np.ndarray, count: int, use: np.ndarray) -> np.ndarray:
@@ -344,10 +357,12 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list, use: np.ndarray) -> t
                   for sp in SP] for m in range(len(MB))] for k in range(len(tc_keys))]
     comp = grid(lambda tp, cp, mb, sp, rc, e, et: compute_terms(ctx, tp, cp, mb, sp, rc, e, et))
     C = _qt([[[[0.0 if c is None else _busy_s(c) for c in r] for r in s] for s in m] for m in comp])
-    C_M = None
+    BK = _qt([[[[0.0 if c is None else c.backward_s for c in r] for r in s] for s in m] for m in comp])
+    C_M = BK_M = None
     if mixed_kinds(ctx.model):  # the MoE layers' part (the stage's mix of the two: Tables.stages)
-        C_M = _qt([[[[0.0 if c is None else _busy_s(c) for c in r] for r in s] for s in m] for m in grid(
-            lambda tp, cp, mb, sp, rc, e, et: compute_terms(ctx, tp, cp, mb, sp, rc, e, et, True))])
+        moe_comp = grid(lambda tp, cp, mb, sp, rc, e, et: compute_terms(ctx, tp, cp, mb, sp, rc, e, et, True))
+        C_M = _qt([[[[0.0 if c is None else _busy_s(c) for c in r] for r in s] for s in m] for m in moe_comp])
+        BK_M = _qt([[[[0.0 if c is None else c.backward_s for c in r] for r in s] for s in m] for m in moe_comp])
     def windows(kind):
         w = np.zeros((len(tc_keys), len(MB), len(SP), len(RC), len(TO), len(EO), 2))
         for k, m in cells:
@@ -369,7 +384,7 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list, use: np.ndarray) -> t
     WE = _qt([[[[[0.0 if c is None or rc == "full" or e == 1 else ep_overlap_window_s(ctx.model, c, to and tp > 1, cp)
                    for to in TO]
                  for c, rc in zip(r, RC)] for r in s] for s in m] for m, (tp, cp, e, _) in zip(comp, tc_keys)])
-    return C, C_M, BWD, FW, WE, BWD_M, FW_M
+    return C, C_M, BWD, FW, WE, BWD_M, FW_M, BK, BK_M
 
 
 def _busy_s(c) -> float:
@@ -552,6 +567,30 @@ def _count_tables(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     return U, UG, FRAC, M, (tuple(stages) if mixed else None)
 
 
+def _zero_bubble_slots(ctx: Context, S: Space, stages: tuple | None) -> np.ndarray | None:
+    """``Tables.ZU`` over (f, mb, v): where the search runs zero bubble (``space.cell_schedule``), the
+    slots its bubble loses per unit of the stage's backward, ``(pp - 1) / vp`` times the stage's share
+    of the layers (``cost.terms.bubble_s``: ``(pp - 1) / vp * (t - 2 W)``, ``W`` half the backward;
+    ``t`` holds the backward, so it never clamps); with dense and MoE layers both, each candidate
+    stage's per kind (``StageCandidate.zd``, ``zm``). None where no layout runs it."""
+    F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
+    cells = [(i, vi) for i, f in enumerate(S.factorizations) for vi, v in enumerate(S.vp) if cell_schedule(S, f[1], v)]
+    if not cells:
+        return None
+    L, hs = ctx.model.num_layers, S.head_slots[0]
+    ZU = np.zeros((F, MB, V), np.int64)
+    for stage in stages or ():
+        stage.zd, stage.zm = np.zeros((F, MB, V), np.int64), np.zeros((F, MB, V), np.int64)
+    for i, vi in cells:
+        pp, v = S.factorizations[i][1], S.vp[vi]
+        ZU[i, :, vi] = round(SLOT_QUANTUM * (pp - 1) / v * period_layers(ctx, pp, v, hs)[0] / L)
+        shares = stage_kind_shares(ctx, pp, v, hs) if stages else ()
+        for k, stage in enumerate(stages or ()):
+            wd, wm = shares[min(k, len(shares) - 1)]
+            stage.zd[i, :, vi], stage.zm[i, :, vi] = round(SLOT_QUANTUM * (pp - 1) / v * wd), round(SLOT_QUANTUM * (pp - 1) / v * wm)
+    return ZU
+
+
 def memory_rows(ctx: Context, S: Space, statics: dict, M: np.ndarray) -> tuple[MemoryRow, ...]:
     """The memory rows every layout must satisfy: per pipeline rank of ``cost.stages.RANKS`` and
     per moment of its steady state (``cost.stages.inflight``: one or two), its static memory
@@ -614,6 +653,7 @@ def layout_from_indices(space: Space, idx: dict, ctx: Context | None = None) -> 
     the context-parallel kind the tables priced for it (``ctx``: the search's context)."""
     S = space
     lay = _layout_of_indices(S, idx)
+    lay = lay.with_(schedule=cell_schedule(S, lay.pp, lay.vp))
     if ctx is None or lay.cp == 1 or S.cp_comm == ("p2p",):
         return lay
     best = cp_comm_choice(ctx.placed(lay.order), lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel,

@@ -212,6 +212,7 @@ def _bounds(run: dict, prof) -> Bounds:
     # the search keeps the layer inputs on the device; a published offload is applied after it, with
     # the run's other knobs the search does not choose (_with_partial_recompute)
     fixed["offload"] = "none"
+    fixed["schedule"] = ""  # the one vp implies: a published schedule is applied after it, as offload
     if run.get("micro_batch_size") is not None:
         fixed["micro_batch_size"] = run["micro_batch_size"]
     # the run ran: its unpublished knobs are chosen by what fits, without a plan's headroom
