@@ -192,7 +192,7 @@ def test_a_published_schedule_is_priced_by_validate():
 def test_the_timeline_does_not_draw_a_named_schedule_as_1f1b():
     from clusterplan.planner.report.timeline import build_timeline
 
-    doc = _plan_doc("torchtitan", "pp=4,vp=2")
+    doc = _plan_doc("torchtitan", "pp=4,vp=2,schedule=interleaved")  # held: the search would run zero bubble
     assert len(build_timeline(doc).rows) == min(4, doc["layout"]["pp"])  # the default schedule is drawn per stage
     doc["layout"]["schedule"] = "zbv"
     timeline = build_timeline(doc)
@@ -206,3 +206,92 @@ def test_a_schedule_against_its_vp_is_reported_once_by_its_own_rule():
     assert [key for key, _ in problems] == ["framework"], problems
     problems, _ = _run("tp=2,sp=on,pp=4,dp=2,zero=2,mbs=8,schedule=dualpipe")  # 4 micro-batches < 2 pp
     assert any(key == "schedule" and "at least 2 pp" in m for key, m in problems), problems
+
+
+# ---- the search offers zero bubble --------------------------------------------------------------------
+def _search(framework: str, bounds, num_devices: int = 16, engine: str = "cpsat"):
+    from clusterplan.planner.search import SearchOptions, plan
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100-superpod", num_devices=num_devices)
+    job = Job(global_batch_size=64, seq_len=8192, framework=framework)
+    return model, job, cluster, plan(model, job, cluster, SearchOptions(bounds=bounds, engine=engine, top_k=3))
+
+
+def test_zero_bubble_is_no_slower_and_holds_the_same_memory_at_every_sampled_layout():
+    """The claim the search's choice rests on (planner.search.space.SEARCHED_SCHEDULES), on the
+    formulas themselves: zb1p against the schedule vp implies at equal knobs, every rank's memory;
+    and why ZB-V is left out: it holds more than interleaving on some rank of some layout."""
+    import random
+
+    from clusterplan.cost.step import rank_memories
+    from clusterplan.cost.terms import Context
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100-superpod", num_devices=64)
+    r, zbv_more, checked = random.Random(38), 0, 0
+    for _ in range(60):
+        tp, pp, vp, mbs = r.choice([1, 2, 4]), r.choice([2, 4, 8]), r.choice([1, 2, 4]), r.choice([1, 2])
+        layout = Layout(tp=tp, pp=pp, dp=64 // (tp * pp), vp=vp, micro_batch_size=mbs, sequence_parallel=tp > 1,
+                        recompute=r.choice(["none", "selective", "full"]), zero_stage=r.choice([0, 2, 3]))
+        for framework in ("torchtitan", "megatron"):
+            job = Job(global_batch_size=r.choice([128, 256]), seq_len=4096, framework=framework)
+            zb = layout.with_(schedule="zb1p")
+            if layout_problems(model, job, cluster, layout) or layout_problems(model, job, cluster, zb.with_(vp=2)):
+                continue
+            ctx, m = Context(model, job, cluster), evaluate(model, job, cluster, layout).num_microbatches
+            base, fast = evaluate(model, job, cluster, layout), evaluate(model, job, cluster, zb)
+            assert fast.step_time_s < base.step_time_s
+            mem = {k: v.total_bytes for k, v in rank_memories(ctx, layout, m).items()}
+            assert {k: v.total_bytes for k, v in rank_memories(ctx, zb, m).items()} == mem
+            checked += 1
+            if vp == 2:
+                zbv = {k: v.total_bytes for k, v in rank_memories(ctx, layout.with_(schedule="zbv"), m).items()}
+                zbv_more += any(zbv[k] > mem[k] for k in mem)
+    assert checked > 40 and zbv_more > 0
+
+
+def test_a_torchtitan_pipeline_plan_runs_zero_bubble_priced_as_evaluate_prices_it():
+    from clusterplan.planner.search import objective_seconds
+    from clusterplan.planner.search.space import Bounds
+
+    for engine in ("cpsat", "exhaustive"):
+        model, job, cluster, res = _search("torchtitan", Bounds({"pp": 4, "vp": 2}), engine=engine)
+        best = res.best.layout
+        assert best.schedule == "zb1p" and best.pipeline_schedule == "zb1p"
+        assert objective_seconds(res.objective_units[0]) == pytest.approx(res.best.step_time_s, rel=1e-3)
+        assert res.best.step_time_s == evaluate(model, job, cluster, best).step_time_s
+        plain = evaluate(model, job, cluster, best.with_(schedule=""))
+        assert res.best.step_time_s < plain.step_time_s
+        assert res.best.peak_memory_bytes == plain.peak_memory_bytes
+
+
+def test_megatron_plans_never_carry_a_schedule():
+    from clusterplan.planner.search.space import Bounds
+
+    _, _, _, res = _search("megatron", Bounds({"pp": 4}, {"vp": 2}))
+    assert res.best.layout.vp >= 2 and all(ev.layout.schedule == "" for ev in [res.best, *res.runners_up])
+
+
+def test_fix_schedule_holds_the_named_schedule():
+    from clusterplan.planner.search.space import Bounds, parse_bounds
+
+    _, _, _, res = _search("torchtitan", parse_bounds(("schedule=zb1p",)))
+    assert all(ev.layout.schedule == "zb1p" and ev.layout.pp > 1 and ev.layout.vp > 1 for ev in [res.best, *res.runners_up])
+    _, _, _, res = _search("torchtitan", parse_bounds(("schedule=interleaved,pp=4",)))
+    assert all(ev.layout.schedule == "" and ev.layout.vp > 1 for ev in [res.best, *res.runners_up])
+    _, _, _, res = _search("torchtitan", parse_bounds(("schedule=1f1b,pp=4",)))
+    assert all(ev.layout.pipeline_schedule == "1f1b" for ev in [res.best, *res.runners_up])
+
+
+@pytest.mark.parametrize("framework, fixed, words", [
+    ("torchtitan", "schedule=zbv", "the search offers only 1f1b, interleaved, zb1p"),
+    ("megatron", "schedule=zb1p", "schedule=zb1p: megatron"),
+    ("torchtitan", "schedule=gpipe", "allowed: 1f1b, interleaved, zb1p, zbv"),
+])
+def test_fix_schedule_refuses_what_the_search_cannot_hold(framework, fixed, words):
+    from click.testing import CliRunner
+
+    from clusterplan.cli import main
+
+    done = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "16",
+                                     "--framework", framework, "--fix", fixed])
+    assert done.exit_code == 2 and words in done.output, done.output

@@ -116,6 +116,27 @@ def test_cpsat_equals_exhaustive_under_torchtitan(seed):
     _check_engines_agree(model, job, cluster, dataclasses.replace(bounds, fixed=fixed))
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_cpsat_equals_exhaustive_with_zero_bubble_offered(seed):
+    """The cross-check where the search offers torchtitan's zero bubble (pipelines only, vp >= 2:
+    Tables.ZU), with dense and MoE models both; the winner runs it where it pipelines with vp >= 2
+    and evaluate prices the decoded layout as the integer objective does."""
+    model, job, cluster, bounds = random_instance(5000 + seed)
+    job = Job(global_batch_size=job.global_batch_size, seq_len=job.seq_len, precision=job.precision, framework="torchtitan")
+    fixed = {k: v for k, v in bounds.fixed.items() if k not in ("zero_stage", "order", "tp_overlap")}
+    bounds = Bounds(fixed, {**bounds.minimum, "pp": 2}, {k: v for k, v in bounds.maximum.items() if k != "pp"},
+                    bounds.memory_headroom)
+    assert "zb1p" in build_space(model, job, cluster, bounds).schedule
+    _check_engines_agree(model, job, cluster, bounds)
+    try:
+        res = plan(model, job, cluster, SearchOptions(bounds=bounds, engine="cpsat"))
+    except InfeasibleError:
+        return
+    for ev in [res.best, *res.runners_up]:
+        assert ev.layout.schedule == ("zb1p" if ev.layout.vp > 1 else "")
+    assert objective_seconds(res.objective_units[0]) == pytest.approx(res.best.step_time_s, rel=1e-3)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_cpsat_equals_exhaustive_under_deepspeed_2021(seed):
     """The cross-check where a profile rule depends on DP overlap: DeepSpeed before v0.6.0 cannot
