@@ -251,7 +251,9 @@ ENGINE_OPTIONS = [
                       "(on: the embedding and the LM head each take a layer's slot in the pipeline split; unfixed, the "
                       "search tries both splits the framework offers), offload, cp_comm (p2p, allgather, a2a, a2a+p2p: how context "
                       "parallelism communicates), moe_dispatcher (auto, alltoall, deepep, hybridep: held, "
-                      "not searched), dp_shard (hybrid sharding over N data-parallel ranks; never searched) (repeatable, or comma-separated: --fix tp=8,pp=4)."),
+                      "not searched), dp_shard (hybrid sharding over N data-parallel ranks; never searched), schedule (1f1b, "
+                      "interleaved, zb1p: the pipeline schedule; unfixed, pipelines run zero bubble where the framework "
+                      "has it) (repeatable, or comma-separated: --fix tp=8,pp=4)."),
     click.option("--min", "minimum", multiple=True, metavar="KNOB=VALUE",
                  help="Lower bound on a numeric knob, e.g. --min dp=4 (repeatable)."),
     click.option("--max", "maximum", multiple=True, metavar="KNOB=VALUE",

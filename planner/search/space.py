@@ -183,7 +183,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
         param_gather=(_param_gather(job, cluster, b),),
         dp_shard=pick("dp_shard", (0,)), schedule=_searched_schedules(prof, b),
-        schedule_vp1=prof.has("schedule_zbh1") or b.allow_unavailable, framework_rules=not b.allow_unavailable,
+        schedule_vp1=prof.has("schedule_zbh1"), framework_rules=not b.allow_unavailable,
     ), prof)
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
     _check_fixed_shape(model, b, prof)
@@ -326,7 +326,7 @@ def _searched_schedules(prof, b: Bounds) -> tuple[str, ...]:
     with ``--fix schedule`` the one held ("" for the one vp implies: 1f1b, interleaved)."""
     fixed = b.fixed.get("schedule")
     if fixed is not None:
-        return ("",) if fixed in ("", "1f1b", "interleaved") else (fixed,)
+        return (fixed,) if fixed in SEARCHED_SCHEDULES else ("",)  # others: refused (_check_fixed_schedule)
     return ("", *(s for s in SEARCHED_SCHEDULES if prof.has(f"schedule_{s}")))
 
 
