@@ -12,7 +12,7 @@ Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (see ``cost.step`` for 
     U[f,mb,v] * X  -  EO * UG[f,mb,v] * min((SHARE_PARTS - ep_share) EPC // SHARE_PARTS, WE)  +  SLOT_QUANTUM * M[f,mb] * (H + P2P)  +  dp_exposed  +  M * fsdp_exposed
     +  SLOT_QUANTUM * OPT
 
-    +  SLOT_QUANTUM * DPX
+    +  SLOT_QUANTUM * DPX  -  ZU[f,mb,v] * BK
 
 where ``exposed = max(ceil(SLOT_QUANTUM * traffic / NUM_GRAD_BUCKETS), ceil(SLOT_QUANTUM * traffic *
 dp_share / SHARE_PARTS), SLOT_QUANTUM * traffic - FRAC * window)`` with DP overlap on (the window is
@@ -21,7 +21,9 @@ BWD per step, FW per micro-batch), ``SLOT_QUANTUM * traffic`` with it off.
 with ``X = C + TPC + CPC + EPC`` the per-micro-batch layer time, ``U`` the micro-batch slots
 (including the bubble) times the share of layers on the most loaded stage, and the last term what EP
 overlap saves: the slots in its steady state times the all-to-all time it hides there (what the
-kernels' SM share leaves of it, at most the window WE; ``cost.terms.ep_comm_parts``).
+kernels' SM share leaves of it, at most the window WE; ``cost.terms.ep_comm_parts``). ``ZU * BK`` is
+what zero bubble takes off the bubble where the search runs it (``space.cell_schedule``): its slots
+times the backward compute per micro-batch (``Tables.ZU``; per kind on a stage of both kinds).
 
 For ``--objective energy`` the searched objective is ``time_weight * (the above) + busy_weight *
 (M * FRAC * C + SLOT_QUANTUM * (M * H + OPT))``: waiting power over the whole step plus the extra
@@ -650,7 +652,8 @@ def _device_to_rank(cluster) -> np.ndarray:
 
 def layout_from_indices(space: Space, idx: dict, ctx: Context | None = None) -> Layout:
     """Build the :class:`Layout` for a dict of knob indices (keys as in ``planner.search.cpsat``), with
-    the context-parallel kind the tables priced for it (``ctx``: the search's context)."""
+    the pipeline schedule (``space.cell_schedule``) and the context-parallel kind the tables priced
+    for it (``ctx``: the search's context)."""
     S = space
     lay = _layout_of_indices(S, idx)
     lay = lay.with_(schedule=cell_schedule(S, lay.pp, lay.vp))
