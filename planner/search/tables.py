@@ -44,7 +44,8 @@ from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
     mixed_kinds,
     kind_windows, stage_kind_shares,
-    ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_in_period, head_terms, optimizer_s,
+    ep_overlap_steady_share, ep_overlap_window_s, fp8_gathers_no_slower, grads_freed_bytes, head_in_period, head_terms,
+    kept_param_bytes, optimizer_s,
     overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms, zero_replicas,
 )
 from clusterplan.planner.search.masks import (
@@ -126,6 +127,9 @@ class Tables:
     BWD_M: np.ndarray | None = None
     FW_M: np.ndarray | None = None
     stages: tuple | None = None
+    # with bf16 and fp8 parameter gathers offered (Space.param_gather): (F, O, V, E, Z) bool, True where
+    # the cell is priced with fp8 (_gather_pick); layout_from_indices puts it on the layout. None otherwise
+    PG: np.ndarray | None = None
 
 
 @dataclass
@@ -226,7 +230,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = masks(ctx, S)
     use = ((ok_fmbv < 0).any(axis=2) & (ok_f < 0)[:, None])  # (f, mb) pairs some layout can take
     timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_of_fe, tc_keys, use)
-    DPS, DPM, RG, DPX, OPT, statics = _dp_tables(ctx, S, use.any(axis=1), times=not memory_only)
+    DPS, DPM, RG, DPX, OPT, statics, PG = _dp_tables(ctx, S, use.any(axis=1), times=not memory_only)
     U, UG, FRAC, M, stages = _count_tables(ctx, S)
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
@@ -246,7 +250,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, OPT=OPT,
                   U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
                   capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
-                  ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=ep_overlap_mask(ctx, S),
+                  ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=ep_overlap_mask(ctx, S), PG=PG,
                   time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
                   ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))), memory_only=memory_only)
@@ -466,19 +470,23 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
     recomputation, never overlapped), optimizer step and static memory over (f, o, v, e, z), for the
     factorizations some layout of which passes the structural rules (``valid``; the others' rows
     stay 0: every layout of theirs is refused before memory); ``times=False``: the static memory
-    alone (the time tables stay 0)."""
+    alone (the time tables stay 0). Each (f, v, e, z) cell is priced at the parameter-gather dtype
+    :func:`_gather_pick` takes per order; the last array is True over (f, o, v, e, z) where that is
+    fp8 among two offered (``Tables.PG``), None where the space holds one dtype."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
     dps, dpm, rg, dpx = (np.zeros((F, O, V, E, Z)) for _ in range(4))
+    fp8 = np.zeros((F, O, V, E, Z), bool)
     opt = np.zeros((F, V, E, Z))
     static = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
     gfree = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
-    L = ctx.model.num_layers
+    L, offered, compared = ctx.model.num_layers, len(S.param_gather) > 1, _compared_gathers(ctx, S)
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
             if not valid[i] or expert_ok(ctx.model, tp, dp, cp, e, et, ctx.job.profile) is not None:
                 continue
-            profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o, et) if times and dp * cp > 1 else (None, None)
-                        for o in S.order]
+            # the traffic is priced for the time tables, and for the choice of the gathers' dtype
+            profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o, et) if (times or len(compared) > 1) and dp * cp > 1
+                        else (None, None) for o in S.order]
             # Orders whose groups get the same fabric profiles (torus traversals, often) share the
             # traffic: ``first[oi]`` is the first order with oi's profiles.
             seen: dict = {}
@@ -491,25 +499,95 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                     continue
                 pc = param_counts(ctx.model, tp, pp, v, e, et, hs)
                 for zi, z in enumerate(S.zero_stage):
+                    gathers = compared if z >= 1 else S.param_gather[:1]
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
-                                  param_gather=S.param_gather[0], dp_shard=S.dp_shard[0])
-                    opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0
-                    for rank in RANKS:  # a rank the pipeline lacks (rank 1 of two) repeats the first's
-                        held = rank if rank_index(pp, rank) is not None else "first"
-                        static[rank][i, vi, ei, zi] = memory_static_bytes(ctx, base, held) + runtime
-                        gfree[rank][i, vi, ei, zi] = grads_freed_bytes(ctx, base, held)
-                    for oi, (dense, expert) in enumerate(profiles):
-                        if dense is None:
-                            continue
-                        at, src = (i, oi, vi, ei, zi), (i, first[oi], vi, ei, zi)
-                        if first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z, False, S.dp_shard[0]) == 1:
-                            dps[at], dpm[at], rg[at], dpx[at] = dps[src], dpm[src], rg[src], dpx[src]
-                            continue
-                        t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], et, v, z, (dense, expert),
-                                        param_gather=S.param_gather[0], dp_shard=S.dp_shard[0])
-                        dps[at], dpm[at], rg[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s
+                                  param_gather=gathers[0], dp_shard=S.dp_shard[0])
+                    opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0  # the same for either dtype
+                    picks, held, terms = _gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
+                    fp8[i, :, vi, ei, zi] = [g == "fp8" for g in picks]
+                    for rank in RANKS:
+                        static[rank][i, vi, ei, zi], gfree[rank][i, vi, ei, zi] = held[rank]
+                    for oi, t in enumerate(terms if times else ()):
+                        if t is not None:
+                            dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi], rg[i, oi, vi, ei, zi], \
+                                dpx[i, oi, vi, ei, zi] = t
     statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank])) for rank in RANKS}
-    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(opt), statics
+    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(opt), statics, (fp8 if offered else None)
+
+
+def _compared_gathers(ctx: Context, S: Space) -> tuple[str, ...]:
+    """The dtypes a cell with zero >= 1 is priced at (:func:`_gather_pick`): the space's one, or of
+    bf16 and fp8 offered, bf16 alone where fp8 keeps more bytes per weight (Megatron's two MXFP8
+    copies: more static memory on every rank), fp8 alone where it keeps as many and is never slower
+    (``cost.terms.fp8_gathers_no_slower``: Megatron's FP8 with delayed scaling), else both, compared
+    cell by cell (torchtitan's float8 gathers: fewer bytes kept, an amax all-reduce a step)."""
+    if len(S.param_gather) == 1:
+        return S.param_gather
+    fp8, bf16 = kept_param_bytes(ctx.job, "fp8"), kept_param_bytes(ctx.job, "bf16")
+    if fp8 > bf16:
+        return ("bf16",)
+    return ("fp8",) if fp8 == bf16 and fp8_gathers_no_slower(ctx.job) else ("bf16", "fp8")
+
+
+def _gather_pick(ctx: Context, S: Space, pc, base: Layout, gathers: tuple[str, ...], profiles: list, first: list,
+                 runtime: float) -> tuple[list[str], dict, list]:
+    """The parameter-gather dtype of one (f, v, e, z) cell per order of ``S.order`` among ``gathers``
+    (:func:`_compared_gathers`), with the cell's static memory and freed gradients per rank
+    (``RANKS``: (static, freed)) and its data-parallel terms per order at those dtypes
+    (:func:`_dp_order_terms`).
+
+    Of bf16 and fp8, fp8 is taken where it needs no more static memory on any rank (at backward's
+    end and at the activation peak) and none of the four data-parallel terms is longer: each enters
+    the objective through a non-decreasing term (``build_tables``), so the choice is exact for the
+    step time, the energy and the fit. The static memory has no order axis: where fp8 needs less
+    memory, it is taken in every order or in none (in every one only if it is no slower in each);
+    where it needs the same, order by order."""
+    lays = {g: base if g == base.param_gather else base.with_(param_gather=g) for g in gathers}
+    cells = {g: _static_cell(ctx, lays[g], runtime) for g in gathers}
+    if len(gathers) == 1:
+        return [gathers[0]] * len(S.order), cells[gathers[0]], _dp_order_terms(ctx, S, pc, lays[gathers[0]],
+                                                                                profiles, first)
+    (low, high) = (cells["fp8"], cells["bf16"])
+    pairs = [(low[r][0], high[r][0]) for r in RANKS] + [(low[r][0] - low[r][1], high[r][0] - high[r][1]) for r in RANKS]
+    t16 = _dp_order_terms(ctx, S, pc, lays["bf16"], profiles, first)
+    if any(a > b for a, b in pairs):
+        return ["bf16"] * len(S.order), high, t16
+    t8 = _dp_order_terms(ctx, S, pc, lays["fp8"], profiles, first)
+    faster = [a is None or all(x <= y for x, y in zip(a, b)) for a, b in zip(t8, t16)]
+    if any(a < b for a, b in pairs):
+        faster = [all(faster)] * len(faster)
+    picks = ["fp8" if ok else "bf16" for ok in faster]
+    return picks, (low if all(faster) else high), [a if ok else b for ok, a, b in zip(faster, t8, t16)]
+
+
+def _static_cell(ctx: Context, layout: Layout, runtime: float) -> dict:
+    """Per rank of ``RANKS``: ``layout``'s static memory with the runtime, and the gradients absent at
+    a one-micro-batch step's activation peak (a rank the pipeline lacks, rank 1 of two, repeats the
+    first's)."""
+    out = {}
+    for rank in RANKS:
+        held = rank if rank_index(layout.pp, rank) is not None else "first"
+        out[rank] = (memory_static_bytes(ctx, layout, held) + runtime, grads_freed_bytes(ctx, layout, held))
+    return out
+
+
+def _dp_order_terms(ctx: Context, S: Space, pc, layout: Layout, profiles: list, first: list) -> list:
+    """Per order of ``S.order``: ``layout``'s data-parallel terms (per step, per micro-batch, the
+    third gathers, blocking) over the order's groups ``profiles``, or None where it has none; an
+    order with the profiles of an earlier one (``first``) and one copy of each shard shares its
+    terms."""
+    tp, pp, dp, cp, e, z = layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.zero_stage
+    out: list = []
+    for oi, (dense, expert) in enumerate(profiles):
+        if dense is None:
+            out.append(None)
+        elif first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z, False, S.dp_shard[0]) == 1:
+            out.append(out[first[oi]])
+        else:
+            t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], layout.expert_tp, layout.vp, z, (dense, expert),
+                            param_gather=layout.param_gather, dp_shard=S.dp_shard[0])
+            out.append((t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s))
+    return out
 
 
 def full_recompute(S: Space) -> np.ndarray:
@@ -609,11 +687,18 @@ def _device_to_rank(cluster) -> np.ndarray:
     return entry[1]
 
 
-def layout_from_indices(space: Space, idx: dict, ctx: Context | None = None) -> Layout:
+def layout_from_indices(space: Space, idx: dict, ctx: Context | None = None,
+                        fp8_gathers: np.ndarray | None = None) -> Layout:
     """Build the :class:`Layout` for a dict of knob indices (keys as in ``planner.search.cpsat``), with
-    the context-parallel kind the tables priced for it (``ctx``: the search's context)."""
+    the context-parallel kind the tables priced for it (``ctx``: the search's context) and the
+    parameter-gather dtype they priced it with (``fp8_gathers``: the tables' ``PG``, needed where the
+    space offers both dtypes)."""
     S = space
+    if len(S.param_gather) > 1 and fp8_gathers is None:
+        raise ValueError("the space offers two parameter-gather dtypes: pass the tables' choice (Tables.PG)")
     lay = _layout_of_indices(S, idx)
+    if fp8_gathers is not None and fp8_gathers[idx["f"], idx["o"], idx["v"], idx["e"], idx["z"]]:
+        lay = lay.with_(param_gather="fp8")
     if ctx is None or lay.cp == 1 or S.cp_comm == ("p2p",):
         return lay
     best = cp_comm_choice(ctx.placed(lay.order), lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel,
