@@ -112,7 +112,7 @@ class Space:
     moe_dispatcher: tuple[str, ...] = ("auto",)
     # the dtypes of the parameter all-gathers (cost.layout.PARAM_GATHERS): what --fix holds, else bf16
     # and, where the job can gather in fp8, fp8 too: not a dimension, each (f, o, v, e, z) cell of the
-    # data-parallel tables takes fp8 where it is no slower and needs no more memory (tables._gather_pick);
+    # data-parallel tables takes fp8 where it is no slower and needs no more memory (gathers.gather_pick);
     # Layout.param_gather
     param_gather: tuple[str, ...] = ("bf16",)
     # hybrid sharding's group (Layout.dp_shard): 0, the framework's own, unless --fix holds one

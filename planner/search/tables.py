@@ -39,18 +39,18 @@ import numpy as np
 
 from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.stages import RANKS, rank_index
-from clusterplan.cost.step import memory_static_bytes, rank_inflight, working_bytes
+from clusterplan.cost.step import rank_inflight, working_bytes
 from clusterplan.cost.terms import (
-    Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
+    Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, ep_comm_terms,
     mixed_kinds,
     kind_windows, stage_kind_shares,
-    ep_overlap_steady_share, ep_overlap_window_s, fp8_gathers_no_slower, grads_freed_bytes, head_in_period, head_terms,
-    kept_param_bytes, optimizer_s,
-    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms, zero_replicas,
+    ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s,
+    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms,
 )
 from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
+from clusterplan.planner.search.gathers import compared_gathers, gather_pick
 from clusterplan.planner.search.space import Space, _representative, expert_ok, layout_of, traversal_duplicates
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
@@ -128,7 +128,7 @@ class Tables:
     FW_M: np.ndarray | None = None
     stages: tuple | None = None
     # with bf16 and fp8 parameter gathers offered (Space.param_gather): (F, O, V, E, Z) bool, True where
-    # the cell is priced with fp8 (_gather_pick); layout_from_indices puts it on the layout. None otherwise
+    # the cell is priced with fp8 (gathers.gather_pick); layout_from_indices puts it on the layout. None otherwise
     PG: np.ndarray | None = None
 
 
@@ -471,7 +471,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
     factorizations some layout of which passes the structural rules (``valid``; the others' rows
     stay 0: every layout of theirs is refused before memory); ``times=False``: the static memory
     alone (the time tables stay 0). Each (f, v, e, z) cell is priced at the parameter-gather dtype
-    :func:`_gather_pick` takes per order; the last array is True over (f, o, v, e, z) where that is
+    :func:`~planner.search.gathers.gather_pick` takes per order; the last array is True over (f, o, v, e, z) where that is
     fp8 among two offered (``Tables.PG``), None where the space holds one dtype."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
     dps, dpm, rg, dpx = (np.zeros((F, O, V, E, Z)) for _ in range(4))
@@ -479,7 +479,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
     opt = np.zeros((F, V, E, Z))
     static = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
     gfree = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
-    L, offered, compared = ctx.model.num_layers, len(S.param_gather) > 1, _compared_gathers(ctx, S)
+    L, offered, compared = ctx.model.num_layers, len(S.param_gather) > 1, compared_gathers(ctx, S)
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
             if not valid[i] or expert_ok(ctx.model, tp, dp, cp, e, et, ctx.job.profile) is not None:
@@ -503,7 +503,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
                                   param_gather=gathers[0], dp_shard=S.dp_shard[0])
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0  # the same for either dtype
-                    picks, held, terms = _gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
+                    picks, held, terms = gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
                     fp8[i, :, vi, ei, zi] = [g == "fp8" for g in picks]
                     for rank in RANKS:
                         static[rank][i, vi, ei, zi], gfree[rank][i, vi, ei, zi] = held[rank]
@@ -513,81 +513,6 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                                 dpx[i, oi, vi, ei, zi] = t
     statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank])) for rank in RANKS}
     return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(opt), statics, (fp8 if offered else None)
-
-
-def _compared_gathers(ctx: Context, S: Space) -> tuple[str, ...]:
-    """The dtypes a cell with zero >= 1 is priced at (:func:`_gather_pick`): the space's one, or of
-    bf16 and fp8 offered, bf16 alone where fp8 keeps more bytes per weight (Megatron's two MXFP8
-    copies: more static memory on every rank), fp8 alone where it keeps as many and is never slower
-    (``cost.terms.fp8_gathers_no_slower``: Megatron's FP8 with delayed scaling), else both, compared
-    cell by cell (torchtitan's float8 gathers: fewer bytes kept, an amax all-reduce a step)."""
-    if len(S.param_gather) == 1:
-        return S.param_gather
-    fp8, bf16 = kept_param_bytes(ctx.job, "fp8"), kept_param_bytes(ctx.job, "bf16")
-    if fp8 > bf16:
-        return ("bf16",)
-    return ("fp8",) if fp8 == bf16 and fp8_gathers_no_slower(ctx.job) else ("bf16", "fp8")
-
-
-def _gather_pick(ctx: Context, S: Space, pc, base: Layout, gathers: tuple[str, ...], profiles: list, first: list,
-                 runtime: float) -> tuple[list[str], dict, list]:
-    """The parameter-gather dtype of one (f, v, e, z) cell per order of ``S.order`` among ``gathers``
-    (:func:`_compared_gathers`), with the cell's static memory and freed gradients per rank
-    (``RANKS``: (static, freed)) and its data-parallel terms per order at those dtypes
-    (:func:`_dp_order_terms`).
-
-    Of bf16 and fp8, fp8 is taken where it needs no more static memory on any rank (at backward's
-    end and at the activation peak) and none of the four data-parallel terms is longer: each enters
-    the objective through a non-decreasing term (``build_tables``), so the choice is exact for the
-    step time, the energy and the fit. The static memory has no order axis: where fp8 needs less
-    memory, it is taken in every order or in none (in every one only if it is no slower in each);
-    where it needs the same, order by order."""
-    lays = {g: base if g == base.param_gather else base.with_(param_gather=g) for g in gathers}
-    cells = {g: _static_cell(ctx, lays[g], runtime) for g in gathers}
-    if len(gathers) == 1:
-        return [gathers[0]] * len(S.order), cells[gathers[0]], _dp_order_terms(ctx, S, pc, lays[gathers[0]],
-                                                                                profiles, first)
-    (low, high) = (cells["fp8"], cells["bf16"])
-    pairs = [(low[r][0], high[r][0]) for r in RANKS] + [(low[r][0] - low[r][1], high[r][0] - high[r][1]) for r in RANKS]
-    t16 = _dp_order_terms(ctx, S, pc, lays["bf16"], profiles, first)
-    if any(a > b for a, b in pairs):
-        return ["bf16"] * len(S.order), high, t16
-    t8 = _dp_order_terms(ctx, S, pc, lays["fp8"], profiles, first)
-    faster = [a is None or all(x <= y for x, y in zip(a, b)) for a, b in zip(t8, t16)]
-    if any(a < b for a, b in pairs):
-        faster = [all(faster)] * len(faster)
-    picks = ["fp8" if ok else "bf16" for ok in faster]
-    return picks, (low if all(faster) else high), [a if ok else b for ok, a, b in zip(faster, t8, t16)]
-
-
-def _static_cell(ctx: Context, layout: Layout, runtime: float) -> dict:
-    """Per rank of ``RANKS``: ``layout``'s static memory with the runtime, and the gradients absent at
-    a one-micro-batch step's activation peak (a rank the pipeline lacks, rank 1 of two, repeats the
-    first's)."""
-    out = {}
-    for rank in RANKS:
-        held = rank if rank_index(layout.pp, rank) is not None else "first"
-        out[rank] = (memory_static_bytes(ctx, layout, held) + runtime, grads_freed_bytes(ctx, layout, held))
-    return out
-
-
-def _dp_order_terms(ctx: Context, S: Space, pc, layout: Layout, profiles: list, first: list) -> list:
-    """Per order of ``S.order``: ``layout``'s data-parallel terms (per step, per micro-batch, the
-    third gathers, blocking) over the order's groups ``profiles``, or None where it has none; an
-    order with the profiles of an earlier one (``first``) and one copy of each shard shares its
-    terms."""
-    tp, pp, dp, cp, e, z = layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.zero_stage
-    out: list = []
-    for oi, (dense, expert) in enumerate(profiles):
-        if dense is None:
-            out.append(None)
-        elif first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z, False, S.dp_shard[0]) == 1:
-            out.append(out[first[oi]])
-        else:
-            t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], layout.expert_tp, layout.vp, z, (dense, expert),
-                            param_gather=layout.param_gather, dp_shard=S.dp_shard[0])
-            out.append((t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s))
-    return out
 
 
 def full_recompute(S: Space) -> np.ndarray:
