@@ -146,3 +146,131 @@ def test_a_published_run_prices_its_param_gather():
     bf16 = evaluate(M, _job("bf16"), cluster, Layout(dp=64, zero_stage=1))
     with pytest.raises(SpecError, match="needs precision fp8 or mxfp8"):
         _with_partial_recompute({"layout": {"param_gather": "fp8"}}, M, _job("bf16"), cluster, bf16)
+
+
+def _space_and_tables(job, cluster, fix=(), model=M, memory_only=False):
+    from clusterplan.planner.search.space import build_space, parse_bounds
+    from clusterplan.planner.search.tables import build_tables
+    bounds = parse_bounds(fix)
+    space = build_space(model, job, cluster, bounds)
+    ctx = Context(model, job, cluster)
+    return space, build_tables(ctx, space, bounds.headroom(job, cluster), memory_only=memory_only)
+
+
+@pytest.mark.parametrize("precision, framework, date, fix, offered", [
+    ("fp8", "megatron", "", (), ("bf16", "fp8")),
+    ("mxfp8", "megatron", "", (), ("bf16", "fp8")),
+    ("fp8", "torchtitan", "2025-06", (), ("bf16", "fp8")),
+    ("fp8", "torchtitan", "2026-05", (), ("bf16",)),  # the float8 all-gather left torchtitan in 2026-04
+    ("fp8", "megatron", "2024-06", (), ("bf16",)),
+    ("bf16", "megatron", "", (), ("bf16",)),
+    ("fp8", "megatron", "", ("param_gather=bf16",), ("bf16",)),
+    ("fp8", "megatron", "", ("param_gather=fp8",), ("fp8",)),
+    ("fp8", "megatron", "", ("zero=0",), ("bf16",)),
+])
+def test_the_search_offers_fp8_gathers_where_the_job_runs_them(precision, framework, date, fix, offered):
+    """fp8 is offered to the tables where the job could gather in it (an FP8/MXFP8 precision the
+    device runs, the framework's gather at its date, a ZeRO stage that gathers); --fix holds one."""
+    from clusterplan.planner.search.space import build_space, parse_bounds
+    cluster = build_cluster("gb200-nvl72" if precision == "mxfp8" else "dgx-h100-superpod", num_devices=64)
+    assert build_space(M, _job(precision, framework, date), cluster, parse_bounds(fix)).param_gather == offered
+
+
+def test_validation_searches_hold_bf16_gathers():
+    """A published run's search holds 16-bit gathers; the run's own dtype is applied after it."""
+    from clusterplan.planner.search.space import Bounds, build_space
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    space = build_space(M, _job(), cluster, Bounds(fixed={"tp": 1}, allow_unavailable=True))
+    assert space.param_gather == ("bf16",)
+
+
+@pytest.mark.parametrize("precision, framework, date, devices", [
+    ("fp8", "megatron", "", ("dgx-h100-superpod", 64)),
+    ("fp8", "torchtitan", "2025-06", ("dgx-h100-superpod", 64)),
+    ("mxfp8", "megatron", "", ("gb200-nvl72", 72)),
+])
+def test_a_cell_takes_fp8_only_where_it_is_no_slower_and_no_larger(precision, framework, date, devices):
+    """Against the same space with bf16 held, the offered tables are no larger in any data-parallel
+    term and in no memory row, and equal to them wherever they kept bf16; where they took fp8 they
+    equal the tables with fp8 held. The memory-only tables (``clusterplan fit``) choose the same."""
+    cluster = build_cluster(devices[0], num_devices=devices[1])
+    job = _job(precision, framework, date)
+    space, T = _space_and_tables(job, cluster)
+    _, B = _space_and_tables(job, cluster, ("param_gather=bf16",))
+    fspace, F8 = _space_and_tables(job, cluster, ("param_gather=fp8",))
+    assert space.param_gather == ("bf16", "fp8") and B.PG is None and F8.PG is None
+    z = [space.zero_stage.index(s) for s in fspace.zero_stage]  # the fixed-fp8 space has zero 1-3
+    for name in ("DPS", "DPM", "RG", "DPX"):
+        ours, bf16, fp8 = getattr(T, name), getattr(B, name), getattr(F8, name)
+        assert (ours <= bf16).all()
+        assert (ours[~T.PG] == bf16[~T.PG]).all()
+        assert (ours[:, :, :, :, z][T.PG[:, :, :, :, z]] == fp8[T.PG[:, :, :, :, z]]).all()
+    for row, base in zip(T.rows, B.rows):
+        assert (row.static <= base.static).all() and (row.static1 <= base.static1).all()
+    chosen = T.PG.any(axis=1)[:, :, :, z]  # (f, v, e, z) cells priced with fp8 in some order
+    held = {row.name: row for row in F8.rows}
+    for row in (r for r in T.rows if r.name in held):
+        assert (row.static[:, :, :, z][chosen] == held[row.name].static[chosen]).all()
+    assert (_space_and_tables(job, cluster, memory_only=True)[1].PG == T.PG).all()
+    assert not T.PG[:, :, :, :, space.zero_stage.index(0)].any()  # zero=0 gathers no parameters
+    if precision == "mxfp8":  # Megatron keeps two MXFP8 copies of each weight: more than bf16's one
+        assert not T.PG.any()
+    else:
+        assert T.PG.any()
+
+
+def test_torchtitan_fp8_job_gathers_in_fp8_where_it_is_better():
+    """torchtitan's FSDP2 float8 all-gather (2025-06): with pipeline parallelism FSDP keeps the
+    gathered weights over the micro-batches (one gather a step), and gathering them in float8 (half the
+    bytes, the amax all-reduce besides) wins; the search takes it and prices it as evaluate does."""
+    from clusterplan.planner.search import SearchOptions, objective_seconds, plan
+    from clusterplan.planner.search.space import parse_bounds
+    model = get_model("llama3-70b")
+    cluster = build_cluster("dgx-h100-superpod", num_devices=64)
+    job = _job(framework="torchtitan", date="2025-06")
+    found = {fix: plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=parse_bounds(fix)))
+             for fix in (("pp=4",), ("pp=4", "param_gather=bf16"), ("pp=4", "param_gather=fp8"))}
+    best = found[("pp=4",)].best
+    assert best.layout.param_gather == "fp8"
+    assert best.step_time_s < found[("pp=4", "param_gather=bf16")].best.step_time_s
+    assert best.step_time_s == pytest.approx(found[("pp=4", "param_gather=fp8")].best.step_time_s)
+    assert evaluate(model, job, cluster, best.layout).step_time_s == pytest.approx(best.step_time_s)
+    assert objective_seconds(found[("pp=4",)].objective_units[0]) == pytest.approx(best.step_time_s, rel=1e-3)
+
+
+def test_megatron_mxfp8_job_keeps_bf16_gathers_that_cost_memory():
+    """Megatron's MXFP8 params keep a row- and a column-wise copy (2 x 1.03 B a weight): faster to
+    gather, more memory than the bf16 params; the search does not take them, and plans as with bf16 held."""
+    from clusterplan.planner.search import SearchOptions, plan
+    from clusterplan.planner.search.space import parse_bounds
+    cluster = build_cluster("gb200-nvl72", num_devices=72)
+    job = _job(precision="mxfp8")
+    offered, held = (plan(M, job, cluster, SearchOptions(engine="cpsat", top_k=2, bounds=parse_bounds(fix)))
+                     for fix in ((), ("param_gather=bf16",)))
+    assert [e.layout for e in [offered.best, *offered.runners_up]] == [e.layout for e in [held.best, *held.runners_up]]
+    assert offered.objective_units == held.objective_units
+    layout = offered.best.layout
+    if layout.zero_stage >= 1 and layout.dp > 1:
+        fp8 = evaluate(M, job, cluster, layout.with_(param_gather="fp8"))
+        assert fp8.memory.fit_bytes > offered.best.memory.fit_bytes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_engines_agree_with_fp8_gathers_offered(seed):
+    """Unfixed, an FP8 job's search (the gathers' dtype chosen in the tables): CP-SAT equals the
+    exhaustive enumerator, and the winner's step time is what evaluate prices for the decoded layout."""
+    from test_search import _check_engines_agree, random_instance
+    from clusterplan.models.errors import InfeasibleError
+    from clusterplan.planner.search import SearchOptions, objective_seconds, plan
+    model, job, cluster, bounds = random_instance(7100 + seed)
+    if not cluster.device.supports("fp8"):
+        cluster = build_cluster("dgx-h100-superpod", num_devices=cluster.num_devices)
+    job = Job(global_batch_size=job.global_batch_size, seq_len=job.seq_len, precision="fp8")
+    _check_engines_agree(model, job, cluster, bounds)
+    try:
+        res = plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=2, bounds=bounds))
+    except (InfeasibleError, SpecError):
+        return
+    for units, ev in zip(res.objective_units, [res.best, *res.runners_up]):
+        assert objective_seconds(units) == pytest.approx(ev.step_time_s, rel=1e-3)
+        assert evaluate(model, job, cluster, ev.layout).step_time_s == pytest.approx(ev.step_time_s)

@@ -322,7 +322,7 @@ def _check_split_agrees(model, job, cluster, T) -> tuple[dict, int]:
     assert len({tuple(idx[k] for k in DIMS) for _, idx in solutions}) == len(solutions)
     for value, idx in solutions:
         assert _score(T, idx) == (value, -1, True)
-        assert layout_problems(model, job, cluster, layout_from_indices(T.space, idx)) == []
+        assert layout_problems(model, job, cluster, layout_from_indices(T.space, idx, fp8_gathers=T.PG)) == []
     return rejections, feasible
 
 
@@ -665,7 +665,7 @@ def test_cpsat_equals_exhaustive_for_the_energy_objective(seed):
     assert [o for o, _ in cpsat.solutions] == [o for o, _ in exhaustive]
     for value, idx in cpsat.solutions:
         assert _score(T, idx) == (value, -1, True)
-        ev = evaluate(model, job, cluster, layout_from_indices(T.space, idx))
+        ev = evaluate(model, job, cluster, layout_from_indices(T.space, idx, fp8_gathers=T.PG))
         joules = step_energy_j(cluster, ev.time)
         # the integer objective is watts x time units per device: joules = units * 1e-10 s * devices
         assert objective_seconds(value) * cluster.num_devices == pytest.approx(joules, rel=2e-3)

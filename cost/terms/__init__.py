@@ -134,6 +134,7 @@ from clusterplan.cost.terms.memory import (  # noqa: F401
     static_memory,
     _lp_grads_kept,
     grads_freed_bytes,
+    kept_param_bytes,
 )
 from clusterplan.cost.terms.dp import (  # noqa: F401
     NUM_GRAD_BUCKETS,
@@ -149,6 +150,7 @@ from clusterplan.cost.terms.dp import (  # noqa: F401
     zero3_released_modules,
     zero3_regather_s,
     gather_bytes,
+    fp8_gathers_no_slower,
     dp_traffic,
     dp_profiles,
     _dp_cp_group,

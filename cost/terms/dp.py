@@ -86,9 +86,22 @@ def amax_all_reduce_s(ctx: Context, pp: int, vp: int, zero: int, profile, param_
     four per layer of the stage (QKV, attention output, the MLP's two): latency-bound. Delayed
     scaling takes the scale from the amax history (no extra collective); MXFP8 scales each 32-element
     block locally."""
-    if param_gather != "fp8" or zero == 0 or profile is None or ctx.job.gemm_format != "fp8_current":
+    if not _amax_reduced(ctx.job, param_gather) or zero == 0 or profile is None:
         return 0.0
     return coll.all_reduce_s(4.0 * 4 * layers_on_stage(ctx.model.num_layers, pp, vp), profile)
+
+
+def _amax_reduced(job: Job, param_gather: str) -> bool:
+    """Whether gathering in ``param_gather`` needs :func:`amax_all_reduce_s`'s all-reduce (current scaling)."""
+    return param_gather == "fp8" and job.gemm_format == "fp8_current"
+
+
+def fp8_gathers_no_slower(job: Job) -> bool:
+    """Whether gathering the parameters in fp8 lengthens no data-parallel term of any layout: it moves
+    no more bytes per weight than bf16 (:func:`gather_bytes`, through the same collectives, whose time
+    does not fall as bytes grow) and adds no amax all-reduce (:func:`amax_all_reduce_s`; delayed or
+    per-block scaling). The search then needs no bf16 price to know fp8 is no slower."""
+    return gather_bytes(job, "fp8") <= gather_bytes(job, "bf16") and not _amax_reduced(job, "fp8")
 
 
 def _dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: int, ep: int, order: str,

@@ -111,11 +111,11 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     if feasible == 0:
         raise _infeasible(ctx, [p.tables.space for p in parts], rejections, headroom, opts.bounds)
     # the splits' winners merged by objective (a stable sort: the framework's own split wins ties)
-    ranked = sorted(((obj, part.tables.space, idx) for part in parts for obj, idx in part.solutions),
+    ranked = sorted(((obj, part.tables, idx) for part in parts for obj, idx in part.solutions),
                     key=lambda row: row[0])[:opts.top_k + 1]
     if not ranked:  # every split's solve stopped before a layout (the time limit)
         raise next((p.error for p in parts if p.error), SolverError("CP-SAT found no layout in any pipeline split"))
-    evaluations = [evaluate_ctx(ctx, layout_from_indices(sub, idx, ctx)) for _, sub, idx in ranked]
+    evaluations = [evaluate_ctx(ctx, layout_from_indices(T.space, idx, ctx, T.PG)) for _, T, idx in ranked]
     done = [p for p in parts if p.feasible]
     status = next((p.status for p in done if p.status != "OPTIMAL"), done[0].status)
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible,
@@ -232,9 +232,10 @@ def _least_memory(ctx: Context, spaces: list[Space]) -> tuple[float, Layout] | N
     come from the layout's own evaluation."""
     best = None
     for space in spaces:
-        found = smallest_memory(build_tables(ctx, space, ignore_memory=True, memory_only=True))
+        T = build_tables(ctx, space, ignore_memory=True, memory_only=True)
+        found = smallest_memory(T)
         if found is not None and (best is None or found[0] < best[0]):
-            best = (found[0], layout_from_indices(space, found[1], ctx))
+            best = (found[0], layout_from_indices(space, found[1], ctx, T.PG))
     if best is None:
         return None
     return evaluate_ctx(ctx, best[1]).memory.fit_bytes, best[1]

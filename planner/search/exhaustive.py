@@ -371,7 +371,8 @@ def restrict(T: Tables, keep: dict) -> Tables:
     sub.rows = tuple(replace(row, **{name: _cut(getattr(row, name), dims, keep) for name, dims in row_axes.items()})
                      for row in T.rows)
     for name, dims in (("C_M", (None, "mb", "s", "r")), ("TPC_M", (None, "mb", "s", "r", "to")),
-                       ("BWD_M", (None, "mb", "s", "r", "to")), ("FW_M", (None, "mb", "s", "r", "to", "eo"))):
+                       ("BWD_M", (None, "mb", "s", "r", "to")), ("FW_M", (None, "mb", "s", "r", "to", "eo")),
+                       ("PG", ("f", "o", "v", "e", "z"))):
         if getattr(T, name) is not None:
             setattr(sub, name, _cut(getattr(T, name), dims, keep))
     for name, dims in (("BK", (None, "mb", "s", "r")), ("BK_M", (None, "mb", "s", "r")), ("ZU", ("f", "mb", "v"))):

@@ -110,8 +110,10 @@ class Space:
     cp_comm: tuple[str, ...] = ("p2p",)
     # the MoE dispatcher (Layout.moe_dispatcher): the implicit one, or the one --fix holds; not searched
     moe_dispatcher: tuple[str, ...] = ("auto",)
-    # the dtype of the parameter all-gathers (cost.layout.PARAM_GATHERS): bf16, or what --fix holds;
-    # the search does not offer fp8 itself (Layout.param_gather)
+    # the dtypes of the parameter all-gathers (cost.layout.PARAM_GATHERS): what --fix holds, else bf16
+    # and, where the job can gather in fp8, fp8 too: not a dimension, each (f, o, v, e, z) cell of the
+    # data-parallel tables takes fp8 where it is no slower and needs no more memory (gathers.gather_pick);
+    # Layout.param_gather
     param_gather: tuple[str, ...] = ("bf16",)
     # hybrid sharding's group (Layout.dp_shard): 0, the framework's own, unless --fix holds one
     # (hybrid_space); not searched
@@ -181,7 +183,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         head_slots=pick("head_slots", _pipeline_splits(prof)),
         offload=pick("offload", _offload_modes(cluster, b, prof)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
         moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
-        param_gather=(_param_gather(job, cluster, b),),
+        param_gather=_param_gathers(job, cluster, b),
         dp_shard=pick("dp_shard", (0,)), schedule=_searched_schedules(prof, b),
         schedule_vp1=prof.has("schedule_zbh1"), framework_rules=not b.allow_unavailable,
     ), prof)
@@ -354,16 +356,22 @@ def _check_fixed_schedule(prof, b: Bounds) -> None:
                     f"`clusterplan evaluate --layout ...,schedule={fixed}`")
 
 
-def _param_gather(job: Job, cluster: Cluster, bounds: Bounds) -> str:
-    """The parameter gathers' dtype ``--fix`` holds (bf16 unless given); one the job cannot run is bad
-    input (``cost.step.param_gather_problem``)."""
-    value = bounds.fixed.get("param_gather", "bf16")
+def _param_gathers(job: Job, cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:
+    """The parameter gathers' dtypes: the one ``--fix`` holds (one the job cannot run is bad input:
+    ``cost.checks.param_gather_problem``), else bf16 and, where the job can gather in its 8-bit
+    format (an FP8 or MXFP8 precision the device runs, the framework's gather at its date), fp8 for
+    the tables to choose (``Space.param_gather``). Validation (``allow_unavailable``) holds bf16: a
+    run's published dtype is applied after the search (``studies.runs``)."""
+    value = bounds.fixed.get("param_gather")
+    if value is None:
+        offered = not bounds.allow_unavailable and bounds.fixed.get("zero_stage") != 0
+        return ("bf16", "fp8") if offered and param_gather_problem(job, cluster, "fp8") is None else ("bf16",)
     problem = None if bounds.allow_unavailable else param_gather_problem(job, cluster, value)
     if problem:
         raise SpecError(f"--fix param_gather={value}: {problem}")
     if value != "bf16" and bounds.fixed.get("zero_stage") == 0:
         raise SpecError(f"--fix param_gather={value} needs a parameter all-gather (zero >= 1); --fix zero=0 has none")
-    return value
+    return (value,)
 
 
 def _offload_modes(cluster: Cluster, bounds: Bounds, prof) -> tuple[str, ...]:

@@ -41,17 +41,18 @@ import numpy as np
 
 from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.stages import RANKS, rank_index
-from clusterplan.cost.step import memory_static_bytes, rank_inflight, working_bytes
+from clusterplan.cost.step import rank_inflight, working_bytes
 from clusterplan.cost.terms import (
-    Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, dp_terms_of, ep_comm_terms,
+    Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, ep_comm_terms,
     mixed_kinds,
     kind_windows, stage_kind_shares,
-    ep_overlap_steady_share, ep_overlap_window_s, grads_freed_bytes, head_in_period, head_terms, optimizer_s,
-    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms, zero_replicas,
+    ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s,
+    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms,
 )
 from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
+from clusterplan.planner.search.gathers import compared_gathers, gather_pick
 from clusterplan.planner.search.space import (
     Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
 )
@@ -136,6 +137,9 @@ class Tables:
     BK: np.ndarray | None = None
     BK_M: np.ndarray | None = None
     ZU: np.ndarray | None = None
+    # with bf16 and fp8 parameter gathers offered (Space.param_gather): (F, O, V, E, Z) bool, True where
+    # the cell is priced with fp8 (gathers.gather_pick); layout_from_indices puts it on the layout. None otherwise
+    PG: np.ndarray | None = None
 
 
 @dataclass
@@ -238,7 +242,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = masks(ctx, S)
     use = ((ok_fmbv < 0).any(axis=2) & (ok_f < 0)[:, None])  # (f, mb) pairs some layout can take
     timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_of_fe, tc_keys, use)
-    DPS, DPM, RG, DPX, OPT, statics = _dp_tables(ctx, S, use.any(axis=1), times=not memory_only)
+    DPS, DPM, RG, DPX, OPT, statics, PG = _dp_tables(ctx, S, use.any(axis=1), times=not memory_only)
     U, UG, FRAC, M, stages = _count_tables(ctx, S)
     ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
     order_ok = order_representatives(S)
@@ -260,7 +264,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, OPT=OPT,
                   U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
                   capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
-                  ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=ep_overlap_mask(ctx, S),
+                  ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=ep_overlap_mask(ctx, S), PG=PG,
                   time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
                   ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))), memory_only=memory_only,
@@ -483,19 +487,23 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
     recomputation, never overlapped), optimizer step and static memory over (f, o, v, e, z), for the
     factorizations some layout of which passes the structural rules (``valid``; the others' rows
     stay 0: every layout of theirs is refused before memory); ``times=False``: the static memory
-    alone (the time tables stay 0)."""
+    alone (the time tables stay 0). Each (f, v, e, z) cell is priced at the parameter-gather dtype
+    :func:`~planner.search.gathers.gather_pick` takes per order; the last array is True over (f, o, v, e, z) where that is
+    fp8 among two offered (``Tables.PG``), None where the space holds one dtype."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
     dps, dpm, rg, dpx = (np.zeros((F, O, V, E, Z)) for _ in range(4))
+    fp8 = np.zeros((F, O, V, E, Z), bool)
     opt = np.zeros((F, V, E, Z))
     static = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
     gfree = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
-    L = ctx.model.num_layers
+    L, offered, compared = ctx.model.num_layers, len(S.param_gather) > 1, compared_gathers(ctx, S)
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
             if not valid[i] or expert_ok(ctx.model, tp, dp, cp, e, et, ctx.job.profile) is not None:
                 continue
-            profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o, et) if times and dp * cp > 1 else (None, None)
-                        for o in S.order]
+            # the traffic is priced for the time tables, and for the choice of the gathers' dtype
+            profiles = [dp_profiles(ctx, tp, pp, dp, cp, e, o, et) if (times or len(compared) > 1) and dp * cp > 1
+                        else (None, None) for o in S.order]
             # Orders whose groups get the same fabric profiles (torus traversals, often) share the
             # traffic: ``first[oi]`` is the first order with oi's profiles.
             seen: dict = {}
@@ -508,25 +516,20 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                     continue
                 pc = param_counts(ctx.model, tp, pp, v, e, et, hs)
                 for zi, z in enumerate(S.zero_stage):
+                    gathers = compared if z >= 1 else S.param_gather[:1]
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
-                                  param_gather=S.param_gather[0], dp_shard=S.dp_shard[0])
-                    opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0
-                    for rank in RANKS:  # a rank the pipeline lacks (rank 1 of two) repeats the first's
-                        held = rank if rank_index(pp, rank) is not None else "first"
-                        static[rank][i, vi, ei, zi] = memory_static_bytes(ctx, base, held) + runtime
-                        gfree[rank][i, vi, ei, zi] = grads_freed_bytes(ctx, base, held)
-                    for oi, (dense, expert) in enumerate(profiles):
-                        if dense is None:
-                            continue
-                        at, src = (i, oi, vi, ei, zi), (i, first[oi], vi, ei, zi)
-                        if first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z, False, S.dp_shard[0]) == 1:
-                            dps[at], dpm[at], rg[at], dpx[at] = dps[src], dpm[src], rg[src], dpx[src]
-                            continue
-                        t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], et, v, z, (dense, expert),
-                                        param_gather=S.param_gather[0], dp_shard=S.dp_shard[0])
-                        dps[at], dpm[at], rg[at], dpx[at] = t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s
+                                  param_gather=gathers[0], dp_shard=S.dp_shard[0])
+                    opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0  # the same for either dtype
+                    picks, held, terms = gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
+                    fp8[i, :, vi, ei, zi] = [g == "fp8" for g in picks]
+                    for rank in RANKS:
+                        static[rank][i, vi, ei, zi], gfree[rank][i, vi, ei, zi] = held[rank]
+                    for oi, t in enumerate(terms if times else ()):
+                        if t is not None:
+                            dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi], rg[i, oi, vi, ei, zi], \
+                                dpx[i, oi, vi, ei, zi] = t
     statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank])) for rank in RANKS}
-    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(opt), statics
+    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(opt), statics, (fp8 if offered else None)
 
 
 def full_recompute(S: Space) -> np.ndarray:
@@ -650,13 +653,19 @@ def _device_to_rank(cluster) -> np.ndarray:
     return entry[1]
 
 
-def layout_from_indices(space: Space, idx: dict, ctx: Context | None = None) -> Layout:
+def layout_from_indices(space: Space, idx: dict, ctx: Context | None = None,
+                        fp8_gathers: np.ndarray | None = None) -> Layout:
     """Build the :class:`Layout` for a dict of knob indices (keys as in ``planner.search.cpsat``), with
-    the pipeline schedule (``space.cell_schedule``) and the context-parallel kind the tables priced
-    for it (``ctx``: the search's context)."""
+    the pipeline schedule (``space.cell_schedule``), the context-parallel kind the tables priced for it
+    (``ctx``: the search's context) and the parameter-gather dtype they priced it with (``fp8_gathers``:
+    the tables' ``PG``, needed where the space offers both dtypes)."""
     S = space
+    if len(S.param_gather) > 1 and fp8_gathers is None:
+        raise ValueError("the space offers two parameter-gather dtypes: pass the tables' choice (Tables.PG)")
     lay = _layout_of_indices(S, idx)
     lay = lay.with_(schedule=cell_schedule(S, lay.pp, lay.vp))
+    if fp8_gathers is not None and fp8_gathers[idx["f"], idx["o"], idx["v"], idx["e"], idx["z"]]:
+        lay = lay.with_(param_gather="fp8")
     if ctx is None or lay.cp == 1 or S.cp_comm == ("p2p",):
         return lay
     best = cp_comm_choice(ctx.placed(lay.order), lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel,

@@ -1,0 +1,91 @@
+"""The dtype of the parameter all-gathers per cell of the data-parallel tables (``Layout.param_gather``).
+
+Not a search dimension: where the space offers bf16 and fp8 (``Space.param_gather``), each (f, o, v,
+e, z) cell of ``planner.search.tables._dp_tables`` is priced at the dtype :func:`gather_pick` takes,
+fp8 only where it is no slower and needs no more memory, so the choice is exact; the tables record it
+(``Tables.PG``) for the decoded layout.
+"""
+
+from __future__ import annotations
+
+from clusterplan.cost.layout import Layout
+from clusterplan.cost.stages import RANKS, rank_index
+from clusterplan.cost.step import memory_static_bytes
+from clusterplan.cost.terms import (Context, dp_terms_of, fp8_gathers_no_slower, grads_freed_bytes, kept_param_bytes,
+                                    zero_replicas)
+from clusterplan.planner.search.space import Space
+
+
+def compared_gathers(ctx: Context, S: Space) -> tuple[str, ...]:
+    """The dtypes a cell with zero >= 1 is priced at (:func:`gather_pick`): the space's one, or of
+    bf16 and fp8 offered, bf16 alone where fp8 keeps more bytes per weight (Megatron's two MXFP8
+    copies: more static memory on every rank), fp8 alone where it keeps as many and is never slower
+    (``cost.terms.fp8_gathers_no_slower``: Megatron's FP8 with delayed scaling), else both, compared
+    cell by cell (torchtitan's float8 gathers: fewer bytes kept, an amax all-reduce a step)."""
+    if len(S.param_gather) == 1:
+        return S.param_gather
+    fp8, bf16 = kept_param_bytes(ctx.job, "fp8"), kept_param_bytes(ctx.job, "bf16")
+    if fp8 > bf16:
+        return ("bf16",)
+    return ("fp8",) if fp8 == bf16 and fp8_gathers_no_slower(ctx.job) else ("bf16", "fp8")
+
+
+def gather_pick(ctx: Context, S: Space, pc, base: Layout, gathers: tuple[str, ...], profiles: list, first: list,
+                 runtime: float) -> tuple[list[str], dict, list]:
+    """The parameter-gather dtype of one (f, v, e, z) cell per order of ``S.order`` among ``gathers``
+    (:func:`compared_gathers`), with the cell's static memory and freed gradients per rank
+    (``RANKS``: (static, freed)) and its data-parallel terms per order at those dtypes
+    (:func:`_dp_order_terms`).
+
+    Of bf16 and fp8, fp8 is taken where it needs no more static memory on any rank (at backward's
+    end and at the activation peak) and none of the four data-parallel terms is longer: each enters
+    the objective through a non-decreasing term (``build_tables``), so the choice is exact for the
+    step time, the energy and the fit. The static memory has no order axis: where fp8 needs less
+    memory, it is taken in every order or in none (in every one only if it is no slower in each);
+    where it needs the same, order by order."""
+    lays = {g: base if g == base.param_gather else base.with_(param_gather=g) for g in gathers}
+    cells = {g: _static_cell(ctx, lays[g], runtime) for g in gathers}
+    if len(gathers) == 1:
+        return [gathers[0]] * len(S.order), cells[gathers[0]], _dp_order_terms(ctx, S, pc, lays[gathers[0]],
+                                                                                profiles, first)
+    (low, high) = (cells["fp8"], cells["bf16"])
+    pairs = [(low[r][0], high[r][0]) for r in RANKS] + [(low[r][0] - low[r][1], high[r][0] - high[r][1]) for r in RANKS]
+    t16 = _dp_order_terms(ctx, S, pc, lays["bf16"], profiles, first)
+    if any(a > b for a, b in pairs):
+        return ["bf16"] * len(S.order), high, t16
+    t8 = _dp_order_terms(ctx, S, pc, lays["fp8"], profiles, first)
+    faster = [a is None or all(x <= y for x, y in zip(a, b)) for a, b in zip(t8, t16)]
+    if any(a < b for a, b in pairs):
+        faster = [all(faster)] * len(faster)
+    picks = ["fp8" if ok else "bf16" for ok in faster]
+    return picks, (low if all(faster) else high), [a if ok else b for ok, a, b in zip(faster, t8, t16)]
+
+
+def _static_cell(ctx: Context, layout: Layout, runtime: float) -> dict:
+    """Per rank of ``RANKS``: ``layout``'s static memory with the runtime, and the gradients absent at
+    a one-micro-batch step's activation peak (a rank the pipeline lacks, rank 1 of two, repeats the
+    first's)."""
+    out = {}
+    for rank in RANKS:
+        held = rank if rank_index(layout.pp, rank) is not None else "first"
+        out[rank] = (memory_static_bytes(ctx, layout, held) + runtime, grads_freed_bytes(ctx, layout, held))
+    return out
+
+
+def _dp_order_terms(ctx: Context, S: Space, pc, layout: Layout, profiles: list, first: list) -> list:
+    """Per order of ``S.order``: ``layout``'s data-parallel terms (per step, per micro-batch, the
+    third gathers, blocking) over the order's groups ``profiles``, or None where it has none; an
+    order with the profiles of an earlier one (``first``) and one copy of each shard shares its
+    terms."""
+    tp, pp, dp, cp, e, z = layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.zero_stage
+    out: list = []
+    for oi, (dense, expert) in enumerate(profiles):
+        if dense is None:
+            out.append(None)
+        elif first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z, False, S.dp_shard[0]) == 1:
+            out.append(out[first[oi]])
+        else:
+            t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], layout.expert_tp, layout.vp, z, (dense, expert),
+                            param_gather=layout.param_gather, dp_shard=S.dp_shard[0])
+            out.append((t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s))
+    return out
