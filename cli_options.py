@@ -253,7 +253,8 @@ ENGINE_OPTIONS = [
                       "parallelism communicates), moe_dispatcher (auto, alltoall, deepep, hybridep: held, "
                       "not searched), dp_shard (hybrid sharding over N data-parallel ranks; never searched), schedule (1f1b, "
                       "interleaved, zb1p: the pipeline schedule; unfixed, pipelines run zero bubble where the framework "
-                      "has it) (repeatable, or comma-separated: --fix tp=8,pp=4)."),
+                      "has it), param_gather (bf16, fp8: unfixed, FP8 jobs gather in 8 bits where that is no slower and "
+                      "takes no more memory) (repeatable, or comma-separated: --fix tp=8,pp=4)."),
     click.option("--min", "minimum", multiple=True, metavar="KNOB=VALUE",
                  help="Lower bound on a numeric knob, e.g. --min dp=4 (repeatable)."),
     click.option("--max", "maximum", multiple=True, metavar="KNOB=VALUE",
