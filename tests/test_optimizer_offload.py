@@ -135,6 +135,7 @@ def test_exports_write_each_frameworks_switch_and_the_others_refuse():
     config = json.loads(export(launcher_cases.plan_doc(launcher_cases.CASES["llama3-8b-h100-zero-offload"][0],
                                                        "deepspeed"), "deepspeed"))
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert "--cpu-optimizer" in " ".join(config["_comment"])  # Megatron-DeepSpeed's DeepSpeedCPUAdam
     doc["inputs"]["framework"] = None  # a plan without its framework: the format's own check refuses
     for fmt in ("torchtitan", "maxtext"):
         with pytest.raises(SpecError, match="offload=optimizer"):

@@ -270,6 +270,9 @@ def _check_megatron_deepspeed_args(text: str, meta: dict) -> dict:
                        ("num_layers", m["num_layers"]), ("hidden_size", m["hidden_size"]),
                        ("num_attention_heads", m["num_attention_heads"]), ("zero_stage", L["zero_stage"])):
         _expect(f"Megatron-DeepSpeed --{name.replace('_', '-')}", getattr(args, name), want)
+    # ZeRO-Offload refuses a client optimizer other than DeepSpeedCPUAdam (zero_force_ds_cpu_optimizer)
+    _expect("Megatron-DeepSpeed --cpu-optimizer", bool(getattr(args, "cpu_optimizer", False)),
+            "optimizer" in L.get("offload", "none"))
     return {"mds_args": len(shlex.split(text))}
 
 

@@ -108,6 +108,8 @@ def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
         mds += ["--recompute-method block", f"--recompute-num-layers {L['recompute_layers']}"]
     if offloads_activations(L.get("offload", "none")):  # initialize.py passes checkpoint_in_cpu to checkpointing.configure
         mds += ["--deepspeed-activation-checkpointing", "--checkpoint-in-cpu"]
+    if offloads_optimizer(L.get("offload", "none")):  # DeepSpeedCPUAdam as the client optimizer: ZeRO-Offload refuses
+        mds.append("--cpu-optimizer")  # another (engine.py zero_force_ds_cpu_optimizer); --cpu-optimizer since 2021-06
     if L.get("head_slots") and L["pp"] > 1:  # evaluate at a 2022 date: BigScience's fork had the flag
         raise SpecError("--format deepspeed: microsoft/Megatron-DeepSpeed splits the pipeline by transformer layers only "
                         "(GPTModelPipe's partition_method 'type:transformer'; BigScience's fork had --pp-partition-method); "
