@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import (CP_COMM_KINDS, CUDA_GRAPH_SCOPES, OFFLOAD_MODES, PARAM_GATHERS, PIPELINE_SCHEDULES,
-                                      RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, parse_recompute_modules)
+                                      RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, offloads_activations, offloads_optimizer,
+                                      parse_recompute_modules)
 from clusterplan.cost.step import host_offload_problem, num_microbatches
 from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split, host_tier, layers_on_stage, stage_slots
 from clusterplan.models.errors import SpecError
@@ -145,8 +146,10 @@ def _offload_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
     if layout.offload != "none" and host_tier(cluster.device) is None:
         bad("offload", f"offload={layout.offload}: {cluster.device.name} has no host memory tier with a bandwidth "
             "in the device catalogue (memory_tiers: host), so the copies cannot be priced")
+    if offloads_optimizer(layout.offload):
+        _optimizer_offload_problems(job, cluster, layout, bad)
     prof = job.profile
-    if layout.offload == "none" or not prof.has("offload_activations"):
+    if not offloads_activations(layout.offload) or not prof.has("offload_activations"):
         return  # unoffered() names a framework without it
     sem, since = prof.profile, prof.profile.since.get("offload_activations")
     knob = f"{prof.profile.describe(prof.date)}: offload={layout.offload} (since {since})"
@@ -154,6 +157,25 @@ def _offload_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
         bad("framework", f"{knob} runs with recompute={sem.offload_recompute} only; got recompute={layout.recompute}")
     if sem.offload_pp_max is not None and layout.pp > sem.offload_pp_max:
         bad("framework", f"{knob} runs with pp <= {sem.offload_pp_max} only; got pp={layout.pp}")
+
+
+def _optimizer_offload_problems(job: Job, cluster: Cluster, layout: Layout, bad) -> None:
+    """Optimizer offload steps the rank's optimizer shard on the CPU: it needs the host memory's
+    bandwidth to price that step (``memory_tiers: host`` ``dram_gbyte_per_s``), a sharded optimizer
+    (DeepSpeed's ``offload_optimizer`` is a ZeRO stage 1-3 option; Megatron-Core's
+    ``--optimizer-cpu-offload`` asserts ``--use-precision-aware-optimizer``, which needs the distributed
+    optimizer), and 16-bit parameter gathers (Megatron-Core asserts ``--fp8-recipe delayed`` with FP8
+    gathers; clusterplan does not price the two together). The framework's release: ``unoffered``."""
+    tier = host_tier(cluster.device)
+    if tier is not None and not tier.dram_bytes_per_s:
+        bad("offload", f"offload={layout.offload}: {cluster.device.name}'s host memory tier has no bandwidth of its own "
+            "in the device catalogue (memory_tiers: host, dram_gbyte_per_s), so the CPU optimizer step cannot be priced")
+    if layout.zero_stage == 0:
+        bad("offload", f"offload={layout.offload} needs a sharded optimizer (zero_stage 1, 2 or 3: DeepSpeed's "
+            "ZeRO-Offload, Megatron-Core's distributed optimizer); got zero_stage=0")
+    if layout.param_gather != "bf16":
+        bad("offload", f"offload={layout.offload} with param_gather={layout.param_gather} is not priced (Megatron-Core "
+            "runs it with --fp8-recipe delayed only); use param_gather=bf16")
 
 
 def _cp_comm_problems(model: ModelSpec, cluster: Cluster, layout: Layout, bad) -> None:

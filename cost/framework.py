@@ -54,8 +54,10 @@ def framework_domains(prof: ProfileAt, family: str) -> dict[str, tuple]:
         out["recompute_modules"] = ((),)
     if not prof.has("head_slots"):
         out["head_slots"] = (False,)
-    if not prof.has("offload_activations"):
-        out["offload"] = ("none",)
+    offloads = ("none",) + tuple(m for m in ("activations", "optimizer", "activations+optimizer")
+                                 if all(prof.has(f"offload_{part}") for part in m.split("+")))
+    if len(offloads) < 4:  # cost.layout.OFFLOAD_MODES: each part where the framework offloads it
+        out["offload"] = offloads
     # "" is the schedule vp implies (1F1B, interleaved), under the pp and vp features
     out["schedule"] = ("", *(s for s in ("zb1p", "zbv", "dualpipe", "dualpipev", "looped") if prof.has(f"schedule_{s}")))
     kinds = tuple(kind for kind, feature in CP_COMM_FEATURES.items() if feature is None or prof.has(feature))
@@ -121,6 +123,8 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
         runs = ", ".join(["1f1b", *(["interleaved"] if prof.has("vp") else []), *(v for v in allowed if v)])
         has = f"has it only from {since}" if since else "has no such pipeline schedule at any release"
         return f"schedule={value}: {name} {has} (it runs: {runs})"
+    if knob == "offload":
+        return _offload_refusal(prof, name, value, allowed)
     since = prof.profile.since.get(MOE_DISPATCHER_FEATURES.get(value, "")) if knob == "moe_dispatcher" else None
     when = f"since {since}; " if since else ""
     if knob == "dp_shard":
@@ -130,6 +134,22 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
                 "leave dp_shard out to shard over the framework's own group")
     return (f"{knob}={knob_text(value)}: {name} does not offer it "
             f"({when}allowed: {', '.join(knob_text(v) for v in allowed)})")
+
+
+OFFLOAD_KNOBS = {"activations": "activation offload to host memory",
+                 "optimizer": "optimizer-state offload to host memory with the Adam step on the CPU"}
+"""What each part of ``Layout.offload`` is, for the refusal that names it (feature ``offload_<part>``)."""
+
+
+def _offload_refusal(prof: ProfileAt, name: str, value: str, allowed: tuple) -> str:
+    """Why the framework at its date cannot run ``offload=value``: the first part it lacks, with the
+    month it arrived (``features.offload_<part>.since``) or that no release has it as clusterplan prices it."""
+    part = next((p for p in str(value).split("+") if p in OFFLOAD_KNOBS and not prof.has(f"offload_{p}")), None)
+    if part is None:
+        return f"offload={value}: {name} does not offer it (allowed: {', '.join(allowed)})"
+    since = prof.profile.since.get(f"offload_{part}")
+    when = f"it has it from {since} on" if since else "no release has it as clusterplan prices it"
+    return f"offload={value}: {name} has no {OFFLOAD_KNOBS[part]} ({when}; allowed: {', '.join(allowed)})"
 
 
 def knob_text(value) -> str:

@@ -37,10 +37,30 @@ RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mla_up_proj", "
 ``recompute_modules``) that clusterplan prices: core attention, the two layer norms, MLA's up
 projections with their RoPE, the dense MLP, the experts' activation and the shared experts. ``moe``
 (the whole MoE layer, all-to-alls included) is not priced."""
-OFFLOAD_MODES: tuple[str, ...] = ("none", "activations")
-"""Where the activations a layer keeps for its backward live: device memory, or host memory
-(``activations``: MaxText's ``remat_policy: custom`` with ``decoder_layer_input: offload``, which
-moves what the recompute mode keeps to pinned host memory; ``features.offload_activations``)."""
+OFFLOAD_MODES: tuple[str, ...] = ("none", "activations", "optimizer", "activations+optimizer")
+"""What lives in host memory: nothing, the activations a layer keeps for its backward (``activations``:
+MaxText's ``remat_policy: custom`` with ``decoder_layer_input: offload``, which moves what the recompute
+mode keeps to pinned host memory; ``features.offload_activations``), Adam's fp32 master weights and
+moments with the fp32 gradients, stepped by the CPU (``optimizer``: DeepSpeed's ZeRO-Offload
+``offload_optimizer``, Megatron-Core's ``--optimizer-cpu-offload``; ``features.offload_optimizer``), or both."""
+
+
+SEARCHED_OFFLOAD_MODES: tuple[str, ...] = ("none", "activations")
+"""The offload modes the search offers (``planner.search.space``): optimizer offload's host copies and
+CPU step are not in its tables, so ``--fix`` refuses it (:data:`UNSEARCHED_OFFLOAD`) and ``evaluate`` prices it."""
+UNSEARCHED_OFFLOAD = ("--fix offload={mode}: the search does not price optimizer offload (its host copies and CPU Adam "
+                      "step); `clusterplan evaluate --layout '...,offload={mode}'` prices one layout; --fix offload "
+                      "allows: " + ", ".join(SEARCHED_OFFLOAD_MODES))
+
+
+def offloads_activations(offload: str) -> bool:
+    """Whether the offload mode (:data:`OFFLOAD_MODES`) puts the kept activations in host memory."""
+    return offload in ("activations", "activations+optimizer")
+
+
+def offloads_optimizer(offload: str) -> bool:
+    """Whether the offload mode (:data:`OFFLOAD_MODES`) puts the optimizer states in host memory."""
+    return offload in ("optimizer", "activations+optimizer")
 PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "zb1p", "zbv", "dualpipe", "dualpipev", "looped")
 """The pipeline schedules ``Layout.schedule`` names (priced in ``cost.terms.pipeline.bubble_s``):
 1F1B (Narayanan et al. 2021), Megatron-Core's interleaved 1F1B (vp > 1), zero bubble ZB-H1 with the
@@ -126,12 +146,17 @@ class Layout:
         and node that holds any of its experts (Megatron-Core's flex dispatcher with
         ``--moe-flex-dispatcher-backend deepep|hybridep``, torchtitan's ``expert_parallel_comm_backend
         deepep``). Priced by ``evaluate`` and ``validate``; the search does not offer it.
-    offload : ``none`` or ``activations`` (:data:`OFFLOAD_MODES`): what the recompute mode keeps of each
-        layer for its backward (with ``full``, the layer's input) is copied to host memory in the forward
-        and back in the backward, so device memory holds none of it; the copies cross the host link
-        (``cost.terms.offload_s``). MaxText's ``remat_policy: custom`` with ``decoder_layer_input:
-        offload``. Priced by ``evaluate`` and ``validate``; the search offers it with full recomputation
-        where its transfers hide (``planner.search.space.split_spaces``).
+    offload : ``none``, ``activations``, ``optimizer`` or ``activations+optimizer`` (:data:`OFFLOAD_MODES`).
+        ``activations``: what the recompute mode keeps of each layer for its backward (with ``full``, the
+        layer's input) is copied to host memory in the forward and back in the backward, so device memory
+        holds none of it; the copies cross the host link (``cost.terms.offload_s``). MaxText's
+        ``remat_policy: custom`` with ``decoder_layer_input: offload``. Priced by ``evaluate`` and
+        ``validate``; the search offers it with full recomputation where its transfers hide
+        (``planner.search.space.split_spaces``). ``optimizer``: the rank's fp32 master weights, Adam
+        moments and fp32 gradients live in host memory and the Adam step runs on the CPU; each step
+        copies the rank's gradient shard to the host and its updated 16-bit weights back
+        (``cost.terms.dp.host_optimizer_terms``). Priced by ``evaluate`` and ``validate``; the search
+        does not offer it (``--fix`` refuses it).
     cp_comm : with cp > 1, how attention exchanges the sequence (:data:`CP_COMM_KINDS`; ``p2p``, the ring,
         by default). Priced by ``evaluate`` and ``validate``; refused where the framework lacks the kind.
     shard_across_domains : with ZeRO-3 under a framework that by default shards inside each scale-up

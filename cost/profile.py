@@ -179,6 +179,11 @@ class Profile:
     # runs measure it (MaxText's TPU recipes); elsewhere evaluate prices it, --fix holds it and fit
     # counts it (Bounds.offer_offload)
     offload_searched: tuple[str, ...] = ()
+    # Optimizer offload (features.offload_optimizer, layout offload=optimizer): the ZeRO stages at which
+    # the framework accumulates gradients in host memory, each micro-batch after the first bringing the
+    # accumulated gradient back to the device and sending the sum out again (DeepSpeed ZeRO-1/2:
+    # cost.terms.dp.host_optimizer_terms); elsewhere one copy per step
+    optimizer_offload_host_accumulation: tuple[int, ...] = ()
     lp_grads_beside_fp32: bool = False  # 16-bit .grad tensors stay beside an fp32 accumulation buffer (DeepSpeed bf16)
     fp8_saved_inputs: bool = False  # FP8 linears keep their FP8 input copy for the weight gradient (1 B; terms.activation_bytes)
     tp_gather_quantized: bool = False  # sequence-parallel all-gathers move the low-precision copy (terms._tp_comm_s)

@@ -21,7 +21,7 @@ FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "vp_groups", "grad_accumulation", "cp", "ep", "etp1", "sequence_parallel",
     "recompute_selective", "recompute_full", "recompute_layers", "recompute_modules", "head_slots",
     "zero0", "zero1", "zero2", "zero3", "dp_overlap", "tp_overlap", "ep_overlap", "flash_attention", "compile",
-    "mxfp8", "nvfp4", "int8", "offload_activations", "cp_allgather", "cp_a2a", "cp_a2a_p2p",
+    "mxfp8", "nvfp4", "int8", "offload_activations", "offload_optimizer", "cp_allgather", "cp_a2a", "cp_a2a_p2p",
     "moe_alltoall", "moe_deepep", "moe_hybridep",
     "cuda_graph_layer", "cuda_graph_full", "fp8_param_gather", "mxfp8_param_gather", "dp_shard",
     "schedule_zb1p", "schedule_zbh1", "schedule_zbv", "schedule_dualpipe", "schedule_dualpipev", "schedule_looped",
@@ -71,7 +71,16 @@ def _offload(sem: dict, where: str) -> dict:
         offload_copies_overlap=bool(sem.get("offload_copies_overlap", True)),
         offload_layers_kept=int(sem.get("offload_layers_kept", 0)),
         offload_searched=tuple(str(f) for f in sem.get("offload_searched") or ()),
+        optimizer_offload_host_accumulation=_stages(sem.get("optimizer_offload_host_accumulation") or (),
+                                                    f"{where}: semantics.optimizer_offload_host_accumulation"),
     )
+
+
+def _stages(value, where: str) -> tuple[int, ...]:
+    """A list of ZeRO stages (0 to 3)."""
+    if not isinstance(value, (list, tuple)) or any(not isinstance(v, int) or not 0 <= v <= 3 for v in value):
+        raise SpecError(f"{where}: got {value!r}; expected a list of ZeRO stages 0 to 3")
+    return tuple(value)
 
 
 @lru_cache(maxsize=None)

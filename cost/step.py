@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from clusterplan.cost.layout import Job, Layout, interleaved_warmup
+from clusterplan.cost.layout import Job, Layout, interleaved_warmup, offloads_activations
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares,
-    grads_freed_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
+    grads_freed_bytes, host_optimizer_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
     overlapped_exposed_s, p2p_s,
     param_counts, period_layers, regather_share, runtime_bytes, stage_split, static_memory,
 )
@@ -116,18 +116,29 @@ class Evaluation:
 
 
 def host_offload_problem(ctx: Context, layout: Layout) -> str | None:
-    """What ``offload=activations`` puts in host memory, every micro-batch the most loaded rank holds
-    in flight (what it would hold on the device), against the device's share of the host tier."""
+    """What the offload mode puts in host memory against the device's share of the host tier: with
+    ``activations``, every micro-batch the most loaded rank holds in flight (what it would hold on the
+    device); with ``optimizer``, the rank's Adam states and fp32 gradients (``cost.terms.host_optimizer_bytes``)."""
     tier = host_tier(ctx.cluster.device)
     if layout.offload == "none" or tier is None:
         return None
+    acts, optim = _host_activation_bytes(ctx, layout), host_optimizer_bytes(ctx, layout)
+    if acts + optim <= tier.capacity_bytes:
+        return None
+    parts = [f"the activations in flight {acts / 1e9:,.1f} GB"] if offloads_activations(layout.offload) else []
+    parts += [f"the optimizer states and fp32 gradients {optim / 1e9:,.1f} GB"] if optim else []
+    return (f"offload={layout.offload}: {' and '.join(parts)} need {(acts + optim) / 1e9:,.1f} GB of host memory; "
+            f"{ctx.cluster.device.name} has {tier.capacity_bytes / 1e9:,.1f} GB per device (memory_tiers: host)")
+
+
+def _host_activation_bytes(ctx: Context, layout: Layout) -> float:
+    """What ``offload=activations`` holds in host memory: every micro-batch the most loaded rank holds
+    in flight but the layers the framework keeps on the device; 0 without activation offload."""
+    if not offloads_activations(layout.offload):
+        return 0.0
     lt, m = layer_terms(ctx, layout), num_microbatches(ctx.job, layout)
     kept = ctx.job.profile.profile.offload_layers_kept * max(lt.act_kind_bytes)
-    need = max(_inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes) for rank in memory_ranks(layout.pp)) - kept
-    if need <= tier.capacity_bytes:
-        return None
-    return (f"offload={layout.offload}: the activations in flight need {need / 1e9:,.1f} GB of host memory; "
-            f"{ctx.cluster.device.name} has {tier.capacity_bytes / 1e9:,.1f} GB per device (memory_tiers: host)")
+    return max(_inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes) for rank in memory_ranks(layout.pp)) - kept
 
 
 def num_microbatches(job: Job, layout: Layout) -> int:
@@ -256,7 +267,7 @@ def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, wi
 def _offload_s(ctx: Context, layout: Layout, stage: LayerTerms) -> float:
     """One micro-batch's exposed host-offload time on the stage (``cost.terms.offload_exposed_s``):
     the stage's layers' kept activations against its forward, backward and recompute."""
-    if layout.offload == "none":
+    if not offloads_activations(layout.offload):
         return 0.0
     return offload_exposed_s(ctx, layout, _offload_kept_bytes(ctx, layout, stage),
                              stage.forward_s + stage.backward_s + stage.recompute_s)
@@ -274,7 +285,7 @@ def offload_copies(ctx: Context, layout: Layout) -> tuple[float, float, float]:
     (s), the compute they run beside (s; 0 where the framework copies on the compute stream:
     ``semantics.offload_copies_overlap``) and the link's bytes per second; zeros without offload."""
     tier = host_tier(ctx.cluster.device)
-    if layout.offload == "none" or tier is None:
+    if not offloads_activations(layout.offload) or tier is None:
         return 0.0, 0.0, 0.0
     stage = slowest_stage(ctx, layout, num_microbatches(ctx.job, layout))[0]
     window = stage.forward_s + stage.backward_s + stage.recompute_s
@@ -365,7 +376,7 @@ def _rank_memory(ctx: Context, layout: Layout, m: int, lt, logits_bytes: float, 
     the last rank."""
     # offload=activations: what each layer keeps lives in host memory (cost.layout.OFFLOAD_MODES), but
     # for the layers the framework keeps on the device (semantics.offload_layers_kept: Megatron's last)
-    activations = (ctx.job.profile.profile.offload_layers_kept * max(lt.act_kind_bytes) if layout.offload == "activations"
+    activations = (ctx.job.profile.profile.offload_layers_kept * max(lt.act_kind_bytes) if offloads_activations(layout.offload)
                    else _inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes))
     working = working_bytes(ctx, lt.act_transient_bytes, logits_bytes if rank == "last" else 0.0)
     weights, grads, optim = _static_parts(ctx, layout, rank)

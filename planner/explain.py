@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from clusterplan.cost.framework import framework_domains, knob_text
 from clusterplan.cost.layout import (CP_COMM_KINDS, MOE_DISPATCHERS, RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, default_schedule,
-                                      order_axes, split_order)
+                                      offloads_optimizer, order_axes, split_order)
 from clusterplan.cost.step import Evaluation, evaluate
 from clusterplan.cost.checks import layout_problems
 from clusterplan.models.spec import ModelSpec
@@ -52,9 +52,11 @@ def _moves(lay: Layout, moe: bool, offload: bool = False, cp_kinds: tuple[str, .
     i = RECOMPUTE_MODES.index(lay.recompute)
     for j in (i - 1, i + 1):
         if 0 <= j < len(RECOMPUTE_MODES):
-            out.append((f"recompute {RECOMPUTE_MODES[j]}", lay.with_(recompute=RECOMPUTE_MODES[j], offload="none")))
-    if offload and lay.recompute == offload_recompute:
-        other = "none" if lay.offload != "none" else "activations"
+            kept = "optimizer" if offloads_optimizer(lay.offload) else "none"  # the optimizer's place is no recompute's
+            out.append((f"recompute {RECOMPUTE_MODES[j]}", lay.with_(recompute=RECOMPUTE_MODES[j], offload=kept)))
+    if offload and lay.recompute == offload_recompute:  # the activations' part of the offload mode, toggled
+        other = {"none": "activations", "activations": "none", "optimizer": "activations+optimizer",
+                 "activations+optimizer": "optimizer"}.get(lay.offload, "none")
         out.append((f"offload {other}", lay.with_(offload=other)))
     for z in (lay.zero_stage - 1, lay.zero_stage + 1):
         if 0 <= z <= 3:

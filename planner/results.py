@@ -17,9 +17,10 @@ from dataclasses import dataclass, replace
 
 from clusterplan.cost.energy import has_idle_power, host_power_w, step_cost_usd, step_energy_j
 from clusterplan.cost.goodput import goodput
-from clusterplan.cost.layout import Job, Layout
+from clusterplan.cost.layout import Job, Layout, offloads_activations, offloads_optimizer
 from clusterplan.cost.step import Evaluation, gemm_precision, offload_copies
-from clusterplan.cost.terms import Context, cp_a2a_size, overlap_charge, shard_copies
+from clusterplan.cost.terms import (Context, cp_a2a_size, host_optimizer_bytes, host_optimizer_terms, host_tier, overlap_charge,
+                                    shard_copies)
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.caveats import caveats
 from clusterplan.planner.explain import explain, placement
@@ -178,9 +179,24 @@ def overlap_charges(ev: Evaluation, job: Job, cluster: Cluster, model: ModelSpec
     for name, stream, beside in streams:
         share, basis = overlap_charge(prof, dev, stream, beside)
         out[name] = {"share": share, "basis": basis}
-    if L.offload != "none" and model is not None:
+    if offloads_activations(L.offload) and model is not None:
         out["offload"] = _offload_charge(ev, model, job, cluster)
+    if offloads_optimizer(L.offload) and model is not None:
+        out["optimizer_offload"] = _optimizer_offload_charge(ev, model, job, cluster)
     return out
+
+
+def _optimizer_offload_charge(ev: Evaluation, model: ModelSpec, job: Job, cluster: Cluster) -> dict:
+    """Optimizer offload's step (``cost.terms.host_optimizer_terms``): the gradient copies to the host,
+    the CPU Adam step and the weights' copy back, on copy engines and the CPU (no SMs), all exposed."""
+    ctx = Context(model, job, cluster)
+    d2h_s, cpu_s, h2d_s = host_optimizer_terms(ctx, ev.layout)
+    tier = host_tier(cluster.device)
+    return {"share": 0.0, "basis": (
+        f"optimizer offload: {host_optimizer_bytes(ctx, ev.layout) / 1e9:,.1f} GB of Adam states and fp32 gradients "
+        f"in host memory; per step {d2h_s:.4f} s of gradient copies to the host and {h2d_s:.4f} s of weights back "
+        f"over the {tier.bytes_per_s / 1e9:,.0f} GB/s host link, {cpu_s:.4f} s of CPU Adam at "
+        f"{tier.dram_bytes_per_s / 1e9:,.1f} GB/s of host memory (nominal, unvalidated), all exposed")}
 
 
 def _offload_charge(ev: Evaluation, model: ModelSpec, job: Job, cluster: Cluster) -> dict:

@@ -75,7 +75,7 @@ def test_offload_is_refused_where_the_framework_or_the_device_lacks_it():
                                parse_layout("dp=64,zero=3,mbs=1,recompute=full,offload=activations", 64))
     assert any(key == "offload" and "host memory tier" in msg for key, msg in problems)
     with pytest.raises(SpecError, match="layout.offload"):
-        parse_layout("dp=8,offload=optimizer")
+        parse_layout("dp=8,offload=gradients")  # optimizer is a mode now (test_optimizer_offload.py)
 
 
 def test_bf16_weight_dtype_halves_the_optimizer_state():

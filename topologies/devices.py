@@ -74,6 +74,9 @@ class MemoryTier(BaseModel):
     name: str = Field(description="Tier name, e.g. ddr, streaming, dip_hbm.")
     capacity_bytes: float = Field(gt=0, description="Capacity per device (bytes).")
     bytes_per_s: float | None = Field(None, gt=0, description="Bandwidth per device (bytes/s); None: not published.")
+    dram_bytes_per_s: float | None = Field(None, gt=0, description="The host memory's own bandwidth per device "
+                                           "(bytes/s), what a CPU optimizer step runs at (layout offload=optimizer); "
+                                           "None: not published.")
     source: str = Field("", description="Where the figures come from.")
 
 

@@ -108,6 +108,9 @@ class MemoryTierEntry(_Entry):
     capacity_gib: float | None = Field(None, gt=0, le=MAX_MEMORY_GIB)
     gbyte_per_s: float | None = Field(None, gt=0, le=MAX_GBYTE_PER_S,
                                       description="Bandwidth per device, 1e9 B/s; null: not published.")
+    dram_gbyte_per_s: float | None = Field(None, gt=0, le=MAX_GBYTE_PER_S,
+                                           description="The host memory's own bandwidth per device, 1e9 B/s "
+                                                       "(what a CPU optimizer step reads and writes at); null: not published.")
     source: str = ""
 
     @model_validator(mode="after")
@@ -120,6 +123,7 @@ class MemoryTierEntry(_Entry):
         capacity = self.capacity_gib * 2**30 if self.capacity_gib is not None else self.capacity_gb * 1e9
         return MemoryTier(name=self.name, capacity_bytes=capacity,
                           bytes_per_s=None if self.gbyte_per_s is None else self.gbyte_per_s * GBYTE,
+                          dram_bytes_per_s=None if self.dram_gbyte_per_s is None else self.dram_gbyte_per_s * GBYTE,
                           source=self.source)
 
 

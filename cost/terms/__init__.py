@@ -139,6 +139,8 @@ from clusterplan.cost.terms.memory import (  # noqa: F401
 from clusterplan.cost.terms.dp import (  # noqa: F401
     NUM_GRAD_BUCKETS,
     optimizer_s,
+    host_optimizer_bytes,
+    host_optimizer_terms,
     DataParallelTerms,
     dp_terms,
     dp_terms_of,

@@ -9,10 +9,11 @@ from functools import lru_cache
 
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import memory_rate
-from clusterplan.cost.layout import Job, Layout
+from clusterplan.cost.layout import Job, Layout, offloads_optimizer
 from clusterplan.cost.terms.context import Context
-from clusterplan.cost.terms.memory import (ParamCounts, WEIGHT_BYTES, effective_zero_stage, owned_params, param_counts,
-                                           param_gather_bytes, partitioned_modules, zero_replicas)
+from clusterplan.cost.terms.memory import (ParamCounts, WEIGHT_BYTES, effective_zero_stage, host_tier, optimizer_state_bytes,
+                                           owned_params, param_counts, param_gather_bytes, partitioned_modules,
+                                           zero_replicas)
 from clusterplan.cost.terms.pipeline import layers_on_stage
 
 
@@ -26,15 +27,66 @@ def optimizer_s(ctx: Context, layout: Layout) -> float:
     per multi-tensor op (``torch.optim.adamw._multi_tensor_adamw``): weight decay on p (r+w 8 B),
     lerp of m toward g (8 + g), scale v (8), addcmul of g squared into v (8 + 2 g), sqrt of v,
     divide, add eps (8 each), addcdiv into p (16): ``72 + 3 grad_bytes``, 84 B with fp32
-    gradients."""
-    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
-    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, layout.zero_stage,
-                           layout.shard_across_domains, layout.dp_shard)
-    count = owned_params(pc, layout, layout.zero_stage >= 1, copies)
+    gradients. With the optimizer offloaded (``layout.offload``) the step runs on the host instead,
+    its copies and CPU step all exposed (:func:`host_optimizer_terms`)."""
+    if offloads_optimizer(layout.offload):
+        return sum(host_optimizer_terms(ctx, layout))
+    count = optimizer_params(ctx, layout)
     dev = ctx.cluster.device
     gb = ctx.job.grad_bytes
     per_param = 72.0 + 3 * gb if ctx.job.profile.optimizer_kernel == "foreach" else 24.0 + gb + WEIGHT_BYTES
     return count * per_param / memory_rate(dev)
+
+
+def optimizer_params(ctx: Context, layout: Layout) -> float:
+    """The parameters whose optimizer step the rank runs: its ZeRO shard (stage >= 1) or all it holds."""
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
+    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, layout.zero_stage,
+                           layout.shard_across_domains, layout.dp_shard)
+    return owned_params(pc, layout, layout.zero_stage >= 1, copies)
+
+
+HOST_GRAD_BYTES = 4.0
+"""The fp32 gradient the host keeps per offloaded parameter: ZeRO-Offload copies each reduced gradient
+partition into an fp32 CPU buffer (Ren et al. 2021, ZeRO-Offload, USENIX ATC, section 4: 'gradients ...
+offloaded to CPU memory'), Megatron-Core's HybridDeviceOptimizer steps CPU parameters with CPU .grad
+tensors (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py, pinned by --pin-cpu-grads)."""
+CPU_ADAM_BYTES = 30.0
+"""Host-memory bytes the CPU Adam step touches per parameter: the fp32 master weight and both moments
+read and written (24 B), the fp32 gradient read (4 B), and the 16-bit weight written for the copy back
+to the device (2 B); DeepSpeedCPUAdam and torch's CPU Adam are memory-bound at these sizes (ZeRO-Offload
+section 5.1 vectorizes the update so that memory, not arithmetic, bounds it)."""
+
+
+def host_optimizer_bytes(ctx: Context, layout: Layout) -> float:
+    """Host memory the rank's offloaded optimizer holds (``layout.offload``): Adam's states and the
+    fp32 gradient of each parameter it steps; 0 without optimizer offload."""
+    if not offloads_optimizer(layout.offload):
+        return 0.0
+    return optimizer_params(ctx, layout) * (optimizer_state_bytes(ctx.job) + HOST_GRAD_BYTES)
+
+
+def host_optimizer_terms(ctx: Context, layout: Layout) -> tuple[float, float, float]:
+    """The offloaded optimizer step's parts, each step (``layout.offload``): the rank's gradient shard
+    copied to the host (``grad_bytes`` each; where the framework accumulates gradients in host memory,
+    ``semantics.optimizer_offload_host_accumulation``, every micro-batch after the first also brings
+    the running sum back and sends it out again), the CPU Adam step (:data:`CPU_ADAM_BYTES` per parameter
+    over the host memory's bandwidth per device, ``MemoryTier.dram_bytes_per_s``: nominal, so the time
+    is a lower bound, unvalidated), and the updated 16-bit weights copied back, both copies over the
+    host link (``cost.terms.host_tier``). All exposed: DeepSpeed steps the CPU optimizer after the
+    backward and before the next forward (ZeRO-Offload's one-step delayed parameter update, Ren et al.
+    2021 section 4.3, is not a DeepSpeed option), Megatron-Core's --overlap-cpu-optimizer-d2h-h2d is off
+    by default (megatron/training/arguments.py). Zeros without a host tier (``layout_problems`` refuses)."""
+    tier = host_tier(ctx.cluster.device)
+    if tier is None or not tier.dram_bytes_per_s:
+        return 0.0, 0.0, 0.0
+    count = optimizer_params(ctx, layout)
+    grad_copies = 1
+    if layout.zero_stage in ctx.job.profile.profile.optimizer_offload_host_accumulation:
+        m = max(1, ctx.job.global_batch_size // (layout.dp * layout.micro_batch_size))  # cost.step.num_microbatches
+        grad_copies += 2 * (m - 1)
+    return (grad_copies * count * ctx.job.grad_bytes / tier.bytes_per_s,
+            count * CPU_ADAM_BYTES / tier.dram_bytes_per_s, count * WEIGHT_BYTES / tier.bytes_per_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from clusterplan.cost.layout import Layout
+from clusterplan.cost.layout import Layout, offloads_activations, offloads_optimizer
 from clusterplan.cost.stages import rank_index, rank_layers
 from clusterplan.cost.terms.comm import NCCL_RING_SHARE
 from clusterplan.cost.terms.context import Context
@@ -317,6 +317,8 @@ def static_memory(ctx: Context, layout: Layout, rank: str | None = None) -> Stat
     if _lp_grads_kept(ctx, z):  # DeepSpeed's BF16_Optimizer: the 16-bit .grad tensors besides
         grads += WEIGHT_BYTES * owned_params(pc, layout, False, copies)
     optim = optimizer_state_bytes(ctx.job) * owned_params(pc, layout, z >= 1, copies)
+    if offloads_optimizer(layout.offload):  # the fp32 master weights and moments live in host memory
+        optim = 0.0  # (ZeRO-Offload, Megatron-Core's HybridDeviceOptimizer: cost.terms.dp.host_optimizer_terms)
     return StaticMemory(weights, grads, optim)
 
 
@@ -361,7 +363,7 @@ def offload_exposed_s(ctx: Context, layout: Layout, kept_bytes: float, window_s:
     compute is exposed; where the framework copies on the compute stream
     (``semantics.offload_copies_overlap`` false) all of it is. 0 without offload or without a host tier (``layout_problems`` refuses that)."""
     tier = host_tier(ctx.cluster.device)
-    if layout.offload == "none" or tier is None:
+    if not offloads_activations(layout.offload) or tier is None:
         return 0.0
     if not ctx.job.profile.profile.offload_copies_overlap:
         window_s = 0.0  # blocking copies on the compute stream (DeepSpeed's cpu_checkpointing at 0.19.5)

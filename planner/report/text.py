@@ -344,7 +344,7 @@ def _time(doc: dict, console: Console) -> None:
         console.print(f"no time in: {', '.join(zero)}")
     names = {"tp": "TP overlap", "dp": "DP overlap", "cp": "context-parallel ring", "ep": "EP overlap"}
     for key, charge in (doc.get("overlap_charges") or {}).items():
-        if key == "offload":  # copy engines, no SMs: what the copies take and whether they hide
+        if key in ("offload", "optimizer_offload"):  # copy engines and the CPU, no SMs: what they take
             console.print(charge["basis"])
             continue
         console.print(f"{names.get(key, key)} costs {charge['share']:.1%} of the compute it hides behind "

@@ -17,7 +17,7 @@ from clusterplan.cost.framework import (ProfileAt, framework_domains, framework_
 from clusterplan.cost.step import offload_hidden
 from clusterplan.cost.checks import head_slot_problem, param_gather_problem
 from clusterplan.cost.terms import Context, host_tier, stage_slots
-from clusterplan.cost.layout import CP_COMM_KINDS, OFFLOAD_MODES, ORDERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
+from clusterplan.cost.layout import CP_COMM_KINDS, ORDERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES, Job, Layout, SEARCHED_OFFLOAD_MODES, UNSEARCHED_OFFLOAD, join_order, offloads_optimizer, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -378,12 +378,13 @@ def _offload_modes(cluster: Cluster, bounds: Bounds, prof) -> tuple[str, ...]:
     """The offload modes the device allows (a host memory tier with a bandwidth: ``cost.terms.host_tier``),
     where the framework's profile searches its offload (``semantics.offload_searched``), ``--fix`` holds
     it or the bounds ask for it (``Bounds.offer_offload``); --fix offload=activations on a device
-    without a host tier is bad input."""
-    mode = bounds.fixed.get("offload", "none")
+    without a host tier, and --fix of an unsearched mode (``SEARCHED_OFFLOAD_MODES``), is bad input."""
+    if offloads_optimizer(mode := bounds.fixed.get("offload", "none")):  # evaluate prices its copies and CPU step
+        raise SpecError(UNSEARCHED_OFFLOAD.format(mode=mode))
     if host_tier(cluster.device) is not None:
         searched = cluster.device.family.startswith(prof.profile.offload_searched)
         offered = searched or bounds.offer_offload or mode != "none"
-        return OFFLOAD_MODES if offered else ("none",)
+        return SEARCHED_OFFLOAD_MODES if offered else ("none",)
     if mode != "none" and not bounds.allow_unavailable:
         raise SpecError(f"--fix offload={mode}: {cluster.device.name} has no host memory tier with a bandwidth "
                         "to offload to; drop the --fix")

@@ -98,6 +98,10 @@ def check_megatron_argv(argv: list[str], env: dict[str, str], meta: dict) -> dic
     _expect("micro-batches", calc.get(), L["num_microbatches"])
     _expect("virtual pipeline", args.virtual_pipeline_model_parallel_size or 1, L["vp"])
     _expect("recompute granularity", args.recompute_granularity, None if L["recompute"] == "none" else L["recompute"])
+    host_optimizer = "optimizer" in L.get("offload", "none")  # offload=optimizer: every optimizer state on the host
+    _expect("optimizer cpu offload", (args.optimizer_cpu_offload, args.optimizer_offload_fraction if host_optimizer else None,
+                                      args.use_distributed_optimizer if host_optimizer else None),
+            (host_optimizer, 1.0 if host_optimizer else None, True if host_optimizer else None))
     if L.get("recompute_layers"):
         _expect("recompute method", args.recompute_method, "block")
         _expect("recomputed layers per stage", args.recompute_num_layers * (args.virtual_pipeline_model_parallel_size or 1),
@@ -228,6 +232,9 @@ def check_deepspeed(text: str, meta: dict) -> dict:
     if cfg.activation_checkpointing_config.contiguous_memory_optimization and \
             not cfg.activation_checkpointing_config.partition_activations:  # deepspeed.checkpointing.configure asserts it
         _fail("Contiguous Checkpointing is only available with partitioned activations")
+    offload = cfg.zero_config.offload_optimizer  # offload=optimizer: ZeRO-Offload to host memory
+    _expect("offload_optimizer device", None if offload is None else str(getattr(offload.device, "value", offload.device)),
+            "cpu" if "optimizer" in L.get("offload", "none") else None)
     facts = {"world_size": cfg.world_size, "zero": int(cfg.zero_optimization_stage)}
     prefix = "Megatron-DeepSpeed arguments: "
     line = next((c for c in config["_comment"] if c.startswith(prefix)), None)
@@ -263,6 +270,9 @@ def _check_megatron_deepspeed_args(text: str, meta: dict) -> dict:
                        ("num_layers", m["num_layers"]), ("hidden_size", m["hidden_size"]),
                        ("num_attention_heads", m["num_attention_heads"]), ("zero_stage", L["zero_stage"])):
         _expect(f"Megatron-DeepSpeed --{name.replace('_', '-')}", getattr(args, name), want)
+    # ZeRO-Offload refuses a client optimizer other than DeepSpeedCPUAdam (zero_force_ds_cpu_optimizer)
+    _expect("Megatron-DeepSpeed --cpu-optimizer", bool(getattr(args, "cpu_optimizer", False)),
+            "optimizer" in L.get("offload", "none"))
     return {"mds_args": len(shlex.split(text))}
 
 

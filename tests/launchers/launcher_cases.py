@@ -119,6 +119,16 @@ CASES = {
                                            "--devices", "64", "--layout",
                                            "tp=1,pp=1,dp=64,mbs=1,recompute=full,zero=1,offload=activations"],
                                           ["deepspeed"]),
+    # optimizer-state offload to host memory (offload=optimizer): Megatron's --optimizer-cpu-offload with
+    # --optimizer-offload-fraction 1.0 on the distributed optimizer, DeepSpeed's ZeRO-Offload
+    # (zero_optimization.offload_optimizer.device cpu)
+    "llama3-8b-h100-optimizer-offload": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
+                                          "--devices", "8", "--layout",
+                                          "tp=1,pp=1,dp=8,mbs=1,recompute=full,zero=1,offload=optimizer"],
+                                         ["megatron", "slurm"]),
+    "llama3-8b-h100-zero-offload": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
+                                     "--devices", "8", "--layout",
+                                     "tp=1,pp=1,dp=8,mbs=1,recompute=full,zero=2,offload=optimizer"], ["deepspeed"]),
     # FP8 with per-tensor current scaling: --fp8-recipe tensorwise
     "llama3-8b-h100-fp8-current": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8",
                                     "--precision", "fp8", "--fp8-scaling", "current"], ["megatron"]),

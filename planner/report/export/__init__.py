@@ -21,6 +21,7 @@ holds what they share. This package's namespace re-exports their public names.
 from __future__ import annotations
 
 from clusterplan.cost.framework import check_platform
+from clusterplan.cost.layout import offloads_optimizer
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.report.export.common import (FORMATS, GPU_FAMILIES, PINNED, ROPE_THETA_DEFAULT, cuda_arch,
                                                       model_spec, profile_line, rope_theta, shape_key, _plan_device)
@@ -87,6 +88,12 @@ def export(doc: dict, fmt: str, model=None) -> str:
                         f"searched under {FRAMEWORK_OF_FORMAT[fmt]}")
     check_platform(FRAMEWORK_OF_FORMAT[fmt], _plan_device(doc), f"export --format {fmt}", export=True)
     _check_schedule(doc["layout"].get("schedule", ""), fmt)
+    offload = doc["layout"].get("offload", "none")
+    if offloads_optimizer(offload) and fmt not in ("megatron", "slurm", "deepspeed"):
+        raise SpecError(f"export --format {fmt}: offload={offload}: {FRAMEWORK_OF_FORMAT[fmt]} has no optimizer-only "
+                        "offload as clusterplan prices it (torchtitan's training.enable_cpu_offload moves the parameters "
+                        "and gradients too; MaxText's optimizer_memory_host_offload is not priced); --format megatron "
+                        "or deepspeed writes it")
     graph = doc["layout"].get("cuda_graph", "none")
     if graph != "none" and fmt not in ("megatron", "slurm", "torchtitan"):
         raise SpecError(f"export --format {fmt}: the plan replays CUDA graphs (cuda_graph={graph}), which "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from clusterplan.cost.layout import offloads_activations, offloads_optimizer
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.report.export.common import (PINNED, _job, _plan_device, _rope, model_spec, profile_line,
                                                       rope_theta)
@@ -49,12 +50,15 @@ def deepspeed_config(doc: dict, model=None) -> str:
         "fp16": {"enabled": job["precision"] == "fp16"},
         "gradient_clipping": 1.0,
     }
+    if offloads_optimizer(L.get("offload", "none")):  # ZeRO-Offload: Adam's states in pinned host memory, stepped by
+        # DeepSpeedCPUAdam (zero_optimization.offload_optimizer since 2021-04; pinned: the host link's full rate)
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if L["recompute"] == "full":
         # what the plan priced: each layer's input kept whole (1/tp of it with sequence parallelism), not
         # partitioned over the TP ranks by DeepSpeed; contiguous buffers need partitioned activations
         # (deepspeed.checkpointing.configure asserts it)
         config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
-        if L.get("offload", "none") != "none":  # each checkpointed layer's input in host memory
+        if offloads_activations(L.get("offload", "none")):  # each checkpointed layer's input in host memory
             config["activation_checkpointing"]["cpu_checkpointing"] = True
     return json.dumps(config, indent=2)
 
@@ -102,8 +106,10 @@ def _megatron_deepspeed_args(L: dict, job: dict, model) -> list[str]:
         mds.append(f"--recompute-granularity {L['recompute']}")
     if L.get("recompute_layers"):
         mds += ["--recompute-method block", f"--recompute-num-layers {L['recompute_layers']}"]
-    if L.get("offload", "none") != "none":  # initialize.py passes checkpoint_in_cpu to checkpointing.configure
+    if offloads_activations(L.get("offload", "none")):  # initialize.py passes checkpoint_in_cpu to checkpointing.configure
         mds += ["--deepspeed-activation-checkpointing", "--checkpoint-in-cpu"]
+    if offloads_optimizer(L.get("offload", "none")):  # DeepSpeedCPUAdam as the client optimizer: ZeRO-Offload refuses
+        mds.append("--cpu-optimizer")  # another (engine.py zero_force_ds_cpu_optimizer); --cpu-optimizer since 2021-06
     if L.get("head_slots") and L["pp"] > 1:  # evaluate at a 2022 date: BigScience's fork had the flag
         raise SpecError("--format deepspeed: microsoft/Megatron-DeepSpeed splits the pipeline by transformer layers only "
                         "(GPTModelPipe's partition_method 'type:transformer'; BigScience's fork had --pp-partition-method); "

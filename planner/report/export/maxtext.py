@@ -8,7 +8,7 @@ import math
 from fractions import Fraction
 
 from clusterplan.cost.framework import load_profile
-from clusterplan.cost.layout import order_axes
+from clusterplan.cost.layout import offloads_activations, order_axes
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.report.export.common import (GPU_FAMILIES, PINNED, _job, _rope, hsdp_degrees, model_spec,
                                                       rope_theta, shape_key)
@@ -171,7 +171,7 @@ def maxtext_overrides(doc: dict, model=None) -> str:
     remat = "full" if L["recompute"] == "full" else "minimal"
     # offload=activations (with full recomputation): base.yml's remat_policy 'custom' with
     # decoder_layer_input 'offload' (its other named tensors default to 'remat'), MaxText 0.2.5
-    offload = [("decoder_layer_input", "offload")] if L.get("offload", "none") != "none" else []
+    offload = [("decoder_layer_input", "offload")] if offloads_activations(L.get("offload", "none")) else []
     remat = "custom" if offload else remat
     pairs: list[tuple[str, object]] = [*maxtext_model(model),
                                        ("hardware", "tpu" if family == "tpu-torus" else "gpu")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from clusterplan.cost.layout import microbatch_group_size, split_order
+from clusterplan.cost.layout import microbatch_group_size, offloads_activations, offloads_optimizer, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.report.export.common import (PINNED, _job, _rope, cuda_arch, hsdp_degrees, model_spec,
                                                     rope_theta)
@@ -263,8 +263,12 @@ def _megatron_state_args(L: dict, model, notes: list[str]) -> list[str]:
     """Where the training state lives: activations offloaded to the host, the ZeRO stage's sharding,
     and hybrid sharding's distributed-optimizer instances."""
     args = []
-    if L.get("offload", "none") != "none":  # every layer's activations but the last's: TransformerConfig's limit
+    if offloads_activations(L.get("offload", "none")):  # every layer's activations but the last's: TransformerConfig's limit
         args.append(f"--cpu-offloading-num-layers {model.num_layers - 1}")
+    if offloads_optimizer(L.get("offload", "none")):  # every optimizer state on the host (Megatron-Core 2025-02,
+        # core_v0.12.0); validate_args asserts the precision-aware optimizer with it, which runs on the
+        # distributed optimizer the ZeRO stage (>= 1, checks refuse 0) writes below
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0", "--use-precision-aware-optimizer"]
     args += _megatron_sharding_args(L["zero_stage"], model.tied_embeddings, L["ep"], notes)
     if L.get("dp_shard"):  # hybrid sharding: the partial distributed optimizer (Megatron-Core 2024-11), ZeRO-1
         args.append(f"--num-distributed-optimizer-instances {hsdp_degrees(L, 'megatron', (1,))[1]}")
