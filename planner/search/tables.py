@@ -53,6 +53,7 @@ from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
 from clusterplan.planner.search.gathers import compared_gathers, gather_pick
+from clusterplan.planner.search.reuse import key_use, kept_cells, kept_rows, time_in_use
 from clusterplan.planner.search.space import (
     Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
 )
@@ -241,8 +242,11 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     ACT_D, ACT_M, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = masks(ctx, S)
     use = ((ok_fmbv < 0).any(axis=2) & (ok_f < 0)[:, None])  # (f, mb) pairs some layout can take
-    timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_of_fe, tc_keys, use)
-    DPS, DPM, RG, DPX, OPT, statics, PG = _dp_tables(ctx, S, use.any(axis=1), times=not memory_only)
+    timed = _no_time_tables(S) if memory_only else kept_cells(
+        ("time", ctx, S), use, lambda u: _time_tables(ctx, S, tc_of_fe, tc_keys, u),
+        lambda t, u: time_in_use(t, u, tc_of_fe))
+    DPS, DPM, RG, DPX, OPT, statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
+                                                    lambda valid: _dp_tables(ctx, S, valid, times=not memory_only))
     U, UG, FRAC, M, stages = _count_tables(ctx, S)
     ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
     order_ok = order_representatives(S)
@@ -295,16 +299,6 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
     return dict(tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe, C=C, BWD=BWD,
                 FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, P2P=P2P, C_M=C_M, TPC_M=TPC_M, BWD_M=BWD_M,
                 FW_M=FW_M, BK=BK, BK_M=BK_M)
-
-
-def key_use(index: np.ndarray, count: int, use: np.ndarray) -> np.ndarray:
-    """(key, mb): whether some factorization whose ``index`` (over (f, ...)) names the key takes
-    the micro-batch size (``use`` over (f, mb))."""
-    rows = np.broadcast_to(use.reshape((use.shape[0],) + (1,) * (index.ndim - 1) + (use.shape[1],)),
-                           index.shape + (use.shape[1],)).reshape(-1, use.shape[1])
-    out = np.zeros((count, use.shape[1]), bool)
-    np.logical_or.at(out, index.ravel(), rows)
-    return out
 
 
 def _no_time_tables(S: Space) -> dict:
