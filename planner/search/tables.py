@@ -597,26 +597,35 @@ def memory_rows(ctx: Context, S: Space, statics: dict, M: np.ndarray) -> tuple[M
     another row bounds everywhere (rank 1 of a dense model without head slots, a repeated moment)
     is left out: it can never bind."""
     F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
-    model, L, hs = ctx.model, ctx.model.num_layers, S.head_slots[0]
+    L, hs = ctx.model.num_layers, S.head_slots[0]
     flight = {(rank, k): (np.zeros((F, MB, V), np.int64), np.zeros((F, MB, V), np.int64))
               for rank in RANKS for k in range(2)}
+    cells: dict = {}  # (pp, v, m) -> the (dense, moe) layers in flight per (rank, moment): factorizations share them
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for j, mb in enumerate(S.micro_batch_size):
             for vi, v in enumerate(S.vp):
                 m = int(M[i, j])
                 if pp * v > stage_slots(L, pp, hs) or (v > 1 and pp == 1):
                     continue
-                group = ctx.job.microbatch_group(m, pp, v)
-                for rank in RANKS:
-                    held = rank if rank_index(pp, rank) is not None else "first"
-                    moments = rank_inflight(model, pp, v, m, group, hs, held).moments
-                    for k in range(2):
-                        d, e = moments[min(k, len(moments) - 1)]
-                        flight[rank, k][0][i, j, vi], flight[rank, k][1][i, j, vi] = d, e
+                if (pp, v, m) not in cells:
+                    cells[pp, v, m] = _flight_cell(ctx, pp, v, m, hs)
+                for key, (d, e) in cells[pp, v, m].items():
+                    flight[key][0][i, j, vi], flight[key][1][i, j, vi] = d, e
     rows = [MemoryRow(f"{rank}/{k}", *statics[rank], *flight[rank, k], rank == "last")
             for rank in RANKS for k in range(2)]
     return tuple(r for n, r in enumerate(rows) if not any(_bounds(o, r) and (not _bounds(r, o) or n > m)
                                                           for m, o in enumerate(rows) if m != n))
+
+
+def _flight_cell(ctx: Context, pp: int, v: int, m: int, hs: bool) -> dict:
+    """The (dense, MoE) layers in flight per (rank of ``RANKS``, moment 0 or 1) at (pp, vp, m)."""
+    group, out = ctx.job.microbatch_group(m, pp, v), {}
+    for rank in RANKS:
+        held = rank if rank_index(pp, rank) is not None else "first"
+        moments = rank_inflight(ctx.model, pp, v, m, group, hs, held).moments
+        for k in range(2):
+            out[rank, k] = moments[min(k, len(moments) - 1)]
+    return out
 
 
 def _bounds(a: MemoryRow, b: MemoryRow) -> bool:
