@@ -16,18 +16,26 @@ from typing import Any, Callable
 
 import numpy as np
 
-KEPT_PROBLEMS = 16
-"""Problems whose tables are kept (the oldest goes first): a batch sweep has one (two pipeline
-splits, so two spaces); a sweep over sizes a new one per point, which this bounds."""
+KEPT_TABLES = 64
+"""Tables kept (the oldest goes first): a batch sweep has one problem, ten of them (five per pipeline
+split); a sweep over sizes a new problem per point, which this bounds."""
 _KEPT: dict = {}
 
 
 def _keep(key: Any, entry: tuple) -> tuple:
     _KEPT.pop(key, None)
-    while len(_KEPT) >= KEPT_PROBLEMS:
+    while len(_KEPT) >= KEPT_TABLES:
         _KEPT.pop(next(iter(_KEPT)))
     _KEPT[key] = entry
     return entry
+
+
+def kept(key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()`` for a computation that does not depend on the global batch at all (arrays, in
+    tuples and dicts): computed once per ``key``, each caller handed its own copy."""
+    if key not in _KEPT:
+        _keep(key, (compute(),))
+    return _tree(np.copy, _KEPT[key][0])
 
 
 def kept_rows(key: Any, need: np.ndarray, compute: Callable[[np.ndarray], Any]) -> Any:
