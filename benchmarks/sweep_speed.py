@@ -7,7 +7,7 @@ Each case runs ``clusterplan sweep`` in a fresh process (interpreter start and i
 as a user sees it) over ``--over global-batch=...`` with ``--points`` values for Llama 3 8B on 64
 H100s, and prints the wall time, the time per point and the speed-up of the parallel run. The
 points of a global-batch sweep share their cluster and every cost term that does not depend on
-the batch (``cost.terms.Context``), and ``--jobs`` runs contiguous runs of points in forked
+the batch (``cost.terms.Context``) and the tables built from them (``planner.search.reuse``), and ``--jobs`` runs contiguous runs of points in forked
 processes. Run from anywhere with clusterplan installed.
 """
 

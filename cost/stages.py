@@ -105,7 +105,6 @@ class InFlight:
         return max(d + e for d, e in self.moments)
 
 
-@lru_cache(maxsize=65536)
 def inflight(layers: RankLayers, pp: int, vp: int, m: int, group: int | None, rank: int, schedule: str = "") -> InFlight:
     """The layers ``layers`` (rank ``rank``) holds in flight at its memory peak under 1F1B (``vp`` 1:
     ``min(m, pp - rank)`` micro-batches of every layer, Narayanan et al. 2021) or interleaved 1F1B
@@ -113,6 +112,25 @@ def inflight(layers: RankLayers, pp: int, vp: int, m: int, group: int | None, ra
     one backward at a time, forwards through the chunks in groups of ``group`` micro-batches and
     backwards through them in reverse; the peak is at full occupancy, over its moments), or the
     ``schedule`` given by name where it holds otherwise (:func:`schedule_inflight`)."""
+    return _inflight(layers, pp, vp, min(m, _full_occupancy(pp, vp, m, group, rank, schedule)), group, rank, schedule)
+
+
+def _full_occupancy(pp: int, vp: int, m: int, group: int | None, rank: int, schedule: str) -> int:
+    """The micro-batch count from which on :func:`inflight` no longer depends on it (``m`` itself
+    where it always does), so that the counts of a sweep over the batch share one cached answer:
+    1F1B holds ``min(m, pp - rank)``; interleaving reaches its full period, ``N vp`` passes after a
+    warm-up of ``w`` (``interleaved_warmup``), once ``m vp >= w + 1 + N vp``. The named schedules
+    keep ``m``."""
+    if schedule_inflight(schedule, pp, vp, 1) is not None:
+        return m
+    if vp == 1:
+        return pp - rank
+    n = group or pp
+    return -(-(interleaved_warmup(pp, vp, n, rank=rank) + 1 + n * vp) // vp)
+
+
+@lru_cache(maxsize=65536)
+def _inflight(layers: RankLayers, pp: int, vp: int, m: int, group: int | None, rank: int, schedule: str) -> InFlight:
     counts = schedule_inflight(schedule, pp, vp, m)
     if counts is not None:
         return _moments([counts], layers)

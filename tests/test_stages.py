@@ -47,6 +47,18 @@ def test_inflight_peak_matches_the_schedule(pp, vp, m):
             assert got.bytes(a_dense, a_moe) == pytest.approx(max(d * a_dense + e * a_moe for d, e in pairs))
 
 
+def test_inflight_at_full_occupancy_is_the_count_at_every_larger_batch():
+    """The cap that lets a sweep over the batch share one cached answer (``_full_occupancy``) changes
+    nothing: every micro-batch count gives what the schedule's own count gives without the cap, for
+    1F1B, interleaving with and without micro-batch groups, and the named schedules."""
+    from clusterplan.cost.stages import _inflight
+    for pp, vp, group, schedule in itertools.product((2, 3, 4, 8), (1, 2, 4), (None, 2, 5), ("", "zb1p", "zbv", "looped")):
+        for rank, m in itertools.product(range(pp), range(1, 70)):
+            layers = rank_layers(61, 3, pp, vp, rank)
+            assert inflight(layers, pp, vp, m, group, rank, schedule) == _inflight.__wrapped__(
+                layers, pp, vp, m, group, rank, schedule), (pp, vp, group, schedule, rank, m)
+
+
 @pytest.mark.parametrize("layers,pp,vp,m", [(64, 4, 2, 32), (96, 8, 4, 12), (80, 4, 1, 64), (32, 2, 4, 8)])
 def test_one_kind_holds_what_the_schedule_formula_says(layers, pp, vp, m):
     """A model of one layer kind: the first and last ranks' layers in flight are the in-flight counts

@@ -53,6 +53,7 @@ from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
 from clusterplan.planner.search.gathers import compared_gathers, gather_pick
+from clusterplan.planner.search.reuse import key_use, kept, kept_cells, kept_rows, time_in_use
 from clusterplan.planner.search.space import (
     Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
 )
@@ -238,17 +239,20 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     ``clusterplan fit`` asks at each size, without the price of every layout's step time."""
     S = space
     tc_of_fe, tc_keys, ta_of_f, ta_keys = _compute_keys(ctx, S)
-    ACT_D, ACT_M, TRANS, LOGITS = _activation_tables(ctx, S, ta_keys)
+    ACT_D, ACT_M, TRANS, LOGITS = kept(("act", ctx, S), lambda: _activation_tables(ctx, S, ta_keys))
     ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = masks(ctx, S)
     use = ((ok_fmbv < 0).any(axis=2) & (ok_f < 0)[:, None])  # (f, mb) pairs some layout can take
-    timed = _no_time_tables(S) if memory_only else _time_tables(ctx, S, tc_of_fe, tc_keys, use)
-    DPS, DPM, RG, DPX, OPT, statics, PG = _dp_tables(ctx, S, use.any(axis=1), times=not memory_only)
+    timed = _no_time_tables(S) if memory_only else kept_cells(
+        ("time", ctx, S), use, lambda u: _time_tables(ctx, S, tc_of_fe, tc_keys, u),
+        lambda t, u: time_in_use(t, u, tc_of_fe))
+    DPS, DPM, RG, DPX, OPT, statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
+                                                    lambda valid: _dp_tables(ctx, S, valid, times=not memory_only))
     U, UG, FRAC, M, stages = _count_tables(ctx, S)
     ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
         order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX), ok_fo, ok_eo, order_ok, use)
-    canon = canonical_mask(S, order_ok, ok_fe, framework_mask(ctx, S))
+    canon = canonical_mask(S, order_ok, ok_fe, kept(("framework", ctx, S), lambda: framework_mask(ctx, S)))
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
@@ -264,7 +268,8 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, OPT=OPT,
                   U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
                   capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
-                  ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, eo_ok=ep_overlap_mask(ctx, S), PG=PG,
+                  ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, PG=PG,
+                  eo_ok=kept(("ep_overlap", ctx, S), lambda: ep_overlap_mask(ctx, S)),
                   time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
                   ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))), memory_only=memory_only,
@@ -295,16 +300,6 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
     return dict(tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe, C=C, BWD=BWD,
                 FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, P2P=P2P, C_M=C_M, TPC_M=TPC_M, BWD_M=BWD_M,
                 FW_M=FW_M, BK=BK, BK_M=BK_M)
-
-
-def key_use(index: np.ndarray, count: int, use: np.ndarray) -> np.ndarray:
-    """(key, mb): whether some factorization whose ``index`` (over (f, ...)) names the key takes
-    the micro-batch size (``use`` over (f, mb))."""
-    rows = np.broadcast_to(use.reshape((use.shape[0],) + (1,) * (index.ndim - 1) + (use.shape[1],)),
-                           index.shape + (use.shape[1],)).reshape(-1, use.shape[1])
-    out = np.zeros((count, use.shape[1]), bool)
-    np.logical_or.at(out, index.ravel(), rows)
-    return out
 
 
 def _no_time_tables(S: Space) -> dict:
@@ -603,26 +598,35 @@ def memory_rows(ctx: Context, S: Space, statics: dict, M: np.ndarray) -> tuple[M
     another row bounds everywhere (rank 1 of a dense model without head slots, a repeated moment)
     is left out: it can never bind."""
     F, MB, V = len(S.factorizations), len(S.micro_batch_size), len(S.vp)
-    model, L, hs = ctx.model, ctx.model.num_layers, S.head_slots[0]
+    L, hs = ctx.model.num_layers, S.head_slots[0]
     flight = {(rank, k): (np.zeros((F, MB, V), np.int64), np.zeros((F, MB, V), np.int64))
               for rank in RANKS for k in range(2)}
+    cells: dict = {}  # (pp, v, m) -> the (dense, moe) layers in flight per (rank, moment): factorizations share them
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for j, mb in enumerate(S.micro_batch_size):
             for vi, v in enumerate(S.vp):
                 m = int(M[i, j])
                 if pp * v > stage_slots(L, pp, hs) or (v > 1 and pp == 1):
                     continue
-                group = ctx.job.microbatch_group(m, pp, v)
-                for rank in RANKS:
-                    held = rank if rank_index(pp, rank) is not None else "first"
-                    moments = rank_inflight(model, pp, v, m, group, hs, held).moments
-                    for k in range(2):
-                        d, e = moments[min(k, len(moments) - 1)]
-                        flight[rank, k][0][i, j, vi], flight[rank, k][1][i, j, vi] = d, e
+                if (pp, v, m) not in cells:
+                    cells[pp, v, m] = _flight_cell(ctx, pp, v, m, hs)
+                for key, (d, e) in cells[pp, v, m].items():
+                    flight[key][0][i, j, vi], flight[key][1][i, j, vi] = d, e
     rows = [MemoryRow(f"{rank}/{k}", *statics[rank], *flight[rank, k], rank == "last")
             for rank in RANKS for k in range(2)]
     return tuple(r for n, r in enumerate(rows) if not any(_bounds(o, r) and (not _bounds(r, o) or n > m)
                                                           for m, o in enumerate(rows) if m != n))
+
+
+def _flight_cell(ctx: Context, pp: int, v: int, m: int, hs: bool) -> dict:
+    """The (dense, MoE) layers in flight per (rank of ``RANKS``, moment 0 or 1) at (pp, vp, m)."""
+    group, out = ctx.job.microbatch_group(m, pp, v), {}
+    for rank in RANKS:
+        held = rank if rank_index(pp, rank) is not None else "first"
+        moments = rank_inflight(ctx.model, pp, v, m, group, hs, held).moments
+        for k in range(2):
+            out[rank, k] = moments[min(k, len(moments) - 1)]
+    return out
 
 
 def _bounds(a: MemoryRow, b: MemoryRow) -> bool:

@@ -1,0 +1,112 @@
+"""Tables kept for the next search of the same problem at another global batch (a sweep's points).
+
+The data-parallel and static-memory tables and the time tables do not depend on the global batch:
+the batch only decides which of their rows or cells some layout can take (``valid`` over f, ``use``
+over (f, mb): the batch rules of ``masks.masks``), and the others stay 0. So each is kept per
+problem, keyed by what its values depend on: the :class:`~cost.terms.Context` (equal for jobs that
+differ only in the batch; it holds its cluster, so the key's cluster identity stays its own while
+kept) and the :class:`~planner.search.space.Space`. A later search prices only the rows or cells no
+earlier one did and reads the rest; what it is handed equals what a fresh build would give: the
+kept values where it takes them, 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+KEPT_TABLES = 64
+"""Tables kept (the oldest goes first): a batch sweep has one problem, ten of them (five per pipeline
+split); a sweep over sizes a new problem per point, which this bounds."""
+_KEPT: dict = {}
+
+
+def _keep(key: Any, entry: tuple) -> tuple:
+    _KEPT.pop(key, None)
+    while len(_KEPT) >= KEPT_TABLES:
+        _KEPT.pop(next(iter(_KEPT)))
+    _KEPT[key] = entry
+    return entry
+
+
+def kept(key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()`` for a computation that does not depend on the global batch at all (arrays, in
+    tuples and dicts): computed once per ``key``, each caller handed its own copy."""
+    if key not in _KEPT:
+        _keep(key, (compute(),))
+    return _tree(np.copy, _KEPT[key][0])
+
+
+def kept_rows(key: Any, need: np.ndarray, compute: Callable[[np.ndarray], Any]) -> Any:
+    """``compute(need)`` for a computation whose rows (the first axis of every array it returns,
+    in tuples and dicts; None passes) are priced where ``need`` (over that axis) holds and are 0 (or
+    False) elsewhere, each row on its own: the rows kept for ``key`` are read, the missing ones
+    priced and kept."""
+    done, value = _KEPT.get(key, (np.zeros_like(need), None))
+    missing = need & ~done
+    if value is None or missing.any():
+        fresh = compute(missing)
+        value = fresh if value is None else _tree(lambda a, b: a | b if a.dtype == bool else a + b, value, fresh)
+        _keep(key, (done | missing, value))
+    return _tree(lambda a: np.where(need.reshape(need.shape + (1,) * (a.ndim - 1)), a, np.zeros_like(a)), value)
+
+
+def kept_cells(key: Any, use: np.ndarray, compute: Callable[[np.ndarray], dict],
+               in_use: Callable[[dict, np.ndarray], dict]) -> dict:
+    """``compute(use)`` for a computation over cells ``use`` marks (0 elsewhere) whose tables are
+    not indexed by the mask's own axes: priced over every cell some search of ``key`` used (again
+    where this one uses more), then cut to ``use`` by ``in_use(tables, use)`` (a copy)."""
+    done, value = _KEPT.get(key, (None, None))
+    if done is None or (use & ~done).any():
+        done = use if done is None else done | use
+        done, value = _keep(key, (done, compute(done)))
+    return in_use(value, use)
+
+
+def key_use(index: np.ndarray, count: int, use: np.ndarray) -> np.ndarray:
+    """(key, mb): whether some factorization whose ``index`` (over (f, ...)) names the key takes
+    the micro-batch size (``use`` over (f, mb))."""
+    rows = np.broadcast_to(use.reshape((use.shape[0],) + (1,) * (index.ndim - 1) + (use.shape[1],)),
+                           index.shape + (use.shape[1],)).reshape(-1, use.shape[1])
+    out = np.zeros((count, use.shape[1]), bool)
+    np.logical_or.at(out, index.ravel(), rows)
+    return out
+
+
+# the time tables of ``tables._time_tables`` by the index map their first axis is read through
+_TIME_GROUPS = {"tc": ("C", "BWD", "FW", "WE", "BK", "C_M", "BWD_M", "FW_M", "BK_M"), "tpc_of_foe": ("TPC", "TPC_M"),
+                "cpg_of_fo": ("CPC",), "epg_of_foe": ("EPC",), "tpg_of_fo": ("H",)}
+
+
+def time_in_use(t: dict, use: np.ndarray, tc_of_fe: np.ndarray) -> dict:
+    """The time tables ``t`` (``tables._time_tables``) with every cell no factorization takes at
+    its micro-batch size (``use`` over (f, mb)) set to 0, as pricing them at ``use`` alone leaves
+    them; ``tc_of_fe`` indexes the compute tables."""
+    out = {name: table.copy() if isinstance(table, np.ndarray) else table for name, table in t.items()}
+    for index, names in _TIME_GROUPS.items():
+        for name in names:
+            table = out[name]
+            if table is None or not table.size:
+                continue
+            rows = key_use(tc_of_fe if index == "tc" else out[index], table.shape[0], use)
+            table[~rows] = 0
+    out["P2P"] = np.where(use[:, None, :, None], out["P2P"], 0)  # (F, O, MB, S)
+    return out
+
+
+def _tree(fn: Callable, *values: Any) -> Any:
+    """``fn`` over the arrays of ``values`` (alike tuples, dicts and None)."""
+    head = values[0]
+    if head is None:
+        return None
+    if isinstance(head, dict):
+        return {k: _tree(fn, *(v[k] for v in values)) for k in head}
+    if isinstance(head, tuple):
+        return tuple(_tree(fn, *parts) for parts in zip(*values))
+    return fn(*values)
+
+
+def clear() -> None:
+    """Forget every kept table (tests that price one problem twice, from scratch)."""
+    _KEPT.clear()
