@@ -55,3 +55,14 @@ def test_a_batch_sweep_prices_the_batch_free_tables_once_and_alike(monkeypatch, 
         reuse.clear()
         assert _same(kept, tables.build_tables(ctx, space, 0.05))
     reuse.clear()
+
+
+def test_releasing_a_size_search_drops_the_kept_tables():
+    """fit walks many sizes and frees each size's terms between them (issue 41's memory); the
+    tables kept for batch sweeps hold their Context, hence the whole cluster graph, so they go too."""
+    from clusterplan.planner.search import reuse
+    from clusterplan.planner.studies.fit import release_size_caches
+    reuse.kept(("probe", 1), lambda: (np.zeros(3),))
+    assert reuse._KEPT
+    release_size_caches()
+    assert not reuse._KEPT

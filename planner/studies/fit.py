@@ -37,6 +37,7 @@ from clusterplan.cost.terms import Context, host_tier, optimizer_state_bytes, pa
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
+from clusterplan.planner.search import reuse
 from clusterplan.planner.search.exhaustive import any_feasible
 from clusterplan.planner.search.space import Bounds, build_space, divisors, split_spaces
 from clusterplan.planner.search.tables import build_tables
@@ -232,6 +233,7 @@ def release_size_caches() -> None:
         if hasattr(value, "cache_clear") and getattr(value, "__module__", "") == fabric.__name__:
             value.cache_clear()
     library._build_bundled.cache_clear()  # the clusters themselves (build_cluster's cache)
+    reuse.clear()  # the tables a batch sweep keeps per problem hold their Context, hence its cluster
 
 
 def sizes_text(sizes: list[int], most: int = 4) -> str:
