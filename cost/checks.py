@@ -7,8 +7,8 @@ from __future__ import annotations
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import (CP_COMM_KINDS, CUDA_GRAPH_SCOPES, OFFLOAD_MODES, PARAM_GATHERS, PIPELINE_SCHEDULES,
                                       RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, offloads_activations, offloads_optimizer,
-                                      parse_recompute_modules)
-from clusterplan.cost.step import host_offload_problem, num_microbatches
+                                      num_microbatches, parse_recompute_modules)
+from clusterplan.cost.step import host_offload_problem
 from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split, host_tier, layers_on_stage, stage_slots
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec

@@ -125,13 +125,13 @@ def _unoffered_message(prof: ProfileAt, family: str, name: str, knob: str, value
         return f"schedule={value}: {name} {has} (it runs: {runs})"
     if knob == "offload":
         return _offload_refusal(prof, name, value, allowed)
-    since = prof.profile.since.get(MOE_DISPATCHER_FEATURES.get(value, "")) if knob == "moe_dispatcher" else None
-    when = f"since {since}; " if since else ""
     if knob == "dp_shard":
         since = prof.profile.since.get("dp_shard")
         when = f"since {since}" if since else "in no release"
         return (f"dp_shard={value}: {name} has no hybrid sharded data parallelism (it has it {when}); "
                 "leave dp_shard out to shard over the framework's own group")
+    since = prof.profile.since.get(MOE_DISPATCHER_FEATURES.get(value, "")) if knob == "moe_dispatcher" else None
+    when = f"since {since}; " if since else ""
     return (f"{knob}={knob_text(value)}: {name} does not offer it "
             f"({when}allowed: {', '.join(knob_text(v) for v in allowed)})")
 

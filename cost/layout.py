@@ -502,6 +502,11 @@ def microbatch_group_size(m: int, pp: int, vp: int, groups: bool) -> int | None:
     return next((n for n in range(pp, m + 1) if m % n == 0 or m % n >= pp), None)
 
 
+def num_microbatches(job: Job, layout: Layout) -> int:
+    """Micro-batches per pipeline per step: the global batch over dp x micro-batch size (at least one)."""
+    return max(1, job.global_batch_size // (layout.dp * layout.micro_batch_size))
+
+
 def interleaved_warmup(pp: int, vp: int, group: int | None = None, rank: int = 0) -> int:
     """Model chunks pipeline rank ``rank`` runs forward before its first backward in interleaved
     1F1B: ``2 (pp - rank - 1) + (vp - 1) N``, ``N`` the micro-batch ``group`` (default ``pp``;

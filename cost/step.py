@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from clusterplan.cost.layout import Job, Layout, interleaved_warmup, offloads_activations
+from clusterplan.cost.layout import Job, Layout, interleaved_warmup, num_microbatches, offloads_activations
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
@@ -139,10 +139,6 @@ def _host_activation_bytes(ctx: Context, layout: Layout) -> float:
     lt, m = layer_terms(ctx, layout), num_microbatches(ctx.job, layout)
     kept = ctx.job.profile.profile.offload_layers_kept * max(lt.act_kind_bytes)
     return max(_inflight(ctx, layout, m, rank).bytes(*lt.act_kind_bytes) for rank in memory_ranks(layout.pp)) - kept
-
-
-def num_microbatches(job: Job, layout: Layout) -> int:
-    return max(1, job.global_batch_size // (layout.dp * layout.micro_batch_size))
 
 
 def inflight_layers(num_layers: int, pp: int, vp: int, m: int, group: int | None = None,

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import memory_rate
-from clusterplan.cost.layout import Job, Layout, offloads_optimizer
+from clusterplan.cost.layout import Job, Layout, num_microbatches, offloads_optimizer
 from clusterplan.cost.terms.context import Context
 from clusterplan.cost.terms.memory import (ParamCounts, WEIGHT_BYTES, effective_zero_stage, host_tier, optimizer_state_bytes,
                                            owned_params, param_counts, param_gather_bytes, partitioned_modules,
@@ -83,8 +83,7 @@ def host_optimizer_terms(ctx: Context, layout: Layout) -> tuple[float, float, fl
     count = optimizer_params(ctx, layout)
     grad_copies = 1
     if layout.zero_stage in ctx.job.profile.profile.optimizer_offload_host_accumulation:
-        m = max(1, ctx.job.global_batch_size // (layout.dp * layout.micro_batch_size))  # cost.step.num_microbatches
-        grad_copies += 2 * (m - 1)
+        grad_copies += 2 * (num_microbatches(ctx.job, layout) - 1)
     return (grad_copies * count * ctx.job.grad_bytes / tier.bytes_per_s,
             count * CPU_ADAM_BYTES / tier.dram_bytes_per_s, count * WEIGHT_BYTES / tier.bytes_per_s)
 
