@@ -403,3 +403,21 @@ def test_regret_is_what_the_run_ranked_first_measured_against_the_best():
     assert out["median"] == pytest.approx(1.25)
     assert out["above"] == []
     assert regret(results, {"job": ["r0", "r1", "r2"]}, min_runs=3)["max"] == pytest.approx(1.5 / 1.2)
+
+
+def test_memory_verdicts_count_every_peak_and_name_runs_that_ran_but_do_not_fit():
+    """Issue 36's figures: every measured peak, and the runs that ran (a measured step or peak, or a
+    published 'fits' fact) that the model says do not fit; a published out-of-memory fact is not a
+    run that ran, and a run not evaluated counts nowhere."""
+    from clusterplan.planner.studies.runs import RunResult
+    from clusterplan.planner.studies.validate import memory_line, memory_verdicts
+    rows = [RunResult("a", measured_step_time_s=1.0, fits=True, memory_error=0.05),
+            RunResult("b", measured_step_time_s=1.0, fits=False, memory_error=-0.20),
+            RunResult("c", measured_fits=True, fits=False),
+            RunResult("d", measured_fits=False, fits=False, memory_error=0.10),
+            RunResult("e", fits=False),  # nothing measured: no evidence it ran
+            RunResult("f", measured_step_time_s=1.0, fits=False, reason="unknown device")]
+    mv = memory_verdicts(rows)
+    assert mv["runs"] == 3 and mv["median_abs_error"] == pytest.approx(0.10) and mv["max_abs_error"] == pytest.approx(0.20)
+    assert mv["ran"] == 3 and mv["ran_predicted_not_to_fit"] == ["b", "c"]
+    assert "2 of 3 (b, c)" in memory_line(mv)

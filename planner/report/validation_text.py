@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from clusterplan.planner.report.text import make_table
-from clusterplan.planner.studies.validate import unpublished_rows
+from clusterplan.planner.studies.validate import memory_line, unpublished_rows
 
 
 def validation_report(result: dict, console: Console) -> None:
@@ -38,7 +38,7 @@ def validation_report(result: dict, console: Console) -> None:
         _step_time_lines(rows, console)
         _memory_lines(ps, console)
     _ranking_lines(result["summary"].get("ranking") or {}, console)
-    _trust_lines({**(result["summary"].get("every_measured") or {}),
+    _trust_lines({**(result["summary"].get("every_measured") or {}), "memory": result["summary"].get("every_measured_memory"),
                   "cross_validated": result["summary"].get("cross_validated")}, console)
     user = result["summary"].get("interval") or {}
     if user.get("runs"):
@@ -66,6 +66,8 @@ def _trust_lines(e: dict, console: Console) -> None:
     console.print(f"\n{'every measured step':>22}: {e['runs']} runs from {e['sources']} sources (the bundled files and, "
                   f"from the repository, the hold-outs): median |error| {e['median_abs_error']:.1%}, "
                   f"p90 {e['p90_abs_error']:.1%}, median signed {e['median_signed_error']:+.1%}")
+    if (mv := e.get("memory") or {}).get("runs"):
+        console.print(memory_line(mv, f"{'every measured peak':>22}: "))
     console.print(f"{'80% intervals':>22}: each run's from the other sources' runs: {iv['coverage']:.1%} of "
                   f"{iv['runs']} measured step times inside (target 75-85%), median width {iv['median_width']:.2f}x")
     console.print(f"{'':>22}  by family: " + ", ".join(f"{f} {v['coverage']:.0%} of {v['runs']}"
