@@ -533,7 +533,7 @@ def main():
     """Plan parallel layouts (TP, PP, DP, CP, EP, micro-batching, recomputation, ZeRO, placement on the
     fabric) for training large models on accelerator clusters, with step time, memory, energy and
     cost predicted per layout, searched within what the training framework runs (--framework
-    megatron|torchtitan|deepspeed|maxtext|nanotron). Placeholders are labelled `unvalidated`.
+    megatron|torchtitan|deepspeed|maxtext|nanotron|te). Placeholders are labelled `unvalidated`.
 
     Exit codes: 0 ok, 2 bad input, 3 no layout fits, 4 solver stopped without a layout, 1 a bug.
     """

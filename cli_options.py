@@ -93,7 +93,7 @@ POSITIVE_INT = BoundedNumber(int, 2**31 - 1)  # devices, nodes, sequences, token
 POSITIVE_FLOAT = BoundedNumber(float, 1e6)  # Gb/s per device (a petabit), seconds of solver time
 
 
-FRAMEWORK_NAMES = FRAMEWORKS + ("nemo", "megatron-bridge", "megatron-lm", "megatron-core")
+FRAMEWORK_NAMES = FRAMEWORKS + ("nemo", "megatron-bridge", "megatron-lm", "megatron-core", "transformer-engine")
 
 # ---- shared options ---------------------------------------------------------------------------------
 def apply_options(options: list[Callable]) -> Callable:
@@ -181,7 +181,8 @@ INPUT_OPTIONS = [
                       "(default: the model's published figure, if any)."),
     click.option("--framework", "framework", type=click.Choice(list(FRAMEWORK_NAMES), case_sensitive=False),
                  help="The training framework whose profile the plan must run under: megatron (also nemo, "
-                      "megatron-bridge), torchtitan, deepspeed, maxtext, nanotron. Default: maxtext on TPU, megatron "
+                      "megatron-bridge), torchtitan, deepspeed, maxtext, nanotron, te (Transformer Engine-native PyTorch, "
+                      "also transformer-engine). Default: maxtext on TPU, megatron "
                       "elsewhere. The search offers only the knobs and combinations it has, and prices "
                       "overlap by its mechanism (see docs/frameworks.md)."),
     click.option("--compile/--no-compile", "compiled", default=None,

@@ -16,7 +16,7 @@ from clusterplan.topologies.precisions import FP8_SCALINGS, PRECISIONS
 
 
 FORMAT = "clusterplan-framework/1"
-FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext", "nanotron")
+FRAMEWORKS: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "maxtext", "nanotron", "te")
 FEATURES: tuple[str, ...] = (
     "tp", "pp", "vp", "vp_groups", "grad_accumulation", "cp", "ep", "etp1", "sequence_parallel",
     "recompute_selective", "recompute_full", "recompute_layers", "recompute_modules", "head_slots",

@@ -54,6 +54,10 @@ def export_framework(fmt: str, given: str | None) -> str:
     """The framework to search under for ``fmt``; :class:`SpecError` when ``--framework`` names another
     (a plan searched for one framework may use knobs the other lacks: search again under it)."""
     want = FRAMEWORK_OF_FORMAT[fmt]
+    if given and given not in FRAMEWORK_OF_FORMAT.values():
+        raise SpecError(f"export --format {fmt}: --framework {given} has no launcher config clusterplan writes (its "
+                        f"training loop is the user's own code; docs/frameworks.md, section {given}); plan with "
+                        f"--framework {given} and set its layout by hand, or export a {want} config with --framework {want}")
     if given and given != want:
         raise SpecError(f"export --format {fmt}: the config is for {want}, but --framework {given} was given; "
                         f"drop --framework (the plan is then searched under {want}) or use --framework {want}")
