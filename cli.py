@@ -351,7 +351,7 @@ def export_command(fmt, as_json, **options):
 @apply_options(INPUT_OPTIONS)
 @click.option("--memory-headroom", "memory_headroom", type=Headroom(), default=None,
               help="Share of device memory to keep free: 10% or 0.1. Default: the framework's allocator "
-                      "margin, 8.4% for megatron, torchtitan, deepspeed and nanotron on HBM devices (PyTorch's caching "
+                      "margin, 8.4% for megatron, torchtitan, deepspeed, nanotron and te on HBM devices (PyTorch's caching "
                       "allocator reserve, measured), 0 for maxtext and on SRAM machines.")
 @click.option("--time-limit", "time_limit_s", type=POSITIVE_FLOAT, default=TIME_LIMIT_S, show_default=True,
               metavar="SECONDS", help="Stop the size search after this long; without an answer by then, exit 4.")

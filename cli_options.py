@@ -262,7 +262,7 @@ ENGINE_OPTIONS = [
                  help="Upper bound on a numeric knob, e.g. --max pp=16 (repeatable)."),
     click.option("--memory-headroom", "memory_headroom", type=Headroom(), default=None,
                  help="Share of device memory to keep free: 10% or 0.1. Default: the framework's allocator "
-                      "margin, 8.4% for megatron, torchtitan, deepspeed and nanotron on HBM devices (PyTorch's caching "
+                      "margin, 8.4% for megatron, torchtitan, deepspeed, nanotron and te on HBM devices (PyTorch's caching "
                       "allocator reserve, measured), 0 for maxtext and on SRAM machines."),
     click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="time", show_default=True,
                  help="What to minimise per step: time; cost (rental price x time, so the same layout as "

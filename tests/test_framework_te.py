@@ -82,3 +82,16 @@ def test_te_runs_fused_kernels_not_eager_modules():
     model, cluster = get_model("llama3-8b"), build_cluster("dgx-h100-superpod", num_devices=16)
     assert not layer_kernels(Context(model, job(), cluster)).eager
     assert layer_kernels(Context(model, job("nanotron"), cluster)).eager
+
+
+def test_the_docs_and_help_list_every_profile():
+    """docs/frameworks.md's table and README's --framework line name each profile, te among them, and
+    the frameworks without an export say so."""
+    from pathlib import Path
+
+    from clusterplan.cost.framework import FRAMEWORKS
+    root = Path(__file__).resolve().parent.parent
+    docs, readme = (root / "docs" / "frameworks.md").read_text(), (root / "README.md").read_text()
+    assert all(f"| `{fid}` |" in docs for fid in FRAMEWORKS)
+    assert "--framework " + "|".join(FRAMEWORKS) in readme and "## te\n" in docs
+    assert "|".join(FRAMEWORKS) in run("plan", "--help").output.replace("\n", "").replace(" ", "")
