@@ -36,8 +36,9 @@ def test_the_profile_loads_under_its_name_and_aliases():
     assert resolve_name("transformer-engine") == "te" and resolve_name("TE") == "te"
     now = prof.at(None)
     assert now.zero_stages() == (0, 2, 3) and not now.has("pp") and now.has("cp") and now.has("mxfp8")
-    # FSDP around TE layers arrives with TE's FSDP example (v1.3, 2024-02); MXFP8 with TE 2.0 (2025-02)
-    assert prof.at("2023-12").zero_stages() == (0,) and not prof.at("2024-12").has("mxfp8")
+    # FSDP around TE layers arrives with TE's FSDP example (v1.4, 2024-03); MXFP8 with TE 2.0 (2025-02)
+    assert prof.at("2024-02").zero_stages() == (0,) and prof.at("2024-03").zero_stages() == (0, 2, 3)
+    assert not prof.at("2024-12").has("mxfp8") and prof.at("2025-02").has("mxfp8")
 
 
 @pytest.mark.parametrize("args", [DENSE, MOE], ids=["dense", "moe"])
