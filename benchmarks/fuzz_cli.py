@@ -36,6 +36,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from clusterplan.cost.profile_file import FRAMEWORKS
+
 HOSTILE = [None, True, False, 0, -1, 1, 3, 7, 10**11, 2**63, 10**30, -(2**70), float("nan"), float("inf"),
            -float("inf"), 1e300, -0.0, 0.5, 1e-300, "", " ", "4k", "1e3", "nan", "llama", "-5", "0x10", "∞",
            "a" * 300, [], [1, 2], {}, {"a": 1}]
@@ -101,7 +103,7 @@ def _hostile_text(rng: random.Random) -> str:
 
 
 KINDS = ["model", "hf", "cluster", "option", "layout", "fix", "hostile", "framework-fix", "export", "fit"]
-FRAMEWORK_NAMES = ["megatron", "torchtitan", "deepspeed", "maxtext"]
+FRAMEWORK_NAMES = list(FRAMEWORKS)  # every profile, so a new one is fuzzed the day it lands
 VALID_FIXES = ["tp=2", "tp=8", "pp=2", "pp=4", "dp=2", "cp=2", "ep=2", "ep=8", "vp=2", "mbs=1", "mbs=2", "sp=on",
                "zero=0", "zero=1", "zero=2", "zero=3", "recompute=none", "recompute=selective", "recompute=full",
                "dp_overlap=on", "tp_overlap=on", "ep_overlap=on", "etp=1", "head_slots=on", "order=tp-cp-pp-dp",

@@ -32,6 +32,7 @@ from collections import Counter
 
 from clusterplan.cost.framework import framework_domains
 from clusterplan.cost.layout import Job, Layout
+from clusterplan.cost.profile_file import FRAMEWORKS
 from clusterplan.cost.step import evaluate
 from clusterplan.cost.checks import layout_problems
 from clusterplan.models.errors import ClusterplanError
@@ -43,7 +44,6 @@ from clusterplan.topologies.library import build_cluster
 REL = 1e-9  # float noise allowed between the two sides
 CLUSTERS = [("dgx-h100-superpod", 32), ("dgx-a100-superpod", 32), ("gb200-nvl72", 36), ("mi300x-cluster", 32),
             ("gaudi3-cluster", 32), ("tpu-v5p-pod", 32), ("dgx-b200-superpod", 16), ("trn2-cluster", 32)]
-FRAMEWORKS = ("megatron", "torchtitan", "deepspeed", "maxtext")
 LAWS = ("layers", "ffn", "expert_ffn", "top_k", "batch", "bandwidth", "memory_layers", "search")  # weights: instance()
 
 
