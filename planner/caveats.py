@@ -35,6 +35,9 @@ def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
     validated = family_error(dev.family, None if model is None else model.moe is not None)
     if validated is None:
         lines.append(f"{NO_PUBLISHED_RUN} ({dev.family}) in clusterplan's validation data")
+    elif (own := framework_runs(dev.family, prof.id)) < FRAMEWORK_MIN_RUNS:
+        lines.append(f"unvalidated: {own or 'no'} published run{'' if own == 1 else 's'} under {prof.id} on {dev.family}: "
+                     f"the validated error and the interval are mostly other frameworks' runs on this hardware")
     if dev.attention_efficiency is None:
         lines.append(f"unvalidated: no measured fused-attention efficiency for {dev.name}; attention runs at "
                      f"{UNMEASURED_ATTENTION_OVER_MAMF:.0%} of the matmul efficiency (assumed, docs/cost-model.md)")
@@ -80,6 +83,16 @@ def shape_caveats(model: ModelSpec) -> list[str]:
 
 def _family_errors() -> dict:
     return (bundled_yaml("clusterplan.planner", "data", "validated_error.yaml") or {}).get("families", {})
+
+
+FRAMEWORK_MIN_RUNS = 5
+"""Runs under the plan's framework on its hardware family below which the plan says its validated
+error is other frameworks' (issue 35's per-framework target counts profiles with 5 runs or more)."""
+
+
+def framework_runs(family: str, framework: str) -> int:
+    """Published runs with a measured step time under ``framework`` on ``family`` (validated_error.yaml)."""
+    return int(((_family_errors().get(family) or {}).get("framework_runs") or {}).get(framework, 0))
 
 
 def family_error(family: str, moe: bool | None = None) -> dict | None:

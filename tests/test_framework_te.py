@@ -96,3 +96,18 @@ def test_the_docs_and_help_list_every_profile():
     assert all(f"| `{fid}` |" in docs for fid in FRAMEWORKS)
     assert "--framework " + "|".join(FRAMEWORKS) in readme and "## te\n" in docs
     assert "|".join(FRAMEWORKS) in run("plan", "--help").output.replace("\n", "").replace(" ", "")
+
+
+def test_a_plan_under_a_framework_without_runs_on_its_hardware_says_its_error_is_other_frameworks():
+    """The validated error a plan quotes is its hardware family's; where the plan's framework has
+    fewer than FRAMEWORK_MIN_RUNS runs there (te: none), the plan says so instead of passing other
+    frameworks' agreement off as its own; Megatron on Hopper (dozens of runs) does not."""
+    from clusterplan.planner.caveats import FRAMEWORK_MIN_RUNS, framework_runs
+    assert framework_runs("nvidia-hopper", "te") == 0
+    assert framework_runs("nvidia-hopper", "megatron") >= FRAMEWORK_MIN_RUNS
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "16"]
+    te = CliRunner().invoke(clusterplan, args + ["--framework", "te"])
+    megatron = CliRunner().invoke(clusterplan, args + ["--framework", "megatron"])
+    assert te.exit_code == 0 and megatron.exit_code == 0
+    assert "no published runs under te on nvidia-hopper" in te.output
+    assert "under megatron on nvidia-hopper" not in megatron.output

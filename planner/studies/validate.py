@@ -8,6 +8,7 @@ measured step time of the repository and the coverage of the 80% intervals
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -320,7 +321,7 @@ def error_by_family(options: SearchOptions | None = None,
     (:data:`STEP_TIME_FILES`) and the runs of ``extra_files`` (the repository's
     :data:`LABEL_HOLDOUT_FILES`, which ``benchmarks/update_docs.py`` passes), rounded to 0.1%, and the same for its dense and its MoE runs
     (``dense``, ``moe``) where the family has runs of both kinds, and how many of its runs are MoE
-    (``moe_runs``); and the interval table of the same runs (:func:`interval_table`): what
+    (``moe_runs``) and under each framework (``framework_runs``); and the interval table of the same runs (:func:`interval_table`): what
     ``planner/data/validated_error.yaml`` holds (a test recomputes it)."""
     opts = options or SearchOptions(engine="exhaustive", top_k=0)
     paths = [bundled_data_path(name) for name in STEP_TIME_FILES] + [Path(f) for f in extra_files]
@@ -332,7 +333,8 @@ def error_by_family(options: SearchOptions | None = None,
     out = {}
     for family in sorted({r.family for r in results if r.error is not None}):
         rows = [r for r in results if r.family == family and r.error is not None]
-        out[family] = {**entry(rows), "moe_runs": sum(r.moe for r in rows)}
+        frameworks = Counter(r.framework.split("@")[0] for r in rows)
+        out[family] = {**entry(rows), "moe_runs": sum(r.moe for r in rows), "framework_runs": dict(sorted(frameworks.items()))}
         for kind, moe in (("dense", False), ("moe", True)):  # by model kind, where the family has both
             kind_rows = [r for r in rows if r.moe is moe]
             if kind_rows and len(kind_rows) < len(rows):
