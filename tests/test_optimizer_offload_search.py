@@ -131,3 +131,20 @@ def test_host_memory_rules_out_what_it_cannot_hold():
     with pytest.raises(InfeasibleError):
         plan(get_model("llama3-405b"), job, _h100(), SearchOptions(bounds=Bounds(fixed={"offload": "optimizer",
                                                                                         "pp": 1})))
+
+
+def test_engines_agree_with_both_offloads_where_host_memory_binds():
+    """Megatron-Core offloads the activations (pp = 1, no recomputation) and the optimizer together on
+    GB200: host memory holds the activations in flight and the states (Llama 3 405B cut to 30 layers,
+    99.6 B parameters: 199 GB of states a rank over 8), so the larger micro-batches are out. Each
+    micro-batch size and sp is a space of its own, so the rule is exact at each."""
+    model, cluster = get_model("llama3-405b").model_copy(update={"num_layers": 30}), build_cluster("gb200-nvl72", num_devices=8)
+    job, bounds = Job(global_batch_size=16, seq_len=4096, framework="megatron"), Bounds(fixed={"offload": "activations+optimizer"})
+    subs = split_spaces(build_space(model, job, cluster, bounds), model, job, cluster)
+    assert all(s.offload == ("activations+optimizer",) and s.recompute == ("none",) and 0 not in s.zero_stage
+               and len(s.micro_batch_size) == len(s.sequence_parallel) == 1 for s in subs)
+    over = {s.micro_batch_size[0]: host_overflow(Context(model, job, cluster), s).any() for s in subs}
+    assert True in over.values() and False in over.values()
+    _check_engines_agree(model, job, cluster, bounds)
+    best = plan(model, job, cluster, SearchOptions(bounds=bounds)).best
+    assert best.layout.offload == "activations+optimizer" and best.time.offload_s == 0.0

@@ -72,7 +72,7 @@ def offload_spaces(splits: list[Space], space: Space, ctx: Context) -> list[Spac
         for mode in (m for m in space.offload if m != "none"):
             narrowed, why = offloaded_space(ctx, sub, mode)
             if narrowed is not None:
-                out.append(narrowed)
+                out.extend(_host_memory_splits(narrowed))
             reasons.append(why)
     if not out:
         raise SpecError(next(r for r in reasons if r))
@@ -117,6 +117,16 @@ def _optimizer_offload_space(ctx: Context, S: Space, mode: str) -> tuple[Space |
                f"'...,zero={S.zero_stage[0]},offload={mode}'` prices one layout, or drop --fix zero")
         return None, why
     return replace(S, zero_stage=stages, param_gather=("bf16",)), ""
+
+
+def _host_memory_splits(S: Space) -> list[Space]:
+    """``S``, or with both offloads one space per micro-batch size and sp: host memory then holds the
+    activations in flight as well as the optimizer states, and the activations depend on those knobs,
+    which the static-memory cells (:func:`host_refused_statics`) do not have."""
+    if not (offloads_activations(S.offload[0]) and offloads_optimizer(S.offload[0])):
+        return [S]
+    return [replace(S, micro_batch_size=(mb,), sequence_parallel=(sp,))
+            for mb in S.micro_batch_size for sp in S.sequence_parallel]
 
 
 def _offload_hides(ctx: Context, S: Space, f: tuple[int, int, int, int]) -> bool:
