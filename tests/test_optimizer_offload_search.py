@@ -6,22 +6,29 @@ between the engines."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
+
+from clusterplan.cli import main
 
 from clusterplan.cost.layout import Job, Layout
 from clusterplan.cost.step import evaluate, host_offload_problem
 from clusterplan.cost.terms import Context, host_optimizer_terms, optimizer_s, stage_slots
 from clusterplan.models.errors import InfeasibleError, SpecError
 from clusterplan.models.library import get_model
+from clusterplan.planner.inputs import Request
 from clusterplan.planner.search import SearchOptions, objective_seconds, plan
 from clusterplan.planner.search.offload import host_overflow
 from clusterplan.planner.search.space import Bounds, build_space, expert_ok, split_spaces
 from clusterplan.planner.search.tables import build_tables
+from clusterplan.planner.studies.fit import layouts_fit, least_devices
 from clusterplan.topologies.library import build_cluster
 from test_search import _check_engines_agree  # tests/ is on the path, as for grids (test_ceilings.py)
 
+RUN = CliRunner()
 MODEL = get_model("llama3-8b")
 HELD = Bounds(fixed={"offload": "optimizer"})
 
@@ -148,3 +155,25 @@ def test_engines_agree_with_both_offloads_where_host_memory_binds():
     _check_engines_agree(model, job, cluster, bounds)
     best = plan(model, job, cluster, SearchOptions(bounds=bounds)).best
     assert best.layout.offload == "activations+optimizer" and best.time.offload_s == 0.0
+
+
+@pytest.mark.parametrize("cluster", ["gb200-nvl72", "dgx-h200-superpod"])
+def test_fit_counts_optimizer_offload_for_llama3_405b(cluster):
+    """Grace memory over NVLink-C2C (GB200) and DDR5 over PCIe (DGX H200) hold the states: fewer
+    devices fit with the optimizer offloaded, and at that count nothing fits without it."""
+    out = RUN.invoke(main, ["fit", "--model", "llama3-405b", "--cluster", cluster, "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    n, m = doc["num_devices"], doc["num_devices_with_offload"]
+    assert m < n and doc["offload_mode"] == "optimizer"
+    request = Request(model="llama3-405b", cluster=cluster)
+    reference = request.load_cluster()
+    job = request.build_job(get_model("llama3-405b"), reference)[0]
+    assert least_devices(get_model("llama3-405b"), job, reference, Bounds(offer_offload=True)) <= m < \
+        least_devices(get_model("llama3-405b"), job, reference)
+    there = build_cluster(cluster, num_devices=m)
+    job = request.build_job(get_model("llama3-405b"), there)[0]
+    assert layouts_fit(get_model("llama3-405b"), job, there, Bounds(fixed={"offload": "optimizer"}))
+    assert not layouts_fit(get_model("llama3-405b"), job, there, Bounds(fixed={"offload": "none"}))
+    text = RUN.invoke(main, ["fit", "--model", "llama3-405b", "--cluster", cluster]).output
+    assert f"fewest devices: {n}; with host offload: {m} (offload=optimizer: Megatron-Core --optimizer-cpu-offload" in text

@@ -61,6 +61,18 @@ def offload_modes(cluster, bounds: Bounds, prof) -> tuple[str, ...]:
     return ACTIVATION_MODES
 
 
+def optimizer_offload_offered(job, cluster, bounds: Bounds) -> bool:
+    """Whether the search for ``job`` on ``cluster`` may offload the optimizer: an optimizer mode of
+    :func:`offload_modes` that the framework runs at its date (``features.offload_optimizer``) and the
+    bounds allow (``clusterplan fit``'s memory bound counts the states in host memory there)."""
+    try:
+        modes = offload_modes(cluster, bounds, job.profile)
+    except SpecError:  # a --fix the device cannot take: build_space refuses it
+        return False
+    return job.profile.has("offload_optimizer") and any(offloads_optimizer(m) and bounds.allows("offload", m)
+                                                        for m in modes)
+
+
 def offload_spaces(splits: list[Space], space: Space, ctx: Context) -> list[Space]:
     """One space per pipeline split of ``splits`` and per offload mode of ``space.offload``: the
     splits with no offload first (so they win a tie: the merge is a stable sort), then each split's
