@@ -177,3 +177,15 @@ def test_fit_counts_optimizer_offload_for_llama3_405b(cluster):
     assert not layouts_fit(get_model("llama3-405b"), job, there, Bounds(fixed={"offload": "none"}))
     text = RUN.invoke(main, ["fit", "--model", "llama3-405b", "--cluster", cluster]).output
     assert f"fewest devices: {n}; with host offload: {m} (offload=optimizer: Megatron-Core --optimizer-cpu-offload" in text
+
+
+def test_a_plan_host_memory_refuses_says_so():
+    """Where every layout the bounds leave fits the device but offloads more than the host's share
+    (the 36-layer cut at pp = 4, whose first stage holds the embedding), the error names host memory,
+    not a device shortfall."""
+    model, cluster = _tight()
+    job = Job(global_batch_size=16, seq_len=4096, framework="megatron")
+    with pytest.raises(InfeasibleError) as err:
+        plan(model, job, cluster, SearchOptions(bounds=Bounds(fixed={"offload": "optimizer", "pp": 4, "tp": 2})))
+    assert "host memory" in str(err.value) and "240.0 GB per device" in str(err.value)
+    assert "GiB per device" not in str(err.value) and "more devices" in err.value.hint

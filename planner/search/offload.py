@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clusterplan.cost.layout import OFFLOAD_MODES, Layout, offloads_activations, offloads_optimizer
-from clusterplan.cost.step import offload_hidden, offload_host_bound_bytes
+from clusterplan.cost.step import host_offload_problem, offload_hidden, offload_host_bound_bytes
 from clusterplan.cost.terms import Context, host_optimizer_bytes, host_tier, stage_slots
 from clusterplan.models.errors import SpecError
 
@@ -187,3 +187,14 @@ def host_overflow(ctx: Context, S: Space) -> np.ndarray:
                                  offload=mode, dp_shard=S.dp_shard[0])
                     over[i, vi, ei, zi] = acts + host_optimizer_bytes(ctx, lay) > capacity
     return over
+
+
+def host_memory_refusal(ctx: Context, layout: Layout) -> str:
+    """Why nothing fits, where the layout that needs the least device memory (``engine._least_memory``)
+    offloads more than host memory holds: its cells rank last (:func:`host_refused_statics`), so every
+    layout left does; "" otherwise (device memory is what binds)."""
+    problem = host_offload_problem(ctx, layout) if offloads_optimizer(layout.offload) else None
+    if not problem:
+        return ""
+    return (f"{ctx.model.name} does not fit on {ctx.cluster.num_devices:,} x {ctx.cluster.device.id}: no layout the "
+            f"bounds leave holds what it offloads in host memory ({layout.short()}: {problem})")
