@@ -144,7 +144,7 @@ def _fewest(model: ModelSpec, request: Request, bounds: Bounds, time_limit_s: fl
             if answer.num_devices else "no size fits without offload: the answer offloads")
     result = _fit_result(model, request, question, answer if answer.num_devices else offload, bounds,
                          time_limit_s, offload.num_devices, note)
-    if offload.num_devices is not None:
+    if offload.num_devices not in (None, answer.num_devices):  # the mode that lowers the count
         result.offload_mode = fitting_offload(model, request, offload.num_devices, bounds)
     return result
 

@@ -95,7 +95,7 @@ class Tables:
     DPM: np.ndarray  # (F, O, V, E, Z) per-micro-batch FSDP traffic
     RG: np.ndarray  # (F, O, V, E, Z) ZeRO-3's third gathers per micro-batch, paid with full recomputation
     DPX: np.ndarray  # (F, O, V, E, Z) per-step traffic that is never overlapped (ZeRO-2's weight gather)
-    OPT: np.ndarray  # (F, V, E, Z)
+    OPT: np.ndarray  # (F, V, E, Z); with optimizer offload its host copies and CPU step (planner.search.offload)
     # counts (exact integers or SLOT_QUANTUM)
     U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
     UG: np.ndarray  # (F, MB, V) U times the share of chunks EP overlap pairs (cost.terms.ep_overlap_steady_share)
