@@ -363,7 +363,9 @@ def fit_command(model_arg, cluster_arg, memory_headroom, time_limit_s, as_json, 
     by search, with the best layout there. The search starts where the gradients and optimizer
     states of every parameter fit in the devices' memory and checks the sizes the fabric accepts
     (whole nodes; whole racks beyond one NVL72 rack; TPU slices), every one up to 32 nodes, then 16
-    per doubling, until one fits or --time-limit runs out (exit 4).
+    per doubling, until one fits or --time-limit runs out (exit 4). Where the framework and the device
+    offer host offload (of the activations or of the optimizer states), it answers with offload
+    offered too, and names the mode that answer needs.
 
     \b
     Example:  clusterplan fit --model llama3-405b --cluster dgx-h100-superpod

@@ -45,14 +45,6 @@ moments with the fp32 gradients, stepped by the CPU (``optimizer``: DeepSpeed's 
 ``offload_optimizer``, Megatron-Core's ``--optimizer-cpu-offload``; ``features.offload_optimizer``), or both."""
 
 
-SEARCHED_OFFLOAD_MODES: tuple[str, ...] = ("none", "activations")
-"""The offload modes the search offers (``planner.search.space``): optimizer offload's host copies and
-CPU step are not in its tables, so ``--fix`` refuses it (:data:`UNSEARCHED_OFFLOAD`) and ``evaluate`` prices it."""
-UNSEARCHED_OFFLOAD = ("--fix offload={mode}: the search does not price optimizer offload (its host copies and CPU Adam "
-                      "step); `clusterplan evaluate --layout '...,offload={mode}'` prices one layout; --fix offload "
-                      "allows: " + ", ".join(SEARCHED_OFFLOAD_MODES))
-
-
 def offloads_activations(offload: str) -> bool:
     """Whether the offload mode (:data:`OFFLOAD_MODES`) puts the kept activations in host memory."""
     return offload in ("activations", "activations+optimizer")
@@ -156,7 +148,8 @@ class Layout:
         moments and fp32 gradients live in host memory and the Adam step runs on the CPU; each step
         copies the rank's gradient shard to the host and its updated 16-bit weights back
         (``cost.terms.dp.host_optimizer_terms``). Priced by ``evaluate`` and ``validate``; the search
-        does not offer it (``--fix`` refuses it).
+        offers it where ``--fix`` holds it or ``fit`` counts it, at the ZeRO stages whose copies are one
+        a step (``planner.search.offload``).
     cp_comm : with cp > 1, how attention exchanges the sequence (:data:`CP_COMM_KINDS`; ``p2p``, the ring,
         by default). Priced by ``evaluate`` and ``validate``; refused where the framework lacks the kind.
     shard_across_domains : with ZeRO-3 under a framework that by default shards inside each scale-up

@@ -298,6 +298,26 @@ def offload_hidden(ctx: Context, tp: int, pp: int, cp: int, ep: int, expert_tp: 
     tier, sem = host_tier(ctx.cluster.device), ctx.job.profile.profile
     if tier is None or not sem.offload_copies_overlap or (sem.offload_pp_max or pp) < pp:
         return False
+    stages, kept_layers, in_flight = _offload_stages(ctx, tp, pp, cp, ep, expert_tp, vp, mbs, sp, head_slots)
+    return all(2.0 * act * kept_layers / tier.bytes_per_s <= window and act * kept_layers * in_flight
+               <= tier.capacity_bytes for act, window in stages)
+
+
+def offload_host_bound_bytes(ctx: Context, tp: int, pp: int, cp: int, ep: int, expert_tp: bool, vp: int, mbs: int,
+                             sp: bool, head_slots: bool = False) -> float:
+    """The bound on what ``offload=activations`` holds in host memory that :func:`offload_hidden` checks
+    against the host tier: the stage's offloaded layers' inputs for every micro-batch the first stage
+    may hold in flight (the search's stand-in for :func:`host_offload_problem`'s activations)."""
+    stages, kept_layers, in_flight = _offload_stages(ctx, tp, pp, cp, ep, expert_tp, vp, mbs, sp, head_slots)
+    return max(act * kept_layers * in_flight for act, _ in stages)
+
+
+def _offload_stages(ctx: Context, tp: int, pp: int, cp: int, ep: int, expert_tp: bool, vp: int, mbs: int, sp: bool,
+                    head_slots: bool) -> tuple[list[tuple[float, float]], int, int]:
+    """For :func:`offload_hidden`: per candidate slowest stage, one offloaded layer's input bytes and the
+    compute its copies overlap, under the framework's offload recompute mode; the layers whose inputs
+    are offloaded; the micro-batches the first stage may hold in flight."""
+    sem = ctx.job.profile.profile
     base, model, mode = ctx._base, ctx.model, sem.offload_recompute
     kept_layers = max(0, layers_on_stage(model.num_layers, pp, vp) - sem.offload_layers_kept)
     shares = stage_kind_shares(base, pp, vp, head_slots and pp > 1)
@@ -309,8 +329,7 @@ def offload_hidden(ctx: Context, tp: int, pp: int, cp: int, ep: int, expert_tp: 
         stages = [(m.act_bytes_per_layer, a * (d.forward_s + d.backward_s + d.recompute_s)
                    + b * (m.forward_s + m.backward_s + m.recompute_s)) for a, b in shares]
     in_flight = pp * (2 if vp > 1 else 1)  # micro-batches the first stage may hold: a bound (host_offload_problem)
-    return all(2.0 * act * kept_layers / tier.bytes_per_s <= window and act * kept_layers * in_flight
-               <= tier.capacity_bytes for act, window in stages)
+    return stages, kept_layers, in_flight
 
 
 STAGE_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s")

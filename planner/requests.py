@@ -20,7 +20,7 @@ from clusterplan.planner.results import evaluation_results, plan_results
 from clusterplan.planner.search import SearchOptions, SearchResult, check_layout, plan
 from clusterplan.planner.search.space import Bounds
 from clusterplan.planner.studies.fit import (
-    TIME_LIMIT_S, FitAnswer, fewest_devices, fewest_with_offload, fit_hint, offload_refusal, smallest_device,
+    TIME_LIMIT_S, FitAnswer, fewest_devices, fewest_with_offload, fit_hint, fitting_offload, offload_refusal, smallest_device,
 )
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.library import list_devices
@@ -84,14 +84,17 @@ class FitResult:
     question: str
     answer: FitAnswer
     planned: Planned
-    # the fewest devices with host offload of the layer inputs offered (None: not offered, or not found
-    # within the time limit), and why it is not offered (empty where it is)
+    # the fewest devices with host offload offered, of the layer inputs or the optimizer (None: not
+    # offered, or not found within the time limit), and why it is not offered (empty where it is)
     num_devices_with_offload: int | None = None
     offload_note: str = ""
+    # the offload mode of the first space (split_spaces' order) that fits at that count ("": none fits there)
+    offload_mode: str = ""
 
     def document(self) -> dict:
         return {"question": self.question, "num_devices": self.answer.num_devices,
                 "num_devices_with_offload": self.num_devices_with_offload, "offload_note": self.offload_note,
+                "offload_mode": self.offload_mode,
                 "device": self.answer.device,
                 "checked": [{"num_devices": n, "fits": ok} for n, ok in self.answer.checked],
                 "least_devices": self.answer.least_devices, "every_size": self.answer.every_size,
@@ -139,8 +142,11 @@ def _fewest(model: ModelSpec, request: Request, bounds: Bounds, time_limit_s: fl
         _not_found(question, answer, time_limit_s)
     note = ("" if answer.num_devices and offload.num_devices else "not found within the time limit"
             if answer.num_devices else "no size fits without offload: the answer offloads")
-    return _fit_result(model, request, question, answer if answer.num_devices else offload, bounds,
-                       time_limit_s, offload.num_devices, note)
+    result = _fit_result(model, request, question, answer if answer.num_devices else offload, bounds,
+                         time_limit_s, offload.num_devices, note)
+    if offload.num_devices not in (None, answer.num_devices):  # the mode that lowers the count
+        result.offload_mode = fitting_offload(model, request, offload.num_devices, bounds)
+    return result
 
 
 def _fit_result(model: ModelSpec, request: Request, question: str, answer: FitAnswer, bounds: Bounds,
@@ -154,8 +160,7 @@ def _not_found(question: str, answer: FitAnswer, time_limit_s: float | None) -> 
     """Raise why no size (or device) was found: exit 4 where the time limit stopped the search, else 3."""
     if answer.devices_tried is not None:
         raise InfeasibleError(f"{question}: {answer.reason}")
-    below = (f"; below {answer.least_devices:,} devices the gradients and optimizer states alone exceed "
-             f"device memory" if answer.least_devices > 1 else "")
+    below = f"; below {answer.least_devices:,} devices {answer.bound_text()}" if answer.least_devices > 1 else ""
     tried = f" (sizes tried: {answer.sizes_text()}{below})"
     if answer.stopped:
         raise SolverError(f"{question}: no size found within the {time_limit_s:g} s time limit{tried}; "

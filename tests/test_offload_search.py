@@ -96,7 +96,7 @@ def test_fit_prints_the_fewest_devices_with_and_without_offload():
     doc = json.loads(out.output)
     assert doc["num_devices_with_offload"] < doc["num_devices"]
     text = RUN.invoke(main, ["fit", "--model", "llama3-8b", "--cluster", "tpu-v6e-pod", "--global-batch", "64"])
-    assert (f"fewest devices: {doc['num_devices']}; with activation offload: {doc['num_devices_with_offload']}"
+    assert (f"fewest devices: {doc['num_devices']}; with host offload: {doc['num_devices_with_offload']}"
             in text.output)
     # with offload held off, no layout fits on the smaller count
     cluster = build_cluster("tpu-v6e-pod", num_devices=doc["num_devices_with_offload"])
@@ -108,7 +108,7 @@ def test_fit_prints_the_fewest_devices_with_and_without_offload():
 def test_fit_of_llama3_405b_on_v6e_names_both_answers():
     out = RUN.invoke(main, ["fit", "--model", "llama3-405b", "--cluster", "tpu-v6e-pod"])
     assert out.exit_code == 0, out.output
-    assert re.search(r"fewest devices: [\d,]+; with activation offload: [\d,]+", out.output)
+    assert re.search(r"fewest devices: [\d,]+; with host offload: [\d,]+", out.output)
 
 
 def test_fit_says_why_offload_is_not_offered_on_gpu():

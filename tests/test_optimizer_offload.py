@@ -2,7 +2,7 @@
 Megatron-Core's --optimizer-cpu-offload keep Adam's fp32 states and gradients on the host and step them
 on the CPU. Priced by ``evaluate`` (device memory without the states; the gradient and weight copies
 over the host link and the CPU step, all exposed), refused where the framework, its release, the
-device's catalogue entry or the host memory cannot, refused by the search's ``--fix``, and exported
+device's catalogue entry or the host memory cannot, held by the search's ``--fix``, and exported
 with each framework's own switches."""
 
 from __future__ import annotations
@@ -105,15 +105,21 @@ def test_a_device_without_a_host_memory_bandwidth_or_room_is_refused():
     assert problems and "optimizer states and fp32 gradients" in problems[0] and "256.0 GB per device" in problems[0]
 
 
-def test_the_search_never_offers_it_and_refuses_to_hold_it():
+def test_plan_offers_it_only_where_fix_holds_it_or_fit_counts_it():
+    """No published run measures optimizer offload's speed, so plan does not offer it by itself; --fix
+    holds it (tests/test_optimizer_offload_search.py prices it) and fit's with-offload answer counts it."""
     job, cluster = _job("megatron"), _h100()
-    space = build_space(MODEL, job, cluster, Bounds(offer_offload=True))
-    assert not any("optimizer" in mode for mode in space.offload)
-    with pytest.raises(SpecError, match="clusterplan evaluate"):
-        build_space(MODEL, job, cluster, Bounds(fixed={"offload": "optimizer"}))
-    out = RUN.invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8",
-                            "--framework", "megatron", "--fix", "offload=optimizer"])
-    assert out.exit_code == 2 and "evaluate" in out.output and "Traceback" not in out.output
+    assert build_space(MODEL, job, cluster).offload == ("none",)
+    assert "optimizer" in build_space(MODEL, job, cluster, Bounds(offer_offload=True)).offload
+    assert build_space(MODEL, job, cluster, Bounds(fixed={"offload": "optimizer"})).offload == ("optimizer",)
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "8", "--framework"]
+    out = RUN.invoke(main, [*args, "megatron", "--fix", "offload=optimizer", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["layout"]["offload"] == "optimizer"
+    for framework, says in (("torchtitan", "no optimizer-state offload"), ("megatron", "dram_gbyte_per_s")):
+        where = ["--cluster", "dgx-b200-superpod"] if framework == "megatron" else []  # B200: no host DRAM rate
+        out = RUN.invoke(main, [*args, framework, "--fix", "offload=optimizer", *where])
+        assert out.exit_code == 2 and says in out.output and "Traceback" not in out.output, out.output
 
 
 def test_evaluate_prints_the_host_copies_and_the_cpu_step():

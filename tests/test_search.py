@@ -25,6 +25,7 @@ from clusterplan.models.spec import MoESpec, ModelSpec
 from clusterplan.planner.search.cpsat import solve_cpsat
 from clusterplan.planner.search.exhaustive import DIMS, count_rejections, score_factorization, solve_exhaustive
 from clusterplan.planner.search import SearchOptions, SearchResult, objective_seconds, plan
+from clusterplan.planner.search.offload import offload_modes
 from clusterplan.planner.search.space import Bounds, build_space, split_spaces
 from clusterplan.planner.search.tables import build_tables, layout_from_indices
 from clusterplan.topologies.library import build_cluster, list_clusters
@@ -114,6 +115,22 @@ def test_cpsat_equals_exhaustive_under_torchtitan(seed):
     job = Job(global_batch_size=batch, seq_len=job.seq_len, precision=job.precision, framework="torchtitan")
     fixed = {k: v for k, v in bounds.fixed.items() if (k, v) != ("zero_stage", 1)}  # torchtitan has no ZeRO-1
     _check_engines_agree(model, job, cluster, dataclasses.replace(bounds, fixed=fixed))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_cpsat_equals_exhaustive_with_optimizer_offload_offered(seed):
+    """The cross-check where fit's with-offload search offers the optimizer offload (Megatron-Core and
+    DeepSpeed on GPUs whose host memory has a bandwidth: ``planner.search.offload``): its spaces drop
+    the states from device memory, price the host copies and the CPU step, and refuse what host
+    memory cannot hold; every answer passes evaluate's checks (``_check_split_agrees``)."""
+    model, job, _, bounds = random_instance(6000 + seed)
+    cluster = build_cluster(("dgx-h100-superpod", "gb200-nvl72")[seed % 2], num_devices=8 * (1 + seed % 2))
+    job = Job(global_batch_size=job.global_batch_size, seq_len=job.seq_len,
+              framework=("megatron", "deepspeed")[seed // 2 % 2])
+    fixed = {k: v for k, v in bounds.fixed.items() if k not in ("zero_stage", "order")}
+    bounds = dataclasses.replace(bounds, fixed=fixed, offer_offload=True)
+    assert "optimizer" in offload_modes(cluster, bounds, job.profile)
+    _check_engines_agree(model, job, cluster, bounds)
 
 
 @pytest.mark.parametrize("seed", range(8))

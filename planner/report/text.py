@@ -117,20 +117,26 @@ OFFLOAD_FLAGS = {"maxtext": "MaxText remat_policy custom, decoder_layer_input of
                  "megatron": "Megatron-Core --cpu-offloading-num-layers, no recomputation, pp=1",
                  "deepspeed": "DeepSpeed activation_checkpointing cpu_checkpointing"}
 """How each framework offloads the activations (``fit``'s with-offload answer names it)."""
+OPTIMIZER_OFFLOAD_FLAGS = {"megatron": "Megatron-Core --optimizer-cpu-offload --optimizer-offload-fraction 1.0",
+                           "deepspeed": "DeepSpeed zero_optimization.offload_optimizer, device cpu"}
+"""How each framework offloads the optimizer (``fit``'s with-offload answer names it)."""
 
 
 def _offload_lines(fit) -> list[str]:
-    """What host offload of the layer inputs changes in ``fit``'s answer (``FitResult``)."""
+    """What host offload (of the layer inputs, the optimizer or both) changes in ``fit``'s answer (``FitResult``)."""
     n, m = fit.answer.num_devices, fit.num_devices_with_offload
     if fit.answer.devices_tried is not None:
         return []
     if m is not None and m != n:
-        how = OFFLOAD_FLAGS.get(fit.planned.result.job.framework, "")
-        return [f"  fewest devices: {n:,}; with activation offload: {m:,} (offload=activations: {how}; "
-                f"plan --devices {m} for its layout)"]
+        framework, mode = fit.planned.result.job.framework, fit.offload_mode
+        how = "; ".join(flags.get(framework, "") for part, flags in (("activations", OFFLOAD_FLAGS),
+                                                                     ("optimizer", OPTIMIZER_OFFLOAD_FLAGS))
+                        if part in mode.split("+"))
+        return [f"  fewest devices: {n:,}; with host offload: {m:,} (offload={mode}: {how}; "
+                f"plan --devices {m} --fix offload={mode} for its layout)"]
     if m is not None:
-        return [f"  fewest devices: {n:,}; with activation offload: {m:,} (offload does not lower it)"]
-    return [f"  activation offload: {fit.offload_note}"]
+        return [f"  fewest devices: {n:,}; with host offload: {m:,} (offload does not lower it)"]
+    return [f"  host offload: {fit.offload_note}"]
 
 
 def explain_report(doc: dict, console: Console) -> None:

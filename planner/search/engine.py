@@ -17,6 +17,7 @@ from clusterplan.models.errors import ClusterplanError, InfeasibleError, SolverE
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.search.cpsat import solve_cpsat
 from clusterplan.planner.search.exhaustive import count_rejections, smallest_memory, solve_exhaustive
+from clusterplan.planner.search.offload import host_memory_refusal
 from clusterplan.planner.search.space import KNOB_TEXT, REASONS, Bounds, Space, build_space, split_spaces
 from clusterplan.planner.search.tables import TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
 from clusterplan.topologies.cluster import Cluster
@@ -178,6 +179,10 @@ def _infeasible(ctx: Context, spaces: list[Space], rejections: dict[str, int], h
                f"rules ({reasons})")
         return InfeasibleError(msg, rejections, "change the batch size, sequence length or device count")
     need_bytes, layout = least
+    host = host_memory_refusal(ctx, layout)
+    if host:
+        return InfeasibleError(host, rejections, "use more devices (each then holds a smaller share of the "
+                               "offloaded states), or drop --fix offload")
     have = cluster.device.memory_bytes * (1 - headroom)
     factor = need_bytes / have
     devices = cluster.num_devices * max(2, int(factor + 1))

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 
 from clusterplan.cost.framework import (ProfileAt, framework_domains, framework_refusal, knob_text, model_code_domains,
                                         model_domains, unoffered)
-from clusterplan.cost.step import offload_hidden
 from clusterplan.cost.checks import head_slot_problem, param_gather_problem
-from clusterplan.cost.terms import Context, host_tier, stage_slots
-from clusterplan.cost.layout import CP_COMM_KINDS, ORDERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES, Job, Layout, SEARCHED_OFFLOAD_MODES, UNSEARCHED_OFFLOAD, join_order, offloads_optimizer, order_axes, split_order
+from clusterplan.cost.terms import Context, stage_slots
+from clusterplan.cost.layout import CP_COMM_KINDS, ORDERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
+from clusterplan.planner.search.offload import offload_modes, offload_spaces
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
@@ -181,7 +181,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         tp_overlap=pick("tp_overlap", (False, True)),
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
         head_slots=pick("head_slots", _pipeline_splits(prof)),
-        offload=pick("offload", _offload_modes(cluster, b, prof)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
+        offload=pick("offload", offload_modes(cluster, b, prof)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
         moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
         param_gather=_param_gathers(job, cluster, b),
         dp_shard=pick("dp_shard", (0,)), schedule=_searched_schedules(prof, b),
@@ -224,38 +224,12 @@ def hybrid_space(space: Space, prof) -> Space:
 
 
 def split_spaces(space: Space, model: ModelSpec, job: Job, cluster: Cluster) -> list[Space]:
-    """One space per pipeline split (:func:`head_slot_spaces`) and per offload mode of
-    ``space.offload``: each offloaded space has the framework's offload recompute mode alone (MaxText's
-    custom remat policy and DeepSpeed's cpu_checkpointing recompute the layer from its offloaded input,
-    Megatron's --cpu-offloading refuses recomputation: ``semantics.offload_recompute``) and the
-    factorizations (at the pipeline depths it runs, ``offload_pp_max``) whose transfers
-    hide behind the compute at every micro-batch size, sp and vp of the space
-    (``cost.step.offload_hidden``: the search's tables then need no transfer term; ``evaluate``
-    prices the others)."""
-    splits = head_slot_spaces(space, model, job)
-    out = [replace(sub, offload=("none",)) for sub in splits if "none" in space.offload]
-    ctx, recompute = Context(model, job, cluster), job.profile.profile.offload_recompute
-    for sub in splits if recompute in space.recompute else ():
-        for mode in (m for m in space.offload if m != "none"):
-            facts = tuple(f for f in sub.factorizations if _offload_hides(ctx, sub, f))
-            if facts:
-                out.append(replace(sub, offload=(mode,), recompute=(recompute,), factorizations=facts))
-    if not out and recompute not in space.recompute:
-        raise SpecError(f"--fix offload={space.offload[0]}: {job.framework}'s activation offload needs "
-                        f"recompute={recompute} (semantics.offload_recompute); the bounds leave recompute "
-                        f"{', '.join(space.recompute)}")
-    if not out:
-        raise SpecError(f"--fix offload={space.offload[0]}: no layout's host transfers hide behind its compute; drop "
-                        "the --fix (clusterplan evaluate prices one layout's exposed transfers)")
-    return out
-
-
-def _offload_hides(ctx: Context, S: Space, f: tuple[int, int, int, int]) -> bool:
-    """Offload's transfers hide at every (ep, mbs, sp, vp) of the space with factorization ``f``."""
-    tp, pp, dp, cp = f
-    return all(offload_hidden(ctx, tp, pp, cp, e, et, v, mb, sp, S.head_slots[0])
-               for e, et in zip(S.ep, S.expert_tp) for v in S.vp for mb in S.micro_batch_size
-               for sp in S.sequence_parallel if (v == 1 or pp > 1) and not (sp and tp == 1))
+    """One space per pipeline split (:func:`head_slot_spaces`) and per offload mode of ``space.offload``,
+    each narrowed to what the search's tables price exactly with it (``planner.search.offload``:
+    activation offload with the framework's recompute mode on the factorizations whose transfers hide,
+    optimizer offload at the ZeRO stages whose host copies are one a step, in host memory that holds
+    them); ``evaluate`` prices the others."""
+    return offload_spaces(head_slot_spaces(space, model, job), space, Context(model, job, cluster))
 
 
 def head_slot_spaces(space: Space, model: ModelSpec, job: Job) -> list[Space]:
@@ -372,23 +346,6 @@ def _param_gathers(job: Job, cluster: Cluster, bounds: Bounds) -> tuple[str, ...
     if value != "bf16" and bounds.fixed.get("zero_stage") == 0:
         raise SpecError(f"--fix param_gather={value} needs a parameter all-gather (zero >= 1); --fix zero=0 has none")
     return (value,)
-
-
-def _offload_modes(cluster: Cluster, bounds: Bounds, prof) -> tuple[str, ...]:
-    """The offload modes the device allows (a host memory tier with a bandwidth: ``cost.terms.host_tier``),
-    where the framework's profile searches its offload (``semantics.offload_searched``), ``--fix`` holds
-    it or the bounds ask for it (``Bounds.offer_offload``); --fix offload=activations on a device
-    without a host tier, and --fix of an unsearched mode (``SEARCHED_OFFLOAD_MODES``), is bad input."""
-    if offloads_optimizer(mode := bounds.fixed.get("offload", "none")):  # evaluate prices its copies and CPU step
-        raise SpecError(UNSEARCHED_OFFLOAD.format(mode=mode))
-    if host_tier(cluster.device) is not None:
-        searched = cluster.device.family.startswith(prof.profile.offload_searched)
-        offered = searched or bounds.offer_offload or mode != "none"
-        return SEARCHED_OFFLOAD_MODES if offered else ("none",)
-    if mode != "none" and not bounds.allow_unavailable:
-        raise SpecError(f"--fix offload={mode}: {cluster.device.name} has no host memory tier with a bandwidth "
-                        "to offload to; drop the --fix")
-    return ("none",)
 
 
 def _check_fixed_consistent(model: ModelSpec, bounds: Bounds) -> None:

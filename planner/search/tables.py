@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clusterplan.cost.layout import Layout, split_order
+from clusterplan.cost.layout import Layout, offloads_activations, split_order
 from clusterplan.cost.stages import RANKS, rank_index
 from clusterplan.cost.step import rank_inflight, working_bytes
 from clusterplan.cost.terms import (
@@ -53,6 +53,7 @@ from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
 from clusterplan.planner.search.gathers import compared_gathers, gather_pick
+from clusterplan.planner.search.offload import host_refused_statics
 from clusterplan.planner.search.reuse import key_use, kept, kept_cells, kept_rows, time_in_use
 from clusterplan.planner.search.space import (
     Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
@@ -94,7 +95,7 @@ class Tables:
     DPM: np.ndarray  # (F, O, V, E, Z) per-micro-batch FSDP traffic
     RG: np.ndarray  # (F, O, V, E, Z) ZeRO-3's third gathers per micro-batch, paid with full recomputation
     DPX: np.ndarray  # (F, O, V, E, Z) per-step traffic that is never overlapped (ZeRO-2's weight gather)
-    OPT: np.ndarray  # (F, V, E, Z)
+    OPT: np.ndarray  # (F, V, E, Z); with optimizer offload its host copies and CPU step (planner.search.offload)
     # counts (exact integers or SLOT_QUANTUM)
     U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
     UG: np.ndarray  # (F, MB, V) U times the share of chunks EP overlap pairs (cost.terms.ep_overlap_steady_share)
@@ -256,6 +257,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
+    statics = host_refused_statics(ctx, S, statics, capacity + 1)  # optimizer offload: what host memory holds
     rows = memory_rows(ctx, S, statics, M)
     if not ignore_memory:
         # A memory term beyond the capacity rules its layouts out whatever it is, so it is clamped
@@ -400,7 +402,7 @@ def _activation_tables(ctx: Context, S: Space, ta_keys: list) -> tuple[np.ndarra
     MB, SP, RC = S.micro_batch_size, S.sequence_parallel, S.recompute
     mem = [[[[activation_terms(ctx, tp, cp, mb, sp, rc) for rc in RC] for sp in SP] for mb in MB] for tp, cp in ta_keys]
     ACT_D, ACT_M, TRANS = (_qb([[[[c[k] for c in r] for r in s] for s in m] for m in mem]) for k in range(3))
-    if S.offload[0] != "none":  # what each layer keeps lives in host memory (cost.step._rank_memory) but for
+    if offloads_activations(S.offload[0]):  # what each layer keeps lives in host memory (cost.step._rank_memory) but for
         kept = ctx.job.profile.profile.offload_layers_kept  # the layers kept on the device, whatever is in flight
         ACT_D, ACT_M = np.zeros_like(ACT_D), np.zeros_like(ACT_M)
         TRANS = _qb([[[[c[2] + kept * max(c[0], c[1]) for c in r] for r in s] for s in m] for m in mem])
@@ -513,7 +515,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                 for zi, z in enumerate(S.zero_stage):
                     gathers = compared if z >= 1 else S.param_gather[:1]
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
-                                  param_gather=gathers[0], dp_shard=S.dp_shard[0])
+                                  param_gather=gathers[0], dp_shard=S.dp_shard[0], offload=S.offload[0])
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0  # the same for either dtype
                     picks, held, terms = gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
                     fp8[i, :, vi, ei, zi] = [g == "fp8" for g in picks]

@@ -34,12 +34,14 @@ import clusterplan.topologies.cluster as fabric
 import clusterplan.topologies.library as library
 from clusterplan.cost.layout import Job
 from clusterplan.cost.terms import Context, host_tier, optimizer_state_bytes, param_counts
+from clusterplan.cost.terms.dp import HOST_GRAD_BYTES
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
 from clusterplan.planner.search import reuse
 from clusterplan.planner.search.exhaustive import any_feasible
-from clusterplan.planner.search.space import Bounds, build_space, divisors, split_spaces
+from clusterplan.planner.search.offload import optimizer_offload_offered
+from clusterplan.planner.search.space import Bounds, Space, build_space, divisors, split_spaces
 from clusterplan.planner.search.tables import build_tables
 from clusterplan.topologies.cluster import Cluster, size_step
 
@@ -65,6 +67,7 @@ class FitAnswer:
     reason: str = ""
     devices_tried: list[str] | None = None  # smallest_device: the device ids, in the order tried
     least_devices: int = 1  # below it no layout can fit (:func:`least_devices`)
+    offloaded_bound: bool = False  # least_devices counts the optimizer states in host memory (optimizer offload)
     every_size: bool = True  # every size the fabric accepts from least_devices to the answer was checked
     stopped: bool = False  # the time limit (or max_checks) ended the search
 
@@ -72,12 +75,18 @@ class FitAnswer:
         """The sizes checked, as ranges (:func:`sizes_text`)."""
         return sizes_text([n for n, _ in self.checked])
 
+    def bound_text(self) -> str:
+        """Why no size below :attr:`least_devices` fits (:func:`least_devices`)."""
+        if self.offloaded_bound:
+            return ("the gradients alone exceed device memory, or the optimizer states and fp32 gradients host "
+                    "memory, wherever the optimizer lives")
+        return "the gradients and optimizer states alone exceed device memory"
+
     def notes(self) -> list[str]:
         """What the size search checked and ruled out, one line each, for the report of an answer."""
         lines = [f"sizes checked (the layout rules and memory, the test plan applies): {self.sizes_text()}"]
         if self.least_devices > 1:
-            lines.append(f"below {self.least_devices:,} devices the gradients and optimizer states alone exceed "
-                         f"device memory")
+            lines.append(f"below {self.least_devices:,} devices {self.bound_text()}")
         if self.num_devices is not None and self.every_size:
             lines.append(f"every size the fabric accepts from {self.least_devices:,} to {self.num_devices:,} was "
                          f"checked")
@@ -90,16 +99,35 @@ class FitAnswer:
 def layouts_fit(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | None = None) -> bool:
     """Whether any layout of the space fits (the test ``plan`` applies before it solves), from the
     rules and memory tables alone: a layout's step time does not decide whether it fits."""
+    return _fitting_space(model, job, cluster, bounds) is not None
+
+
+def _fitting_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | None) -> Space | None:
+    """The first space of ``split_spaces`` (each pipeline split and offload mode, as plan tries them)
+    in which some layout fits, or None."""
     b = bounds or Bounds()
     try:
         space = build_space(model, job, cluster, b)
     except SpecError:
-        return False
+        return None
     ctx, headroom = Context(model, job, cluster), b.headroom(job, cluster)
-    for sub in split_spaces(space, model, job, cluster):  # each pipeline split the framework offers, as plan tries them
+    for sub in split_spaces(space, model, job, cluster):
         if any_feasible(build_tables(ctx, sub, headroom, memory_only=True)):
-            return True
-    return False
+            return sub
+    return None
+
+
+def fitting_offload(model: ModelSpec, request: Request, n: int, bounds: Bounds | None) -> str:
+    """The offload mode of the first space in which some layout fits on ``n`` devices with host offload
+    offered (``Bounds.offer_offload``; ``none`` first, so a mode only where nothing fits without it),
+    or "" where none fits."""
+    cluster = request.with_(num_devices=n, num_nodes=None).load_cluster()
+    try:
+        sub = _fitting_space(model, request.build_job(model, cluster)[0], cluster,
+                             replace(bounds or Bounds(), offer_offload=True))
+        return sub.offload[0] if sub is not None else ""
+    finally:
+        release_size_caches()
 
 
 def least_devices(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | None = None) -> int:
@@ -108,27 +136,40 @@ def least_devices(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds |
     lower bound on every size that fits: each device holds at least its share of them
     (``cost.terms.static_memory``: ``grad_bytes`` and ``optimizer_state_bytes`` per parameter of
     the most loaded stage, over the data- and context-parallel ranks at most), and weights,
-    activations and the runtime only add to it. 1 with weight streaming (Cerebras MemoryX holds the
+    activations and the runtime only add to it. Where the search may offload the optimizer
+    (``planner.search.offload.optimizer_offload_offered``), the lesser of that and the fewest devices
+    whose memory holds the gradients and whose share of the host memory the states and fp32 gradients
+    (``cost.terms.host_optimizer_bytes``). 1 with weight streaming (Cerebras MemoryX holds the
     weights and their states off the wafer)."""
     if cluster.weight_streaming:
         return 1
-    capacity_bytes = cluster.device.memory_bytes * (1 - (bounds or Bounds()).headroom(job, cluster))
+    b = bounds or Bounds()
+    capacity_bytes = cluster.device.memory_bytes * (1 - b.headroom(job, cluster))
     whole = param_counts(model, 1, 1, 1, 1)  # every parameter, as the cost model counts them
-    state_bytes = (whole.dense + whole.expert) * (job.grad_bytes + optimizer_state_bytes(job))
-    return max(1, math.ceil(state_bytes / capacity_bytes))
+    params = whole.dense + whole.expert
+    least = math.ceil(params * (job.grad_bytes + optimizer_state_bytes(job)) / capacity_bytes)
+    if optimizer_offload_offered(job, cluster, b):
+        host_bytes = host_tier(cluster.device).capacity_bytes
+        least = min(least, max(math.ceil(params * job.grad_bytes / capacity_bytes),
+                               math.ceil(params * (optimizer_state_bytes(job) + HOST_GRAD_BYTES) / host_bytes)))
+    return max(1, least)
 
 
 def offload_refusal(job: Job, cluster: Cluster, bounds: Bounds | None = None) -> str | None:
-    """Why the size search cannot count host offload of the layer inputs (``offload=activations``,
-    searched where the framework and the device have it: ``planner.search.space.split_spaces``), or
-    None where it can."""
+    """Why the size search cannot count host offload, of the layer inputs (``offload=activations``) or
+    of the optimizer (``offload=optimizer``), searched where the framework and the device have it
+    (``planner.search.offload``), or None where it can."""
     b = bounds or Bounds()
     if "offload" in b.fixed:
         return f"the bounds hold offload={b.fixed['offload']}"
-    if not job.profile.has("offload_activations"):
-        return f"{job.profile.profile.describe(job.profile.date)} has no activation offload clusterplan prices"
+    prof = job.profile
+    if not (prof.has("offload_activations") or prof.has("offload_optimizer")):
+        return f"{prof.profile.describe(prof.date)} has no activation or optimizer offload clusterplan prices"
     if host_tier(cluster.device) is None:
         return f"{cluster.device.name} has no host memory tier with a bandwidth (topologies/data/devices.yaml)"
+    if not prof.has("offload_activations") and not optimizer_offload_offered(job, cluster, replace(b, offer_offload=True)):
+        return (f"{prof.profile.describe(prof.date)} offloads the optimizer only, and {cluster.device.name}'s host "
+                "memory has no bandwidth of its own to price its CPU Adam step (memory_tiers: host, dram_gbyte_per_s)")
     return None
 
 
@@ -187,7 +228,8 @@ def fewest_devices(model: ModelSpec, request: Request, bounds: Bounds | None = N
     reference = reference or request.with_(num_devices=None, num_nodes=None).load_cluster()
     job = request.build_job(model, reference)[0]
     least = least_devices(model, job, reference, bounds)
-    answer = FitAnswer(None, reference.device.id, [], least_devices=least)
+    answer = FitAnswer(None, reference.device.id, [], least_devices=least,
+                       offloaded_bound=optimizer_offload_offered(job, reference, bounds or Bounds()))
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     for n, exact in size_ladder(reference, max(least, start or 1), max_devices):
         answer.every_size &= exact
@@ -294,8 +336,7 @@ def fit_hint(err: InfeasibleError, answer: FitAnswer, command: str) -> Infeasibl
     if answer.num_devices is None:
         stop = "within the time limit" if answer.stopped else f"on up to {max(n for n, _ in answer.checked):,} devices" \
             if answer.checked else "in the sizes tried"
-        bound = (f" (below {answer.least_devices:,} devices the gradients and optimizer states alone exceed device "
-                 f"memory)" if answer.least_devices > 1 else "")
+        bound = f" (below {answer.least_devices:,} devices {answer.bound_text()})" if answer.least_devices > 1 else ""
         hint = (f"no device count found on which a layout fits {stop}{bound}; `{command}` searches further "
                 f"(--time-limit); or a device with more memory, or a smaller model/sequence")
         return InfeasibleError(str(err), err.rejections, hint)
