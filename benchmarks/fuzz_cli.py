@@ -107,7 +107,7 @@ FRAMEWORK_NAMES = list(FRAMEWORKS)  # every profile, so a new one is fuzzed the 
 VALID_FIXES = ["tp=2", "tp=8", "pp=2", "pp=4", "dp=2", "cp=2", "ep=2", "ep=8", "vp=2", "mbs=1", "mbs=2", "sp=on",
                "zero=0", "zero=1", "zero=2", "zero=3", "recompute=none", "recompute=selective", "recompute=full",
                "dp_overlap=on", "tp_overlap=on", "ep_overlap=on", "etp=1", "head_slots=on", "order=tp-cp-pp-dp",
-               "offload=activations", "cp_comm=a2a", "cp_comm=allgather", "dp_shard=2", "param_gather=fp8",
+               "offload=activations", "offload=optimizer", "cp_comm=a2a", "cp_comm=allgather", "dp_shard=2", "param_gather=fp8",
                "moe_dispatcher=deepep", "moe_dispatcher=alltoall"]
 EXPORT_FORMATS = ["megatron", "deepspeed", "torchtitan", "maxtext", "slurm"]
 
