@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 
 FLASH_LIBRARY_KERNELS = ("flash1", "flash2")  # FlashAttention's own kernels (the flash-attn package)
 FLASH_LIBRARY_PLATFORMS = ("nvidia", "amd")  # flash-attn ships CUDA kernels and a ROCm port only
+# What a framework's selective recomputation saves (semantics.selective_recompute): Megatron's
+# checkpointed core attention, torchtitan's per-op SAC, MaxText's remat_policy minimal (the outputs
+# of the matmuls without batch dimensions; cost.terms.dots_activation_bytes)
+SELECTIVE_RECOMPUTE_KINDS = ("attention_core", "op_sac", "dots")
 # Device families by architecture, for profiles that name an architecture (tp_overlap_families)
 ARCHITECTURE_OF_FAMILY = {"nvidia-b200": "nvidia-blackwell", "nvidia-gb200": "nvidia-blackwell",
                           "nvidia-b300": "nvidia-blackwell", "nvidia-gb300": "nvidia-blackwell"}
@@ -118,7 +122,7 @@ class Profile:
     logits_freed_before_layers: bool = False
     compiled_loss_history: tuple[tuple[str, bool], ...] = ()  # (since YYYY-MM, loss compiled under compile)
     fsdp_with_pp: str = "sharded"  # "unsharded": FSDP keeps params and grads gathered with pp > 1 (torchtitan)
-    selective_recompute: str = "attention_core"  # or "op_sac": torchtitan's per-op selective checkpointing
+    selective_recompute: str = "attention_core"  # or "op_sac" (torchtitan's per-op SAC), "dots" (MaxText's minimal)
     attention_history: tuple[tuple[str, str], ...] = ()  # (since YYYY-MM, kernel): the kernel by release
     # The kernel on platforms without FlashAttention's CUDA/ROCm kernels, where the profile's kernel is
     # one of those (semantics.attention_by_platform); a platform not named runs its own fused kernel

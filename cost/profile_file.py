@@ -9,7 +9,7 @@ import re
 from functools import lru_cache
 
 from clusterplan.cost.orders import ORDERS
-from clusterplan.cost.profile import MODEL_KINDS, Profile, Rule
+from clusterplan.cost.profile import MODEL_KINDS, SELECTIVE_RECOMPUTE_KINDS, Profile, Rule
 from clusterplan.models.errors import SpecError
 from clusterplan.models.files import bundled_yaml
 from clusterplan.topologies.precisions import FP8_SCALINGS, PRECISIONS
@@ -215,7 +215,8 @@ def _zero3_copies(sem: dict, where: str) -> tuple[tuple[str, tuple[int, int, int
 
 def _activations(sem: dict, where: str) -> dict:
     """What the framework's modules keep for backward (``Profile.selective_recompute`` and the rest)."""
-    return dict(selective_recompute=str(sem.get("selective_recompute", "attention_core")),
+    return dict(selective_recompute=_choice(sem.get("selective_recompute", "attention_core"), SELECTIVE_RECOMPUTE_KINDS,
+                                            f"{where}: semantics.selective_recompute"),
                 eager_activations=bool(sem.get("eager_activations", False)),
                 fused_rotary=bool(sem.get("fused_rotary", False)),
                 kv_repeat_until=parse_date(sem.get("kv_repeat_until"), f"{where}: semantics.kv_repeat_until"),

@@ -119,3 +119,70 @@ def test_llama31_405b_on_two_v6e_256_slices_fits_when_fsdp_spans_them():
                                load_cluster("dgx-h100-superpod", num_devices=8),
                                parse_layout("dp=8,zero=3,shard_across_domains=on", 8))
     assert any(msg.startswith("shard_across_domains=on") for _, msg in problems)
+
+
+def _gqa_context(framework: str = "maxtext", devices: int = 8):
+    from clusterplan.cost.terms import Context
+    from clusterplan.models.spec import ModelSpec
+    model = ModelSpec(name="gqa", num_layers=2, hidden_size=1024, num_attention_heads=16, num_kv_heads=4,
+                      ffn_hidden_size=2816, vocab_size=32000, ffn_activation="swiglu")
+    job = Job(global_batch_size=8, seq_len=2048, framework=framework)
+    return Context(model, job, load_cluster("tpu-v5p-pod", num_devices=devices))
+
+
+def test_maxtext_minimal_keeps_the_layer_input_and_the_matmul_outputs_backward_reads():
+    """remat_policy minimal (checkpoint_dots_with_no_batch_dims; by name since 2025-08) keeps per token
+    the layer input h, Q a*d, K and V g*d each, the out-projection's output h and SwiGLU's two up
+    projections f each, 2 bytes each, the embed dim sharded over the tensor axis; not the down
+    projection's output (JAX drops a residual no backward reads: benchmarks/xla_tpu_probe.py)."""
+    from clusterplan.cost.terms import activation_terms
+    ctx = _gqa_context()
+    h, f, a, g, d = 1024, 2816, 16, 4, 64
+    tokens, tp = 2 * 2048, 4  # mbs 2
+    dense, moe, _ = activation_terms(ctx, tp, 1, 2, True, "selective")
+    assert moe == 0.0
+    assert dense == pytest.approx(2 * tokens * (h + a * d + 2 * g * d + h + 2 * f) / tp, rel=1e-12)
+    # Megatron's selective (attention core) on the same layer keeps the norms' and linears' inputs and
+    # the SwiGLU product besides: more than MaxText's minimal
+    megatron = activation_terms(_gqa_context("megatron"), tp, 1, 2, True, "selective")[0]
+    assert megatron - dense == pytest.approx(2 * tokens * (2 * h + a * d + f) / tp, rel=1e-12)
+
+
+def test_maxtext_minimal_reruns_the_attention_core_and_the_elementwise_ops():
+    """Backward under minimal re-runs the flash forward, the norms, the rotary, the activation and the
+    residual add the MLP's norm reads, no GEMM: more than Megatron's core-attention recompute, less
+    than the whole forward."""
+    from clusterplan.cost.compute import op_time_s
+    from clusterplan.cost.terms import compute_terms, layer_kernels
+    from clusterplan.models.ops import layer_ops
+    ctx = _gqa_context()
+    sel, full = (compute_terms(ctx, 4, 1, 2, True, rc) for rc in ("selective", "full"))
+    ops = layer_ops(ctx.model, 2 * 2048, 2048, 4, True, False, None, ctx.job.attention, True, layer_kernels(ctx))
+    dev, prec = ctx.cluster.device, ctx.job.gemm_format
+    rerun = [op for op in ops if op.core or op.kind == "memory"]
+    expected = sum(op_time_s(op, dev, prec) * (0.5 if op.name == "residuals" else 1.0) for op in rerun)
+    assert {op.name for op in rerun} >= {"attention", "norms", "rotary", "mlp_act", "residuals"}
+    assert sel.recompute_s == pytest.approx(ctx.model.num_layers * expected, rel=1e-12)
+    assert sel.attn_s / 3 < sel.recompute_s < full.recompute_s  # attn_s: forward + backward of the core
+
+
+def test_a_profile_names_a_selective_recompute_kind_it_knows():
+    from clusterplan.cost.profile_file import _activations
+    with pytest.raises(SpecError, match=r"maxtext.yaml: semantics.selective_recompute: got 'everything'; allowed: "
+                                        r"attention_core, op_sac, dots"):
+        _activations({"selective_recompute": "everything"}, "maxtext.yaml")
+
+
+def test_maxtext_64b_on_v5p_128_fits_with_what_minimal_keeps():
+    """The MaxText v5p 64b config (remat_policy minimal, 12 sequences a replica in one pass) ran; priced
+    with Megatron's selective recomputation it needed 127.9 GiB of 95. Its activations are now the 64
+    layers' inputs, Q, K, V, out-projection outputs and up projections."""
+    run = next(r for r in load_runs(FAMILY_RUNS) if r["id"] == "maxtext-v5p-64b-1x128")
+    result = evaluate_run(run, SearchOptions(), best=False)
+    assert result.fits
+    h, f, n = 8192, 28672, 12 * 2048
+    assert result.predicted_peak_memory_bytes < 95 * GIB
+    from clusterplan.planner.studies.runs import price_run
+    priced = price_run(run, SearchOptions())[1]
+    ev = evaluate(priced.model, priced.job, priced.cluster, priced.layout)
+    assert ev.memory.activations_bytes == pytest.approx(64 * 2 * n * (5 * h + 2 * f) / 4, rel=1e-9)

@@ -77,6 +77,41 @@ def op_sac_activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, compi
     return (replicated + sharded) / tp if sp or tp == 1 else replicated + sharded / tp
 
 
+def dots_activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool) -> float:
+    """Stored activations of one dense layer under MaxText's ``remat_policy: minimal``
+    (``semantics.selective_recompute: dots``): ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``
+    until 2025-08 (MaxText ``MaxText/layers/models.py`` at 4378403a, 2024-06), the same outputs by
+    name since (``minimal_policy``, 6426085e, 2025-08-29: query_proj, key_proj, value_proj, out_proj,
+    mlpwi_0, mlpwi_1, mlpwo). The scanned layer keeps its input ``2nh`` (the remat's argument), Q
+    ``2n a d``, K and V ``2n g d``, the out-projection's output ``2nh`` (the residual the MLP's norm
+    reads is rebuilt from it) and the MLP's up projections, ``2nf`` each: ``5h + 2f`` elements a token
+    for MHA and SwiGLU. Not kept: the down projection's output (saveable, but no backward reads it
+    and JAX's remat drops such residuals), the norms, the rotary, the attention core (its dots have
+    batch dimensions; a flash kernel's output is not a dot) and the activation function, which
+    backward re-runs (:func:`dots_recomputed_share`). The forward scan's residuals of a jaxpr under
+    either policy are exactly these (``benchmarks/xla_tpu_probe.py``; XLA's TPU buffers 13.6 layer
+    inputs a layer against these 13, as full recomputation holds 1.9 against 1). MaxText shards the
+    embed dimension over the tensor axis (``sp``), so everything divides by ``tp``."""
+    h = model.hidden_size
+    d_qk, d_v = model.attention_dims
+    a, g = model.num_attention_heads, model.num_kv_heads_resolved
+    replicated = ACT_BYTES * n * h * 2  # the layer input and the out-projection's output
+    sharded = ACT_BYTES * n * (a * d_qk + g * d_qk + g * d_v + (model.mlp_matrices - 1) * model.ffn_hidden_size)
+    return (replicated + sharded) / tp if sp or tp == 1 else replicated + sharded / tp
+
+
+def dots_recomputed_share(op) -> float:
+    """The share of a forward op that backward re-runs under MaxText's ``minimal`` policy
+    (:func:`dots_activation_bytes`): the attention core and every element-wise op (norms, rotary,
+    the activation function), one of the two residual adds (the one into the MLP's norm); no GEMM,
+    whose outputs are saved or never read."""
+    if op.core:
+        return 1.0
+    if op.kind != "memory":
+        return 0.0
+    return 0.5 if op.name == "residuals" else 1.0
+
+
 def _score_elements(ctx: Context, n: float) -> float:
     """Attention scores of one layer over all heads (``a n s``; each device holds ``1/tp``); 0 with
     flash attention, which never materialises them."""

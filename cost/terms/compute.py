@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from clusterplan.cost.compute import op_time_s
-from clusterplan.cost.terms.activations import _score_elements, activation_bytes, fp8_saved_inputs, linear_input_bytes, mlp_kept_tensors, mlp_width_bytes, op_sac_activation_bytes, op_sac_recomputed_share, score_bytes
+from clusterplan.cost.terms.activations import _score_elements, activation_bytes, dots_activation_bytes, dots_recomputed_share, fp8_saved_inputs, linear_input_bytes, mlp_kept_tensors, mlp_width_bytes, op_sac_activation_bytes, op_sac_recomputed_share, score_bytes
 from clusterplan.cost.terms.context import Context, FUSED_MODEL_CODE, HF_MODEL_CODE, _compute_context, _kind_total, _layer_kinds, _local_experts, _tokens
 from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, layer_ops, linear_op
 from clusterplan.models.spec import ModelSpec
@@ -151,8 +151,10 @@ def _compute_terms(ctx: Context, tp: int, n: float, sp: bool, recompute: str, lo
         fwd, bwd, gemm, attn = fwd + count * t[0], bwd + count * t[1], gemm + count * t[2], attn + count * t[3]
         gemm_bwd, attn_bwd = gemm_bwd + count * t[4], attn_bwd + count * t[5]
         saved = _op_sac_saved(ctx, recompute, moe)
-        # per-op SAC re-runs what it does not save; an unsaved attention runs its forward again
-        sac_rec += count * (t[3] if saved is None else t[6] + (0.0 if saved else t[3]))
+        # per-op SAC re-runs what it does not save; an unsaved attention runs its forward again;
+        # MaxText's minimal re-runs the attention core and the element-wise ops (dots_*)
+        sac_rec += count * (t[7] if _dots_saved(ctx, recompute, moe) else
+                            t[3] if saved is None else t[6] + (0.0 if saved else t[3]))
     # full: the whole forward again; selective: Megatron-Core checkpoints the core-attention module,
     # so one more flash forward; torchtitan's per-op SAC re-runs what it does not save (op_sac_*)
     rec = {"full": fwd, "selective": sac_rec}.get(recompute, 0.0)
@@ -176,6 +178,14 @@ def _op_sac_saved(ctx: Context, recompute: str, moe: bool) -> bool | None:
     return ctx.job.profile.op_sac_saves_attention(ctx.cluster.device.compute_capability)
 
 
+def _dots_saved(ctx: Context, recompute: str, moe: bool) -> bool:
+    """Whether a layer keeps what MaxText's ``remat_policy: minimal`` keeps (:func:`dots_activation_bytes`):
+    selective recomputation under a profile of that kind, in a dense layer with plain attention (MoE
+    and MLA layers, whose extra dots are not counted, are priced as the attention-core kind)."""
+    return (recompute == "selective" and ctx.job.profile.profile.selective_recompute == "dots" and not moe
+            and ctx.model.mla is None)
+
+
 @lru_cache(maxsize=65536)
 def _activation_terms(ctx: Context, tp: int, n: float, sp: bool, recompute: str) -> tuple[float, float, float]:
     model = ctx.model
@@ -184,12 +194,14 @@ def _activation_terms(ctx: Context, tp: int, n: float, sp: bool, recompute: str)
              "fp8_inputs": fp8_saved_inputs(ctx)}
     act, transient = [0.0, 0.0], 0.0
     for moe, _ in _layer_kinds(model):
-        saved = _op_sac_saved(ctx, recompute, moe)
-        if saved is not None:
+        saved, dots = _op_sac_saved(ctx, recompute, moe), _dots_saved(ctx, recompute, moe)
+        if dots:
+            act[moe] = dots_activation_bytes(model, n, tp, sp)
+        elif saved is not None:
             act[moe] = op_sac_activation_bytes(model, n, tp, sp, ctx.job.compiled, saved)
         else:
             act[moe] = activation_bytes(model, n, tp, sp, recompute, moe, _score_elements(ctx, n), **style)
-        if saved is not None or recompute == "full":  # the layer being recomputed holds its full activations once
+        if dots or saved is not None or recompute == "full":  # the layer being recomputed holds its full activations once
             transient = max(transient, activation_bytes(model, n, tp, sp, "none", moe, _score_elements(ctx, n), **style))
     return act[0], act[1], transient
 
@@ -214,8 +226,8 @@ def layer_kernels(ctx: Context) -> Kernels:
 @lru_cache(maxsize=65536)
 def _kind_times(ctx: Context, tp: int, n: float, sp: bool, moe: bool,
                 local_experts: int | None, expert_tp: bool = True) -> tuple[float, ...]:
-    """Forward, backward, GEMM (fwd+bwd), attention-forward, backward-GEMM, attention-backward and
-    per-op-SAC recompute time of one layer of a kind."""
+    """Forward, backward, GEMM (fwd+bwd), attention-forward, backward-GEMM, attention-backward,
+    per-op-SAC recompute and MaxText-minimal recompute time of one layer of a kind."""
     dev, prec = ctx.cluster.device, ctx.job.gemm_format
     ops = layer_ops(ctx.model, n, ctx.job.seq_len, tp, sp, moe, local_experts, ctx.job.attention,
                     expert_tp, layer_kernels(ctx))
@@ -228,4 +240,5 @@ def _kind_times(ctx: Context, tp: int, n: float, sp: bool, moe: bool,
     gemm_bwd = sum(bwd[i] for i in gemm)
     return (sum(fwd), sum(bwd), sum(fwd[i] for i in gemm) + gemm_bwd, sum(fwd[i] for i in core), gemm_bwd,
             sum(bwd[i] for i in core),
-            sum(share * fwd[i] for i, op in enumerate(ops) if (share := op_sac_recomputed_share(ctx.model, op))))
+            sum(share * fwd[i] for i, op in enumerate(ops) if (share := op_sac_recomputed_share(ctx.model, op))),
+            sum(share * fwd[i] for i, op in enumerate(ops) if (share := dots_recomputed_share(op))))
