@@ -123,6 +123,7 @@ class Profile:
     compiled_loss_history: tuple[tuple[str, bool], ...] = ()  # (since YYYY-MM, loss compiled under compile)
     fsdp_with_pp: str = "sharded"  # "unsharded": FSDP keeps params and grads gathered with pp > 1 (torchtitan)
     selective_recompute: str = "attention_core"  # or "op_sac" (torchtitan's per-op SAC), "dots" (MaxText's minimal)
+    recompute_none: bool = True  # a layer can keep every activation (MaxText cannot: semantics.recompute_none)
     attention_history: tuple[tuple[str, str], ...] = ()  # (since YYYY-MM, kernel): the kernel by release
     # The kernel on platforms without FlashAttention's CUDA/ROCm kernels, where the profile's kernel is
     # one of those (semantics.attention_by_platform); a platform not named runs its own fused kernel
@@ -240,7 +241,8 @@ class ProfileAt:
         return self.profile.head_slots_default and self.has("head_slots")
 
     def recompute_modes(self) -> tuple[str, ...]:
-        return tuple(r for r in ("none", "selective", "full") if r == "none" or self.has(f"recompute_{r}"))
+        return tuple(r for r in ("none", "selective", "full")
+                     if self.has(f"recompute_{r}") or r == "none" and self.profile.recompute_none)
 
     def tp_overlap_on(self, family: str) -> bool:
         """TP overlap exists here, works on this device family, and the job runs the way it needs

@@ -215,8 +215,12 @@ def _zero3_copies(sem: dict, where: str) -> tuple[tuple[str, tuple[int, int, int
 
 def _activations(sem: dict, where: str) -> dict:
     """What the framework's modules keep for backward (``Profile.selective_recompute`` and the rest)."""
+    keeps_all = sem.get("recompute_none", True)
+    if not isinstance(keeps_all, bool):
+        raise SpecError(f"{where}: semantics.recompute_none: got {keeps_all!r}; allowed: true or false")
     return dict(selective_recompute=_choice(sem.get("selective_recompute", "attention_core"), SELECTIVE_RECOMPUTE_KINDS,
                                             f"{where}: semantics.selective_recompute"),
+                recompute_none=keeps_all,
                 eager_activations=bool(sem.get("eager_activations", False)),
                 fused_rotary=bool(sem.get("fused_rotary", False)),
                 kv_repeat_until=parse_date(sem.get("kv_repeat_until"), f"{where}: semantics.kv_repeat_until"),

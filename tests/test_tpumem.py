@@ -186,3 +186,21 @@ def test_maxtext_64b_on_v5p_128_fits_with_what_minimal_keeps():
     priced = price_run(run, SearchOptions())[1]
     ev = evaluate(priced.model, priced.job, priced.cluster, priced.layout)
     assert ev.memory.activations_bytes == pytest.approx(64 * 2 * n * (5 * h + 2 * f) / 4, rel=1e-9)
+
+
+def test_maxtext_offers_no_layout_that_keeps_every_activation():
+    """MaxText wraps every decoder layer in nn.remat and no remat_policy keeps everything ('none'
+    saves nothing in v0.2.4), so recompute=none is neither searched nor priced under maxtext, while
+    the other profiles keep it."""
+    from click.testing import CliRunner
+
+    from clusterplan.cli import main
+    from clusterplan.cost.framework import load_profile
+    assert "none" not in load_profile("maxtext").at("2026-08").recompute_modes()
+    assert "none" in load_profile("megatron").at("2026-08").recompute_modes()
+    runner = CliRunner()
+    args = ["evaluate", "--model", "llama3-8b", "--cluster", "tpu-v5p-pod", "--devices", "16"]
+    refused = runner.invoke(main, args + ["--layout", "tp=1,recompute=none"])
+    assert refused.exit_code == 2 and "recompute=none" in refused.output and "maxtext" in refused.output
+    planned = runner.invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "tpu-v5p-pod", "--devices", "16"])
+    assert planned.exit_code == 0 and "recompute=none" not in planned.output.split("best layout")[1].splitlines()[0]

@@ -166,8 +166,8 @@ def maxtext_overrides(doc: dict, model=None) -> str:
     ici, dcn, per_slice = maxtext_mesh(doc)
     stages = L["pp"] * L["vp"]
     accumulation = L["num_microbatches"] if L["pp"] == 1 else 1
-    # MaxText names what it saves: 'minimal' recomputes least (the nearest to none/selective here),
-    # 'full' recomputes everything.
+    # MaxText names what it saves: 'minimal' recomputes least (selective here: the maxtext profile offers
+    # no recompute=none, semantics.recompute_none), 'full' recomputes everything.
     remat = "full" if L["recompute"] == "full" else "minimal"
     # offload=activations (with full recomputation): base.yml's remat_policy 'custom' with
     # decoder_layer_input 'offload' (its other named tensors default to 'remat'), MaxText 0.2.5
