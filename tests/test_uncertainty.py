@@ -163,3 +163,23 @@ def test_validate_of_a_users_file_checks_the_quoted_intervals(tmp_path):
     inside = sum(r["step_time_interval_s"][0] <= r["measured_step_time_s"] <= r["step_time_interval_s"][1]
                  for r in measured)
     assert check["coverage"] == pytest.approx(inside / len(measured))
+
+
+@pytest.mark.parametrize("a, b, same", [
+    # AWS's test cases run Megatron-Bridge recipes (their path says so) but are AWS's measurements
+    ("awslabs/awsome-distributed-ai 3.test_cases/megatron/megatron-bridge/qwen3-30b/benchmarks/RESULTS.md",
+     "NVIDIA Megatron-Bridge Performance Summary, '25.11 NeMo Container' pre-training table", False),
+    # one torchao document, whichever trainer its text names
+    ("PyTorch torchao docs/source/workflows/training.md 'Training e2e benchmarks on NVIDIA B200' (torchtitan)",
+     "PyTorch torchao docs/source/workflows/training.md 'e2e training benchmarks', NVIDIA H100 table", True),
+    ("PyTorch torchtitan Llama 3.1 H100 benchmarks (Dec 2024; torch 1963fc8, torchao eab345c)",
+     "PyTorch torchao docs/source/workflows/training.md 'e2e training benchmarks', NVIDIA H100 table", False),
+    # one publisher through several documents
+    ("karpathy/nanochat run1000.sh comments (commit b1443dc, 2025-10)", "karpathy/nanochat README.md (2025-10)", True),
+    ("Jiang et al. 2024, MegaScale: Scaling LLM Training (NSDI'24)",
+     "Jiang et al. 2024, \"MegaScale: Scaling LLM Training to More Than 10,000 GPUs\" (NSDI 2024, arXiv:2402.15627)", True),
+])
+def test_source_key_names_the_publisher_of_the_measurement(a, b, same):
+    """Leave-one-source-out cross-validation and the intervals treat a source's runs as one: a
+    publisher's documents are one source, and one publisher's runs of another's recipe are not its."""
+    assert (source_key({"source": a}) == source_key({"source": b})) is same

@@ -43,11 +43,17 @@ QUANTILES = ((1 - LEVEL) / 2, 1 - (1 - LEVEL) / 2)
 # The publishers whose runs reach the data through several documents (a performance page and its
 # archive, a paper and its code): one source each.
 SOURCE_PUBLISHERS = (
+    # AWS's own test cases run Megatron-Bridge recipes: their path names it, their measurements are AWS's
+    (r"awsome-distributed", "awslabs-awsome-distributed-ai"),
     (r"megatron-bridge|nemo framework performance|nemo container|nemo 2[0-9]\.", "nvidia-nemo-performance"),
     (r"maxtext", "google-maxtext"),
     (r"llm-foundry|llmfoundry|mosaicml", "mosaicml-llm-foundry"),
+    # torchao's own tables (run with torchtitan, which their text names) before torchtitan's
+    (r"pytorch torchao", "pytorch-torchao"),
     (r"torchtitan", "pytorch-torchtitan"),
     (r"torchao", "pytorch-torchao"),
+    (r"nanochat", "karpathy-nanochat"),
+    (r"megascale|2402\.15627", "megascale2024"),
     (r"bigscience", "bigscience"),
     (r"narayanan et al|2104\.04473", "narayanan2021"),
     (r"korthikanti et al|2205\.05198", "korthikanti2022"),
