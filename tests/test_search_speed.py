@@ -65,3 +65,31 @@ def test_framework_mask_asks_each_class_of_degrees_once_and_answers_as_every_com
                 S.tp_overlap)
             assert len(S.factorizations) > 40
             assert calls[0] <= 20 * per_factorization < len(S.factorizations) * per_factorization
+
+
+def test_memoized_collectives_time_each_size_and_group_once_and_alike(monkeypatch):
+    """Inside ``collectives.memoized`` a collective asked again with the same sizes and group profile
+    is not timed again (the data-parallel tables ask the gradients' reduce-scatter once per ZeRO
+    stage) and gives the same seconds; outside it, nothing is kept."""
+    from clusterplan.cost import collectives as coll
+    from clusterplan.cost.terms import dp_profiles, dp_terms_of, param_counts
+
+    ctx, spaces = _spaces("mixtral-8x7b", "gb200-nvl72", 576, "megatron", "")
+    order = spaces[0].order[0]
+    profiles = dp_profiles(ctx, 2, 4, 36, 2, 8, order, True)
+    pc = param_counts(ctx.model, 2, 4, 1, 8, True)
+    asked = [0]
+    real = coll._ring_bandwidth
+    monkeypatch.setattr(coll, "_ring_bandwidth", lambda p: (asked.__setitem__(0, asked[0] + 1), real(p))[1])
+
+    def terms():
+        return [dp_terms_of(ctx, pc, 2, 4, 36, 2, 8, order, True, 1, z, profiles) for z in (1, 2, 3)]
+    plain = terms()
+    plain_asked, asked[0] = asked[0], 0
+    with coll.memoized():
+        assert terms() == plain
+        assert 0 < asked[0] < plain_asked
+        asked[0] = 0
+        assert terms() == plain and asked[0] == 0
+    assert coll._MEMO is None
+    assert terms() == plain and asked[0] == plain_asked

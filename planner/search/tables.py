@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from clusterplan.cost.collectives import memoized
 from clusterplan.cost.layout import Layout, split_order
 from clusterplan.cost.stages import RANKS, rank_index
 from clusterplan.cost.step import rank_inflight, working_bytes
@@ -245,8 +246,9 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     timed = _no_time_tables(S) if memory_only else kept_cells(
         ("time", ctx, S), use, lambda u: _time_tables(ctx, S, tc_of_fe, tc_keys, u),
         lambda t, u: time_in_use(t, u, tc_of_fe))
-    DPS, DPM, RG, DPX, OPT, statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
-                                                    lambda valid: _dp_tables(ctx, S, valid, times=not memory_only))
+    with memoized():
+        DPS, DPM, RG, DPX, OPT, statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
+                                                        lambda valid: _dp_tables(ctx, S, valid, times=not memory_only))
     U, UG, FRAC, M, stages = _count_tables(ctx, S)
     ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
     order_ok = order_representatives(S)
