@@ -93,3 +93,22 @@ def test_memoized_collectives_time_each_size_and_group_once_and_alike(monkeypatc
         assert terms() == plain and asked[0] == 0
     assert coll._MEMO is None
     assert terms() == plain and asked[0] == plain_asked
+
+
+def test_kind_windows_over_the_overlaps_asks_the_compute_once_and_answers_as_each(monkeypatch):
+    """The search's compute tables ask the data-parallel windows at every TP and EP overlap of a cell:
+    ``kind_windows_over`` looks the compute terms up once for all of them and gives what
+    ``kind_windows`` gives for each."""
+    from clusterplan.cost.terms import pipeline
+
+    ctx, _ = _spaces("mixtral-8x7b", "gb200-nvl72", 72, "megatron", "")
+    asked = [0]
+    real = pipeline.compute_terms
+    monkeypatch.setattr(pipeline, "compute_terms", lambda *a, **k: (asked.__setitem__(0, asked[0] + 1), real(*a, **k))[1])
+    for kind in (None, False, True):
+        for recompute in ("none", "selective", "full"):
+            asked[0] = 0
+            grid = pipeline.kind_windows_over(ctx, 2, 2, 1, True, recompute, 4, True, (False, True), (False, True), kind)
+            assert asked[0] == 1
+            assert grid == [[pipeline.kind_windows(ctx, 2, 2, 1, True, recompute, 4, True, to, eo, kind)
+                             for eo in (False, True)] for to in (False, True)]

@@ -46,7 +46,7 @@ from clusterplan.cost.step import rank_inflight, working_bytes
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, ep_comm_terms,
     mixed_kinds,
-    kind_windows, stage_kind_shares,
+    kind_windows_over, stage_kind_shares,
     ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s,
     overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms,
 )
@@ -371,8 +371,8 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list, use: np.ndarray) -> t
         for k, m in cells:
             if use[k, m]:
                 tp, cp, e, et = tc_keys[k]
-                w[k, m] = [[[[kind_windows(ctx, tp, cp, MB[m], sp, rc, e, et, to and tp > 1, eo and e > 1, kind)
-                              for eo in EO] for to in TO] for rc in RC] for sp in SP]
+                w[k, m] = [[kind_windows_over(ctx, tp, cp, MB[m], sp, rc, e, et, [to and tp > 1 for to in TO],
+                                              [eo and e > 1 for eo in EO], kind) for rc in RC] for sp in SP]
         return w
     BWD_M = FW_M = None
     if C_M is None:
