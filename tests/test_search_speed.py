@@ -112,3 +112,29 @@ def test_kind_windows_over_the_overlaps_asks_the_compute_once_and_answers_as_eac
             assert asked[0] == 1
             assert grid == [[pipeline.kind_windows(ctx, 2, 2, 1, True, recompute, 4, True, to, eo, kind)
                              for eo in (False, True)] for to in (False, True)]
+
+
+def test_the_next_pipeline_split_prices_no_group_again_and_builds_what_a_fresh_build_gives(monkeypatch):
+    """The pipeline splits of one search share their compute and communication groups (the second
+    split's factorizations are some of the first's): the second prices none of the rows the first
+    priced (``reuse.kept_keys``), and each split's tables equal those built from scratch."""
+    from test_reuse import _same
+
+    from clusterplan.planner.search import reuse, tables
+
+    ctx, spaces = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "", batch=15360)
+    assert len(spaces) == 2
+    priced = []
+    for name in ("_compute_tables", "_comm_part"):
+        real = getattr(tables, name)
+        monkeypatch.setattr(tables, name, lambda *a, _r=real, _n=name, **k: (
+            priced.append((_n, len(a[2]))), _r(*a, **k))[1])
+    reuse.clear()
+    built = [tables.build_tables(ctx, S, 0.05) for S in spaces]
+    first = sum(n for _, n in priced[:5])
+    assert len(priced) == 5 and first > 100  # the first split prices its compute rows and four kinds of group
+    assert sum(n for _, n in priced[5:]) < first / 20
+    for S, kept in zip(spaces, built):
+        reuse.clear()
+        assert _same(kept, tables.build_tables(ctx, S, 0.05))
+    reuse.clear()

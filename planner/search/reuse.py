@@ -7,7 +7,8 @@ problem, keyed by what its values depend on: the :class:`~cost.terms.Context` (e
 differ only in the batch; it holds its cluster, so the key's cluster identity stays its own while
 kept) and the :class:`~planner.search.space.Space`. A later search prices only the rows or cells no
 earlier one did and reads the rest; what it is handed equals what a fresh build would give: the
-kept values where it takes them, 0 elsewhere.
+kept values where it takes them, 0 elsewhere. The compute and communication rows of the time tables
+are kept per group too (:func:`kept_keys`): the pipeline splits of one search ask the same groups.
 """
 
 from __future__ import annotations
@@ -62,6 +63,28 @@ def kept_cells(key: Any, use: np.ndarray, compute: Callable[[np.ndarray], dict],
         done = use if done is None else done | use
         done, value = _keep(key, (done, compute(done)))
     return in_use(value, use)
+
+
+def kept_keys(name: Any, keys: list, use: np.ndarray, compute: Callable[[list, np.ndarray], tuple]) -> tuple:
+    """``compute(keys, use)`` for a computation whose arrays (a tuple; None passes) are indexed by
+    ``keys`` and then by micro-batch size, each entry priced from its key and size alone where
+    ``use`` (key, mb) holds and 0 elsewhere: each key's row is kept per ``name`` (the problem and
+    the knob domains a row spans) at the sizes some search asked, so a later search with those keys
+    (the next pipeline split: the same groups over fewer factorizations; the next batch) prices only
+    the keys or sizes no earlier one did."""
+    if not keys:
+        return compute([], use)
+    rows = _KEPT[name][0] if name in _KEPT else {}
+    missing = [k for k, key in enumerate(keys) if key not in rows or (use[k] & ~rows[key][0]).any()]
+    if missing:
+        want = np.array([use[k] | rows[keys[k]][0] if keys[k] in rows else use[k] for k in missing], bool)
+        fresh = compute([keys[k] for k in missing], want)
+        for j, k in enumerate(missing):
+            rows[keys[k]] = (want[j], tuple(None if a is None else a[j] for a in fresh))
+    _keep(name, (rows,))
+    return tuple(None if parts[0] is None else np.where(use.reshape(use.shape + (1,) * (parts[0].ndim - 1)),
+                                                        np.stack(parts), 0)
+                 for parts in zip(*(rows[key][1] for key in keys)))
 
 
 def key_use(index: np.ndarray, count: int, use: np.ndarray) -> np.ndarray:

@@ -54,7 +54,7 @@ from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
 from clusterplan.planner.search.gathers import compared_gathers, gather_pick
-from clusterplan.planner.search.reuse import key_use, kept, kept_cells, kept_rows, time_in_use
+from clusterplan.planner.search.reuse import key_use, kept, kept_cells, kept_keys, kept_rows, time_in_use
 from clusterplan.planner.search.space import (
     Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
 )
@@ -290,12 +290,15 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    C, C_M, BWD, FW, WE, BWD_M, FW_M, BK, BK_M = _compute_tables(ctx, S, tc_keys, key_use(tc_of_fe, len(tc_keys), use))
-    TPC, TPC_M, CPC, ep_open, H = _comm_tables(
-        S, (tpc_keys, tpc_ctx, key_use(tpc_of_foe, len(tpc_keys), use)),
-        (cpg_keys, cpg_ctx, key_use(cpg_of_fo, len(cpg_keys), use)),
-        (epg_keys, epg_ctx, key_use(epg_of_foe, len(epg_keys), use)),
-        (tpg_keys, tpg_ctx, key_use(tpg_of_fo, len(tpg_keys), use)))
+    # each group's row is kept (reuse.kept_keys): the next pipeline split asks the same groups again
+    axes = (ctx, S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap, S.ep_overlap, S.cp_comm,
+            S.moe_dispatcher)
+    C, C_M, BWD, FW, WE, BWD_M, FW_M, BK, BK_M = kept_keys(("compute", axes), tc_keys, key_use(
+        tc_of_fe, len(tc_keys), use), lambda keys, u: _compute_tables(ctx, S, keys, u))
+    (TPC, TPC_M), (CPC,), (ep_open,), (H,) = (kept_keys(
+        (part, axes), list(zip(keys, at)), key_use(index, len(keys), use), lambda k, u, part=part: _comm_part(S, part, k, u))
+        for part, index, keys, at in ((0, tpc_of_foe, tpc_keys, tpc_ctx), (1, cpg_of_fo, cpg_keys, cpg_ctx),
+                                      (2, epg_of_foe, epg_keys, epg_ctx), (3, tpg_of_fo, tpg_keys, tpg_ctx)))
     P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) if use[i, m] else 0.0
                   for sp in S.sequence_parallel] for m, mb in enumerate(S.micro_batch_size)] for l in row]
                for i, row in enumerate(probe)])
@@ -443,6 +446,15 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
     H = _qt([[[0.0 if hidden or not u else head_terms(c, tp, cp, mb, sp, st).time_s for sp in SP]
               for mb, u in zip(MB, used)] for (tp, cp, st, (_, hidden)), c, used in zip(tpg_keys, tpg_ctx, tpg_use)])
     return TPC, TPC_M, CPC, EPC, H
+
+
+def _comm_part(S: Space, part: int, picked: list, use: np.ndarray) -> tuple:
+    """The tables of one group of :func:`_comm_tables` (0: TP, both; 1: CP; 2: EP; 3: the head) for
+    its (key, context) pairs ``picked`` at ``use`` (key, mb), the other groups left empty."""
+    groups = [([], [], np.zeros((0, len(S.micro_batch_size)), bool))] * 4
+    groups[part] = ([k for k, _ in picked], [c for _, c in picked], use)
+    TPC, TPC_M, CPC, EPC, H = _comm_tables(S, *groups)
+    return ((TPC, TPC_M), (CPC,), (EPC,), (H,))[part]
 
 
 def _cp_comm_s(ctx: Context, tp: int, cp: int, mb: int, sp: bool, stride: int, kinds: tuple[str, ...]) -> float:
