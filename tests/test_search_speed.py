@@ -138,3 +138,27 @@ def test_the_next_pipeline_split_prices_no_group_again_and_builds_what_a_fresh_b
         reuse.clear()
         assert _same(kept, tables.build_tables(ctx, S, 0.05))
     reuse.clear()
+
+
+def test_restrict_cuts_runs_of_indices_as_views_with_the_values_a_copy_has():
+    """A warm start's descent restricts every table to one index per knob thousands of times: runs of
+    consecutive indices are cut as views of the tables (no copy), others by copying, and either way
+    each restricted table holds what ``np.take`` gives."""
+    from clusterplan.planner.search import reuse, tables
+    from clusterplan.planner.search.exhaustive import _cut, restrict
+
+    ctx, spaces = _spaces("mixtral-8x7b", "gb200-nvl72", 72, "megatron", "")
+    reuse.clear()
+    T = tables.build_tables(ctx, spaces[0], 0.05)
+    dims = ("f", "o", "v", "e", "z")
+    for keep in ({"o": [1]}, {"v": [0], "z": [1, 2]}, {"z": [0, 2]}, {"f": [3, 4, 5], "e": [1]}):
+        cut = _cut(T.DPS, dims, keep)
+        plain = T.DPS
+        for ax, d in enumerate(dims):
+            plain = np.take(plain, keep[d], axis=ax) if d in keep else plain
+        assert np.array_equal(cut, plain) and cut.dtype == plain.dtype
+        runs = all(list(v) == list(range(v[0], v[0] + len(v))) for v in keep.values())
+        assert np.shares_memory(cut, T.DPS) == runs
+    sub = restrict(T, {"o": [0], "z": [1]})
+    assert np.shares_memory(sub.DPS, T.DPS) and sub.DPS.shape[1] == 1 and sub.DPS.shape[4] == 1
+    reuse.clear()

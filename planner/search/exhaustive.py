@@ -330,10 +330,16 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
 
 
 def _cut(arr: np.ndarray, dims: tuple, keep: dict) -> np.ndarray:
-    """``arr`` with its knob axes ``dims`` cut to the indices in ``keep``."""
+    """``arr`` with its knob axes ``dims`` cut to the indices in ``keep``: a view where they run in
+    steps of one (a warm start's descent cuts every table to one index per knob, 8,600 times in a
+    200-point batch sweep), else a copy."""
     for ax, d in enumerate(dims):
         if d in keep:
-            arr = np.take(arr, keep[d], axis=ax)
+            at = keep[d]
+            if len(at) and list(at) == list(range(at[0], at[0] + len(at))):
+                arr = arr[(slice(None),) * ax + (slice(at[0], at[0] + len(at)),)]
+            else:
+                arr = np.take(arr, at, axis=ax)
     return arr
 
 
