@@ -162,3 +162,32 @@ def test_restrict_cuts_runs_of_indices_as_views_with_the_values_a_copy_has():
     sub = restrict(T, {"o": [0], "z": [1]})
     assert np.shares_memory(sub.DPS, T.DPS) and sub.DPS.shape[1] == 1 and sub.DPS.shape[4] == 1
     reuse.clear()
+
+
+@pytest.mark.parametrize("batch", [64, 1024, 1536])
+def test_rows_that_depend_on_pp_and_dp_alone_are_priced_once_per_pair(batch):
+    """Slots, micro-batches, stage shares (``tables._count_tables``) and the batch rules
+    (``masks.masks``' ok_fmbv) read a factorization's pp and dp alone: priced on one factorization
+    of each (pp, dp) (``reuse.per_pp_dp``) they equal pricing every factorization."""
+    from test_reuse import _same
+
+    from clusterplan.cost.checks import head_slot_problem
+    from clusterplan.planner.search import tables
+    from clusterplan.planner.search.reuse import per_pp_dp
+    from clusterplan.planner.search.space import batch_ok, cell_schedule
+
+    ctx, spaces = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "", batch=batch)
+    for S in spaces:
+        priced = []
+        got = per_pp_dp(S, lambda sub: (priced.append(len(sub.factorizations)), tables._count_tables(ctx, sub))[1])
+        assert _same(got, tables._count_tables(ctx, S))
+        assert priced[0] == len({f[1:3] for f in S.factorizations}) < len(S.factorizations) / 2
+        ok_fmbv = masks.masks(ctx, S)[1]
+        for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+            for j, mb in enumerate(S.micro_batch_size):
+                for vi, v in enumerate(S.vp):
+                    slots = S.head_slots[0]
+                    reason = batch_ok(ctx.model, ctx.job, pp, dp, mb, v, slots) or (
+                        "layers" if slots and head_slot_problem(ctx.model, ctx.job, pp, v) else None) or (
+                        "interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)
+                    assert ok_fmbv[i, j, vi] == (-1 if reason is None else masks.REASON_ORDER.index(reason))

@@ -333,13 +333,18 @@ def _cut(arr: np.ndarray, dims: tuple, keep: dict) -> np.ndarray:
     """``arr`` with its knob axes ``dims`` cut to the indices in ``keep``: a view where they run in
     steps of one (a warm start's descent cuts every table to one index per knob, 8,600 times in a
     200-point batch sweep), else a copy."""
+    index, taken = [], []
     for ax, d in enumerate(dims):
-        if d in keep:
-            at = keep[d]
-            if len(at) and list(at) == list(range(at[0], at[0] + len(at))):
-                arr = arr[(slice(None),) * ax + (slice(at[0], at[0] + len(at)),)]
-            else:
-                arr = np.take(arr, at, axis=ax)
+        at = keep.get(d)
+        if at is not None and len(at) and (len(at) == 1 or list(at) == list(range(at[0], at[0] + len(at)))):
+            index.append(slice(at[0], at[0] + len(at)))
+        else:
+            index.append(slice(None))
+            if at is not None:
+                taken.append((ax, at))
+    arr = arr[tuple(index)]
+    for ax, at in taken:
+        arr = np.take(arr, at, axis=ax)
     return arr
 
 

@@ -28,10 +28,13 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
     ok_f = np.full(F, -1)
     ok_fmbv = np.full((F, len(S.micro_batch_size), len(S.vp)), -1)
     ok_fe = np.full((F, len(S.ep)), -1)
+    by_pp_dp: dict = {}  # the batch, layer and interleaving rules read pp and dp alone
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         reason = factor_ok(model, job, tp, pp, dp, cp)
         ok_f[i] = -1 if reason is None else code[reason]
-        for j, mb in enumerate(S.micro_batch_size):
+        if (pp, dp) in by_pp_dp:
+            ok_fmbv[i] = ok_fmbv[by_pp_dp[pp, dp]]
+        for j, mb in enumerate(S.micro_batch_size if by_pp_dp.setdefault((pp, dp), i) == i else ()):
             for vi, v in enumerate(S.vp):
                 slots = S.head_slots[0]
                 reason = batch_ok(model, job, pp, dp, mb, v, slots) or (

@@ -13,6 +13,7 @@ are kept per group too (:func:`kept_keys`): the pipeline splits of one search as
 
 from __future__ import annotations
 
+from dataclasses import fields, is_dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -97,6 +98,19 @@ def key_use(index: np.ndarray, count: int, use: np.ndarray) -> np.ndarray:
     return out
 
 
+def per_pp_dp(S: Any, compute: Callable[[Any], Any]) -> Any:
+    """``compute(S)`` for a computation whose rows (the first axis of every array it returns, in
+    tuples and dataclasses; None passes) over ``S.factorizations`` depend on pp and dp alone (slots,
+    micro-batches and stage shares: ``tables._count_tables``): priced on the first factorization of
+    each (pp, dp) and spread to the others (a batch sweep prices them at every point)."""
+    firsts: dict = {}
+    for f in S.factorizations:
+        firsts.setdefault(f[1:3], f)
+    at = {key: k for k, key in enumerate(firsts)}
+    index = np.array([at[f[1:3]] for f in S.factorizations], np.int64)
+    return _tree(lambda a: a[index], compute(replace(S, factorizations=tuple(firsts.values()))))
+
+
 # the time tables of ``tables._time_tables`` by the index map their first axis is read through
 _TIME_GROUPS = {"tc": ("C", "BWD", "FW", "WE", "BK", "C_M", "BWD_M", "FW_M", "BK_M"), "tpc_of_foe": ("TPC", "TPC_M"),
                 "cpg_of_fo": ("CPC",), "epg_of_foe": ("EPC",), "tpg_of_fo": ("H",)}
@@ -119,7 +133,7 @@ def time_in_use(t: dict, use: np.ndarray, tc_of_fe: np.ndarray) -> dict:
 
 
 def _tree(fn: Callable, *values: Any) -> Any:
-    """``fn`` over the arrays of ``values`` (alike tuples, dicts and None)."""
+    """``fn`` over the arrays of ``values`` (alike tuples, dicts, dataclasses and None)."""
     head = values[0]
     if head is None:
         return None
@@ -127,6 +141,8 @@ def _tree(fn: Callable, *values: Any) -> Any:
         return {k: _tree(fn, *(v[k] for v in values)) for k in head}
     if isinstance(head, tuple):
         return tuple(_tree(fn, *parts) for parts in zip(*values))
+    if is_dataclass(head):
+        return replace(head, **{f.name: _tree(fn, *(getattr(v, f.name) for v in values)) for f in fields(head)})
     return fn(*values)
 
 

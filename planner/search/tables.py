@@ -54,7 +54,7 @@ from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
 from clusterplan.planner.search.gathers import compared_gathers, gather_pick
-from clusterplan.planner.search.reuse import key_use, kept, kept_cells, kept_keys, kept_rows, time_in_use
+from clusterplan.planner.search.reuse import key_use, kept, kept_cells, kept_keys, kept_rows, per_pp_dp, time_in_use
 from clusterplan.planner.search.space import (
     Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
 )
@@ -249,7 +249,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     with memoized():
         DPS, DPM, RG, DPX, OPT, statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
                                                         lambda valid: _dp_tables(ctx, S, valid, times=not memory_only))
-    U, UG, FRAC, M, stages = _count_tables(ctx, S)
+    U, UG, FRAC, M, stages = per_pp_dp(S, lambda sub: _count_tables(ctx, sub))
     ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
@@ -290,7 +290,6 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    # each group's row is kept (reuse.kept_keys): the next pipeline split asks the same groups again
     axes = (ctx, S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap, S.ep_overlap, S.cp_comm,
             S.moe_dispatcher)
     C, C_M, BWD, FW, WE, BWD_M, FW_M, BK, BK_M = kept_keys(("compute", axes), tc_keys, key_use(
@@ -449,8 +448,7 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
 
 
 def _comm_part(S: Space, part: int, picked: list, use: np.ndarray) -> tuple:
-    """The tables of one group of :func:`_comm_tables` (0: TP, both; 1: CP; 2: EP; 3: the head) for
-    its (key, context) pairs ``picked`` at ``use`` (key, mb), the other groups left empty."""
+    """:func:`_comm_tables` of one group (0 TP, 1 CP, 2 EP, 3 head) for (key, context) pairs ``picked``."""
     groups = [([], [], np.zeros((0, len(S.micro_batch_size)), bool))] * 4
     groups[part] = ([k for k, _ in picked], [c for _, c in picked], use)
     TPC, TPC_M, CPC, EPC, H = _comm_tables(S, *groups)
@@ -616,8 +614,9 @@ def memory_rows(ctx: Context, S: Space, statics: dict, M: np.ndarray) -> tuple[M
     flight = {(rank, k): (np.zeros((F, MB, V), np.int64), np.zeros((F, MB, V), np.int64))
               for rank in RANKS for k in range(2)}
     cells: dict = {}  # (pp, v, m) -> the (dense, moe) layers in flight per (rank, moment): factorizations share them
+    seen: dict = {}  # (pp, dp) -> its first factorization: m is the batch over dp x mbs, so the rows are alike
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
-        for j, mb in enumerate(S.micro_batch_size):
+        for j, mb in enumerate(S.micro_batch_size if seen.setdefault((pp, dp), i) == i else ()):
             for vi, v in enumerate(S.vp):
                 m = int(M[i, j])
                 if pp * v > stage_slots(L, pp, hs) or (v > 1 and pp == 1):
@@ -626,7 +625,8 @@ def memory_rows(ctx: Context, S: Space, statics: dict, M: np.ndarray) -> tuple[M
                     cells[pp, v, m] = _flight_cell(ctx, pp, v, m, hs)
                 for key, (d, e) in cells[pp, v, m].items():
                     flight[key][0][i, j, vi], flight[key][1][i, j, vi] = d, e
-    rows = [MemoryRow(f"{rank}/{k}", *statics[rank], *flight[rank, k], rank == "last")
+    index = [seen[f[1], f[2]] for f in S.factorizations]
+    rows = [MemoryRow(f"{rank}/{k}", *statics[rank], *(a[index] for a in flight[rank, k]), rank == "last")
             for rank in RANKS for k in range(2)]
     return tuple(r for n, r in enumerate(rows) if not any(_bounds(o, r) and (not _bounds(r, o) or n > m)
                                                           for m, o in enumerate(rows) if m != n))
