@@ -191,3 +191,18 @@ def test_rows_that_depend_on_pp_and_dp_alone_are_priced_once_per_pair(batch):
                         "layers" if slots and head_slot_problem(ctx.model, ctx.job, pp, v) else None) or (
                         "interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)
                     assert ok_fmbv[i, j, vi] == (-1 if reason is None else masks.REASON_ORDER.index(reason))
+
+
+def test_place_transposes_only_axes_out_of_order():
+    """``exhaustive._place`` puts a table's axes where DIMS has them: tables whose axes are in DIMS
+    order already (most) are only reshaped, the others transposed first, with the same result."""
+    from clusterplan.planner.search.exhaustive import DIMS, _place, _placement
+
+    rng = np.random.default_rng(0)
+    for dims in (("f", "o"), ("f", "mb", "v"), ("e", "o"), ("f", "o", "v", "e", "z"), ("eo", "e", "f")):
+        arr = rng.integers(0, 100, size=tuple(range(2, 2 + len(dims))))
+        sorted_dims = tuple(sorted(dims, key=DIMS.index))
+        assert (_placement(dims)[0] is None) == (dims == sorted_dims)
+        plain = np.transpose(arr, [dims.index(d) for d in sorted_dims])
+        shape = [plain.shape[sorted_dims.index(d)] if d in dims else 1 for d in DIMS]
+        assert np.array_equal(_place(arr, dims), plain.reshape(shape))

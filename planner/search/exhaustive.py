@@ -23,7 +23,8 @@ DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to", "eo")
 def _place(arr: np.ndarray, dims: tuple[str, ...]) -> np.ndarray:
     """Reshape ``arr`` whose axes are ``dims`` (in DIMS order) for broadcasting over DIMS."""
     order, at = _placement(dims)
-    arr = np.transpose(arr, order)
+    if order is not None:
+        arr = arr.transpose(order)
     shape = [1] * len(DIMS)
     for k, pos in enumerate(at):
         shape[pos] = arr.shape[k]
@@ -31,11 +32,12 @@ def _place(arr: np.ndarray, dims: tuple[str, ...]) -> np.ndarray:
 
 
 @lru_cache(maxsize=256)
-def _placement(dims: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The axis order that sorts ``dims`` as DIMS does, and the DIMS position of each sorted axis
-    (asked tens of thousands of times by a search's warm start: computed once per ``dims``)."""
+def _placement(dims: tuple[str, ...]) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """The axis order that sorts ``dims`` as DIMS does (None where they are sorted already), and the
+    DIMS position of each sorted axis (asked hundreds of thousands of times by a batch sweep's warm
+    starts: computed once per ``dims``)."""
     order = tuple(sorted(range(len(dims)), key=lambda k: DIMS.index(dims[k])))
-    return order, tuple(DIMS.index(dims[k]) for k in order)
+    return (None if order == tuple(range(len(dims))) else order), tuple(DIMS.index(dims[k]) for k in order)
 
 
 @dataclass
