@@ -206,3 +206,24 @@ def test_place_transposes_only_axes_out_of_order():
         plain = np.transpose(arr, [dims.index(d) for d in sorted_dims])
         shape = [plain.shape[sorted_dims.index(d)] if d in dims else 1 for d in DIMS]
         assert np.array_equal(_place(arr, dims), plain.reshape(shape))
+
+
+def test_expert_groups_list_the_data_block_at_once_as_position_by_position():
+    """``Layout.group`` of ``ep`` and ``edp`` read the context x data block's rank offsets listed at
+    once: the same ranks as walking each position's digits in the order's own sequence of cp and dp
+    (the expert rank generator), including ep that does not divide the block."""
+    from clusterplan.cost.layout import Layout, order_axes
+
+    def position(lay: Layout, index: int) -> int:
+        offset = 0
+        for name in (a for a in order_axes(lay.order) if a in ("cp", "dp")):
+            offset += (index % lay.degree(name)) * lay.stride(name)
+            index //= lay.degree(name)
+        return offset
+
+    for order in ("tp-cp-dp-pp", "tp-dp-cp-pp", "tp-pp-cp-dp", "cp-tp-dp-pp"):
+        for tp, pp, dp, cp, ep in ((2, 2, 8, 2, 4), (1, 3, 6, 1, 4), (4, 1, 6, 4, 8), (2, 1, 3, 1, 3)):
+            lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
+            for base in (0, 5):
+                assert lay.group("ep", base) == tuple(sorted(base + position(lay, k) for k in range(ep)))
+                assert lay.group("edp", base) == tuple(base + position(lay, j * ep) for j in range(cp * dp // ep))
