@@ -227,3 +227,37 @@ def test_expert_groups_list_the_data_block_at_once_as_position_by_position():
             for base in (0, 5):
                 assert lay.group("ep", base) == tuple(sorted(base + position(lay, k) for k in range(ep)))
                 assert lay.group("edp", base) == tuple(base + position(lay, j * ep) for j in range(cp * dp // ep))
+
+
+def test_exhaustive_blocks_span_invalid_factorizations_and_find_what_each_alone_finds():
+    """``solve_exhaustive`` scores runs of factorizations across the invalid ones between valid ones
+    (their layouts all fail the rules; a warm start's descent otherwise scores 34 blocks per question
+    on DeepSeek-V3 on 576 GB200): its best layouts and its count of layouts considered equal scoring
+    each valid factorization alone."""
+    from clusterplan.planner.search import reuse, tables
+    from clusterplan.planner.search.exhaustive import (
+        _blocks, restrict, score_factorization, solve_exhaustive, valid_factorizations)
+
+    ctx, spaces = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "", batch=15360)
+    reuse.clear()
+    T = tables.build_tables(ctx, spaces[0], 0.05)
+    sub = restrict(T, {"o": [0], "v": [0], "mb": [0], "s": [0], "r": [0], "z": [1], "do": [0], "to": [0], "eo": [0]})
+    valid = valid_factorizations(sub)
+    runs = sum(1 for f in range(len(valid)) if valid[f] and (f == 0 or not valid[f - 1]))
+    assert len(_blocks(sub, valid_only=True)) < runs / 4
+    for top_k in (0, 3):
+        best, considered = [], 0
+        for f in np.flatnonzero(valid):
+            sc = score_factorization(sub, int(f))
+            shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape, sc.memory.shape)
+            obj, mem = np.broadcast_to(sc.objective, shape).ravel(), np.broadcast_to(sc.memory, shape).ravel()
+            ok = ((np.broadcast_to(sc.code, shape) < 0) & np.broadcast_to(sc.canon, shape)).ravel()
+            considered += int(np.broadcast_to(sc.canon, shape).sum())
+            for k in np.flatnonzero(ok):
+                idx = np.unravel_index(k, shape)
+                best.append((int(obj[k]), int(mem[k]), (int(f),) + tuple(int(x) for x in idx[1:])))
+        best.sort()
+        found, counted = solve_exhaustive(sub, top_k)
+        assert counted == considered
+        assert [(o, tuple(idx.values())) for o, idx in found] == [(o, idx) for o, _, idx in best[:top_k + 1]]
+    reuse.clear()

@@ -270,15 +270,20 @@ def _blocks(T: Tables, valid_only: bool = False) -> list[slice]:
     n = len(S.factorizations)
     if not valid_only:
         return [slice(a, min(n, a + step)) for a in range(0, n, step)]
-    keep = (T.ok_f < 0) & (T.ok_fmbv < 0).any(axis=(1, 2)) & (T.ok_fe < 0).any(axis=1)
+    keep = valid_factorizations(T)
     out: list[slice] = []
     for f in np.flatnonzero(keep):
         f = int(f)
-        if out and out[-1].stop == f and f - out[-1].start < step:
+        if out and f - out[-1].start < step:  # across invalid ones (their layouts all fail the rules)
             out[-1] = slice(out[-1].start, f + 1)
         else:
             out.append(slice(f, f + 1))
     return out
+
+
+def valid_factorizations(T: Tables) -> np.ndarray:
+    """(f,): whether some layout of the factorization can pass the structural rules."""
+    return (T.ok_f < 0) & (T.ok_fmbv < 0).any(axis=(1, 2)) & (T.ok_fe < 0).any(axis=1)
 
 
 def any_feasible(T: Tables) -> bool:
@@ -311,7 +316,7 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
     """The ``top_k + 1`` best feasible layouts as ``(objective, indices)``, and layouts scored (those
     of the factorizations that pass the structural rules with some micro-batch, vp and expert layout)."""
     best: list[tuple[int, tuple]] = []
-    considered = 0
+    considered, valid = 0, valid_factorizations(T)
     for i in _blocks(T, valid_only=True):  # a factorization no layout of which passes the rules holds none
         sc = score_factorization(T, i)
         shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape, sc.memory.shape)
@@ -319,7 +324,7 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
         mem = np.broadcast_to(sc.memory, shape)
         ok = np.broadcast_to(sc.code, shape) < 0
         ok &= np.broadcast_to(sc.canon, shape)
-        considered += int(np.broadcast_to(sc.canon, shape).sum())
+        considered += int(np.broadcast_to(sc.canon, shape)[valid[i]].sum())
         flat = np.flatnonzero(ok)
         if flat.size == 0:
             continue
