@@ -340,19 +340,32 @@ def _cut(arr: np.ndarray, dims: tuple, keep: dict) -> np.ndarray:
     """``arr`` with its knob axes ``dims`` cut to the indices in ``keep``: a view where they run in
     steps of one (a warm start's descent cuts every table to one index per knob, 8,600 times in a
     200-point batch sweep), else a copy."""
-    index, taken = [], []
-    for ax, d in enumerate(dims):
-        at = keep.get(d)
-        if at is not None and len(at) and (len(at) == 1 or list(at) == list(range(at[0], at[0] + len(at)))):
-            index.append(slice(at[0], at[0] + len(at)))
-        else:
-            index.append(slice(None))
-            if at is not None:
-                taken.append((ax, at))
-    arr = arr[tuple(index)]
-    for ax, at in taken:
-        arr = np.take(arr, at, axis=ax)
-    return arr
+    return _cutter(keep)(arr, dims)
+
+
+def _cutter(keep: dict):
+    """:func:`_cut` for one ``keep``, the index for each tuple of knob axes worked out once (a
+    restriction cuts about 45 tables over about 20 such tuples)."""
+    plans: dict = {}
+
+    def cut(arr: np.ndarray, dims: tuple) -> np.ndarray:
+        if dims not in plans:
+            index, taken = [], []
+            for ax, d in enumerate(dims):
+                at = keep.get(d)
+                if at is not None and len(at) and (len(at) == 1 or list(at) == list(range(at[0], at[0] + len(at)))):
+                    index.append(slice(at[0], at[0] + len(at)))
+                else:
+                    index.append(slice(None))
+                    if at is not None:
+                        taken.append((ax, at))
+            plans[dims] = (tuple(index), taken)
+        index, taken = plans[dims]
+        arr = arr[index]
+        for ax, at in taken:
+            arr = np.take(arr, at, axis=ax)
+        return arr
+    return cut
 
 
 @dataclass
@@ -389,25 +402,25 @@ def restrict(T: Tables, keep: dict) -> Tables:
     }
     space_attr = {"o": "order", "e": "ep", "v": "vp", "mb": "micro_batch_size", "s": "sequence_parallel",
                   "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap", "eo": "ep_overlap"}
-    sub = copy.copy(T)
+    sub, cut = copy.copy(T), _cutter(keep)
     sub.__dict__.pop("_derived", None)  # values derived from T's full axes (planner.search.bounds.once)
     for name, dims in axes.items():
-        setattr(sub, name, _cut(getattr(T, name), dims, keep))
+        setattr(sub, name, cut(getattr(T, name), dims))
     row_axes = {"static": ("f", "v", "e", "z"), "static1": ("f", "v", "e", "z"), "ifd": ("f", "mb", "v"),
                 "ifm": ("f", "mb", "v")}
-    sub.rows = tuple(replace(row, **{name: _cut(getattr(row, name), dims, keep) for name, dims in row_axes.items()})
+    sub.rows = tuple(replace(row, **{name: cut(getattr(row, name), dims) for name, dims in row_axes.items()})
                      for row in T.rows)
     for name, dims in (("C_M", (None, "mb", "s", "r")), ("TPC_M", (None, "mb", "s", "r", "to")),
                        ("BWD_M", (None, "mb", "s", "r", "to")), ("FW_M", (None, "mb", "s", "r", "to", "eo")),
                        ("PG", ("f", "o", "v", "e", "z"))):
         if getattr(T, name) is not None:
-            setattr(sub, name, _cut(getattr(T, name), dims, keep))
+            setattr(sub, name, cut(getattr(T, name), dims))
     for name, dims in (("BK", (None, "mb", "s", "r")), ("BK_M", (None, "mb", "s", "r")), ("ZU", ("f", "mb", "v"))):
         if getattr(T, name) is not None:
-            setattr(sub, name, _cut(getattr(T, name), dims, keep))
+            setattr(sub, name, cut(getattr(T, name), dims))
     if T.stages is not None:
         zero = (("zd", ("f", "mb", "v")), ("zm", ("f", "mb", "v"))) if T.ZU is not None else ()
-        sub.stages = tuple(replace(c, **{k: _cut(getattr(c, k), dims, keep) for k, dims in (
+        sub.stages = tuple(replace(c, **{k: cut(getattr(c, k), dims) for k, dims in (
             ("ud", ("f", "mb", "v")), ("um", ("f", "mb", "v")), ("ugm", ("f", "mb", "v")), ("fd", ("f", "v")),
             ("fm", ("f", "v")), *zero)}) for c in T.stages)
     changes = {space_attr[k]: tuple(getattr(T.space, space_attr[k])[i] for i in v) for k, v in keep.items()}
