@@ -261,3 +261,30 @@ def test_exhaustive_blocks_span_invalid_factorizations_and_find_what_each_alone_
         assert counted == considered
         assert [(o, tuple(idx.values())) for o, idx in found] == [(o, idx) for o, _, idx in best[:top_k + 1]]
     reuse.clear()
+
+
+def test_tables_and_solve_run_with_fewer_garbage_collections(monkeypatch):
+    """Building the tables and solving over them run with the collector's first generation at
+    ``reuse.GC_FIRST_GENERATION`` allocations (each third-generation collection walks the cluster's
+    whole graph); the thresholds are restored after, an error included."""
+    import gc
+
+    from clusterplan.planner.search import cpsat, reuse, tables
+
+    before = gc.get_threshold()
+    with reuse.fewer_collections():
+        assert gc.get_threshold() == (max(before[0], reuse.GC_FIRST_GENERATION), *before[1:])
+    assert gc.get_threshold() == before
+    with pytest.raises(ZeroDivisionError), reuse.fewer_collections():
+        1 / 0
+    assert gc.get_threshold() == before
+    seen = []
+    real = tables._count_tables
+    monkeypatch.setattr(tables, "_count_tables", lambda *a: (seen.append(gc.get_threshold()[0]), real(*a))[1])
+    ctx, spaces = _spaces("mixtral-8x7b", "gb200-nvl72", 72, "megatron", "")
+    reuse.clear()
+    T = tables.build_tables(ctx, spaces[0], 0.05)
+    monkeypatch.setattr(cpsat, "warm_start", lambda *a, _r=cpsat.warm_start: (seen.append(gc.get_threshold()[0]), _r(*a))[1])
+    cpsat.solve_cpsat(T, 1)
+    assert seen == [reuse.GC_FIRST_GENERATION] * 2 and gc.get_threshold() == before
+    reuse.clear()

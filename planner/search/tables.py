@@ -54,7 +54,7 @@ from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
 from clusterplan.planner.search.gathers import compared_gathers, gather_pick
-from clusterplan.planner.search.reuse import key_use, kept, kept_cells, kept_keys, kept_rows, per_pp_dp, time_in_use
+from clusterplan.planner.search.reuse import fewer_collections, key_use, kept, kept_cells, kept_keys, kept_rows, per_pp_dp, time_in_use
 from clusterplan.planner.search.space import (
     Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
 )
@@ -232,6 +232,7 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
             *_group_index(ep_keys, placed))
 
 
+@fewer_collections()
 def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignore_memory: bool = False,
                  weights: tuple[int, int] = (1, 0), memory_only: bool = False) -> Tables:
     """Tabulate every term over its own domain (see module docstring); ``weights`` are the
@@ -290,8 +291,7 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    axes = (ctx, S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap, S.ep_overlap, S.cp_comm,
-            S.moe_dispatcher)
+    axes = (ctx, S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap, S.ep_overlap, S.cp_comm, S.moe_dispatcher)
     C, C_M, BWD, FW, WE, BWD_M, FW_M, BK, BK_M = kept_keys(("compute", axes), tc_keys, key_use(
         tc_of_fe, len(tc_keys), use), lambda keys, u: _compute_tables(ctx, S, keys, u))
     (TPC, TPC_M), (CPC,), (ep_open,), (H,) = (kept_keys(
