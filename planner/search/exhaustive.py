@@ -15,6 +15,7 @@ import numpy as np
 
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.planner.search.masks import REASON_ORDER
+from clusterplan.planner.search.reuse import fewer_collections
 from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute
 
 DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to", "eo")
@@ -297,6 +298,7 @@ def any_feasible(T: Tables) -> bool:
     return False
 
 
+@fewer_collections()
 def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
     """Rejected layouts by first failing reason, and the number of feasible layouts.
 
@@ -312,6 +314,7 @@ def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
     return {r: int(counts[k + 1]) for k, r in enumerate(REASON_ORDER) if counts[k + 1]}, int(counts[0])
 
 
+@fewer_collections()
 def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]], int]:
     """The ``top_k + 1`` best feasible layouts as ``(objective, indices)``, and layouts scored (those
     of the factorizations that pass the structural rules with some micro-batch, vp and expert layout)."""
