@@ -288,3 +288,27 @@ def test_tables_and_solve_run_with_fewer_garbage_collections(monkeypatch):
     cpsat.solve_cpsat(T, 1)
     assert seen == [reuse.GC_FIRST_GENERATION] * 2 and gc.get_threshold() == before
     reuse.clear()
+
+
+@pytest.mark.parametrize("model, devices, fw", [("deepseek-v3", 576, "megatron"), ("mixtral-8x7b", 72, "torchtitan")])
+def test_the_lower_bound_prices_only_the_factorizations_the_model_reads(model, devices, fw):
+    """CP-SAT reads the objective's lower bound at its (f, mb, v) triples alone, so only their
+    factorizations are priced (the others keep UNREACHABLE), in blocks of indices: at every triple
+    the bound equals pricing every factorization in slices."""
+    from clusterplan.planner.search import reuse, tables
+    from clusterplan.planner.search.bounds import UNREACHABLE, _lower_bound_block, objective_lower_bound
+    from clusterplan.planner.search.cpsat import _valid_triples
+
+    ctx, spaces = _spaces(model, "gb200-nvl72", devices, fw, "", batch=15360 if devices == 576 else 1024)
+    reuse.clear()
+    for S in spaces:
+        T = tables.build_tables(ctx, S, 0.05)
+        got = objective_lower_bound(T)
+        plain = np.transpose(np.concatenate([_lower_bound_block(T, slice(a, a + 7))
+                                             for a in range(0, len(S.factorizations), 7)]), (0, 3, 2, 1))
+        plain = np.where(plain < UNREACHABLE, T.time_weight * plain, UNREACHABLE)
+        f, mb, v = _valid_triples(T).T
+        assert len(f) and np.array_equal(got[f, mb, v], plain[f, mb, v])
+        unread = np.setdiff1d(np.arange(len(S.factorizations)), f)
+        assert (got[unread] == UNREACHABLE).all()
+    reuse.clear()
