@@ -312,3 +312,36 @@ def test_the_lower_bound_prices_only_the_factorizations_the_model_reads(model, d
         unread = np.setdiff1d(np.arange(len(S.factorizations)), f)
         assert (got[unread] == UNREACHABLE).all()
     reuse.clear()
+
+
+@pytest.mark.parametrize("model, devices, fw", [("deepseek-v3", 576, "megatron"), ("mixtral-8x7b", 576, "torchtitan"),
+                                                ("mixtral-8x7b", 72, "deepspeed")])
+def test_rejections_of_factorizations_their_own_rule_refuses_are_counted_without_scoring(monkeypatch, model, devices,
+                                                                                           fw):
+    """A factorization its own rule refuses (``ok_f``) gives every layout that code, whatever its
+    memory: ``count_rejections`` counts those blocks from the representative layouts alone and scores
+    only the others, with the counts scoring every block gives."""
+    from clusterplan.planner.search import exhaustive, reuse, tables
+
+    ctx, spaces = _spaces(model, "gb200-nvl72", devices, fw, "", batch=15360 if model == "deepseek-v3" else 1024)
+    reuse.clear()
+    for S in spaces:
+        T = tables.build_tables(ctx, S, 0.05)
+        counts = np.zeros(len(masks.REASON_ORDER) + 1, np.int64)
+        for i in exhaustive._blocks(T):
+            sc = exhaustive.score_factorization(T, i, with_objective=False)
+            weight = sc.canon.sum(axis=(8, 9, 10), keepdims=True)
+            code = np.broadcast_to(sc.code, np.broadcast_shapes(sc.code.shape, weight.shape))
+            counts += np.bincount((code + 1).ravel(), weights=np.broadcast_to(weight, code.shape).ravel(),
+                                  minlength=len(counts)).astype(np.int64)
+        scored = []
+        real = exhaustive.score_factorization
+        monkeypatch.setattr(exhaustive, "score_factorization", lambda T, i, **k: (scored.append(i), real(T, i, **k))[1])
+        got = exhaustive.count_rejections(T)
+        monkeypatch.setattr(exhaustive, "score_factorization", real)
+        assert got == ({r: int(counts[k + 1]) for k, r in enumerate(masks.REASON_ORDER) if counts[k + 1]},
+                       int(counts[0]))
+        assert all((T.ok_f[i] < 0).any() for i in scored)
+        if model == "deepseek-v3":  # small blocks, most of them refused by their own rule
+            assert len(scored) < len(exhaustive._blocks(T))
+    reuse.clear()

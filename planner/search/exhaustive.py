@@ -8,6 +8,7 @@ parallel, recompute, ZeRO stage, DP overlap, TP overlap, EP overlap).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -152,8 +153,7 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     sl = i if isinstance(i, slice) else slice(i, i + 1)
     tc, tpg = T.tc_of_fe[sl], T.tpg_of_fo[sl]
     code, memory = _codes_and_memory(T, sl, tc)
-    canon = (_place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to")) & _place(T.eo_canon, ("e", "eo"))
-             & _place(T.eo_ok[sl], ("f", "v", "r", "eo")))
+    canon = _canon(T, sl)
     if not with_objective:
         return Scored(np.zeros(1, np.int64), code, memory, canon)
     if T.memory_only:
@@ -173,6 +173,12 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     elif T.time_weight != 1:
         objective = T.time_weight * objective
     return Scored(objective, code, memory, canon)
+
+
+def _canon(T: Tables, sl: slice) -> np.ndarray:
+    """The representative layouts of the factorizations in ``sl`` (``Scored.canon``)."""
+    return (_place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to")) & _place(T.eo_canon, ("e", "eo"))
+            & _place(T.eo_ok[sl], ("f", "v", "r", "eo")))
 
 
 def per_microbatch_traffic(T: Tables, sl: slice) -> np.ndarray:
@@ -305,9 +311,18 @@ def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
     Symmetric duplicates (``planner.search.space.canonical``) are counted once.
     """
     counts = np.zeros(len(REASON_ORDER) + 1, np.int64)
+    overlaps, copies = (DIMS.index("do"), DIMS.index("to"), DIMS.index("eo")), None
     for i in _blocks(T):
+        if (T.ok_f[i] >= 0).all():  # every layout has the factorization's own code, whatever its memory
+            weight = _canon(T, i).sum(axis=overlaps, keepdims=True)
+            if copies is None:  # the cells of a code row over each of the weight's (as the broadcast below)
+                one = (1,) + weight.shape[1:]
+                copies = math.prod(np.broadcast_shapes(_codes_and_memory(T, slice(0, 1), T.tc_of_fe[:1])[0].shape,
+                                                       one)) // math.prod(one)
+            np.add.at(counts, T.ok_f[i] + 1, weight.reshape(weight.shape[0], -1).sum(axis=1) * copies)
+            continue
         sc = score_factorization(T, i, with_objective=False)
-        weight = sc.canon.sum(axis=(DIMS.index("do"), DIMS.index("to"), DIMS.index("eo")), keepdims=True)
+        weight = sc.canon.sum(axis=overlaps, keepdims=True)
         code = np.broadcast_to(sc.code, np.broadcast_shapes(sc.code.shape, weight.shape))
         w = np.broadcast_to(weight, code.shape)
         counts += np.bincount((code + 1).ravel(), weights=w.ravel(), minlength=len(counts)).astype(np.int64)
