@@ -25,9 +25,28 @@ section 1.2, derives both.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from functools import wraps
+from typing import Iterator
 
 from clusterplan.topologies.cluster import GroupProfile
+
+_MEMO: dict | None = None  # while ``memoized`` runs: (collective, sizes..., id(profile)) -> (profile, seconds)
+
+
+@contextmanager
+def memoized() -> Iterator[None]:
+    """Within the block, each collective is timed once per sizes and group profile object and its
+    time reused (a search's data-parallel tables ask the same gradient reduction once per ZeRO stage);
+    the times are forgotten when the outermost block ends. Each entry holds its profile, so the id it
+    is keyed on stays that object's."""
+    global _MEMO
+    outer = _MEMO
+    _MEMO = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _MEMO = outer
 
 
 def _slowest_shape(collective):
@@ -35,7 +54,15 @@ def _slowest_shape(collective):
     @wraps(collective)
     def timed(*args: float | GroupProfile) -> float:
         *sizes, p = args
-        return max(collective(*sizes, shape) for shape in p.shapes) if p.variants else collective(*args)
+        memo = _MEMO
+        if memo is not None:
+            hit = memo.get(key := (collective, *sizes, id(p)))
+            if hit is not None and hit[0] is p:
+                return hit[1]
+        seconds = max(collective(*sizes, shape) for shape in p.shapes) if p.variants else collective(*args)
+        if memo is not None:
+            memo[key] = (p, seconds)
+        return seconds
     return timed
 
 

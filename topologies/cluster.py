@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Sequence
 
 import networkx as nx
@@ -224,6 +224,19 @@ class Cluster:
         if self.rank_to_device is None:
             return tuple(sorted(ranks))
         return tuple(sorted(self.rank_to_device[np.asarray(ranks, dtype=np.int64)].tolist()))
+
+    def ranks(self, devices: Sequence[int]) -> tuple[int, ...]:
+        """Ranks of device ids ``devices``, sorted: the inverse of :meth:`devices`."""
+        if self.rank_to_device is None:
+            return tuple(sorted(devices))
+        return tuple(sorted(self._device_to_rank[np.asarray(devices, dtype=np.int64)].tolist()))
+
+    @cached_property
+    def _device_to_rank(self) -> np.ndarray:
+        """The inverse of :attr:`rank_to_device`, computed once per placed view."""
+        inverse = np.empty_like(self.rank_to_device)
+        inverse[self.rank_to_device] = np.arange(len(self.rank_to_device))
+        return inverse
 
     def torus_span(self, ranks: Sequence[int]) -> list[tuple[str, int, int, bool]]:
         """The torus axes a group spans inside its slice: ``(axis, extent, length, wraps)`` each,

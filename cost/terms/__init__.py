@@ -105,6 +105,7 @@ from clusterplan.cost.terms.pipeline import (  # noqa: F401
     period_layers,
     stage_kind_shares,
     kind_windows,
+    kind_windows_over,
     head_in_period,
 )
 from clusterplan.cost.terms.memory import (  # noqa: F401

@@ -167,7 +167,9 @@ def _dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: i
     if copies == 1:
         t = dp_traffic(ctx.job.grad_bytes, pc, *profiles, z, prof.zero2_param_gather, modules,
                        gather_bytes(ctx.job, param_gather), copy_s, zero1_all_reduce=all_reduce)
-        return replace(t, regather_s=zero3_regather_s(ctx, tp, pp, vp, z, profiles[0], param_gather))
+        # built field by field: dataclasses.replace costs more than the collectives here (34k calls a search)
+        return DataParallelTerms(t.per_step_s, t.per_microbatch_s, t.blocking_s,
+                                 zero3_regather_s(ctx, tp, pp, vp, z, profiles[0], param_gather))
     placed, shard = ctx.placed(order).cluster, dp // copies
     # the domain rule holds with pp = cp = 1 (dp's stride tp); hybrid sharding reads the order's stride
     stride = Layout(tp=tp, pp=pp, dp=dp, cp=cp, order=order).stride("dp") if dp_shard else tp

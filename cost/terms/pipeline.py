@@ -209,8 +209,16 @@ def kind_windows(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: 
     data-parallel traffic and the per-micro-batch ZeRO-2/3 traffic behind
     (:meth:`ComputeTerms.dp_window_s`, ``fsdp_window_s``), as totals over those layers: a stage's
     window is its share of each kind's (``cost.step``)."""
+    return kind_windows_over(ctx, tp, cp, mbs, sp, recompute, ep, expert_tp, (tp_overlap,), (ep_overlap,), kind)[0][0]
+
+
+def kind_windows_over(ctx: Context, tp: int, cp: int, mbs: int, sp: bool, recompute: str, ep: int, expert_tp: bool,
+                      tp_overlaps: tuple[bool, ...], ep_overlaps: tuple[bool, ...],
+                      kind: bool | None = None) -> list[list[tuple[float, float]]]:
+    """:func:`kind_windows` per TP overlap of ``tp_overlaps`` and per EP overlap of ``ep_overlaps``
+    (the search's tables ask all of them: the compute terms are looked up once)."""
     c = compute_terms(ctx, tp, cp, mbs, sp, recompute, ep, expert_tp, kind)
-    return c.dp_window_s(tp_overlap, cp), c.fsdp_window_s(tp_overlap, cp, ep_overlap)
+    return [[(c.dp_window_s(to, cp), c.fsdp_window_s(to, cp, eo)) for eo in ep_overlaps] for to in tp_overlaps]
 
 
 def head_in_period(ctx: Context, head_slots: bool) -> bool:

@@ -38,7 +38,13 @@ def objective_lower_bound(T: Tables) -> np.ndarray:
     step) or the micro-batch count times its last bucket (ZeRO 3), whatever the overlap window.
     For the energy objective the busy part is bounded by its plain minima.
     """
-    lb = np.concatenate([_lower_bound_block(T, sl) for sl in _f_blocks(T)], axis=0)  # (F, E, V, MB)
+    S = T.space
+    lb = np.full((len(S.factorizations), len(S.ep), len(S.vp), len(S.micro_batch_size)), UNREACHABLE)  # (F, E, V, MB)
+    # the model reads the bound at its (f, mb, v) triples alone (cpsat._valid_triples): the other
+    # factorizations (two thirds of them on DeepSeek-V3 on 576 GB200) keep UNREACHABLE, unpriced
+    need = np.flatnonzero((T.ok_f < 0) & (T.ok_fmbv < 0).any(axis=(1, 2)))
+    for rows in _f_blocks(T, need):
+        lb[rows] = _lower_bound_block(T, rows)
     lb = np.transpose(lb, (0, 3, 2, 1))  # (F, MB, V, E)
     if T.busy_weight:
         Q = SLOT_QUANTUM
@@ -53,15 +59,15 @@ def objective_lower_bound(T: Tables) -> np.ndarray:
 LB_BLOCK_ELEMENTS = 1 << 19  # (f, e, v, mb, s, r, z) cells per block (o, to, eo instead of z with EP overlap)
 
 
-def _f_blocks(T: Tables) -> list[slice]:
+def _f_blocks(T: Tables, need: np.ndarray) -> list[np.ndarray]:
+    """The factorizations ``need`` (indices) in blocks of about LB_BLOCK_ELEMENTS cells."""
     S = T.space
     per_f = len(S.ep) * len(S.vp) * len(S.micro_batch_size) * len(S.sequence_parallel) * len(S.recompute) * len(S.zero_stage)
     if True in S.ep_overlap:  # the pipeline term is then bounded over orders and overlaps at once
         per_f = len(S.ep) * len(S.vp) * len(S.micro_batch_size) * len(S.sequence_parallel) * len(S.recompute) * max(
             len(S.zero_stage), len(S.order) * len(S.tp_overlap) * len(S.ep_overlap))
     step = max(1, LB_BLOCK_ELEMENTS // max(1, per_f))
-    n = len(S.factorizations)
-    return [slice(a, min(n, a + step)) for a in range(0, n, step)]
+    return [need[a:a + step] for a in range(0, len(need), step)]
 
 
 def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:

@@ -36,6 +36,7 @@ from clusterplan.models.errors import SolverError
 from clusterplan.planner.search.exhaustive import DIMS
 from clusterplan.planner.search.bounds import UNREACHABLE, factor_minima, neighbourhood, objective_lower_bound, once, warm_start
 from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute, key_use
+from clusterplan.planner.search.reuse import fewer_collections
 
 ELEMENT_MAX_ENTRIES = 64
 OBJECTIVE_LIMIT = 2**59  # objective units: 5.8e7 s of step time at weight 1; eight such terms fit in 2^62
@@ -443,6 +444,7 @@ unfused attention on Gaudi 2 exhausted the machine's memory after two minutes) s
 ``planner.search`` falls back to the exhaustive engine on the same tables."""
 
 
+@fewer_collections()
 def solve_cpsat(T: Tables, top_k: int = 0, time_limit_s: float | None = None, workers: int = 0,
                 ceiling: int | None = None) -> CpSatResult:
     """Optimum (proven, unless ``time_limit_s`` cuts the search) and ``top_k`` runners-up; with a

@@ -8,6 +8,7 @@ parallel, recompute, ZeRO stage, DP overlap, TP overlap, EP overlap).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.planner.search.masks import REASON_ORDER
+from clusterplan.planner.search.reuse import fewer_collections
 from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute
 
 DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to", "eo")
@@ -23,7 +25,8 @@ DIMS = ("f", "o", "e", "v", "mb", "s", "r", "z", "do", "to", "eo")
 def _place(arr: np.ndarray, dims: tuple[str, ...]) -> np.ndarray:
     """Reshape ``arr`` whose axes are ``dims`` (in DIMS order) for broadcasting over DIMS."""
     order, at = _placement(dims)
-    arr = np.transpose(arr, order)
+    if order is not None:
+        arr = arr.transpose(order)
     shape = [1] * len(DIMS)
     for k, pos in enumerate(at):
         shape[pos] = arr.shape[k]
@@ -31,11 +34,12 @@ def _place(arr: np.ndarray, dims: tuple[str, ...]) -> np.ndarray:
 
 
 @lru_cache(maxsize=256)
-def _placement(dims: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The axis order that sorts ``dims`` as DIMS does, and the DIMS position of each sorted axis
-    (asked tens of thousands of times by a search's warm start: computed once per ``dims``)."""
+def _placement(dims: tuple[str, ...]) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """The axis order that sorts ``dims`` as DIMS does (None where they are sorted already), and the
+    DIMS position of each sorted axis (asked hundreds of thousands of times by a batch sweep's warm
+    starts: computed once per ``dims``)."""
     order = tuple(sorted(range(len(dims)), key=lambda k: DIMS.index(dims[k])))
-    return order, tuple(DIMS.index(dims[k]) for k in order)
+    return (None if order == tuple(range(len(dims))) else order), tuple(DIMS.index(dims[k]) for k in order)
 
 
 @dataclass
@@ -149,8 +153,7 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     sl = i if isinstance(i, slice) else slice(i, i + 1)
     tc, tpg = T.tc_of_fe[sl], T.tpg_of_fo[sl]
     code, memory = _codes_and_memory(T, sl, tc)
-    canon = (_place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to")) & _place(T.eo_canon, ("e", "eo"))
-             & _place(T.eo_ok[sl], ("f", "v", "r", "eo")))
+    canon = _canon(T, sl)
     if not with_objective:
         return Scored(np.zeros(1, np.int64), code, memory, canon)
     if T.memory_only:
@@ -170,6 +173,12 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     elif T.time_weight != 1:
         objective = T.time_weight * objective
     return Scored(objective, code, memory, canon)
+
+
+def _canon(T: Tables, sl: slice) -> np.ndarray:
+    """The representative layouts of the factorizations in ``sl`` (``Scored.canon``)."""
+    return (_place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to")) & _place(T.eo_canon, ("e", "eo"))
+            & _place(T.eo_ok[sl], ("f", "v", "r", "eo")))
 
 
 def per_microbatch_traffic(T: Tables, sl: slice) -> np.ndarray:
@@ -268,15 +277,20 @@ def _blocks(T: Tables, valid_only: bool = False) -> list[slice]:
     n = len(S.factorizations)
     if not valid_only:
         return [slice(a, min(n, a + step)) for a in range(0, n, step)]
-    keep = (T.ok_f < 0) & (T.ok_fmbv < 0).any(axis=(1, 2)) & (T.ok_fe < 0).any(axis=1)
+    keep = valid_factorizations(T)
     out: list[slice] = []
     for f in np.flatnonzero(keep):
         f = int(f)
-        if out and out[-1].stop == f and f - out[-1].start < step:
+        if out and f - out[-1].start < step:  # across invalid ones (their layouts all fail the rules)
             out[-1] = slice(out[-1].start, f + 1)
         else:
             out.append(slice(f, f + 1))
     return out
+
+
+def valid_factorizations(T: Tables) -> np.ndarray:
+    """(f,): whether some layout of the factorization can pass the structural rules."""
+    return (T.ok_f < 0) & (T.ok_fmbv < 0).any(axis=(1, 2)) & (T.ok_fe < 0).any(axis=1)
 
 
 def any_feasible(T: Tables) -> bool:
@@ -290,26 +304,37 @@ def any_feasible(T: Tables) -> bool:
     return False
 
 
+@fewer_collections()
 def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
     """Rejected layouts by first failing reason, and the number of feasible layouts.
 
     Symmetric duplicates (``planner.search.space.canonical``) are counted once.
     """
     counts = np.zeros(len(REASON_ORDER) + 1, np.int64)
+    overlaps, copies = (DIMS.index("do"), DIMS.index("to"), DIMS.index("eo")), None
     for i in _blocks(T):
+        if (T.ok_f[i] >= 0).all():  # every layout has the factorization's own code, whatever its memory
+            weight = _canon(T, i).sum(axis=overlaps, keepdims=True)
+            if copies is None:  # the cells of a code row over each of the weight's (as the broadcast below)
+                one = (1,) + weight.shape[1:]
+                copies = math.prod(np.broadcast_shapes(_codes_and_memory(T, slice(0, 1), T.tc_of_fe[:1])[0].shape,
+                                                       one)) // math.prod(one)
+            np.add.at(counts, T.ok_f[i] + 1, weight.reshape(weight.shape[0], -1).sum(axis=1) * copies)
+            continue
         sc = score_factorization(T, i, with_objective=False)
-        weight = sc.canon.sum(axis=(DIMS.index("do"), DIMS.index("to"), DIMS.index("eo")), keepdims=True)
+        weight = sc.canon.sum(axis=overlaps, keepdims=True)
         code = np.broadcast_to(sc.code, np.broadcast_shapes(sc.code.shape, weight.shape))
         w = np.broadcast_to(weight, code.shape)
         counts += np.bincount((code + 1).ravel(), weights=w.ravel(), minlength=len(counts)).astype(np.int64)
     return {r: int(counts[k + 1]) for k, r in enumerate(REASON_ORDER) if counts[k + 1]}, int(counts[0])
 
 
+@fewer_collections()
 def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]], int]:
     """The ``top_k + 1`` best feasible layouts as ``(objective, indices)``, and layouts scored (those
     of the factorizations that pass the structural rules with some micro-batch, vp and expert layout)."""
     best: list[tuple[int, tuple]] = []
-    considered = 0
+    considered, valid = 0, valid_factorizations(T)
     for i in _blocks(T, valid_only=True):  # a factorization no layout of which passes the rules holds none
         sc = score_factorization(T, i)
         shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape, sc.memory.shape)
@@ -317,7 +342,7 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
         mem = np.broadcast_to(sc.memory, shape)
         ok = np.broadcast_to(sc.code, shape) < 0
         ok &= np.broadcast_to(sc.canon, shape)
-        considered += int(np.broadcast_to(sc.canon, shape).sum())
+        considered += int(np.broadcast_to(sc.canon, shape)[valid[i]].sum())
         flat = np.flatnonzero(ok)
         if flat.size == 0:
             continue
@@ -330,11 +355,35 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
 
 
 def _cut(arr: np.ndarray, dims: tuple, keep: dict) -> np.ndarray:
-    """``arr`` with its knob axes ``dims`` cut to the indices in ``keep``."""
-    for ax, d in enumerate(dims):
-        if d in keep:
-            arr = np.take(arr, keep[d], axis=ax)
-    return arr
+    """``arr`` with its knob axes ``dims`` cut to the indices in ``keep``: a view where they run in
+    steps of one (a warm start's descent cuts every table to one index per knob, 8,600 times in a
+    200-point batch sweep), else a copy."""
+    return _cutter(keep)(arr, dims)
+
+
+def _cutter(keep: dict):
+    """:func:`_cut` for one ``keep``, the index for each tuple of knob axes worked out once (a
+    restriction cuts about 45 tables over about 20 such tuples)."""
+    plans: dict = {}
+
+    def cut(arr: np.ndarray, dims: tuple) -> np.ndarray:
+        if dims not in plans:
+            index, taken = [], []
+            for ax, d in enumerate(dims):
+                at = keep.get(d)
+                if at is not None and len(at) and (len(at) == 1 or list(at) == list(range(at[0], at[0] + len(at)))):
+                    index.append(slice(at[0], at[0] + len(at)))
+                else:
+                    index.append(slice(None))
+                    if at is not None:
+                        taken.append((ax, at))
+            plans[dims] = (tuple(index), taken)
+        index, taken = plans[dims]
+        arr = arr[index]
+        for ax, at in taken:
+            arr = np.take(arr, at, axis=ax)
+        return arr
+    return cut
 
 
 @dataclass
@@ -371,25 +420,25 @@ def restrict(T: Tables, keep: dict) -> Tables:
     }
     space_attr = {"o": "order", "e": "ep", "v": "vp", "mb": "micro_batch_size", "s": "sequence_parallel",
                   "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap", "eo": "ep_overlap"}
-    sub = copy.copy(T)
+    sub, cut = copy.copy(T), _cutter(keep)
     sub.__dict__.pop("_derived", None)  # values derived from T's full axes (planner.search.bounds.once)
     for name, dims in axes.items():
-        setattr(sub, name, _cut(getattr(T, name), dims, keep))
+        setattr(sub, name, cut(getattr(T, name), dims))
     row_axes = {"static": ("f", "v", "e", "z"), "static1": ("f", "v", "e", "z"), "ifd": ("f", "mb", "v"),
                 "ifm": ("f", "mb", "v")}
-    sub.rows = tuple(replace(row, **{name: _cut(getattr(row, name), dims, keep) for name, dims in row_axes.items()})
+    sub.rows = tuple(replace(row, **{name: cut(getattr(row, name), dims) for name, dims in row_axes.items()})
                      for row in T.rows)
     for name, dims in (("C_M", (None, "mb", "s", "r")), ("TPC_M", (None, "mb", "s", "r", "to")),
                        ("BWD_M", (None, "mb", "s", "r", "to")), ("FW_M", (None, "mb", "s", "r", "to", "eo")),
                        ("PG", ("f", "o", "v", "e", "z"))):
         if getattr(T, name) is not None:
-            setattr(sub, name, _cut(getattr(T, name), dims, keep))
+            setattr(sub, name, cut(getattr(T, name), dims))
     for name, dims in (("BK", (None, "mb", "s", "r")), ("BK_M", (None, "mb", "s", "r")), ("ZU", ("f", "mb", "v"))):
         if getattr(T, name) is not None:
-            setattr(sub, name, _cut(getattr(T, name), dims, keep))
+            setattr(sub, name, cut(getattr(T, name), dims))
     if T.stages is not None:
         zero = (("zd", ("f", "mb", "v")), ("zm", ("f", "mb", "v"))) if T.ZU is not None else ()
-        sub.stages = tuple(replace(c, **{k: _cut(getattr(c, k), dims, keep) for k, dims in (
+        sub.stages = tuple(replace(c, **{k: cut(getattr(c, k), dims) for k, dims in (
             ("ud", ("f", "mb", "v")), ("um", ("f", "mb", "v")), ("ugm", ("f", "mb", "v")), ("fd", ("f", "v")),
             ("fm", ("f", "v")), *zero)}) for c in T.stages)
     changes = {space_attr[k]: tuple(getattr(T.space, space_attr[k])[i] for i in v) for k, v in keep.items()}

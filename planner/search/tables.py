@@ -39,13 +39,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from clusterplan.cost.collectives import memoized
 from clusterplan.cost.layout import Layout, offloads_activations, split_order
 from clusterplan.cost.stages import RANKS, rank_index
 from clusterplan.cost.step import rank_inflight, working_bytes
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, ep_comm_terms,
     mixed_kinds,
-    kind_windows, stage_kind_shares,
+    kind_windows_over, stage_kind_shares,
     ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s,
     overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms,
 )
@@ -54,7 +55,9 @@ from clusterplan.planner.search.masks import (
 )
 from clusterplan.planner.search.gathers import compared_gathers, gather_pick
 from clusterplan.planner.search.offload import host_refused_statics
-from clusterplan.planner.search.reuse import key_use, kept, kept_cells, kept_rows, time_in_use
+from clusterplan.planner.search.reuse import (
+    fewer_collections, key_use, kept, kept_cells, kept_keys, kept_rows, per_pp_dp, time_in_use,
+)
 from clusterplan.planner.search.space import (
     Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
 )
@@ -232,6 +235,7 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
             *_group_index(ep_keys, placed))
 
 
+@fewer_collections()
 def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignore_memory: bool = False,
                  weights: tuple[int, int] = (1, 0), memory_only: bool = False) -> Tables:
     """Tabulate every term over its own domain (see module docstring); ``weights`` are the
@@ -246,9 +250,10 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     timed = _no_time_tables(S) if memory_only else kept_cells(
         ("time", ctx, S), use, lambda u: _time_tables(ctx, S, tc_of_fe, tc_keys, u),
         lambda t, u: time_in_use(t, u, tc_of_fe))
-    DPS, DPM, RG, DPX, OPT, statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
-                                                    lambda valid: _dp_tables(ctx, S, valid, times=not memory_only))
-    U, UG, FRAC, M, stages = _count_tables(ctx, S)
+    with memoized():
+        DPS, DPM, RG, DPX, OPT, statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
+                                                        lambda valid: _dp_tables(ctx, S, valid, times=not memory_only))
+    U, UG, FRAC, M, stages = per_pp_dp(S, lambda sub: _count_tables(ctx, sub))
     ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
@@ -290,12 +295,13 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
     placed = [ctx.placed(o) for o in S.order]  # fabric terms are asked under each order's traversal
     (tpg_of_fo, tpg_keys, tpg_ctx, tpc_of_foe, tpc_keys, tpc_ctx, cpg_of_fo, cpg_keys, cpg_ctx,
      epg_of_foe, epg_keys, epg_ctx) = _group_keys(ctx, S, probe, placed)
-    C, C_M, BWD, FW, WE, BWD_M, FW_M, BK, BK_M = _compute_tables(ctx, S, tc_keys, key_use(tc_of_fe, len(tc_keys), use))
-    TPC, TPC_M, CPC, ep_open, H = _comm_tables(
-        S, (tpc_keys, tpc_ctx, key_use(tpc_of_foe, len(tpc_keys), use)),
-        (cpg_keys, cpg_ctx, key_use(cpg_of_fo, len(cpg_keys), use)),
-        (epg_keys, epg_ctx, key_use(epg_of_foe, len(epg_keys), use)),
-        (tpg_keys, tpg_ctx, key_use(tpg_of_fo, len(tpg_keys), use)))
+    axes = (ctx, S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap, S.ep_overlap, S.cp_comm, S.moe_dispatcher)
+    C, C_M, BWD, FW, WE, BWD_M, FW_M, BK, BK_M = kept_keys(("compute", axes), tc_keys, key_use(
+        tc_of_fe, len(tc_keys), use), lambda keys, u: _compute_tables(ctx, S, keys, u))
+    (TPC, TPC_M), (CPC,), (ep_open,), (H,) = (kept_keys(
+        (part, axes), list(zip(keys, at)), key_use(index, len(keys), use), lambda k, u, part=part: _comm_part(S, part, k, u))
+        for part, index, keys, at in ((0, tpc_of_foe, tpc_keys, tpc_ctx), (1, cpg_of_fo, cpg_keys, cpg_ctx),
+                                      (2, epg_of_foe, epg_keys, epg_ctx), (3, tpg_of_fo, tpg_keys, tpg_ctx)))
     P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) if use[i, m] else 0.0
                   for sp in S.sequence_parallel] for m, mb in enumerate(S.micro_batch_size)] for l in row]
                for i, row in enumerate(probe)])
@@ -371,8 +377,8 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list, use: np.ndarray) -> t
         for k, m in cells:
             if use[k, m]:
                 tp, cp, e, et = tc_keys[k]
-                w[k, m] = [[[[kind_windows(ctx, tp, cp, MB[m], sp, rc, e, et, to and tp > 1, eo and e > 1, kind)
-                              for eo in EO] for to in TO] for rc in RC] for sp in SP]
+                w[k, m] = [[kind_windows_over(ctx, tp, cp, MB[m], sp, rc, e, et, [to and tp > 1 for to in TO],
+                                              [eo and e > 1 for eo in EO], kind) for rc in RC] for sp in SP]
         return w
     BWD_M = FW_M = None
     if C_M is None:
@@ -443,6 +449,14 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
     H = _qt([[[0.0 if hidden or not u else head_terms(c, tp, cp, mb, sp, st).time_s for sp in SP]
               for mb, u in zip(MB, used)] for (tp, cp, st, (_, hidden)), c, used in zip(tpg_keys, tpg_ctx, tpg_use)])
     return TPC, TPC_M, CPC, EPC, H
+
+
+def _comm_part(S: Space, part: int, picked: list, use: np.ndarray) -> tuple:
+    """:func:`_comm_tables` of one group (0 TP, 1 CP, 2 EP, 3 head) for (key, context) pairs ``picked``."""
+    groups = [([], [], np.zeros((0, len(S.micro_batch_size)), bool))] * 4
+    groups[part] = ([k for k, _ in picked], [c for _, c in picked], use)
+    TPC, TPC_M, CPC, EPC, H = _comm_tables(S, *groups)
+    return ((TPC, TPC_M), (CPC,), (EPC,), (H,))[part]
 
 
 def _cp_comm_s(ctx: Context, tp: int, cp: int, mb: int, sp: bool, stride: int, kinds: tuple[str, ...]) -> float:
@@ -604,8 +618,9 @@ def memory_rows(ctx: Context, S: Space, statics: dict, M: np.ndarray) -> tuple[M
     flight = {(rank, k): (np.zeros((F, MB, V), np.int64), np.zeros((F, MB, V), np.int64))
               for rank in RANKS for k in range(2)}
     cells: dict = {}  # (pp, v, m) -> the (dense, moe) layers in flight per (rank, moment): factorizations share them
+    seen: dict = {}  # (pp, dp) -> its first factorization: m is the batch over dp x mbs, so the rows are alike
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
-        for j, mb in enumerate(S.micro_batch_size):
+        for j, mb in enumerate(S.micro_batch_size if seen.setdefault((pp, dp), i) == i else ()):
             for vi, v in enumerate(S.vp):
                 m = int(M[i, j])
                 if pp * v > stage_slots(L, pp, hs) or (v > 1 and pp == 1):
@@ -614,7 +629,8 @@ def memory_rows(ctx: Context, S: Space, statics: dict, M: np.ndarray) -> tuple[M
                     cells[pp, v, m] = _flight_cell(ctx, pp, v, m, hs)
                 for key, (d, e) in cells[pp, v, m].items():
                     flight[key][0][i, j, vi], flight[key][1][i, j, vi] = d, e
-    rows = [MemoryRow(f"{rank}/{k}", *statics[rank], *flight[rank, k], rank == "last")
+    index = [seen[f[1], f[2]] for f in S.factorizations]
+    rows = [MemoryRow(f"{rank}/{k}", *statics[rank], *(a[index] for a in flight[rank, k]), rank == "last")
             for rank in RANKS for k in range(2)]
     return tuple(r for n, r in enumerate(rows) if not any(_bounds(o, r) and (not _bounds(r, o) or n > m)
                                                           for m, o in enumerate(rows) if m != n))
@@ -639,24 +655,7 @@ def _bounds(a: MemoryRow, b: MemoryRow) -> bool:
 
 def _ranks(ctx: Context, group) -> tuple[int, ...]:
     """The ranks of an expert-group key's devices (keys hold devices on a torus, ranks elsewhere)."""
-    if not group or ctx.cluster.rank_to_device is None:
-        return tuple(group)
-    inverse = _device_to_rank(ctx.cluster)
-    return tuple(sorted(int(inverse[d]) for d in group))
-
-
-_INVERSES: dict[int, tuple[object, np.ndarray]] = {}
-
-
-def _device_to_rank(cluster) -> np.ndarray:
-    """The inverse of a placed cluster view's rank-to-device map, computed once per view (the
-    entry holds the view itself, so an id reused by another object never hits)."""
-    entry = _INVERSES.get(id(cluster))
-    if entry is None or entry[0] is not cluster:
-        inverse = np.empty_like(cluster.rank_to_device)
-        inverse[cluster.rank_to_device] = np.arange(len(cluster.rank_to_device))
-        entry = _INVERSES[id(cluster)] = (cluster, inverse)
-    return entry[1]
+    return ctx.cluster.ranks(group) if group and ctx.cluster.rank_to_device is not None else tuple(group)
 
 
 def layout_from_indices(space: Space, idx: dict, ctx: Context | None = None,

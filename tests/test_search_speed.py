@@ -1,0 +1,347 @@
+"""The shortcuts that make the search's tables cheap (issue 39's speed targets): each must give
+what the plain computation gives, and must actually take the short way."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from clusterplan.cost import framework
+from clusterplan.cost.layout import Job
+from clusterplan.cost.terms import Context
+from clusterplan.models.library import get_model
+from clusterplan.planner.search import masks
+from clusterplan.planner.search.space import build_space, split_spaces
+from clusterplan.topologies.library import build_cluster
+
+FRAMEWORK_CASES = [("megatron", ""), ("megatron", "2024-06"), ("torchtitan", ""), ("deepspeed", ""),
+                   ("deepspeed", "2021-06"), ("nanotron", "")]
+
+
+def _spaces(model: str, cluster: str, devices: int, fw: str, date: str, batch: int = 1024, seq: int = 4096):
+    m, c = get_model(model), build_cluster(cluster, num_devices=devices)
+    job = Job(global_batch_size=batch, seq_len=seq, framework=fw, framework_date=date)
+    ctx = Context(m, job, c)
+    return ctx, split_spaces(build_space(m, job, c), m, job, c)
+
+
+def _framework_mask_plainly(ctx: Context, S) -> np.ndarray:
+    """``masks.framework_mask`` as its docstring says: every combination asked of the framework."""
+    shape = (len(S.factorizations), len(S.ep), len(S.sequence_parallel), len(S.zero_stage), len(S.dp_overlap),
+             len(S.tp_overlap))
+    out = np.ones(shape, bool)
+    if not S.framework_rules:
+        return out
+    for (i, (tp, pp, dp, cp)), (ei, e), (si, sp), (zi, z), (di, do), (ti, to) in itertools.product(
+            enumerate(S.factorizations), enumerate(S.ep), enumerate(S.sequence_parallel), enumerate(S.zero_stage),
+            enumerate(S.dp_overlap), enumerate(S.tp_overlap)):
+        out[i, ei, si, zi, di, ti] = framework.framework_refusal(
+            ctx.job.profile, tp, pp, cp, e, 1, z, "none", sp, to, do and dp * cp > 1, data_parallel=dp * cp > 1) is None
+    return out
+
+
+@pytest.mark.parametrize("fw, date", FRAMEWORK_CASES)
+def test_framework_mask_asks_each_class_of_degrees_once_and_answers_as_every_combination(monkeypatch, fw, date):
+    """Factorizations whose degrees meet the profile's rule thresholds alike share their answers, so
+    the framework is asked far fewer times than there are factorizations x knobs (DeepSeek-V3 on 576
+    GB200: 220,334 refusals asked), and the mask equals asking every combination."""
+    ctx, spaces = _spaces("mixtral-8x7b", "gb200-nvl72", 576, fw, date)
+    calls = [0]
+    real = masks.framework_refusal
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+    for S in spaces:
+        monkeypatch.setattr(masks, "framework_refusal", counted)
+        calls[0] = 0
+        got = masks.framework_mask(ctx, S)
+        monkeypatch.setattr(masks, "framework_refusal", real)
+        assert np.array_equal(got, _framework_mask_plainly(ctx, S))
+        if S.framework_rules:
+            per_factorization = len(S.ep) * len(S.sequence_parallel) * len(S.zero_stage) * len(S.dp_overlap) * len(
+                S.tp_overlap)
+            assert len(S.factorizations) > 40
+            assert calls[0] <= 20 * per_factorization < len(S.factorizations) * per_factorization
+
+
+def test_memoized_collectives_time_each_size_and_group_once_and_alike(monkeypatch):
+    """Inside ``collectives.memoized`` a collective asked again with the same sizes and group profile
+    is not timed again (the data-parallel tables ask the gradients' reduce-scatter once per ZeRO
+    stage) and gives the same seconds; outside it, nothing is kept."""
+    from clusterplan.cost import collectives as coll
+    from clusterplan.cost.terms import dp_profiles, dp_terms_of, param_counts
+
+    ctx, spaces = _spaces("mixtral-8x7b", "gb200-nvl72", 576, "megatron", "")
+    order = spaces[0].order[0]
+    profiles = dp_profiles(ctx, 2, 4, 36, 2, 8, order, True)
+    pc = param_counts(ctx.model, 2, 4, 1, 8, True)
+    asked = [0]
+    real = coll._ring_bandwidth
+    monkeypatch.setattr(coll, "_ring_bandwidth", lambda p: (asked.__setitem__(0, asked[0] + 1), real(p))[1])
+
+    def terms():
+        return [dp_terms_of(ctx, pc, 2, 4, 36, 2, 8, order, True, 1, z, profiles) for z in (1, 2, 3)]
+    plain = terms()
+    plain_asked, asked[0] = asked[0], 0
+    with coll.memoized():
+        assert terms() == plain
+        assert 0 < asked[0] < plain_asked
+        asked[0] = 0
+        assert terms() == plain and asked[0] == 0
+    assert coll._MEMO is None
+    assert terms() == plain and asked[0] == plain_asked
+
+
+def test_kind_windows_over_the_overlaps_asks_the_compute_once_and_answers_as_each(monkeypatch):
+    """The search's compute tables ask the data-parallel windows at every TP and EP overlap of a cell:
+    ``kind_windows_over`` looks the compute terms up once for all of them and gives what
+    ``kind_windows`` gives for each."""
+    from clusterplan.cost.terms import pipeline
+
+    ctx, _ = _spaces("mixtral-8x7b", "gb200-nvl72", 72, "megatron", "")
+    asked = [0]
+    real = pipeline.compute_terms
+    monkeypatch.setattr(pipeline, "compute_terms", lambda *a, **k: (asked.__setitem__(0, asked[0] + 1), real(*a, **k))[1])
+    for kind in (None, False, True):
+        for recompute in ("none", "selective", "full"):
+            asked[0] = 0
+            grid = pipeline.kind_windows_over(ctx, 2, 2, 1, True, recompute, 4, True, (False, True), (False, True), kind)
+            assert asked[0] == 1
+            assert grid == [[pipeline.kind_windows(ctx, 2, 2, 1, True, recompute, 4, True, to, eo, kind)
+                             for eo in (False, True)] for to in (False, True)]
+
+
+def test_the_next_pipeline_split_prices_no_group_again_and_builds_what_a_fresh_build_gives(monkeypatch):
+    """The pipeline splits of one search share their compute and communication groups (the second
+    split's factorizations are some of the first's): the second prices none of the rows the first
+    priced (``reuse.kept_keys``), and each split's tables equal those built from scratch."""
+    from test_reuse import _same
+
+    from clusterplan.planner.search import reuse, tables
+
+    ctx, spaces = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "", batch=15360)
+    assert len(spaces) == 2
+    priced = []
+    for name in ("_compute_tables", "_comm_part"):
+        real = getattr(tables, name)
+        monkeypatch.setattr(tables, name, lambda *a, _r=real, _n=name, **k: (
+            priced.append((_n, len(a[2]))), _r(*a, **k))[1])
+    reuse.clear()
+    built = [tables.build_tables(ctx, S, 0.05) for S in spaces]
+    first = sum(n for _, n in priced[:5])
+    assert len(priced) == 5 and first > 100  # the first split prices its compute rows and four kinds of group
+    assert sum(n for _, n in priced[5:]) < first / 20
+    for S, kept in zip(spaces, built):
+        reuse.clear()
+        assert _same(kept, tables.build_tables(ctx, S, 0.05))
+    reuse.clear()
+
+
+def test_restrict_cuts_runs_of_indices_as_views_with_the_values_a_copy_has():
+    """A warm start's descent restricts every table to one index per knob thousands of times: runs of
+    consecutive indices are cut as views of the tables (no copy), others by copying, and either way
+    each restricted table holds what ``np.take`` gives."""
+    from clusterplan.planner.search import reuse, tables
+    from clusterplan.planner.search.exhaustive import _cut, restrict
+
+    ctx, spaces = _spaces("mixtral-8x7b", "gb200-nvl72", 72, "megatron", "")
+    reuse.clear()
+    T = tables.build_tables(ctx, spaces[0], 0.05)
+    dims = ("f", "o", "v", "e", "z")
+    for keep in ({"o": [1]}, {"v": [0], "z": [1, 2]}, {"z": [0, 2]}, {"f": [3, 4, 5], "e": [1]}):
+        cut = _cut(T.DPS, dims, keep)
+        plain = T.DPS
+        for ax, d in enumerate(dims):
+            plain = np.take(plain, keep[d], axis=ax) if d in keep else plain
+        assert np.array_equal(cut, plain) and cut.dtype == plain.dtype
+        runs = all(list(v) == list(range(v[0], v[0] + len(v))) for v in keep.values())
+        assert np.shares_memory(cut, T.DPS) == runs
+    sub = restrict(T, {"o": [0], "z": [1]})
+    assert np.shares_memory(sub.DPS, T.DPS) and sub.DPS.shape[1] == 1 and sub.DPS.shape[4] == 1
+    reuse.clear()
+
+
+@pytest.mark.parametrize("batch", [64, 1024, 1536])
+def test_rows_that_depend_on_pp_and_dp_alone_are_priced_once_per_pair(batch):
+    """Slots, micro-batches, stage shares (``tables._count_tables``) and the batch rules
+    (``masks.masks``' ok_fmbv) read a factorization's pp and dp alone: priced on one factorization
+    of each (pp, dp) (``reuse.per_pp_dp``) they equal pricing every factorization."""
+    from test_reuse import _same
+
+    from clusterplan.cost.checks import head_slot_problem
+    from clusterplan.planner.search import tables
+    from clusterplan.planner.search.reuse import per_pp_dp
+    from clusterplan.planner.search.space import batch_ok, cell_schedule
+
+    ctx, spaces = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "", batch=batch)
+    for S in spaces:
+        priced = []
+        got = per_pp_dp(S, lambda sub: (priced.append(len(sub.factorizations)), tables._count_tables(ctx, sub))[1])
+        assert _same(got, tables._count_tables(ctx, S))
+        assert priced[0] == len({f[1:3] for f in S.factorizations}) < len(S.factorizations) / 2
+        ok_fmbv = masks.masks(ctx, S)[1]
+        for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
+            for j, mb in enumerate(S.micro_batch_size):
+                for vi, v in enumerate(S.vp):
+                    slots = S.head_slots[0]
+                    reason = batch_ok(ctx.model, ctx.job, pp, dp, mb, v, slots) or (
+                        "layers" if slots and head_slot_problem(ctx.model, ctx.job, pp, v) else None) or (
+                        "interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)
+                    assert ok_fmbv[i, j, vi] == (-1 if reason is None else masks.REASON_ORDER.index(reason))
+
+
+def test_place_transposes_only_axes_out_of_order():
+    """``exhaustive._place`` puts a table's axes where DIMS has them: tables whose axes are in DIMS
+    order already (most) are only reshaped, the others transposed first, with the same result."""
+    from clusterplan.planner.search.exhaustive import DIMS, _place, _placement
+
+    rng = np.random.default_rng(0)
+    for dims in (("f", "o"), ("f", "mb", "v"), ("e", "o"), ("f", "o", "v", "e", "z"), ("eo", "e", "f")):
+        arr = rng.integers(0, 100, size=tuple(range(2, 2 + len(dims))))
+        sorted_dims = tuple(sorted(dims, key=DIMS.index))
+        assert (_placement(dims)[0] is None) == (dims == sorted_dims)
+        plain = np.transpose(arr, [dims.index(d) for d in sorted_dims])
+        shape = [plain.shape[sorted_dims.index(d)] if d in dims else 1 for d in DIMS]
+        assert np.array_equal(_place(arr, dims), plain.reshape(shape))
+
+
+def test_expert_groups_list_the_data_block_at_once_as_position_by_position():
+    """``Layout.group`` of ``ep`` and ``edp`` read the context x data block's rank offsets listed at
+    once: the same ranks as walking each position's digits in the order's own sequence of cp and dp
+    (the expert rank generator), including ep that does not divide the block."""
+    from clusterplan.cost.layout import Layout, order_axes
+
+    def position(lay: Layout, index: int) -> int:
+        offset = 0
+        for name in (a for a in order_axes(lay.order) if a in ("cp", "dp")):
+            offset += (index % lay.degree(name)) * lay.stride(name)
+            index //= lay.degree(name)
+        return offset
+
+    for order in ("tp-cp-dp-pp", "tp-dp-cp-pp", "tp-pp-cp-dp", "cp-tp-dp-pp"):
+        for tp, pp, dp, cp, ep in ((2, 2, 8, 2, 4), (1, 3, 6, 1, 4), (4, 1, 6, 4, 8), (2, 1, 3, 1, 3)):
+            lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, order=order)
+            for base in (0, 5):
+                assert lay.group("ep", base) == tuple(sorted(base + position(lay, k) for k in range(ep)))
+                assert lay.group("edp", base) == tuple(base + position(lay, j * ep) for j in range(cp * dp // ep))
+
+
+def test_exhaustive_blocks_span_invalid_factorizations_and_find_what_each_alone_finds():
+    """``solve_exhaustive`` scores runs of factorizations across the invalid ones between valid ones
+    (their layouts all fail the rules; a warm start's descent otherwise scores 34 blocks per question
+    on DeepSeek-V3 on 576 GB200): its best layouts and its count of layouts considered equal scoring
+    each valid factorization alone."""
+    from clusterplan.planner.search import reuse, tables
+    from clusterplan.planner.search.exhaustive import (
+        _blocks, restrict, score_factorization, solve_exhaustive, valid_factorizations)
+
+    ctx, spaces = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "", batch=15360)
+    reuse.clear()
+    T = tables.build_tables(ctx, spaces[0], 0.05)
+    sub = restrict(T, {"o": [0], "v": [0], "mb": [0], "s": [0], "r": [0], "z": [1], "do": [0], "to": [0], "eo": [0]})
+    valid = valid_factorizations(sub)
+    runs = sum(1 for f in range(len(valid)) if valid[f] and (f == 0 or not valid[f - 1]))
+    assert len(_blocks(sub, valid_only=True)) < runs / 4
+    for top_k in (0, 3):
+        best, considered = [], 0
+        for f in np.flatnonzero(valid):
+            sc = score_factorization(sub, int(f))
+            shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape, sc.memory.shape)
+            obj, mem = np.broadcast_to(sc.objective, shape).ravel(), np.broadcast_to(sc.memory, shape).ravel()
+            ok = ((np.broadcast_to(sc.code, shape) < 0) & np.broadcast_to(sc.canon, shape)).ravel()
+            considered += int(np.broadcast_to(sc.canon, shape).sum())
+            for k in np.flatnonzero(ok):
+                idx = np.unravel_index(k, shape)
+                best.append((int(obj[k]), int(mem[k]), (int(f),) + tuple(int(x) for x in idx[1:])))
+        best.sort()
+        found, counted = solve_exhaustive(sub, top_k)
+        assert counted == considered
+        assert [(o, tuple(idx.values())) for o, idx in found] == [(o, idx) for o, _, idx in best[:top_k + 1]]
+    reuse.clear()
+
+
+def test_tables_and_solve_run_with_fewer_garbage_collections(monkeypatch):
+    """Building the tables and solving over them run with the collector's first generation at
+    ``reuse.GC_FIRST_GENERATION`` allocations (each third-generation collection walks the cluster's
+    whole graph); the thresholds are restored after, an error included."""
+    import gc
+
+    from clusterplan.planner.search import cpsat, reuse, tables
+
+    before = gc.get_threshold()
+    with reuse.fewer_collections():
+        assert gc.get_threshold() == (max(before[0], reuse.GC_FIRST_GENERATION), *before[1:])
+    assert gc.get_threshold() == before
+    with pytest.raises(ZeroDivisionError), reuse.fewer_collections():
+        1 / 0
+    assert gc.get_threshold() == before
+    seen = []
+    real = tables._count_tables
+    monkeypatch.setattr(tables, "_count_tables", lambda *a: (seen.append(gc.get_threshold()[0]), real(*a))[1])
+    ctx, spaces = _spaces("mixtral-8x7b", "gb200-nvl72", 72, "megatron", "")
+    reuse.clear()
+    T = tables.build_tables(ctx, spaces[0], 0.05)
+    monkeypatch.setattr(cpsat, "warm_start", lambda *a, _r=cpsat.warm_start: (seen.append(gc.get_threshold()[0]), _r(*a))[1])
+    cpsat.solve_cpsat(T, 1)
+    assert seen == [reuse.GC_FIRST_GENERATION] * 2 and gc.get_threshold() == before
+    reuse.clear()
+
+
+@pytest.mark.parametrize("model, devices, fw", [("deepseek-v3", 576, "megatron"), ("mixtral-8x7b", 72, "torchtitan")])
+def test_the_lower_bound_prices_only_the_factorizations_the_model_reads(model, devices, fw):
+    """CP-SAT reads the objective's lower bound at its (f, mb, v) triples alone, so only their
+    factorizations are priced (the others keep UNREACHABLE), in blocks of indices: at every triple
+    the bound equals pricing every factorization in slices."""
+    from clusterplan.planner.search import reuse, tables
+    from clusterplan.planner.search.bounds import UNREACHABLE, _lower_bound_block, objective_lower_bound
+    from clusterplan.planner.search.cpsat import _valid_triples
+
+    ctx, spaces = _spaces(model, "gb200-nvl72", devices, fw, "", batch=15360 if devices == 576 else 1024)
+    reuse.clear()
+    for S in spaces:
+        T = tables.build_tables(ctx, S, 0.05)
+        got = objective_lower_bound(T)
+        plain = np.transpose(np.concatenate([_lower_bound_block(T, slice(a, a + 7))
+                                             for a in range(0, len(S.factorizations), 7)]), (0, 3, 2, 1))
+        plain = np.where(plain < UNREACHABLE, T.time_weight * plain, UNREACHABLE)
+        f, mb, v = _valid_triples(T).T
+        assert len(f) and np.array_equal(got[f, mb, v], plain[f, mb, v])
+        unread = np.setdiff1d(np.arange(len(S.factorizations)), f)
+        assert (got[unread] == UNREACHABLE).all()
+    reuse.clear()
+
+
+@pytest.mark.parametrize("model, devices, fw", [("deepseek-v3", 576, "megatron"), ("mixtral-8x7b", 576, "torchtitan"),
+                                                ("mixtral-8x7b", 72, "deepspeed")])
+def test_rejections_of_factorizations_their_own_rule_refuses_are_counted_without_scoring(monkeypatch, model, devices,
+                                                                                           fw):
+    """A factorization its own rule refuses (``ok_f``) gives every layout that code, whatever its
+    memory: ``count_rejections`` counts those blocks from the representative layouts alone and scores
+    only the others, with the counts scoring every block gives."""
+    from clusterplan.planner.search import exhaustive, reuse, tables
+
+    ctx, spaces = _spaces(model, "gb200-nvl72", devices, fw, "", batch=15360 if model == "deepseek-v3" else 1024)
+    reuse.clear()
+    for S in spaces:
+        T = tables.build_tables(ctx, S, 0.05)
+        counts = np.zeros(len(masks.REASON_ORDER) + 1, np.int64)
+        for i in exhaustive._blocks(T):
+            sc = exhaustive.score_factorization(T, i, with_objective=False)
+            weight = sc.canon.sum(axis=(8, 9, 10), keepdims=True)
+            code = np.broadcast_to(sc.code, np.broadcast_shapes(sc.code.shape, weight.shape))
+            counts += np.bincount((code + 1).ravel(), weights=np.broadcast_to(weight, code.shape).ravel(),
+                                  minlength=len(counts)).astype(np.int64)
+        scored = []
+        real = exhaustive.score_factorization
+        monkeypatch.setattr(exhaustive, "score_factorization", lambda T, i, **k: (scored.append(i), real(T, i, **k))[1])
+        got = exhaustive.count_rejections(T)
+        monkeypatch.setattr(exhaustive, "score_factorization", real)
+        assert got == ({r: int(counts[k + 1]) for k, r in enumerate(masks.REASON_ORDER) if counts[k + 1]},
+                       int(counts[0]))
+        assert all((T.ok_f[i] < 0).any() for i in scored)
+        if model == "deepseek-v3":  # small blocks, most of them refused by their own rule
+            assert len(scored) < len(exhaustive._blocks(T))
+    reuse.clear()
