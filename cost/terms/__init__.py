@@ -99,6 +99,7 @@ from clusterplan.cost.terms.pipeline import (  # noqa: F401
     p2p_s,
     layers_on_stage,
     StageSplit,
+    chunks_fit,
     stage_slots,
     stage_split,
     head_layer_ratio,

@@ -131,6 +131,12 @@ def stage_slots(num_layers: int, pp: int, head_slots: bool = False) -> int:
     return num_layers + (2 if head_slots and pp > 1 else 0)
 
 
+def chunks_fit(num_layers: int, pp: int, vp: int, head_slots: bool = False) -> bool:
+    """The pp x vp model chunks fill :func:`stage_slots` at most, and interleaving (vp > 1) has a
+    pipeline to interleave: the (pp, vp) cells the search's tables price."""
+    return pp * vp <= stage_slots(num_layers, pp, head_slots) and (vp == 1 or pp > 1)
+
+
 @lru_cache(maxsize=4096)
 def stage_split(num_layers: int, pp: int, vp: int, head_slots: bool = False) -> StageSplit:
     """How the layers fall on the pipeline ranks (``Layout.head_slots``).

@@ -26,7 +26,7 @@ import numpy as np
 
 from clusterplan.cost.layout import OFFLOAD_MODES, Layout, offloads_activations, offloads_optimizer
 from clusterplan.cost.step import host_offload_problem, offload_hidden, offload_host_bound_bytes
-from clusterplan.cost.terms import Context, host_optimizer_bytes, host_tier, stage_slots
+from clusterplan.cost.terms import Context, chunks_fit, host_optimizer_bytes, host_tier
 from clusterplan.models.errors import SpecError
 
 if TYPE_CHECKING:  # planner.search.space imports this module
@@ -177,7 +177,7 @@ def host_overflow(ctx: Context, S: Space) -> np.ndarray:
             if expert_ok(ctx.model, tp, dp, cp, e, et, ctx.job.profile) is not None:
                 continue  # masked before memory (tables.ok_fe)
             for vi, v in enumerate(S.vp):
-                if pp * v > stage_slots(L, pp, hs) or (v > 1 and pp == 1):
+                if not chunks_fit(L, pp, v, hs):
                     continue
                 acts = max((offload_host_bound_bytes(ctx, tp, pp, cp, e, et, v, mb, sp, hs)
                             for mb in S.micro_batch_size for sp in S.sequence_parallel

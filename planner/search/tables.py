@@ -48,7 +48,7 @@ from clusterplan.cost.terms import (
     mixed_kinds,
     kind_windows_over, stage_kind_shares,
     ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s,
-    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, stage_slots, tp_comm_terms,
+    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, chunks_fit, tp_comm_terms,
 )
 from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
@@ -523,7 +523,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
             runtime = runtime_bytes(ctx, Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, expert_tp=et))
             hs = S.head_slots[0] and pp > 1
             for vi, v in enumerate(S.vp):
-                if pp * v > stage_slots(L, pp, hs) or (v > 1 and pp == 1):
+                if not chunks_fit(L, pp, v, hs):
                     continue
                 pc = param_counts(ctx.model, tp, pp, v, e, et, hs)
                 for zi, z in enumerate(S.zero_stage):
@@ -623,7 +623,7 @@ def memory_rows(ctx: Context, S: Space, statics: dict, M: np.ndarray) -> tuple[M
         for j, mb in enumerate(S.micro_batch_size if seen.setdefault((pp, dp), i) == i else ()):
             for vi, v in enumerate(S.vp):
                 m = int(M[i, j])
-                if pp * v > stage_slots(L, pp, hs) or (v > 1 and pp == 1):
+                if not chunks_fit(L, pp, v, hs):
                     continue
                 if (pp, v, m) not in cells:
                     cells[pp, v, m] = _flight_cell(ctx, pp, v, m, hs)
