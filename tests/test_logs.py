@@ -264,3 +264,18 @@ def test_deepspeed_pipeline_engine_lines_give_the_step_and_the_stages(tmp_path):
     assert run["layout"]["pp"] == 4 and run["layout"]["dp"] == 2 and run["hardware"]["count"] == 8
     assert run["precision"] == "fp16" and run["layout"]["zero_stage"] == 1
     assert run["measured"]["step_time_s"] == pytest.approx(statistics.median(1.2 + s / 1000 for s in range(4, 11)), abs=1e-3)
+
+
+def test_every_model_a_log_names_is_a_bundled_model_of_that_shape():
+    """The torchtitan flavors and MaxText model names the parsers map resolve to bundled models, and
+    the Qwen3 ones to the shape the framework builds (torchtitan/models/qwen3/__init__.py: 30B-A3B has
+    48 layers, dim 2048, 128 experts of 768, top 8)."""
+    from clusterplan.models.library import get_model
+    from clusterplan.planner.studies.logs import maxtext, torchtitan
+
+    for bundled in [*torchtitan.FLAVORS.values(), *maxtext.MODELS.values()]:
+        get_model(bundled)
+    spec = get_model(torchtitan.FLAVORS[("qwen3", "30B-A3B")])
+    assert (spec.num_layers, spec.hidden_size, spec.moe.num_experts, spec.moe.expert_ffn_hidden_size,
+            spec.moe.top_k) == (48, 2048, 128, 768, 8)
+    assert maxtext.MODELS["qwen3-235b-a22b"] == "qwen3-235b-a22b"

@@ -23,7 +23,8 @@ LIBRARY = load_model_library()
 REQUIRED_IDS = {
     "gpt3-1.3b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "megatron-1t", "llama2-7b", "llama2-13b",
     "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b", "deepseek-v3",
-    "bloom-176b", "mt-nlg-530b", "palm-540b",
+    "bloom-176b", "mt-nlg-530b", "palm-540b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+    "gpt-oss-20b", "gpt-oss-120b",
 }
 
 
@@ -69,12 +70,20 @@ def test_gpt_is_an_alias_of_gpt3_175b():
 
 @pytest.mark.parametrize(
     "model_id, published_active",
-    [("mixtral-8x7b", 12.9e9), ("deepseek-v3", 37e9)],
+    [("mixtral-8x7b", 12.9e9), ("deepseek-v3", 37e9), ("qwen3-30b-a3b", 3.3e9), ("qwen3-235b-a22b", 22e9)],
 )
 def test_moe_active_params(model_id, published_active):
     spec = get_model(model_id)
     assert spec.num_active_params == pytest.approx(published_active, rel=0.03)
     assert LIBRARY[model_id]["published_active_params"] == published_active
+
+
+@pytest.mark.parametrize("model_id", ["gpt-oss-20b", "gpt-oss-120b"])
+def test_gpt_oss_active_count_is_the_model_cards_without_the_input_embedding(model_id):
+    """gpt-oss's model card counts the unembedding but not the embedding as active (5.13B, 3.61B)."""
+    spec = get_model(model_id)
+    published = LIBRARY[model_id]["published_active_params"]
+    assert spec.num_active_params - spec.vocab_size * spec.hidden_size == pytest.approx(published, rel=0.03)
 
 
 def test_job_defaults_match_published_setups():

@@ -43,7 +43,8 @@ MODELS = {
     "llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b", "llama3-8b": "llama3-8b",
     "llama3.1-8b": "llama3-8b", "llama3-70b": "llama3-70b", "llama3.1-70b": "llama3-70b", "llama3.3-70b": "llama3-70b",
     "llama3-405b": "llama3-405b", "llama3.1-405b": "llama3-405b", "mixtral-8x7b": "mixtral-8x7b",
-    "deepseek3-671b": "deepseek-v3", "gpt3-175b": "gpt3-175b",
+    "deepseek3-671b": "deepseek-v3", "gpt3-175b": "gpt3-175b", "qwen3-8b": "qwen3-8b", "qwen3-32b": "qwen3-32b",
+    "qwen3-30b-a3b": "qwen3-30b-a3b", "qwen3-235b-a22b": "qwen3-235b-a22b",
 }
 AXES = {
     # mesh axis (base.yml mesh_axes, 2024 and 2026 names) -> the runs format's degree; ep is carved from dp

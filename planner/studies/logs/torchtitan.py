@@ -55,10 +55,11 @@ VERSION = re.compile(r"torchtitan version:\s*(\S+)")
 FLAVORS = {
     # (model.name, model.flavor) -> bundled model id: the flavors torchtitan ships with a bundled
     # model's shape (torchtitan/models/llama3/__init__.py, deepseek_v3/__init__.py at v0.2.2;
-    # torchtitan/models/llama/__init__.py for 'llama2' in 2024)
+    # torchtitan/models/llama/__init__.py for 'llama2' in 2024; torchtitan/models/qwen3/__init__.py, 2025-26)
     ("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
     ("llama2", "7B"): "llama2-7b", ("llama2", "13B"): "llama2-13b", ("llama2", "70B"): "llama2-70b",
-    ("deepseek_v3", "671B"): "deepseek-v3",
+    ("deepseek_v3", "671B"): "deepseek-v3", ("qwen3", "8B"): "qwen3-8b", ("qwen3", "32B"): "qwen3-32b",
+    ("qwen3", "30B-A3B"): "qwen3-30b-a3b", ("qwen3", "235B-A22B"): "qwen3-235b-a22b",
 }
 
 
