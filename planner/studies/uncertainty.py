@@ -251,7 +251,7 @@ def across_families(cells: dict[tuple, dict], family: str, key: tuple, label: st
         note = f"moved toward {runs} run{'s' * (runs > 1)} on {family}, {sources} source{'s' * (sources > 1)}"
     else:
         w, centre, variance = 0.0, mu, tau2
-        note = f"no such run on {family}"
+        note = f"no {key[1]} run of {key[2]} steps on {family}" if key[0] == "kl" else f"no run on {family}"
     half = t * math.sqrt(variance + (1 - w) ** 2 * tau2 / num + c)
     return (math.exp(centre - half), math.exp(centre + half),
             f"{label} ({note}; widened by the spread of {num} families' biases)")
