@@ -12,6 +12,13 @@ runs of its **regime**: the first of these cells with at least :data:`MIN_RUNS` 
 4. its model kind and step length, over every family,
 5. every run.
 
+A cell over every family (4 or 5) is centred on other hardware's bias and as narrow as its spread,
+yet the error of a family the model has not been validated on is drawn from the distribution of
+family biases. So such an interval is moved and widened by the spread **between families**
+(:func:`across_families`): centred between the mean family bias and the family's own runs of the
+cell's scope, each weighted by how well it is known, and wide enough for the family's bias as well
+as the new source's.
+
 A **source** is the publication a run comes from (:func:`source_key`: the paper, the vendor's
 performance table, the framework's benchmark page), and runs of one source share its method and
 its errors. So ``validate`` checks the intervals as a user would meet them: each run's interval is
@@ -143,6 +150,33 @@ def ratio_cells(samples: list[Sample]) -> dict[tuple, dict]:
         if len(rows) >= MIN_RUNS and len(sources) >= MIN_SOURCES:
             low, high = predictive_bounds(rows)
             out[key] = {"runs": len(rows), "sources": len(sources), "low": low, "high": high}
+    return out | family_cells(samples)
+
+
+def family_cells(samples: list[Sample]) -> dict[tuple, dict]:
+    """What :func:`across_families` reads, keyed beside :func:`ratio_cells`' cells: ``("families",)``,
+    the number, mean and variance of the family biases (the median log ratio of each family with at
+    least :data:`MIN_RUNS` runs: its median signed error, in logs), where two or more families have
+    them; and per family, its bias over all its runs (``("bias", family)``) and over those of each
+    model kind and step length (``("bias", family, kind, length)``): runs, sources and the mean of
+    its sources' median log ratios."""
+    groups: dict[tuple, list[Sample]] = {}
+    for s in samples:
+        kind, length = cell_keys(s)[-2][1:]  # the scope of the cell ("kl", kind, length)
+        for key in (("bias", s.family), ("bias", s.family, kind, length)):
+            groups.setdefault(key, []).append(s)
+    out: dict[tuple, dict] = {}
+    for key, rows in groups.items():
+        by_source: dict[str, list[float]] = {}
+        for s in rows:
+            by_source.setdefault(s.source, []).append(math.log(s.ratio))
+        out[key] = {"runs": len(rows), "sources": len(by_source),
+                    "bias": statistics.fmean(statistics.median(logs) for logs in by_source.values())}
+    medians = [statistics.median(math.log(s.ratio) for s in rows) for key, rows in groups.items()
+               if len(key) == 2 and len(rows) >= MIN_RUNS]
+    if len(medians) >= 2:
+        out[("families",)] = {"families": len(medians), "mean": statistics.fmean(medians),
+                              "variance": statistics.variance(medians)}
     return out
 
 
@@ -182,9 +216,45 @@ def interval(cells: dict[tuple, dict], family: str, moe: bool, framework: str, p
     for label, key in regimes(family, moe, framework, predicted_s):
         cell = cells.get(key)
         if cell:
-            return {"low_s": predicted_s * cell["low"], "high_s": predicted_s * cell["high"], "regime": label,
+            low, high, label = (cell["low"], cell["high"], label) if family in key else across_families(
+                cells, family, key, label)
+            return {"low_s": predicted_s * low, "high_s": predicted_s * high, "regime": label,
                     "runs": cell["runs"], "sources": cell["sources"], "level": LEVEL}
     return None
+
+
+def across_families(cells: dict[tuple, dict], family: str, key: tuple, label: str) -> tuple[float, float, str]:
+    """The bounds of ``measured / predicted`` on ``family`` from the cell ``key`` over every family,
+    and the regime's label, read as a hierarchy: a run's log ratio is its family's bias plus its
+    source's plus its own scatter. The cell's bounds give the last two (their variance ``c``: the
+    cell's half-width over its Student's t, squared, as :func:`predictive_bounds` builds it). The
+    family's bias is drawn from the family biases (``("families",)``: mean ``mu`` and variance
+    ``tau2`` over ``K`` families), and the family's own runs of the cell's scope (``k`` sources,
+    mean bias ``b``) measure it with variance ``v = c / k``. The best estimate weighs the two by
+    precision (empirical Bayes): ``w = tau2 / (tau2 + v)``, centre ``mu + w (b - mu)``, variance
+    ``w v`` (``tau2`` without runs) plus ``(1 - w)^2 tau2 / K`` for ``mu`` itself. A family with
+    many runs is centred on them; one with none is centred on the mean family bias and is as wide as
+    the families' spread on top of the sources'. Without two families' biases, the cell alone."""
+    cell, families = cells[key], cells.get(("families",))
+    if not families:
+        return cell["low"], cell["high"], label
+    log_low, log_high = math.log(cell["low"]), math.log(cell["high"])
+    t = _t90(cell["sources"] - 1)
+    c = ((log_high - log_low) / (2 * t)) ** 2
+    mu, tau2, num = families["mean"], families["variance"], families["families"]
+    own = cells.get(("bias", family, *key[1:]))
+    if own and tau2 > 0:
+        v = c / own["sources"]
+        w = tau2 / (tau2 + v)
+        centre, variance = mu + w * (own["bias"] - mu), w * v
+        runs, sources = own["runs"], own["sources"]
+        note = f"moved toward {runs} run{'s' * (runs > 1)} on {family}, {sources} source{'s' * (sources > 1)}"
+    else:
+        w, centre, variance = 0.0, mu, tau2
+        note = f"no {key[1]} run of {key[2]} steps on {family}" if key[0] == "kl" else f"no run on {family}"
+    half = t * math.sqrt(variance + (1 - w) ** 2 * tau2 / num + c)
+    return (math.exp(centre - half), math.exp(centre + half),
+            f"{label} ({note}; widened by the spread of {num} families' biases)")
 
 
 def cross_validated(samples: list[Sample]) -> list[dict | None]:

@@ -343,11 +343,11 @@ def error_by_family(options: SearchOptions | None = None,
 
 
 def interval_table(results: list[RunResult]) -> dict[str, dict]:
-    """The ratio percentiles of every regime cell (``planner.studies.uncertainty.ratio_cells``), keyed
-    ``part|part|...`` as ``planner/data/validated_error.yaml`` stores them, rounded to 0.001."""
+    """The ratio bounds of every regime cell and the family biases the cells over every family are
+    moved and widened by (``planner.studies.uncertainty.ratio_cells``), keyed ``part|part|...`` as
+    ``planner/data/validated_error.yaml`` stores them, rounded to 0.001."""
     samples = [r.sample() for r in results if r.sample() is not None]
-    return {"|".join(key): {"runs": cell["runs"], "sources": cell["sources"], "low": round(cell["low"], 3),
-                            "high": round(cell["high"], 3)}
+    return {"|".join(key): {name: round(value, 3) if isinstance(value, float) else value for name, value in cell.items()}
             for key, cell in sorted(ratio_cells(samples).items())}
 
 
