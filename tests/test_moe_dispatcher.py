@@ -190,6 +190,26 @@ def test_search_holds_a_fixed_dispatcher_and_its_engines_agree(dispatcher):
              SearchOptions(top_k=0, bounds=Bounds({"moe_dispatcher": "deepep"})))
 
 
+def test_search_on_efa_prices_deepep_as_nccl_and_its_engines_agree():
+    """The search's tables read the fabric's capability too: on EFA (aws-p5), with the expert group
+    across nodes, --fix moe_dispatcher=deepep finds the layout and step time --fix alltoall finds,
+    and CP-SAT agrees with the exhaustive enumerator."""
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.search.engine import plan
+    from clusterplan.planner.search.space import Bounds
+    from tests.test_search import _check_engines_agree
+
+    cluster = build_cluster("aws-p5", num_devices=32)
+    job = Job(global_batch_size=64, seq_len=2048, framework="megatron")
+    best = {}
+    for dispatcher in ("alltoall", "deepep"):
+        bounds = Bounds({"moe_dispatcher": dispatcher, "ep": 16, "tp": 1}, {}, {"pp": 2}, 0.1)
+        _check_engines_agree(MOE, job, cluster, bounds)
+        best[dispatcher] = plan(MOE, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=bounds)).best
+    assert best["deepep"].step_time_s == pytest.approx(best["alltoall"].step_time_s, rel=1e-12)
+    assert best["deepep"].layout.with_(moe_dispatcher="alltoall") == best["alltoall"].layout
+
+
 def test_exports_write_the_dispatcher_or_refuse_it():
     """Megatron: the flex dispatcher with the backend (float32 router probabilities, as its kernels
     take them); the alltoall dispatcher for alltoall and auto. torchtitan 0.2.2: expert_parallel_comm_backend
