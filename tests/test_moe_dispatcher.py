@@ -97,6 +97,26 @@ def test_evaluate_orders_the_dispatchers_and_keeps_the_default():
             < evaluate(MOE, JOB, eight, one_node).time.ep_comm_s)
 
 
+def test_fabric_without_gpu_initiated_rdma_prices_deepep_as_nccl_all_to_all():
+    """EFA has no GPU-initiated RDMA (IBGDA): the EFA link classes say so, the groups that cross
+    them carry it, and DeepEP / Hybrid-EP / the implicit dispatcher across domains are priced as
+    NCCL's all-to-all there (every routed copy), while on InfiniBand they keep their deduplication."""
+    e, token_bytes = MOE.moe, 1e6
+    ib, efa = _profile(32, 4, inter=10e9), dataclasses.replace(_profile(32, 4, inter=10e9), inter_gpu_initiated_rdma=False)
+    nccl = _dispatch_s(e, token_bytes, efa, "alltoall")
+    assert nccl == _dispatch_s(e, token_bytes, ib, "alltoall")
+    for d in ("auto", "deepep", "hybridep"):
+        assert _dispatch_s(e, token_bytes, efa, d) == nccl > _dispatch_s(e, token_bytes, ib, d)
+    one_domain = dataclasses.replace(_profile(8), inter_gpu_initiated_rdma=False)  # NVLink only: no NIC in the way
+    assert _dispatch_s(e, token_bytes, one_domain, "deepep") < _dispatch_s(e, token_bytes, one_domain, "alltoall")
+    base = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none")
+    for preset, proxied in (("aws-p5", True), ("aws-p6-b300", True), ("dgx-h100-superpod", False)):
+        cluster = build_cluster(preset, num_devices=16)
+        assert cluster.axis_profile(tuple(range(16))).inter_gpu_initiated_rdma is not proxied
+        steps = {d: evaluate(MOE, JOB, cluster, base.with_(moe_dispatcher=d)).time.ep_comm_s for d in ("alltoall", "deepep")}
+        assert (steps["deepep"] == steps["alltoall"]) is proxied and steps["deepep"] <= steps["alltoall"]
+
+
 def test_frameworks_refuse_a_dispatcher_they_lack_naming_its_date():
     cluster = build_cluster("dgx-h100-superpod", num_devices=16)
     lay = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none", moe_dispatcher="deepep")
@@ -168,6 +188,26 @@ def test_search_holds_a_fixed_dispatcher_and_its_engines_agree(dispatcher):
     with pytest.raises(SpecError, match="moe_dispatcher=deepep: deepspeed"):
         plan(MOE, dataclasses.replace(job, framework="deepspeed"), cluster,
              SearchOptions(top_k=0, bounds=Bounds({"moe_dispatcher": "deepep"})))
+
+
+def test_search_on_efa_prices_deepep_as_nccl_and_its_engines_agree():
+    """The search's tables read the fabric's capability too: on EFA (aws-p5), with the expert group
+    across nodes, --fix moe_dispatcher=deepep finds the layout and step time --fix alltoall finds,
+    and CP-SAT agrees with the exhaustive enumerator."""
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.search.engine import plan
+    from clusterplan.planner.search.space import Bounds
+    from tests.test_search import _check_engines_agree
+
+    cluster = build_cluster("aws-p5", num_devices=32)
+    job = Job(global_batch_size=64, seq_len=2048, framework="megatron")
+    best = {}
+    for dispatcher in ("alltoall", "deepep"):
+        bounds = Bounds({"moe_dispatcher": dispatcher, "ep": 16, "tp": 1}, {}, {"pp": 2}, 0.1)
+        _check_engines_agree(MOE, job, cluster, bounds)
+        best[dispatcher] = plan(MOE, job, cluster, SearchOptions(engine="exhaustive", top_k=0, bounds=bounds)).best
+    assert best["deepep"].step_time_s == pytest.approx(best["alltoall"].step_time_s, rel=1e-12)
+    assert best["deepep"].layout.with_(moe_dispatcher="alltoall") == best["alltoall"].layout
 
 
 def test_exports_write_the_dispatcher_or_refuse_it():

@@ -47,6 +47,8 @@ class Link:
     """Latency of one device-to-switch (or device-to-device) edge."""
     switch_hop_latency_s: float = 0.0
     """Latency of one switch-to-switch edge of the same fabric."""
+    gpu_initiated_rdma: bool = True
+    """Whether a GPU kernel posts RDMA on these NICs itself (IBGDA) rather than through a host proxy."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +123,7 @@ def _edge(bytes_per_s: float, link: Link, level: str, latency_s: float | None = 
         "latency_s": link.latency_s if latency_s is None else latency_s,
         "level": level,
         "achieved_fraction": link.achieved_fraction,
+        **({} if link.gpu_initiated_rdma else {"gpu_initiated_rdma": False}),
         **extra,
     }
 

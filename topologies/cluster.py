@@ -67,6 +67,10 @@ class GroupProfile:
     min_ranks_per_domain: int = 0
     """Ranks in the domain holding the fewest of the group's: below ``ranks_per_domain`` where the
     group straddles domains unevenly (0: every domain holds ``ranks_per_domain``)."""
+    inter_gpu_initiated_rdma: bool = True
+    """Whether a GPU kernel can post RDMA across domains itself (InfiniBand/RoCE ConnectX, NVSHMEM's
+    IBGDA) rather than through a host proxy thread (AWS EFA): ``LinkEntry.gpu_initiated_rdma`` of the
+    device's NICs (true within one domain)."""
     variants: tuple["GroupProfile", ...] = ()
     """The other shapes the groups of the same communicator take (:meth:`Cluster.axis_profile`):
     where a layout's groups straddle the scale-up domains unevenly they differ from one another, all
@@ -387,8 +391,9 @@ def _uplink_ratio(cluster: Cluster, switch) -> float:
     return 1.0 if down == 0 or up == 0 else min(1.0, up / down)
 
 
-def _inter_bandwidth(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[float, float, bool]:
-    """Per-device achieved bandwidth across domains for this group, per-hop latency, and SHARP.
+def _inter_bandwidth(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[float, float, bool, bool]:
+    """Per-device achieved bandwidth across domains for this group, per-hop latency, SHARP, and
+    whether every NIC of the device takes GPU-initiated RDMA (``LinkEntry.gpu_initiated_rdma``).
 
     The device's own scale-out edges give its NIC rate; the path to the farthest member in another
     domain says which switch tiers the traffic climbs, and each tier's uplink/downlink ratio
@@ -398,8 +403,9 @@ def _inter_bandwidth(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[float, f
     first = ranks[0]
     nic_edges = _device_edges(graph, first, SCALE_OUT_LEVELS)
     if not nic_edges:
-        return 0.0, 0.0, False
+        return 0.0, 0.0, False, True
     bw = sum(_achieved(d) for _, d in nic_edges)
+    gpu_rdma = all(d.get("gpu_initiated_rdma", True) for _, d in nic_edges)
     # Several devices sharing one host NIC (TPU hosts): the edge to the host is the device's share.
     other_domain = [r for r in ranks if graph.nodes[r]["domain"] != graph.nodes[first]["domain"]]
     farthest = other_domain[-1]
@@ -413,7 +419,7 @@ def _inter_bandwidth(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[float, f
         ratio = min(ratio, _uplink_ratio(cluster, sw))
     latency = sum(d["latency_s"] for d in edges)
     sharp = bool(switches) and all(graph.nodes[s].get("in_network_reduction") for s in switches)
-    return bw * ratio, latency, sharp
+    return bw * ratio, latency, sharp, gpu_rdma
 
 
 @lru_cache(maxsize=4096)
@@ -438,9 +444,9 @@ def _group_profile(cluster: Cluster, ranks: tuple[int, ...]) -> GroupProfile:
         nir, nir_bw = all(r[2] for r in reads), min(r[3] for r in reads)
         axes, wraps = reads[0][4], reads[0][5]
     inter_bw = inter_lat = 0.0
-    sharp = False
+    sharp, gpu_rdma = False, True
     if len(domains) > 1:
-        inter_bw, inter_lat, sharp = _inter_bandwidth(cluster, ranks)
+        inter_bw, inter_lat, sharp, gpu_rdma = _inter_bandwidth(cluster, ranks)
     up, out = cluster.bandwidth_scale
     return GroupProfile(
         num_ranks=len(ranks),
@@ -456,6 +462,7 @@ def _group_profile(cluster: Cluster, ranks: tuple[int, ...]) -> GroupProfile:
         torus_axes=axes,
         torus_wraparound=wraps,
         min_ranks_per_domain=min(len(v) for v in domains.values()),
+        inter_gpu_initiated_rdma=gpu_rdma,
     )
 
 

@@ -184,6 +184,9 @@ class LinkEntry(_Entry):
     achieved_fraction: float = Field(gt=0, le=1, description="Measured busbw / nominal rate.")
     latency_us: float = Field(ge=0, le=MAX_LATENCY_US, description="Latency per device-to-switch or device-to-device edge.")
     switch_hop_us: float | None = Field(None, ge=0, le=MAX_LATENCY_US, description="Latency per switch-to-switch edge.")
+    gpu_initiated_rdma: bool = Field(True, description="Whether a GPU kernel can post RDMA on these NICs itself "
+                                     "(InfiniBand/RoCE ConnectX: NVSHMEM's IBGDA); false where a host proxy thread "
+                                     "posts it (AWS EFA): how DeepEP-style dispatchers cross the link.")
     source: str = ""
     note: str = ""
 

@@ -449,7 +449,8 @@ def _link(links: Mapping[str, LinkEntry], name: str, where: str) -> builders.Lin
         raise SpecError(f"{where}: unknown link class {name!r}; allowed: {', '.join(links)} "
                         "(or define it under links:)")
     return builders.Link(achieved_fraction=entry.achieved_fraction, latency_s=entry.latency_us * US,
-                         switch_hop_latency_s=(entry.switch_hop_us or 0.0) * US)
+                         switch_hop_latency_s=(entry.switch_hop_us or 0.0) * US,
+                         gpu_initiated_rdma=entry.gpu_initiated_rdma)
 
 
 def _fat_tree(entry: PresetEntry, links: Mapping[str, LinkEntry]) -> builders.FatTree:

@@ -350,11 +350,23 @@ def _dispatch_s(e, token_bytes: float, prof, dispatcher: str = "auto") -> float:
     NVLink maximum and 43-58 GB/s (logical) of a 400 Gb/s CX7's ~50 GB/s (DeepEP README, V1
     performance table), no slower than the NCCL bus bandwidth the link classes carry.
     A group straddling domains unevenly is timed at its rank in the emptiest domain, whose tokens
-    find the fewest experts at home (``own_share``)."""
+    find the fewest experts at home (``own_share``).
+
+    Across domains whose NICs take no GPU-initiated RDMA (``GroupProfile.inter_gpu_initiated_rdma``:
+    AWS EFA) every dispatcher is priced as NCCL's all-to-all: DeepEP's internode kernels post
+    token-level RDMA from the GPU through NVSHMEM's IBGDA; on EFA, NVSHMEM's libfabric transport
+    posts it from a host proxy thread, with a fence before each put-signal that quiets its queue
+    pair (DeepEP PR #574: 'not close to the performance of IB'). Measured on EFA, DeepEP's RDMA leg
+    moves at NCCL all-to-all's matched-size bus bandwidth, not above it (awsome-distributed-ai
+    ep-backend-comparison: 43.7/46.1 GB/s dispatch/combine against NCCL's 45.1 on 4 p5 nodes), and
+    Megatron-Bridge training with DeepEP over EFA measured slower than with the NCCL all-to-all
+    dispatcher in 13 of 15 cells and at most 5.2% faster in the others (awsome-distributed-ai
+    qwen3-30b and qwen3-235b benchmarks/RESULTS.md, 2026-06)."""
     dedup = dispatcher in ("deepep", "hybridep")
-    copies = ranks_per_token(e.num_experts, e.top_k, prof.num_ranks) if dedup else e.top_k
+    proxied = prof.num_domains > 1 and not prof.inter_gpu_initiated_rdma
+    copies = ranks_per_token(e.num_experts, e.top_k, prof.num_ranks) if dedup and not proxied else e.top_k
     size = token_bytes * copies * e.load_factor
-    if prof.num_domains <= 1 or dispatcher == "alltoall":
+    if prof.num_domains <= 1 or dispatcher == "alltoall" or proxied:
         return coll.all_to_all_s(size, prof)
     kmin = prof.fewest_ranks_per_domain
     own = None if kmin == prof.ranks_per_domain else kmin / prof.num_ranks
