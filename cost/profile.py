@@ -128,6 +128,9 @@ class Profile:
     # The kernel on platforms without FlashAttention's CUDA/ROCm kernels, where the profile's kernel is
     # one of those (semantics.attention_by_platform); a platform not named runs its own fused kernel
     attention_by_platform: dict = field(default_factory=dict, hash=False)
+    # The shapes the unfused attention's fused softmax takes, by release (semantics.softmax_fusion_history:
+    # (since YYYY-MM, (dimension its rows per block come from, longest key length)); models.ops.softmax_fused)
+    softmax_fusion_history: tuple[tuple[str, tuple[str, int]], ...] = ()
     # Pipeline sends: each TP rank sends 1/tp of the activation and the next stage all-gathers it
     # (Megatron's scatter-gather, per release in p2p_scatter_gather_history), else the whole tensor
     # unless sequence parallelism already shards it; blocking sends and receives run one after the
@@ -272,6 +275,12 @@ class ProfileAt:
         """The AdamW implementation at this release: ``fused`` (one kernel per step) or ``foreach``
         (PyTorch's multi-tensor ops, one pass each; ``semantics.optimizer_history``)."""
         return self._as_of(self.profile.optimizer_history, "fused")
+
+    @property
+    def softmax_rule(self) -> tuple[str, int]:
+        """The shapes the unfused attention's fused softmax kernel takes at this release
+        (``semantics.softmax_fusion_history``, ``models.ops.Kernels.softmax_rule``); ``("", 0)``: all."""
+        return self._as_of(self.profile.softmax_fusion_history, ("", 0))
 
     @property
     def kv_repeated(self) -> bool:

@@ -314,7 +314,24 @@ def _attention(sem: dict, where: str) -> dict:
         _choice(platform, tuple(PLATFORM_FAMILIES), f"{where}: semantics.attention_by_platform")
         _choice(kernel, ATTENTION_KINDS, f"{where}: semantics.attention_by_platform.{platform}")
     return dict(attention=str(sem.get("attention", "flash")),
-                attention_history=_history(sem, "attention_history", "kernel", str), attention_by_platform=dict(table))
+                attention_history=_history(sem, "attention_history", "kernel", str), attention_by_platform=dict(table),
+                softmax_fusion_history=_softmax_history(sem, where))
+
+
+SOFTMAX_BLOCK_DIMS = ("keys", "heads")
+
+
+def _softmax_history(sem: dict, where: str) -> tuple[tuple[str, tuple[str, int]], ...]:
+    """``semantics.softmax_fusion_history``: ``{since, block_dim: keys|heads, max_keys}`` entries, checked."""
+    key = "softmax_fusion_history"
+    history = _history(sem, key, "block_dim", str)
+    max_keys = [e.get("max_keys") for e in sem.get(key) or ()]
+    for (since, dim), longest in zip(history, max_keys):
+        parse_date(since, f"{where}: semantics.{key}.since")
+        _choice(dim, SOFTMAX_BLOCK_DIMS, f"{where}: semantics.{key}.block_dim")
+        if not isinstance(longest, int) or isinstance(longest, bool) or longest <= 16:
+            raise SpecError(f"{where}: semantics.{key}.max_keys: got {longest!r}; allowed: an integer above 16")
+    return tuple((since, (dim, longest)) for (since, dim), longest in zip(history, max_keys))
 
 
 def _logits(sem: dict, where: str) -> dict:

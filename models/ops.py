@@ -89,12 +89,17 @@ class Kernels:
     PyTorch ops (``EAGER_RMSNORM_BYTES``), not a fused kernel. ``kv_repeat``: K and V are copied per
     query head before attention (``repeat_kv``). ``fused_rotary``: eager modules that still apply
     rotary embedding as one fused kernel (nanotron calls flash-attn's Triton ``apply_rotary``). The
-    default is the fused kernels of Megatron-LM, Transformer Engine and compiled graphs."""
+    default is the fused kernels of Megatron-LM, Transformer Engine and compiled graphs.
+    ``softmax_rule``: the shapes the unfused attention's fused scale-mask-softmax kernel takes
+    (:func:`softmax_fused`): the dimension its rows per block are read from (``"keys"``, or
+    ``"heads"`` where the dispatch passed the heads per rank in the key length's place) and the
+    longest key length it takes; ``("", 0)``: every shape."""
 
     eager: bool = False
     composite_norm: bool = False
     kv_repeat: bool = False
     fused_rotary: bool = False
+    softmax_rule: tuple[str, int] = ("", 0)
 
 
 FUSED = Kernels()
@@ -122,7 +127,8 @@ def linear_op(name: str, m: float, k: float, n: float) -> Op:
     return _gemm(name, m, k, n)
 
 
-def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, attention: str = "flash") -> list[Op]:
+def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, attention: str = "flash",
+                  kernels: Kernels = FUSED) -> list[Op]:
     """QKV projection, attention core, output projection.
 
     The attention core counts ``4 * n * kv_len * a * d`` FLOPs (scores and values, no causal
@@ -140,7 +146,7 @@ def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, a
     qk, v = model.attention_dims
     g = model.num_kv_heads_resolved
     if attention == "unfused":
-        core = unfused_attention_ops(model, num_tokens, kv_len, tp)
+        core = unfused_attention_ops(model, num_tokens, kv_len, tp, kernels)
     else:
         core_flops = 2.0 * num_tokens * kv_len * a * (qk + v) / tp
         core_bytes = ACT_BYTES * num_tokens * (2 * a + 2 * g) * d / tp
@@ -151,7 +157,8 @@ def attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, a
             _gemm("attn_out", num_tokens, out_params / h / tp, h)]
 
 
-def unfused_attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int) -> list[Op]:
+def unfused_attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int,
+                          kernels: Kernels = FUSED) -> list[Op]:
     """Megatron-LM's core attention before FlashAttention (Narayanan et al. 2021; Korthikanti et al.
     2022, section 4.1, Figure 5): ``Q K^T`` as a batched GEMM whose ``a n kv_len`` scores are written
     to memory, a fused scale + mask + softmax kernel (read the scores, write the probabilities),
@@ -160,7 +167,9 @@ def unfused_attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp
     skipping). Backward: two batched GEMMs per forward one (their bytes twice: the score gradient
     is written once and read twice); the softmax backward reads the probabilities and their
     gradient and writes one gradient (3 passes against the forward's 2); the dropout backward
-    reads a gradient and the mask and writes one gradient (as many bytes as its forward). A head size
+    reads a gradient and the mask and writes one gradient (as many bytes as its forward). Where the
+    fused softmax kernel does not take the shape (:func:`softmax_fused`), the softmax runs as PyTorch
+    ops (``EAGER_SOFTMAX_BYTES``). A head size
     that is not a multiple of 8 (BigScience's 225 and 108) leaves both batched GEMMs, forward and
     backward, without 16-byte loads (``Op.unaligned``: K of the scores GEMM, N of the context GEMM).
     """
@@ -173,13 +182,62 @@ def unfused_attention_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp
     ops = [
         Op("scores", "bmm", 2.0 * num_tokens * kv_len * a * qk / tp, q + k + scores, core=True,
            rows=num_tokens, cols=kv_len, groups=heads, unaligned=is_unaligned(qk)),
-        Op("softmax", "memory", 0.0, 2 * scores, core=True, backward_factor=1.5),
+        _softmax_op(scores, softmax_fused(kernels, num_tokens, kv_len, heads)),
     ]
     if model.dropout:
         ops.append(Op("attention_dropout", "memory", 0.0, 2.5 * scores, core=True, backward_factor=1.0))
     ops.append(Op("context", "bmm", 2.0 * num_tokens * kv_len * a * v / tp, scores + vals + out, core=True,
                   rows=num_tokens, cols=v, groups=heads, unaligned=is_unaligned(v)))
     return ops
+
+
+EAGER_SOFTMAX_BYTES = (36.0, 40.0)
+"""Bytes per score, forward and backward, of Megatron's softmax where its fused kernel does not take
+the shape (``FusedScaleMaskSoftmax.forward_torch_softmax``, with the fp32 softmax that query-key
+layer scaling, on by default, imposes, its 1/layer scale and the causal mask): ``input.float()``
+r2 w4, ``input * scale`` r4 w4, ``masked_fill_`` r4 w4 (the boolean mask, shared by the heads, left
+out), ``Softmax(dim=-1)`` r4 w4 (a 2048-key fp32 row is 8 KiB, re-read from cache), the cast back to
+16 bits r4 w2: 36. Backward, autograd in reverse: the cast's r2 w4, the softmax's (the gradient
+and its fp32 output read, one gradient written) r8 w4, the mask's r4 w4, the scale's r4 w4, the
+cast to 16 bits r4 w2: 40. The fused kernel reads 2 and writes 2 forward, reads 4 and writes 2
+backward. Sources: bigscience-workshop/Megatron-DeepSpeed megatron/model/fused_softmax.py and
+transformer.py (ParallelAttention: ``attention_softmax_in_fp32 = True`` under
+``apply_query_key_layer_scaling``, ``coeff = layer_number``), 2021-12 (10386f89)."""
+
+
+def _softmax_op(scores: float, fused: bool) -> Op:
+    """The unfused attention's softmax over ``scores`` bytes of 16-bit scores: the fused kernel
+    (read, write; backward 1.5 times that) or the PyTorch ops (``EAGER_SOFTMAX_BYTES``)."""
+    if fused:
+        return Op("softmax", "memory", 0.0, 2 * scores, core=True, backward_factor=1.5)
+    fwd, bwd = EAGER_SOFTMAX_BYTES
+    return Op("softmax", "memory", 0.0, fwd / ACT_BYTES * scores, core=True, backward_factor=bwd / fwd)
+
+
+def softmax_batches_per_block(width: float) -> int:
+    """Rows of scores one 128-thread block of Megatron's fused softmax takes for rows of ``width``
+    elements (``scaled_masked_softmax.h`` ``get_batch_per_block``): a warp of the next power of two
+    of ``width`` threads, at most 32, and two rows per warp up to 128 elements, one beyond."""
+    pow2 = 1
+    while pow2 < width:
+        pow2 *= 2
+    return (128 // min(pow2, 32)) * (2 if pow2 <= 128 else 1)
+
+
+def softmax_fused(kernels: Kernels, num_tokens: float, kv_len: float, heads: int) -> bool:
+    """Whether Megatron's fused causal softmax (``scaled_upper_triang_masked_softmax``) takes one
+    micro-batch's scores under ``kernels.softmax_rule`` (``FusedScaleMaskSoftmax.is_kernel_available``):
+    16 < keys <= the longest it takes, keys and ``b x np`` (sequences times heads per rank) multiples
+    of 4, and ``b x np`` a multiple of :func:`softmax_batches_per_block` of the rule's dimension.
+    The sequences per micro-batch are ``num_tokens / kv_len`` (self-attention over the whole
+    sequence: no profile with a rule offers context parallelism)."""
+    dim, max_keys = kernels.softmax_rule
+    if not max_keys:
+        return True
+    batches = max(1, round(num_tokens / kv_len)) * heads
+    if not 16 < kv_len <= max_keys or kv_len % 4 or batches % 4:
+        return False
+    return batches % softmax_batches_per_block(heads if dim == "heads" else kv_len) == 0
 
 
 def activation_bytes_per_element(model: ModelSpec, kernels: Kernels = FUSED) -> float:
@@ -283,7 +341,7 @@ def layer_ops(model: ModelSpec, num_tokens: float, kv_len: float, tp: int, sp: b
               local_experts: int | None = None, attention: str = "flash", expert_tp: bool = True,
               kernels: Kernels = FUSED) -> list[Op]:
     """All forward ops of one dense (``moe=False``) or MoE layer on one device."""
-    ops = attention_ops(model, num_tokens, kv_len, tp, attention) + elementwise_ops(model, num_tokens, tp, sp, kernels)
+    ops = attention_ops(model, num_tokens, kv_len, tp, attention, kernels) + elementwise_ops(model, num_tokens, tp, sp, kernels)
     if moe:
         return ops + moe_ops(model, num_tokens, tp, sp, local_experts, expert_tp, kernels)
     return ops + mlp_ops(model, num_tokens, model.ffn_hidden_size, tp, kernels=kernels)

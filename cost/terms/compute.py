@@ -213,14 +213,16 @@ def layer_kernels(ctx: Context) -> Kernels:
     its release's RMSNorm kernel, and its rotary kernel where ``semantics.fused_rotary`` says it is
     fused) not run under ``torch.compile``; K and V copied per query head
     where the code calls ``repeat_kv`` (compiled or not: the copy is the graph's output either way).
-    A model of fused kernels (``FUSED_MODEL_CODE``) runs none of these."""
+    A model of fused kernels (``FUSED_MODEL_CODE``) runs none of these. The unfused attention's
+    softmax is fused only for the shapes the release's kernel takes (``semantics.softmax_fusion_history``)."""
     prof = ctx.job.profile
     if ctx.job.model_code == FUSED_MODEL_CODE:
         return FUSED
     hf = ctx.job.model_code == HF_MODEL_CODE
     eager = hf or (prof.profile.eager_activations and not ctx.job.compiled)
     return Kernels(eager=eager, composite_norm=eager and (hf or prof.eager_norm_composite),
-                   kv_repeat=hf or prof.kv_repeated, fused_rotary=not hf and prof.profile.fused_rotary)
+                   kv_repeat=hf or prof.kv_repeated, fused_rotary=not hf and prof.profile.fused_rotary,
+                   softmax_rule=prof.softmax_rule)
 
 
 @lru_cache(maxsize=65536)
