@@ -443,10 +443,20 @@ def _static_parts(ctx: Context, layout: Layout, rank: str | None = None) -> tupl
         per_layer = (pc.dense + pc.expert) / ctx.model.num_layers
         return 2 * WEIGHT_BYTES * per_layer, 0.0, 0.0
     static = static_memory(ctx, layout, rank)
+    if layout.schedule != "dualpipe":
+        return static.weights_bytes, static.gradients_bytes, static.optimizer_bytes
     # DualPipe: each rank holds its stage and the mirrored one (rank r: stages r and pp - 1 - r), twice
-    # the parameters with their gradients and optimizer states (DeepSeek-V3 report, Table 2: "2x")
-    copies = 2 if layout.schedule == "dualpipe" else 1
-    return copies * static.weights_bytes, copies * static.gradients_bytes, copies * static.optimizer_bytes
+    # the parameters with their gradients and optimizer states (DeepSeek-V3 report, Table 2: "2x"), so
+    # the first and the last rank both hold the embedding and the output head (section 3.2.3); a middle
+    # rank's mirror is a middle stage, and the heaviest stage (rank None) is counted twice
+    mirror = static_memory(ctx, layout, DUALPIPE_MIRROR.get(rank, rank))
+    return (static.weights_bytes + mirror.weights_bytes, static.gradients_bytes + mirror.gradients_bytes,
+            static.optimizer_bytes + mirror.optimizer_bytes)
+
+
+DUALPIPE_MIRROR = {"first": "last", "last": "first"}
+"""The rank (``cost.stages.RANKS``) whose stage DualPipe places beside each rank's own: stage 0 and
+stage pp - 1 share a rank; rank 1's mirror, pp - 2, is a middle stage like it."""
 
 
 def memory_static_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:

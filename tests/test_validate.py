@@ -379,6 +379,24 @@ def test_a_published_layout_that_does_not_fit_is_priced_with_its_unoffered_knobs
     assert result.layout["zero_stage"] == 2
 
 
+def test_a_published_named_schedule_keeps_its_ep_overlap():
+    """DeepSeek-V3 ran DualPipe (vp 1, two mirrored stages a rank) with its all-to-alls overlapped
+    (report section 3.2.1). Megatron's rule refuses EP overlap at vp 1 with a pipeline, so the search
+    held it and chose vp 2 instead, pricing interleaved 1F1B; the overlap now comes with the named
+    schedule, applied after the search, and the layout is priced as published."""
+    result = evaluate_run(_bundled_run("deepseek-v3-2048h800"), SearchOptions(time_limit_s=10), best=False)
+    assert result.reason is None, result.reason
+    lay = result.layout
+    assert (lay["schedule"], lay["vp"], lay["ep_overlap"]) == ("dualpipe", 1, True)
+    assert set(lay["recompute_modules"]) == {"layernorm", "mla_up_proj", "moe_act"}
+    assert result.breakdown["ep_comm_s"] < 0.5 * _open_ep_s(_bundled_run("deepseek-v3-2048h800"))
+
+
+def _open_ep_s(run: dict) -> float:
+    run["layout"]["ep_overlap"] = False
+    return evaluate_run(run, SearchOptions(time_limit_s=10), best=False).breakdown["ep_comm_s"]
+
+
 def test_a_framework_date_before_the_frameworks_code_is_named():
     """A run dated before its framework offers any data-parallel mode gets a message naming the
     framework and the date, not the generic '--fix/--min/--max leave no value'."""
