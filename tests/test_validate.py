@@ -140,6 +140,26 @@ def test_megatron_bridge_rule_applies_to_every_mbridge_run():
             assert r["layout"]["sequence_parallel"] is True, r["id"]
 
 
+def test_habana_megatron_rule_applies_to_every_habana_megatron_run():
+    """RUNS_FORMAT.md's Habana Megatron-LM rule: every run of HabanaAI/Megatron-LM, bundled or held
+    out, trains without dropout (pretrain_llama.sh's HL_DROPOUT default 0.0), and the model then keeps
+    no dropout masks: the published Llama 3.1 70B layout on 64 Gaudi 2 (tp 8 without sequence
+    parallelism, 80 layers) holds 2 n h bytes a layer less than under Megatron-Core's 0.1 default."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml", "memory_runs.yaml")]
+    files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_family_runs.yaml")]
+    runs = [r for f in files for r in load_runs(f)
+            if "HabanaAI/Megatron-LM" in str((r.get("framework") or {}).get("version", ""))]
+    assert len(runs) >= 2
+    assert all(r["model"].get("dropout") is False for r in runs), [r["id"] for r in runs]
+    run = next(r for r in runs if r["id"] == "intel-gaudi2-1.19-llama31-70b-64")
+    without = evaluate_run(copy.deepcopy(run), FAST, best=False)
+    run["model"].pop("dropout")
+    default = evaluate_run(run, FAST, best=False)
+    masks = 80 * 2 * 8192 * 8192  # 1-byte masks of the attention and MLP outputs, replicated over tp
+    assert default.predicted_peak_memory_bytes - without.predicted_peak_memory_bytes == pytest.approx(masks, rel=1e-3)
+
+
 def test_precision_rule_names_the_format_the_source_names():
     """RUNS_FORMAT.md's precision rule: a run whose source names MXFP8 or NVFP4 (Megatron-Bridge's
     FP8-MX, MXFP8, NVFP4 columns; torchao's mxfp8 recipes) carries that precision, and no other
