@@ -121,6 +121,8 @@ def load_profile(framework_id: str) -> Profile:
         order_history=_order_history(sem, where),
         allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
                                               f"{where}: semantics.allocator_reserved_fraction"),
+        allocator_reserved_fraction_pipeline=(None if sem.get("allocator_reserved_fraction_pipeline") is None else _fraction(
+            sem["allocator_reserved_fraction_pipeline"], f"{where}: semantics.allocator_reserved_fraction_pipeline")),
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),
         sharded_weight_copy=bool(sem.get("sharded_weight_copy", True)),
         grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)), **_offload(sem, where),

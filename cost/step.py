@@ -403,7 +403,7 @@ def _rank_memory(ctx: Context, layout: Layout, m: int, lt, logits_bytes: float, 
     elif freed:
         grads -= freed
     reserve = runtime_bytes(ctx, layout)
-    allocator = _allocator_cache(ctx, weights + grads + optim + activations + working, reserve)
+    allocator = _allocator_cache(ctx, weights + grads + optim + activations + working, reserve, layout.pp)
     return MemoryBreakdown(weights, grads, optim, activations, working, reserve, allocator)
 
 
@@ -416,12 +416,12 @@ def working_bytes(ctx: Context, transient_bytes: float, logits_bytes: float) -> 
     return transient_bytes + logits_bytes
 
 
-def _allocator_cache(ctx: Context, allocated: float, runtime: float) -> float:
+def _allocator_cache(ctx: Context, allocated: float, runtime: float, pp: int = 1) -> float:
     """What the caching allocator keeps reserved beyond ``allocated``: its measured share, but never
     past the device's memory (before an allocation fails it frees its cached blocks and retries, so
     the reserved peak cannot exceed the device)."""
     room = max(0.0, ctx.cluster.device.memory_bytes - allocated - runtime)
-    return min(allocator_fraction(ctx) * allocated, room)
+    return min(allocator_fraction(ctx, pp) * allocated, room)
 
 
 def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
