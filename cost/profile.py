@@ -173,6 +173,10 @@ class Profile:
     optimizer_history: tuple[tuple[str, str], ...] = ()
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
+    # The same share where the job runs through the framework's pipeline engine (pp > 1), where that
+    # engine was measured apart (semantics.allocator_reserved_fraction_pipeline: DeepSpeed's
+    # PipelineEngine); None: the one share for every layout
+    allocator_reserved_fraction_pipeline: float | None = None
     sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
     grads_freed_between_steps: bool = False  # sharded gradients are freed after each step (zero_grad(set_to_none))
     # Activation offload (features.offload_activations, layout offload=activations): the recompute mode it

@@ -119,8 +119,7 @@ def load_profile(framework_id: str) -> Profile:
         **_p2p(sem),
         **_zero3(sem, where),
         order_history=_order_history(sem, where),
-        allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
-                                              f"{where}: semantics.allocator_reserved_fraction"),
+        **_allocator(sem, where),
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),
         sharded_weight_copy=bool(sem.get("sharded_weight_copy", True)),
         grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)), **_offload(sem, where),
@@ -283,6 +282,16 @@ def _choice(value, allowed: tuple[str, ...], where: str) -> str:
     if value not in allowed:
         raise SpecError(f"{where}: got {value!r}; allowed: {', '.join(allowed)}")
     return str(value)
+
+
+def _allocator(sem: dict, where: str) -> dict:
+    """The caching allocator's reserved share, and the pipeline engine's where measured apart."""
+    piped = sem.get("allocator_reserved_fraction_pipeline")
+    return dict(
+        allocator_reserved_fraction=_fraction(sem.get("allocator_reserved_fraction", 0.0),
+                                              f"{where}: semantics.allocator_reserved_fraction"),
+        allocator_reserved_fraction_pipeline=None if piped is None else _fraction(
+            piped, f"{where}: semantics.allocator_reserved_fraction_pipeline"))
 
 
 def _fraction(value, where: str) -> float:

@@ -403,7 +403,7 @@ def _rank_memory(ctx: Context, layout: Layout, m: int, lt, logits_bytes: float, 
     elif freed:
         grads -= freed
     reserve = runtime_bytes(ctx, layout)
-    allocator = _allocator_cache(ctx, weights + grads + optim + activations + working, reserve)
+    allocator = _allocator_cache(ctx, weights + grads + optim + activations + working, reserve, layout.pp)
     return MemoryBreakdown(weights, grads, optim, activations, working, reserve, allocator)
 
 
@@ -416,12 +416,12 @@ def working_bytes(ctx: Context, transient_bytes: float, logits_bytes: float) -> 
     return transient_bytes + logits_bytes
 
 
-def _allocator_cache(ctx: Context, allocated: float, runtime: float) -> float:
+def _allocator_cache(ctx: Context, allocated: float, runtime: float, pp: int = 1) -> float:
     """What the caching allocator keeps reserved beyond ``allocated``: its measured share, but never
     past the device's memory (before an allocation fails it frees its cached blocks and retries, so
     the reserved peak cannot exceed the device)."""
     room = max(0.0, ctx.cluster.device.memory_bytes - allocated - runtime)
-    return min(allocator_fraction(ctx) * allocated, room)
+    return min(allocator_fraction(ctx, pp) * allocated, room)
 
 
 def stage_memory(ctx: Context, layout: Layout, m: int) -> tuple[float, float]:
@@ -443,10 +443,20 @@ def _static_parts(ctx: Context, layout: Layout, rank: str | None = None) -> tupl
         per_layer = (pc.dense + pc.expert) / ctx.model.num_layers
         return 2 * WEIGHT_BYTES * per_layer, 0.0, 0.0
     static = static_memory(ctx, layout, rank)
+    if layout.schedule != "dualpipe":
+        return static.weights_bytes, static.gradients_bytes, static.optimizer_bytes
     # DualPipe: each rank holds its stage and the mirrored one (rank r: stages r and pp - 1 - r), twice
-    # the parameters with their gradients and optimizer states (DeepSeek-V3 report, Table 2: "2x")
-    copies = 2 if layout.schedule == "dualpipe" else 1
-    return copies * static.weights_bytes, copies * static.gradients_bytes, copies * static.optimizer_bytes
+    # the parameters with their gradients and optimizer states (DeepSeek-V3 report, Table 2: "2x"), so
+    # the first and the last rank both hold the embedding and the output head (section 3.2.3); a middle
+    # rank's mirror is a middle stage, and the heaviest stage (rank None) is counted twice
+    mirror = static_memory(ctx, layout, DUALPIPE_MIRROR.get(rank, rank))
+    return (static.weights_bytes + mirror.weights_bytes, static.gradients_bytes + mirror.gradients_bytes,
+            static.optimizer_bytes + mirror.optimizer_bytes)
+
+
+DUALPIPE_MIRROR = {"first": "last", "last": "first"}
+"""The rank (``cost.stages.RANKS``) whose stage DualPipe places beside each rank's own: stage 0 and
+stage pp - 1 share a rank; rank 1's mirror, pp - 2, is a middle stage like it."""
 
 
 def memory_static_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:

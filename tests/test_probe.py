@@ -390,6 +390,21 @@ def test_allocator_cache_counts_in_reserved_not_in_the_fit():
     assert load_profile("megatron").allocator_reserved_fraction != frac
 
 
+def test_deepspeeds_pipeline_engine_keeps_its_own_measured_allocator_share():
+    """DeepSpeed's logs measured the caching allocator's reserve by engine path: the PipelineEngine
+    (pp > 1) at 0.168 and 0.167 of the allocated peak, ZeRO-3 without a pipeline at 0.093 and 0.081
+    (bigscience_ds_logs); each path is priced with its own mean, not one mean of the four (0.127)."""
+    prof = load_profile("deepspeed")
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    job = Job(global_batch_size=64, seq_len=4096, framework="deepspeed")
+    piped = evaluate(get_model("llama3-8b"), job, cluster, Layout(tp=2, pp=4, dp=2, zero_stage=1, recompute="full")).memory
+    flat = evaluate(get_model("llama3-8b"), job, cluster, Layout(dp=16, zero_stage=3, recompute="full")).memory
+    assert piped.allocator_bytes == pytest.approx(0.1675 * piped.allocated_bytes)
+    assert flat.allocator_bytes == pytest.approx(0.087 * flat.allocated_bytes)
+    assert (prof.allocator_reserved_fraction_pipeline, prof.allocator_reserved_fraction) == (0.1675, 0.087)
+    assert load_profile("torchtitan").allocator_reserved_fraction_pipeline is None  # one share for every layout
+
+
 def test_compiled_torchtitan_keeps_fewer_activations():
     assert _eval("torchtitan", compiled=True).memory.activations_bytes < _eval("torchtitan").memory.activations_bytes
 

@@ -108,6 +108,36 @@ def test_dualpipe_doubles_the_weights_and_looped_holds_every_microbatch():
     assert looped.memory.activations_bytes > 2 * inter.memory.activations_bytes
 
 
+def test_dualpipe_puts_the_embedding_and_the_head_on_one_rank():
+    """DualPipe's rank r holds stage r and its mirror pp - 1 - r (DeepSeek-V3 report, Table 2 and
+    section 3.2.3): the first and the last rank hold the same parameters, stage 0's and stage pp - 1's,
+    not twice their own (as it was); a middle rank twice a middle stage."""
+    from clusterplan.cost.step import memory_static_bytes
+    from clusterplan.cost.terms.context import Context
+
+    # DeepSeek-V3's three dense layers sit on the first stage: its stages differ
+    model, cluster = load_model("deepseek-v3"), load_cluster("dgx-h100-superpod", num_devices=16)
+    ctx = Context(model, Job(global_batch_size=64, seq_len=8192, framework="megatron"), cluster)
+    plain, dual = parse_layout(BASE), parse_layout(BASE + ",schedule=dualpipe")
+    first, last, second = (memory_static_bytes(ctx, plain, r) for r in ("first", "last", "second"))
+    assert first != last
+    assert memory_static_bytes(ctx, dual, "first") == pytest.approx(first + last)
+    assert memory_static_bytes(ctx, dual, "last") == pytest.approx(first + last)
+    assert memory_static_bytes(ctx, dual, "second") == pytest.approx(2 * second)
+
+
+def test_dualpipe_hides_the_expert_all_to_alls_beyond_its_warm_up():
+    """DualPipe pairs each forward chunk with a backward chunk of the mirrored stage at vp 1 (DeepSeek-V3
+    report section 3.2.1): EP overlap hides every micro-batch's all-to-alls but those run while the
+    rank fills its pp + 1 in flight; Megatron's combined 1F1B hides none at vp 1 (it refuses it)."""
+    from clusterplan.cost.terms import ep_overlap_steady_share
+
+    assert ep_overlap_steady_share(16, 1, 120, "selective", schedule="dualpipe") == pytest.approx((120 - 17) / 120)
+    assert ep_overlap_steady_share(16, 1, 120, "selective") == 0.0
+    assert ep_overlap_steady_share(16, 1, 120, "full", schedule="dualpipe") == 0.0
+    assert ep_overlap_steady_share(16, 1, 16, "none", schedule="dualpipe") == 0.0
+
+
 def test_explain_prices_each_schedule_the_framework_runs():
     from clusterplan.planner.explain import sensitivities
 

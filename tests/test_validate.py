@@ -140,6 +140,26 @@ def test_megatron_bridge_rule_applies_to_every_mbridge_run():
             assert r["layout"]["sequence_parallel"] is True, r["id"]
 
 
+def test_habana_megatron_rule_applies_to_every_habana_megatron_run():
+    """RUNS_FORMAT.md's Habana Megatron-LM rule: every run of HabanaAI/Megatron-LM, bundled or held
+    out, trains without dropout (pretrain_llama.sh's HL_DROPOUT default 0.0), and the model then keeps
+    no dropout masks: the published Llama 3.1 70B layout on 64 Gaudi 2 (tp 8 without sequence
+    parallelism, 80 layers) holds 2 n h bytes a layer less than under Megatron-Core's 0.1 default."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "planner" / "data" / f for f in ("runs.yaml", "family_runs.yaml", "memory_runs.yaml")]
+    files += [root / "benchmarks" / f for f in ("holdout_runs.yaml", "holdout_family_runs.yaml")]
+    runs = [r for f in files for r in load_runs(f)
+            if "HabanaAI/Megatron-LM" in str((r.get("framework") or {}).get("version", ""))]
+    assert len(runs) >= 2
+    assert all(r["model"].get("dropout") is False for r in runs), [r["id"] for r in runs]
+    run = next(r for r in runs if r["id"] == "intel-gaudi2-1.19-llama31-70b-64")
+    without = evaluate_run(copy.deepcopy(run), FAST, best=False)
+    run["model"].pop("dropout")
+    default = evaluate_run(run, FAST, best=False)
+    masks = 80 * 2 * 8192 * 8192  # 1-byte masks of the attention and MLP outputs, replicated over tp
+    assert default.predicted_peak_memory_bytes - without.predicted_peak_memory_bytes == pytest.approx(masks, rel=1e-3)
+
+
 def test_precision_rule_names_the_format_the_source_names():
     """RUNS_FORMAT.md's precision rule: a run whose source names MXFP8 or NVFP4 (Megatron-Bridge's
     FP8-MX, MXFP8, NVFP4 columns; torchao's mxfp8 recipes) carries that precision, and no other
@@ -377,6 +397,24 @@ def test_a_published_layout_that_does_not_fit_is_priced_with_its_unoffered_knobs
     assert result.reason is None, result.reason
     assert result.fits is False and result.predicted_step_time_s > 0
     assert result.layout["zero_stage"] == 2
+
+
+def test_a_published_named_schedule_keeps_its_ep_overlap():
+    """DeepSeek-V3 ran DualPipe (vp 1, two mirrored stages a rank) with its all-to-alls overlapped
+    (report section 3.2.1). Megatron's rule refuses EP overlap at vp 1 with a pipeline, so the search
+    held it and chose vp 2 instead, pricing interleaved 1F1B; the overlap now comes with the named
+    schedule, applied after the search, and the layout is priced as published."""
+    result = evaluate_run(_bundled_run("deepseek-v3-2048h800"), SearchOptions(time_limit_s=10), best=False)
+    assert result.reason is None, result.reason
+    lay = result.layout
+    assert (lay["schedule"], lay["vp"], lay["ep_overlap"]) == ("dualpipe", 1, True)
+    assert set(lay["recompute_modules"]) == {"layernorm", "mla_up_proj", "moe_act"}
+    assert result.breakdown["ep_comm_s"] < 0.5 * _open_ep_s(_bundled_run("deepseek-v3-2048h800"))
+
+
+def _open_ep_s(run: dict) -> float:
+    run["layout"]["ep_overlap"] = False
+    return evaluate_run(run, SearchOptions(time_limit_s=10), best=False).breakdown["ep_comm_s"]
 
 
 def test_a_framework_date_before_the_frameworks_code_is_named():

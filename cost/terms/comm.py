@@ -33,14 +33,19 @@ all-reduce on the tree would add its connections."""
 UNMEASURED_OVERLAP_SHARE = 0.10
 
 
-def ep_overlap_steady_share(pp: int, vp: int, m: int, recompute: str, group: int | None = None) -> float:
+def ep_overlap_steady_share(pp: int, vp: int, m: int, recompute: str, group: int | None = None,
+                            schedule: str = "") -> float:
     """Share of a stage's micro-batch chunks whose expert all-to-alls Megatron-Core's EP overlap
     hides (``--overlap-moe-expert-parallel-comm``, combined 1F1B): only the steady state pairs one
     chunk's forward with another's backward. The first rank warms up with ``2 (pp - 1) + (vp - 1) N``
     chunks (``N``: the micro-batch ``group``, default ``pp``) plus the one extra the overlap
     schedules (``schedules.py``), one chunk without a pipeline; warm-up forwards and cool-down
     backwards run alone. 0 where Megatron refuses the overlap (full recomputation; pp > 1 without
-    virtual stages): priced as off."""
+    virtual stages): priced as off. DualPipe (``schedule``) pairs each forward chunk with a backward
+    chunk of the mirrored stage at vp 1 (DeepSeek-V3 report section 3.2.1, figure 5): a forward runs
+    alone only while the rank fills its ``pp + 1`` micro-batches in flight (Table 2)."""
+    if schedule == "dualpipe" and recompute != "full":
+        return max(0, m - (pp + 1)) / m
     if recompute == "full" or (pp > 1 and vp == 1):
         return 0.0
     chunks = m * vp

@@ -44,8 +44,8 @@ def layer_terms(ctx: Context, layout: Layout, m: int = 1, kind: bool | None = No
     ctx = ctx.placed(layout.order)
     tp, cp, mbs, sp, rc = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel, layout.recompute
     c = compute_terms(ctx._base, tp, cp, mbs, sp, rc, layout.ep, layout.expert_tp, kind)
-    steady = (ep_overlap_steady_share(layout.pp, layout.vp, m, rc, ctx.job.microbatch_group(m, layout.pp, layout.vp))
-              if layout.ep_overlap else 0.0)
+    steady = (ep_overlap_steady_share(layout.pp, layout.vp, m, rc, ctx.job.microbatch_group(m, layout.pp, layout.vp),
+                                      layout.schedule) if layout.ep_overlap else 0.0)
     ep_s = 0.0 if kind is False else ep_comm_terms(ctx, tp, cp, layout.ep, mbs, sp, rc, ep_ranks(layout),
                                                    layout.tp_overlap and tp > 1, steady, layout.expert_tp,
                                                    layout.moe_dispatcher)

@@ -95,13 +95,18 @@ share of the measured figure (``NCCL_RING_SHARE``); frameworks dated from 2024-0
 of that month ship 2.22) pay that."""
 
 
-def allocator_fraction(ctx: Context) -> float:
+def allocator_fraction(ctx: Context, pp: int = 1) -> float:
     """The caching allocator's reserved-but-unallocated bytes as a share of the allocated peak: the
     framework's allocator (PyTorch's caching allocator for the GPU frameworks; ``semantics.
-    allocator_reserved_fraction``), on devices with a runtime heap (HBM); 0 on SRAM machines."""
+    allocator_reserved_fraction``), on devices with a runtime heap (HBM); 0 on SRAM machines. With a
+    pipeline (``pp`` > 1), the share measured for the framework's pipeline engine where the profile
+    has one (``semantics.allocator_reserved_fraction_pipeline``)."""
     if ctx.cluster.device.memory_kind != "hbm":
         return 0.0
-    return ctx.job.profile.profile.allocator_reserved_fraction
+    prof = ctx.job.profile.profile
+    if pp > 1 and prof.allocator_reserved_fraction_pipeline is not None:
+        return prof.allocator_reserved_fraction_pipeline
+    return prof.allocator_reserved_fraction
 
 
 def nccl_communicator_sizes(layout: Layout) -> tuple[int, ...]:

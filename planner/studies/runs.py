@@ -213,6 +213,10 @@ def _bounds(run: dict, prof) -> Bounds:
     # the run's other knobs the search does not choose (_with_partial_recompute)
     fixed["offload"] = "none"
     fixed["schedule"] = ""  # the one vp implies: a published schedule is applied after it, as offload
+    if layout.get("schedule") not in (None, "") and fixed["ep_overlap"]:
+        # the named schedule carries its own EP overlap (DualPipe pairs a forward and a backward chunk
+        # at vp 1, which the framework's interleaving rule refuses): applied after the search with it
+        fixed["ep_overlap"] = False
     if run.get("micro_batch_size") is not None:
         fixed["micro_batch_size"] = run["micro_batch_size"]
     # the run ran: its unpublished knobs are chosen by what fits, without a plan's headroom
@@ -501,6 +505,8 @@ def _with_partial_recompute(run: dict, model, job: Job, cluster, ev: Evaluation)
         changes["recompute_layers"] = k
     if mods:
         changes["recompute_modules"] = parse_recompute_modules(mods, "layout.recompute_modules")
+    if changes.get("schedule") and published.get("ep_overlap"):  # held off in the search (_bounds)
+        changes["ep_overlap"] = True
     layout = ev.layout.with_(**changes)
     problems = [msg for key, msg in layout_problems(model, job, cluster, layout)
                 if key in ("offload", "schedule", "dp_shard")
