@@ -174,6 +174,7 @@ class Profile:
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
     sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
+    fsdp_copies: bool = False  # FSDP2 copies around each gather and reduce-scatter on the compute stream (terms.fsdp_copy_s)
     grads_freed_between_steps: bool = False  # sharded gradients are freed after each step (zero_grad(set_to_none))
     # Activation offload (features.offload_activations, layout offload=activations): the recompute mode it
     # runs with (MaxText and DeepSpeed offload what full recomputation keeps; Megatron's --cpu-offloading
