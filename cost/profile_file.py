@@ -121,7 +121,7 @@ def load_profile(framework_id: str) -> Profile:
         order_history=_order_history(sem, where),
         **_allocator(sem, where),
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),
-        sharded_weight_copy=bool(sem.get("sharded_weight_copy", True)),
+        sharded_weight_copy=bool(sem.get("sharded_weight_copy", True)), fsdp_copies=bool(sem.get("fsdp_copies", False)),
         grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)), **_offload(sem, where),
         lp_grads_beside_fp32=bool(sem.get("lp_grads_beside_fp32", False)),
         nccl_runtime=bool(sem.get("nccl_runtime", False)),

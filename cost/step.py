@@ -245,7 +245,7 @@ def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, wi
     # the per-step reduction hides in the last micro-batch's backward, which also carries that
     # micro-batch's ZeRO-2/3 traffic: one stretch of compute hides one stream
     dp_exposed += _exposed(dp.per_step_s, max(0.0, step_window - per_mb), layout.dp_overlap, share)
-    dp_exposed += dp.blocking_s
+    dp_exposed += dp.blocking_s + m * dp.copy_s
     return TimeBreakdown(
         compute_s=m * (stage.forward_s + stage.backward_s + head_s),
         recompute_s=m * stage.recompute_s,

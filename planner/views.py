@@ -40,7 +40,7 @@ def schedule_figures(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluatio
     bare, _ = slowest_stage(ctx, L.with_(tp_overlap=False, ep_overlap=False), m)
     dp = dp_terms(ctx.placed(L.order), L)
     dp_total_s = (m * (dp.per_microbatch_s + regather_share(ctx, L) * dp.regather_s) + dp.per_step_s
-                  + dp.blocking_s)
+                  + dp.blocking_s + m * dp.copy_s)
     return {
         "pp": L.pp, "vp": L.vp, "num_microbatches": m,
         "microbatch_group": job.microbatch_group(m, L.pp, L.vp) or L.pp,

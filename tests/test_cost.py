@@ -1307,10 +1307,11 @@ def test_flash1_attention_runs_at_its_share_of_flash2():
 
 def test_llmfoundry_model_code_holds_the_fused_loss_bytes():
     """llm-foundry's MPT loss (flash-attn's fused cross-entropy) holds 4 B per logit at its peak, not
-    the 12 of torchtitan's eager loss; the step time is the same."""
+    the 12 of torchtitan's eager loss; the step time differs only by FSDP2's copies around each
+    gather and reduce-scatter, which Composer's FSDP (flat parameters) does not make."""
     import dataclasses
 
-    from clusterplan.cost.terms import FUSED_LOSS_LOGIT_BYTES
+    from clusterplan.cost.terms import FUSED_LOSS_LOGIT_BYTES, dp_terms
     cluster = build_cluster("dgx-h100-superpod", num_devices=8)
     job = Job(global_batch_size=64, seq_len=2048, framework="torchtitan")
     layout = Layout(dp=8, micro_batch_size=4, zero_stage=3)
@@ -1318,7 +1319,9 @@ def test_llmfoundry_model_code_holds_the_fused_loss_bytes():
     mpt = evaluate(GPT, dataclasses.replace(job, model_code="llmfoundry"), cluster, layout)
     logits = 4 * 2048 * GPT.vocab_size
     assert native.memory.working_bytes - mpt.memory.working_bytes == pytest.approx((12 - FUSED_LOSS_LOGIT_BYTES) * logits)
-    assert mpt.step_time_s == pytest.approx(native.step_time_s)
+    copies = native.num_microbatches * dp_terms(Context(GPT, job, cluster), layout).copy_s
+    assert copies > 0
+    assert mpt.step_time_s == pytest.approx(native.step_time_s - copies)
 
 
 def test_stage_memory_first_and_last(cluster16):

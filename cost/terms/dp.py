@@ -10,7 +10,7 @@ from functools import lru_cache
 from clusterplan.cost import collectives as coll
 from clusterplan.cost.compute import memory_rate
 from clusterplan.cost.layout import Job, Layout, num_microbatches, offloads_optimizer
-from clusterplan.cost.terms.context import Context
+from clusterplan.cost.terms.context import LLMFOUNDRY_MODEL_CODE, Context
 from clusterplan.cost.terms.memory import (ParamCounts, WEIGHT_BYTES, effective_zero_stage, host_tier, optimizer_state_bytes,
                                            owned_params, param_counts, param_gather_bytes, partitioned_modules,
                                            zero_replicas)
@@ -98,6 +98,7 @@ class DataParallelTerms:
     per_microbatch_s: float
     blocking_s: float = 0.0
     regather_s: float = 0.0  # per micro-batch, with full recomputation (zero3_regather_s)
+    copy_s: float = 0.0  # per micro-batch, on the compute stream, never overlapped (fsdp_copy_s)
 
 
 def dp_terms(ctx: Context, layout: Layout) -> DataParallelTerms:
@@ -125,7 +126,37 @@ def dp_terms_of(ctx: Context, pc: ParamCounts, tp: int, pp: int, dp: int, cp: in
     t = _dp_terms_of(ctx, pc, tp, pp, dp, cp, ep, order, expert_tp, vp, zero, profiles, across, param_gather,
                      dp_shard)
     amax_s = amax_all_reduce_s(ctx, pp, vp, zero, profiles[0], param_gather)
-    return replace(t, per_step_s=t.per_step_s + amax_s) if amax_s else t
+    sharded = profiles[0] is not None  # dp x cp > 1
+    per_step_copy_s, copy_s = fsdp_copy_s(ctx, pc, effective_zero_stage(ctx, zero, pp), param_gather) if sharded else (0, 0)
+    if amax_s or per_step_copy_s or copy_s:
+        return replace(t, per_step_s=t.per_step_s + amax_s, blocking_s=t.blocking_s + per_step_copy_s, copy_s=copy_s)
+    return t
+
+
+def fsdp_copy_s(ctx: Context, pc: ParamCounts, zero: int, param_gather: str = "bf16") -> tuple[float, float]:
+    """Seconds (per step, per micro-batch) of the copies per-parameter FSDP (FSDP2's ``fully_shard``)
+    makes around its collectives on the compute stream, where nothing hides them
+    (``semantics.fsdp_copies``). After each all-gather, ``foreach_all_gather_copy_out`` waits for
+    it on the current stream and ``split_with_sizes_copy`` copies the gathered buffer into each
+    parameter (read and write :func:`gather_bytes` per parameter); before each reduce-scatter,
+    ``foreach_reduce_scatter_copy_in`` (``chunk_cat``) copies the 16-bit unsharded gradients into
+    the reduce-scatter buffer, widened to the reduce dtype (read 2 B, write ``grad_bytes``), on the
+    current stream before the reduce-scatter stream waits for it (PyTorch
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). All at the memory-bound rate, over
+    the weights of the rank's stage. ZeRO-3 gathers twice a micro-batch (forward, and backward
+    after resharding) and ZeRO-2 once; both reduce-scatter every micro-batch (torchtitan never
+    skips the gradient sync). Under pipeline parallelism the parameters stay gathered and the
+    gradients unsharded through the micro-batches (``effective_zero_stage`` 1): one copy of each
+    kind a step. llm-foundry runs Composer's FSDP (flat parameters: gathered into the buffer its
+    parameters view, the flat gradient reduce-scattered in place), which has no such copies."""
+    prof = ctx.job.profile.profile
+    if not prof.fsdp_copies or ctx.job.model_code == LLMFOUNDRY_MODEL_CODE or zero == 0:
+        return 0.0, 0.0
+    gather, scatter = 2.0 * gather_bytes(ctx.job, param_gather), WEIGHT_BYTES + ctx.job.grad_bytes
+    per_byte_s = (pc.dense + pc.expert) / memory_rate(ctx.cluster.device)
+    if zero == 1:
+        return (gather + scatter) * per_byte_s, 0.0
+    return 0.0, ((2 if zero == 3 else 1) * gather + scatter) * per_byte_s
 
 
 def amax_all_reduce_s(ctx: Context, pp: int, vp: int, zero: int, profile, param_gather: str) -> float:

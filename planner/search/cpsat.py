@@ -235,9 +235,15 @@ class _Model:
         u = self._lookup("slots", self._fvm_table(T.U), [self.fvm])
         frac = self._lookup("frac", self._fv_table(T.FRAC), [self.fv])
         mb_count = self._lookup("microbatches", self._fvm_table(T.M[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
-        per_mb = m.new_int_var(0, per_mb_hi := int(T.H.max() + T.P2P.max()), "per_mb")
+        per_mb = m.new_int_var(0, per_mb_hi := int(T.H.max() + T.P2P.max() + T.DPC.max()), "per_mb")
         head = self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
-        m.add(per_mb == head + self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"], x["s"]]))
+        p2p = self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"], x["s"]])
+        if T.DPC.any():  # FSDP2's copies, paid every micro-batch
+            copies = self._lookup("fsdp_copies", self._fv_table(np.transpose(T.DPC, (0, 2, 1, 3, 4))),
+                                  [self.fv, x["o"], x["e"], x["z"]])
+            m.add(per_mb == head + p2p + copies)
+        else:
+            m.add(per_mb == head + p2p)
         tw, bw = T.time_weight, T.busy_weight
         extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi, tw * Q)
         _, hmin = once(T, factor_minima)

@@ -161,8 +161,8 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     Q = SLOT_QUANTUM
     M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
     lm_head = _place(T.H[tpg], ("f", "o", "mb", "s"))
-    head = lm_head + _place(T.P2P[sl], ("f", "o", "mb", "s"))
     dims5 = ("f", "o", "v", "e", "z")
+    head = lm_head + _place(T.P2P[sl], ("f", "o", "mb", "s")) + _place(T.DPC[sl], dims5)  # what each micro-batch adds
     dps, dpm = _place(T.DPS[sl], dims5) * Q, per_microbatch_traffic(T, sl) * Q
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
     objective = _pipeline_and_dp(T, sl, dps, dpm) + Q * M * head + opt + _place(T.DPX[sl], dims5) * Q
@@ -410,7 +410,7 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r", "to"), "FW": (None, "mb", "s", "r", "to", "eo"),
         "H": (None, "mb", "s"), "P2P": ("f", "o", "mb", "s"), "DPS": ("f", "o", "v", "e", "z"),
         "DPM": ("f", "o", "v", "e", "z"), "RG": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
-        "tpc_of_foe": ("f", "o", "e"),
+        "DPC": ("f", "o", "v", "e", "z"), "tpc_of_foe": ("f", "o", "e"),
         "OPT": ("f", "v", "e", "z"), "ACT_D": (None, "mb", "s", "r"), "ACT_M": (None, "mb", "s", "r"),
         "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb", "s", "r"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
         "M": ("f", "mb"), "tpg_of_fo": ("f", "o"),

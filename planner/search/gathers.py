@@ -74,7 +74,7 @@ def _static_cell(ctx: Context, layout: Layout, runtime: float) -> dict:
 
 def _dp_order_terms(ctx: Context, S: Space, pc, layout: Layout, profiles: list, first: list) -> list:
     """Per order of ``S.order``: ``layout``'s data-parallel terms (per step, per micro-batch, the
-    third gathers, blocking) over the order's groups ``profiles``, or None where it has none; an
+    third gathers, blocking, FSDP copies per micro-batch) over the order's groups ``profiles``, or None where it has none; an
     order with the profiles of an earlier one (``first``) and one copy of each shard shares its
     terms."""
     tp, pp, dp, cp, e, z = layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.zero_stage
@@ -87,5 +87,5 @@ def _dp_order_terms(ctx: Context, S: Space, pc, layout: Layout, profiles: list, 
         else:
             t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], layout.expert_tp, layout.vp, z, (dense, expert),
                             param_gather=layout.param_gather, dp_shard=S.dp_shard[0])
-            out.append((t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s))
+            out.append((t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s, t.copy_s))
     return out

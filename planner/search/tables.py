@@ -9,7 +9,7 @@ the same integer objective.
 
 Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (see ``cost.step`` for the float form)::
 
-    U[f,mb,v] * X  -  EO * UG[f,mb,v] * min((SHARE_PARTS - ep_share) EPC // SHARE_PARTS, WE)  +  SLOT_QUANTUM * M[f,mb] * (H + P2P)  +  dp_exposed  +  M * fsdp_exposed
+    U[f,mb,v] * X  -  EO * UG[f,mb,v] * min((SHARE_PARTS - ep_share) EPC // SHARE_PARTS, WE)  +  SLOT_QUANTUM * M[f,mb] * (H + P2P + DPC)  +  dp_exposed  +  M * fsdp_exposed
     +  SLOT_QUANTUM * OPT
 
     +  SLOT_QUANTUM * DPX  -  ZU[f,mb,v] * BK
@@ -98,6 +98,7 @@ class Tables:
     DPM: np.ndarray  # (F, O, V, E, Z) per-micro-batch FSDP traffic
     RG: np.ndarray  # (F, O, V, E, Z) ZeRO-3's third gathers per micro-batch, paid with full recomputation
     DPX: np.ndarray  # (F, O, V, E, Z) per-step traffic that is never overlapped (ZeRO-2's weight gather)
+    DPC: np.ndarray  # (F, O, V, E, Z) FSDP2's copies per micro-batch on the compute stream (cost.terms.fsdp_copy_s)
     OPT: np.ndarray  # (F, V, E, Z); with optimizer offload its host copies and CPU step (planner.search.offload)
     # counts (exact integers or SLOT_QUANTUM)
     U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
@@ -251,13 +252,13 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         ("time", ctx, S), use, lambda u: _time_tables(ctx, S, tc_of_fe, tc_keys, u),
         lambda t, u: time_in_use(t, u, tc_of_fe))
     with memoized():
-        DPS, DPM, RG, DPX, OPT, statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
+        DPS, DPM, RG, DPX, DPC, OPT, statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
                                                         lambda valid: _dp_tables(ctx, S, valid, times=not memory_only))
     U, UG, FRAC, M, stages = per_pp_dp(S, lambda sub: _count_tables(ctx, sub))
     ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
-        order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX), ok_fo, ok_eo, order_ok, use)
+        order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX, DPC), ok_fo, ok_eo, order_ok, use)
     canon = canonical_mask(S, order_ok, ok_fe, kept(("framework", ctx, S), lambda: framework_mask(ctx, S)))
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
@@ -272,7 +273,8 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         for row in rows:
             row.static, row.static1 = np.minimum(row.static, capacity + 1), np.minimum(row.static1, capacity + 1)
     bk, bk_m = timed.pop("BK", None), timed.pop("BK_M", None)
-    return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, OPT=OPT,
+    return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, DPC=DPC,
+                  OPT=OPT,
                   U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
                   capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
                   ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, PG=PG,
@@ -495,14 +497,14 @@ def _qb(values) -> np.ndarray:
 
 def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) -> tuple[np.ndarray, ...]:
     """Data-parallel traffic (per step, per micro-batch, ZeRO-3's third gathers under full
-    recomputation, never overlapped), optimizer step and static memory over (f, o, v, e, z), for the
+    recomputation, never overlapped, FSDP2's copies per micro-batch), optimizer step and static memory over (f, o, v, e, z), for the
     factorizations some layout of which passes the structural rules (``valid``; the others' rows
     stay 0: every layout of theirs is refused before memory); ``times=False``: the static memory
     alone (the time tables stay 0). Each (f, v, e, z) cell is priced at the parameter-gather dtype
     :func:`~planner.search.gathers.gather_pick` takes per order; the last array is True over (f, o, v, e, z) where that is
     fp8 among two offered (``Tables.PG``), None where the space holds one dtype."""
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
-    dps, dpm, rg, dpx = (np.zeros((F, O, V, E, Z)) for _ in range(4))
+    dps, dpm, rg, dpx, dpc = (np.zeros((F, O, V, E, Z)) for _ in range(5))
     fp8 = np.zeros((F, O, V, E, Z), bool)
     opt = np.zeros((F, V, E, Z))
     static = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
@@ -538,9 +540,9 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                     for oi, t in enumerate(terms if times else ()):
                         if t is not None:
                             dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi], rg[i, oi, vi, ei, zi], \
-                                dpx[i, oi, vi, ei, zi] = t
+                                dpx[i, oi, vi, ei, zi], dpc[i, oi, vi, ei, zi] = t
     statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank])) for rank in RANKS}
-    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(opt), statics, (fp8 if offered else None)
+    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(dpc), _qt(opt), statics, (fp8 if offered else None)
 
 
 def full_recompute(S: Space) -> np.ndarray:
