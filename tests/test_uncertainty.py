@@ -264,3 +264,29 @@ def test_plans_on_families_without_validation_carry_the_spread_between_families(
     signed = doc["inputs"]["caveats"]["validated_error"]["median_signed_error"]  # (predicted - measured) / measured
     low_s, high_s = doc["step_time_interval_s"]
     assert signed < 0 and low_s <= doc["step_time_s"] / (1 + signed) <= high_s
+
+
+def _heavy_tailed(n_sources: int, runs_per_source: int, seed: int) -> list[Sample]:
+    """Runs that scatter about their source with heavy tails: nine in ten within a few per cent, one in
+    ten up to twice off or more (a contaminated normal, as a few rows of a publication are)."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(n_sources):
+        bias = rng.gauss(0.0, 0.05)
+        for _ in range(runs_per_source):
+            scatter = rng.gauss(0.0, 0.03 if rng.random() < 0.9 else 0.8)
+            out.append(Sample("nvidia-hopper", False, "megatron", 5.0, 5.0 * math.exp(bias + scatter), f"source-{k}"))
+    return out
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_heavy_tailed_scatter_does_not_widen_the_interval_past_its_level(seed):
+    """With heavy-tailed scatter the interval for a new source's run holds about 80% of them: the
+    spread is the bulk's (robust_variance), not the mean square the tail sets, which held nearly all."""
+    from clusterplan.planner.studies import uncertainty
+
+    samples = _heavy_tailed(n_sources=30, runs_per_source=8, seed=seed)
+    assert 0.70 <= coverage(samples)["coverage"] <= 0.88
+    scatter = [math.log(s.ratio) for s in samples]
+    mean_square = statistics.fmean(e * e for e in scatter)
+    assert uncertainty.robust_variance(scatter) < mean_square / 4
