@@ -443,6 +443,23 @@ def test_regret_is_what_the_run_ranked_first_measured_against_the_best():
     assert regret(results, {"job": ["r0", "r1", "r2"]}, min_runs=3)["max"] == pytest.approx(1.5 / 1.2)
 
 
+def test_runs_the_model_prices_alike_are_not_ordered_by_the_order_they_are_listed_in():
+    """Two runs priced the same (a dispatcher priced as NCCL's all-to-all on EFA) are not ordered by the
+    model: the pair does not agree in either listing, and the regret of tied favourites is their mean."""
+    from clusterplan.planner.studies.runs import RunResult
+    from clusterplan.planner.studies.validate import ranking, regret
+
+    def run(i, predicted, measured):
+        return RunResult(id=f"r{i}", count=8, predicted_step_time_s=predicted, measured_step_time_s=measured)
+
+    results = [run(0, 1.0, 1.5), run(1, 1.0, 1.0), run(2, 2.0, 2.0)]
+    for order in (["r0", "r1", "r2"], ["r1", "r0", "r2"]):
+        out = ranking(results, {"job": order})
+        assert (out["pairs"], out["agreed"]) == (3, 2)
+        assert any("predicted equal" in w for w in out["by_group"][0]["wrong"])
+        assert regret(results, {"job": order})["max"] == pytest.approx((1.5 + 1.0) / 2 / 1.0)
+
+
 def test_memory_verdicts_count_every_peak_and_name_runs_that_ran_but_do_not_fit():
     """Issue 36's figures: every measured peak, and the runs that ran (a measured step or peak, or a
     published 'fits' fact) that the model says do not fit; a published out-of-memory fact is not a

@@ -118,7 +118,8 @@ def ranking(results: list[RunResult], groups: dict[str, list[str]]) -> dict:
     """Pairwise order agreement inside each group: a pair agrees when the predicted cost per step
     (step time x devices: the inverse of throughput per device, so runs at different sizes of one
     job compare too) orders the two runs as the measurement does. Pairs measured within
-    :data:`RANKING_TIE` of each other are ties and skipped (counted in ``ties``)."""
+    :data:`RANKING_TIE` of each other are ties and skipped (counted in ``ties``); a pair the model prices
+    the same (:func:`predicted_equal`) is not ordered by it, so it does not agree."""
     by_id = {r.id: r for r in results}
     rows, agreed, pairs, ties = [], 0, 0, 0
     for name, ids in sorted(groups.items()):
@@ -134,7 +135,9 @@ def ranking(results: list[RunResult], groups: dict[str, list[str]]) -> dict:
                     ties += 1
                     continue
                 g_pairs += 1
-                if (mx < my) == (px < py):
+                if predicted_equal(px, py):  # the model does not order them: not agreed, whatever the rows' order
+                    wrong.append(f"{x.id} vs {y.id} (predicted equal)")
+                elif (mx < my) == (px < py):
                     g_agreed += 1
                 else:
                     wrong.append(f"{x.id} vs {y.id}")
@@ -160,21 +163,32 @@ def _measured_members(by_id: dict[str, RunResult], ids) -> list[RunResult]:
 
 REGRET_LIMIT = 1.25  # issue 35: the run ranked first measured within 1.25x of the group's best
 
+PREDICTED_EQUAL = 1e-9
+"""Two predicted costs this close (relative) are the same prediction: the model prices the two runs
+alike (a knob it prices the same, such as the MoE dispatchers across NICs without GPU-initiated
+RDMA), so neither is ranked above the other, whatever order the runs are listed in."""
+
+
+def predicted_equal(a: float, b: float) -> bool:
+    return abs(a - b) <= PREDICTED_EQUAL * max(abs(a), abs(b))
+
 
 def regret(results: list[RunResult], groups: dict[str, list[str]], min_runs: int = 3) -> dict:
     """In each group of ``min_runs`` or more runs of one job: the measured cost per step (step time x
     devices) of the run the model ranks first, over the best measured: what picking the planner's
-    favourite would have cost. Median, worst, and the groups above :data:`REGRET_LIMIT`."""
+    favourite would have cost (where it prices several first alike, their mean: a user would pick
+    any of them). Median, worst, and the groups above :data:`REGRET_LIMIT`."""
     by_id = {r.id: r for r in results}
     rows = []
     for name, ids in sorted(groups.items()):
         members = _measured_members(by_id, dict.fromkeys(ids))
         if len(members) < min_runs:
             continue
-        first = min(members, key=lambda r: r.predicted_step_time_s * r.count)
+        cheapest = min(r.predicted_step_time_s * r.count for r in members)
+        firsts = [r for r in members if predicted_equal(r.predicted_step_time_s * r.count, cheapest)]
         best = min(r.measured_step_time_s * r.count for r in members)
-        rows.append({"group": name, "runs": len(members), "first": first.id,
-                     "regret": first.measured_step_time_s * first.count / best})
+        rows.append({"group": name, "runs": len(members), "first": ", ".join(r.id for r in firsts),
+                     "regret": statistics.fmean(r.measured_step_time_s * r.count for r in firsts) / best})
     values = sorted(r["regret"] for r in rows)
     return {"groups": len(rows), "median": statistics.median(values) if values else None,
             "max": values[-1] if values else None, "limit": REGRET_LIMIT,
