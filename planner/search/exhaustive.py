@@ -186,6 +186,8 @@ def grad_accumulation_term(T: Tables, sl: slice) -> np.ndarray:
     """The step's gradient accumulation over (f, mb, v, e, z) (``cost.terms.grad_accumulation_adds``):
     one add per micro-batch (``GA``), less the first where it is taken as it comes (``GAW``) and the
     only one where a one-micro-batch step adds nothing (``GA1``)."""
+    if not T.GA[sl].any():  # the framework fuses it (Megatron-Core): no array to add
+        return 0
     dims, M = ("f", "v", "e", "z"), _place(T.M[sl], ("f", "mb"))
     return M * _place(T.GA[sl], dims) - _place(T.GAW[sl], dims) - (M == 1) * _place(T.GA1[sl], dims)
 
