@@ -139,3 +139,30 @@ def test_the_search_prices_what_evaluate_prices(framework, cluster, zero, batch,
         assert objective_seconds(units) == pytest.approx(ev.step_time_s, rel=1e-3)
         pays = ev.num_microbatches > 1 and (framework != "maxtext" or ev.layout.pp == 1)  # a pipeline's own scan
         assert (ev.time.grad_accum_s > 0) == pays
+
+
+def test_the_adds_count_as_busy_time_in_energy_and_in_the_energy_search():
+    """Like the optimizer step, the adds keep the device busy: the energy (``cost.energy.busy_s``) and
+    the energy objective of both engines count them, and the integer objective is the float energy."""
+    from clusterplan.cost.energy import busy_s, objective_weights, step_energy_j
+    from clusterplan.planner.search.cpsat import solve_cpsat
+    from clusterplan.planner.search.exhaustive import solve_exhaustive
+    from clusterplan.planner.search.tables import layout_from_indices
+
+    ev, _ = _evaluate("deepspeed", ZERO1, grad_bytes=4)
+    t = ev.time
+    assert busy_s(t) == pytest.approx(t.compute_s + t.recompute_s + t.optimizer_s + t.grad_accum_s, rel=1e-12)
+    job = Job(global_batch_size=64, seq_len=2048, framework="deepspeed", grad_bytes=4)
+    bounds = Bounds(fixed={"micro_batch_size": 1, "zero_stage": 1})
+    weights = objective_weights(A100, "energy")
+    assert weights[1] > 0
+    space = build_space(MODEL, job, A100, bounds)
+    T = build_tables(Context(MODEL, job, A100), space, bounds.headroom(job, A100), False, weights)
+    assert T.GA.any()
+    exhaustive, _ = solve_exhaustive(T, 2)
+    cpsat = solve_cpsat(T, top_k=2)
+    assert exhaustive and [o for o, _ in cpsat.solutions] == [o for o, _ in exhaustive]
+    for value, idx in cpsat.solutions:
+        ev = evaluate(MODEL, job, A100, layout_from_indices(T.space, idx, fp8_gathers=T.PG))
+        assert ev.time.grad_accum_s > 0
+        assert objective_seconds(value) * A100.num_devices == pytest.approx(step_energy_j(A100, ev.time), rel=2e-3)

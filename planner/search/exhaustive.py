@@ -165,11 +165,11 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     dims5 = ("f", "o", "v", "e", "z")
     dps, dpm = _place(T.DPS[sl], dims5) * Q, per_microbatch_traffic(T, sl) * Q
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
-    objective = (_pipeline_and_dp(T, sl, dps, dpm) + Q * M * head + opt + _place(T.DPX[sl], dims5) * Q
-                 + Q * grad_accumulation_term(T, sl))
+    accumulation = Q * grad_accumulation_term(T, sl)
+    objective = _pipeline_and_dp(T, sl, dps, dpm) + Q * M * head + opt + _place(T.DPX[sl], dims5) * Q + accumulation
     if T.busy_weight:  # energy: waiting power over the step plus the extra power while computing
         compute = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
-        busy = M * FRAC * compute + Q * M * lm_head + opt
+        busy = M * FRAC * compute + Q * M * lm_head + opt + accumulation
         objective = T.time_weight * objective + T.busy_weight * busy
     elif T.time_weight != 1:
         objective = T.time_weight * objective
