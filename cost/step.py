@@ -4,7 +4,7 @@ Step time (1F1B or interleaved 1F1B, Narayanan et al. 2021 section 2.2), with ``
 per pipeline, ``t`` the time of one micro-batch through the most loaded stage and ``t_h`` the LM
 head on the last stage::
 
-    T = (m + (pp - 1) / vp) * t  +  m * (t_h + t_p2p)  +  exposed DP  +  optimizer
+    T = (m + (pp - 1) / vp) * t  +  m * (t_h + t_p2p)  +  exposed DP  +  optimizer  +  gradient accumulation
 
 ``(pp - 1) / vp * t`` is the bubble. A stage with uneven work (the last one, holding the head) sets
 the steady-state period, hence ``m * t_h`` rather than ``(m + pp - 1) * t_h``. The breakdown
