@@ -41,7 +41,6 @@ def optimizer_s(ctx: Context, layout: Layout) -> float:
 GRAD_ACCUMULATION_BYTES = {
     # Megatron-Core's gradient_accumulation_fusion (on by default since NVIDIA/Megatron-LM 83b1e42f30,
     # 2022-02): the weight-gradient GEMM accumulates into the fp32 main_grad itself, no pass of its own
-    # (MaxText: XLA folds the scan carry's add into the dot's output the same way)
     "fused": 0.0,
     # PyTorch's AccumulateGrad (torchtitan, DeepSpeed with 16-bit accumulation) and FSDP2's
     # foreach_reduce (``sharded_param.grad._local_tensor += new_sharded_grad``): the first
