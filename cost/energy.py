@@ -9,7 +9,7 @@ switches, fans) adds the cluster's ``power_overhead_w_per_device`` for the whole
 states none, ``ASSUMED_HOST_OVER_BOARD`` of the board power, labelled unvalidated). So, per
 device::
 
-    E = (P_idle + P_host) * T_step + (P_board - P_idle) * T_busy,    T_busy = compute + recompute + optimizer
+    E = (P_idle + P_host) * T_step + (P_board - P_idle) * T_busy,    T_busy = compute + recompute + optimizer + gradient accumulation
 
 The facility's power usage effectiveness (``Cluster.pue``, ``--pue``) multiplies the whole.
 On one cluster, layouts with the same step time can differ in energy (recomputation burns power for
@@ -41,8 +41,9 @@ def host_power_w(cluster: Cluster) -> tuple[float, bool]:
 
 
 def busy_s(time) -> float:
-    """Seconds of a step the device spends computing (a :class:`cost.step.TimeBreakdown`)."""
-    return time.compute_s + time.recompute_s + time.optimizer_s
+    """Seconds of a step the device spends computing (a :class:`cost.step.TimeBreakdown`); the
+    memory-bound passes (optimizer, gradient accumulation) included."""
+    return time.compute_s + time.recompute_s + time.optimizer_s + time.grad_accum_s
 
 
 def has_idle_power(cluster: Cluster) -> bool:

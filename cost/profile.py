@@ -171,6 +171,10 @@ class Profile:
     # The AdamW implementation by release (semantics.optimizer_history): (since YYYY-MM, "fused" or
     # "foreach"); before the first entry, fused (cost.terms.optimizer_s)
     optimizer_history: tuple[tuple[str, str], ...] = ()
+    # How each micro-batch's weight gradients join the step's accumulated gradient, by release
+    # (semantics.grad_accumulation_history): (since YYYY-MM, kind of cost.terms.GRAD_ACCUMULATION_BYTES);
+    # before the first entry, autograd's in-place add into .grad (cost.terms.grad_accumulation_s)
+    grad_accumulation_history: tuple[tuple[str, str], ...] = ()
     kv_repeat_until: str | None = None  # GQA's K/V repeated per query head before attention until this month
     allocator_reserved_fraction: float = 0.0  # caching allocator's reserved-but-unallocated share of the peak
     # The same share where the job runs through the framework's pipeline engine (pp > 1), where that
@@ -280,6 +284,12 @@ class ProfileAt:
         """The AdamW implementation at this release: ``fused`` (one kernel per step) or ``foreach``
         (PyTorch's multi-tensor ops, one pass each; ``semantics.optimizer_history``)."""
         return self._as_of(self.profile.optimizer_history, "fused")
+
+    @property
+    def grad_accumulation(self) -> str:
+        """How a micro-batch's weight gradients are added into the step's gradient at this release
+        (``semantics.grad_accumulation_history``; ``cost.terms.grad_accumulation_s``)."""
+        return self._as_of(self.profile.grad_accumulation_history, "autograd")
 
     @property
     def softmax_rule(self) -> tuple[str, int]:

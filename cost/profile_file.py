@@ -114,7 +114,7 @@ def load_profile(framework_id: str) -> Profile:
         compiled_loss_history=_history(sem, "compiled_loss_history", "compiled", bool),
         fsdp_with_pp=str(sem.get("fsdp_with_pp", "sharded")),
         eager_norm_history=_choice_history(sem, where, "eager_norm_history", "kernel", EAGER_NORMS),
-        optimizer_history=_choice_history(sem, where, "optimizer_history", "kernel", OPTIMIZER_KERNELS),
+        optimizer_history=_choice_history(sem, where, "optimizer_history", "kernel", OPTIMIZER_KERNELS), **_grad_accumulation(sem, where),
         **_activations(sem, where),
         **_p2p(sem),
         **_zero3(sem, where),
@@ -174,6 +174,7 @@ def _history(sem: dict, key: str, field: str, cast) -> tuple[tuple[str, object],
 
 EAGER_NORMS = ("fused", "composite")
 OPTIMIZER_KERNELS = ("fused", "foreach")
+GRAD_ACCUMULATIONS = ("fused", "autograd", "fp32_add", "upcast_add", "carry_add")  # cost.terms.dp.GRAD_ACCUMULATION_BYTES
 
 
 def _choice_history(sem: dict, where: str, key: str, field: str, allowed: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -184,6 +185,12 @@ def _choice_history(sem: dict, where: str, key: str, field: str, allowed: tuple[
             raise SpecError(f"{where}: semantics.{key}: got {value!r}; allowed: {', '.join(allowed)}")
         parse_date(since, f"{where}: semantics.{key}.since")
     return history
+
+
+def _grad_accumulation(sem: dict, where: str) -> dict:
+    """``semantics.grad_accumulation_history``: ``{since, kind}`` entries, kinds from GRAD_ACCUMULATIONS."""
+    return {"grad_accumulation_history": _choice_history(sem, where, "grad_accumulation_history", "kind",
+                                                         GRAD_ACCUMULATIONS)}
 
 
 def _zero3_fetch(sem: dict, where: str) -> tuple[tuple[str, str], ...]:

@@ -4,7 +4,7 @@ Step time (1F1B or interleaved 1F1B, Narayanan et al. 2021 section 2.2), with ``
 per pipeline, ``t`` the time of one micro-batch through the most loaded stage and ``t_h`` the LM
 head on the last stage::
 
-    T = (m + (pp - 1) / vp) * t  +  m * (t_h + t_p2p)  +  exposed DP  +  optimizer
+    T = (m + (pp - 1) / vp) * t  +  m * (t_h + t_p2p)  +  exposed DP  +  optimizer  +  gradient accumulation
 
 ``(pp - 1) / vp * t`` is the bubble. A stage with uneven work (the last one, holding the head) sets
 the steady-state period, hence ``m * t_h`` rather than ``(m + pp - 1) * t_h``. The breakdown
@@ -19,7 +19,7 @@ from clusterplan.cost.layout import Job, Layout, interleaved_warmup, num_microba
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
-    kind_windows, mixed_kinds, stage_kind_shares,
+    kind_windows, mixed_kinds, stage_kind_shares, grad_accumulation_adds, grad_accumulation_s,
     grads_freed_bytes, host_optimizer_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
     overlapped_exposed_s, p2p_s,
     param_counts, period_layers, regather_share, runtime_bytes, stage_split, static_memory,
@@ -46,6 +46,9 @@ class TimeBreakdown:
     dp_comm_s: float
     optimizer_s: float
     offload_s: float = 0.0  # host offload transfers beyond the compute they overlap (layout.offload)
+    # each micro-batch's weight gradients added into the step's (cost.terms.grad_accumulation_s): a
+    # memory-bound pass of its own per micro-batch unless the framework fuses it into the GEMM
+    grad_accum_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -257,6 +260,7 @@ def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, wi
         dp_comm_s=dp_exposed,
         optimizer_s=optimizer_s(ctx, layout),
         offload_s=m * _offload_s(ctx, layout, stage),
+        grad_accum_s=grad_accumulation_adds(ctx, layout, m) * grad_accumulation_s(ctx, layout),
     )
 
 

@@ -48,6 +48,7 @@ def schedule_figures(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluatio
         "tp_comm_s": stage.tp_comm_s, "cp_comm_s": stage.cp_comm_s, "ep_comm_s": stage.ep_comm_s,
         "head_s": max(0.0, time.compute_s / m - stage.forward_s - stage.backward_s),
         "p2p_s": time.pp_p2p_s / m, "dp_comm_s": time.dp_comm_s, "optimizer_s": time.optimizer_s,
+        "grad_accum_s": time.grad_accum_s,
         "hidden": {"tp_comm_s": max(0.0, bare.tp_comm_s - stage.tp_comm_s),
                    "ep_comm_s": max(0.0, bare.ep_comm_s - stage.ep_comm_s),
                    "dp_comm_s": max(0.0, dp_total_s - time.dp_comm_s)},

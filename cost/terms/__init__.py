@@ -144,6 +144,10 @@ from clusterplan.cost.terms.memory import (  # noqa: F401
 from clusterplan.cost.terms.dp import (  # noqa: F401
     NUM_GRAD_BUCKETS,
     optimizer_s,
+    GRAD_ACCUMULATION_BYTES,
+    grad_accumulation_adds,
+    grad_accumulation_kind,
+    grad_accumulation_s,
     host_optimizer_bytes,
     host_optimizer_terms,
     DataParallelTerms,

@@ -38,6 +38,89 @@ def optimizer_s(ctx: Context, layout: Layout) -> float:
     return count * per_param / memory_rate(dev)
 
 
+GRAD_ACCUMULATION_BYTES = {
+    # Megatron-Core's gradient_accumulation_fusion (on by default since NVIDIA/Megatron-LM 83b1e42f30,
+    # 2022-02): the weight-gradient GEMM accumulates into the fp32 main_grad itself, no pass of its own
+    "fused": 0.0,
+    # PyTorch's AccumulateGrad (torchtitan, DeepSpeed with 16-bit accumulation) and FSDP2's
+    # foreach_reduce (``sharded_param.grad._local_tensor += new_sharded_grad``): the first
+    # micro-batch's gradient becomes .grad, each later one is added in place: read both, write one,
+    # ``3 * grad_bytes``
+    "autograd": 3.0,
+    # an fp32 buffer += the 16-bit .grad in one mixed-dtype kernel, every micro-batch (the buffer is
+    # zeroed at the step): read 2 B + 4 B, write 4 B. Megatron-LM's DDP hook
+    # ``param.main_grad.add_(param.grad.data)`` (b4bc51b1e7, 2021-03); nanotron's
+    # FP32GradientAccumulator ``fp32_grad.add_(half_param.grad)`` (2411b022, gradient_accumulator.py)
+    "fp32_add": 10.0,
+    # DeepSpeed's BF16_Optimizer.update_hp_grads after every backward, the first included:
+    # ``hp_grad.add_(lp.grad.to(fp32))`` (microsoft/DeepSpeed v0.6.2 32d97976, bf16_optimizer.py;
+    # unchanged at 38327e07): the upcast reads 2 B and writes a 4 B temporary, the add reads 4 + 4 B
+    # and writes 4 B
+    "upcast_add": 18.0,
+    # MaxText's gradient accumulation (AI-Hypercomputer/maxtext 344b46c34, 2024-08; e591f30c
+    # src/maxtext/utils/gradient_accumulation.py): a jax.lax.scan whose carry starts as zeros_like
+    # the parameters and takes ``x + y`` of each micro-batch's gradient tree, outside the backward's
+    # layer scan that writes the gradients, so its own pass: read both, write one, in the gradient
+    # dtype (``3 * grad_bytes``; with ZeRO-1, shard_optimizer_over_data, the scan differentiates
+    # parameters cast to bf16 first, so 2 B), every micro-batch; only with gradient_accumulation_steps
+    # > 1 (trainers/pre_train/train.py L330), so with pp = 1 (a pipeline's micro-batches accumulate in
+    # its own scan, not priced)
+    "carry_add": 3.0,
+}
+"""Bytes moved per parameter per accumulating micro-batch, by ``semantics.grad_accumulation_history``
+kind (``autograd`` and ``carry_add``: per byte of the gradient dtype)."""
+
+
+def grad_accumulation_kind(ctx: Context, zero_stage: int) -> str:
+    """The accumulation the rank runs: the framework's (``ProfileAt.grad_accumulation``), where its
+    fp32 buffer exists (fp32 gradients over the whole rank's parameters: ZeRO 0/1); else autograd's
+    add into ``.grad`` (DeepSpeed's 16-bit accumulation and its ZeRO-2/3 partitions, FSDP2's shards)."""
+    kind = ctx.job.profile.grad_accumulation
+    if kind in ("fp32_add", "upcast_add") and (ctx.job.grad_bytes != 4 or zero_stage >= 2):
+        return "autograd"
+    return kind
+
+
+def grad_accumulation_adds(ctx: Context, layout: Layout, m: int) -> int:
+    """The micro-batches whose gradients are added in: all ``m`` into a buffer zeroed at the step,
+    ``m - 1`` with autograd, whose first gradient is taken as it comes, and MaxText's scan only
+    where it runs (``m > 1``)."""
+    kind = grad_accumulation_kind(ctx, effective_zero_stage(ctx, layout.zero_stage, layout.pp))
+    if kind == "autograd":
+        return m - 1
+    return 0 if kind == "carry_add" and m == 1 else m
+
+
+def grad_accumulation_s(ctx: Context, layout: Layout) -> float:
+    """One micro-batch's gradient accumulation, a memory-bound pass over the gradients the rank
+    holds (its ZeRO-2/3 shard, else all of its parameters; ``GRAD_ACCUMULATION_BYTES``) at the
+    device's memory rate. 0 under weight streaming (no gradient on the device) and where the
+    offloaded optimizer accumulates in host memory (``semantics.optimizer_offload_host_accumulation``,
+    priced by :func:`host_optimizer_terms`)."""
+    z = effective_zero_stage(ctx, layout.zero_stage, layout.pp)
+    host = z in ctx.job.profile.profile.optimizer_offload_host_accumulation
+    if ctx.cluster.weight_streaming or (offloads_optimizer(layout.offload) and host):
+        return 0.0
+    kind = grad_accumulation_kind(ctx, z)
+    if kind == "carry_add" and layout.pp > 1:
+        return 0.0
+    per_param = GRAD_ACCUMULATION_BYTES[kind] * _accumulated_element_bytes(ctx, kind, z)
+    if not per_param:
+        return 0.0
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)
+    copies = zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z, layout.shard_across_domains,
+                           layout.dp_shard)
+    return owned_params(pc, layout, z >= 2, copies) * per_param / memory_rate(ctx.cluster.device)
+
+
+def _accumulated_element_bytes(ctx: Context, kind: str, zero_stage: int) -> float:
+    """The element size ``GRAD_ACCUMULATION_BYTES`` multiplies for ``kind``: the gradient dtype for
+    autograd's and MaxText's adds (bf16 in MaxText's ZeRO-1 scan), 1 for the kinds counted in bytes."""
+    if kind == "carry_add" and zero_stage == 1:
+        return min(ctx.job.grad_bytes, WEIGHT_BYTES)
+    return ctx.job.grad_bytes if kind in ("autograd", "carry_add") else 1
+
+
 def optimizer_params(ctx: Context, layout: Layout) -> float:
     """The parameters whose optimizer step the rank runs: its ZeRO shard (stage >= 1) or all it holds."""
     pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots)

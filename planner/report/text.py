@@ -47,8 +47,9 @@ TIME_LABELS = {"compute": "compute (forward + backward)", "recompute": "recomput
                "tp_comm": "tensor-parallel comm (exposed)", "cp_comm": "context-parallel comm (exposed)",
                "ep_comm": "expert all-to-all (exposed)", "pp_bubble": "pipeline bubble",
                "pp_p2p": "pipeline send/recv", "dp_comm": "data-parallel comm (exposed)",
-               "optimizer": "optimizer step", "offload": "host offload transfers (exposed)"}
-OPTIONAL_TIME = ("offload",)  # terms of a knob most layouts leave off: not listed under "no time in"
+               "optimizer": "optimizer step", "offload": "host offload transfers (exposed)",
+               "grad_accum": "gradient accumulation (adds per micro-batch)"}
+OPTIONAL_TIME = ("offload", "grad_accum")  # terms of a knob most layouts leave off: not listed under "no time in"
 
 
 SHORT_KNOBS = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}

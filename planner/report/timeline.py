@@ -40,7 +40,7 @@ TERMS = {  # key: (label, colour); the breakdown's keys with the text report's l
     "tp_comm": (TIME_LABELS["tp_comm"], "#76b7b2"), "cp_comm": (TIME_LABELS["cp_comm"], "#59a14f"),
     "ep_comm": (TIME_LABELS["ep_comm"], "#edc948"), "head": ("LM head and loss (forward + backward)", "#b07aa1"),
     "pp_p2p": (TIME_LABELS["pp_p2p"], "#ff9da7"), "dp_comm": (TIME_LABELS["dp_comm"], "#9c755f"),
-    "optimizer": (TIME_LABELS["optimizer"], "#555555"), "idle": ("idle (pipeline bubble)", "#e8e8e8"),
+    "optimizer": (TIME_LABELS["optimizer"], "#555555"), "grad_accum": (TIME_LABELS["grad_accum"], "#bab0ac"), "idle": ("idle (pipeline bubble)", "#e8e8e8"),
     "hidden": ("communication hidden by overlap (not step time)", "#8cd17d"),
     "compute": (TIME_LABELS["compute"], "#4e79a7"), "pp_bubble": (TIME_LABELS["pp_bubble"], "#e8e8e8"),
 }
@@ -109,8 +109,8 @@ def build_timeline(doc: dict) -> Timeline:
     except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError) as err:
         return _breakdown_timeline(doc, f"the document's schedule cannot be drawn ({err})")
     pipe_end = max(o.end_s for o in ops)
-    finish = pipe_end + s["dp_comm_s"]
-    tail = [("dp_comm", s["dp_comm_s"]), ("optimizer", s["optimizer_s"])]
+    finish = pipe_end + s["dp_comm_s"] + _grad_accum_s(s)
+    tail = [("dp_comm", s["dp_comm_s"]), ("grad_accum", _grad_accum_s(s)), ("optimizer", s["optimizer_s"])]
     shown = _shown_ranks(s["pp"])
     rows = [_rank_row(s, r, [o for o in ops if o.rank == r], finish) for r in shown]
     path_ops = _critical(max(ops, key=lambda o: o.end_s))
@@ -140,6 +140,12 @@ def _breakdown_timeline(doc: dict, why: str = "this document has no per-micro-ba
             t += seconds
     note = f"{why}: the step's breakdown is drawn as one row{hint}"
     return Timeline(doc["step_time_s"], row, [], note)
+
+
+def _grad_accum_s(s: dict) -> float:
+    """The step's gradient accumulation (``cost.step.TimeBreakdown.grad_accum_s``); 0 in documents
+    written before it was priced."""
+    return s.get("grad_accum_s", 0.0)
 
 
 def _shown_ranks(pp: int) -> list[int]:
@@ -287,6 +293,9 @@ def _rank_row(s: dict, rank: int, ops: list[_Op], finish_s: float) -> Row:
         t = span[-1].end_s
     row.blocks.append(Block(t, s["dp_comm_s"], "dp_comm", f"stage {rank}, after its last backward"))
     t += s["dp_comm_s"]
+    if _grad_accum_s(s):  # each micro-batch's adds after its backward, drawn together
+        row.blocks.append(Block(t, _grad_accum_s(s), "grad_accum", f"stage {rank}, every micro-batch's adds together"))
+        t += _grad_accum_s(s)
     if finish_s > t:
         row.blocks.append(Block(t, finish_s - t, "idle", f"stage {rank} waits for every stage before the optimizer"))
     row.blocks.append(Block(finish_s, s["optimizer_s"], "optimizer", f"stage {rank}, every stage together"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from clusterplan.planner.search.exhaustive import (
-    DIMS, _place, ep_saving, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term, restrict,
+    DIMS, _place, ep_saving, grad_accumulation_term, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term, restrict,
     solve_exhaustive, zero_bubble_saving,
 )
 from clusterplan.planner.search.tables import SLOT_QUANTUM, Tables
@@ -104,7 +104,7 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     mb_tr = Q * min_over_orders(per_microbatch_traffic(T, sl))
     dp = overlapped(T, step_tr, frac * bwd) + M * overlapped(T, mb_tr, frac * comp)
     dp = dp + Q * min_over_orders(_place(T.DPX[sl], dims5))
-    opt = Q * _place(T.OPT[sl], ("f", "v", "e", "z"))
+    opt = Q * _place(T.OPT[sl], ("f", "v", "e", "z")) + Q * grad_accumulation_term(T, sl)  # exact: no knob minimised
     total = pipe + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1, 1)
     ok = _memory_fits(T, sl) & (_place(T.ok_fes[sl], ("f", "e", "s")) < 0) & (_place(T.ok_fe[sl], ("f", "e")) < 0)
     ok &= (pipe < UNREACHABLE) & (H < UNREACHABLE)

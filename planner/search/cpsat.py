@@ -253,13 +253,14 @@ class _Model:
         opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
         blocking = self._lookup("dp_blocking", self._fv_table(np.transpose(T.DPX, (0, 2, 1, 3, 4))),
                                 [self.fv, x["o"], x["e"], x["z"]])
-        self.objective = T.time_weight * (core + Q * extra + Q * opt + Q * blocking)
+        accumulation = self._grad_accumulation(mb_count)
+        self.objective = T.time_weight * (core + Q * extra + Q * opt + Q * blocking + Q * accumulation)
         if T.busy_weight:  # energy: the extra power while computing (planner.search.tables docstring)
             share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
                                          int(share.max()) * int(T.C.max()), bw)
             busy_head = self._product("busy_head", mb_count, head, int(T.M.max()) * int(T.H.max()), bw * Q)
-            self.objective += T.busy_weight * (busy_compute + Q * busy_head + Q * opt)
+            self.objective += T.busy_weight * (busy_compute + Q * busy_head + Q * opt + Q * accumulation)
         m.add(self.objective >= self._lookup("objective_lb", self.triple_lb, [self.fvm]))
         # A (triple, ep) pair whose every completion overflows memory, or whose bound exceeds the cap,
         # is excluded outright.
@@ -269,6 +270,24 @@ class _Model:
             pairs = np.argwhere(self.triple_e_lb < UNREACHABLE)
         m.add_allowed_assignments([self.fvm, x["e"]], pairs.tolist())
         m.minimize(self.objective)
+
+    def _grad_accumulation(self, mb_count):
+        """The step's gradient accumulation (``exhaustive.grad_accumulation_term``): the micro-batches
+        times one's add, less the first's where it is taken as it comes and the only one's where a
+        one-micro-batch step adds nothing; 0 where no layout pays any."""
+        T, x = self.T, self.x
+        if not T.GA.any():
+            return 0
+        axes = [self.fv, x["e"], x["z"]]
+        per_mb = self._lookup("grad_accum", self._fv_table(T.GA), axes)
+        first = self._lookup("grad_accum_first", self._fv_table(T.GAW), axes)
+        weight = (T.time_weight + T.busy_weight) * SLOT_QUANTUM  # in the step time and, for energy, the busy time
+        adds = self._product("grad_accum_adds", mb_count, per_mb, int(T.M.max()) * int(T.GA.max()), weight)
+        if not T.GA1.any():
+            return adds - first
+        one = self._lookup("grad_accum_one", self._fvm_table((T.M == 1)[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
+        only = self._lookup("grad_accum_only", self._fv_table(T.GA1), axes)
+        return adds - first - self._product("grad_accum_skipped", one, only, int(T.GA1.max()))
 
     def _pipeline_and_dp(self, u, c, tpc, cpc, epc, axes4, axes5, frac, windows, mb_count):
         """The pipeline and the exposed data-parallel traffic over the step

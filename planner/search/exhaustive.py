@@ -165,10 +165,11 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     head = lm_head + _place(T.P2P[sl], ("f", "o", "mb", "s")) + _place(T.DPC[sl], dims5)  # what each micro-batch adds
     dps, dpm = _place(T.DPS[sl], dims5) * Q, per_microbatch_traffic(T, sl) * Q
     opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
-    objective = _pipeline_and_dp(T, sl, dps, dpm) + Q * M * head + opt + _place(T.DPX[sl], dims5) * Q
+    accumulation = Q * grad_accumulation_term(T, sl)
+    objective = _pipeline_and_dp(T, sl, dps, dpm) + Q * M * head + opt + _place(T.DPX[sl], dims5) * Q + accumulation
     if T.busy_weight:  # energy: waiting power over the step plus the extra power while computing
         compute = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
-        busy = M * FRAC * compute + Q * M * lm_head + opt
+        busy = M * FRAC * compute + Q * M * lm_head + opt + accumulation
         objective = T.time_weight * objective + T.busy_weight * busy
     elif T.time_weight != 1:
         objective = T.time_weight * objective
@@ -179,6 +180,16 @@ def _canon(T: Tables, sl: slice) -> np.ndarray:
     """The representative layouts of the factorizations in ``sl`` (``Scored.canon``)."""
     return (_place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to")) & _place(T.eo_canon, ("e", "eo"))
             & _place(T.eo_ok[sl], ("f", "v", "r", "eo")))
+
+
+def grad_accumulation_term(T: Tables, sl: slice) -> np.ndarray:
+    """The step's gradient accumulation over (f, mb, v, e, z) (``cost.terms.grad_accumulation_adds``):
+    one add per micro-batch (``GA``), less the first where it is taken as it comes (``GAW``) and the
+    only one where a one-micro-batch step adds nothing (``GA1``)."""
+    if not T.GA[sl].any():  # the framework fuses it (Megatron-Core): no array to add
+        return 0
+    dims, M = ("f", "v", "e", "z"), _place(T.M[sl], ("f", "mb"))
+    return M * _place(T.GA[sl], dims) - _place(T.GAW[sl], dims) - (M == 1) * _place(T.GA1[sl], dims)
 
 
 def per_microbatch_traffic(T: Tables, sl: slice) -> np.ndarray:
@@ -410,11 +421,11 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r", "to"), "FW": (None, "mb", "s", "r", "to", "eo"),
         "H": (None, "mb", "s"), "P2P": ("f", "o", "mb", "s"), "DPS": ("f", "o", "v", "e", "z"),
         "DPM": ("f", "o", "v", "e", "z"), "RG": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
-        "DPC": ("f", "o", "v", "e", "z"), "tpc_of_foe": ("f", "o", "e"),
-        "OPT": ("f", "v", "e", "z"), "ACT_D": (None, "mb", "s", "r"), "ACT_M": (None, "mb", "s", "r"),
-        "TRANS": (None, "mb", "s", "r"), "LOGITS": (None, "mb", "s", "r"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"),
-        "M": ("f", "mb"), "tpg_of_fo": ("f", "o"),
-        "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
+        "DPC": ("f", "o", "v", "e", "z"), "tpc_of_foe": ("f", "o", "e"), "GA": ("f", "v", "e", "z"),
+        "GAW": ("f", "v", "e", "z"), "GA1": ("f", "v", "e", "z"), "OPT": ("f", "v", "e", "z"),
+        "ACT_D": (None, "mb", "s", "r"), "ACT_M": (None, "mb", "s", "r"), "TRANS": (None, "mb", "s", "r"),
+        "LOGITS": (None, "mb", "s", "r"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"), "M": ("f", "mb"),
+        "tpg_of_fo": ("f", "o"), "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
         "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),
         "canon": ("f", "e", "s", "z", "o", "do", "to"), "eo_canon": ("e", "eo"), "eo_ok": ("f", "v", "r", "eo"),
     }

@@ -47,7 +47,8 @@ from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, ep_comm_terms,
     mixed_kinds,
     kind_windows_over, stage_kind_shares,
-    ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s,
+    ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s, grad_accumulation_adds,
+    grad_accumulation_s,
     overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, chunks_fit, tp_comm_terms,
 )
 from clusterplan.planner.search.masks import (
@@ -100,6 +101,9 @@ class Tables:
     DPX: np.ndarray  # (F, O, V, E, Z) per-step traffic that is never overlapped (ZeRO-2's weight gather)
     DPC: np.ndarray  # (F, O, V, E, Z) FSDP2's copies per micro-batch on the compute stream (cost.terms.fsdp_copy_s)
     OPT: np.ndarray  # (F, V, E, Z); with optimizer offload its host copies and CPU step (planner.search.offload)
+    GA: np.ndarray  # (F, V, E, Z) one micro-batch's gradient accumulation (cost.terms.grad_accumulation_s), per micro-batch
+    GAW: np.ndarray  # (F, V, E, Z) less this where the first gradient is taken as it comes (autograd)
+    GA1: np.ndarray  # (F, V, E, Z) less this where one micro-batch adds none (MaxText)
     # counts (exact integers or SLOT_QUANTUM)
     U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
     UG: np.ndarray  # (F, MB, V) U times the share of chunks EP overlap pairs (cost.terms.ep_overlap_steady_share)
@@ -252,7 +256,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         ("time", ctx, S), use, lambda u: _time_tables(ctx, S, tc_of_fe, tc_keys, u),
         lambda t, u: time_in_use(t, u, tc_of_fe))
     with memoized():
-        DPS, DPM, RG, DPX, DPC, OPT, statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
+        DPS, DPM, RG, DPX, DPC, OPT, (GA, GAW, GA1), statics, PG = kept_rows(("dp", ctx, S, not memory_only), use.any(axis=1),
                                                         lambda valid: _dp_tables(ctx, S, valid, times=not memory_only))
     U, UG, FRAC, M, stages = per_pp_dp(S, lambda sub: _count_tables(ctx, sub))
     ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
@@ -274,7 +278,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
             row.static, row.static1 = np.minimum(row.static, capacity + 1), np.minimum(row.static1, capacity + 1)
     bk, bk_m = timed.pop("BK", None), timed.pop("BK_M", None)
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, DPC=DPC,
-                  OPT=OPT,
+                  OPT=OPT, GA=GA, GAW=GAW, GA1=GA1,
                   U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
                   capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
                   ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, PG=PG,
@@ -506,7 +510,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
     F, O, V, E, Z = len(S.factorizations), len(S.order), len(S.vp), len(S.ep), len(S.zero_stage)
     dps, dpm, rg, dpx, dpc = (np.zeros((F, O, V, E, Z)) for _ in range(5))
     fp8 = np.zeros((F, O, V, E, Z), bool)
-    opt = np.zeros((F, V, E, Z))
+    opt, acc = np.zeros((F, V, E, Z)), np.zeros((3, F, V, E, Z))  # acc: Tables.GA, GAW, GA1
     static = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
     gfree = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
     L, offered, compared = ctx.model.num_layers, len(S.param_gather) > 1, compared_gathers(ctx, S)
@@ -533,6 +537,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
                                   param_gather=gathers[0], dp_shard=S.dp_shard[0], offload=S.offload[0])
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0  # the same for either dtype
+                    acc[:, i, vi, ei, zi] = _accumulation_cell(ctx, base) if times else 0.0
                     picks, held, terms = gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
                     fp8[i, :, vi, ei, zi] = [g == "fp8" for g in picks]
                     for rank in RANKS:
@@ -542,7 +547,14 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                             dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi], rg[i, oi, vi, ei, zi], \
                                 dpx[i, oi, vi, ei, zi], dpc[i, oi, vi, ei, zi] = t
     statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank])) for rank in RANKS}
-    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(dpc), _qt(opt), statics, (fp8 if offered else None)
+    return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(dpc), _qt(opt), tuple(_qt(acc)), statics, (fp8 if offered else None)
+
+
+def _accumulation_cell(ctx: Context, base: Layout) -> list[float]:
+    """One (f, v, e, z) cell's ``Tables.GA``, ``GAW`` and ``GA1`` (s), from ``cost.terms.grad_accumulation_adds``."""
+    add_s = grad_accumulation_s(ctx, base)
+    first, only = (grad_accumulation_adds(ctx, base, n) < n for n in (2, 1))
+    return [add_s, add_s * first, add_s * (only and not first)]
 
 
 def full_recompute(S: Space) -> np.ndarray:
