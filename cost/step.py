@@ -468,6 +468,19 @@ DUALPIPE_MIRROR = {"first": "last", "last": "first"}
 stage pp - 1 share a rank; rank 1's mirror, pp - 2, is a middle stage like it."""
 
 
+def optimizer_step_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:
+    """Bytes the rank's live tensors hold at its optimizer step where the framework copies the
+    gradient partition there (the weights, the optimizer states, the partition and its copies:
+    ``terms.step_gradients``; every activation freed), without the runtime; 0 elsewhere (the step
+    then holds less than backward's end). :func:`_rank_memory` takes it where it exceeds the
+    backward's peak."""
+    held, copies = step_gradients(ctx, layout, rank)
+    if not copies:
+        return 0.0
+    weights, _, optim = _static_parts(ctx, layout, rank)
+    return weights + optim + held
+
+
 def memory_static_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:
     """Weights + gradients + optimizer states per device (what does not depend on activations), on
     the heaviest stage or on ``rank``."""

@@ -168,11 +168,12 @@ class StageCandidate:
 class MemoryRow:
     """One pipeline rank's peak at one moment of its steady state (``cost.stages``): every layout
     must keep ``static + ACT_D * IFD + ACT_M * IFM + TRANS (+ LOGITS on the last rank)`` within the
-    capacity, and at backward's end ``static + TRANS``."""
+    capacity, at backward's end ``static + TRANS``, and at the optimizer step ``step``."""
 
     name: str  # the rank (cost.stages.RANKS) and the moment
     static: np.ndarray  # (F, V, E, Z) weights, gradients and optimizer states, with the runtime
     static1: np.ndarray  # (F, V, E, Z) less the gradients absent at a one-micro-batch step's activation peak
+    step: np.ndarray  # (F, V, E, Z) the optimizer step's peak with the runtime, where it copies gradients; else 0
     ifd: np.ndarray  # (F, MB, V) dense layers' activations in flight
     ifm: np.ndarray  # (F, MB, V) MoE layers'
     logits: bool  # the rank holds the logits (the last)
@@ -181,6 +182,10 @@ class MemoryRow:
         """Whether some layout holds fewer gradients at a one-micro-batch step's activation peak
         than at backward's end (``grads_freed_bytes``)."""
         return bool((self.static1[sl] < self.static[sl]).any())
+
+    def copies_gradients(self, sl: slice = slice(None)) -> bool:
+        """Whether some layout has an optimizer-step peak of its own (``cost.step.optimizer_step_bytes``)."""
+        return bool(self.step[sl].any())
 
 
 def _index(keys: list) -> tuple[dict, list]:
@@ -272,6 +277,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         ACT_D, ACT_M, TRANS, LOGITS = (np.minimum(a, capacity + 1) for a in (ACT_D, ACT_M, TRANS, LOGITS))
         for row in rows:
             row.static, row.static1 = np.minimum(row.static, capacity + 1), np.minimum(row.static1, capacity + 1)
+            row.step = np.minimum(row.step, capacity + 1)
     bk, bk_m = timed.pop("BK", None), timed.pop("BK_M", None)
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, DPC=DPC,
                   OPT=OPT,
@@ -509,6 +515,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
     opt = np.zeros((F, V, E, Z))
     static = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
     gfree = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
+    step = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
     L, offered, compared = ctx.model.num_layers, len(S.param_gather) > 1, compared_gathers(ctx, S)
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
@@ -536,12 +543,12 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                     picks, held, terms = gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
                     fp8[i, :, vi, ei, zi] = [g == "fp8" for g in picks]
                     for rank in RANKS:
-                        static[rank][i, vi, ei, zi], gfree[rank][i, vi, ei, zi] = held[rank]
+                        static[rank][i, vi, ei, zi], gfree[rank][i, vi, ei, zi], step[rank][i, vi, ei, zi] = held[rank]
                     for oi, t in enumerate(terms if times else ()):
                         if t is not None:
                             dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi], rg[i, oi, vi, ei, zi], \
                                 dpx[i, oi, vi, ei, zi], dpc[i, oi, vi, ei, zi] = t
-    statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank])) for rank in RANKS}
+    statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank]), _qb(step[rank])) for rank in RANKS}
     return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(dpc), _qt(opt), statics, (fp8 if offered else None)
 
 
@@ -652,7 +659,7 @@ def _flight_cell(ctx: Context, pp: int, v: int, m: int, hs: bool) -> dict:
 def _bounds(a: MemoryRow, b: MemoryRow) -> bool:
     """Row ``a`` is at least row ``b`` for every layout (so ``b`` never binds where ``a`` holds)."""
     return ((a.logits or not b.logits) and bool((a.static >= b.static).all()) and bool((a.static1 >= b.static1).all())
-            and bool((a.ifd >= b.ifd).all()) and bool((a.ifm >= b.ifm).all()))
+            and bool((a.step >= b.step).all()) and bool((a.ifd >= b.ifd).all()) and bool((a.ifm >= b.ifm).all()))
 
 
 def _ranks(ctx: Context, group) -> tuple[int, ...]:
