@@ -342,7 +342,7 @@ def step_gradients(ctx: Context, layout: Layout, rank: str | None = None) -> tup
     """``(held, copies)``: the gradient bytes a rank holds at its optimizer step, where the framework
     copies its gradient partition there (``ProfileAt.step_grad_copies``), and the copies among them;
     ``(0, 0)`` elsewhere. DeepSpeed's ZeRO-1/2 optimizer (``stage2.py``, ``stage_1_and_2.py`` from
-    v0.5.9; its ``step()`` from v0.3.0 to v0.16.4) has by then freed every gradient outside the
+    v0.5.9; its ``step()`` from the ZeRO-2 release, f2ac7eaf of 2020-05, to v0.16.4) has by then freed every gradient outside the
     rank's partition (the reduction's epilogue: ``zero_grad``) and keeps the partition
     (``averaged_gradients``: views of the 16-bit gradients, or of ZeRO-2's ``grads_in_partition``
     buffer); ``self.flatten(...)`` copies it
