@@ -202,6 +202,10 @@ class Profile:
     # cost.terms.dp.host_optimizer_terms); elsewhere one copy per step
     optimizer_offload_host_accumulation: tuple[int, ...] = ()
     lp_grads_beside_fp32: bool = False  # 16-bit .grad tensors stay beside an fp32 accumulation buffer (DeepSpeed bf16)
+    # ZeRO stages whose optimizer step copies the rank's 16-bit gradient partition into a new flat 16-bit
+    # tensor and casts that to a new fp32 one while the partition is still held, by release
+    # (semantics.step_grad_copies_history: (since YYYY-MM, stages); cost.terms.step_gradients_bytes)
+    step_grad_copies_history: tuple[tuple[str, tuple[int, ...]], ...] = ()
     fp8_saved_inputs: bool = False  # FP8 linears keep their FP8 input copy for the weight gradient (1 B; terms.activation_bytes)
     tp_gather_quantized: bool = False  # sequence-parallel all-gathers move the low-precision copy (terms._tp_comm_s)
     lp_param_both_layouts: bool = False  # low-precision params keep a row- and a column-wise copy (terms.param_gather_bytes)
@@ -434,6 +438,11 @@ class ProfileAt:
     def orders(self) -> tuple[str, ...] | None:
         """The rank orders (parallel axes, innermost first) this release lays out; None: any."""
         return self._as_of(self.profile.order_history, None)
+
+    def step_grad_copies(self, zero_stage: int) -> bool:
+        """At this release the optimizer step of ``zero_stage`` copies the gradient partition twice, a
+        flat 16-bit copy and its fp32 cast (``semantics.step_grad_copies_history``)."""
+        return zero_stage in self._as_of(self.profile.step_grad_copies_history, ())
 
     def _as_of(self, history: tuple[tuple[str, object], ...], default):
         """The value of the latest ``(since YYYY-MM, value)`` entry not after this release, else ``default``."""

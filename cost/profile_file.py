@@ -76,6 +76,19 @@ def _offload(sem: dict, where: str) -> dict:
     )
 
 
+def _step_copies(sem: dict, where: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``semantics.step_grad_copies_history``: ``{since: YYYY-MM, stages: [ZeRO stages]}`` entries, checked."""
+    key = f"{where}: semantics.step_grad_copies_history"
+    history = []
+    for entry in sem.get("step_grad_copies_history") or ():
+        if not isinstance(entry, dict) or set(entry) != {"since", "stages"}:
+            raise SpecError(f"{key}: got {entry!r}; expected {{since: YYYY-MM, stages: [ZeRO stages]}}")
+        since = str(entry["since"])
+        parse_date(since, f"{key}.since")
+        history.append((since, _stages(entry["stages"], f"{key}.stages")))
+    return tuple(history)
+
+
 def _stages(value, where: str) -> tuple[int, ...]:
     """A list of ZeRO stages (0 to 3)."""
     if not isinstance(value, (list, tuple)) or any(not isinstance(v, int) or not 0 <= v <= 3 for v in value):
@@ -124,6 +137,7 @@ def load_profile(framework_id: str) -> Profile:
         sharded_weight_copy=bool(sem.get("sharded_weight_copy", True)), fsdp_copies=bool(sem.get("fsdp_copies", False)),
         grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)), **_offload(sem, where),
         lp_grads_beside_fp32=bool(sem.get("lp_grads_beside_fp32", False)),
+        step_grad_copies_history=_step_copies(sem, where),
         nccl_runtime=bool(sem.get("nccl_runtime", False)),
         fp8_saved_inputs=bool(sem.get("fp8_saved_inputs", False)), lp_param_both_layouts=bool(sem.get("lp_param_both_layouts")),
         tp_gather_quantized=bool(sem.get("tp_gather_quantized", False)),

@@ -22,7 +22,7 @@ from clusterplan.cost.terms import (
     kind_windows, mixed_kinds, stage_kind_shares, grad_accumulation_adds, grad_accumulation_s,
     grads_freed_bytes, host_optimizer_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
     overlapped_exposed_s, p2p_s,
-    param_counts, period_layers, regather_share, runtime_bytes, stage_split, static_memory,
+    param_counts, period_layers, regather_share, runtime_bytes, stage_split, static_memory, step_gradients,
 )
 from clusterplan.cost.terms.context import graphed_context
 
@@ -66,6 +66,8 @@ class MemoryBreakdown:
     working_bytes: float  # one layer's recomputed activations, logits, FSDP gather buffers
     reserved_bytes: float  # runtime: CUDA context, library workspaces, communication buffers
     allocator_bytes: float = 0.0  # the caching allocator's reserved-but-unallocated share
+    # the optimizer step's copies of the gradient partition where they set the peak (terms.step_gradients)
+    step_copies_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -406,9 +408,16 @@ def _rank_memory(ctx: Context, layout: Layout, m: int, lt, logits_bytes: float, 
         activations, working = 0.0, lt.act_transient_bytes
     elif freed:
         grads -= freed
+    # The optimizer step, where the framework copies the gradient partition (DeepSpeed ZeRO-1/2): no
+    # activation left, the partition and its copies; the rank's peak is the larger of the two moments.
+    held, copies = step_gradients(ctx, layout, rank)
+    if copies and held > grads + activations + working:
+        grads, activations, working = held - copies, 0.0, 0.0
+    else:
+        copies = 0.0
     reserve = runtime_bytes(ctx, layout)
-    allocator = _allocator_cache(ctx, weights + grads + optim + activations + working, reserve, layout.pp)
-    return MemoryBreakdown(weights, grads, optim, activations, working, reserve, allocator)
+    allocator = _allocator_cache(ctx, weights + grads + optim + activations + working + copies, reserve, layout.pp)
+    return MemoryBreakdown(weights, grads, optim, activations, working, reserve, allocator, copies)
 
 
 def working_bytes(ctx: Context, transient_bytes: float, logits_bytes: float) -> float:
@@ -461,6 +470,19 @@ def _static_parts(ctx: Context, layout: Layout, rank: str | None = None) -> tupl
 DUALPIPE_MIRROR = {"first": "last", "last": "first"}
 """The rank (``cost.stages.RANKS``) whose stage DualPipe places beside each rank's own: stage 0 and
 stage pp - 1 share a rank; rank 1's mirror, pp - 2, is a middle stage like it."""
+
+
+def optimizer_step_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:
+    """Bytes the rank's live tensors hold at its optimizer step where the framework copies the
+    gradient partition there (the weights, the optimizer states, the partition and its copies:
+    ``terms.step_gradients``; every activation freed), without the runtime; 0 elsewhere (the step
+    then holds less than backward's end). :func:`_rank_memory` takes it where it exceeds the
+    backward's peak."""
+    held, copies = step_gradients(ctx, layout, rank)
+    if not copies:
+        return 0.0
+    weights, _, optim = _static_parts(ctx, layout, rank)
+    return weights + optim + held
 
 
 def memory_static_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:

@@ -166,6 +166,35 @@ def test_cpsat_equals_exhaustive_under_deepspeed_2021(seed):
     _check_engines_agree(model, job, cluster, dataclasses.replace(bounds, fixed=fixed, minimum={}, maximum={}))
 
 
+STEP_PEAK_CASES = [("gpt3-13b", "dgx-a100-superpod", 8, 0.5, 1), ("gpt3-13b", "dgx-a100-superpod", 8, 0.55, 2),
+                   ("llama2-7b", "dgx-h100-superpod", 8, 0.75, 1), ("llama2-7b", "dgx-h100-superpod", 8, 0.7, 2),
+                   ("mixtral-8x7b", "dgx-h100-superpod", 16, 0.3, 1)]  # the last: no layout fits
+
+
+@pytest.mark.parametrize("model_id,preset,n,headroom,zero", STEP_PEAK_CASES)
+def test_cpsat_equals_exhaustive_where_the_optimizer_step_sets_the_peak(model_id, preset, n, headroom, zero):
+    """The cross-check where DeepSpeed's ZeRO-1/2 step copies the gradient partition (``MemoryRow.step``,
+    ``cost.terms.step_gradients``): a rank's peak is the larger of its backward's and its step's. In
+    each case the step rules out layouts the backward alone would keep (more memory rejections with
+    it than without), both engines agree, and the winners fit by evaluate's count."""
+    model, cluster = get_model(model_id), build_cluster(preset, num_devices=n)
+    job = Job(global_batch_size=8 * n, seq_len=2048, precision="fp16", framework="deepspeed", framework_date="2022-02",
+              grad_bytes=2)
+    bounds = Bounds(fixed={"zero_stage": zero}, memory_headroom=headroom)
+    with_step = without_step = 0
+    for sub in split_spaces(build_space(model, job, cluster, bounds), model, job, cluster):
+        T = build_tables(Context(model, job, cluster), sub, headroom)
+        without = dataclasses.replace(T, rows=tuple(dataclasses.replace(r, step=0 * r.step) for r in T.rows))
+        with_step += count_rejections(T)[0].get("memory", 0)
+        without_step += count_rejections(without)[0].get("memory", 0)
+    assert with_step > without_step
+    _check_engines_agree(model, job, cluster, bounds)
+    try:
+        check_invariants(plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=2, bounds=bounds)), headroom)
+    except InfeasibleError:
+        pass
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_cpsat_equals_exhaustive_with_head_slots(seed):
     """The cross-check with the embedding and the head each in a layer's slot (Layout.head_slots):

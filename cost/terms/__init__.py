@@ -139,6 +139,8 @@ from clusterplan.cost.terms.memory import (  # noqa: F401
     static_memory,
     _lp_grads_kept,
     grads_freed_bytes,
+    FP32_BYTES,
+    step_gradients,
     kept_param_bytes,
 )
 from clusterplan.cost.terms.dp import (  # noqa: F401
@@ -147,6 +149,7 @@ from clusterplan.cost.terms.dp import (  # noqa: F401
     GRAD_ACCUMULATION_BYTES,
     grad_accumulation_adds,
     grad_accumulation_kind,
+    grad_accumulation_parts,
     grad_accumulation_s,
     host_optimizer_bytes,
     host_optimizer_terms,

@@ -91,6 +91,15 @@ def grad_accumulation_adds(ctx: Context, layout: Layout, m: int) -> int:
     return 0 if kind == "carry_add" and m == 1 else m
 
 
+def grad_accumulation_parts(ctx: Context, layout: Layout) -> tuple[float, float, float]:
+    """One micro-batch's add (:func:`grad_accumulation_s`), the add taken off once where the first
+    gradient is taken as it comes (autograd), and once more where a single micro-batch adds none
+    (MaxText's scan): a step of ``m`` micro-batches pays ``m`` times the first less the others."""
+    add_s = grad_accumulation_s(ctx, layout)
+    first, only = (grad_accumulation_adds(ctx, layout, n) < n for n in (2, 1))
+    return add_s, add_s * first, add_s * (only and not first)
+
+
 def grad_accumulation_s(ctx: Context, layout: Layout) -> float:
     """One micro-batch's gradient accumulation, a memory-bound pass over the gradients the rank
     holds (its ZeRO-2/3 shard, else all of its parameters; ``GRAD_ACCUMULATION_BYTES``) at the

@@ -335,6 +335,33 @@ def _lp_grads_kept(ctx: Context, zero_stage: int) -> bool:
             and not low_precision(ctx.job.precision))
 
 
+FP32_BYTES = 4.0
+
+
+def step_gradients(ctx: Context, layout: Layout, rank: str | None = None) -> tuple[float, float]:
+    """``(held, copies)``: the gradient bytes a rank holds at its optimizer step, where the framework
+    copies its gradient partition there (``ProfileAt.step_grad_copies``), and the copies among them;
+    ``(0, 0)`` elsewhere. DeepSpeed's ZeRO-1/2 optimizer (``stage2.py``, ``stage_1_and_2.py`` from
+    v0.5.9; its ``step()`` from the ZeRO-2 release, f2ac7eaf of 2020-05, to v0.16.4) has by then freed every gradient outside the
+    rank's partition (the reduction's epilogue: ``zero_grad``) and keeps the partition
+    (``averaged_gradients``: views of the 16-bit gradients, or of ZeRO-2's ``grads_in_partition``
+    buffer); ``self.flatten(...)`` copies it
+    into a new 16-bit tensor and ``.to(fp32)`` casts that into another, both alive while the cast
+    runs: 2 + 2 + 4 bytes per parameter of the partition, beside the weights and the optimizer
+    states, with every activation freed. None with 32-bit gradients (BF16_Optimizer steps its fp32
+    buffer in place), with the optimizer offloaded (the copies are in host memory) and under
+    weight streaming."""
+    job, z = ctx.job, effective_zero_stage(ctx, layout.zero_stage, layout.pp)
+    if (not job.profile.step_grad_copies(z) or job.grad_bytes != WEIGHT_BYTES or offloads_optimizer(layout.offload)
+            or ctx.cluster.weight_streaming):
+        return 0.0, 0.0
+    pc = param_counts(ctx.model, layout.tp, layout.pp, layout.vp, layout.ep, layout.expert_tp, layout.head_slots, rank)
+    part = owned_params(pc, layout, True, zero_replicas(ctx, layout.dp, layout.pp, layout.cp, layout.ep, z,
+                                                         layout.shard_across_domains, layout.dp_shard))
+    copies = (job.grad_bytes + FP32_BYTES) * part
+    return job.grad_bytes * part + copies, copies
+
+
 def grads_freed_bytes(ctx: Context, layout: Layout, rank: str | None = None) -> float:
     """Gradient bytes that do not exist yet while a step's only micro-batch holds its activations:
     the framework frees gradients between steps and shards them as they are reduced (FSDP2 under

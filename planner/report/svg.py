@@ -19,7 +19,7 @@ AXIS_COLORS = {"tp": "#e15759", "cp": "#59a14f", "ep": "#edc948", "dp": "#4e79a7
 AXIS_NAMES = {"tp": "tensor parallel", "cp": "context parallel", "ep": "expert parallel", "dp": "data parallel",
               "pp": "pipeline (a stage and its neighbour)"}
 MEMORY_COLORS = {"weights": "#4e79a7", "gradients": "#f28e2b", "optimizer": "#e15759", "activations": "#76b7b2",
-                 "working": "#59a14f", "reserved": "#9c755f", "allocator": "#d4d4d4"}
+                 "working": "#59a14f", "reserved": "#9c755f", "allocator": "#d4d4d4", "step_copies": "#ff9d9a"}
 MAX_DOMAIN_BOXES = 512
 MAX_ZOOM_DEVICES = 1024
 

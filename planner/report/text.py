@@ -42,7 +42,8 @@ def keep_whole(table: Table, index: int = 0) -> None:
 
 MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
                  "activations": "activations", "working": "working buffers", "reserved": "runtime (CUDA context, NCCL buffers)",
-                 "allocator": "allocator cache (reserved, not allocated)"}
+                 "allocator": "allocator cache (reserved, not allocated)",
+                 "step_copies": "gradient copies at the optimizer step"}
 TIME_LABELS = {"compute": "compute (forward + backward)", "recompute": "recompute",
                "tp_comm": "tensor-parallel comm (exposed)", "cp_comm": "context-parallel comm (exposed)",
                "ep_comm": "expert all-to-all (exposed)", "pp_bubble": "pipeline bubble",
@@ -304,9 +305,10 @@ def interval_text(doc: dict) -> str | None:
 def _memory(doc: dict, console: Console) -> None:
     capacity, peak = doc["device_memory_bytes"], doc["peak_memory_bytes"]
     table = make_table("memory per device (most loaded stage)", ("GiB", "right"), ("% of device", "right"))
-    for key, value in doc["memory"].items():
-        if key == "allocator" and not value:
-            continue  # no allocator share for this framework: said below the table
+    rows = sorted(doc["memory"].items(), key=lambda kv: kv[0] != "step_copies" and kv[0] not in ("weights", "gradients"))
+    for key, value in rows:  # the optimizer step's copies beside the gradients they copy
+        if key in ("allocator", "step_copies") and not value:
+            continue  # no allocator share for this framework (said below the table), or the backward's peak
         table.add_row(MEMORY_LABELS.get(key, key), gib(value), f"{value / capacity:.1%}")
     table.add_row("total (reserved)", gib(peak), f"{peak / capacity:.1%}", style="bold")
     console.print(table)
@@ -317,6 +319,9 @@ def _memory(doc: dict, console: Console) -> None:
     else:
         console.print(f"DOES NOT FIT: needs {gib(need)} GiB allocated with the runtime, device has "
                       f"{gib(capacity)} GiB, over by {gib(doc['overflow_bytes'])} GiB", style="bold red")
+    if doc["memory"].get("step_copies"):
+        console.print("the peak is at the optimizer step, not in backward: no activation is left, and the rank's "
+                      "16-bit gradient partition is copied flat and cast to fp32 (DeepSpeed ZeRO-1/2)")
     stages = doc.get("stage_memory_bytes")
     if stages:
         console.print(f"per stage: first {gib(stages['first_stage'])} GiB (most micro-batches in flight), "

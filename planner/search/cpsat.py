@@ -214,6 +214,9 @@ class _Model:
                 static = full - self._product(f"grads_freed_{row.name}", one, full - static1,
                                               int((row.static - row.static1).max()))
                 self.m.add(full + trans <= T.capacity)  # backward's end: every gradient, no activation
+            if row.copies_gradients():  # the optimizer step's copies of the gradient partition
+                self.m.add(self._lookup(f"step_{row.name}", self._fv_table(row.step), [self.fv, x["e"], x["z"]])
+                           <= T.capacity)
             held = static + trans + (logits if row.logits else 0)
             for act, table, kind in acts:
                 count = getattr(row, kind)

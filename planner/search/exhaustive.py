@@ -230,7 +230,8 @@ def peak_memory(T: Tables, sl: slice = slice(None)) -> np.ndarray:
     """Peak memory (MEMORY_QUANTUM_BYTES) over (f, e, v, mb, s, r, z), placed on DIMS: the highest of
     the memory rows (``planner.search.tables.memory_rows``: each pipeline rank that can bind, at each
     moment of its steady state, with its static memory and its layers in flight by kind; the last
-    rank with the logits), and backward's end (every gradient, one layer's transient). A
+    rank with the logits), backward's end (every gradient, one layer's transient) and the optimizer
+    step where the framework copies the gradient partition there (``MemoryRow.step``). A
     one-micro-batch step holds no gradient at its activation peak where the framework frees them
     between steps (``cost.terms.grads_freed_bytes``)."""
     ta = T.ta_of_f[sl]
@@ -247,7 +248,9 @@ def peak_memory(T: Tables, sl: slice = slice(None)) -> np.ndarray:
             peak = peak + act * _place(getattr(row, kind)[sl], ("f", "mb", "v"))
         if row.logits:
             peak = peak + _place(T.LOGITS[ta], ("f", "mb", "s", "r"))
-        peaks.append(np.maximum(peak, full + trans) if freed else peak)
+        peak = np.maximum(peak, full + trans) if freed else peak
+        # the optimizer step, where it copies the gradient partition (no activation, no transient)
+        peaks.append(np.maximum(peak, _place(row.step[sl], ("f", "v", "e", "z"))) if row.copies_gradients(sl) else peak)
     out = peaks[0]
     for peak in peaks[1:]:
         out = np.maximum(out, peak)
@@ -435,8 +438,8 @@ def restrict(T: Tables, keep: dict) -> Tables:
     sub.__dict__.pop("_derived", None)  # values derived from T's full axes (planner.search.bounds.once)
     for name, dims in axes.items():
         setattr(sub, name, cut(getattr(T, name), dims))
-    row_axes = {"static": ("f", "v", "e", "z"), "static1": ("f", "v", "e", "z"), "ifd": ("f", "mb", "v"),
-                "ifm": ("f", "mb", "v")}
+    row_axes = {"static": ("f", "v", "e", "z"), "static1": ("f", "v", "e", "z"), "step": ("f", "v", "e", "z"),
+                "ifd": ("f", "mb", "v"), "ifm": ("f", "mb", "v")}
     sub.rows = tuple(replace(row, **{name: cut(getattr(row, name), dims) for name, dims in row_axes.items()})
                      for row in T.rows)
     for name, dims in (("C_M", (None, "mb", "s", "r")), ("TPC_M", (None, "mb", "s", "r", "to")),

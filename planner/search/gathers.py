@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.stages import RANKS, rank_index
-from clusterplan.cost.step import memory_static_bytes
+from clusterplan.cost.step import memory_static_bytes, optimizer_step_bytes
 from clusterplan.cost.terms import (Context, dp_terms_of, fp8_gathers_no_slower, grads_freed_bytes, kept_param_bytes,
                                     zero_replicas)
 from clusterplan.planner.search.space import Space
@@ -34,11 +34,11 @@ def gather_pick(ctx: Context, S: Space, pc, base: Layout, gathers: tuple[str, ..
                  runtime: float) -> tuple[list[str], dict, list]:
     """The parameter-gather dtype of one (f, v, e, z) cell per order of ``S.order`` among ``gathers``
     (:func:`compared_gathers`), with the cell's static memory and freed gradients per rank
-    (``RANKS``: (static, freed)) and its data-parallel terms per order at those dtypes
+    (``RANKS``: (static, freed, step)) and its data-parallel terms per order at those dtypes
     (:func:`_dp_order_terms`).
 
     Of bf16 and fp8, fp8 is taken where it needs no more static memory on any rank (at backward's
-    end and at the activation peak) and none of the four data-parallel terms is longer: each enters
+    end, at the activation peak and at the optimizer step) and none of the four data-parallel terms is longer: each enters
     the objective through a non-decreasing term (``build_tables``), so the choice is exact for the
     step time, the energy and the fit. The static memory has no order axis: where fp8 needs less
     memory, it is taken in every order or in none (in every one only if it is no slower in each);
@@ -50,6 +50,7 @@ def gather_pick(ctx: Context, S: Space, pc, base: Layout, gathers: tuple[str, ..
                                                                                 profiles, first)
     (low, high) = (cells["fp8"], cells["bf16"])
     pairs = [(low[r][0], high[r][0]) for r in RANKS] + [(low[r][0] - low[r][1], high[r][0] - high[r][1]) for r in RANKS]
+    pairs += [(low[r][2], high[r][2]) for r in RANKS]  # the optimizer step's peak
     t16 = _dp_order_terms(ctx, S, pc, lays["bf16"], profiles, first)
     if any(a > b for a, b in pairs):
         return ["bf16"] * len(S.order), high, t16
@@ -62,13 +63,16 @@ def gather_pick(ctx: Context, S: Space, pc, base: Layout, gathers: tuple[str, ..
 
 
 def _static_cell(ctx: Context, layout: Layout, runtime: float) -> dict:
-    """Per rank of ``RANKS``: ``layout``'s static memory with the runtime, and the gradients absent at
-    a one-micro-batch step's activation peak (a rank the pipeline lacks, rank 1 of two, repeats the
-    first's)."""
+    """Per rank of ``RANKS``: ``layout``'s static memory with the runtime, the gradients absent at
+    a one-micro-batch step's activation peak, and the optimizer step's peak with the runtime where
+    the framework copies the gradient partition there, else 0 (``cost.step.optimizer_step_bytes``; a
+    rank the pipeline lacks, rank 1 of two, repeats the first's)."""
     out = {}
     for rank in RANKS:
         held = rank if rank_index(layout.pp, rank) is not None else "first"
-        out[rank] = (memory_static_bytes(ctx, layout, held) + runtime, grads_freed_bytes(ctx, layout, held))
+        step = optimizer_step_bytes(ctx, layout, held)
+        out[rank] = (memory_static_bytes(ctx, layout, held) + runtime, grads_freed_bytes(ctx, layout, held),
+                     step + runtime if step else 0.0)
     return out
 
 

@@ -151,7 +151,7 @@ def _offload_hides(ctx: Context, S: Space, f: tuple[int, int, int, int]) -> bool
 
 def host_refused_statics(ctx: Context, S: Space, statics: dict, refused: int) -> dict:
     """The tables' static memory per rank (``tables.memory_rows``' input: (static, at the activation
-    peak) over (f, v, e, z), in memory quanta) with ``refused`` (more than the capacity) in the cells
+    peak, at the optimizer step) over (f, v, e, z), in memory quanta) with ``refused`` (more than the capacity) in the cells
     whose host memory cannot hold what the layout offloads (:func:`host_overflow`): the memory rows then
     rule them out in both engines. Unchanged without optimizer offload."""
     if not offloads_optimizer(S.offload[0]):
@@ -159,7 +159,7 @@ def host_refused_statics(ctx: Context, S: Space, statics: dict, refused: int) ->
     over = host_overflow(ctx, S)
     if not over.any():
         return statics
-    return {rank: (np.where(over, refused, full), np.where(over, refused, one)) for rank, (full, one) in statics.items()}
+    return {rank: tuple(np.where(over, refused, a) for a in arrays) for rank, arrays in statics.items()}
 
 
 def host_overflow(ctx: Context, S: Space) -> np.ndarray:

@@ -47,8 +47,7 @@ from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, ep_comm_terms,
     mixed_kinds,
     kind_windows_over, stage_kind_shares,
-    ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s, grad_accumulation_adds,
-    grad_accumulation_s,
+    ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s, grad_accumulation_parts,
     overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, chunks_fit, tp_comm_terms,
 )
 from clusterplan.planner.search.masks import (
@@ -101,7 +100,7 @@ class Tables:
     DPX: np.ndarray  # (F, O, V, E, Z) per-step traffic that is never overlapped (ZeRO-2's weight gather)
     DPC: np.ndarray  # (F, O, V, E, Z) FSDP2's copies per micro-batch on the compute stream (cost.terms.fsdp_copy_s)
     OPT: np.ndarray  # (F, V, E, Z); with optimizer offload its host copies and CPU step (planner.search.offload)
-    GA: np.ndarray  # (F, V, E, Z) one micro-batch's gradient accumulation (cost.terms.grad_accumulation_s), per micro-batch
+    GA: np.ndarray  # (F, V, E, Z) one micro-batch's gradient accumulation (cost.terms.grad_accumulation_parts)
     GAW: np.ndarray  # (F, V, E, Z) less this where the first gradient is taken as it comes (autograd)
     GA1: np.ndarray  # (F, V, E, Z) less this where one micro-batch adds none (MaxText)
     # counts (exact integers or SLOT_QUANTUM)
@@ -172,11 +171,12 @@ class StageCandidate:
 class MemoryRow:
     """One pipeline rank's peak at one moment of its steady state (``cost.stages``): every layout
     must keep ``static + ACT_D * IFD + ACT_M * IFM + TRANS (+ LOGITS on the last rank)`` within the
-    capacity, and at backward's end ``static + TRANS``."""
+    capacity, at backward's end ``static + TRANS``, and at the optimizer step ``step``."""
 
     name: str  # the rank (cost.stages.RANKS) and the moment
     static: np.ndarray  # (F, V, E, Z) weights, gradients and optimizer states, with the runtime
     static1: np.ndarray  # (F, V, E, Z) less the gradients absent at a one-micro-batch step's activation peak
+    step: np.ndarray  # (F, V, E, Z) the optimizer step's peak with the runtime, where it copies gradients; else 0
     ifd: np.ndarray  # (F, MB, V) dense layers' activations in flight
     ifm: np.ndarray  # (F, MB, V) MoE layers'
     logits: bool  # the rank holds the logits (the last)
@@ -185,6 +185,10 @@ class MemoryRow:
         """Whether some layout holds fewer gradients at a one-micro-batch step's activation peak
         than at backward's end (``grads_freed_bytes``)."""
         return bool((self.static1[sl] < self.static[sl]).any())
+
+    def copies_gradients(self, sl: slice = slice(None)) -> bool:
+        """Whether some layout has an optimizer-step peak of its own (``cost.step.optimizer_step_bytes``)."""
+        return bool(self.step[sl].any())
 
 
 def _index(keys: list) -> tuple[dict, list]:
@@ -276,6 +280,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
         ACT_D, ACT_M, TRANS, LOGITS = (np.minimum(a, capacity + 1) for a in (ACT_D, ACT_M, TRANS, LOGITS))
         for row in rows:
             row.static, row.static1 = np.minimum(row.static, capacity + 1), np.minimum(row.static1, capacity + 1)
+            row.step = np.minimum(row.step, capacity + 1)
     bk, bk_m = timed.pop("BK", None), timed.pop("BK_M", None)
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, DPC=DPC,
                   OPT=OPT, GA=GA, GAW=GAW, GA1=GA1,
@@ -513,6 +518,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
     opt, acc = np.zeros((F, V, E, Z)), np.zeros((3, F, V, E, Z))  # acc: Tables.GA, GAW, GA1
     static = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
     gfree = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
+    step = {rank: np.zeros((F, V, E, Z)) for rank in RANKS}
     L, offered, compared = ctx.model.num_layers, len(S.param_gather) > 1, compared_gathers(ctx, S)
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
@@ -537,24 +543,17 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
                                   param_gather=gathers[0], dp_shard=S.dp_shard[0], offload=S.offload[0])
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0  # the same for either dtype
-                    acc[:, i, vi, ei, zi] = _accumulation_cell(ctx, base) if times else 0.0
+                    acc[:, i, vi, ei, zi] = grad_accumulation_parts(ctx, base) if times else 0.0
                     picks, held, terms = gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
                     fp8[i, :, vi, ei, zi] = [g == "fp8" for g in picks]
                     for rank in RANKS:
-                        static[rank][i, vi, ei, zi], gfree[rank][i, vi, ei, zi] = held[rank]
+                        static[rank][i, vi, ei, zi], gfree[rank][i, vi, ei, zi], step[rank][i, vi, ei, zi] = held[rank]
                     for oi, t in enumerate(terms if times else ()):
                         if t is not None:
                             dps[i, oi, vi, ei, zi], dpm[i, oi, vi, ei, zi], rg[i, oi, vi, ei, zi], \
                                 dpx[i, oi, vi, ei, zi], dpc[i, oi, vi, ei, zi] = t
-    statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank])) for rank in RANKS}
+    statics = {rank: (_qb(static[rank]), _qb(static[rank] - gfree[rank]), _qb(step[rank])) for rank in RANKS}
     return _qt(dps), _qt(dpm), _qt(rg), _qt(dpx), _qt(dpc), _qt(opt), tuple(_qt(acc)), statics, (fp8 if offered else None)
-
-
-def _accumulation_cell(ctx: Context, base: Layout) -> list[float]:
-    """One (f, v, e, z) cell's ``Tables.GA``, ``GAW`` and ``GA1`` (s), from ``cost.terms.grad_accumulation_adds``."""
-    add_s = grad_accumulation_s(ctx, base)
-    first, only = (grad_accumulation_adds(ctx, base, n) < n for n in (2, 1))
-    return [add_s, add_s * first, add_s * (only and not first)]
 
 
 def full_recompute(S: Space) -> np.ndarray:
@@ -664,7 +663,7 @@ def _flight_cell(ctx: Context, pp: int, v: int, m: int, hs: bool) -> dict:
 def _bounds(a: MemoryRow, b: MemoryRow) -> bool:
     """Row ``a`` is at least row ``b`` for every layout (so ``b`` never binds where ``a`` holds)."""
     return ((a.logits or not b.logits) and bool((a.static >= b.static).all()) and bool((a.static1 >= b.static1).all())
-            and bool((a.ifd >= b.ifd).all()) and bool((a.ifm >= b.ifm).all()))
+            and bool((a.step >= b.step).all()) and bool((a.ifd >= b.ifd).all()) and bool((a.ifm >= b.ifm).all()))
 
 
 def _ranks(ctx: Context, group) -> tuple[int, ...]:
