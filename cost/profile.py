@@ -106,6 +106,9 @@ class Profile:
     ep_spans_cp_from: str | None = None
     ep_whole_cp_until: str | None = None
     grad_bytes: int = 4
+    # semantics.grad_bytes_fp16: the gradient bytes under fp16 where they differ (Megatron keeps fp16
+    # main grads unless --accumulate-allreduce-grads-in-fp32; it forces fp32 only for bf16)
+    grad_bytes_fp16: int | None = None
     zero2_param_gather: str | None = "per_step"
     # ZeRO-1's gradient reduction (semantics.zero1_grad_reduce): "reduce_scatter" of the full buffer to
     # the shards' owners, or "all_reduce" of it (nanotron, which then updates only its shard)
@@ -227,6 +230,11 @@ class Profile:
 
     def at(self, date: str | None, compiled: bool = False) -> "ProfileAt":
         return ProfileAt(self, date or self.date, compiled)
+
+    def grad_bytes_for(self, precision: str) -> int:
+        """Bytes per gradient element kept for the optimizer under ``precision``: ``grad_bytes``, or
+        ``grad_bytes_fp16`` for fp16 where the framework keeps them in the parameters' dtype there."""
+        return self.grad_bytes_fp16 if precision == "fp16" and self.grad_bytes_fp16 else self.grad_bytes
 
     def describe(self, date: str | None = None) -> str:
         when = f" as of {date}" if date and date != self.date else ""

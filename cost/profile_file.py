@@ -96,6 +96,12 @@ def _stages(value, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _grad_bytes(sem: dict) -> dict:
+    """``semantics.grad_bytes`` (default 4) and ``grad_bytes_fp16`` (None: as ``grad_bytes``)."""
+    fp16 = sem.get("grad_bytes_fp16")
+    return {"grad_bytes": int(sem.get("grad_bytes", 4)), "grad_bytes_fp16": None if fp16 is None else int(fp16)}
+
+
 @lru_cache(maxsize=None)
 def load_profile(framework_id: str) -> Profile:
     """Read and check one profile file."""
@@ -119,8 +125,7 @@ def load_profile(framework_id: str) -> Profile:
         aliases=tuple(str(a).lower() for a in doc.get("aliases") or ()),
         platforms=_platforms(doc, where), since=since, until=until, feature_sources=feature_sources,
         rules=tuple(rules), **_requires(req, where), head_slots_default=bool(sem.get("head_slots_default", False)),
-        grad_bytes=int(sem.get("grad_bytes", 4)), **_zero_reductions(sem, where),
-        dropout=float(sem.get("dropout") or 0.0), **_attention(sem, where),
+        **_grad_bytes(sem), **_zero_reductions(sem, where), dropout=float(sem.get("dropout") or 0.0), **_attention(sem, where),
         logit_bytes=float(sem.get("logit_bytes", 6.0)), flex_attention_history=_flex_history(sem, where),
         compiled_logit_bytes=None if sem.get("compiled_logit_bytes") is None else float(sem["compiled_logit_bytes"]),
         **_logits(sem, where),

@@ -135,7 +135,7 @@ def build_job(model_arg: str, model: ModelSpec, cluster: Cluster, global_batch: 
     _check_compile(compiled, fw)
     check_model_code(model_code, fw)
     return Job(global_batch_size=batch, seq_len=seq, precision=prec, tokens_to_train=tokens_to_train,
-               attention=attention, framework=fw, grad_bytes=prof.grad_bytes, compiled=bool(compiled),
+               attention=attention, framework=fw, grad_bytes=prof.grad_bytes_for(prec), compiled=bool(compiled),
                reliability=reliability or Reliability(), model_code=model_code or "native",
                fp8_scaling=_fp8_scaling(fp8_scaling, prec), framework_date=framework_date or ""), origin
 

@@ -50,3 +50,21 @@ def test_torchtitan_plain_ddp_composes_with_tp_from_its_replicate_release():
 
     assert refused("2026-02")
     assert not refused("2026-03")
+
+
+def test_megatron_keeps_fp16_gradients_in_fp16_and_bf16_gradients_in_fp32():
+    """Megatron's validate_args forces fp32 gradient accumulation and reduction for bf16 only; under fp16
+    the main grads take the parameters' dtype (no --accumulate-allreduce-grads-in-fp32): 2 bytes a
+    gradient, which plans and validated runs both use. DeepSpeed keeps its own rule."""
+    from clusterplan.models.library import get_model
+    from clusterplan.planner.inputs import build_job
+    from clusterplan.topologies.library import build_cluster
+
+    megatron = load_profile("megatron")
+    assert (megatron.grad_bytes_for("fp16"), megatron.grad_bytes_for("bf16"), megatron.grad_bytes_for("fp8")) == (2, 4, 4)
+    deepspeed = load_profile("deepspeed")
+    assert deepspeed.grad_bytes_for("fp16") == deepspeed.grad_bytes
+    cluster = build_cluster("dgx-a100-superpod", num_devices=64)
+    for precision, expected in (("fp16", 2), ("bf16", 4)):
+        job, _ = build_job("gpt3-13b", get_model("gpt3-13b"), cluster, precision=precision, framework="megatron")
+        assert job.grad_bytes == expected

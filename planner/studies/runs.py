@@ -356,7 +356,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, 
         model = model.model_copy(update={"dropout": prof.profile.dropout > 0})
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
               precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or prof.attention),
-              framework=fw, framework_date=date, grad_bytes=_grad_bytes(run, prof.profile.grad_bytes),
+              framework=fw, framework_date=date, grad_bytes=_grad_bytes(run, prof.profile.grad_bytes_for(str(run.get("precision") or "bf16"))),
               weight_bytes=_weight_bytes(run), compiled=compiled, model_code=code, fp8_all_gather=_flag(run, "fp8_all_gather"),
               fp8_scaling=str(run.get("fp8_scaling") or ""))
     check_precision_framework(job.precision, prof, "precision")
