@@ -85,10 +85,16 @@ def test_exports_write_the_frameworks_own_settings():
     assert "--cuda-graph-impl full_iteration" in text and "--no-check-for-nan-in-loss-and-grad" in text
     layer = export(_doc("llama3-8b-cuda-graph-layer", "megatron"), "megatron")
     assert "--cuda-graph-impl transformer_engine" in layer and "--no-check-for-nan" not in layer
-    assert "--cuda-graph-impl" not in export(_doc("llama3-8b-h100x64", "megatron"), "megatron")
+    plain = _doc("llama3-8b-h100x64", "megatron")  # the search graphs each layer where Megatron-Core can
+    assert plain["layout"]["cuda_graph"] == "layer" and "--cuda-graph-impl transformer_engine" in export(plain, "megatron")
+    del plain["layout"]["cuda_graph"]
+    assert "--cuda-graph-impl" not in export(plain, "megatron")
     assert "disable_cuda_graphs = False" in export(_doc("llama3-8b-cuda-graph-full", "torchtitan"), "torchtitan")
+    titan = _doc("llama3-8b-h100x64", "torchtitan")  # torchtitan 0.3 graphs by default; the search keeps it
+    assert titan["layout"]["cuda_graph"] == "full" and "disable_cuda_graphs = False" in export(titan, "torchtitan")
     # a plan priced without graphs launches without them (torchtitan 0.3 would capture them by default)
-    assert "disable_cuda_graphs = True" in export(_doc("llama3-8b-h100x64", "torchtitan"), "torchtitan")
+    del titan["layout"]["cuda_graph"]
+    assert "disable_cuda_graphs = True" in export(titan, "torchtitan")
     deepspeed = _doc("llama3-8b-h100x64", "deepspeed")
     deepspeed["layout"]["cuda_graph"] = "full"
     with pytest.raises(SpecError, match="cuda_graph=full"):
