@@ -195,3 +195,9 @@ def test_validate_prices_runs_eager_with_the_implicit_dispatcher_unless_publishe
     plain = _bounds({"layout": {"tp": 1}}, JOB.profile)
     assert plain.fixed["cuda_graph"] == "none" and plain.fixed["moe_dispatcher"] == "auto"
     assert _bounds({"layout": {"moe_dispatcher": "deepep"}}, JOB.profile).fixed["moe_dispatcher"] == "deepep"
+
+
+def test_a_fixed_scope_its_rules_refuse_with_every_layout_left_names_the_rule():
+    with pytest.raises(SpecError, match="no layout left runs cuda_graph=layer: Megatron: per-layer CUDA graphs refuse "
+                                        "full recomputation"):
+        _plan(JOB, fixed={"cuda_graph": "layer", "recompute": "full"})

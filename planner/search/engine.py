@@ -101,7 +101,7 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     headroom = opts.bounds.headroom(job, cluster)
     subs = searched_spaces(ctx, space)
     if not subs:  # --fix cuda_graph=S with knobs its framework's rules refuse it with
-        raise SpecError(_refusal_message(ctx, [space], _bounds_text(opts.bounds)))
+        raise _graph_refusal(job, space.cuda_graph[0], opts.bounds)
     limit_s = opts.time_limit_s / len(subs) if opts.time_limit_s else None  # --time-limit shared by the splits
     parts: list[_SplitSearch] = []
     for sub in subs:  # each later split only has to beat the answers already kept (their worst)
@@ -127,6 +127,11 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
                         feasible + sum(rejections.values()), opts.engine, status, max(p.gap for p in done),
                         time.perf_counter() - start, [o for o, _, _ in ranked], space, opts.objective, headroom)
 
+
+
+def _graph_refusal(job: Job, scope: str, bounds: Bounds) -> SpecError:
+    rules = "; ".join(r.message for r in job.profile.profile.rules if scope in dict(r.when).get("cuda_graph_in", ()))
+    return SpecError(f"{_bounds_text(bounds)}: no layout left runs cuda_graph={scope}: {rules}; drop or change the bound")
 
 
 def searched_spaces(ctx: Context, space: Space) -> list[Space]:
