@@ -156,9 +156,13 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
     schedules, cp_kinds = domains["schedule"], domains.get("cp_comm", CP_COMM_KINDS)
     moves = _moves(best.layout, model.is_moe, offload, cp_kinds, job.profile.profile.offload_recompute)
     moves += _schedule_moves(best.layout, schedules, job.profile.has("schedule_zbh1"))
+    if cluster.device.family.startswith("nvidia-"):  # each other graph scope the framework has: saved, or refused by
+        moves += [(f"cuda_graph {s}", best.layout.with_(cuda_graph=s))  # which rule (why a plan runs eager)
+                  for s in domains["cuda_graph"] if s not in ("none", best.layout.cuda_graph)]
+    scopes = space.cuda_graph if space is not None else domains["cuda_graph"] if best.layout.cuda_graph != "none" else ()
     for name, lay in moves:
-        if lay.cuda_graph != "none" and not name.startswith("cuda_graph"):  # as the search prices the moved layout
-            lay = lay.with_(cuda_graph=graph_scope(job.profile, domains["cuda_graph"], lay))
+        if not name.startswith("cuda_graph"):  # the scope the search gives the moved layout
+            lay = lay.with_(cuda_graph=graph_scope(job.profile, scopes, lay))
         outside = _outside(space, lay)
         if outside:
             rows.append({"move": name, "allowed": False, "reason": outside})

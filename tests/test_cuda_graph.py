@@ -201,3 +201,16 @@ def test_a_fixed_scope_its_rules_refuse_with_every_layout_left_names_the_rule():
     with pytest.raises(SpecError, match="no layout left runs cuda_graph=layer: Megatron: per-layer CUDA graphs refuse "
                                         "full recomputation"):
         _plan(JOB, fixed={"cuda_graph": "layer", "recompute": "full"})
+
+
+def test_explain_says_what_graphs_save_and_why_a_plan_runs_eager():
+    from clusterplan.planner.explain import sensitivities
+    graphed = _plan(JOB).best  # Megatron: per-layer graphs
+    rows = {r["move"]: r for r in sensitivities(MODEL, JOB, CLUSTER, graphed)}
+    assert rows["cuda_graph none"]["delta"] > 0 and rows["cuda_graph full"]["step_time_s"] == graphed.step_time_s
+    titan = dataclasses.replace(JOB, framework="torchtitan")
+    eager = _plan(titan, fixed={"pp": 2}).best
+    rows = {r["move"]: r for r in sensitivities(MODEL, titan, CLUSTER, eager)}
+    assert not rows["cuda_graph full"]["allowed"] and "refuse pipeline parallelism" in rows["cuda_graph full"]["reason"]
+    pp1 = {r["move"]: r for r in sensitivities(MODEL, titan, CLUSTER, _plan(titan, fixed={"pp": 1}).best)}
+    assert "cuda_graph full" not in pp1 and pp1["cuda_graph none"]["delta"] > 0
