@@ -275,7 +275,7 @@ def test_search_chooses_the_fastest_dispatcher_per_expert_group_and_its_engines_
 
     cluster = build_cluster("dgx-h100-superpod", num_devices=32)
     bounds = Bounds({"ep": 8, "tp": 1, "ep_overlap": False}, {}, {"pp": 2}, 0.1)  # inside a node
-    assert build_space(MOE, JOB, cluster, bounds).moe_dispatcher == ("auto", "deepep", "hybridep")
+    assert build_space(MOE, JOB, cluster, bounds).moe_dispatcher == ("auto", "deepep")
     _check_engines_agree(MOE, JOB, cluster, bounds)
     best = plan(MOE, JOB, cluster, SearchOptions(engine="cpsat", top_k=0, bounds=bounds)).best
     assert best.layout.moe_dispatcher == "deepep"
@@ -284,7 +284,7 @@ def test_search_chooses_the_fastest_dispatcher_per_expert_group_and_its_engines_
 
 
 @pytest.mark.parametrize("where,framework,capacity,offered", [
-    (("dgx-h100-superpod", 32), "megatron", None, ("auto", "deepep", "hybridep")),
+    (("dgx-h100-superpod", 32), "megatron", None, ("auto", "deepep")),  # Hybrid-EP: priced alike, wins no tie
     (("dgx-h100-superpod", 32), "megatron", 1.25, ("auto", "hybridep")),  # DeepEP's backend does not pad
     (("dgx-h100-superpod", 32), "torchtitan", None, ("auto",)),  # its 0.3 export cannot write them
     (("dgx-a100-superpod", 32), "megatron", None, ("auto",)),  # no measured rate before Hopper

@@ -337,7 +337,7 @@ def _check_fixed_schedule(prof, b: Bounds) -> None:
 
 
 def _moe_dispatchers(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds, offered) -> tuple[str, ...]:
-    """The MoE dispatchers: the one ``--fix`` holds, else ``auto`` and the fused ones (DeepEP, then
+    """The MoE dispatchers: the one ``--fix`` holds, else ``auto`` and the first fused one (DeepEP, else
     Hybrid-EP) the framework offers at its date, for the tables to choose per expert group
     (``Space.moe_dispatcher``): on Hopper and Blackwell GPUs only, where their rates were measured
     (DeepEP README: H800; Hybrid-EP: B200/GB200); DeepEP not with a capacity factor under Megatron
@@ -351,8 +351,10 @@ def _moe_dispatchers(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bound
     if (model.moe is None or bounds.allow_unavailable or job.framework == "torchtitan"
             or not family.startswith("nvidia-") or family in ("nvidia-a100", "nvidia-v100")):
         return ("auto",)
-    fused = ("deepep", "hybridep")[1 if model.moe.capacity_factor and job.framework == "megatron" else 0:]
-    return ("auto",) + tuple(d for d in fused if offered is None or d in offered)
+    fused = [d for d in ("deepep", "hybridep") if offered is None or d in offered]
+    if model.moe.capacity_factor and job.framework == "megatron" and "deepep" in fused:
+        fused.remove("deepep")
+    return ("auto",) + tuple(fused[:1])  # Hybrid-EP is priced as DeepEP (_dispatch_s): it wins no tie
 
 
 def _graph_scopes(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...]) -> tuple[str, ...]:
