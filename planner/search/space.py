@@ -339,8 +339,9 @@ def _check_fixed_schedule(prof, b: Bounds) -> None:
 def _moe_dispatchers(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds, offered) -> tuple[str, ...]:
     """The MoE dispatchers: the one ``--fix`` holds, else ``auto`` and the first fused one (DeepEP, else
     Hybrid-EP) the framework offers at its date, for the tables to choose per expert group
-    (``Space.moe_dispatcher``): on Hopper and Blackwell GPUs only, where their rates were measured
-    (DeepEP README: H800; Hybrid-EP: B200/GB200); DeepEP not with a capacity factor under Megatron
+    (``Space.moe_dispatcher``): on Hopper and Blackwell GPUs only (DeepEP's kernels are written for
+    SM90 and its README's rates are H800's; Hybrid-EP uses TMA, SM90 on, and Megatron-Bridge applies
+    it on GB200/GB300: megatron.yaml); DeepEP not with a capacity factor under Megatron
     (``cost.checks``: its backend does not pad); none under torchtitan, whose 0.3 export does not
     write its registry's DeepEP/Hybrid-EP dispatchers (``--fix`` holds one; ``--format
     torchtitan-0.2`` writes DeepEP). Validation (``allow_unavailable``) holds ``auto``: a run's
