@@ -15,10 +15,15 @@ NaN check of the loss and gradients, ``export.megatron``); a tie in price, not a
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.profile import ProfileAt
-from clusterplan.planner.search.space import Space
+from clusterplan.models.errors import SpecError
+from clusterplan.topologies.cluster import Cluster
+
+if TYPE_CHECKING:  # space.py imports this module
+    from clusterplan.planner.search.space import Bounds, Space
 
 # a rule's condition -> (the knob it reads, whether a value of it is refused)
 _SPLITTABLE = {
@@ -26,6 +31,22 @@ _SPLITTABLE = {
     "pp_min": ("pp", lambda want: lambda pp: pp >= want),
     "ep_min": ("ep", lambda want: lambda ep: ep >= want),
 }
+
+
+def searched_scopes(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...]) -> tuple[str, ...]:
+    """The CUDA graph scopes the search may give a layout: the one ``--fix`` holds (graphs on a device
+    without CUDA are bad input), else none and the scopes the framework offers at its date on NVIDIA
+    GPUs (:func:`graph_spaces` cuts the space by the framework's rules on them). Validation holds
+    none unless a run says otherwise (``studies.runs``)."""
+    fixed = bounds.fixed.get("cuda_graph")
+    if fixed not in (None, "none") and not cluster.device.family.startswith("nvidia-"):
+        raise SpecError(f"--fix cuda_graph={fixed}: CUDA graphs run on NVIDIA GPUs only, not on "
+                        f"{cluster.device.name}; drop it")
+    if fixed is not None:
+        return (fixed,)
+    if bounds.allow_unavailable or not cluster.device.family.startswith("nvidia-"):
+        return ("none",)
+    return offered
 
 
 def scope_box(prof: ProfileAt, scope: str) -> list | None:

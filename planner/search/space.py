@@ -18,6 +18,7 @@ from clusterplan.cost.checks import head_slot_problem, param_gather_problem
 from clusterplan.cost.terms import Context, stage_slots
 from clusterplan.cost.layout import CP_COMM_KINDS, ORDERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
+from clusterplan.planner.search.graphs import searched_scopes
 from clusterplan.planner.search.offload import offload_modes, offload_spaces
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -189,7 +190,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         head_slots=pick("head_slots", _pipeline_splits(prof)),
         offload=pick("offload", offload_modes(cluster, b, prof)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
         moe_dispatcher=_moe_dispatchers(model, job, cluster, b, offered.get("moe_dispatcher")),
-        cuda_graph=_graph_scopes(cluster, b, offered["cuda_graph"]), param_gather=_param_gathers(job, cluster, b),
+        cuda_graph=searched_scopes(cluster, b, offered["cuda_graph"]), param_gather=_param_gathers(job, cluster, b),
         dp_shard=pick("dp_shard", (0,)), schedule=_searched_schedules(prof, b),
         schedule_vp1=prof.has("schedule_zbh1"), framework_rules=not b.allow_unavailable,
     ), prof)
@@ -356,22 +357,6 @@ def _moe_dispatchers(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bound
     if model.moe.capacity_factor and job.framework == "megatron" and "deepep" in fused:
         fused.remove("deepep")
     return ("auto",) + tuple(fused[:1])  # Hybrid-EP is priced as DeepEP (_dispatch_s): it wins no tie
-
-
-def _graph_scopes(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...]) -> tuple[str, ...]:
-    """The CUDA graph scopes the search may give a layout: the one ``--fix`` holds (graphs on a device
-    without CUDA are bad input), else none and the scopes the framework offers at its date on NVIDIA
-    GPUs (``graphs.graph_spaces`` cuts the space by the framework's rules on them). Validation holds
-    none unless a run says otherwise (``studies.runs``)."""
-    fixed = bounds.fixed.get("cuda_graph")
-    if fixed not in (None, "none") and not cluster.device.family.startswith("nvidia-"):
-        raise SpecError(f"--fix cuda_graph={fixed}: CUDA graphs run on NVIDIA GPUs only, not on "
-                        f"{cluster.device.name}; drop it")
-    if fixed is not None:
-        return (fixed,)
-    if bounds.allow_unavailable or not cluster.device.family.startswith("nvidia-"):
-        return ("none",)
-    return offered
 
 
 def _param_gathers(job: Job, cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:
