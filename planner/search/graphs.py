@@ -52,7 +52,7 @@ def searched_scopes(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...]) 
 def scope_box(prof: ProfileAt, scope: str) -> list | None:
     """The layouts ``prof`` graphs with ``scope``: ``(knob, allowed)`` conditions that must all hold,
     one per profile rule refusing the scope at the profile's date; None where a rule reads more than
-    one other knob (the box cannot express it: the scope is then not searched, ``--fix`` holds it)."""
+    one other knob (the box cannot express it: the scope is then not searched, and ``--fix`` of it refused)."""
     box = []
     for rule in prof.profile.rules:
         when = dict(rule.when)
@@ -72,6 +72,9 @@ def graph_spaces(space: Space, prof: ProfileAt) -> list[Space]:
     (``("none",)``, priced eager); ``space`` itself where it offers no graphed scope."""
     pairs = [(s, scope_box(prof, s)) for s in space.cuda_graph if s != "none"]
     scopes, boxes = tuple(s for s, b in pairs if b is not None), [b for _, b in pairs if b is not None]
+    if not boxes and "none" not in space.cuda_graph:  # no rule refusing it is one this module can cut on
+        raise SpecError(f"--fix cuda_graph={space.cuda_graph[0]}: the framework's rules on it are not searched; "
+                        f"price a layout with it by `clusterplan evaluate --layout ...,cuda_graph={space.cuda_graph[0]}`")
     if not boxes:
         return [replace(space, cuda_graph=("none",))]
     graphed: list[list] = [[]] if [] in boxes else []  # a scope every layout may take: one graphed space
