@@ -251,8 +251,9 @@ ENGINE_OPTIONS = [
                       "tp), vp, mbs, sp, recompute, zero, order, dp_overlap, tp_overlap, ep_overlap, head_slots "
                       "(on: the embedding and the LM head each take a layer's slot in the pipeline split; unfixed, the "
                       "search tries both splits the framework offers), offload, cp_comm (p2p, allgather, a2a, a2a+p2p: how context "
-                      "parallelism communicates), moe_dispatcher (auto, alltoall, deepep, hybridep: held, "
-                      "not searched), dp_shard (hybrid sharding over N data-parallel ranks; never searched), schedule (1f1b, "
+                      "parallelism communicates), moe_dispatcher (auto, alltoall, deepep, hybridep: unfixed, each expert "
+                      "group takes the fastest the framework offers), cuda_graph (none, layer, full: unfixed, every layout "
+                      "the framework can graph is graphed), dp_shard (hybrid sharding over N data-parallel ranks; never searched), schedule (1f1b, "
                       "interleaved, zb1p: the pipeline schedule; unfixed, pipelines run zero bubble where the framework "
                       "has it), param_gather (bf16, fp8: unfixed, FP8 jobs gather in 8 bits where that is no slower and "
                       "takes no more memory) (repeatable, or comma-separated: --fix tp=8,pp=4)."),

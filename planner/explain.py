@@ -13,6 +13,7 @@ from clusterplan.cost.layout import (CP_COMM_KINDS, MOE_DISPATCHERS, RECOMPUTE_M
 from clusterplan.cost.step import Evaluation, evaluate
 from clusterplan.cost.checks import layout_problems
 from clusterplan.models.spec import ModelSpec
+from clusterplan.planner.search.graphs import graph_scope
 from clusterplan.planner.search.space import Space
 from clusterplan.topologies.cluster import Cluster
 
@@ -119,7 +120,7 @@ def _schedule_moves(lay: Layout, offered: tuple[str, ...], zbh1: bool = False) -
         out.append((label, lay.with_(vp=vp, schedule=name)))
     return out
 def _dispatcher_moves(lay: Layout, moe: bool) -> list[tuple[str, Layout]]:
-    """Where a layout names its MoE dispatcher (the search keeps ``auto``): each other dispatcher, to
+    """Where a layout names its MoE dispatcher (the search chose it, or ``--fix`` held it): each other one, to
     show what the all-to-alls cost under it (``cost.terms.comm._dispatch_s``), or why the framework
     refuses it."""
     if not moe or lay.ep == 1 or lay.moe_dispatcher == "auto":
@@ -155,7 +156,13 @@ def sensitivities(model: ModelSpec, job: Job, cluster: Cluster, best: Evaluation
     schedules, cp_kinds = domains["schedule"], domains.get("cp_comm", CP_COMM_KINDS)
     moves = _moves(best.layout, model.is_moe, offload, cp_kinds, job.profile.profile.offload_recompute)
     moves += _schedule_moves(best.layout, schedules, job.profile.has("schedule_zbh1"))
+    if cluster.device.family.startswith("nvidia-"):  # each other graph scope the framework has: saved, or refused by
+        moves += [(f"cuda_graph {s}", best.layout.with_(cuda_graph=s))  # which rule (why a plan runs eager)
+                  for s in domains["cuda_graph"] if s not in ("none", best.layout.cuda_graph)]
+    scopes = space.cuda_graph if space is not None else domains["cuda_graph"] if best.layout.cuda_graph != "none" else ()
     for name, lay in moves:
+        if not name.startswith("cuda_graph"):  # the scope the search gives the moved layout
+            lay = lay.with_(cuda_graph=graph_scope(job.profile, scopes, lay))
         outside = _outside(space, lay)
         if outside:
             rows.append({"move": name, "allowed": False, "reason": outside})

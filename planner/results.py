@@ -19,6 +19,7 @@ from clusterplan.cost.energy import has_idle_power, host_power_w, step_cost_usd,
 from clusterplan.cost.goodput import goodput
 from clusterplan.cost.layout import Job, Layout, offloads_activations, offloads_optimizer
 from clusterplan.cost.step import Evaluation, gemm_precision, offload_copies
+from clusterplan.cost.terms.context import graphed_context
 from clusterplan.cost.terms import (Context, cp_a2a_size, host_optimizer_bytes, host_optimizer_terms, host_tier, overlap_charge,
                                     shard_copies)
 from clusterplan.models.spec import ModelSpec
@@ -202,7 +203,7 @@ def _optimizer_offload_charge(ev: Evaluation, model: ModelSpec, job: Job, cluste
 def _offload_charge(ev: Evaluation, model: ModelSpec, job: Job, cluster: Cluster) -> dict:
     """Host offload's copies (``cost.step.offload_copies``): they take no SMs (copy engines), and the
     basis says how long they run per micro-batch, beside how much compute, and whether they hide."""
-    copies_s, window_s, link = offload_copies(Context(model, job, cluster), ev.layout)
+    copies_s, window_s, link = offload_copies(graphed_context(Context(model, job, cluster), ev.layout.cuda_graph), ev.layout)
     if window_s == 0.0:
         verdict = f"on the compute stream ({job.framework} copies block it): all of it exposed"
     else:

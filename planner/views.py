@@ -22,6 +22,7 @@ import networkx as nx
 from clusterplan.cost.layout import Job, Layout, order_axes
 from clusterplan.cost.step import Evaluation, rank_memories, slowest_stage
 from clusterplan.cost.terms import Context, dp_terms, regather_share
+from clusterplan.cost.terms.context import graphed_context
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import SCALE_OUT_LEVELS, SCALE_UP_LEVELS, Cluster
 
@@ -35,7 +36,8 @@ TIER_ORDER = ("nic", "host", "leaf", "spine", "core", "dcn")
 def schedule_figures(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluation) -> dict:
     """One micro-batch on the stage that sets the step, per term (seconds), the per-step terms after
     the pipeline, and what the overlaps hide (module docstring)."""
-    ctx, L, m = Context(model, job, cluster), ev.layout, ev.num_microbatches
+    L, m = ev.layout, ev.num_microbatches
+    ctx = graphed_context(Context(model, job, cluster), L.cuda_graph)  # the kernels as cost.step prices them
     stage, time = slowest_stage(ctx, L, m)
     bare, _ = slowest_stage(ctx, L.with_(tp_overlap=False, ep_overlap=False), m)
     dp = dp_terms(ctx.placed(L.order), L)

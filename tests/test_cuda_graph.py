@@ -85,10 +85,16 @@ def test_exports_write_the_frameworks_own_settings():
     assert "--cuda-graph-impl full_iteration" in text and "--no-check-for-nan-in-loss-and-grad" in text
     layer = export(_doc("llama3-8b-cuda-graph-layer", "megatron"), "megatron")
     assert "--cuda-graph-impl transformer_engine" in layer and "--no-check-for-nan" not in layer
-    assert "--cuda-graph-impl" not in export(_doc("llama3-8b-h100x64", "megatron"), "megatron")
+    plain = _doc("llama3-8b-h100x64", "megatron")  # the search graphs each layer where Megatron-Core can
+    assert plain["layout"]["cuda_graph"] == "layer" and "--cuda-graph-impl transformer_engine" in export(plain, "megatron")
+    del plain["layout"]["cuda_graph"]
+    assert "--cuda-graph-impl" not in export(plain, "megatron")
     assert "disable_cuda_graphs = False" in export(_doc("llama3-8b-cuda-graph-full", "torchtitan"), "torchtitan")
+    titan = _doc("llama3-8b-h100x64", "torchtitan")  # torchtitan 0.3 graphs by default; the search keeps it
+    assert titan["layout"]["cuda_graph"] == "full" and "disable_cuda_graphs = False" in export(titan, "torchtitan")
     # a plan priced without graphs launches without them (torchtitan 0.3 would capture them by default)
-    assert "disable_cuda_graphs = True" in export(_doc("llama3-8b-h100x64", "torchtitan"), "torchtitan")
+    del titan["layout"]["cuda_graph"]
+    assert "disable_cuda_graphs = True" in export(titan, "torchtitan")
     deepspeed = _doc("llama3-8b-h100x64", "deepspeed")
     deepspeed["layout"]["cuda_graph"] = "full"
     with pytest.raises(SpecError, match="cuda_graph=full"):
@@ -114,3 +120,97 @@ def test_explain_prices_the_graphs_where_set():
     eager = evaluate(MODEL, JOB, CLUSTER, layout.with_(cuda_graph="none"))
     assert rows["cuda_graph none"]["step_time_s"] == eager.step_time_s and rows["cuda_graph none"]["delta"] > 0
     assert "cuda_graph none" not in {r["move"] for r in sensitivities(MODEL, JOB, CLUSTER, eager)}
+
+
+def _plan(job, cluster=CLUSTER, fixed=None, engine="cpsat"):
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.search.engine import plan
+    from clusterplan.planner.search.space import Bounds
+    return plan(MODEL, job, cluster, SearchOptions(engine=engine, top_k=1, bounds=Bounds(fixed or {}, {}, {}, 0.1)))
+
+
+@pytest.mark.parametrize("framework,date,fixed,scope", [
+    ("megatron", "", {}, "layer"),  # per-layer first: full iteration drops the NaN check
+    ("megatron", "", {"recompute": "full"}, "full"),  # per-layer graphs refuse full recompute
+    ("megatron", "2025-06", {"recompute": "full"}, "none"),  # before full-iteration graphs
+    ("megatron", "2024-06", {}, "none"),  # before per-layer graphs
+    ("torchtitan", "", {}, "full"),  # 0.3's trainer graphs each micro-batch by default
+    ("torchtitan", "", {"pp": 2}, "none"),  # and refuses pipeline parallelism
+    ("megatron", "", {"cuda_graph": "none"}, "none"),
+])
+def test_the_search_graphs_what_the_framework_graphs_at_its_date(framework, date, fixed, scope):
+    """The search gives each layout the graph scope its framework runs (the profile's features and
+    rules at the job's release), prices it as evaluate does, and CP-SAT agrees with the enumerator."""
+    from clusterplan.planner.search.space import Bounds
+    from tests.test_search import _check_engines_agree
+    job = dataclasses.replace(JOB, framework=framework, **({"framework_date": date} if date else {}))
+    res = _plan(job, fixed=fixed)
+    assert res.best.layout.cuda_graph == scope and all(r.layout.cuda_graph == scope for r in res.runners_up)
+    assert res.best.step_time_s == evaluate(MODEL, job, CLUSTER, res.best.layout).step_time_s
+    _check_engines_agree(MODEL, job, CLUSTER, Bounds(fixed, {}, {"pp": 2}, 0.1))
+
+
+def test_a_graphed_plan_is_faster_than_the_best_eager_one_and_amd_plans_stay_eager():
+    graphed, eager = _plan(JOB), _plan(JOB, fixed={"cuda_graph": "none"})
+    assert graphed.best.step_time_s < eager.best.step_time_s
+    amd = build_cluster("mi300x-cluster", num_devices=8)
+    assert _plan(JOB, amd).best.layout.cuda_graph == "none"
+    with pytest.raises(SpecError, match="--fix cuda_graph=full: CUDA graphs run on NVIDIA GPUs only"):
+        _plan(JOB, amd, {"cuda_graph": "full"})
+
+
+def test_graph_spaces_cut_the_space_by_the_rules_without_overlap():
+    """torchtitan 0.3 graphs pp = 1 and ep = 1 only: the graphed part holds those, the eager parts
+    the rest, and together they hold every factorization and expert degree once."""
+    from clusterplan.planner.search.graphs import graph_spaces
+    from clusterplan.planner.search.space import Bounds, build_space
+    moe = get_model("mixtral-8x7b")
+    job = dataclasses.replace(JOB, framework="torchtitan", global_batch_size=64)
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    space = build_space(moe, job, cluster, Bounds())
+    parts = graph_spaces(space, job.profile)
+    cells = [(s.cuda_graph, f, e) for s in parts for f in s.factorizations for e in s.ep]
+    assert sorted((f, e) for _, f, e in cells) == sorted((f, e) for f in space.factorizations for e in set(space.ep))
+    assert all((g == ("full",)) == (f[1] == 1 and e == 1) for g, f, e in cells)
+
+
+@pytest.mark.parametrize("text", ["tp=2,pp=2,dp=2,vp=2,mbs=1,sp=on,tp_overlap=on,zero=1",
+                                  "tp=1,pp=1,dp=8,mbs=2,zero=3", "tp=4,pp=2,dp=1,mbs=1,sp=on,recompute=selective",
+                                  "tp=1,pp=1,dp=4,cp=2,mbs=1,zero=1"])
+def test_graphs_are_never_slower_and_hold_no_more_memory(text):
+    """What lets the search price a layout the framework may graph as graphed, without an eager
+    twin: the scope lowers the per-kernel cost and every term is monotone in it."""
+    layout = parse_layout(text, 8)
+    eager = evaluate(MODEL, JOB, CLUSTER, layout)
+    for scope in ("layer", "full"):
+        graphed = evaluate(MODEL, JOB, CLUSTER, layout.with_(cuda_graph=scope))
+        assert graphed.step_time_s < eager.step_time_s
+        assert graphed.peak_memory_bytes == eager.peak_memory_bytes
+
+
+def test_validate_prices_runs_eager_with_the_implicit_dispatcher_unless_published():
+    """A published run is priced as it ran: the search's graphs and fused dispatchers are not
+    assumed for a run that does not name them (a published dispatcher is held)."""
+    from clusterplan.planner.studies.runs import _bounds
+    plain = _bounds({"layout": {"tp": 1}}, JOB.profile)
+    assert plain.fixed["cuda_graph"] == "none" and plain.fixed["moe_dispatcher"] == "auto"
+    assert _bounds({"layout": {"moe_dispatcher": "deepep"}}, JOB.profile).fixed["moe_dispatcher"] == "deepep"
+
+
+def test_a_fixed_scope_its_rules_refuse_with_every_layout_left_names_the_rule():
+    with pytest.raises(SpecError, match="no layout left runs cuda_graph=layer: Megatron: per-layer CUDA graphs refuse "
+                                        "full recomputation"):
+        _plan(JOB, fixed={"cuda_graph": "layer", "recompute": "full"})
+
+
+def test_explain_says_what_graphs_save_and_why_a_plan_runs_eager():
+    from clusterplan.planner.explain import sensitivities
+    graphed = _plan(JOB).best  # Megatron: per-layer graphs
+    rows = {r["move"]: r for r in sensitivities(MODEL, JOB, CLUSTER, graphed)}
+    assert rows["cuda_graph none"]["delta"] > 0 and rows["cuda_graph full"]["step_time_s"] == graphed.step_time_s
+    titan = dataclasses.replace(JOB, framework="torchtitan")
+    eager = _plan(titan, fixed={"pp": 2}).best
+    rows = {r["move"]: r for r in sensitivities(MODEL, titan, CLUSTER, eager)}
+    assert not rows["cuda_graph full"]["allowed"] and "refuse pipeline parallelism" in rows["cuda_graph full"]["reason"]
+    pp1 = {r["move"]: r for r in sensitivities(MODEL, titan, CLUSTER, _plan(titan, fixed={"pp": 1}).best)}
+    assert "cuda_graph full" not in pp1 and pp1["cuda_graph none"]["delta"] > 0

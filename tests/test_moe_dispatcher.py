@@ -259,3 +259,42 @@ def test_capacity_factor_is_exported_and_refused_with_megatron_deepep():
     lay = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none", moe_dispatcher="deepep")
     assert "DeepEP backend does not pad" in dict(layout_problems(padded, JOB, cluster, lay))["experts"]
     assert not layout_problems(padded, JOB, cluster, lay.with_(moe_dispatcher="hybridep"))
+
+
+def test_search_chooses_the_fastest_dispatcher_per_expert_group_and_its_engines_agree():
+    """Without --fix the tables take, per expert group, the fastest dispatcher the job can run (DeepEP
+    on H100 under Megatron, inside a node: one copy per rank holding the token's experts, where NCCL's
+    all-to-all and the implicit dispatcher send all eight; across the two nodes of an ep=16 group the
+    per-node copies bind and auto ties, keeping its place), CP-SAT agrees with the
+    exhaustive enumerator, the winner names its dispatcher and is what evaluate prices; and it is no
+    slower than the same layout with the implicit dispatcher."""
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.search.engine import plan
+    from clusterplan.planner.search.space import Bounds, build_space
+    from tests.test_search import _check_engines_agree
+
+    cluster = build_cluster("dgx-h100-superpod", num_devices=32)
+    bounds = Bounds({"ep": 8, "tp": 1, "ep_overlap": False}, {}, {"pp": 2}, 0.1)  # inside a node
+    assert build_space(MOE, JOB, cluster, bounds).moe_dispatcher == ("auto", "deepep")
+    _check_engines_agree(MOE, JOB, cluster, bounds)
+    best = plan(MOE, JOB, cluster, SearchOptions(engine="cpsat", top_k=0, bounds=bounds)).best
+    assert best.layout.moe_dispatcher == "deepep"
+    assert best.step_time_s == evaluate(MOE, JOB, cluster, best.layout).step_time_s
+    assert best.step_time_s < evaluate(MOE, JOB, cluster, best.layout.with_(moe_dispatcher="auto")).step_time_s
+
+
+@pytest.mark.parametrize("where,framework,capacity,offered", [
+    (("dgx-h100-superpod", 32), "megatron", None, ("auto", "deepep")),  # Hybrid-EP: priced alike, wins no tie
+    (("dgx-h100-superpod", 32), "megatron", 1.25, ("auto", "hybridep")),  # DeepEP's backend does not pad
+    (("dgx-h100-superpod", 32), "torchtitan", None, ("auto",)),  # its 0.3 export cannot write them
+    (("dgx-a100-superpod", 32), "megatron", None, ("auto",)),  # no measured rate before Hopper
+    (("mi300x-cluster", 32), "megatron", None, ("auto",)),
+])
+def test_the_search_offers_the_dispatchers_the_job_can_run(where, framework, capacity, offered):
+    from clusterplan.planner.search.space import Bounds, build_space
+    model = MOE.model_copy(update={"moe": MOE.moe.model_copy(update={"capacity_factor": capacity})})
+    job = dataclasses.replace(JOB, framework=framework)
+    assert build_space(model, job, build_cluster(*where), Bounds()).moe_dispatcher == offered
+    assert build_space(model, job, build_cluster(*where), Bounds({"moe_dispatcher": "alltoall"})).moe_dispatcher == (
+        "alltoall",)
+    assert build_space(DENSE, job, build_cluster(*where), Bounds()).moe_dispatcher == ("auto",)

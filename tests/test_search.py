@@ -25,6 +25,7 @@ from clusterplan.models.spec import MoESpec, ModelSpec
 from clusterplan.planner.search.cpsat import solve_cpsat
 from clusterplan.planner.search.exhaustive import DIMS, count_rejections, score_factorization, solve_exhaustive
 from clusterplan.planner.search import SearchOptions, SearchResult, objective_seconds, plan
+from clusterplan.planner.search.engine import searched_spaces, sub_context
 from clusterplan.planner.search.offload import offload_modes
 from clusterplan.planner.search.space import Bounds, build_space, split_spaces
 from clusterplan.planner.search.tables import build_tables, layout_from_indices
@@ -324,8 +325,9 @@ def _check_engines_agree(model, job, cluster, bounds) -> None:
         return
     # each pipeline split the framework offers is its own search (split_spaces); plan merges them
     rejections, feasible, objectives = {}, 0, []
-    for sub in split_spaces(space, model, job, cluster):
-        T = build_tables(Context(model, job, cluster), sub, bounds.headroom(job, cluster), bounds.ignore_memory)
+    ctx = Context(model, job, cluster)
+    for sub in searched_spaces(ctx, space):  # and each CUDA graph setting: its tables priced with it
+        T = build_tables(sub_context(ctx, sub), sub, bounds.headroom(job, cluster), bounds.ignore_memory)
         sub_rejections, sub_feasible = _check_split_agrees(model, job, cluster, T)
         for key, count in sub_rejections.items():
             rejections[key] = rejections.get(key, 0) + count
@@ -368,7 +370,8 @@ def _check_split_agrees(model, job, cluster, T) -> tuple[dict, int]:
     assert len({tuple(idx[k] for k in DIMS) for _, idx in solutions}) == len(solutions)
     for value, idx in solutions:
         assert _score(T, idx) == (value, -1, True)
-        assert layout_problems(model, job, cluster, layout_from_indices(T.space, idx, fp8_gathers=T.PG)) == []
+        lay = layout_from_indices(T.space, idx, Context(model, job, cluster), fp8_gathers=T.PG)  # its graph scope
+        assert layout_problems(model, job, cluster, lay) == []
     return rejections, feasible
 
 

@@ -81,6 +81,7 @@ from clusterplan.cost.terms.comm import (  # noqa: F401
     cp_comm_terms,
     cp_a2a_size,
     cp_comm_choice,
+    dispatcher_choice,
     cp_heads_split,
     ep_comm_terms,
     _ep_open_s,

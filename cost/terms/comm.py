@@ -275,6 +275,20 @@ def _ep_open_s(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, reco
             * _comm_multiplier(recompute))
 
 
+def dispatcher_choice(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
+                      ranks: tuple[int, ...], dispatchers: tuple[str, ...]) -> tuple[str, float]:
+    """The dispatcher of ``dispatchers`` whose MoE all-to-alls of one micro-batch take least in the open
+    (:func:`_ep_open_s`) and that time; the first on a tie (``auto``, listed first, keeps a plan as it
+    was). EP overlap hides a share of that same time and no memory term reads the dispatcher, so the
+    search decides it per expert group exactly (``Layout.moe_dispatcher``)."""
+    best = None
+    for dispatcher in dispatchers:
+        seconds = _ep_open_s(ctx, tp, cp, ep, mbs, sp, recompute, ranks, dispatcher)
+        if best is None or seconds < best[1]:
+            best = (dispatcher, seconds)
+    return best
+
+
 @lru_cache(maxsize=65536)
 def ep_comm_parts(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,
                   ranks: tuple[int, ...], expert_tp: bool = True, tp_overlap: bool = False,

@@ -12,12 +12,14 @@ from clusterplan.cost.layout import Job, Layout
 from clusterplan.cost.step import Evaluation, evaluate_ctx
 from clusterplan.cost.checks import layout_problems
 from clusterplan.cost.terms import Context
+from clusterplan.cost.terms.context import graphed_context
 from clusterplan.cost.framework import framework_refusal, knob_text
 from clusterplan.models.errors import ClusterplanError, InfeasibleError, SolverError, SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.search.cpsat import solve_cpsat
 from clusterplan.planner.search.exhaustive import count_rejections, smallest_memory, solve_exhaustive
 from clusterplan.planner.search.offload import host_memory_refusal
+from clusterplan.planner.search.graphs import graph_spaces
 from clusterplan.planner.search.space import KNOB_TEXT, REASONS, Bounds, Space, build_space, split_spaces
 from clusterplan.planner.search.tables import TIME_QUANTUM_S, SLOT_QUANTUM, build_tables, layout_from_indices
 from clusterplan.topologies.cluster import Cluster
@@ -97,13 +99,15 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
     weights = (weights[0] // scale, weights[1] // scale)
     space = build_space(model, job, cluster, opts.bounds)
     headroom = opts.bounds.headroom(job, cluster)
-    subs = split_spaces(space, model, job, cluster)
+    subs = searched_spaces(ctx, space)
+    if not subs:  # --fix cuda_graph=S with knobs its framework's rules refuse it with
+        raise _graph_refusal(job, space.cuda_graph[0], opts.bounds)
     limit_s = opts.time_limit_s / len(subs) if opts.time_limit_s else None  # --time-limit shared by the splits
     parts: list[_SplitSearch] = []
     for sub in subs:  # each later split only has to beat the answers already kept (their worst)
         kept = sorted(o for p in parts for o, _ in p.solutions)
         ceiling = kept[opts.top_k] if len(kept) > opts.top_k else None
-        parts.append(_SplitSearch(ctx, sub, headroom, weights, opts, limit_s, ceiling))
+        parts.append(_SplitSearch(sub_context(ctx, sub), sub, headroom, weights, opts, limit_s, ceiling))
     rejections: dict[str, int] = {}
     for part in parts:
         for key, count in part.rejections.items():
@@ -116,13 +120,31 @@ def plan(model: ModelSpec, job: Job, cluster: Cluster, options: SearchOptions | 
                     key=lambda row: row[0])[:opts.top_k + 1]
     if not ranked:  # every split's solve stopped before a layout (the time limit)
         raise next((p.error for p in parts if p.error), SolverError("CP-SAT found no layout in any pipeline split"))
-    evaluations = [evaluate_ctx(ctx, layout_from_indices(T.space, idx, ctx, T.PG)) for _, T, idx in ranked]
+    evaluations = [evaluate_ctx(ctx, layout_from_indices(T.space, idx, sub_context(ctx, T.space), T.PG)) for _, T, idx in ranked]
     done = [p for p in parts if p.feasible]
     status = next((p.status for p in done if p.status != "OPTIMAL"), done[0].status)
     return SearchResult(model, job, cluster, evaluations[0], evaluations[1:], rejections, feasible,
                         feasible + sum(rejections.values()), opts.engine, status, max(p.gap for p in done),
                         time.perf_counter() - start, [o for o, _, _ in ranked], space, opts.objective, headroom)
 
+
+
+def _graph_refusal(job: Job, scope: str, bounds: Bounds) -> SpecError:
+    rules = "; ".join(r.message for r in job.profile.profile.rules if scope in dict(r.when).get("cuda_graph_in", ()))
+    return SpecError(f"{_bounds_text(bounds)}: no layout left runs cuda_graph={scope}: {rules}; drop or change the bound")
+
+
+def searched_spaces(ctx: Context, space: Space) -> list[Space]:
+    """The spaces searched one after the other (each with its own tables): one per pipeline split and
+    offload mode (``split_spaces``), each cut by the CUDA graph scopes its framework may run
+    (``graphs.graph_spaces``)."""
+    subs = split_spaces(space, ctx.model, ctx.job, ctx._base.cluster)
+    return [g for sub in subs for g in graph_spaces(sub, ctx.job.profile)]
+
+
+def sub_context(ctx: Context, space: Space) -> Context:
+    """The problem as a searched space's tables price it: graphed where its layouts run CUDA graphs."""
+    return graphed_context(ctx, space.cuda_graph[0])
 
 
 class _SplitSearch:

@@ -18,6 +18,7 @@ from clusterplan.cost.checks import head_slot_problem, param_gather_problem
 from clusterplan.cost.terms import Context, stage_slots
 from clusterplan.cost.layout import CP_COMM_KINDS, ORDERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
+from clusterplan.planner.search.graphs import searched_scopes
 from clusterplan.planner.search.offload import offload_modes, offload_spaces
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -25,7 +26,7 @@ from clusterplan.topologies.cluster import Cluster
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "sequence_parallel", "recompute",
          "zero_stage", "order", "dp_overlap", "tp_overlap", "ep_overlap", "head_slots", "offload", "cp_comm",
          "moe_dispatcher", "param_gather",
-         "dp_shard", "schedule")
+         "dp_shard", "schedule", "cuda_graph")
 KNOB_ALIASES = {"mbs": "micro_batch_size", "sp": "sequence_parallel", "zero": "zero_stage",
                 "placement": "order", "expert_tp": "etp"}
 KNOB_TEXT = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "zero_stage": "zero"}
@@ -108,8 +109,14 @@ class Space:
     # dimension, each factorization takes the fastest that splits its heads (cost.terms.cp_comm_choice;
     # the kind changes no memory term); Layout.cp_comm
     cp_comm: tuple[str, ...] = ("p2p",)
-    # the MoE dispatcher (Layout.moe_dispatcher): the implicit one, or the one --fix holds; not searched
+    # the MoE dispatchers (Layout.moe_dispatcher): the one --fix holds, else the implicit one and the fused
+    # ones the job can run (_moe_dispatchers): not a dimension, each expert group's EP table row takes the
+    # fastest (cost.terms.dispatcher_choice; no memory term reads it), the first on a tie
     moe_dispatcher: tuple[str, ...] = ("auto",)
+    # the CUDA graph scopes (Layout.cuda_graph) its layouts may take: "none" first, priced eager, or the
+    # graphed scopes of one of graphs.graph_spaces' pieces, priced graphed (each layout the first its
+    # framework's rules allow)
+    cuda_graph: tuple[str, ...] = ("none",)
     # the dtypes of the parameter all-gathers (cost.layout.PARAM_GATHERS): what --fix holds, else bf16
     # and, where the job can gather in fp8, fp8 too: not a dimension, each (f, o, v, e, z) cell of the
     # data-parallel tables takes fp8 where it is no slower and needs no more memory (gathers.gather_pick);
@@ -182,8 +189,8 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         ep_overlap=pick("ep_overlap", (False, True)) if model.moe is not None else pick("ep_overlap", (False,)),
         head_slots=pick("head_slots", _pipeline_splits(prof)),
         offload=pick("offload", offload_modes(cluster, b, prof)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
-        moe_dispatcher=(b.fixed.get("moe_dispatcher", "auto"),),
-        param_gather=_param_gathers(job, cluster, b),
+        moe_dispatcher=_moe_dispatchers(model, job, cluster, b, offered.get("moe_dispatcher")),
+        cuda_graph=searched_scopes(cluster, b, offered["cuda_graph"]), param_gather=_param_gathers(job, cluster, b),
         dp_shard=pick("dp_shard", (0,)), schedule=_searched_schedules(prof, b),
         schedule_vp1=prof.has("schedule_zbh1"), framework_rules=not b.allow_unavailable,
     ), prof)
@@ -328,6 +335,28 @@ def _check_fixed_schedule(prof, b: Bounds) -> None:
                     f"{', '.join(('1f1b', 'interleaved', *SEARCHED_SCHEDULES))} (the others hold more memory than "
                     f"1F1B or interleaving on some layouts); price a layout with it by "
                     f"`clusterplan evaluate --layout ...,schedule={fixed}`")
+
+
+def _moe_dispatchers(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds, offered) -> tuple[str, ...]:
+    """The MoE dispatchers: the one ``--fix`` holds, else ``auto`` and the first fused one (DeepEP, else
+    Hybrid-EP) the framework offers at its date, for the tables to choose per expert group
+    (``Space.moe_dispatcher``): on Hopper and Blackwell GPUs only (DeepEP's kernels are written for
+    SM90 and its README's rates are H800's; Hybrid-EP uses TMA, SM90 on, and Megatron-Bridge applies
+    it on GB200/GB300: megatron.yaml); DeepEP not with a capacity factor under Megatron
+    (``cost.checks``: its backend does not pad); none under torchtitan, whose 0.3 export does not
+    write its registry's DeepEP/Hybrid-EP dispatchers (``--fix`` holds one; ``--format
+    torchtitan-0.2`` writes DeepEP). Validation (``allow_unavailable``) holds ``auto``: a run's
+    published dispatcher is applied after the search (``studies.runs``)."""
+    if "moe_dispatcher" in bounds.fixed:
+        return (bounds.fixed["moe_dispatcher"],)
+    family = cluster.device.family
+    if (model.moe is None or bounds.allow_unavailable or job.framework == "torchtitan"
+            or not family.startswith("nvidia-") or family in ("nvidia-a100", "nvidia-v100")):
+        return ("auto",)
+    fused = [d for d in ("deepep", "hybridep") if offered is None or d in offered]
+    if model.moe.capacity_factor and job.framework == "megatron" and "deepep" in fused:
+        fused.remove("deepep")
+    return ("auto",) + tuple(fused[:1])  # Hybrid-EP is priced as DeepEP (_dispatch_s): it wins no tie
 
 
 def _param_gathers(job: Job, cluster: Cluster, bounds: Bounds) -> tuple[str, ...]:

@@ -44,9 +44,8 @@ from clusterplan.cost.layout import Layout, offloads_activations, split_order
 from clusterplan.cost.stages import RANKS, rank_index
 from clusterplan.cost.step import rank_inflight, working_bytes
 from clusterplan.cost.terms import (
-    Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dp_profiles, ep_comm_terms,
-    mixed_kinds,
-    kind_windows_over, stage_kind_shares,
+    Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dispatcher_choice, dp_profiles,
+    mixed_kinds, kind_windows_over, stage_kind_shares,
     ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s, grad_accumulation_parts,
     overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, chunks_fit, tp_comm_terms,
 )
@@ -54,6 +53,7 @@ from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
 from clusterplan.planner.search.gathers import compared_gathers, gather_pick
+from clusterplan.planner.search.graphs import searched_choices
 from clusterplan.planner.search.offload import host_refused_statics
 from clusterplan.planner.search.reuse import (
     fewer_collections, key_use, kept, kept_cells, kept_keys, kept_rows, per_pp_dp, time_in_use,
@@ -451,7 +451,7 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
                for (tp, cp, st, _), c, used in zip(cpg_keys, cpg_ctx, cpg_use)])
     # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
     ep_ranks = [_ranks(c, group) for (_, _, _, _, group), c in zip(epg_keys, epg_ctx)]
-    EPC = np.array([[[[ep_comm_terms(c, tp, cp, e, mb, sp, rc, ranks, expert_tp=et, dispatcher=S.moe_dispatcher[0])
+    EPC = np.array([[[[dispatcher_choice(c, tp, cp, e, mb, sp, rc, ranks, S.moe_dispatcher)[1]
                        if ranks and u else 0.0
                        for rc in RC] for sp in SP] for mb, u in zip(MB, used)]
                     for (tp, cp, e, et, _), c, ranks, used in zip(epg_keys, epg_ctx, ep_ranks, epg_use)],
@@ -682,6 +682,7 @@ def layout_from_indices(space: Space, idx: dict, ctx: Context | None = None,
         raise ValueError("the space offers two parameter-gather dtypes: pass the tables' choice (Tables.PG)")
     lay = _layout_of_indices(S, idx)
     lay = lay.with_(schedule=cell_schedule(S, lay.pp, lay.vp))
+    lay = searched_choices(S, lay, ctx)  # the graph scope and the MoE dispatcher the tables priced
     if fp8_gathers is not None and fp8_gathers[idx["f"], idx["o"], idx["v"], idx["e"], idx["z"]]:
         lay = lay.with_(param_gather="fp8")
     if ctx is None or lay.cp == 1 or S.cp_comm == ("p2p",):

@@ -209,6 +209,10 @@ def _bounds(run: dict, prof) -> Bounds:
     fixed.setdefault("ep_overlap", False)
     fixed.setdefault("head_slots", prof.own_split_has_head_slots())
     fixed.setdefault("cp_comm", "p2p")  # a run that does not say ran the ring, every framework's default kind priced
+    # the search would graph and pick a fused dispatcher where the framework offers them; a run is priced
+    # eager with the implicit dispatcher unless it publishes its dispatcher (RUNS_FORMAT.md has no graph key)
+    fixed.setdefault("moe_dispatcher", "auto")
+    fixed["cuda_graph"] = "none"
     # the search keeps the layer inputs on the device; a published offload is applied after it, with
     # the run's other knobs the search does not choose (_with_partial_recompute)
     fixed["offload"] = "none"
