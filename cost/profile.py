@@ -186,6 +186,9 @@ class Profile:
     allocator_reserved_fraction_pipeline: float | None = None
     sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
     fsdp_copies: bool = False  # FSDP2 copies around each gather and reduce-scatter on the compute stream (terms.fsdp_copy_s)
+    # semantics.cuda_graph_dropless_moe: whether its CUDA graphs capture the MoE layers of a dropless
+    # model (Megatron: attention only, the experts' shapes change every step; not priced, so not searched)
+    cuda_graph_dropless_moe: bool = True
     grads_freed_between_steps: bool = False  # sharded gradients are freed after each step (zero_grad(set_to_none))
     # Activation offload (features.offload_activations, layout offload=activations): the recompute mode it
     # runs with (MaxText and DeepSpeed offload what full recomputation keeps; Megatron's --cpu-offloading

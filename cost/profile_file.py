@@ -140,6 +140,7 @@ def load_profile(framework_id: str) -> Profile:
         **_allocator(sem, where),
         plan_headroom=_fraction(sem.get("plan_headroom", 0.0), f"{where}: semantics.plan_headroom"),
         sharded_weight_copy=bool(sem.get("sharded_weight_copy", True)), fsdp_copies=bool(sem.get("fsdp_copies", False)),
+        cuda_graph_dropless_moe=bool(sem.get("cuda_graph_dropless_moe", True)),
         grads_freed_between_steps=bool(sem.get("grads_freed_between_steps", False)), **_offload(sem, where),
         lp_grads_beside_fp32=bool(sem.get("lp_grads_beside_fp32", False)),
         step_grad_copies_history=_step_copies(sem, where),

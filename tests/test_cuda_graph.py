@@ -214,3 +214,24 @@ def test_explain_says_what_graphs_save_and_why_a_plan_runs_eager():
     assert not rows["cuda_graph full"]["allowed"] and "refuse pipeline parallelism" in rows["cuda_graph full"]["reason"]
     pp1 = {r["move"]: r for r in sensitivities(MODEL, titan, CLUSTER, _plan(titan, fixed={"pp": 1}).best)}
     assert "cuda_graph full" not in pp1 and pp1["cuda_graph none"]["delta"] > 0
+
+
+def test_megatron_keeps_dropless_moe_models_eager_and_graphs_them_with_a_capacity_factor():
+    """Megatron's graphs capture only the attention of a dropless MoE model (its experts' shapes change
+    every step; MoE README, MCore v0.12): not priced, so the search does not offer them there. With a
+    capacity factor (static shapes) the layers are graphed as a dense model's; --fix still holds one."""
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.search.engine import plan
+    from clusterplan.planner.search.space import Bounds
+
+    mixtral = get_model("mixtral-8x7b")
+    capped = mixtral.model_copy(update={"moe": mixtral.moe.model_copy(update={"capacity_factor": 1.0})})
+    cluster = build_cluster("dgx-h100-superpod", num_devices=16)
+    job = Job(global_batch_size=16, seq_len=4096, framework="megatron")
+
+    def best(model, fixed=None):
+        opts = SearchOptions(top_k=0, bounds=Bounds(fixed or {}, {}, {}, 0.1))
+        return plan(model, job, cluster, opts).best.layout.cuda_graph
+    assert best(mixtral) == "none"
+    assert best(capped) != "none"
+    assert best(mixtral, {"cuda_graph": "layer"}) == "layer"
