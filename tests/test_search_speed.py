@@ -371,3 +371,51 @@ def test_bundled_yaml_is_read_by_libyaml_and_gives_what_the_python_parser_gives(
     monkeypatch.setattr(files.yaml, "load", lambda text, Loader: used.append(Loader) or real(text, Loader=Loader))
     files._bundled.__wrapped__("clusterplan.models", ("data", "models.yaml"))
     assert used == [yaml.CSafeLoader]
+
+
+def _pipeline_and_dp_plainly(T, sl, dps, dpm):
+    """``exhaustive._pipeline_and_dp`` as its docstring says: per stage, the pipeline plus the exposed
+    traffic over both DP overlap settings at once, the larger over the stages, the context ring."""
+    from clusterplan.planner.search.exhaustive import _place, context_term, overlapped, pipeline_term, stage_pipelines
+    tc = T.tc_of_fe[sl]
+    M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
+    do = _place(np.array(T.space.dp_overlap), ("do",))
+    dims = ("f", "e", "mb", "s", "r", "to")
+    bwd, fw = _place(T.BWD[tc], dims), _place(T.FW[tc], dims + ("eo",))
+
+    def exposed(step_window, mb_window):
+        step = np.where(do, overlapped(T, dps, np.maximum(0, step_window - dpm)), dps)
+        return step + M * np.where(do, overlapped(T, dpm, mb_window), dpm)
+    if T.stages is None:
+        return pipeline_term(T, sl) + exposed(FRAC * bwd, FRAC * fw)
+    bwd_m, fw_m = _place(T.BWD_M[tc], dims), _place(T.FW_M[tc], dims + ("eo",))
+    best = None
+    for c, pipe in zip(T.stages, stage_pipelines(T, sl)):
+        fd, fm = _place(c.fd[sl], ("f", "v")), _place(c.fm[sl], ("f", "v"))
+        total = pipe + exposed(fd * (bwd - bwd_m) + fm * bwd_m, fd * (fw - fw_m) + fm * fw_m)
+        best = total if best is None else np.maximum(best, total)
+    return best + context_term(T, sl)
+
+
+@pytest.mark.parametrize("model, devices", [("deepseek-v3", 256), ("llama3-8b", 64)])
+def test_pipeline_and_dp_gives_the_plain_sum_and_prices_no_overlap_where_it_is_off(monkeypatch, model, devices):
+    """The exhaustive engine's pipeline and data-parallel term, summed per DP overlap setting (half
+    a score's time on DeepSeek-V3 / 576 GB200), equals the plain sum over both settings on every
+    block, with dense and MoE stages and without; where the overlap is off it prices no overlap."""
+    from clusterplan.planner.search import exhaustive
+    from clusterplan.planner.search.tables import SLOT_QUANTUM, build_tables
+    ctx, spaces = _spaces(model, "hgx-h800", devices, "megatron", "")
+    T = build_tables(ctx, spaces[0])
+    assert (T.stages is not None) == (model == "deepseek-v3")
+    dims5 = ("f", "o", "v", "e", "z")
+    for sub in (T, exhaustive.restrict(T, {"do": [0]}), exhaustive.restrict(T, {"do": [1]})):
+        for sl in exhaustive._blocks(sub, valid_only=True):
+            dps = exhaustive._place(sub.DPS[sl], dims5) * SLOT_QUANTUM
+            dpm = exhaustive.per_microbatch_traffic(sub, sl) * SLOT_QUANTUM
+            got, want = exhaustive._pipeline_and_dp(sub, sl, dps, dpm), _pipeline_and_dp_plainly(sub, sl, dps, dpm)
+            shape = np.broadcast_shapes(got.shape, want.shape)
+            assert np.array_equal(np.broadcast_to(got, shape), np.broadcast_to(want, shape))
+    off = exhaustive.restrict(T, {"do": [T.space.dp_overlap.index(False)]})
+    monkeypatch.setattr(exhaustive, "overlapped", lambda *a: pytest.fail("overlap priced with DP overlap off"))
+    sl = exhaustive._blocks(off, valid_only=True)[0]
+    exhaustive._pipeline_and_dp(off, sl, exhaustive._place(off.DPS[sl], dims5), exhaustive.per_microbatch_traffic(off, sl))
