@@ -419,3 +419,19 @@ def test_pipeline_and_dp_gives_the_plain_sum_and_prices_no_overlap_where_it_is_o
     monkeypatch.setattr(exhaustive, "overlapped", lambda *a: pytest.fail("overlap priced with DP overlap off"))
     sl = exhaustive._blocks(off, valid_only=True)[0]
     exhaustive._pipeline_and_dp(off, sl, exhaustive._place(off.DPS[sl], dims5), exhaustive.per_microbatch_traffic(off, sl))
+
+
+def test_tp_comm_over_both_overlap_settings_asks_the_traffic_once(monkeypatch):
+    """The tables price TP traffic with the overlap off and on from one ask of the traffic (22,000
+    cells on DeepSeek-V3 / 576 GB200), each setting what ``tp_comm_terms`` gives alone."""
+    from clusterplan.cost.terms import comm
+    ctx, _ = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "")
+    for tp, mb, sp, rc, kind in itertools.product((1, 4, 8), (1, 2), (False, True), ("none", "full"), (None, True, False)):
+        want = [comm.tp_comm_terms(ctx, tp, 2, mb, sp, rc, 1, to, True, 8, True, kind) for to in (False, True)]
+        calls = []
+        real = comm._tp_comm_total_s
+        monkeypatch.setattr(comm, "_tp_comm_total_s", lambda *a: calls.append(a) or real(*a))
+        assert comm.tp_comm_over(ctx, tp, 2, mb, sp, rc, 1, (False, True), True, 8, True, kind) == want
+        assert len(calls) == (tp > 1)
+        monkeypatch.setattr(comm, "_tp_comm_total_s", real)
+        assert want[1] >= want[0] * comm.overlap_share(ctx, "tp")  # the overlap's floor: its share of the traffic

@@ -48,7 +48,7 @@ from clusterplan.cost.terms import (
     mixed_kinds,
     kind_windows_over, stage_kind_shares,
     ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s,
-    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, chunks_fit, tp_comm_terms,
+    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, chunks_fit, tp_comm_over,
 )
 from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
@@ -428,8 +428,10 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
     (tpc_keys, tpc_ctx, tpc_use), (cpg_keys, cpg_ctx, cpg_use), (epg_keys, epg_ctx, epg_use), (tpg_keys, tpg_ctx,
                                                                                                  tpg_use) = tpc, cpg, epg, tpg
 
+    unused = [0.0] * len(TO)
+
     def tp_comm(kind):
-        return [[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp, e, et, kind) if u else 0.0 for to in TO]
+        return [[[[tp_comm_over(c, tp, cp, mb, sp, rc, st, TO, moe_tp, e, et, kind) if u else unused
                    for rc in RC] for sp in SP] for mb, u in zip(MB, used)]
                 for (tp, cp, st, _, moe_tp, e, et), c, used in zip(tpc_keys, tpc_ctx, tpc_use)]
     TPC_M = None
