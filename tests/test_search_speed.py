@@ -435,3 +435,27 @@ def test_tp_comm_over_both_overlap_settings_asks_the_traffic_once(monkeypatch):
         assert len(calls) == (tp > 1)
         monkeypatch.setattr(comm, "_tp_comm_total_s", real)
         assert want[1] >= want[0] * comm.overlap_share(ctx, "tp")  # the overlap's floor: its share of the traffic
+
+
+def test_model_spec_hashes_its_fields_once_and_stays_pydantics_hash(monkeypatch):
+    """Every cost term cached on the model hashes it (70,000 times a plan of DeepSeek-V3 on 576
+    GB200): the hash of the fields, nested specs included, is taken once and is pydantic's own; a
+    copy with changes and a pickle hash their own fields; equality is the fields' alone."""
+    import copy
+    import pickle
+
+    from pydantic._internal._model_construction import make_hash_func
+
+    from clusterplan.models.spec import ModelSpec, MoESpec
+    m = ModelSpec(**get_model("deepseek-v3").model_dump())
+    assert hash(m) == make_hash_func(ModelSpec)(m)
+    asked = []
+    real = MoESpec.__hash__
+    monkeypatch.setattr(MoESpec, "__hash__", lambda self: asked.append(self) or real(self))
+    assert hash(m) == hash(m) and not asked  # the nested spec is not hashed again
+    monkeypatch.setattr(MoESpec, "__hash__", real)
+    other = m.model_copy(update={"hidden_size": 1024})
+    assert hash(other) == make_hash_func(ModelSpec)(other) != hash(m)
+    for twin in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m), ModelSpec(**m.model_dump())):
+        assert twin == m and hash(twin) == hash(m)
+    assert "_field_hash" not in m.model_dump() and ModelSpec(**m.model_dump()) == m
