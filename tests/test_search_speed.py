@@ -459,3 +459,23 @@ def test_model_spec_hashes_its_fields_once_and_stays_pydantics_hash(monkeypatch)
     for twin in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m), ModelSpec(**m.model_dump())):
         assert twin == m and hash(twin) == hash(m)
     assert "_field_hash" not in m.model_dump() and ModelSpec(**m.model_dump()) == m
+
+
+def test_job_keeps_its_profile_outside_its_fields(monkeypatch):
+    """A job asks its framework profile once (the cost terms ask ``Job.profile`` about 300,000
+    times a plan of DeepSeek-V3 on 576 GB200); equality, ``asdict``, ``replace`` and pickling see
+    the fields alone, and a job replaced onto another framework asks its own."""
+    import dataclasses
+    import pickle
+
+    from clusterplan.cost import layout
+    asked = []
+    real = layout._profile_at
+    monkeypatch.setattr(layout, "_profile_at", lambda *a: asked.append(a) or real(*a))
+    job = Job(global_batch_size=1024, seq_len=4096, framework="torchtitan")
+    assert job.profile is job.profile is job.profile and len(asked) == 1
+    assert list(dataclasses.asdict(job)) == [f.name for f in dataclasses.fields(Job)]
+    twin = pickle.loads(pickle.dumps(job))
+    assert twin == job and hash(twin) == hash(job) and twin.profile is job.profile
+    other = dataclasses.replace(job, framework="megatron")
+    assert other.profile is real("megatron", None, False) and job.profile is real("torchtitan", None, False)
