@@ -479,3 +479,25 @@ def test_job_keeps_its_profile_outside_its_fields(monkeypatch):
     assert twin == job and hash(twin) == hash(job) and twin.profile is job.profile
     other = dataclasses.replace(job, framework="megatron")
     assert other.profile is real("megatron", None, False) and job.profile is real("torchtitan", None, False)
+
+
+@pytest.mark.parametrize("model, cluster, devices, fw", [("deepseek-v3", "hgx-h800", 256, "megatron"),
+                                                         ("mixtral-8x7b", "gb200-nvl72", 128, "torchtitan")])
+def test_rejection_counts_weigh_the_overlap_knobs_without_the_whole_mask(monkeypatch, model, cluster, devices, fw):
+    """The rejection counts weigh each layout row by its representatives over (do, to, eo) as the
+    product of the (do, to) and the eo parts (equal to the whole mask summed, on every block), and
+    never build the whole mask (355 times on DeepSeek-V3 / 576 GB200)."""
+    from clusterplan.planner.search import exhaustive
+    from clusterplan.planner.search.tables import build_tables
+    ctx, spaces = _spaces(model, cluster, devices, fw, "")
+    overlaps = tuple(exhaustive.DIMS.index(k) for k in ("do", "to", "eo"))
+    for S in spaces:
+        T = build_tables(ctx, S)
+        for sl in exhaustive._blocks(T):
+            want = exhaustive._canon(T, sl).sum(axis=overlaps, keepdims=True)
+            assert np.array_equal(exhaustive._canon_weight(T, sl), want)
+        real = exhaustive._canon(T, slice(None))
+        monkeypatch.setattr(exhaustive, "_canon", lambda *a: pytest.fail("the whole mask built"))
+        counts, feasible = exhaustive.count_rejections(T)
+        monkeypatch.undo()
+        assert feasible + sum(counts.values()) == int(real.sum() * np.prod([len(S.micro_batch_size)]))
