@@ -501,3 +501,42 @@ def test_rejection_counts_weigh_the_overlap_knobs_without_the_whole_mask(monkeyp
         counts, feasible = exhaustive.count_rejections(T)
         monkeypatch.undo()
         assert feasible + sum(counts.values()) == int(real.sum() * np.prod([len(S.micro_batch_size)]))
+
+
+def test_solve_exhaustive_reads_each_blocks_figures_once_and_counts_as_the_whole_mask(monkeypatch):
+    """The exhaustive engine flattens a block's objective and memory (broadcast views: each
+    flattening copies the block) once, not once more per answer kept, and counts the layouts it
+    scores from the symmetry mask without broadcasting it; the answers and counts are those of
+    the plain reading."""
+    import types
+
+    from clusterplan.planner.search import exhaustive
+    from clusterplan.planner.search.tables import build_tables
+    ctx, spaces = _spaces("deepseek-v3", "hgx-h800", 256, "megatron", "")
+    T = build_tables(ctx, spaces[0])
+    flattened = []
+
+    class Counted(np.ndarray):
+        def ravel(self, *args, **kwargs):
+            flattened.append(self.shape)
+            return np.asarray(self).ravel(*args, **kwargs)
+    proxy = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    proxy.broadcast_to = lambda a, shape: np.broadcast_to(a, shape).view(Counted)
+    monkeypatch.setattr(exhaustive, "np", proxy)
+    found, considered = exhaustive.solve_exhaustive(T, 3)
+    monkeypatch.undo()
+    blocks = exhaustive._blocks(T, valid_only=True)
+    assert found and len(flattened) <= 3 * len(blocks)  # objective, memory, and the mask (np.flatnonzero)
+    # the plain reading: every block's feasible representatives sorted by (objective, memory)
+    rows, total, valid = [], 0, exhaustive.valid_factorizations(T)
+    for sl in blocks:
+        sc = exhaustive.score_factorization(T, sl)
+        shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape, sc.memory.shape)
+        canon = np.broadcast_to(sc.canon, shape)
+        total += int(canon[valid[sl]].sum())
+        for k in np.flatnonzero((np.broadcast_to(sc.code, shape) < 0) & canon):
+            idx = np.unravel_index(k, shape)
+            rows.append((int(np.broadcast_to(sc.objective, shape)[idx]), int(np.broadcast_to(sc.memory, shape)[idx]),
+                         (sl.start + int(idx[0]),) + tuple(int(x) for x in idx[1:])))
+    assert considered == total
+    assert found == [(o, dict(zip(exhaustive.DIMS, idx))) for o, _, idx in sorted(rows)[:4]]

@@ -389,14 +389,16 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
         mem = np.broadcast_to(sc.memory, shape)
         ok = np.broadcast_to(sc.code, shape) < 0
         ok &= np.broadcast_to(sc.canon, shape)
-        considered += int(np.broadcast_to(sc.canon, shape)[valid[i]].sum())
+        # the mask's layouts times the cells each stands for along the axes it lacks (micro-batch)
+        considered += int(sc.canon[valid[i]].sum()) * (math.prod(shape[1:]) // math.prod(sc.canon.shape[1:]))
         flat = np.flatnonzero(ok)
         if flat.size == 0:
             continue
-        take = flat[np.lexsort((mem.ravel()[flat], obj.ravel()[flat]))[: top_k + 1]]
-        for k in take:
-            idx = np.unravel_index(k, shape)
-            best.append((int(obj.ravel()[k]), int(mem.ravel()[k]), (i.start + int(idx[0]),) + tuple(int(x) for x in idx[1:])))
+        # the feasible layouts' figures read once (the ravel of a broadcast copies the whole block)
+        obj_ok, mem_ok = obj.ravel()[flat], mem.ravel()[flat]
+        for j in np.lexsort((mem_ok, obj_ok))[: top_k + 1]:
+            idx = np.unravel_index(flat[j], shape)
+            best.append((int(obj_ok[j]), int(mem_ok[j]), (i.start + int(idx[0]),) + tuple(int(x) for x in idx[1:])))
     best.sort()
     return [(o, dict(zip(DIMS, idx))) for o, _, idx in best[: top_k + 1]], considered
 
