@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from clusterplan.models.errors import SpecError, format_validation_error
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+_HASH_KEY = "_field_hash"  # where ModelSpec keeps its hash (not a field: pydantic refuses leading underscores)
 MAX_SEQ_LEN = 2**31 - 1  # the command line's bound on --seq-len (cli.POSITIVE_INT)
 
 
@@ -104,6 +105,25 @@ class ModelSpec(_Spec):
     """
 
     model_config = _FROZEN
+
+    def __hash__(self) -> int:
+        """pydantic's frozen hash (the fields' values, nested specs included) computed once: it took
+        1.5 us a call, and every cost term cached on the model asks it (param_counts: 70,000 times a
+        plan of DeepSeek-V3 on 576 GB200). Kept in ``__dict__`` like the cached properties, which
+        pydantic's equality ignores; a copy or a pickle drops it (``model_copy``, ``__getstate__``)."""
+        cached = self.__dict__.get(_HASH_KEY)
+        if cached is None:
+            cached = self.__dict__[_HASH_KEY] = hash(tuple(self.__dict__[name] for name in type(self).model_fields))
+        return cached
+
+    def model_copy(self, *, update=None, deep: bool = False) -> "ModelSpec":
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop(_HASH_KEY, None)  # another model's fields where update changes them
+        return copied
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()  # another process hashes strings with another seed
+        return {**state, "__dict__": {k: v for k, v in state["__dict__"].items() if k != _HASH_KEY}}
 
     name: str = Field(description="Identifier shown in reports.")
     num_layers: int = Field(gt=0, le=100_000, description="Transformer layers (L; at most 100,000: beyond any model described).")

@@ -345,3 +345,198 @@ def test_rejections_of_factorizations_their_own_rule_refuses_are_counted_without
         if model == "deepseek-v3":  # small blocks, most of them refused by their own rule
             assert len(scored) < len(exhaustive._blocks(T))
     reuse.clear()
+
+
+def test_bundled_yaml_is_read_by_libyaml_and_gives_what_the_python_parser_gives(monkeypatch):
+    """The catalogue a plan reads is parsed by libyaml's scanner where PyYAML has it (0.16 s of a
+    4.2 s plan of DeepSeek-V3 on 576 GB200 in pure Python), into the very objects the pure-Python
+    safe loader gives, for every bundled data file."""
+    from pathlib import Path
+
+    import yaml
+
+    import clusterplan
+    from clusterplan.models import files
+    root = Path(clusterplan.__file__).parent
+    paths = sorted(p for p in root.glob("*/data/**/*.yaml"))
+    assert len(paths) >= 10
+    for path in paths:
+        parts = path.relative_to(root).parts
+        got = files._bundled.__wrapped__(f"clusterplan.{parts[0]}", parts[1:])
+        assert got == yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader), path
+    if not getattr(yaml, "__with_libyaml__", False):
+        pytest.skip("PyYAML built without libyaml: the pure-Python loader is the only one")
+    used = []
+    real = files.yaml.load
+    monkeypatch.setattr(files.yaml, "load", lambda text, Loader: used.append(Loader) or real(text, Loader=Loader))
+    files._bundled.__wrapped__("clusterplan.models", ("data", "models.yaml"))
+    assert used == [yaml.CSafeLoader]
+
+
+def _pipeline_and_dp_plainly(T, sl, dps, dpm):
+    """``exhaustive._pipeline_and_dp`` as its docstring says: per stage, the pipeline plus the exposed
+    traffic over both DP overlap settings at once, the larger over the stages, the context ring."""
+    from clusterplan.planner.search.exhaustive import _place, context_term, overlapped, pipeline_term, stage_pipelines
+    tc = T.tc_of_fe[sl]
+    M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
+    do = _place(np.array(T.space.dp_overlap), ("do",))
+    dims = ("f", "e", "mb", "s", "r", "to")
+    bwd, fw = _place(T.BWD[tc], dims), _place(T.FW[tc], dims + ("eo",))
+
+    def exposed(step_window, mb_window):
+        step = np.where(do, overlapped(T, dps, np.maximum(0, step_window - dpm)), dps)
+        return step + M * np.where(do, overlapped(T, dpm, mb_window), dpm)
+    if T.stages is None:
+        return pipeline_term(T, sl) + exposed(FRAC * bwd, FRAC * fw)
+    bwd_m, fw_m = _place(T.BWD_M[tc], dims), _place(T.FW_M[tc], dims + ("eo",))
+    best = None
+    for c, pipe in zip(T.stages, stage_pipelines(T, sl)):
+        fd, fm = _place(c.fd[sl], ("f", "v")), _place(c.fm[sl], ("f", "v"))
+        total = pipe + exposed(fd * (bwd - bwd_m) + fm * bwd_m, fd * (fw - fw_m) + fm * fw_m)
+        best = total if best is None else np.maximum(best, total)
+    return best + context_term(T, sl)
+
+
+@pytest.mark.parametrize("model, devices", [("deepseek-v3", 256), ("llama3-8b", 64)])
+def test_pipeline_and_dp_gives_the_plain_sum_and_prices_no_overlap_where_it_is_off(monkeypatch, model, devices):
+    """The exhaustive engine's pipeline and data-parallel term, summed per DP overlap setting (half
+    a score's time on DeepSeek-V3 / 576 GB200), equals the plain sum over both settings on every
+    block, with dense and MoE stages and without; where the overlap is off it prices no overlap."""
+    from clusterplan.planner.search import exhaustive
+    from clusterplan.planner.search.tables import SLOT_QUANTUM, build_tables
+    ctx, spaces = _spaces(model, "hgx-h800", devices, "megatron", "")
+    T = build_tables(ctx, spaces[0])
+    assert (T.stages is not None) == (model == "deepseek-v3")
+    dims5 = ("f", "o", "v", "e", "z")
+    for sub in (T, exhaustive.restrict(T, {"do": [0]}), exhaustive.restrict(T, {"do": [1]})):
+        for sl in exhaustive._blocks(sub, valid_only=True):
+            dps = exhaustive._place(sub.DPS[sl], dims5) * SLOT_QUANTUM
+            dpm = exhaustive.per_microbatch_traffic(sub, sl) * SLOT_QUANTUM
+            got, want = exhaustive._pipeline_and_dp(sub, sl, dps, dpm), _pipeline_and_dp_plainly(sub, sl, dps, dpm)
+            shape = np.broadcast_shapes(got.shape, want.shape)
+            assert np.array_equal(np.broadcast_to(got, shape), np.broadcast_to(want, shape))
+    off = exhaustive.restrict(T, {"do": [T.space.dp_overlap.index(False)]})
+    monkeypatch.setattr(exhaustive, "overlapped", lambda *a: pytest.fail("overlap priced with DP overlap off"))
+    sl = exhaustive._blocks(off, valid_only=True)[0]
+    exhaustive._pipeline_and_dp(off, sl, exhaustive._place(off.DPS[sl], dims5), exhaustive.per_microbatch_traffic(off, sl))
+
+
+def test_tp_comm_over_both_overlap_settings_asks_the_traffic_once(monkeypatch):
+    """The tables price TP traffic with the overlap off and on from one ask of the traffic (22,000
+    cells on DeepSeek-V3 / 576 GB200), each setting what ``tp_comm_terms`` gives alone."""
+    from clusterplan.cost.terms import comm
+    ctx, _ = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "")
+    for tp, mb, sp, rc, kind in itertools.product((1, 4, 8), (1, 2), (False, True), ("none", "full"), (None, True, False)):
+        want = [comm.tp_comm_terms(ctx, tp, 2, mb, sp, rc, 1, to, True, 8, True, kind) for to in (False, True)]
+        calls = []
+        real = comm._tp_comm_total_s
+        monkeypatch.setattr(comm, "_tp_comm_total_s", lambda *a: calls.append(a) or real(*a))
+        assert comm.tp_comm_over(ctx, tp, 2, mb, sp, rc, 1, (False, True), True, 8, True, kind) == want
+        assert len(calls) == (tp > 1)
+        monkeypatch.setattr(comm, "_tp_comm_total_s", real)
+        assert want[1] >= want[0] * comm.overlap_share(ctx, "tp")  # the overlap's floor: its share of the traffic
+
+
+def test_model_spec_hashes_its_fields_once_and_stays_pydantics_hash(monkeypatch):
+    """Every cost term cached on the model hashes it (70,000 times a plan of DeepSeek-V3 on 576
+    GB200): the hash of the fields, nested specs included, is taken once and is pydantic's own; a
+    copy with changes and a pickle hash their own fields; equality is the fields' alone."""
+    import copy
+    import pickle
+
+    from pydantic._internal._model_construction import make_hash_func
+
+    from clusterplan.models.spec import ModelSpec, MoESpec
+    m = ModelSpec(**get_model("deepseek-v3").model_dump())
+    assert hash(m) == make_hash_func(ModelSpec)(m)
+    asked = []
+    real = MoESpec.__hash__
+    monkeypatch.setattr(MoESpec, "__hash__", lambda self: asked.append(self) or real(self))
+    assert hash(m) == hash(m) and not asked  # the nested spec is not hashed again
+    monkeypatch.setattr(MoESpec, "__hash__", real)
+    other = m.model_copy(update={"hidden_size": 1024})
+    assert hash(other) == make_hash_func(ModelSpec)(other) != hash(m)
+    for twin in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m), ModelSpec(**m.model_dump())):
+        assert twin == m and hash(twin) == hash(m)
+    assert "_field_hash" not in m.model_dump() and ModelSpec(**m.model_dump()) == m
+
+
+def test_job_keeps_its_profile_outside_its_fields(monkeypatch):
+    """A job asks its framework profile once (the cost terms ask ``Job.profile`` about 300,000
+    times a plan of DeepSeek-V3 on 576 GB200); equality, ``asdict``, ``replace`` and pickling see
+    the fields alone, and a job replaced onto another framework asks its own."""
+    import dataclasses
+    import pickle
+
+    from clusterplan.cost import layout
+    asked = []
+    real = layout._profile_at
+    monkeypatch.setattr(layout, "_profile_at", lambda *a: asked.append(a) or real(*a))
+    job = Job(global_batch_size=1024, seq_len=4096, framework="torchtitan")
+    assert job.profile is job.profile is job.profile and len(asked) == 1
+    assert list(dataclasses.asdict(job)) == [f.name for f in dataclasses.fields(Job)]
+    twin = pickle.loads(pickle.dumps(job))
+    assert twin == job and hash(twin) == hash(job) and twin.profile is job.profile
+    other = dataclasses.replace(job, framework="megatron")
+    assert other.profile is real("megatron", None, False) and job.profile is real("torchtitan", None, False)
+
+
+@pytest.mark.parametrize("model, cluster, devices, fw", [("deepseek-v3", "hgx-h800", 256, "megatron"),
+                                                         ("mixtral-8x7b", "gb200-nvl72", 128, "torchtitan")])
+def test_rejection_counts_weigh_the_overlap_knobs_without_the_whole_mask(monkeypatch, model, cluster, devices, fw):
+    """The rejection counts weigh each layout row by its representatives over (do, to, eo) as the
+    product of the (do, to) and the eo parts (equal to the whole mask summed, on every block), and
+    never build the whole mask (355 times on DeepSeek-V3 / 576 GB200)."""
+    from clusterplan.planner.search import exhaustive
+    from clusterplan.planner.search.tables import build_tables
+    ctx, spaces = _spaces(model, cluster, devices, fw, "")
+    overlaps = tuple(exhaustive.DIMS.index(k) for k in ("do", "to", "eo"))
+    for S in spaces:
+        T = build_tables(ctx, S)
+        for sl in exhaustive._blocks(T):
+            want = exhaustive._canon(T, sl).sum(axis=overlaps, keepdims=True)
+            assert np.array_equal(exhaustive._canon_weight(T, sl), want)
+        real = exhaustive._canon(T, slice(None))
+        monkeypatch.setattr(exhaustive, "_canon", lambda *a: pytest.fail("the whole mask built"))
+        counts, feasible = exhaustive.count_rejections(T)
+        monkeypatch.undo()
+        assert feasible + sum(counts.values()) == int(real.sum() * np.prod([len(S.micro_batch_size)]))
+
+
+def test_solve_exhaustive_reads_each_blocks_figures_once_and_counts_as_the_whole_mask(monkeypatch):
+    """The exhaustive engine flattens a block's objective and memory (broadcast views: each
+    flattening copies the block) once, not once more per answer kept, and counts the layouts it
+    scores from the symmetry mask without broadcasting it; the answers and counts are those of
+    the plain reading."""
+    import types
+
+    from clusterplan.planner.search import exhaustive
+    from clusterplan.planner.search.tables import build_tables
+    ctx, spaces = _spaces("deepseek-v3", "hgx-h800", 256, "megatron", "")
+    T = build_tables(ctx, spaces[0])
+    flattened = []
+
+    class Counted(np.ndarray):
+        def ravel(self, *args, **kwargs):
+            flattened.append(self.shape)
+            return np.asarray(self).ravel(*args, **kwargs)
+    proxy = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    proxy.broadcast_to = lambda a, shape: np.broadcast_to(a, shape).view(Counted)
+    monkeypatch.setattr(exhaustive, "np", proxy)
+    found, considered = exhaustive.solve_exhaustive(T, 3)
+    monkeypatch.undo()
+    blocks = exhaustive._blocks(T, valid_only=True)
+    assert found and len(flattened) <= 3 * len(blocks)  # objective, memory, and the mask (np.flatnonzero)
+    # the plain reading: every block's feasible representatives sorted by (objective, memory)
+    rows, total, valid = [], 0, exhaustive.valid_factorizations(T)
+    for sl in blocks:
+        sc = exhaustive.score_factorization(T, sl)
+        shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape, sc.memory.shape)
+        canon = np.broadcast_to(sc.canon, shape)
+        total += int(canon[valid[sl]].sum())
+        for k in np.flatnonzero((np.broadcast_to(sc.code, shape) < 0) & canon):
+            idx = np.unravel_index(k, shape)
+            rows.append((int(np.broadcast_to(sc.objective, shape)[idx]), int(np.broadcast_to(sc.memory, shape)[idx]),
+                         (sl.start + int(idx[0]),) + tuple(int(x) for x in idx[1:])))
+    assert considered == total
+    assert found == [(o, dict(zip(exhaustive.DIMS, idx))) for o, _, idx in sorted(rows)[:4]]

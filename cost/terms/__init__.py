@@ -73,6 +73,7 @@ from clusterplan.cost.terms.comm import (  # noqa: F401
     ep_overlap_steady_share,
     ep_ranks,
     tp_comm_terms,
+    tp_comm_over,
     _tp_comm_total_s,
     overlap_share,
     overlap_charge,

@@ -126,25 +126,60 @@ def _pipeline_and_dp(T: Tables, sl: slice, dps: np.ndarray, dpm: np.ndarray) -> 
     ``dps`` beyond what the last micro-batch's backward hides (less its own ZeRO-2/3 traffic), per
     micro-batch ``dpm`` beyond the compute's window. With dense and MoE layers both, the larger over
     the candidate stages of their pipeline with their own windows (each kind's window times the
-    stage's share of it), as ``cost.step.time_breakdown``."""
+    stage's share of it), as ``cost.step.time_breakdown``.
+
+    Summed per DP overlap setting rather than over it: with the overlap off the traffic is the same
+    for every stage (the larger of the stages' pipelines plus it), with it on each stage's windows
+    hide some (:func:`_overlapped_stages`); the integers are those of the sum over both settings, in
+    a third of the array passes (half the time of a score of DeepSeek-V3 on 576 GB200)."""
     tc = T.tc_of_fe[sl]
     M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
-    do = _place(np.array(T.space.dp_overlap), ("do",))
     window_dims = ("f", "e", "mb", "s", "r", "to")
     bwd, fw = _place(T.BWD[tc], window_dims), _place(T.FW[tc], window_dims + ("eo",))
-
-    def exposed(step_window, mb_window):
-        step = np.where(do, overlapped(T, dps, np.maximum(0, step_window - dpm)), dps)
-        return step + M * np.where(do, overlapped(T, dpm, mb_window), dpm)
     if T.stages is None:
-        return pipeline_term(T, sl) + exposed(FRAC * bwd, FRAC * fw)
-    bwd_m, fw_m = _place(T.BWD_M[tc], window_dims), _place(T.FW_M[tc], window_dims + ("eo",))
+        stages = [(pipeline_term(T, sl), lambda: (FRAC * bwd, FRAC * fw))]
+    else:
+        bwd_m, fw_m = _place(T.BWD_M[tc], window_dims), _place(T.FW_M[tc], window_dims + ("eo",))
+
+        def windows(c):
+            fd, fm = _place(c.fd[sl], ("f", "v")), _place(c.fm[sl], ("f", "v"))
+            return fd * (bwd - bwd_m) + fm * bwd_m, fd * (fw - fw_m) + fm * fw_m
+        stages = [(pipe, lambda c=c: windows(c)) for c, pipe in zip(T.stages, stage_pipelines(T, sl))]
+    settings = T.space.dp_overlap
+    on = _overlapped_stages(T, stages, dps, dpm, M) if True in settings else None
+    off = None
+    if False in settings:  # the traffic in the open: the same on every stage
+        off = stages[0][0]
+        for pipe, _ in stages[1:]:
+            off = np.maximum(off, pipe)
+        off = off + (dps + M * dpm)
+    if on is None or off is None:
+        out = off if on is None else on
+    else:
+        out = np.where(_place(np.array(settings), ("do",)), on, off)
+    return out if T.stages is None else out + context_term(T, sl)
+
+
+def _overlapped_stages(T: Tables, stages: list, dps: np.ndarray, dpm: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """With DP overlap on: the larger over ``stages`` (pipeline, its windows) of the pipeline plus the
+    per-step traffic beyond what the last backward hides (less its own per-micro-batch traffic) and
+    ``M`` times the per-micro-batch traffic beyond its window (:func:`overlapped`), in place."""
     best = None
-    for c, pipe in zip(T.stages, stage_pipelines(T, sl)):
-        fd, fm = _place(c.fd[sl], ("f", "v")), _place(c.fm[sl], ("f", "v"))
-        total = pipe + exposed(fd * (bwd - bwd_m) + fm * bwd_m, fd * (fw - fw_m) + fm * fw_m)
-        best = total if best is None else np.maximum(best, total)
-    return best + context_term(T, sl)
+    for pipe, windows in stages:
+        step_window, mb_window = windows()
+        hidden = np.subtract(step_window, dpm)
+        np.maximum(hidden, 0, out=hidden)
+        total = _into(np.multiply, overlapped(T, dpm, mb_window), M)
+        total = _into(np.add, _into(np.add, total, overlapped(T, dps, hidden)), pipe)
+        best = total if best is None else _into(np.maximum, best, total)
+    return best
+
+
+def _into(op, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``op(a, b)`` into ``a`` (an array of the caller's own) where ``a`` has the result's shape."""
+    if a.shape == np.broadcast_shapes(a.shape, b.shape):
+        return op(a, b, out=a)
+    return op(a, b)
 
 
 def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) -> Scored:
@@ -192,6 +227,18 @@ def grad_accumulation_term(T: Tables, sl: slice) -> np.ndarray:
     return M * _place(T.GA[sl], dims) - _place(T.GAW[sl], dims) - (M == 1) * _place(T.GA1[sl], dims)
 
 
+def _canon_weight(T: Tables, sl: slice) -> np.ndarray:
+    """:func:`_canon` summed over the overlap knobs (do, to, eo), keeping them as axes of one: the
+    factorization's rules and symmetries over (do, to) times the EP overlap's over eo, neither of
+    which reads the other's knobs (the rejection counts of DeepSeek-V3 on 576 GB200 built the
+    whole mask 355 times for this)."""
+    dp_tp = _place(T.canon[sl], ("f", "e", "s", "z", "o", "do", "to")).sum(axis=(DIMS.index("do"), DIMS.index("to")),
+                                                                        keepdims=True)
+    ep = (_place(T.eo_canon, ("e", "eo")) & _place(T.eo_ok[sl], ("f", "v", "r", "eo"))).sum(axis=DIMS.index("eo"),
+                                                                                        keepdims=True)
+    return dp_tp * ep
+
+
 def per_microbatch_traffic(T: Tables, sl: slice) -> np.ndarray:
     """Per-micro-batch ZeRO-2/3 traffic over (f, o, v, e, z, r): ``DPM``, plus ZeRO-3's third
     gathers (``RG``) where the recompute knob is full."""
@@ -204,7 +251,8 @@ def overlapped(T: Tables, traffic: np.ndarray, window: np.ndarray) -> np.ndarray
     last bucket, the compute slowed by the SMs the NCCL kernels take, or what the window cannot hide."""
     last_bucket = -(-traffic // NUM_GRAD_BUCKETS)
     slowdown = -(-traffic * T.dp_share // SHARE_PARTS)
-    return np.maximum(np.maximum(last_bucket, slowdown), traffic - window)
+    out = np.subtract(traffic, window)
+    return np.maximum(out, np.maximum(last_bucket, slowdown), out=out)
 
 
 def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -325,19 +373,18 @@ def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
     Symmetric duplicates (``planner.search.space.canonical``) are counted once.
     """
     counts = np.zeros(len(REASON_ORDER) + 1, np.int64)
-    overlaps, copies = (DIMS.index("do"), DIMS.index("to"), DIMS.index("eo")), None
+    copies = None
     for i in _blocks(T):
+        weight = _canon_weight(T, i)
         if (T.ok_f[i] >= 0).all():  # every layout has the factorization's own code, whatever its memory
-            weight = _canon(T, i).sum(axis=overlaps, keepdims=True)
             if copies is None:  # the cells of a code row over each of the weight's (as the broadcast below)
                 one = (1,) + weight.shape[1:]
                 copies = math.prod(np.broadcast_shapes(_codes_and_memory(T, slice(0, 1), T.tc_of_fe[:1])[0].shape,
                                                        one)) // math.prod(one)
             np.add.at(counts, T.ok_f[i] + 1, weight.reshape(weight.shape[0], -1).sum(axis=1) * copies)
             continue
-        sc = score_factorization(T, i, with_objective=False)
-        weight = sc.canon.sum(axis=overlaps, keepdims=True)
-        code = np.broadcast_to(sc.code, np.broadcast_shapes(sc.code.shape, weight.shape))
+        code = _codes_and_memory(T, i, T.tc_of_fe[i])[0]
+        code = np.broadcast_to(code, np.broadcast_shapes(code.shape, weight.shape))
         w = np.broadcast_to(weight, code.shape)
         counts += np.bincount((code + 1).ravel(), weights=w.ravel(), minlength=len(counts)).astype(np.int64)
     return {r: int(counts[k + 1]) for k, r in enumerate(REASON_ORDER) if counts[k + 1]}, int(counts[0])
@@ -356,14 +403,16 @@ def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]],
         mem = np.broadcast_to(sc.memory, shape)
         ok = np.broadcast_to(sc.code, shape) < 0
         ok &= np.broadcast_to(sc.canon, shape)
-        considered += int(np.broadcast_to(sc.canon, shape)[valid[i]].sum())
+        # the mask's layouts times the cells each stands for along the axes it lacks (micro-batch)
+        considered += int(sc.canon[valid[i]].sum()) * (math.prod(shape[1:]) // math.prod(sc.canon.shape[1:]))
         flat = np.flatnonzero(ok)
         if flat.size == 0:
             continue
-        take = flat[np.lexsort((mem.ravel()[flat], obj.ravel()[flat]))[: top_k + 1]]
-        for k in take:
-            idx = np.unravel_index(k, shape)
-            best.append((int(obj.ravel()[k]), int(mem.ravel()[k]), (i.start + int(idx[0]),) + tuple(int(x) for x in idx[1:])))
+        # the feasible layouts' figures read once (the ravel of a broadcast copies the whole block)
+        obj_ok, mem_ok = obj.ravel()[flat], mem.ravel()[flat]
+        for j in np.lexsort((mem_ok, obj_ok))[: top_k + 1]:
+            idx = np.unravel_index(flat[j], shape)
+            best.append((int(obj_ok[j]), int(mem_ok[j]), (i.start + int(idx[0]),) + tuple(int(x) for x in idx[1:])))
     best.sort()
     return [(o, dict(zip(DIMS, idx))) for o, _, idx in best[: top_k + 1]], considered
 

@@ -45,9 +45,9 @@ from clusterplan.cost.stages import RANKS, rank_index
 from clusterplan.cost.step import rank_inflight, working_bytes
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dispatcher_choice, dp_profiles,
-    mixed_kinds, kind_windows_over, stage_kind_shares,
-    ep_overlap_steady_share, ep_overlap_window_s, head_in_period, head_terms, optimizer_s, grad_accumulation_parts,
-    overlap_share, p2p_s, param_counts, period_layers, runtime_bytes, chunks_fit, tp_comm_terms,
+    mixed_kinds, kind_windows_over, stage_kind_shares, ep_overlap_steady_share, ep_overlap_window_s, head_in_period,
+    head_terms, optimizer_s, grad_accumulation_parts, overlap_share, p2p_s, param_counts, period_layers,
+    runtime_bytes, chunks_fit, tp_comm_over,
 )
 from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
@@ -399,8 +399,7 @@ def _compute_tables(ctx: Context, S: Space, tc_keys: list, use: np.ndarray) -> t
         both = windows(False) + moe
         BWD_M, FW_M = _qt(moe[..., 0, 0]), _qt(moe[..., 1])
     BWD, FW = _qt(both[..., 0, 0]), _qt(both[..., 1])  # the per-step window does not depend on EP overlap
-    # EP overlap's window (cost.terms.ep_overlap_window_s); none where Megatron refuses the overlap
-    # (full recomputation: priced as off)
+    # EP overlap's window (cost.terms.ep_overlap_window_s); none where Megatron refuses it (full recomputation)
     WE = _qt([[[[[0.0 if c is None or rc == "full" or e == 1 else ep_overlap_window_s(ctx.model, c, to and tp > 1, cp)
                    for to in TO]
                  for c, rc in zip(r, RC)] for r in s] for s in m] for m, (tp, cp, e, _) in zip(comp, tc_keys)])
@@ -436,9 +435,10 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
     MB, SP, RC, TO = S.micro_batch_size, S.sequence_parallel, S.recompute, S.tp_overlap
     (tpc_keys, tpc_ctx, tpc_use), (cpg_keys, cpg_ctx, cpg_use), (epg_keys, epg_ctx, epg_use), (tpg_keys, tpg_ctx,
                                                                                                  tpg_use) = tpc, cpg, epg, tpg
+    unused = [0.0] * len(TO)
 
     def tp_comm(kind):
-        return [[[[[tp_comm_terms(c, tp, cp, mb, sp, rc, st, to, moe_tp, e, et, kind) if u else 0.0 for to in TO]
+        return [[[[tp_comm_over(c, tp, cp, mb, sp, rc, st, TO, moe_tp, e, et, kind) if u else unused
                    for rc in RC] for sp in SP] for mb, u in zip(MB, used)]
                 for (tp, cp, st, _, moe_tp, e, et), c, used in zip(tpc_keys, tpc_ctx, tpc_use)]
     TPC_M = None
