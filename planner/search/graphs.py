@@ -21,6 +21,7 @@ from clusterplan.cost.layout import Layout
 from clusterplan.cost.profile import ProfileAt
 from clusterplan.cost.terms import Context, dispatcher_choice, ep_ranks
 from clusterplan.models.errors import SpecError
+from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 
 if TYPE_CHECKING:  # space.py imports this module
@@ -34,18 +35,23 @@ _SPLITTABLE = {
 }
 
 
-def searched_scopes(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...]) -> tuple[str, ...]:
+def searched_scopes(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...], model: ModelSpec,
+                    prof: ProfileAt) -> tuple[str, ...]:
     """The CUDA graph scopes the search may give a layout: the one ``--fix`` holds (graphs on a device
     without CUDA are bad input), else none and the scopes the framework offers at its date on NVIDIA
-    GPUs (:func:`graph_spaces` cuts the space by the framework's rules on them). Validation holds
-    none unless a run says otherwise (``studies.runs``)."""
+    GPUs (:func:`graph_spaces` cuts the space by the framework's rules on them); none for a dropless
+    MoE model where the framework's graphs capture only its attention (``semantics.
+    cuda_graph_dropless_moe``), which is not priced. Validation holds none unless a run says otherwise
+    (``studies.runs``)."""
     fixed = bounds.fixed.get("cuda_graph")
     if fixed not in (None, "none") and not cluster.device.family.startswith("nvidia-"):
         raise SpecError(f"--fix cuda_graph={fixed}: CUDA graphs run on NVIDIA GPUs only, not on "
                         f"{cluster.device.name}; drop it")
     if fixed is not None:
         return (fixed,)
-    if bounds.allow_unavailable or not cluster.device.family.startswith("nvidia-"):
+    dropless = model.moe is not None and model.moe.capacity_factor is None
+    if (bounds.allow_unavailable or not cluster.device.family.startswith("nvidia-")
+            or (dropless and not prof.profile.cuda_graph_dropless_moe)):
         return ("none",)
     return offered
 

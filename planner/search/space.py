@@ -190,7 +190,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
         head_slots=pick("head_slots", _pipeline_splits(prof)),
         offload=pick("offload", offload_modes(cluster, b, prof)), cp_comm=pick("cp_comm", CP_COMM_KINDS),
         moe_dispatcher=_moe_dispatchers(model, job, cluster, b, offered.get("moe_dispatcher")),
-        cuda_graph=searched_scopes(cluster, b, _graphable(model, prof, offered["cuda_graph"])), param_gather=_param_gathers(job, cluster, b),
+        cuda_graph=searched_scopes(cluster, b, offered["cuda_graph"], model, prof), param_gather=_param_gathers(job, cluster, b),
         dp_shard=pick("dp_shard", (0,)), schedule=_searched_schedules(prof, b),
         schedule_vp1=prof.has("schedule_zbh1"), framework_rules=not b.allow_unavailable,
     ), prof)
@@ -335,13 +335,6 @@ def _check_fixed_schedule(prof, b: Bounds) -> None:
                     f"{', '.join(('1f1b', 'interleaved', *SEARCHED_SCHEDULES))} (the others hold more memory than "
                     f"1F1B or interleaving on some layouts); price a layout with it by "
                     f"`clusterplan evaluate --layout ...,schedule={fixed}`")
-
-
-def _graphable(model: ModelSpec, prof: ProfileAt, offered: tuple[str, ...]) -> tuple[str, ...]:
-    """The graph scopes the search may offer: none for a dropless MoE model where the framework's graphs
-    capture only its attention (``semantics.cuda_graph_dropless_moe``), which is not priced."""
-    dropless = model.moe is not None and model.moe.capacity_factor is None
-    return ("none",) if dropless and not prof.profile.cuda_graph_dropless_moe else offered
 
 
 def _moe_dispatchers(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds, offered) -> tuple[str, ...]:
