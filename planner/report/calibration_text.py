@@ -16,6 +16,17 @@ def _error_text(e: dict) -> str:
             f" ({e['runs']} runs)")
 
 
+def _prior_text(p: dict) -> str:
+    line = (f"prior: site parameters' effect on a step spread {p['site_log']:.1%}; a run scatters "
+            f"{p['within_job_log']:.1%} about its job, {p['between_jobs_log']:.1%} about other jobs' runs "
+            f"(jobs share {p['job_log']:.1%}; from {p['runs']} runs, {p['jobs']} jobs, {p['cells']} families under "
+            f"a framework, {p['sources']} sources)")
+    if "moves_other_job" in p:
+        line += (f": one run moves a run of another job {p['moves_other_job']:.0%} of the way, one of its own job "
+                 f"{p['moves_same_job']:.0%}")
+    return line
+
+
 def calibration_report(entries: list[dict], skipped: list[tuple[str, str]], path: str, console: Console) -> None:
     """One block per entry: its scope, the factors (fitted with their standard error, or kept and
     why), the error before, after and leave-one-out, and the interval; then the runs left out."""
@@ -29,7 +40,9 @@ def calibration_report(entries: list[dict], skipped: list[tuple[str, str]], path
                 status = f"measured {got['measured']:.4g} against the bundled {got['bundled']:.4g}"
             elif p.name in e["fitted"]:
                 se = got.get("stderr_log")
-                status = "fitted" + (f", +/- {se:.0%} (1 s.e.)" if se is not None else ", exactly (no run to spare)")
+                iv = got.get("interval")
+                status = "fitted" + (f", +/- {se:.0%} (1 s.e.)" if se is not None else ", exactly (no run to spare)") + (
+                    f", 80% {iv[0]:.3f} to {iv[1]:.3f}" if iv else "")
             else:
                 status = f"kept: {e['kept'].get(p.name, 'bundled figure')}"
             table.add_row(p.name, f"{value:.3f}", status, p.what)
@@ -42,6 +55,8 @@ def calibration_report(entries: list[dict], skipped: list[tuple[str, str]], path
                           + " (recorded; runs calibrate the host factor)")
             console.print()
             continue
+        if e.get("prior"):
+            console.print(f"  {_prior_text(e['prior'])}")
         console.print(f"  error before: {_error_text(err['before'])}")
         console.print(f"  error after:  {_error_text(err['after'])} (on the runs it was fitted on)")
         console.print(f"  leave-one-out: {_error_text(err['leave_one_out'])} (each run predicted by a fit without it)")
@@ -66,6 +81,9 @@ def calibrate_one_report(study: dict, console: Console) -> None:
                       f"{c['median_abs_error_before']:.1%}", f"{c['median_abs_error_after']:.1%}",
                       ", ".join(f"{k} {v}" for k, v in c["fitted"].items()) or "-")
     console.print(table)
+    if study.get("scatter"):
+        console.print(_prior_text(study["scatter"]) + " (each calibrating run's fit re-derives it without its "
+                      "source's runs)")
     for kind, s in study["summary"].items():
         if s.get("cells"):
             console.print(f"{kind} cells: {s['cells']}, median |error| of the others {s['median_before']:.1%} "

@@ -5,20 +5,22 @@ are in ``planner.studies.calibration``; its docstring gives the method.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.search import SearchOptions
+from clusterplan.planner.studies import calibration_prior
 from clusterplan.planner.studies.calibration import (
-    FABRIC, MAX_ITERATIONS, MIN_INDEPENDENCE, MIN_SENSITIVITY, NAMES, PARAMETER, PARAMETERS, PRIOR_WEIGHT, STEP, Entry,
-    with_factors,
+    FABRIC, MAX_ITERATIONS, MIN_INDEPENDENCE, MIN_SENSITIVITY, NAMES, PARAMETER, PARAMETERS, STEP, Entry, with_factors,
 )
+from clusterplan.planner.studies.calibration_prior import Scatter
 from clusterplan.planner.studies.runs import Priced, RunResult, load_runs_and_groups, price_run
 from clusterplan.planner.studies.validate import STEP_TIME_FILES, bundled_data_path, repository_holdouts, run_groups
 from clusterplan.planner.studies.uncertainty import _t90, error_figures
@@ -36,6 +38,8 @@ class Point:
     measured_s: float
     framework: str
     family: str
+    source: str = ""  # the publication (planner.studies.uncertainty.source_key)
+    job: str = ""  # runs of one job share it: their group, else the run's own id
 
     @property
     def device(self) -> str:
@@ -60,7 +64,8 @@ def points_from_runs(runs: Sequence[dict], options: SearchOptions | None = None,
         results.append(result)
         if priced is not None and result.measured_step_time_s and result.predicted_step_time_s:
             points.append(Point(result.id, priced, float(result.measured_step_time_s),
-                                result.framework.split("@")[0], result.family))
+                                result.framework.split("@")[0], result.family, result.source,
+                                str(run.get("group") or result.id)))
         if progress:
             progress(i + 1, len(runs))
     return points, results
@@ -111,22 +116,26 @@ def _independent(A: np.ndarray) -> bool:
 
 
 def solve(points: Sequence[Point], names: Sequence[str], x0: np.ndarray | None = None,
-          iterations: int = MAX_ITERATIONS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Levenberg-Marquardt on the runs' log errors plus :data:`PRIOR_WEIGHT` times the squared log
-    factors, within each parameter's range: ``(log factors, residuals, Jacobian)`` at the answer."""
+          iterations: int = MAX_ITERATIONS, scatter: Scatter | None = None,
+          same_job: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The most probable log factors (Levenberg-Marquardt within each parameter's range) under
+    :func:`weights`: ``(log factors, residuals, posterior covariance of the log factors)``."""
     x = np.zeros(len(names)) if x0 is None else np.array(x0, dtype=float)
     r = residuals(points, names, x)
-    J = jacobian(points, names, x, r) if names else np.zeros((len(points), 0))
     if not names:
-        return x, r, J
+        return x, r, np.zeros((0, 0))
+    J = jacobian(points, names, x, r)
+    W, prior = weights(points, names, scatter or calibration_prior.stored(), same_job,
+                       J if x0 is None else None)
     lo, hi = np.array([BOUNDS[n][0] for n in names]), np.array([BOUNDS[n][1] for n in names])
-    mu, cost = 1e-3, float(r @ r + PRIOR_WEIGHT * x @ x)
+    cost_of = lambda res, xs: float((W @ res) @ (W @ res) + xs @ (prior * xs))  # noqa: E731
+    mu, cost = 1e-3, cost_of(r, x)
     for _ in range(iterations):
-        A, g = J.T @ J + PRIOR_WEIGHT * np.eye(len(names)), J.T @ r + PRIOR_WEIGHT * x
-        step = np.linalg.solve(A + mu * np.diag(np.diag(A)), -g)
-        x_new = np.clip(x + step, lo, hi)
+        Jw = W @ J
+        A, g = Jw.T @ Jw + np.diag(prior), Jw.T @ (W @ r) + prior * x
+        x_new = np.clip(x + np.linalg.solve(A + mu * np.diag(np.diag(A)), -g), lo, hi)
         r_new = residuals(points, names, x_new)
-        cost_new = float(r_new @ r_new + PRIOR_WEIGHT * x_new @ x_new)
+        cost_new = cost_of(r_new, x_new)
         if cost_new < cost:
             converged = cost - cost_new < 1e-10 + 1e-6 * cost
             x, r, cost, mu = x_new, r_new, cost_new, mu / 10
@@ -137,19 +146,42 @@ def solve(points: Sequence[Point], names: Sequence[str], x0: np.ndarray | None =
             mu *= 10
             if mu > 1e6:
                 break
-    return x, r, J
+    Jw = W @ J
+    return x, r, np.linalg.inv(Jw.T @ Jw + np.diag(prior))
 
 
-def fit_chosen(points: Sequence[Point], kept: dict[str, str]) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray,
-                                                                       np.ndarray]:
+MIN_VARIANCE = 1e-6  # (0.1% in log step time)^2: keeps a derived spread of zero from dividing by it
+
+
+def weights(points: Sequence[Point], names: Sequence[str], scatter: Scatter, same_job: bool,
+            J0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """What the fit minimises, ``|W r|^2 + sum_j prior_j x_j^2`` (a Gaussian posterior,
+    ``planner.studies.calibration_prior``): ``W`` whitens the runs' log errors ``r`` by their covariance
+    (:meth:`Scatter.covariance`: runs of one job share their job's error), and each log factor ``x_j``
+    has a prior centred on the bundled figure whose effect on a step has the spread ``t``: ``prior_j``
+    is the runs' mean squared sensitivity to it (``J0``, at the bundled figures) over ``t^2``.
+    ``same_job``: the runs are of one job and the fit is for its other runs (``t`` is then what runs
+    of one job share, :attr:`Scatter.job_log`)."""
+    if J0 is None:
+        zero = np.zeros(len(names))
+        J0 = jacobian(points, names, zero, residuals(points, names, zero))
+    cov = scatter.covariance([p.job for p in points], same_job) + MIN_VARIANCE * np.eye(len(points))
+    W = np.linalg.cholesky(np.linalg.inv(cov)).T
+    t = scatter.job_log if same_job else scatter.site_log
+    return W, np.mean(J0 ** 2, axis=0) / max(t * t, MIN_VARIANCE)
+
+
+def fit_chosen(points: Sequence[Point], kept: dict[str, str], scatter: Scatter | None = None,
+               same_job: bool = False) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray]:
     """The parameters ``points`` determine (:func:`select`, at the bundled figures) fitted
     (:func:`solve`): ``(residuals at the bundled figures, chosen names, log factors, residuals,
-    Jacobian)``; why each other parameter is kept goes into ``kept``."""
+    posterior covariance)``; why each other parameter is kept goes into ``kept``."""
     zero = np.zeros(len(NAMES))
     r0 = residuals(points, NAMES, zero)
-    chosen = select(jacobian(points, NAMES, zero, r0), NAMES, kept)
-    x, r, J = solve(points, chosen)
-    return r0, chosen, x, r, J
+    J0 = jacobian(points, NAMES, zero, r0)
+    chosen = select(J0, NAMES, kept)
+    x, r, cov = solve(points, chosen, scatter=scatter, same_job=same_job)
+    return r0, chosen, x, r, cov
 
 
 def stats(log_errors: Sequence[float]) -> dict:
@@ -157,27 +189,36 @@ def stats(log_errors: Sequence[float]) -> dict:
     return error_figures([math.exp(e) - 1 for e in log_errors], 4)
 
 
-def fit_entry(points: Sequence[Point]) -> Entry:
-    """The factors for one device under one framework (``points`` share both)."""
+def fit_entry(points: Sequence[Point], scatter: Scatter | None = None) -> Entry:
+    """The factors for one device under one framework (``points`` share both), the most probable
+    under the prior and scatter ``scatter`` (the stored ones by default), each with its posterior
+    standard error and 80% interval."""
+    scatter = scatter or calibration_prior.stored()
     fabrics = Counter(p.cluster for p in points)
     kept: dict[str, str] = {}
     if len(fabrics) > 1:
         kept.update({k: f"the runs are on several fabrics ({', '.join(sorted(fabrics))}); fabric factors need runs "
                         f"on one" for k in FABRIC})
-    r0, chosen, x, r, J = fit_chosen(points, kept)
-    fitted = {name: {"stderr_log": None} for name in chosen}
-    dof = len(points) - len(chosen)
-    if chosen and dof > 0:
-        cov = float(r @ r) / dof * np.linalg.inv(J.T @ J + PRIOR_WEIGHT * np.eye(len(chosen)))
-        fitted = {name: {"stderr_log": round(math.sqrt(max(0.0, cov[j, j])), 4)} for j, name in enumerate(chosen)}
-    loo = leave_one_out(points, chosen, x)
+    r0, chosen, x, r, cov = fit_chosen(points, kept, scatter)
+    fitted = {}
+    for j, name in enumerate(chosen):
+        se = math.sqrt(max(0.0, cov[j, j]))
+        fitted[name] = {"stderr_log": round(se, 4),
+                        "interval": [round(math.exp(x[j] + k * Z80 * se), 4) for k in (-1, 1)]}
+    loo = leave_one_out(points, chosen, x, scatter)
     values = {name: 1.0 for name in NAMES} | {n: math.exp(v) for n, v in zip(chosen, x)}
     error = {"before": stats(r0), "after": stats(r), "leave_one_out": stats(loo)}
+    prior = scatter.as_dict() | {"moves_other_job": round(scatter.fraction(False), 3),
+                                 "moves_same_job": round(scatter.fraction(True), 3)}
     return Entry(points[0].device, points[0].framework, fabrics.most_common(1)[0][0], values, fitted, kept,
-                 tuple(p.id for p in points), interval_from(loo), error)
+                 tuple(p.id for p in points), interval_from(loo), error, prior)
 
 
-def leave_one_out(points: Sequence[Point], chosen: Sequence[str], x: np.ndarray) -> list[float]:
+Z80 = 1.2816  # the normal distribution's 90th percentile: a fitted factor's 80% interval
+
+
+def leave_one_out(points: Sequence[Point], chosen: Sequence[str], x: np.ndarray,
+                  scatter: Scatter | None = None) -> list[float]:
     """Each run's log error from a fit without it (ten folds beyond :data:`MAX_LOO_RUNS` runs), the
     same parameters (no more than the runs left): empty for one run."""
     n = len(points)
@@ -189,7 +230,7 @@ def leave_one_out(points: Sequence[Point], chosen: Sequence[str], x: np.ndarray)
         train = [p for i, p in enumerate(points) if i not in held]
         names = [c for c in chosen][:len(train)]
         start = np.array([x[list(chosen).index(c)] for c in names])
-        xf, _, _ = solve(train, names, start, iterations=6)
+        xf, _, _ = solve(train, names, start, iterations=6, scatter=scatter)
         values = {c: math.exp(v) for c, v in zip(names, xf)}
         for i in held:
             out[i] = points[i].log_error(values)
@@ -209,7 +250,7 @@ def interval_from(loo: Sequence[float]) -> tuple[float, float] | None:
     return math.exp(mean - half), math.exp(mean + half)
 
 
-def fit(points: Sequence[Point], results: Sequence[RunResult] = ()) -> list[Entry]:
+def fit(points: Sequence[Point], results: Sequence[RunResult] = (), scatter: Scatter | None = None) -> list[Entry]:
     """One entry per (device, framework) among ``points``; SpecError (exit 2) where there is none,
     with why each run (``results``) was left out."""
     if not points:
@@ -219,7 +260,7 @@ def fit(points: Sequence[Point], results: Sequence[RunResult] = ()) -> list[Entr
     groups: dict[tuple[str, str], list[Point]] = {}
     for p in points:
         groups.setdefault((p.device, p.framework), []).append(p)
-    return [fit_entry(groups[key]) for key in sorted(groups)]
+    return [fit_entry(groups[key], scatter) for key in sorted(groups)]
 
 
 # ---- calibrating on one run, predicting the others (validate --calibrate-one) ------------------------------
@@ -230,34 +271,69 @@ MIN_FAMILY_RUNS = 3
 
 def calibrate_one(points: Sequence[Point], groups: dict[str, list[str]]) -> dict:
     """For every group of runs of one job (``groups``: name -> run ids) and every hardware family
-    under one framework with :data:`MIN_FAMILY_RUNS` or more runs: fit on one run (the parameters one run determines), predict
-    the others, and compare their |error| with the uncalibrated one. Up to
+    under one framework with :data:`MIN_FAMILY_RUNS` or more runs: fit on one run (the parameters one
+    run determines), predict the others, and compare their |error| with the uncalibrated one. Up to
     :data:`MAX_CALIBRATION_RUNS` runs of each take the calibrating turn; a run's fabric factors apply
-    to runs on the same cluster preset only. ``{"cells": [...], "summary": {...}}``."""
+    to runs on the same cluster preset only. The fit's prior and scatter
+    (``planner.studies.calibration_prior``) are derived from the runs of the other sources than the
+    calibrating run's (the stored ones where they cannot be: ``calibration_prior.derive``). ``{"cells": [...], "summary": {...}, "scatter": {...}}`` (the spreads
+    derived from every run)."""
+    points = with_jobs(points, groups)
     by_id = {p.id: p for p in points}
     cells = [("job", name, [by_id[i] for i in dict.fromkeys(ids) if i in by_id]) for name, ids in sorted(groups.items())]
     families: dict[str, list[Point]] = {}
     for p in points:  # a calibration applies to a device under one framework: families are split by it
         families.setdefault(f"{p.family} under {p.framework}", []).append(p)
     cells += [("family", f, rows) for f, rows in sorted(families.items()) if len(rows) >= MIN_FAMILY_RUNS]
-    before = {p.id: abs(math.exp(p.log_error({})) - 1) for p in points}
-    out = [_one_cell(kind, name, rows, before) for kind, name, rows in cells if len(rows) >= 2]
-    return {"cells": out, "summary": {kind: _cells_summary([c for c in out if c["kind"] == kind])
-                                      for kind in ("job", "family")}}
+    rows = error_rows(points)
+    errors = {p.id: r[0] for p, r in zip(points, rows)}
+    without = functools.lru_cache(maxsize=None)(
+        lambda source: calibration_prior.derive([r for r in rows if r[3] != source], calibration_prior.stored()))
+    before = {i: abs(math.exp(e) - 1) for i, e in errors.items()}
+    out = [_one_cell(kind, name, rows, before, without) for kind, name, rows in cells if len(rows) >= 2]
+    summary = {kind: _cells_summary([c for c in out if c["kind"] == kind]) for kind in ("job", "family")}
+    return {"cells": out, "summary": summary, "scatter": calibration_prior.derive(rows).as_dict()}
 
 
-def _one_cell(kind: str, name: str, rows: list[Point], before: dict[str, float]) -> dict:
+def with_jobs(points: Sequence[Point], groups: dict[str, list[str]]) -> list[Point]:
+    """``points`` with the job of each run in ``groups`` (name -> run ids; the first name in order)."""
+    job = {i: name for name, ids in sorted(groups.items(), reverse=True) for i in ids}
+    return [replace(p, job=job.get(p.id, p.job)) for p in points]
+
+
+def error_rows(points: Sequence[Point]) -> list[tuple[float, str, str, str]]:
+    """What ``calibration_prior.derive`` reads: each run's log error at the bundled figures, its
+    family under its framework, its job and its source."""
+    return [(p.log_error({}), f"{p.family} under {p.framework}", p.job, p.source) for p in points]
+
+
+def repository_scatter() -> Scatter:
+    """The prior and scatter derived from every measured step time in the repository (the runs
+    ``validate --calibrate-one`` studies): what ``planner/data/calibration_prior.yaml`` stores."""
+    runs, groups = study_runs()
+    points, _ = points_from_runs(runs)
+    return calibration_prior.derive(error_rows(with_jobs(points, groups)))
+
+
+def _one_cell(kind: str, name: str, rows: list[Point], before: dict[str, float],
+              scatter_without: Callable[[str], Scatter]) -> dict:
+    """A cell's runs each calibrated on in turn: the others of its job predicted with the fit for its
+    job, the others with the fit for its site (what a run of another job shares with it)."""
     picks = sorted({round(i * (len(rows) - 1) / max(1, MAX_CALIBRATION_RUNS - 1))
                     for i in range(min(len(rows), MAX_CALIBRATION_RUNS))})
     after, base, fitted = [], [], Counter()
     for k in picks:
         one = rows[k]
-        _, chosen, x, _, _ = fit_chosen([one], {})
-        values = {c: math.exp(v) for c, v in zip(chosen, x)}
+        scatter = scatter_without(one.source)
+        values = {}
+        for same_job in (False, True):
+            _, chosen, x, _, _ = fit_chosen([one], {}, scatter, same_job)
+            values[same_job] = {c: math.exp(v) for c, v in zip(chosen, x)}
         fitted.update(chosen)
         for j, p in enumerate(rows):
             if j != k:
-                after.append(abs(math.exp(p.log_error(values, fabric=p.cluster == one.cluster)) - 1))
+                got = p.log_error(values[kind == "job" or p.job == one.job], fabric=p.cluster == one.cluster)
+                after.append(abs(math.exp(got) - 1))
                 base.append(before[p.id])
     return {"kind": kind, "name": name, "runs": len(rows), "calibrated_on": len(picks),
             "predictions": len(after), "fitted": dict(fitted),

@@ -8,10 +8,12 @@ scale-up domains. Each factor multiplies the bundled figure it names, so a calib
 prediction that rests on that figure, and nothing else; no factor takes a rate past the device's
 peak or a link's nominal rate.
 
-The fit (:func:`fit_entry`) minimizes the squared log error of the runs' predicted step times
-(each run priced with its published layout and the knobs the search chose for it, the way
-``validate`` prices it), with a weak pull toward the bundled figures (:data:`PRIOR_WEIGHT`). It
-fits a parameter only where some run spends :data:`MIN_SENSITIVITY` of its step on it, where the
+The fit (:func:`fit_entry`) is the most probable set of factors given the runs' log errors of
+predicted step time (each run priced with its published layout and the knobs the search chose for
+it, the way ``validate`` prices it) and a prior centred on the bundled figures: the prior's spread and
+the runs' scatter, within a job and between jobs, are derived from the repository's runs
+(``planner.studies.calibration_prior``), so one run of a job moves the factors only as far as runs
+of other jobs share its error. It fits a parameter only where some run spends :data:`MIN_SENSITIVITY` of its step on it, where the
 runs tell it apart from the parameters already fitted, and never more parameters than runs; the
 others keep the bundled figure, with the kind of run that would tie them down. Its error is given
 before, after, and leave-one-out (each run predicted by a fit without it), and the leave-one-out
@@ -75,11 +77,6 @@ MIN_INDEPENDENCE = 0.1
 """Smallest over largest singular value of the runs' sensitivities (columns scaled to unit length)
 for the parameters fitted together: below it the runs cannot tell them apart."""
 
-PRIOR_WEIGHT = 1e-3
-"""Weight of the pull toward the bundled figures, per squared log factor, against the runs' squared
-log errors: a factor of 2 costs what a 2.2% error on one run costs. It picks one answer where the runs
-leave a direction nearly flat, and does not move a fit the runs determine."""
-
 STEP = 0.05  # log step of the finite differences
 MAX_ITERATIONS = 12
 HOST_CEILING_S = 1e-3  # topologies.entries: a kernel's overhead is at most 1 ms
@@ -138,13 +135,14 @@ class Entry:
     runs: tuple[str, ...] = ()
     interval: tuple[float, float] | None = None  # 80% bounds of measured / predicted, leave-one-out
     error: dict = field(default_factory=dict)
+    prior: dict = field(default_factory=dict)  # the spreads the fit was weighed by (calibration_prior.Scatter)
 
     def as_dict(self) -> dict:
         return {"device": self.device, "framework": self.framework, "cluster": self.cluster,
                 "values": {k: round(v, 6) for k, v in self.values.items()},
                 "fitted": self.fitted, "kept": self.kept, "runs": list(self.runs),
                 "interval": None if self.interval is None else [round(x, 6) for x in self.interval],
-                "error": self.error}
+                "error": self.error, "prior": self.prior}
 
 
 @dataclass(frozen=True)
@@ -236,10 +234,10 @@ def _entry(raw, where: str) -> Entry:
     if iv is not None and not (isinstance(iv, list) and len(iv) == 2 and all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 100 for x in iv) and iv[0] <= iv[1]):
         raise SpecError(f"{where}.interval: got {iv!r}; allowed: [low, high] ratios of measured to predicted, or null")
-    fitted, kept, error = (_optional(raw, key, dict, where) for key in ("fitted", "kept", "error"))
+    fitted, kept, error, prior = (_optional(raw, key, dict, where) for key in ("fitted", "kept", "error", "prior"))
     return Entry(raw["device"], raw["framework"], raw["cluster"], {k: float(v) for k, v in values.items()},
                  fitted, kept, tuple(str(r) for r in _optional(raw, "runs", list, where)),
-                 None if iv is None else (float(iv[0]), float(iv[1])), error)
+                 None if iv is None else (float(iv[0]), float(iv[1])), error, prior)
 
 
 def _optional(raw: dict, key: str, kind: type, where: str):
