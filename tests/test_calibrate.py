@@ -204,6 +204,26 @@ def test_the_prior_comes_from_what_runs_of_other_jobs_share():
     assert derive([], fallback=none) is none
 
 
+def test_a_family_whose_jobs_share_no_error_is_not_made_worse_by_calibrating_on_one_run():
+    """Issue 37: four jobs of two layouts each, from four publications, on one device under one
+    framework, each job off by its own 10% (two too fast, two too slow) and nothing shared. Fitted on
+    one run, the other jobs' predictions must not take its job's error: the prior, derived from the
+    other publications' runs, finds nothing shared between jobs (and much within one)."""
+    runs = []
+    for k, run in enumerate(_a100_runs(8)):
+        job, error = k // 2, (0.1 if k // 2 % 2 else -0.1) + (0.01 if k % 2 else -0.01)
+        (p,), _ = points_from_runs([run])
+        r = copy.deepcopy(run)
+        r.update(group=f"job-{job}", source=f"site {job}")
+        r["measured"]["step_time_s"] = p.priced.step_s(p.priced.cluster) * math.exp(-error)
+        runs.append(r)
+    points, _ = points_from_runs(runs)
+    study = calibrate_one(points, {f"job-{j}": [r["id"] for r in runs if r["group"] == f"job-{j}"] for j in range(4)})
+    (family,) = [c for c in study["cells"] if c["kind"] == "family"]
+    assert family["median_abs_error_after"] <= family["median_abs_error_before"]
+    assert all(c["median_abs_error_after"] < c["median_abs_error_before"] / 2 for c in study["cells"] if c["kind"] == "job")
+
+
 def test_the_stored_prior_is_what_the_repository_s_runs_give():
     """planner/data/calibration_prior.yaml (benchmarks/update_docs.py) holds what the code derives."""
     assert repository_scatter().as_dict() == calibration_prior.stored().as_dict()
