@@ -455,8 +455,9 @@ def calibrate_command(inputs, output, cluster_arg, device, model_arg, devices, s
     """Fit site parameters on your own measured runs: clusterplan-runs/1 files, or training logs of
     Megatron-LM/NeMo, torchtitan, MaxText or DeepSpeed (LOG or LOG::CONFIG; docs/logs.md). Per device
     and framework, factors on the achieved matmul rate, the memory-bound rate and the host time per
-    kernel, and per fabric on the collectives' bandwidth; only those the runs determine. Prints the
-    error before, after and leave-one-out, and writes CAL.yaml for --calibration.
+    kernel, and per fabric on the collectives' bandwidth; only those the runs determine, each only as
+    far as a prior derived from the repository's runs allows (runs of one group count as one job).
+    Prints the prior, the error before, after and leave-one-out, and writes CAL.yaml for --calibration.
 
     \b
     Example:  clusterplan calibrate my_runs.yaml -o site.yaml
