@@ -82,8 +82,8 @@ def calibrate_one_report(study: dict, console: Console) -> None:
                       ", ".join(f"{k} {v}" for k, v in c["fitted"].items()) or "-")
     console.print(table)
     if study.get("scatter"):
-        console.print(_prior_text(study["scatter"]) + " (each calibrating run's fit re-derives it without its "
-                      "source's runs)")
+        console.print(_prior_text(study["scatter"]) + " (re-derived for each calibrating run without its "
+                      "source's runs, where the others determine it)")
     for kind, s in study["summary"].items():
         if s.get("cells"):
             console.print(f"{kind} cells: {s['cells']}, median |error| of the others {s['median_before']:.1%} "

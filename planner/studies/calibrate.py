@@ -276,8 +276,8 @@ def calibrate_one(points: Sequence[Point], groups: dict[str, list[str]]) -> dict
     :data:`MAX_CALIBRATION_RUNS` runs of each take the calibrating turn; a run's fabric factors apply
     to runs on the same cluster preset only. The fit's prior and scatter
     (``planner.studies.calibration_prior``) are derived from the runs of the other sources than the
-    calibrating run's (the stored ones where they cannot be: ``calibration_prior.derive``). ``{"cells": [...], "summary": {...}, "scatter": {...}}`` (the spreads
-    derived from every run)."""
+    calibrating run's (the stored ones where those cannot determine them). ``{"cells": [...],
+    "summary": {...}, "scatter": {...}}``, the last derived from every run."""
     points = with_jobs(points, groups)
     by_id = {p.id: p for p in points}
     cells = [("job", name, [by_id[i] for i in dict.fromkeys(ids) if i in by_id]) for name, ids in sorted(groups.items())]
@@ -285,14 +285,15 @@ def calibrate_one(points: Sequence[Point], groups: dict[str, list[str]]) -> dict
     for p in points:  # a calibration applies to a device under one framework: families are split by it
         families.setdefault(f"{p.family} under {p.framework}", []).append(p)
     cells += [("family", f, rows) for f, rows in sorted(families.items()) if len(rows) >= MIN_FAMILY_RUNS]
-    rows = error_rows(points)
-    errors = {p.id: r[0] for p, r in zip(points, rows)}
+    table = error_rows(points)
+    errors = {p.id: r[0] for p, r in zip(points, table)}
     without = functools.lru_cache(maxsize=None)(
-        lambda source: calibration_prior.derive([r for r in rows if r[3] != source], calibration_prior.stored()))
+        lambda source: calibration_prior.derive([r for r in table if r[3] != source], calibration_prior.stored()))
     before = {i: abs(math.exp(e) - 1) for i, e in errors.items()}
     out = [_one_cell(kind, name, rows, before, without) for kind, name, rows in cells if len(rows) >= 2]
     summary = {kind: _cells_summary([c for c in out if c["kind"] == kind]) for kind in ("job", "family")}
-    return {"cells": out, "summary": summary, "scatter": calibration_prior.derive(rows).as_dict()}
+    scatter = calibration_prior.derive(table, calibration_prior.stored())
+    return {"cells": out, "summary": summary, "scatter": scatter.as_dict()}
 
 
 def with_jobs(points: Sequence[Point], groups: dict[str, list[str]]) -> list[Point]:

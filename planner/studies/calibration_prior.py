@@ -52,9 +52,8 @@ class Scatter:
 
     def fraction(self, same_job: bool) -> float:
         """How far one run moves another's predicted log step time toward its own measurement."""
-        if same_job:
-            return self.job_log ** 2 / (self.job_log ** 2 + self.within_job_log ** 2)
-        return self.site_log ** 2 / (self.site_log ** 2 + self.between_jobs_log ** 2)
+        shared, own = (self.job_log, self.within_job_log) if same_job else (self.site_log, self.between_jobs_log)
+        return shared ** 2 / (shared ** 2 + own ** 2) if shared else 0.0
 
     def covariance(self, jobs: Sequence[str], same_job: bool = False) -> np.ndarray:
         """Of the log errors of runs of ``jobs`` (one name per run) about the site's parameters
