@@ -10,6 +10,7 @@ from clusterplan.cost.layout import (CP_COMM_KINDS, CUDA_GRAPH_SCOPES, OFFLOAD_M
                                       num_microbatches, parse_recompute_modules)
 from clusterplan.cost.step import host_offload_problem
 from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split, host_tier, layers_on_stage, stage_slots
+from clusterplan.cost.terms.context import graphs_skip_moe
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -43,6 +44,8 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     _offload_problems(job, cluster, layout, bad)
     _cp_comm_problems(model, cluster, layout, bad)
     _cuda_graph_problems(cluster, layout, bad)
+    if full_graph_problem(model, job.profile.profile, layout.cuda_graph):
+        bad("cuda_graph", full_graph_problem(model, job.profile.profile, layout.cuda_graph))
     _param_gather_problems(job, cluster, layout, bad)
     _dp_shard_problems(job, layout, bad)
     _head_slot_problems(model, job, layout, bad)
@@ -191,6 +194,17 @@ def _cp_comm_problems(model: ModelSpec, cluster: Cluster, layout: Layout, bad) -
         bad("context", f"cp_comm={layout.cp_comm}: the all-to-all over {k} context-parallel ranks splits the heads of "
             f"each tensor-parallel rank ({heads} query, {kv} key/value heads at tp={layout.tp}); both must be "
             f"divisible by {k}")
+
+
+def full_graph_problem(model: ModelSpec, profile, scope: str) -> str | None:
+    """Why the framework cannot replay this model's step as one CUDA graph, or None: a dropless MoE
+    block's shapes change every step, so where the framework's graphs capture only the attention
+    (:func:`cost.terms.context.graphs_skip_moe`) a full-iteration graph does not capture."""
+    if scope != "full" or not graphs_skip_moe(model, profile):
+        return None
+    return (f"cuda_graph=full: {profile.name} cannot capture a dropless MoE layer in a graph (its "
+            "experts' token counts change every step: Megatron-LM's MoE README, 'CUDA Graph'); use cuda_graph=layer "
+            "(the attention graphed, --cuda-graph-modules attn) or a capacity factor (moe.capacity_factor)")
 
 
 def _cuda_graph_problems(cluster: Cluster, layout: Layout, bad) -> None:

@@ -187,7 +187,8 @@ class Profile:
     sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
     fsdp_copies: bool = False  # FSDP2 copies around each gather and reduce-scatter on the compute stream (terms.fsdp_copy_s)
     # semantics.cuda_graph_dropless_moe: whether its CUDA graphs capture the MoE layers of a dropless
-    # model (Megatron: attention only, the experts' shapes change every step; not priced, so not searched)
+    # model (Megatron: attention only, the experts' shapes change every step: per-layer graphs are priced
+    # with the MoE blocks eager, terms.context.graphs_skip_moe; a full-iteration graph is refused)
     cuda_graph_dropless_moe: bool = True
     grads_freed_between_steps: bool = False  # sharded gradients are freed after each step (zero_grad(set_to_none))
     # Activation offload (features.offload_activations, layout offload=activations): the recompute mode it

@@ -137,6 +137,9 @@ class DeviceSpec(BaseModel):
     kernel_overhead_s: float = Field(
         ge=0, description="Fixed launch/framework overhead per kernel on this device (seconds)."
     )
+    mlp_block_kernel_overhead_s: float | None = Field(
+        None, ge=0, description="Per-kernel overhead of the MLP blocks' kernels where a CUDA graph of a dropless MoE model "
+                                "leaves them eager and graphs the rest (cost.compute.graphed_device); None: kernel_overhead_s.")
     comm_kernel_slowdown: tuple[tuple[float, float], ...] = Field(
         (), description="Measured slowdown of large GEMMs beside a communication kernel that holds a share of the "
                         "SMs, as (SM share, slowdown) points; empty: not measured (cost.terms.overlap_share).")

@@ -74,6 +74,13 @@ def check_megatron_argv(argv: list[str], env: dict[str, str], meta: dict) -> dic
     sys.argv = ["pretrain_gpt.py", *argv]
     args = arguments.parse_args()
     arguments.validate_args(args)
+    # the model's TransformerConfig, as pretrain_gpt.py builds it: its __post_init__ asserts what
+    # validate_args leaves to it (MoE with CUDA graph modules, recomputation with graphs, ...)
+    import megatron.core.transformer.transformer_config as transformer_config  # no Transformer Engine here:
+    transformer_config.is_te_min_version = lambda version, check_equality=True: True  # its version checks pass
+    import megatron.core.models.common.embeddings.rope_utils as rope_utils  # and TE's fused RoPE is there
+    rope_utils.fused_apply_rotary_pos_emb = rope_utils.fused_apply_rotary_pos_emb or (lambda *a, **k: None)
+    arguments.core_transformer_config_from_args(args)
     calc = ConstantNumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                              args.data_parallel_size, False, 0)
     layout = args.pipeline_model_parallel_layout

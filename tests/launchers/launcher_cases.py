@@ -92,6 +92,12 @@ CASES = {
     "llama3-8b-cuda-graph-layer": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
                                     "--devices", "8", "--global-batch", "64", "--layout",
                                     "tp=2,pp=1,dp=4,mbs=1,sp=on,recompute=selective,cuda_graph=layer"], ["megatron"]),
+    # a dropless MoE model's per-layer graphs: Megatron captures the attention (and a dense layer's MLP)
+    # alone, --cuda-graph-modules attn mlp (TransformerConfig refuses mlp where no layer is dense)
+    "deepseek-v3-cuda-graph-layer": (["--model", "deepseek-v3", "--cluster", "dgx-h100-superpod", "--devices", "256",
+                                      "--fix", "cuda_graph=layer"], ["megatron"]),
+    "qwen3-30b-a3b-cuda-graph-layer": (["--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-superpod", "--devices", "16",
+                                        "--fix", "cuda_graph=layer"], ["megatron"]),
     # the block-scaled precisions: Megatron's --fp8-recipe mxfp8 and --fp4-format/--fp4-recipe nvfp4,
     # torchtitan's MX converter
     "llama3-70b-gb300-mxfp8": (["--model", "llama3-70b", "--cluster", "gb300-nvl72", "--devices", "64",
