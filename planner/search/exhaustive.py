@@ -59,13 +59,6 @@ def layer_time(T: Tables, sl: slice) -> np.ndarray:
             + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
 
 
-def ep_saving(T: Tables, sl: slice) -> np.ndarray:
-    """What EP overlap saves over a step (``planner.search.tables``) for the factorizations in
-    ``sl``: its steady-state slots times, per slot, what the all-to-all kernels' SM share leaves of
-    the open all-to-alls, at most the window; 0 with it off."""
-    return _place(T.UG[sl], ("f", "mb", "v")) * ep_hidden(T, sl)
-
-
 def ep_hidden(T: Tables, sl: slice) -> np.ndarray:
     """Per micro-batch slot, the all-to-all time EP overlap hides: what the kernels' SM share leaves
     of the open all-to-alls, at most the window; 0 with it off."""
