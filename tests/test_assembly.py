@@ -14,7 +14,7 @@ from clusterplan.cost.layout import Job, Layout
 from clusterplan.cost.step import evaluate
 from clusterplan.cost.terms import Context
 from clusterplan.models.library import get_model
-from clusterplan.planner.search import exhaustive
+from clusterplan.planner.search import cpsat, exhaustive
 from clusterplan.planner.search.space import build_space, split_spaces
 from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, build_tables
 from clusterplan.topologies.library import build_cluster
@@ -36,7 +36,8 @@ def test_integer_exposed_traffic_is_the_float_rule_rounded_against_the_plan():
         hidden_f = assembly.ep_hidden(floats, float(traffic), float(window), 1)
         hidden_i = int(assembly.ep_hidden(ints, np.array([traffic]), np.array([window]), 1)[0])
         assert hidden_f * (1 - 1e-12) - 1 <= hidden_i <= hidden_f * (1 + 1e-12)  # a saving rounds down
-        assert assembly.dp_exposed(floats, 1.0 * traffic, 1.0 * per_mb, 0.0, 0.0, m, overlap=False) == m * per_mb + traffic
+        off = assembly.dp_exposed(floats, 1.0 * traffic, 1.0 * per_mb, 0.0, 0.0, m, overlap=False)
+        assert off == m * per_mb + traffic  # without DP overlap all of it
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,9 @@ def small_problem():
 
 
 def test_evaluate_and_the_exhaustive_engine_run_the_one_assembly(monkeypatch, small_problem):
-    """The exposed data-parallel traffic of both engines comes from ``cost.assembly.exposed_traffic``:
-    a change there moves ``evaluate``'s breakdown and the exhaustive engine's objective alike."""
+    """The exposed data-parallel traffic of every engine comes from ``cost.assembly.exposed_traffic``:
+    a change there moves ``evaluate``'s breakdown, the exhaustive engine's objective and the CP-SAT
+    model alike."""
     model, job, cluster = small_problem
     seen: list[str] = []
     real = assembly.exposed_traffic
@@ -65,3 +67,6 @@ def test_evaluate_and_the_exhaustive_engine_run_the_one_assembly(monkeypatch, sm
     seen.clear()
     exhaustive.score_factorization(T, slice(0, len(T.space.factorizations)))
     assert seen and set(seen) == {"IntegerOps"}
+    seen.clear()
+    cpsat._Model(T)  # CP-SAT posts each of the rule's terms as a lower bound of the exposure
+    assert seen and set(seen) == {"_LowerBounds"}

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from clusterplan.cost import assembly
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
 from clusterplan.planner.search.exhaustive import DIMS
@@ -448,15 +449,40 @@ class _Model:
             window = left
         overlap = self._lookup(f"{name}_overlap_on", np.array(T.space.dp_overlap, dtype=np.int64), [x["do"]])
         exposed = m.new_int_var(0, hi_traffic, f"{name}_exposed")
-        m.add(NUM_GRAD_BUCKETS * exposed >= Q * traffic)
-        m.add(SHARE_PARTS * exposed >= T.dp_share * Q * traffic)  # the SMs the NCCL kernels take
-        m.add(exposed >= Q * traffic - window)
+        # cost.assembly.exposed_traffic's terms (the last bucket, the SMs the NCCL kernels take, beyond
+        # the window), each a lower bound; the scaled ones first, as this model has always posted them
+        terms = assembly.exposed_traffic(_LowerBounds(T.dp_share), Q * traffic, window)
+        for k, bound in sorted(terms, key=lambda t: t[0] == 1):
+            m.add(k * exposed >= bound)
         m.add(exposed >= Q * traffic - (hi_traffic + hi_window + 1) * overlap)
         return exposed
 
     def indices(self, solver: cp_model.CpSolver) -> dict:
         idx = {k: int(solver.value(v)) for k, v in self.x.items()}
         return {k: idx[k] for k in DIMS}
+
+
+@dataclass(frozen=True)
+class _LowerBounds:
+    """``cost.assembly``'s ops for :func:`~cost.assembly.exposed_traffic` in CP-SAT: the objective
+    minimises the exposure, so its maximum is a variable held at or above each term. A term is
+    ``(k, expression)``: ``k x variable >= expression``, a division by ``k`` rounded up, as the
+    tables' ``IntegerOps`` rounds it; ``dp_share`` in SHARE_PARTS."""
+
+    dp_share: int
+
+    @staticmethod
+    def bucket(traffic) -> list:
+        return [(NUM_GRAD_BUCKETS, traffic)]
+
+    def slowdown(self, traffic) -> list:
+        return [(SHARE_PARTS, self.dp_share * traffic)]
+
+    @staticmethod
+    def maximum(a, b) -> list:
+        return [*(a if isinstance(a, list) else [(1, a)]), *(b if isinstance(b, list) else [(1, b)])]
+
+    imax = maximum
 
 
 def _bounds(var) -> tuple[int, int]:

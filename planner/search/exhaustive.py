@@ -14,7 +14,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from clusterplan.cost.assembly import IntegerOps, ep_hidden as hidden_per_slot, exposed_traffic, mix, pipeline, slowest_step, stage_share
+from clusterplan.cost.assembly import (
+    IntegerOps, ep_hidden as hidden_per_slot, exposed_traffic, mix, pipeline, slowest_step, stage_share,
+)
 from clusterplan.planner.search.masks import REASON_ORDER
 from clusterplan.planner.search.reuse import fewer_collections
 from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute
