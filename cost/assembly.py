@@ -172,13 +172,13 @@ def mix(dense_share, dense, moe_share, moe):
     return dense_share * dense + moe_share * moe
 
 
-def ep_hidden(ops, open_comm, window, on):
-    """Per micro-batch slot, the all-to-all time EP overlap hides (switch ``on``): what the kernels'
-    SM share leaves of the open all-to-alls ``open_comm``, at most the ``window`` of compute
+def ep_hidden(ops, open_comm, window):
+    """Per micro-batch slot in EP overlap's steady state, the all-to-all time it hides: what the
+    kernels' SM share leaves of the open all-to-alls ``open_comm``, at most the ``window`` of compute
     (``cost.terms.ep_comm_parts``). The floats fold it into ``cost.terms.ep_comm_terms`` per
     micro-batch (``steady x overlapped + (1 - steady) x open``, the same quantity in another order of
-    operations); the tables take it off per step here."""
-    return on * ops.minimum(ops.unshared(open_comm), window)
+    operations); the tables take it off per step here (:func:`pipeline`)."""
+    return ops.minimum(ops.unshared(open_comm), window)
 
 
 def pipeline(slot_time, ep_slots, hidden, zero_bubble=0):

@@ -33,8 +33,8 @@ def test_integer_exposed_traffic_is_the_float_rule_rounded_against_the_plan():
         want = assembly.dp_exposed(floats, float(traffic), float(per_mb), float(window), float(window), m)
         got = int(assembly.dp_exposed(ints, *(np.array([x]) for x in (traffic, per_mb, window, window)), m)[0])
         assert want * (1 - 1e-12) <= got <= want * (1 + 1e-12) + m + 2  # each rounding up by less than one unit
-        hidden_f = assembly.ep_hidden(floats, float(traffic), float(window), 1)
-        hidden_i = int(assembly.ep_hidden(ints, np.array([traffic]), np.array([window]), 1)[0])
+        hidden_f = assembly.ep_hidden(floats, float(traffic), float(window))
+        hidden_i = int(assembly.ep_hidden(ints, np.array([traffic]), np.array([window]))[0])
         assert hidden_f * (1 - 1e-12) - 1 <= hidden_i <= hidden_f * (1 + 1e-12)  # a saving rounds down
         off = assembly.dp_exposed(floats, 1.0 * traffic, 1.0 * per_mb, 0.0, 0.0, m, overlap=False)
         assert off == m * per_mb + traffic  # without DP overlap all of it

@@ -399,10 +399,9 @@ class _Model:
         if True not in T.space.ep_overlap or not T.WE.any():
             return None
         we = self._lookup("ep_overlap_window", T.WE, axes5)
-        left = m.new_int_var(0, int(T.EPC.max()), "ep_overlap_left")  # what the SM share leaves
-        m.add_division_equality(left, (SHARE_PARTS - T.ep_share) * epc, SHARE_PARTS)
-        per_slot = m.new_int_var(0, int(T.WE.max()), "ep_overlap_hidden")
-        m.add_min_equality(per_slot, [left, we])
+        # cost.assembly.ep_hidden: what the SM share leaves of the open all-to-alls, at most the window
+        per_slot = assembly.ep_hidden(_Equalities(m, T.ep_share, [("ep_overlap_left", int(T.EPC.max())),
+                                                                  ("ep_overlap_hidden", int(T.WE.max()))]), epc, we)
         on = self._lookup("ep_overlap_on", np.array(T.space.ep_overlap, dtype=np.int64), [x["eo"]])
         return per_slot, on
 
@@ -483,6 +482,30 @@ class _LowerBounds:
         return [*(a if isinstance(a, list) else [(1, a)]), *(b if isinstance(b, list) else [(1, b)])]
 
     imax = maximum
+
+
+class _Equalities:
+    """``cost.assembly``'s ops for CP-SAT where a rule's result enters a product
+    (:func:`~cost.assembly.ep_hidden`): each operation is a new variable held equal to its result,
+    named and bounded by the next of ``names`` (``(name, upper bound)``, in the order they are made);
+    ``ep_share`` in SHARE_PARTS, what EP overlap leaves rounded down as the tables' ``IntegerOps``."""
+
+    def __init__(self, m: cp_model.CpModel, ep_share: int, names: list[tuple[str, int]]):
+        self.m, self.ep_share, self.names = m, ep_share, iter(names)
+
+    def _var(self):
+        name, hi = next(self.names)
+        return self.m.new_int_var(0, hi, name)
+
+    def unshared(self, traffic):
+        left = self._var()
+        self.m.add_division_equality(left, (SHARE_PARTS - self.ep_share) * traffic, SHARE_PARTS)
+        return left
+
+    def minimum(self, a, b):
+        least = self._var()
+        self.m.add_min_equality(least, [a, b])
+        return least
 
 
 def _bounds(var) -> tuple[int, int]:

@@ -65,8 +65,8 @@ def ep_hidden(T: Tables, sl: slice) -> np.ndarray:
     """Per micro-batch slot, the all-to-all time EP overlap hides: what the kernels' SM share leaves
     of the open all-to-alls, at most the window; 0 with it off."""
     on = _place(np.array(T.space.ep_overlap, np.int64), ("eo",))
-    return hidden_per_slot(_ops(T), _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r")),
-                           _place(T.WE[T.tc_of_fe[sl]], ("f", "e", "mb", "s", "r", "to")), on)
+    return on * hidden_per_slot(_ops(T), _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r")),
+                                _place(T.WE[T.tc_of_fe[sl]], ("f", "e", "mb", "s", "r", "to")))
 
 
 def _ops(T: Tables) -> IntegerOps:
