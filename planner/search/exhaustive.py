@@ -126,7 +126,7 @@ def _pipeline_and_dp(T: Tables, sl: slice, dps: np.ndarray, dpm: np.ndarray) -> 
     ``dps`` beyond what the last micro-batch's backward hides (less its own ZeRO-2/3 traffic), per
     micro-batch ``dpm`` beyond the compute's window. With dense and MoE layers both, the larger over
     the candidate stages of their pipeline with their own windows (each kind's window times the
-    stage's share of it), as ``cost.step.time_breakdown``.
+    stage's share of it), as ``cost.step.time_breakdown`` (both through ``cost.assembly``).
 
     Summed per DP overlap setting rather than over it: with the overlap off the traffic is the same
     for every stage (the larger of the stages' pipelines plus it), with it on each stage's windows
