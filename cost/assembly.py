@@ -1,13 +1,14 @@
 """The step of one pipeline stage assembled from its terms: written once, for a scalar or for arrays.
 
-``cost.step`` calls these functions with the float terms of one layout (:data:`SCALAR`-like
-:class:`ScalarOps`: seconds); the exhaustive engine (``planner.search.exhaustive``) with the search's
-integer tables broadcast over every layout of a block (:class:`IntegerOps`: the tables' quanta, the
-overlap shares in parts rounded so that an integer is never cheaper than the floats). What differs
-between the two is in the ``ops`` argument alone: how a share of compute is taken of a time (a float
-product, or a product rounded up or down in parts) and whether a sum may be written in place (an
-array the assembly made itself). CP-SAT (``planner.search.cpsat``) states the same structure as
-constraints over element look-ups: its linearization is the only restatement.
+``cost.step`` calls these functions with the float terms of one layout (:class:`ScalarOps`:
+seconds); the exhaustive engine (``planner.search.exhaustive``) with the search's integer tables
+broadcast over every layout of a block (:class:`IntegerOps`: the tables' quanta, the overlap shares
+in parts rounded so that an integer is never cheaper than the floats). What differs between the two
+is in the ``ops`` argument alone: how a share of compute is taken of a time (a float product, or a
+product rounded up or down in parts) and whether a sum may be written in place (an array the
+assembly made itself). CP-SAT (``planner.search.cpsat``) builds its constraints for
+:func:`exposed_traffic` (each term a lower bound) and :func:`ep_hidden` (each operation a variable)
+from these same functions; the rest of its model is the linearization of the others.
 
 The structure the three share, per candidate slowest stage (``cost.terms.stage_kind_shares``; one
 for a model of one kind, the stage with the most and the one with the fewest dense layers for a
@@ -37,8 +38,16 @@ model of both), with ``m`` micro-batches a step:
 
 The step is the slowest candidate stage's (:func:`slowest_step`): each stage has its own windows,
 so with DP overlap on the stages are compared with their traffic; with it off the traffic is the same
-on every stage and is added once to the slower pipeline. Where the floats and the tables still
-encode a piece apart, the closing note of issue 39 (and the functions' docstrings) say which.
+on every stage and is added once to the slower pipeline.
+
+Still encoded apart, each because one form would change the other's results (float bits, or the
+integers' rounding): the pipeline itself (the floats price ``m X`` by cause and the bubble by schedule,
+``cost.terms.bubble_s``; the tables ``U X`` with ``U`` rounded once, less ``ZU x BK`` for zero bubble);
+EP overlap's saving (folded per micro-batch into ``cost.terms.ep_comm_terms`` in the floats); the
+gradient accumulation (``adds x add`` against ``M GA - GAW - [M = 1] GA1``); ZeRO-3's third gathers
+(``regather_share`` against the full-recompute switch); and the sum of the per-micro-batch and
+per-step terms (breakdown fields in ``cost.step``, one integer in ``exhaustive.score_factorization``
+and ``cpsat._Model._objective``).
 """
 
 from __future__ import annotations
