@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from clusterplan.cost.assembly import ScalarOps, dp_exposed, mix, stage_share
 from clusterplan.cost.layout import Job, Layout, interleaved_warmup, num_microbatches, offloads_activations
 from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
-    NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
+    WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares, grad_accumulation_adds, grad_accumulation_s,
     grads_freed_bytes, host_optimizer_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
-    overlapped_exposed_s, p2p_s,
+    p2p_s,
     param_counts, period_layers, regather_share, runtime_bytes, stage_split, static_memory, step_gradients,
 )
 from clusterplan.cost.terms.context import graphed_context
@@ -243,14 +244,12 @@ def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, wi
     head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
                       layout.stride("tp"))
     head_s = head.time_s if period_layers(ctx, layout.pp, layout.vp, layout.head_slots)[1] else 0.0
-    share = overlap_share(ctx, "dp")
-    step_window, mb_window = windows
     per_mb = dp.per_microbatch_s + regather_share(ctx, layout) * dp.regather_s
-    dp_exposed = m * _exposed(per_mb, mb_window, layout.dp_overlap, share)
-    # the per-step reduction hides in the last micro-batch's backward, which also carries that
-    # micro-batch's ZeRO-2/3 traffic: one stretch of compute hides one stream
-    dp_exposed += _exposed(dp.per_step_s, max(0.0, step_window - per_mb), layout.dp_overlap, share)
-    dp_exposed += dp.blocking_s + m * dp.copy_s
+    # per step and per micro-batch beyond the stage's windows (cost.assembly.dp_exposed), then what
+    # never overlaps: ZeRO-2's weight gather and FSDP2's copies on the compute stream
+    exposed = dp_exposed(ScalarOps(dp_share=overlap_share(ctx, "dp")), dp.per_step_s, per_mb, *windows, m,
+                         layout.dp_overlap)
+    exposed += dp.blocking_s + m * dp.copy_s
     return TimeBreakdown(
         compute_s=m * (stage.forward_s + stage.backward_s + head_s),
         recompute_s=m * stage.recompute_s,
@@ -259,7 +258,7 @@ def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, wi
         ep_comm_s=m * stage.ep_comm_s,
         pp_bubble_s=bubble_s(layout.schedule, layout.pp, layout.vp, stage.total_s, stage.backward_s),
         pp_p2p_s=m * p2p_s(ctx, layout),
-        dp_comm_s=dp_exposed,
+        dp_comm_s=exposed,
         optimizer_s=optimizer_s(ctx, layout),
         offload_s=m * _offload_s(ctx, layout, stage),
         grad_accum_s=grad_accumulation_adds(ctx, layout, m) * grad_accumulation_s(ctx, layout),
@@ -354,22 +353,12 @@ def _stages(ctx: Context, layout: Layout, m: int) -> list[tuple[LayerTerms, tupl
     if not mixed_kinds(ctx.model):
         lt, frac = layer_terms(ctx, layout, m), shares[0][0]
         windows = kind_windows(ctx._base, *knobs)
-        return [(replace(lt, **{name: frac * getattr(lt, name) for name in STAGE_TERMS}),
-                 (frac * windows[0], frac * windows[1]))]
+        return [(replace(lt, **{name: stage_share(frac, getattr(lt, name)) for name in STAGE_TERMS}),
+                 (stage_share(frac, windows[0]), stage_share(frac, windows[1])))]
     dense, moe = layer_terms(ctx, layout, m, kind=False), layer_terms(ctx, layout, m, kind=True)
     wd, wm = kind_windows(ctx._base, *knobs, kind=False), kind_windows(ctx._base, *knobs, kind=True)
-    return [(replace(moe, **{name: a * getattr(dense, name) + b * getattr(moe, name) for name in STAGE_TERMS}),
-             (a * wd[0] + b * wm[0], a * wd[1] + b * wm[1])) for a, b in shares]
-
-
-def _exposed(comm_s: float, window_s: float, overlap: bool, share: float) -> float:
-    """Time ``comm_s`` of data-parallel traffic adds to the step when overlapped with ``window_s``
-    of compute (``cost.terms.overlapped_exposed_s``, the compute slowed by the ``share`` of SMs the
-    NCCL kernels take); the last of the bucketed reductions cannot overlap at all (PyTorch DDP,
-    Megatron-Core DDP)."""
-    if not overlap:
-        return comm_s
-    return max(comm_s / NUM_GRAD_BUCKETS, overlapped_exposed_s(comm_s, window_s, share))
+    return [(replace(moe, **{name: mix(a, getattr(dense, name), b, getattr(moe, name)) for name in STAGE_TERMS}),
+             (mix(a, wd[0], b, wm[0]), mix(a, wd[1], b, wm[1]))) for a, b in shares]
 
 
 def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:

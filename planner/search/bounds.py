@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from clusterplan.cost.assembly import pipeline
 from clusterplan.planner.search.exhaustive import (
-    DIMS, _place, ep_saving, grad_accumulation_term, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term, restrict,
+    DIMS, _place, ep_hidden, grad_accumulation_term, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term, restrict,
     solve_exhaustive, zero_bubble_saving,
 )
 from clusterplan.planner.search.tables import SLOT_QUANTUM, Tables
@@ -84,11 +85,12 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     if T.stages is not None:  # the slower of the candidate stages: one order and overlap setting at a time
         pipe = min_over_orders(pipeline_term(T, sl), "to", "eo")
     elif True in T.space.ep_overlap:  # EP overlap's saving belongs to one order and TP overlap: minimise them together
-        pipe = min_over_orders(U * layer_time(T, sl) - ep_saving(T, sl) - zero_bubble_saving(T, sl), "to", "eo")
+        pipe = min_over_orders(pipeline(U * layer_time(T, sl), _place(T.UG[sl], ("f", "mb", "v")), ep_hidden(T, sl),
+                                        zero_bubble_saving(T, sl)), "to", "eo")
     else:
         X = min_over_orders(layer_time(T, sl), "to")
         # zero bubble's saving depends on none of the knobs minimised over: exact beside U * min X
-        pipe = np.where(X < UNREACHABLE, U * X - zero_bubble_saving(T, sl), UNREACHABLE)
+        pipe = np.where(X < UNREACHABLE, pipeline(U * X, 0, 0, zero_bubble_saving(T, sl)), UNREACHABLE)
     H = min_over_orders(_place(T.H[T.tpg_of_fo[sl]], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb", "s")))
     dims5 = ("f", "o", "v", "e", "z")
     # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the

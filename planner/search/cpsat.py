@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from clusterplan.cost import assembly
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
 from clusterplan.planner.search.exhaustive import DIMS
@@ -398,10 +399,9 @@ class _Model:
         if True not in T.space.ep_overlap or not T.WE.any():
             return None
         we = self._lookup("ep_overlap_window", T.WE, axes5)
-        left = m.new_int_var(0, int(T.EPC.max()), "ep_overlap_left")  # what the SM share leaves
-        m.add_division_equality(left, (SHARE_PARTS - T.ep_share) * epc, SHARE_PARTS)
-        per_slot = m.new_int_var(0, int(T.WE.max()), "ep_overlap_hidden")
-        m.add_min_equality(per_slot, [left, we])
+        # cost.assembly.ep_hidden: what the SM share leaves of the open all-to-alls, at most the window
+        per_slot = assembly.ep_hidden(_Equalities(m, T.ep_share, [("ep_overlap_left", int(T.EPC.max())),
+                                                                  ("ep_overlap_hidden", int(T.WE.max()))]), epc, we)
         on = self._lookup("ep_overlap_on", np.array(T.space.ep_overlap, dtype=np.int64), [x["eo"]])
         return per_slot, on
 
@@ -448,15 +448,64 @@ class _Model:
             window = left
         overlap = self._lookup(f"{name}_overlap_on", np.array(T.space.dp_overlap, dtype=np.int64), [x["do"]])
         exposed = m.new_int_var(0, hi_traffic, f"{name}_exposed")
-        m.add(NUM_GRAD_BUCKETS * exposed >= Q * traffic)
-        m.add(SHARE_PARTS * exposed >= T.dp_share * Q * traffic)  # the SMs the NCCL kernels take
-        m.add(exposed >= Q * traffic - window)
+        # cost.assembly.exposed_traffic's terms (the last bucket, the SMs the NCCL kernels take, beyond
+        # the window), each a lower bound; the scaled ones first, as this model has always posted them
+        terms = assembly.exposed_traffic(_LowerBounds(T.dp_share), Q * traffic, window)
+        for k, bound in sorted(terms, key=lambda t: t[0] == 1):
+            m.add(k * exposed >= bound)
         m.add(exposed >= Q * traffic - (hi_traffic + hi_window + 1) * overlap)
         return exposed
 
     def indices(self, solver: cp_model.CpSolver) -> dict:
         idx = {k: int(solver.value(v)) for k, v in self.x.items()}
         return {k: idx[k] for k in DIMS}
+
+
+@dataclass(frozen=True)
+class _LowerBounds:
+    """``cost.assembly``'s ops for :func:`~cost.assembly.exposed_traffic` in CP-SAT: the objective
+    minimises the exposure, so its maximum is a variable held at or above each term. A term is
+    ``(k, expression)``: ``k x variable >= expression``, a division by ``k`` rounded up, as the
+    tables' ``IntegerOps`` rounds it; ``dp_share`` in SHARE_PARTS."""
+
+    dp_share: int
+
+    @staticmethod
+    def bucket(traffic) -> list:
+        return [(NUM_GRAD_BUCKETS, traffic)]
+
+    def slowdown(self, traffic) -> list:
+        return [(SHARE_PARTS, self.dp_share * traffic)]
+
+    @staticmethod
+    def maximum(a, b) -> list:
+        return [*(a if isinstance(a, list) else [(1, a)]), *(b if isinstance(b, list) else [(1, b)])]
+
+    imax = maximum
+
+
+class _Equalities:
+    """``cost.assembly``'s ops for CP-SAT where a rule's result enters a product
+    (:func:`~cost.assembly.ep_hidden`): each operation is a new variable held equal to its result,
+    named and bounded by the next of ``names`` (``(name, upper bound)``, in the order they are made);
+    ``ep_share`` in SHARE_PARTS, what EP overlap leaves rounded down as the tables' ``IntegerOps``."""
+
+    def __init__(self, m: cp_model.CpModel, ep_share: int, names: list[tuple[str, int]]):
+        self.m, self.ep_share, self.names = m, ep_share, iter(names)
+
+    def _var(self):
+        name, hi = next(self.names)
+        return self.m.new_int_var(0, hi, name)
+
+    def unshared(self, traffic):
+        left = self._var()
+        self.m.add_division_equality(left, (SHARE_PARTS - self.ep_share) * traffic, SHARE_PARTS)
+        return left
+
+    def minimum(self, a, b):
+        least = self._var()
+        self.m.add_min_equality(least, [a, b])
+        return least
 
 
 def _bounds(var) -> tuple[int, int]:

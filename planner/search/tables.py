@@ -7,7 +7,7 @@ CP-SAT (``planner.search.cpsat``) reads these tables through element constraints
 enumerator (``planner.search.exhaustive``) broadcasts them with numpy. Both therefore optimise exactly
 the same integer objective.
 
-Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (see ``cost.step`` for the float form)::
+Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (assembled by ``cost.assembly``, as the floats)::
 
     U[f,mb,v] * X  -  EO * UG[f,mb,v] * min((SHARE_PARTS - ep_share) EPC // SHARE_PARTS, WE)  +  SLOT_QUANTUM * M[f,mb] * (H + P2P + DPC)  +  dp_exposed  +  M * fsdp_exposed
     +  SLOT_QUANTUM * OPT
