@@ -168,6 +168,27 @@ def schedule_inflight(schedule: str, pp: int, vp: int, m: int) -> tuple[int, ...
     return None
 
 
+@lru_cache(maxsize=4096)
+def dualpipe_inflight(num_layers: int, num_dense: int, pp: int, m: int, rank: int, head_slots: bool = False,
+                      last_kind_dense: bool = False) -> InFlight:
+    """DualPipe's peak on rank ``rank``: each rank holds stage ``h = min(rank, pp - 1 - rank)`` and its
+    mirror ``pp - 1 - h``, and at full occupancy ``pp - h`` micro-batches of the chunk whose direction
+    it enters first and ``h + 1`` of the other, ``pp + 1`` in all (DeepSeek-V3 report Table 2).
+    Counted from deepseek-ai/DualPipe ``dualpipe.py`` ``step()``: ``2 (pp/2 - h - 1)`` forwards of phase
+    0, then ``h + 1`` pairs of phase-0 and phase-1 forwards, then one forward before each backward in
+    the main step. The ranks of the second half enter the reverse direction first, whose first stage
+    holds the model's first layers: the last rank, like rank 0, holds ``pp`` micro-batches of stage 0
+    (with the dense layers) and one of stage ``pp - 1``. ``m``: micro-batches of both directions."""
+    h = min(rank, pp - 1 - rank)
+    own = rank_layers(num_layers, num_dense, pp, 1, h, head_slots, last_kind_dense)
+    mirror = rank_layers(num_layers, num_dense, pp, 1, pp - 1 - h, head_slots, last_kind_dense)
+    half = max(1, m // 2)
+    first, second = min(half, pp - h), min(half, h + 1)
+    dense = first * own.num_dense + second * mirror.num_dense
+    moe = first * (own.layers - own.num_dense) + second * (mirror.layers - mirror.num_dense)
+    return InFlight(((dense, moe),))
+
+
 def _passes(k: int, chunk: int, n: int, vp: int) -> int:
     """Passes of local chunk ``chunk`` among the first ``k`` of a schedule that runs the chunks in
     order, ``n`` micro-batches each, round after round (for backwards: pass ``vp - 1 - chunk``)."""
