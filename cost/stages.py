@@ -155,7 +155,8 @@ def schedule_inflight(schedule: str, pp: int, vp: int, m: int) -> tuple[int, ...
     """Micro-batches in flight on each local chunk of every rank at its peak, for the schedules whose
     count does not follow 1F1B's or interleaving's warm-up (``cost.stages.inflight``); None for those.
     ZB-V: ``pp`` per chunk, the same activations as 1F1B's first rank on every rank (Qi et al. sec. 6:
-    the V keeps memory balanced). DualPipe and DualPipeV: ``pp + 1`` (DeepSeek-V3 Table 2). Looped
+    the V keeps memory balanced). DualPipe and DualPipeV: ``pp + 1`` (DeepSeek-V3 Table 2; DualPipe at
+    vp 1 by stage, each rank's own and its mirror: :func:`dualpipe_inflight`, what ``cost.step.rank_inflight`` takes). Looped
     (breadth-first): every micro-batch of every chunk, as jax autodiff of MaxText's circular pipeline
     and torchtitan's ``LoopedBFS`` keep them until the backward. ZB-H1 keeps 1F1B's (Qi et al.
     sec. 2.1: the same peak memory)."""
