@@ -405,6 +405,13 @@ class Job(_ProfileSlot):
     weight_bytes : bytes per element of the parameters the optimizer updates (4: an fp32 master copy;
         2: MaxText's ``weight_dtype: bfloat16``, whose Adam moments take the same dtype, so the optimizer
         holds ``3 x weight_bytes`` per parameter: ``cost.terms.optimizer_state_bytes``).
+    activation_func_fp8_input_store : SwiGLU keeps its gate and up inputs for backward in FP8, 1 B an
+        element (Megatron-Core's ``--activation-func-fp8-input-store``, since 2024-04; DeepSeek-V3's
+        MoE SwiGLU inputs, report s3.3.3): ``cost.terms.glu_input_bytes``.
+    moment_bytes : bytes per element of each Adam moment where it differs from ``weight_bytes``
+        (0: the same): 2 for moments kept in BF16 beside fp32 master weights (DeepSeek-V3's HAI-LLM,
+        report s3.3.3; Megatron-Core's precision-aware optimizer, ``--exp-avg-dtype``/``--exp-avg-sq-dtype``
+        bf16 since 2025-06, fp16 since 2024-12).
     fp8_scaling : an FP8 job's scaling, ``delayed`` (scales from earlier steps' amax history, one
         cast pass) or ``current`` (per-tensor amax of the tensor itself first); "" for the
         framework's default (``semantics.fp8_scaling``). Priced by ``gemm_format``.
@@ -424,12 +431,15 @@ class Job(_ProfileSlot):
     fp8_all_gather: bool = False
     fp8_scaling: str = ""
     weight_bytes: int = 4
+    moment_bytes: int = 0
+    activation_func_fp8_input_store: bool = False
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "seq_len"):  # the command line's bound (cli.POSITIVE_INT)
             check_number(f"job.{name}", getattr(self, name), 1, MAX_JOB_INT, whole=True)
         check_number("job.grad_bytes", self.grad_bytes, 1, 8, whole=True)
         check_number("job.weight_bytes", self.weight_bytes, 1, 8, whole=True)
+        check_number("job.moment_bytes", self.moment_bytes, 0, 8, whole=True)
         if self.precision not in PRECISIONS:
             raise SpecError(f"job.precision: got {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
         check_number("job.tokens_to_train", self.tokens_to_train, 0, MAX_TOKENS_TO_TRAIN)
@@ -443,6 +453,8 @@ class Job(_ProfileSlot):
             parse_date(self.framework_date, "job.framework_date")
         if not isinstance(self.compiled, bool):
             raise SpecError(f"job.compiled: got {self.compiled!r}; allowed: true, false")
+        if not isinstance(self.activation_func_fp8_input_store, bool):
+            raise SpecError(f"job.activation_func_fp8_input_store: got {self.activation_func_fp8_input_store!r}; allowed: true, false")
         if not isinstance(self.fp8_all_gather, bool):
             raise SpecError(f"job.fp8_all_gather: got {self.fp8_all_gather!r}; allowed: true, false")
         if self.fp8_scaling not in ("", *FP8_SCALINGS):

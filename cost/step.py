@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 
 from clusterplan.cost.assembly import ScalarOps, dp_exposed, mix, stage_share
 from clusterplan.cost.layout import Job, Layout, interleaved_warmup, num_microbatches, offloads_activations
-from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
+from clusterplan.cost.stages import RANKS, InFlight, dualpipe_inflight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
     WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares, grad_accumulation_adds, grad_accumulation_s,
@@ -182,6 +182,9 @@ def rank_inflight(model: ModelSpec, pp: int, vp: int, m: int, group: int | None,
                   rank: str, schedule: str = "") -> InFlight:
     """``cost.stages.inflight`` of ``rank`` (first, second or last) for this model's layer kinds."""
     index = rank_index(pp, rank)
+    if schedule == "dualpipe" and vp == 1 and pp > 1:
+        return dualpipe_inflight(model.num_layers, model.num_dense_layers, pp, m, index, head_slots,
+                                 model.num_moe_layers == 0)
     layers = rank_layers(model.num_layers, model.num_dense_layers, pp, vp, index, head_slots and pp > 1,
                          model.num_moe_layers == 0)
     return inflight(layers, pp, vp, m, group, index, schedule)

@@ -22,8 +22,11 @@ OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhand
 def optimizer_state_bytes(job) -> float:
     """Optimizer bytes per parameter: the master copy and Adam's two moments, each of
     ``job.weight_bytes`` (12 for fp32; 6 for MaxText's ``weight_dtype: bfloat16``, where ``mu_dtype``
-    inherits the weight dtype and optax keeps ``nu`` in the parameter's)."""
-    return OPTIMIZER_STATE_BYTES * job.weight_bytes / 4
+    inherits the weight dtype and optax keeps ``nu`` in the parameter's), the moments of
+    ``job.moment_bytes`` where set (8 for fp32 masters with BF16 moments: DeepSeek-V3 report s3.3.3,
+    "BF16 ... to track the first and second moments in the AdamW optimizer", the master weights kept
+    in FP32; Megatron-Core's precision-aware optimizer with ``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``)."""
+    return float(job.weight_bytes + 2 * (job.moment_bytes or job.weight_bytes))  # 4 + 2 x 4 = OPTIMIZER_STATE_BYTES
 
 
 WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
