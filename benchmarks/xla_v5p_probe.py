@@ -24,7 +24,9 @@ Cases (``--cases``; default all):
   10240, 32 heads of 256, f 32768, 32 layers) at ``per_device_batch_size=8``.
 
 Prints one JSON object per case: XLA's memory analysis (``peak_memory_in_bytes``), or the
-compiler's out-of-memory message. Results of 2026-11-29 (jax 0.10.2, libtpu 0.0.42.1):
+compiler's out-of-memory message. ``--available`` prints instead the HBM XLA leaves to a program on
+one device of each TPU topology (its out-of-memory message for a 164 GiB program; results of
+2026-11-29 in docs/cost-model.md, section 2, the runtime outside the allocator). Results of 2026-11-29 (jax 0.10.2, libtpu 0.0.42.1):
 ``benchmarks/results/xla_v5p_probe_2026-11-29.json``. About 3 minutes a case on 2 cores.
 """
 
@@ -119,6 +121,27 @@ def _train_step(mesh, c: dict):
     return step
 
 
+TOPOLOGIES = {"v4:2x2x1": (2, 2, 1), "v5e:1x1": (1, 1, 1), "v5p:2x2x1": (2, 2, 1), "v6e:1x1": (1, 1, 1),
+              "tpu7x:2x2x1": (2, 2, 1)}
+
+
+def available_hbm(topology: str) -> str:
+    """XLA's out-of-memory message for 41 live 4 GiB buffers on one device of ``topology``: it names
+    the HBM available to a program ("exceeds available HBM (...G)", in GiB)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+    from jax.sharding import SingleDeviceSharding
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name="default",
+                                        chips_per_host_bounds=TOPOLOGIES[topology], num_slices=1)
+    x = jax.ShapeDtypeStruct((1024, 1024, 1024), jnp.float32, sharding=SingleDeviceSharding(topo.devices[0]))
+    try:
+        jax.jit(lambda x: tuple(jnp.sin(x * i) for i in range(40))).lower(x).compile()
+    except jax.errors.JaxRuntimeError as err:
+        return str(err).splitlines()[0]
+    return "compiled (more HBM than 164 GiB)"
+
+
 def probe(name: str) -> dict:
     """Compile one case; XLA's memory analysis, or its out-of-memory message."""
     import jax
@@ -141,8 +164,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--out", help="write the results as a JSON list to this file")
+    parser.add_argument("--available", action="store_true", help="print the HBM XLA leaves to a program per TPU")
     args = parser.parse_args()
     import jax
+    if args.available:
+        for name in TOPOLOGIES:
+            print(name, available_hbm(name))
+        return
     results = [probe(name) for name in args.cases]
     for r in results:
         print(json.dumps(r))
