@@ -1,0 +1,58 @@
+"""clusterplan's memory for MaxText's 32B v5p-128 recipe against XLA's own answer (issue 36: a layout
+that ran must be predicted to fit, and one that did not run must not be made to): the bundled row
+``maxtext-32b-v5p-128`` as written, the same model at the batch MaxText's script moved to, and the
+configuration its README measured, each compiled by XLA for a v5p-128 slice
+(``benchmarks/xla_v5p_probe.py``, results in ``benchmarks/results/``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from clusterplan.cost.step import evaluate
+from clusterplan.planner.search import SearchOptions
+from clusterplan.planner.studies.runs import load_runs, price_run
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "xla_v5p_probe_2026-11-29.json"
+RUNS = ROOT / "planner" / "data" / "runs.yaml"
+
+
+def _row_as(case: dict) -> dict:
+    """The bundled row with one probe case's model and batch (one pass of ``pdbs`` sequences a chip)."""
+    run = copy.deepcopy(next(r for r in load_runs(RUNS) if r["id"] == "maxtext-32b-v5p-128"))
+    run["model"].update(hidden_size=case["h"], num_attention_heads=case["heads"], num_kv_heads=case["heads"],
+                        head_dim=case["hd"], ffn_hidden_size=case["f"], vocab_size=case["vocab"],
+                        ffn_activation="swiglu" if case["mlp"] == "swiglu" else "gelu")  # gelu: one up projection, as relu
+    run["global_batch_size"] = case["pdbs"] * case["chips"]
+    run["micro_batch_size"] = case["pdbs"] * case["tp"]
+    return run
+
+
+def _cases() -> dict[str, dict]:
+    return {case["case"]: case for case in json.loads(RESULTS.read_text())["cases"]}
+
+
+def test_the_probe_covers_the_row_as_written():
+    """The row's own configuration is among the compiled cases, and XLA refused it for lack of HBM."""
+    cases = _cases()
+    row = next(r for r in load_runs(RUNS) if r["id"] == "maxtext-32b-v5p-128")
+    written = cases["record"]
+    assert (written["h"], written["f"], written["pdbs"] * written["chips"]) == (
+        row["model"]["hidden_size"], row["model"]["ffn_hidden_size"], row["global_batch_size"])
+    assert "Ran out of memory on HBM" in written["error"]
+
+
+@pytest.mark.parametrize("name", ["record", "record-pdbs6", "readme-2023"])
+def test_fit_verdict_and_peak_agree_with_xla(name):
+    """Fits where XLA compiled the step, not where XLA ran out of HBM; where it compiled, the peak is
+    within 5% of XLA's (clusterplan counts a 1 GiB runtime reserve XLA's peak does not)."""
+    case = _cases()[name]
+    priced = price_run(_row_as(case), SearchOptions())[1]
+    ev = evaluate(priced.model, priced.job, priced.cluster, priced.layout)
+    assert ev.fits == ("error" not in case)
+    if "error" not in case:
+        assert ev.memory.fit_bytes == pytest.approx(case["peak_memory_in_bytes"], rel=0.05)
