@@ -239,3 +239,25 @@ def test_evaluate_refuses_expert_groups_across_pipeline_stages():
     assert result.exit_code == 2, (result.stdout, result.stderr)
     assert "ep=4 with order=tp-cp-pp-dp" in result.stderr and "order=tp-cp-dp-pp" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_head_slot_split_the_framework_refuses_is_counted_as_layers_before_interleaving():
+    """Found by sampling random instances: with head slots, a (pp, vp) whose split Megatron-Core
+    refuses (``head_slot_problem``) and whose micro-batch count the interleaved schedule cannot take
+    was counted under "interleave", though "layers" comes first in ``REASON_ORDER`` (the order
+    ``layout_problems`` is read in above). GPT-3 1.3B (24 layers) at pp=2, vp=8: 26 slots are not
+    divisible into 2 x 8 stages, and one micro-batch is fewer than the pp the interleaved schedule needs."""
+    from clusterplan.planner.search.masks import masks
+
+    model, cluster = get_model("gpt3-1.3b"), build_cluster("mi300x-cluster", num_devices=8)
+    job = Job(global_batch_size=4, seq_len=2048)
+    ctx = Context(model, job, cluster)
+    spaces = [s for s in searched_spaces(ctx, build_space(model, job, cluster, Bounds(fixed={"head_slots": True})))]
+    S = spaces[0]
+    assert S.head_slots == (True,)
+    f = S.factorizations.index((2, 2, 2, 1))
+    ok_fmbv = masks(ctx, S)[1]
+    lay_problems = {k for k, _ in layout_problems(model, job, cluster, parse_layout(
+        "tp=2,pp=2,dp=2,vp=8,mbs=2,head_slots=on", cluster.num_devices))}
+    assert {"layers", "interleave"} <= lay_problems
+    assert REASON_ORDER[ok_fmbv[f, S.micro_batch_size.index(2), S.vp.index(8)]] == "layers"
