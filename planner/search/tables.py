@@ -233,7 +233,7 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
         for j, (l, c) in enumerate(zip(row, placed)):
             tp_keys[i, j] = (l.tp, l.cp, l.stride("tp"), where(c, l.tp, l.stride("tp")))
             head_keys[i, j] = tp_keys[i, j][:3] + ((tp_keys[i, j][3], hidden and l.pp > 1),)
-            cp_keys[i, j] = (l.tp, l.cp, l.stride("cp"), where(c, min(l.cp, 2), l.stride("cp")))
+            cp_keys[i, j] = (l.tp, l.cp, l.stride("cp"), where(c, l.cp, l.stride("cp")))  # all ranks: gathers span them
             for k, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
                 tpc_keys[i, j, k] = tp_keys[i, j] + (et or e == 1, e, et)
                 ranks = ()
