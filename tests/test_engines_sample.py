@@ -263,24 +263,27 @@ def test_a_head_slot_split_the_framework_refuses_is_counted_as_layers_before_int
     assert REASON_ORDER[ok_fmbv[f, S.micro_batch_size.index(2), S.vp.index(8)]] == "layers"
 
 
-def test_context_parallel_rows_are_keyed_on_the_whole_group_on_a_torus():
+@pytest.mark.parametrize("devices,kind", [(64, "allgather"), (64, "p2p"), (32, "allgather"), (32, "p2p")])
+def test_context_parallel_rows_are_keyed_on_the_whole_placement_on_a_torus(devices, kind):
     """Found by sampling Llama 3 8B on 64 Trainium2 (a 4x4x4 torus): the context-parallel table's
     row was keyed on the devices of the group's first two ranks, so a traversal whose first two cp
     ranks land where the plain order's do shared its row, though a 16-rank all-gather (or a ring's
     closing pair) over the traversal spans other torus axes: the search priced such layouts up to
-    64 ms a step (2.5%) below ``evaluate``. Each (factorization, order) row must be its own figure."""
+    64 ms a step (2.5%) below ``evaluate``. On 32 (2x4x4) the set of rank 0's group's chips is not
+    enough either: @zxy and @xzy put it on the same chips in another ring order, with other groups
+    elsewhere. Each (factorization, order) row must be its own placement's figure."""
     from clusterplan.cost.terms import cp_comm_choice
 
-    model, cluster = get_model("llama3-8b"), build_cluster("trn2-cluster", num_devices=64)
-    job = Job(global_batch_size=256, seq_len=4096)
-    ctx, bounds = Context(model, job, cluster), Bounds(fixed={"cp": 16, "cp_comm": "allgather", "tp": 1})
+    model, cluster = get_model("llama3-8b"), build_cluster("trn2-cluster", num_devices=devices)
+    job = Job(global_batch_size=4 * devices, seq_len=16384)
+    ctx, bounds = Context(model, job, cluster), Bounds(fixed={"cp": 16, "tp": 1, "cp_comm": kind})
     S = build_space(model, job, cluster, bounds)
     assert any("@" in o for o in S.order)  # the torus traversals are searched
     T = build_tables(ctx, S, bounds.headroom(job, cluster))
     checked = 0
     for i, (tp, pp, dp, cp) in enumerate(S.factorizations):
         for j, order in enumerate(S.order):
-            stride = parse_layout(f"tp={tp},pp={pp},dp={dp},cp={cp},order={order}", 64).stride("cp")
+            stride = parse_layout(f"tp={tp},pp={pp},dp={dp},cp={cp},order={order}", devices).stride("cp")
             for m, mbs in enumerate(S.micro_batch_size):
                 row = T.CPC[T.cpg_of_fo[i, j], m, 0]
                 if row:  # priced at the micro-batch sizes the factorization takes
