@@ -7,7 +7,8 @@ different terms, every factorization is scored by the exhaustive engine and a se
 of its layouts (feasible ones, and rejected ones of every reason) is decoded to a ``Layout`` the way
 the search decodes its winners (``layout_from_indices``) and checked against the float evaluation,
 the structural rules (``cost.checks.layout_problems``) and, for a smaller subset, CP-SAT held to
-that one layout.
+that one layout. The focused tests at the end hold what the sample (and the same checks run on
+random instances) found.
 """
 
 from __future__ import annotations
@@ -209,7 +210,9 @@ def test_cpsat_held_to_a_sampled_layout_gives_its_objective(pair):
     models: dict = {}
     for k in sorted(rng.choice(len(feasible), CPSAT_PER_PAIR, replace=False)):
         T, idx, obj = feasible[k][:3]
-        model = models.setdefault(id(T), _Model(T))
+        if id(T) not in models:  # one model per split, built once
+            models[id(T)] = _Model(T)
+        model = models[id(T)]
         held = model.m.new_bool_var(f"held_{k}")
         for d in DIMS:
             model.m.add(model.x[d] == idx[d]).only_enforce_if(held)
