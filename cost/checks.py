@@ -7,7 +7,7 @@ from __future__ import annotations
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import (CP_COMM_KINDS, CUDA_GRAPH_SCOPES, OFFLOAD_MODES, PARAM_GATHERS, PIPELINE_SCHEDULES,
                                       RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, offloads_activations, offloads_optimizer,
-                                      num_microbatches, parse_recompute_modules)
+                                      num_microbatches, order_axes, parse_recompute_modules)
 from clusterplan.cost.step import host_offload_problem
 from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split, host_tier, layers_on_stage, stage_slots
 from clusterplan.cost.terms.context import graphs_skip_moe
@@ -379,3 +379,20 @@ def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         elif layout.tp > 1 and not layout.sequence_parallel:
             bad("experts", "etp=1 with tp > 1 needs sequence parallelism (each rank dispatches its own tokens; "
                            "Megatron-Core requires it for MoE with tensor parallelism)")
+    placement = placement_problem(layout.ep, layout.order)
+    if placement:
+        bad("placement", placement)
+
+
+def placement_problem(ep: int, order: str) -> str | None:
+    """Expert groups are carved from data parallelism, so the pipeline axis must lie outside it:
+    with pp inside dp the expert ranks' pipeline groups differ from the other layers' (Megatron-Core's
+    ``initialize_model_parallel`` raises "Pipeline parallel groups are expected to be the same for
+    Non-Expert and Expert part", and requires a pp-last order where the two data-parallel sizes
+    differ). The search's rule (``planner.search.space.placement_ok``) reads this one."""
+    axes = order_axes(order)
+    if ep > 1 and axes.index("pp") < axes.index("dp"):
+        return (f"ep={ep} with order={order}: expert groups are carved from data parallelism with pp outside it "
+                f"(Megatron-Core needs the pp-last order unless the expert and dense data-parallel sizes match); "
+                f"put pp outside dp (e.g. order={'-'.join(a for a in axes if a != 'pp')}-pp)")
+    return None

@@ -37,9 +37,10 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
         for j, mb in enumerate(S.micro_batch_size if by_pp_dp.setdefault((pp, dp), i) == i else ()):
             for vi, v in enumerate(S.vp):
                 slots = S.head_slots[0]
-                reason = batch_ok(model, job, pp, dp, mb, v, slots) or (
-                    "layers" if slots and head_slot_problem(model, job, pp, v) else None) or (
-                    "interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)  # --fix schedule
+                reason = batch_ok(model, job, pp, dp, mb, v, slots)
+                if reason in (None, "interleave") and slots and head_slot_problem(model, job, pp, v):
+                    reason = "layers"  # the split's rule comes before interleaving's (REASON_ORDER)
+                reason = reason or ("interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)  # --fix schedule
                 ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
             reason = expert_ok(model, tp, dp, cp, e, et, ctx.job.profile)

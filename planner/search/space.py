@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from clusterplan.cost.framework import (ProfileAt, framework_domains, framework_refusal, knob_text, model_code_domains,
                                         model_domains, unoffered)
-from clusterplan.cost.checks import head_slot_problem, param_gather_problem
+from clusterplan.cost.checks import head_slot_problem, param_gather_problem, placement_problem
 from clusterplan.cost.terms import Context, stage_slots
 from clusterplan.cost.layout import CP_COMM_KINDS, ORDERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
@@ -546,11 +546,9 @@ def folding_ok(tp: int, ep: int, expert_tp: bool, sp: bool) -> str | None:
 
 
 def placement_ok(ep: int, order: str) -> str | None:
-    """Expert groups are carved from data parallelism; with pp inside dp they would straddle stages."""
-    axes = order_axes(order)
-    if ep > 1 and axes.index("pp") < axes.index("dp"):
-        return "placement"
-    return None
+    """Expert groups are carved from data parallelism; with pp inside dp they would straddle stages
+    (``cost.checks.placement_problem``, the rule ``evaluate``'s layouts are held to)."""
+    return "placement" if placement_problem(ep, order) else None
 
 
 def _representative(domain, preferred):

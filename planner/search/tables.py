@@ -217,8 +217,8 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
 
     A key is what the term depends on: the degrees, the stride and, on a torus, the devices the
     group lands on under the order's traversal (so traversals that put a group on the same chips
-    share one table row). Elsewhere ranks are devices and the stride says it all.
-    """
+    share one table row); context parallelism's, the traversal: its ring and gathers run over every
+    group in rank order, which rank 0's chips do not fix. Elsewhere the stride says it all."""
     torus, n_dev = ctx.cluster.torus_shape is not None, ctx.cluster.num_devices
 
     def where(c: Context, count: int, stride: int):
@@ -233,7 +233,7 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
         for j, (l, c) in enumerate(zip(row, placed)):
             tp_keys[i, j] = (l.tp, l.cp, l.stride("tp"), where(c, l.tp, l.stride("tp")))
             head_keys[i, j] = tp_keys[i, j][:3] + ((tp_keys[i, j][3], hidden and l.pp > 1),)
-            cp_keys[i, j] = (l.tp, l.cp, l.stride("cp"), where(c, min(l.cp, 2), l.stride("cp")))
+            cp_keys[i, j] = (l.tp, l.cp, l.stride("cp"), c.cluster.traversal if l.cp > 1 else None)
             for k, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
                 tpc_keys[i, j, k] = tp_keys[i, j] + (et or e == 1, e, et)
                 ranks = ()
