@@ -155,6 +155,14 @@ class Profile:
     # elements of other gathers (DeepSpeed's stage3_max_reuse_distance); 0: it keeps what the
     # recompute gathered for the backward (FSDP2)
     zero3_reuse_distance_numel: int = 0
+    # ZeRO-3's live set of gathered weights and unreduced gradients, by release
+    # (semantics.zero3_live_history): "layers" (the layer in use and the one prefetched, no full-size
+    # gradient) or "module_prefetch" (module by module: the next module is prefetched only while fewer
+    # than zero3_max_live_numel gathered elements are live, and a gradient larger than
+    # zero3_reduce_bucket_numel is reduced whole, held until the next one arrives: DeepSpeed before v0.6.0)
+    zero3_live_history: tuple[tuple[str, str], ...] = ()
+    zero3_max_live_numel: int = 0
+    zero3_reduce_bucket_numel: int = 0
     # Rank orders the framework lays out, by release (semantics.order_history): (since YYYY-MM,
     # orders); none: every order (the user builds the mesh)
     order_history: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -342,6 +350,12 @@ class ProfileAt:
     def zero3_fetch(self) -> str:
         """How ZeRO-3 fetches parameters at this release (``semantics.zero3_fetch_history``)."""
         return self._as_of(self.profile.zero3_fetch_history, "bucketed")
+
+    @property
+    def zero3_live(self) -> str:
+        """How ZeRO-3 holds gathered weights and unreduced gradients at this release
+        (``semantics.zero3_live_history``; ``cost.terms.zero3_live_bytes``)."""
+        return self._as_of(self.profile.zero3_live_history, "layers")
 
     @property
     def zero3_host_copies(self) -> tuple[int, int, int, int]:

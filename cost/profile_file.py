@@ -29,6 +29,7 @@ FEATURES: tuple[str, ...] = (
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
              "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap", "cuda_graph_in")
 ZERO3_FETCH = ("bucketed", "per_module_blocking")
+ZERO3_LIVE = ("layers", "module_prefetch")
 _DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 PLATFORM_FAMILIES: dict[str, str] = {
     "nvidia": "nvidia-", "amd": "amd-", "gaudi": "intel-gaudi", "tpu": "google-tpu", "trainium": "aws-trainium",
@@ -50,8 +51,19 @@ def _zero3(sem: dict, where: str) -> dict:
                                      f"{where}: semantics.zero3_across_domains"),
         zero3_persistence_threshold=int(sem.get("zero3_persistence_threshold", 0)),
         zero3_reuse_distance_numel=int(sem.get("zero3_reuse_distance_numel", 0)),
+        zero3_live_history=_choice_history(sem, where, "zero3_live_history", "live", ZERO3_LIVE),
+        zero3_max_live_numel=_count(sem, "zero3_max_live_numel", where),
+        zero3_reduce_bucket_numel=_count(sem, "zero3_reduce_bucket_numel", where),
         dp_shard_stages=_dp_shard_stages(sem.get("dp_shard_stages") or [], where),
     )
+
+
+def _count(sem: dict, key: str, where: str) -> int:
+    """A non-negative element count from ``semantics`` (0 where absent)."""
+    value = sem.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(f"{where}: semantics.{key}: got {value!r}; allowed: a non-negative integer (elements)")
+    return value
 
 
 def _dp_shard_stages(stages, where: str) -> tuple[int, ...]:
