@@ -29,6 +29,9 @@ class Rule:
     source: str
     when: tuple[tuple[str, object], ...]
     until: str | None = None
+    # a condition on the ZeRO stage holds without data-parallel ranks too: the framework checks the
+    # configured stage, not whether it shards anything (DeepSpeed's PipelineEngine asserts stage < 2)
+    without_data_parallel: bool = False
 
     def refuses(self, tp: int, pp: int, cp: int, ep: int, vp: int, zero_stage: int, recompute: str,
                 sequence_parallel: bool, tp_overlap: bool = False, dp_overlap: bool = False,
@@ -37,7 +40,7 @@ class Rule:
         is nothing to shard or replicate, so a condition on the ZeRO stage never holds.
         ``cuda_graph``: the layout's CUDA graph scope (``Layout.cuda_graph``)."""
         values = {"pp_min": pp, "tp_min": tp, "cp_min": cp, "ep_min": ep, "vp_min": vp}
-        if not data_parallel and any(key == "zero_stage_in" for key, _ in self.when):
+        if not data_parallel and not self.without_data_parallel and any(key == "zero_stage_in" for key, _ in self.when):
             return False
         for key, want in self.when:
             if key in values and values[key] < want:

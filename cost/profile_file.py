@@ -313,7 +313,11 @@ def _rules(raw_rules: list, where: str) -> list[Rule]:
             raise SpecError(f"{where}: rule {raw.get('id')}: unknown condition(s) {sorted(unknown)}; allowed: {RULE_KEYS}")
         frozen = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in when.items())
         until = parse_date(raw.get("until"), f"{where}: rule {raw.get('id')}: until")
-        rules.append(Rule(str(raw.get("id")), str(raw.get("message", "")), str(raw.get("source", "")), frozen, until))
+        without_dp = raw.get("without_data_parallel", False)
+        if not isinstance(without_dp, bool):
+            raise SpecError(f"{where}: rule {raw.get('id')}: without_data_parallel: got {without_dp!r}; allowed: true, false")
+        rules.append(Rule(str(raw.get("id")), str(raw.get("message", "")), str(raw.get("source", "")), frozen, until,
+                          without_dp))
     return rules
 
 
