@@ -69,9 +69,9 @@ key/value blocks (``p2p``), one all-gather of keys and values (``allgather``), a
 heads (``a2a``, DeepSpeed-Ulysses), or all-to-alls inside the scale-up domain and a ring across
 (``a2a+p2p``); priced in ``cost.terms.comm.cp_comm_terms``."""
 MOE_DISPATCHERS: tuple[str, ...] = ("auto", "alltoall", "deepep", "hybridep")
-"""How the expert-parallel all-to-alls move the routed tokens (``Layout.moe_dispatcher``): ``auto`` the
-planner's implicit dispatcher (a flat all-to-all inside a scale-up domain, deduplicated per node across
-domains), ``alltoall`` NCCL all-to-all of every routed copy, ``deepep`` / ``hybridep`` the fused
+"""How the expert-parallel all-to-alls move the routed tokens (``Layout.moe_dispatcher``): ``auto`` what
+the framework runs when the plan names none (priced as ``alltoall``: the Megatron export writes the alltoall
+dispatcher for it, torchtitan's standard backend), ``alltoall`` NCCL all-to-all of every routed copy, ``deepep`` / ``hybridep`` the fused
 dispatch and combine kernels of DeepEP and NVIDIA's Hybrid-EP (one copy per destination rank and node)."""
 CUDA_GRAPH_SCOPES: tuple[str, ...] = ("none", "layer", "full")
 """What of a step is captured in CUDA graphs and replayed: nothing (every kernel launched from Python),

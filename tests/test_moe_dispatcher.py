@@ -68,29 +68,29 @@ def test_dispatchers_inside_one_domain_by_hand():
 
 
 def test_dispatchers_across_domains_by_hand():
-    """Across domains NCCL all-to-all sends every copy over the fabric; the implicit dispatcher and
-    DeepEP cross it once per remote node (DeepEP's intranode leg deduplicated per rank as well)."""
+    """Across domains NCCL all-to-all sends every copy over the fabric, and so does ``auto`` (what the
+    frameworks run unless told: the Megatron export writes the alltoall dispatcher for it); DeepEP
+    crosses it once per remote node (its intranode leg deduplicated per rank as well)."""
     e, token_bytes, p = MOE.moe, 1e6, _profile(32, 4, inter=10e9)
     flat = coll.all_to_all_s(token_bytes * e.top_k * e.load_factor, p)
     assert _dispatch_s(e, token_bytes, p, "alltoall") == flat
+    assert _dispatch_s(e, token_bytes, p, "auto") == flat
     remote = token_bytes * e.load_factor * remote_nodes_per_token(e.num_experts, e.top_k, 4)
-    auto = coll.hierarchical_all_to_all_s(token_bytes * e.top_k * e.load_factor, remote, p)
-    assert _dispatch_s(e, token_bytes, p, "auto") == auto
     deep = coll.hierarchical_all_to_all_s(token_bytes * ranks_per_token(e.num_experts, e.top_k, 32) * e.load_factor,
                                           remote, p)
     assert _dispatch_s(e, token_bytes, p, "deepep") == pytest.approx(deep, rel=1e-12)
-    assert deep <= auto < flat
+    assert deep < flat
 
 
 def test_evaluate_orders_the_dispatchers_and_keeps_the_default():
-    """Two H100 nodes, ep=16 over both: NCCL all-to-all is the slowest, DeepEP no slower than the
-    implicit dispatcher; ``auto`` is the layout without the knob."""
+    """Two H100 nodes, ep=16 over both: NCCL all-to-all and ``auto`` (the alltoall dispatcher the
+    export writes for it) are the slowest, DeepEP faster; ``auto`` is the layout without the knob."""
     cluster = build_cluster("dgx-h100-superpod", num_devices=16)
     base = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none")
     steps = {d: evaluate(MOE, JOB, cluster, base.with_(moe_dispatcher=d)).time.ep_comm_s for d in
              ("auto", "alltoall", "deepep", "hybridep")}
     assert steps["auto"] == evaluate(MOE, JOB, cluster, base).time.ep_comm_s
-    assert steps["alltoall"] > steps["auto"] >= steps["deepep"] == steps["hybridep"] > 0
+    assert steps["alltoall"] == steps["auto"] > steps["deepep"] == steps["hybridep"] > 0
     one_node = base.with_(dp=8, ep=8)
     eight = build_cluster("dgx-h100-superpod", num_devices=8)
     assert (evaluate(MOE, JOB, eight, one_node.with_(moe_dispatcher="deepep")).time.ep_comm_s
@@ -99,14 +99,15 @@ def test_evaluate_orders_the_dispatchers_and_keeps_the_default():
 
 def test_fabric_without_gpu_initiated_rdma_prices_deepep_as_nccl_all_to_all():
     """EFA has no GPU-initiated RDMA (IBGDA): the EFA link classes say so, the groups that cross
-    them carry it, and DeepEP / Hybrid-EP / the implicit dispatcher across domains are priced as
-    NCCL's all-to-all there (every routed copy), while on InfiniBand they keep their deduplication."""
+    them carry it, and DeepEP / Hybrid-EP across domains are priced as NCCL's all-to-all there (every
+    routed copy), while on InfiniBand they keep their deduplication; ``auto`` is NCCL's on both."""
     e, token_bytes = MOE.moe, 1e6
     ib, efa = _profile(32, 4, inter=10e9), dataclasses.replace(_profile(32, 4, inter=10e9), inter_gpu_initiated_rdma=False)
     nccl = _dispatch_s(e, token_bytes, efa, "alltoall")
     assert nccl == _dispatch_s(e, token_bytes, ib, "alltoall")
-    for d in ("auto", "deepep", "hybridep"):
+    for d in ("deepep", "hybridep"):
         assert _dispatch_s(e, token_bytes, efa, d) == nccl > _dispatch_s(e, token_bytes, ib, d)
+    assert _dispatch_s(e, token_bytes, efa, "auto") == nccl == _dispatch_s(e, token_bytes, ib, "auto")
     one_domain = dataclasses.replace(_profile(8), inter_gpu_initiated_rdma=False)  # NVLink only: no NIC in the way
     assert _dispatch_s(e, token_bytes, one_domain, "deepep") < _dispatch_s(e, token_bytes, one_domain, "alltoall")
     base = Layout(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, recompute="none")
@@ -236,6 +237,27 @@ def test_exports_write_the_dispatcher_or_refuse_it():
         export({**tt, "layout": {**tt["layout"], "expert_tp": False}}, "torchtitan")
 
 
+def test_auto_across_nodes_is_priced_as_the_dispatcher_its_export_launches():
+    """A plan that names no dispatcher, its expert group over two H100 nodes (tp=2, ep=8 on 16 GPUs):
+    the Megatron export launches the alltoall dispatcher, so the plan is priced as that dispatcher
+    (every routed copy over the fabric), not as a per-node deduplication the job does not run."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "launchers"))
+    import launcher_cases
+    from clusterplan.planner.report.export import export
+
+    options = ["evaluate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100-superpod", "--devices", "16",
+               "--global-batch", "64", "--layout"]
+    docs = {d: launcher_cases.plan_doc(options + [f"tp=2,pp=1,dp=8,ep=8,mbs=1,sp=on,moe_dispatcher={d}"], "megatron")
+            for d in ("auto", "alltoall", "deepep")}
+    text = export(docs["auto"], "megatron")
+    assert "--moe-token-dispatcher-type alltoall" in text and "flex" not in text
+    assert docs["auto"]["step_time_s"] == docs["alltoall"]["step_time_s"]
+    assert docs["deepep"]["step_time_s"] < docs["auto"]["step_time_s"]  # the group spans nodes: dedup pays
+
+
 def test_capacity_factor_is_exported_and_refused_with_megatron_deepep():
     """A capacity factor the plan priced is Megatron's --moe-expert-capacity-factor with padding to it;
     Megatron-Core's DeepEP backend refuses the padding, so evaluate and the export refuse the pair."""
@@ -264,8 +286,7 @@ def test_capacity_factor_is_exported_and_refused_with_megatron_deepep():
 def test_search_chooses_the_fastest_dispatcher_per_expert_group_and_its_engines_agree():
     """Without --fix the tables take, per expert group, the fastest dispatcher the job can run (DeepEP
     on H100 under Megatron, inside a node: one copy per rank holding the token's experts, where NCCL's
-    all-to-all and the implicit dispatcher send all eight; across the two nodes of an ep=16 group the
-    per-node copies bind and auto ties, keeping its place), CP-SAT agrees with the
+    all-to-all and the implicit dispatcher send all eight), CP-SAT agrees with the
     exhaustive enumerator, the winner names its dispatcher and is what evaluate prices; and it is no
     slower than the same layout with the implicit dispatcher."""
     from clusterplan.planner.search import SearchOptions
