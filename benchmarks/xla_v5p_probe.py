@@ -14,12 +14,13 @@ activations on batch over fsdp and on the embed dimension over tensor (base.yml 
 
 Cases (``--cases``; default all):
 
-* ``record``: the bundled row ``maxtext-32b-v5p-128`` as written: base.yml of 2024-02-14 (3b2ac811:
+* ``record``: the bundled row ``maxtext-32b-v5p-128`` as written until 2026-11-29: base.yml of 2024-02-14 (3b2ac811:
   Llama-style SwiGLU, emb 2048, 16 heads of 128, mlp 7168, scale 32 -> h 8192, 64 heads, f 28672, 32
   layers, vocab 32000) at ``per_device_batch_size=7`` (the script of 2024-02-01, e301755d).
 * ``record-pdbs6``: the same model at 6, what the script says from 2024-02-20 (7081e2c0, the commit
   that added ahead-of-time compile checks of these scripts).
-* ``readme-2023``: what ran when the README's 328 TFLOP/s was written (76bd53b0, 2023-12-15): base.yml
+* ``readme-2023``: what ran when the README's 328 TFLOP/s was written (76bd53b0, 2023-12-15), what the row
+  carries since 2026-11-29 (here with an untied output matrix): base.yml
   of then (emb 2560, 8 heads of 256, mlp 8192, one relu up-projection, vocab 32768; scale 32 -> h
   10240, 32 heads of 256, f 32768, 32 layers) at ``per_device_batch_size=8``.
 

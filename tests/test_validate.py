@@ -213,13 +213,13 @@ def test_one_micro_batch_rule_applies_to_every_maxtext_run():
     for r in runs:
         assert r["micro_batch_size"] * r["layout"]["dp"] == r["global_batch_size"], r["id"]
     run = copy.deepcopy(next(r for r in load_runs(files[0]) if r["id"] == "maxtext-32b-v5p-128"))
-    run["micro_batch_size"] = 7  # the per-chip figure, as the shared file gives it
+    run["micro_batch_size"] = 8  # the per-chip figure, as the shared file gives it
     res = evaluate_run(run, SearchOptions(), best=False)
-    assert res.layout["micro_batch_size"] == 28 and any("read as 28" in n for n in res.notes), res.notes
+    assert res.layout["micro_batch_size"] == 32 and any("read as 32" in n for n in res.notes), res.notes
     # a release with gradient accumulation keeps the file's micro-batch
     run["framework"] = {"name": "maxtext", "date": "2024-09"}
     res = evaluate_run(run, SearchOptions(), best=False)
-    assert res.layout["micro_batch_size"] == 7 and not any("read as" in n for n in res.notes)
+    assert res.layout["micro_batch_size"] == 8 and not any("read as" in n for n in res.notes)
 
 
 def test_slurm_segment_rule_applies_to_every_multi_rack_mbridge_run():

@@ -1,8 +1,9 @@
 """clusterplan's memory for MaxText's 32B v5p-128 recipe against XLA's own answer (issue 36: a layout
-that ran must be predicted to fit, and one that did not run must not be made to): the bundled row
-``maxtext-32b-v5p-128`` as written, the same model at the batch MaxText's script moved to, and the
-configuration its README measured, each compiled by XLA for a v5p-128 slice
-(``benchmarks/xla_v5p_probe.py``, results in ``benchmarks/results/``)."""
+that ran must be predicted to fit, and one that did not run must not be made to): the configuration
+the README measured (``readme-2023``, what the bundled row ``maxtext-32b-v5p-128`` carries since
+2026-11-29), the transcription it carried before (``record``: base.yml of 2024-02-14 at the script's
+batch of 2024-02-01) and that model at the batch the script moved to, each compiled by XLA for a
+v5p-128 slice (``benchmarks/xla_v5p_probe.py``, results in ``benchmarks/results/``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _row_as(case: dict) -> dict:
     run = copy.deepcopy(next(r for r in load_runs(RUNS) if r["id"] == "maxtext-32b-v5p-128"))
     run["model"].update(hidden_size=case["h"], num_attention_heads=case["heads"], num_kv_heads=case["heads"],
                         head_dim=case["hd"], ffn_hidden_size=case["f"], vocab_size=case["vocab"],
-                        ffn_activation="swiglu" if case["mlp"] == "swiglu" else "gelu")  # gelu: one up projection, as relu
+                        ffn_activation="swiglu" if case["mlp"] == "swiglu" else "gelu",  # gelu: one up projection, as relu
+                        tied_embeddings=False)  # the probe compiles a separate output matrix in every case
     run["global_batch_size"] = case["pdbs"] * case["chips"]
     run["micro_batch_size"] = case["pdbs"] * case["tp"]
     return run
@@ -37,13 +39,18 @@ def _cases() -> dict[str, dict]:
 
 
 def test_the_probe_covers_the_row_as_written():
-    """The row's own configuration is among the compiled cases, and XLA refused it for lack of HBM."""
+    """The row carries the README's configuration of 2023-12, which XLA compiled; the transcription it
+    carried before (the 2024-02 model at 7 sequences a chip) is the case XLA refused for lack of HBM."""
     cases = _cases()
     row = next(r for r in load_runs(RUNS) if r["id"] == "maxtext-32b-v5p-128")
-    written = cases["record"]
-    assert (written["h"], written["f"], written["pdbs"] * written["chips"]) == (
-        row["model"]["hidden_size"], row["model"]["ffn_hidden_size"], row["global_batch_size"])
-    assert "Ran out of memory on HBM" in written["error"]
+    m = row["model"]
+    readme = cases["readme-2023"]
+    assert (readme["h"], readme["heads"], readme["hd"], readme["f"], readme["vocab"], readme["layers"]) == (
+        m["hidden_size"], m["num_attention_heads"], m["head_dim"], m["ffn_hidden_size"], m["vocab_size"], m["num_layers"])
+    assert (readme["pdbs"] * readme["chips"], readme["mlp"], m["ffn_activation"]) == (row["global_batch_size"], "relu", "gelu")
+    assert "error" not in readme
+    assert "Ran out of memory on HBM" in cases["record"]["error"]
+    assert cases["record"]["h"] != m["hidden_size"]
 
 
 @pytest.mark.parametrize("name", ["record", "record-pdbs6", "readme-2023"])
