@@ -354,6 +354,33 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
         bad("framework", f"{prof.profile.describe(prof.date)}: {refusal}")
 
 
+TORCHTITAN_MOE_QUANT_PADS_FROM = "2026-04"
+"""torchtitan's float8 and MXFP8 grouped-experts converters swap the token dispatcher for one that pads
+each expert's tokens, the standard or the HybridEP one, and refuse DeepEP's (6348d93d1 'quantize on
+config instead of on model', #3127, 2026-04-27; components/quantization/utils.py swap_token_dispatcher
+at v0.3.0)."""
+
+
+def dispatcher_problem(model: ModelSpec, job: Job, dispatcher: str) -> str | None:
+    """Why the job's framework cannot run its MoE layers under ``dispatcher`` (``Layout.moe_dispatcher``)
+    beside the framework's own offer (``cost.framework``), or ``None``: Megatron-Core's DeepEP backend
+    with a capacity factor; torchtitan's DeepEP with float8/MXFP8 grouped experts since
+    :data:`TORCHTITAN_MOE_QUANT_PADS_FROM`."""
+    if dispatcher != "deepep" or model.moe is None:
+        return None
+    if model.moe.capacity_factor and job.framework == "megatron":
+        return (f"moe_dispatcher=deepep with capacity factor {model.moe.capacity_factor:g}: Megatron-Core's "
+                "DeepEP backend does not pad expert inputs to a capacity (transformer_config.py); allowed: "
+                "moe_dispatcher=auto, alltoall or hybridep")
+    if (job.framework == "torchtitan" and job.precision in ("fp8", "mxfp8")
+            and job.profile.date >= TORCHTITAN_MOE_QUANT_PADS_FROM):
+        return (f"moe_dispatcher=deepep with precision={job.precision}: {job.profile.profile.describe(job.profile.date)} "
+                f"converts the experts' grouped GEMMs to {job.precision} only behind a dispatcher that pads each "
+                "expert's tokens (standard or HybridEP), and refuses DeepEP's; allowed: moe_dispatcher=auto, "
+                "alltoall or hybridep, or precision bf16")
+    return None
+
+
 def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
     if model.moe is None and layout.ep == 1 and (layout.ep_overlap or not layout.expert_tp
                                                  or layout.moe_dispatcher != "auto"):
@@ -364,9 +391,8 @@ def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         return
     if model.moe is None:
         bad("experts", f"ep={layout.ep} needs an MoE model; {model.name} is dense")
-    elif layout.moe_dispatcher == "deepep" and model.moe.capacity_factor and job.framework == "megatron":
-        bad("experts", f"moe_dispatcher=deepep with capacity factor {model.moe.capacity_factor:g}: Megatron-Core's "
-                       "DeepEP backend does not pad expert inputs to a capacity (transformer_config.py)")
+    elif problem := dispatcher_problem(model, job, layout.moe_dispatcher):
+        bad("experts", problem)
     elif model.moe.num_experts % layout.ep:
         bad("experts", f"num_experts={model.moe.num_experts} is not divisible by ep={layout.ep}")
     elif layout.expert_tp and (problem := job.profile.ep_carve_problem(layout.cp, layout.dp, layout.ep)):
