@@ -381,6 +381,24 @@ def dispatcher_problem(model: ModelSpec, job: Job, dispatcher: str) -> str | Non
     return None
 
 
+def dispatcher_etp_problem(job: Job, dispatcher: str, tp: int, expert_tp: bool) -> str | None:
+    """torchtitan's DeepEP does not run experts split over tensor parallelism (etp = tp > 1): 0.2.2's
+    deepseek_v3/infra/parallelize.py raises 'DeepEP with Expert Tensor Parallelism (ETP) is not supported
+    yet' (0.3 has no ETP at all). ``None`` where the dispatcher runs the expert layout."""
+    if dispatcher != "deepep" or job.framework != "torchtitan" or not expert_tp or tp == 1:
+        return None
+    return (f"moe_dispatcher=deepep with experts split over tp={tp} (etp={tp}): torchtitan's DeepEP does not run "
+            "expert tensor parallelism (deepseek_v3/infra/parallelize.py); allowed: etp=1, tp=1, or "
+            "moe_dispatcher=auto or alltoall")
+
+
+def etp_dispatchers(job: Job, dispatchers: tuple[str, ...], tp: int, expert_tp: bool) -> tuple[str, ...]:
+    """The ``dispatchers`` an expert group of ``tp`` / ``expert_tp`` can run (:func:`dispatcher_etp_problem`),
+    all of them where none can (the layout is then refused: ``planner.search.masks``)."""
+    usable = tuple(d for d in dispatchers if dispatcher_etp_problem(job, d, tp, expert_tp) is None)
+    return usable or dispatchers
+
+
 def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
     if model.moe is None and layout.ep == 1 and (layout.ep_overlap or not layout.expert_tp
                                                  or layout.moe_dispatcher != "auto"):
@@ -391,7 +409,8 @@ def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         return
     if model.moe is None:
         bad("experts", f"ep={layout.ep} needs an MoE model; {model.name} is dense")
-    elif problem := dispatcher_problem(model, job, layout.moe_dispatcher):
+    elif problem := (dispatcher_problem(model, job, layout.moe_dispatcher)
+                     or dispatcher_etp_problem(job, layout.moe_dispatcher, layout.tp, layout.expert_tp)):
         bad("experts", problem)
     elif model.moe.num_experts % layout.ep:
         bad("experts", f"num_experts={model.moe.num_experts} is not divisible by ep={layout.ep}")

@@ -342,3 +342,31 @@ def test_the_search_offers_the_dispatchers_the_job_can_run(where, framework, cap
     assert build_space(model, job, build_cluster(*where), Bounds({"moe_dispatcher": "alltoall"})).moe_dispatcher == (
         "alltoall",)
     assert build_space(DENSE, job, build_cluster(*where), Bounds()).moe_dispatcher == ("auto",)
+
+
+def test_torchtitan_deepep_never_runs_experts_split_over_tp_and_the_engines_agree():
+    """torchtitan's DeepEP refuses expert tensor parallelism (0.2.2 parallelize.py): at 0.2.2's date,
+    with tp=2, evaluate refuses etp=tp under DeepEP, a --fix of DeepEP searches only folded experts
+    (etp=1) and the unfixed search never gives DeepEP to an expert group split over tp; CP-SAT agrees
+    with the exhaustive enumerator on both; the 0.2 export refuses the pair."""
+    from clusterplan.planner.report.export.torchtitan02 import _torchtitan_comm_backend
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.search.engine import plan
+    from clusterplan.planner.search.space import Bounds
+    from tests.test_search import _check_engines_agree
+
+    cluster = build_cluster("dgx-h100-superpod", num_devices=32)
+    job = dataclasses.replace(JOB, framework="torchtitan", framework_date="2026-02")
+    lay = Layout(tp=2, pp=1, dp=16, ep=8, micro_batch_size=1, recompute="none", zero_stage=3, sequence_parallel=True,
+                 moe_dispatcher="deepep")
+    assert "does not run expert tensor parallelism" in dict(layout_problems(MOE, job, cluster, lay))["experts"]
+    assert not layout_problems(MOE, job, cluster, lay.with_(expert_tp=False))
+    assert not layout_problems(MOE, job, cluster, lay.with_(moe_dispatcher="alltoall"))
+    for fixed, etp in (({"moe_dispatcher": "deepep"}, False), ({"expert_tp": True}, True)):
+        bounds = Bounds({"tp": 2, "ep": 8, "ep_overlap": False, **fixed}, {}, {"pp": 2}, 0.1)
+        _check_engines_agree(MOE, job, cluster, bounds)
+        best = plan(MOE, job, cluster, SearchOptions(engine="cpsat", top_k=0, bounds=bounds)).best
+        assert best.layout.expert_tp is etp and (best.layout.moe_dispatcher == "deepep") is (not etp)
+        assert not layout_problems(MOE, job, cluster, best.layout)
+    with pytest.raises(SpecError, match="moe_dispatcher=deepep with expert_tensor_parallel_degree=2: .*allowed: etp=1"):
+        _torchtitan_comm_backend({"ep": 8, "tp": 2, "expert_tp": True, "moe_dispatcher": "deepep"})

@@ -107,6 +107,10 @@ def _torchtitan_comm_backend(L: dict) -> list[str]:
     if dispatcher == "hybridep":
         raise SpecError("--format torchtitan-0.2: torchtitan 0.2.2 has no Hybrid-EP dispatcher (its "
                         "expert_parallel_comm_backend is standard or deepep); use moe_dispatcher=deepep or alltoall")
+    if dispatcher == "deepep" and L.get("expert_tp", True) and L["tp"] > 1:  # parallelize.py raises on it
+        raise SpecError(f"--format torchtitan-0.2: moe_dispatcher=deepep with expert_tensor_parallel_degree={L['tp']}: "
+                        "torchtitan 0.2.2's DeepEP does not run expert tensor parallelism; allowed: etp=1 "
+                        "(--fix etp=1), tp=1, or moe_dispatcher=alltoall")
     return ['expert_parallel_comm_backend = "deepep"'] if dispatcher == "deepep" else []
 
 
