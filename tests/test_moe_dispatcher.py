@@ -370,3 +370,16 @@ def test_torchtitan_deepep_never_runs_experts_split_over_tp_and_the_engines_agre
         assert not layout_problems(MOE, job, cluster, best.layout)
     with pytest.raises(SpecError, match="moe_dispatcher=deepep with expert_tensor_parallel_degree=2: .*allowed: etp=1"):
         _torchtitan_comm_backend({"ep": 8, "tp": 2, "expert_tp": True, "moe_dispatcher": "deepep"})
+
+
+def test_export_torchtitan_refuses_a_fixed_deepep_behind_fp8_experts_with_exit_2():
+    """The CLI: DeepSeek-V3's published FP8 job under --format torchtitan with --fix moe_dispatcher=deepep
+    is bad input naming the knob, the precision and what is allowed, before any search; no traceback."""
+    from click.testing import CliRunner
+    from clusterplan import cli
+
+    result = CliRunner().invoke(cli.main, ["export", "--format", "torchtitan", "--model", "deepseek-v3", "--cluster",
+                                           "hgx-h800", "--devices", "2048", "--fix", "moe_dispatcher=deepep"])
+    assert result.exit_code == 2, result.output
+    assert "moe_dispatcher=deepep with precision=fp8" in result.stderr and "allowed: moe_dispatcher=auto" in result.stderr
+    assert "Traceback" not in result.output + result.stderr
