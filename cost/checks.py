@@ -354,6 +354,51 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
         bad("framework", f"{prof.profile.describe(prof.date)}: {refusal}")
 
 
+TORCHTITAN_MOE_QUANT_PADS_FROM = "2026-04"
+"""torchtitan's float8 and MXFP8 grouped-experts converters swap the token dispatcher for one that pads
+each expert's tokens, the standard or the HybridEP one, and refuse DeepEP's (6348d93d1 'quantize on
+config instead of on model', #3127, 2026-04-27; components/quantization/utils.py swap_token_dispatcher
+at v0.3.0)."""
+
+
+def dispatcher_problem(model: ModelSpec, job: Job, dispatcher: str) -> str | None:
+    """Why the job's framework cannot run its MoE layers under ``dispatcher`` (``Layout.moe_dispatcher``)
+    beside the framework's own offer (``cost.framework``), or ``None``: Megatron-Core's DeepEP backend
+    with a capacity factor; torchtitan's DeepEP with float8/MXFP8 grouped experts since
+    :data:`TORCHTITAN_MOE_QUANT_PADS_FROM`."""
+    if dispatcher != "deepep" or model.moe is None:
+        return None
+    if model.moe.capacity_factor and job.framework == "megatron":
+        return (f"moe_dispatcher=deepep with capacity factor {model.moe.capacity_factor:g}: Megatron-Core's "
+                "DeepEP backend does not pad expert inputs to a capacity (transformer_config.py); allowed: "
+                "moe_dispatcher=auto, alltoall or hybridep")
+    if (job.framework == "torchtitan" and job.precision in ("fp8", "mxfp8")
+            and job.profile.date >= TORCHTITAN_MOE_QUANT_PADS_FROM):
+        return (f"moe_dispatcher=deepep with precision={job.precision}: {job.profile.profile.describe(job.profile.date)} "
+                f"converts the experts' grouped GEMMs to {job.precision} only behind a dispatcher that pads each "
+                "expert's tokens (standard or HybridEP), and refuses DeepEP's; allowed: moe_dispatcher=auto, "
+                "alltoall or hybridep, or precision bf16")
+    return None
+
+
+def dispatcher_etp_problem(job: Job, dispatcher: str, tp: int, expert_tp: bool) -> str | None:
+    """torchtitan's DeepEP does not run experts split over tensor parallelism (etp = tp > 1): 0.2.2's
+    deepseek_v3/infra/parallelize.py raises 'DeepEP with Expert Tensor Parallelism (ETP) is not supported
+    yet' (0.3 has no ETP at all). ``None`` where the dispatcher runs the expert layout."""
+    if dispatcher != "deepep" or job.framework != "torchtitan" or not expert_tp or tp == 1:
+        return None
+    return (f"moe_dispatcher=deepep with experts split over tp={tp} (etp={tp}): torchtitan's DeepEP does not run "
+            "expert tensor parallelism (deepseek_v3/infra/parallelize.py); allowed: etp=1, tp=1, or "
+            "moe_dispatcher=auto or alltoall")
+
+
+def etp_dispatchers(job: Job, dispatchers: tuple[str, ...], tp: int, expert_tp: bool) -> tuple[str, ...]:
+    """The ``dispatchers`` an expert group of ``tp`` / ``expert_tp`` can run (:func:`dispatcher_etp_problem`),
+    all of them where none can (the layout is then refused: ``planner.search.masks``)."""
+    usable = tuple(d for d in dispatchers if dispatcher_etp_problem(job, d, tp, expert_tp) is None)
+    return usable or dispatchers
+
+
 def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
     if model.moe is None and layout.ep == 1 and (layout.ep_overlap or not layout.expert_tp
                                                  or layout.moe_dispatcher != "auto"):
@@ -364,9 +409,9 @@ def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         return
     if model.moe is None:
         bad("experts", f"ep={layout.ep} needs an MoE model; {model.name} is dense")
-    elif layout.moe_dispatcher == "deepep" and model.moe.capacity_factor and job.framework == "megatron":
-        bad("experts", f"moe_dispatcher=deepep with capacity factor {model.moe.capacity_factor:g}: Megatron-Core's "
-                       "DeepEP backend does not pad expert inputs to a capacity (transformer_config.py)")
+    elif problem := (dispatcher_problem(model, job, layout.moe_dispatcher)
+                     or dispatcher_etp_problem(job, layout.moe_dispatcher, layout.tp, layout.expert_tp)):
+        bad("experts", problem)
     elif model.moe.num_experts % layout.ep:
         bad("experts", f"num_experts={model.moe.num_experts} is not divisible by ep={layout.ep}")
     elif layout.expert_tp and (problem := job.profile.ep_carve_problem(layout.cp, layout.dp, layout.ep)):

@@ -136,8 +136,9 @@ class Layout:
         every routed copy everywhere (Megatron-Core's ``--moe-token-dispatcher-type alltoall``,
         torchtitan's standard backend); ``deepep`` and ``hybridep`` send each token once to every rank
         and node that holds any of its experts (Megatron-Core's flex dispatcher with
-        ``--moe-flex-dispatcher-backend deepep|hybridep``, torchtitan's ``expert_parallel_comm_backend
-        deepep``). Priced by ``evaluate`` and ``validate``; the search does not offer it.
+        ``--moe-flex-dispatcher-backend deepep|hybridep``, torchtitan 0.2's ``expert_parallel_comm_backend
+        deepep``, 0.3's ``moe_comm_backend`` deepep|hybridep). Priced by ``evaluate`` and ``validate``; the
+        search gives each expert group the fastest the job can run (``planner.search.space``).
     offload : ``none``, ``activations``, ``optimizer`` or ``activations+optimizer`` (:data:`OFFLOAD_MODES`).
         ``activations``: what the recompute mode keeps of each layer for its backward (with ``full``, the
         layer's input) is copied to host memory in the forward and back in the backward, so device memory

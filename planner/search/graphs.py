@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from clusterplan.cost.checks import full_graph_problem
+from clusterplan.cost.checks import etp_dispatchers, full_graph_problem
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.profile import ProfileAt
 from clusterplan.cost.terms import Context, dispatcher_choice, ep_ranks
@@ -147,5 +147,5 @@ def searched_choices(S: "Space", lay: Layout, ctx: Context | None) -> Layout:
     if ctx is not None and lay.ep > 1 and len(S.moe_dispatcher) > 1:
         lay = lay.with_(moe_dispatcher=dispatcher_choice(
             ctx.placed(lay.order), lay.tp, lay.cp, lay.ep, lay.micro_batch_size, lay.sequence_parallel, lay.recompute,
-            ep_ranks(lay), S.moe_dispatcher)[0])
+            ep_ranks(lay), etp_dispatchers(ctx.job, S.moe_dispatcher, lay.tp, lay.expert_tp))[0])
     return lay

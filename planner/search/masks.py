@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from clusterplan.cost.framework import framework_refusal, refuses_overlap
-from clusterplan.cost.checks import head_slot_problem
+from clusterplan.cost.checks import dispatcher_etp_problem, head_slot_problem
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split
 from clusterplan.planner.search.space import (
@@ -43,7 +43,8 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 reason = reason or ("interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)  # --fix schedule
                 ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
-            reason = expert_ok(model, tp, dp, cp, e, et, ctx.job.profile)
+            reason = expert_ok(model, tp, dp, cp, e, et, ctx.job.profile) or (
+                "experts" if e > 1 and all(dispatcher_etp_problem(job, d, tp, et) for d in S.moe_dispatcher) else None)
             ok_fe[i, ei] = -1 if reason is None else code[reason]
     ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
     ok_fes = np.array([[[_sp_code(code, f, e, et, sp, job.seq_len) for sp in S.sequence_parallel]

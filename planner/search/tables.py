@@ -53,7 +53,7 @@ from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
 from clusterplan.planner.search.gathers import compared_gathers, gather_pick
-from clusterplan.planner.search.graphs import searched_choices
+from clusterplan.planner.search.graphs import etp_dispatchers, searched_choices  # the dispatchers searched_choices names
 from clusterplan.planner.search.offload import host_refused_statics
 from clusterplan.planner.search.reuse import (
     fewer_collections, key_use, kept, kept_cells, kept_keys, kept_rows, per_pp_dp, time_in_use,
@@ -451,7 +451,7 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
                for (tp, cp, st, _), c, used in zip(cpg_keys, cpg_ctx, cpg_use)])
     # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
     ep_ranks = [_ranks(c, group) for (_, _, _, _, group), c in zip(epg_keys, epg_ctx)]
-    EPC = np.array([[[[dispatcher_choice(c, tp, cp, e, mb, sp, rc, ranks, S.moe_dispatcher)[1]
+    EPC = np.array([[[[dispatcher_choice(c, tp, cp, e, mb, sp, rc, ranks, etp_dispatchers(c.job, S.moe_dispatcher, tp, et))[1]
                        if ranks and u else 0.0
                        for rc in RC] for sp in SP] for mb, u in zip(MB, used)]
                     for (tp, cp, e, et, _), c, ranks, used in zip(epg_keys, epg_ctx, ep_ranks, epg_use)],

@@ -77,6 +77,12 @@ CASES = {
     # expert_parallel_comm_backend = "deepep"
     "deepseek-v3-h800x2048-deepep": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048",
                                       "--fix", "moe_dispatcher=deepep"], ["megatron", "slurm", "torchtitan-0.2"]),
+    # torchtitan 0.3: model_registry(moe_comm_backend="deepep") (bf16: its float8 grouped experts refuse
+    # DeepEP), and "hybridep" with the float8 converters, which pad the experts' tokens through it
+    "deepseek-v3-h800x2048-deepep-bf16": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048",
+                                           "--precision", "bf16", "--fix", "moe_dispatcher=deepep"], ["torchtitan"]),
+    "deepseek-v3-h800x2048-hybridep": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048",
+                                        "--fix", "moe_dispatcher=hybridep"], ["torchtitan"]),
     # a capacity factor: experts padded to 1.25x the mean load (--moe-expert-capacity-factor with
     # --moe-pad-expert-input-to-capacity), under the alltoall dispatcher
     "mixtral-8x7b-h100-capacity": (["--model", "mixtral-8x7b", "--cluster", "dgx-h100-superpod", "--devices", "64",
