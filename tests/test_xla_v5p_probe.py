@@ -63,3 +63,18 @@ def test_fit_verdict_and_peak_agree_with_xla(name):
     assert ev.fits == ("error" not in case)
     if "error" not in case:
         assert ev.memory.fit_bytes == pytest.approx(case["peak_memory_in_bytes"], rel=0.05)
+
+
+def test_maxtext_default_headroom_covers_the_memory_model_s_shortfall_against_xla():
+    """plan's default headroom under MaxText (semantics.plan_headroom: XLA has no allocator reserve)
+    is what clusterplan's peak falls short of XLA's compiled one, at most, over the compiled cases."""
+    from clusterplan.cost.framework import load_profile
+    shortfall = 0.0
+    for case in _cases().values():
+        if "error" in case:
+            continue
+        priced = price_run(_row_as(case), SearchOptions())[1]
+        ev = evaluate(priced.model, priced.job, priced.cluster, priced.layout)
+        shortfall = max(shortfall, case["peak_memory_in_bytes"] / ev.memory.fit_bytes - 1)
+    headroom = load_profile("maxtext").plan_headroom
+    assert shortfall <= headroom < shortfall + 0.01, (shortfall, headroom)

@@ -94,6 +94,9 @@ class DeviceSpec(BaseModel):
     )
     memory_kind: Literal["hbm", "sram"] = Field(description="hbm or on-chip sram (SRAM-only machines).")
     memory_bytes: float = Field(gt=0, description="Usable memory per device (bytes).")
+    program_memory_bytes: float | None = Field(
+        None, gt=0, description="What the device's runtime leaves a program of its memory, measured (XLA's "
+                                "available HBM on TPUs); None: not measured (cost.terms.memory.runtime_bytes).")
     memory_bytes_per_s: float = Field(gt=0, description="Memory bandwidth (bytes/s).")
     memory_efficiency: float = Field(
         gt=0, le=1, description="Achieved fraction of memory bandwidth for streaming kernels."

@@ -140,12 +140,16 @@ def runtime_bytes(ctx: Context, layout: Layout) -> float:
     a PyTorch framework (``semantics.nccl_runtime``) the CUDA context, eager or lazily loaded by the
     framework's date (``LAZY_LOADING_SINCE``), plus NCCL's buffers for each communicator it uses
     (``nccl_communicator_sizes``), their ring share once NCCL connects lazily
-    (``NCCL_LAZY_CONNECT_SINCE``); elsewhere ``RUNTIME_RESERVE_BYTES``; nothing on SRAM machines."""
+    (``NCCL_LAZY_CONNECT_SINCE``); elsewhere what the device's runtime is measured to keep
+    (``DeviceSpec.program_memory_bytes``: XLA's available HBM on TPUs, none below 0 where the
+    catalogue's capacity is the smaller), else ``RUNTIME_RESERVE_BYTES``; nothing on SRAM machines."""
     device = ctx.cluster.device
     if device.memory_kind != "hbm":
         return 0.0
     prof = ctx.job.profile
     if not (prof.profile.nccl_runtime and device.family.startswith(("nvidia", "amd"))):
+        if device.program_memory_bytes is not None:
+            return max(0.0, device.memory_bytes - device.program_memory_bytes)
         return RUNTIME_RESERVE_BYTES
     context = CUDA_CONTEXT_LAZY_BYTES if prof.date >= LAZY_LOADING_SINCE else CUDA_CONTEXT_EAGER_BYTES
     lazy = prof.date >= NCCL_LAZY_CONNECT_SINCE
