@@ -35,20 +35,25 @@ def cell_table(ctx: Context, S: Space, term: StepTerm, use: np.ndarray, probe: l
     if dims[0] != "f" or len(set(dims)) != len(dims):
         raise ValueError(f"StepTerm {term.name}: dims {dims} must start with 'f' and name each knob once")
     out = np.zeros([len(S.factorizations)] + [len(_choices(ctx, S, d, (1, 1, 1, 1))) for d in dims[1:]])
+    rest = [d for d in dims[1:] if d != "o"]
+    at = dims.index("o") - 1 if "o" in dims else len(rest)  # the order's place among the other knobs
     for f, (tp, pp, dp, cp) in enumerate(S.factorizations):
         if not use[f].any():
             continue
+        cells = []  # (the knobs' indices, the layout fields they set) of the cells some layout takes
+        for cell in product(*(_choices(ctx, S, d, (tp, pp, dp, cp)) for d in rest)):
+            knobs = dict(zip(rest, (k for k, _ in cell)))
+            if None not in knobs.values() and ("mb" not in knobs or use[f, knobs["mb"]]):
+                cells.append((tuple(knobs.values()), {k: v for _, change in cell for k, v in change.items()}))
         fixed = dict(head_slots=S.head_slots[0] and pp > 1, offload=S.offload[0], moe_dispatcher=S.moe_dispatcher[0],
-                     param_gather=S.param_gather[0], dp_shard=S.dp_shard[0])
-        base = [layout.with_(**fixed) for layout in probe[f]]  # the space's fixed knobs
-        for cell in product(*(_choices(ctx, S, d, (tp, pp, dp, cp)) for d in dims[1:])):
-            knobs = dict(zip(dims[1:], (k for k, _ in cell)))
-            if None in knobs.values() or ("mb" in knobs and not use[f, knobs["mb"]]):
-                continue  # a cell no layout takes
-            changes = {}
-            for _, change in cell:
-                changes.update(change)
-            out[(f, *knobs.values())] = term.seconds(ctx, base[knobs.get("o", 0)].with_(**changes))
+                     param_gather=S.param_gather[0], dp_shard=S.dp_shard[0])  # the space's fixed knobs
+        for o in range(len(S.order)) if "o" in dims else (0,):
+            base = probe[f][o]
+            differs = {k: v for k, v in fixed.items() if getattr(base, k) != v}
+            base = base.with_(**differs) if differs else base
+            for index, changes in cells:
+                place = (f, *index[:at], o, *index[at:]) if "o" in dims else (f, *index)
+                out[place] = term.seconds(ctx, base.with_(**changes) if changes else base)
     return out
 
 
@@ -80,5 +85,5 @@ def cell_rows(t: dict, i: int, j: int) -> tuple[bytes, ...]:
     """The rows at factorization ``i`` and order ``j`` of the tables priced here that run over the
     order (``tables._traversal_representatives``: a traversal whose every row equals another's counts
     once); a cell its factorization does not take is 0 on every order."""
-    return tuple(np.take(t[x.table][i], j, axis=x.dims.index("o") - 1).tobytes() for x in STEP_TERMS
+    return tuple(t[x.table][i][(slice(None),) * (x.dims.index("o") - 1) + (j,)].tobytes() for x in STEP_TERMS
                  if not x.priced_by and "o" in x.dims)
