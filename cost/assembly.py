@@ -237,7 +237,9 @@ class StepTerm:
     dims: tuple[str, ...]
     seconds: Callable  # (context, layout) -> its seconds for one micro-batch or one step (cost.terms)
     busy: bool = False  # compute on the device: in the energy objective's busy time as well
-    sparse: bool = False  # most spaces pay none: CP-SAT reads it only where some cell is not 0
+    # most spaces pay none: CP-SAT reads it only where some cell is not 0, and its lower bounds leave
+    # it out (planner.search.bounds: a bound without a term stays a bound)
+    sparse: bool = False
     # "": planner.search.cells prices each cell with ``seconds``; else the builder of
     # planner.search.tables that prices it with other terms (shared work: a group key, the DP traffic)
     priced_by: str = ""
