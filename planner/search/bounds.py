@@ -92,7 +92,8 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
         X = min_over_orders(layer_time(T, sl), "to")
         # zero bubble's saving depends on none of the knobs minimised over: exact beside U * min X
         pipe = np.where(X < UNREACHABLE, pipeline(U * X, 0, 0, zero_bubble_saving(T, sl)), UNREACHABLE)
-    H = min_over_orders(_total(cells for term, cells in _bounded_terms(T, sl) if term.per_microbatch))
+    added = _bounded_terms(T, sl)
+    H = min_over_orders(_total(cells for term, cells in added if term.per_microbatch))
     dims5 = ("f", "o", "v", "e", "z")
     # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
     # window (this stage's backward, or whole compute for ZeRO-3 gathers) cannot hide.
@@ -108,7 +109,7 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     dp = overlapped(T, step_tr, frac * bwd) + M * overlapped(T, mb_tr, frac * comp)
     # each at its least over the orders where it runs over them (exact otherwise: no knob minimised)
     opt = Q * _total(min_over_orders(cells) if cells.shape[axis["o"]] > 1 else cells
-                     for term, cells in _bounded_terms(T, sl) if not term.per_microbatch)
+                     for term, cells in added if not term.per_microbatch)
     opt = opt + Q * grad_accumulation_term(T, sl)
     total = pipe + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1, 1)
     ok = _memory_fits(T, sl) & (_place(T.ok_fes[sl], ("f", "e", "s")) < 0) & (_place(T.ok_fe[sl], ("f", "e")) < 0)
