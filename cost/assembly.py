@@ -254,15 +254,31 @@ def lm_head_s(ctx, layout) -> float:
                       layout.stride("tp")).time_s
 
 
+def layout_dp_terms(ctx, layout):
+    """``cost.terms.dp_terms`` of the layout, priced once for the several questions one evaluation
+    asks of the same (context, layout) objects (``cost.step`` and two additive terms: a third of an
+    evaluation's time); the last answer is kept, keyed by the objects' identity."""
+    global _LAST_DP
+    last = _LAST_DP  # one reference read: another thread's evaluation replaces the tuple, never edits it
+    if last[0] is ctx and last[1] is layout:
+        return last[2]
+    terms = dp_terms(ctx, layout)
+    _LAST_DP = (ctx, layout, terms)
+    return terms
+
+
+_LAST_DP: tuple = (None, None, None)
+
+
 def fsdp_copies_s(ctx, layout) -> float:
     """FSDP2's copies per micro-batch on the compute stream (``cost.terms.fsdp_copy_s``)."""
-    return dp_terms(ctx, layout).copy_s
+    return layout_dp_terms(ctx, layout).copy_s
 
 
 def dp_blocking_s(ctx, layout) -> float:
     """The data-parallel traffic of a step that nothing overlaps (ZeRO-2's weight gather, FSDP2's
     per-step copies: ``DataParallelTerms.blocking_s``)."""
-    return dp_terms(ctx, layout).blocking_s
+    return layout_dp_terms(ctx, layout).blocking_s
 
 
 STEP_TERMS = (

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from clusterplan.cost.assembly import STEP_TERMS, ScalarOps, breakdown_fields, dp_exposed, mix, stage_share
+from clusterplan.cost.assembly import (
+    STEP_TERMS, ScalarOps, breakdown_fields, dp_exposed, layout_dp_terms, mix, stage_share,
+)
 from clusterplan.cost.layout import Job, Layout, interleaved_warmup, num_microbatches, offloads_activations
 from clusterplan.cost.stages import RANKS, InFlight, dualpipe_inflight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
-    WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
+    WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares, grad_accumulation_adds, grad_accumulation_s,
     grads_freed_bytes, host_optimizer_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, overlap_share,
     param_counts, regather_share, runtime_bytes, stage_split, static_memory, step_gradients,
@@ -233,7 +235,7 @@ def slowest_stage(ctx: Context, layout: Layout, m: int) -> tuple[LayerTerms, Tim
     """The pipeline stage whose step :func:`time_breakdown` reports: its layer terms for one
     micro-batch (what a drawing of the schedule is made of) and its step's breakdown."""
     ctx = ctx.placed(layout.order)
-    dp = dp_terms(ctx, layout)
+    dp = layout_dp_terms(ctx, layout)
     added = {term.name: term.seconds(ctx, layout) for term in STEP_TERMS}  # the same on every stage
     return max(((stage, _stage_breakdown(ctx, layout, m, stage, windows, dp, added))
                 for stage, windows in _stages(ctx, layout, m)), key=lambda pair: pair[1].total_s)
