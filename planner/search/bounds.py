@@ -139,7 +139,8 @@ def _memory_fits(T: Tables, sl: slice = slice(None)) -> np.ndarray:
 
 
 def factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
-    """Per (f, mb): the least layer time X and the least head+p2p time over the other knobs."""
+    """Per (f, mb): the least layer time X and the least time the additive terms add per micro-batch
+    (``_bounded_terms``: the head and the sends) over the other knobs."""
     X = layer_time(T, slice(None))
     H = _total(cells for term, cells in _bounded_terms(T, slice(None)) if term.per_microbatch)
     f_ax, mb_ax = DIMS.index("f"), DIMS.index("mb")
