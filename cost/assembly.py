@@ -45,17 +45,24 @@ integers' rounding): the pipeline itself (the floats price ``m X`` by cause and 
 ``cost.terms.bubble_s``; the tables ``U X`` with ``U`` rounded once, less ``ZU x BK`` for zero bubble);
 EP overlap's saving (folded per micro-batch into ``cost.terms.ep_comm_terms`` in the floats); the
 gradient accumulation (``adds x add`` against ``M GA - GAW - [M = 1] GA1``); ZeRO-3's third gathers
-(``regather_share`` against the full-recompute switch); and the sum of the per-micro-batch and
-per-step terms (breakdown fields in ``cost.step``, one integer in ``exhaustive.score_factorization``
-and ``cpsat._Model._objective``).
+(``regather_share`` against the full-recompute switch).
+
+The step's additive terms (what each micro-batch adds beside the pipeline: the LM head, the pipeline
+sends, FSDP2's copies; what each step adds: the optimizer, the never-overlapped data-parallel
+traffic) are declared once, in :data:`STEP_TERMS`: ``cost.step`` adds their seconds to its breakdown
+(:func:`breakdown_fields`), ``planner.search.tables`` tabulates them, the exhaustive engine and CP-SAT
+add them to the objective, each from the list. A new term of that kind is its function in
+``cost.terms`` and an entry there (``planner.search.cells`` builds its table from the function).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
+from clusterplan.cost.terms import dp_terms, head_terms, optimizer_s, p2p_s, period_layers
 from clusterplan.cost.terms.dp import NUM_GRAD_BUCKETS
 
 
@@ -215,3 +222,94 @@ def slowest_step(ops, stages, per_step, per_mb, m, overlap: bool):
         total = ops.iadd(dp_exposed(ops, per_step, per_mb, step_window, mb_window, m), pipe)
         best = total if best is None else ops.imax(best, total)
     return best
+
+
+@dataclass(frozen=True, slots=True)
+class StepTerm:
+    """One additive term of the step, paid once a step or by each of its ``m`` micro-batches."""
+
+    name: str  # its name, and its variable's in the CP-SAT model
+    table: str  # the search's integer table of it (an attribute of planner.search.tables.Tables)
+    field: str  # the cost.step.TimeBreakdown field it adds to
+    per_microbatch: bool  # paid by each micro-batch (times m), else once a step
+    # the table's axes: knobs of planner.search.exhaustive.DIMS, or first the index map of a group key
+    # ("tpg_of_fo": the LM head's TP group over (f, o)) whose rows the table holds
+    dims: tuple[str, ...]
+    seconds: Callable  # (context, layout) -> its seconds for one micro-batch or one step (cost.terms)
+    busy: bool = False  # compute on the device: in the energy objective's busy time as well
+    # most spaces pay none: CP-SAT reads it only where some cell is not 0, and its lower bounds leave
+    # it out (planner.search.bounds: a bound without a term stays a bound)
+    sparse: bool = False
+    # "": planner.search.cells prices each cell with ``seconds``; else the builder of
+    # planner.search.tables that prices it with other terms (shared work: a group key, the DP traffic)
+    priced_by: str = ""
+
+
+def lm_head_s(ctx, layout) -> float:
+    """The LM head's forward and backward where it adds to the pipeline's period (else the last
+    rank's spare slot hides it: ``cost.terms.period_layers``)."""
+    if not period_layers(ctx, layout.pp, layout.vp, layout.head_slots)[1]:
+        return 0.0
+    return head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
+                      layout.stride("tp")).time_s
+
+
+def layout_dp_terms(ctx, layout):
+    """``cost.terms.dp_terms`` of the layout, priced once for the several questions one evaluation
+    asks of the same (context, layout) objects (``cost.step`` and two additive terms: a third of an
+    evaluation's time); the last answer is kept, keyed by the objects' identity."""
+    global _LAST_DP
+    last = _LAST_DP  # one reference read: another thread's evaluation replaces the tuple, never edits it
+    if last[0] is ctx and last[1] is layout:
+        return last[2]
+    terms = dp_terms(ctx, layout)
+    _LAST_DP = (ctx, layout, terms)
+    return terms
+
+
+_LAST_DP: tuple = (None, None, None)
+
+
+def fsdp_copies_s(ctx, layout) -> float:
+    """FSDP2's copies per micro-batch on the compute stream (``cost.terms.fsdp_copy_s``)."""
+    return layout_dp_terms(ctx, layout).copy_s
+
+
+def dp_blocking_s(ctx, layout) -> float:
+    """The data-parallel traffic of a step that nothing overlaps (ZeRO-2's weight gather, FSDP2's
+    per-step copies: ``DataParallelTerms.blocking_s``)."""
+    return layout_dp_terms(ctx, layout).blocking_s
+
+
+STEP_TERMS = (
+    StepTerm("head", "H", "compute_s", True, ("tpg_of_fo", "mb", "s"), lm_head_s, busy=True,
+             priced_by="_comm_tables"),
+    StepTerm("p2p", "P2P", "pp_p2p_s", True, ("f", "o", "mb", "s"), p2p_s),
+    StepTerm("fsdp_copies", "DPC", "dp_comm_s", True, ("f", "o", "v", "e", "z"), fsdp_copies_s, sparse=True,
+             priced_by="_dp_tables"),
+    StepTerm("optimizer", "OPT", "optimizer_s", False, ("f", "v", "e", "z"), optimizer_s, busy=True,
+             priced_by="_dp_tables"),
+    StepTerm("dp_blocking", "DPX", "dp_comm_s", False, ("f", "o", "v", "e", "z"), dp_blocking_s,
+             priced_by="_dp_tables"),
+)
+"""The step's additive terms, in the order each engine adds them (a float sum's bits depend on it)."""
+
+
+def breakdown_fields(step_base: dict, mb_base: dict, m: int, seconds: dict) -> dict:
+    """The breakdown's fields of one stage's step: each field's per-step part plus its additive terms'
+    per-step seconds plus ``m`` times its per-micro-batch part and terms' (``seconds`` by term name),
+    ``step + (terms + m (part + terms))`` as ``cost.step`` has always summed them (float bits)."""
+    per = ({}, {})  # per-step, per-micro-batch sums of the terms by field
+    for term in STEP_TERMS:
+        into = per[term.per_microbatch]
+        value = seconds[term.name]
+        into[term.field] = into[term.field] + value if term.field in into else value
+    out = {}
+    for name in dict.fromkeys((*step_base, *mb_base, *per[1], *per[0])):
+        parts = [p[name] for p in (mb_base, per[1]) if name in p]
+        value = m * (parts[0] + parts[1] if len(parts) == 2 else parts[0]) if parts else None
+        for extra in (per[0], step_base):
+            if name in extra:
+                value = extra[name] if value is None else extra[name] + value
+        out[name] = value
+    return out

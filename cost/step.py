@@ -15,15 +15,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from clusterplan.cost.assembly import ScalarOps, dp_exposed, mix, stage_share
+from clusterplan.cost.assembly import (
+    STEP_TERMS, ScalarOps, breakdown_fields, dp_exposed, layout_dp_terms, mix, stage_share,
+)
 from clusterplan.cost.layout import Job, Layout, interleaved_warmup, num_microbatches, offloads_activations
 from clusterplan.cost.stages import RANKS, InFlight, dualpipe_inflight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
-    WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
+    WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares, grad_accumulation_adds, grad_accumulation_s,
-    grads_freed_bytes, host_optimizer_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
-    p2p_s,
-    param_counts, period_layers, regather_share, runtime_bytes, stage_split, static_memory, step_gradients,
+    grads_freed_bytes, host_optimizer_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, overlap_share,
+    param_counts, regather_share, runtime_bytes, stage_split, static_memory, step_gradients,
 )
 from clusterplan.cost.terms.context import graphed_context
 
@@ -234,38 +235,29 @@ def slowest_stage(ctx: Context, layout: Layout, m: int) -> tuple[LayerTerms, Tim
     """The pipeline stage whose step :func:`time_breakdown` reports: its layer terms for one
     micro-batch (what a drawing of the schedule is made of) and its step's breakdown."""
     ctx = ctx.placed(layout.order)
-    dp = dp_terms(ctx, layout)
-    return max(((stage, _stage_breakdown(ctx, layout, m, stage, windows, dp)) for stage, windows in _stages(ctx, layout, m)),
-               key=lambda pair: pair[1].total_s)
+    dp = layout_dp_terms(ctx, layout)
+    added = {term.name: term.seconds(ctx, layout) for term in STEP_TERMS}  # the same on every stage
+    return max(((stage, _stage_breakdown(ctx, layout, m, stage, windows, dp, added))
+                for stage, windows in _stages(ctx, layout, m)), key=lambda pair: pair[1].total_s)
 
 
 def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, windows: tuple[float, float],
-                     dp) -> TimeBreakdown:
-    """One candidate stage's step: its layers' terms ``stage`` (one micro-batch), the head (where
-    it adds to the period; else the last rank's spare slot hides it), the pipeline, and the
-    data-parallel traffic exposed beyond its ``windows`` (per step, per micro-batch)."""
-    head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
-                      layout.stride("tp"))
-    head_s = head.time_s if period_layers(ctx, layout.pp, layout.vp, layout.head_slots)[1] else 0.0
+                     dp, added: dict) -> TimeBreakdown:
+    """One candidate stage's step: its layers' terms ``stage`` (one micro-batch), the pipeline, the
+    data-parallel traffic exposed beyond its ``windows`` (per step, per micro-batch), and the step's
+    additive terms (``added``: seconds by name of ``cost.assembly.STEP_TERMS``: the head where it adds
+    to the period, the sends, the optimizer, the DP traffic nothing overlaps, ...)."""
     per_mb = dp.per_microbatch_s + regather_share(ctx, layout) * dp.regather_s
-    # per step and per micro-batch beyond the stage's windows (cost.assembly.dp_exposed), then what
-    # never overlaps: ZeRO-2's weight gather and FSDP2's copies on the compute stream
+    # per step and per micro-batch beyond the stage's windows (cost.assembly.dp_exposed)
     exposed = dp_exposed(ScalarOps(dp_share=overlap_share(ctx, "dp")), dp.per_step_s, per_mb, *windows, m,
                          layout.dp_overlap)
-    exposed += dp.blocking_s + m * dp.copy_s
-    return TimeBreakdown(
-        compute_s=m * (stage.forward_s + stage.backward_s + head_s),
-        recompute_s=m * stage.recompute_s,
-        tp_comm_s=m * stage.tp_comm_s,
-        cp_comm_s=m * stage.cp_comm_s,
-        ep_comm_s=m * stage.ep_comm_s,
-        pp_bubble_s=bubble_s(layout.schedule, layout.pp, layout.vp, stage.total_s, stage.backward_s),
-        pp_p2p_s=m * p2p_s(ctx, layout),
-        dp_comm_s=exposed,
-        optimizer_s=optimizer_s(ctx, layout),
-        offload_s=m * _offload_s(ctx, layout, stage),
-        grad_accum_s=grad_accumulation_adds(ctx, layout, m) * grad_accumulation_s(ctx, layout),
-    )
+    step_base = dict(pp_bubble_s=bubble_s(layout.schedule, layout.pp, layout.vp, stage.total_s, stage.backward_s),
+                     dp_comm_s=exposed,
+                     grad_accum_s=grad_accumulation_adds(ctx, layout, m) * grad_accumulation_s(ctx, layout))
+    mb_base = dict(compute_s=stage.forward_s + stage.backward_s, recompute_s=stage.recompute_s,
+                   tp_comm_s=stage.tp_comm_s, cp_comm_s=stage.cp_comm_s, ep_comm_s=stage.ep_comm_s,
+                   offload_s=_offload_s(ctx, layout, stage))
+    return TimeBreakdown(**breakdown_fields(step_base, mb_base, m, added))
 
 
 def _offload_s(ctx: Context, layout: Layout, stage: LayerTerms) -> float:

@@ -32,6 +32,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from clusterplan.cost import assembly
+from clusterplan.cost.assembly import STEP_TERMS
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
 from clusterplan.planner.search.exhaustive import DIMS
@@ -239,32 +240,30 @@ class _Model:
         u = self._lookup("slots", self._fvm_table(T.U), [self.fvm])
         frac = self._lookup("frac", self._fv_table(T.FRAC), [self.fv])
         mb_count = self._lookup("microbatches", self._fvm_table(T.M[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
-        per_mb = m.new_int_var(0, per_mb_hi := int(T.H.max() + T.P2P.max() + T.DPC.max()), "per_mb")
-        head = self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
-        p2p = self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"], x["s"]])
-        if T.DPC.any():  # FSDP2's copies, paid every micro-batch
-            copies = self._lookup("fsdp_copies", self._fv_table(np.transpose(T.DPC, (0, 2, 1, 3, 4))),
-                                  [self.fv, x["o"], x["e"], x["z"]])
-            m.add(per_mb == head + p2p + copies)
-        else:
-            m.add(per_mb == head + p2p)
+        mb_terms = [t for t in STEP_TERMS if t.per_microbatch]
+        per_mb = m.new_int_var(0, per_mb_hi := int(sum(getattr(T, t.table).max() for t in mb_terms)), "per_mb")
+        added = {t.name: self._term(t) for t in mb_terms}  # what each micro-batch adds
+        m.add(per_mb == _total([v for v in added.values() if v is not None], 0))
         tw, bw = T.time_weight, T.busy_weight
         extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi, tw * Q)
         _, hmin = once(T, factor_minima)
         m.add(extra >= self._lookup("head_lb", self._fvm_table((T.M * hmin)[:, :, None].repeat(T.U.shape[2], 2)),
                                     [self.fvm]))
         core = self._pipeline_and_dp(u, c, tpc, cpc, epc, axes4, axes5, frac, (bwd, fw), mb_count)
-        opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
-        blocking = self._lookup("dp_blocking", self._fv_table(np.transpose(T.DPX, (0, 2, 1, 3, 4))),
-                                [self.fv, x["o"], x["e"], x["z"]])
+        step_terms = [t for t in STEP_TERMS if not t.per_microbatch]
+        added.update({t.name: self._term(t) for t in step_terms})  # what each step adds
         accumulation = self._grad_accumulation(mb_count)
-        self.objective = T.time_weight * (core + Q * extra + Q * opt + Q * blocking + Q * accumulation)
+        step = [Q * added[t.name] for t in step_terms if added[t.name] is not None]
+        self.objective = T.time_weight * (_total([Q * extra, *step, Q * accumulation], core))
         if T.busy_weight:  # energy: the extra power while computing (planner.search.tables docstring)
             share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
                                          int(share.max()) * int(T.C.max()), bw)
-            busy_head = self._product("busy_head", mb_count, head, int(T.M.max()) * int(T.H.max()), bw * Q)
-            self.objective += T.busy_weight * (busy_compute + Q * busy_head + Q * opt + Q * accumulation)
+            busy = [Q * self._product(f"busy_{t.name}", mb_count, added[t.name],
+                                      int(T.M.max()) * int(getattr(T, t.table).max()), bw * Q)
+                    for t in mb_terms if t.busy and added[t.name] is not None]
+            busy += [Q * added[t.name] for t in step_terms if t.busy and added[t.name] is not None]
+            self.objective += T.busy_weight * _total([*busy, Q * accumulation], busy_compute)
         m.add(self.objective >= self._lookup("objective_lb", self.triple_lb, [self.fvm]))
         # A (triple, ep) pair whose every completion overflows memory, or whose bound exceeds the cap,
         # is excluded outright.
@@ -274,6 +273,26 @@ class _Model:
             pairs = np.argwhere(self.triple_e_lb < UNREACHABLE)
         m.add_allowed_assignments([self.fvm, x["e"]], pairs.tolist())
         m.minimize(self.objective)
+
+    def _term(self, term):
+        """An additive term of the step (``cost.assembly.STEP_TERMS``) at the chosen knobs, looked up
+        on its table through its dims (a group key's variable, (f, v) through ``fv``); None where it is
+        sparse and no cell pays it."""
+        T, x = self.T, self.x
+        table, dims = getattr(T, term.table), term.dims
+        if term.sparse and not table.any():
+            return None
+        if dims[0] not in DIMS:
+            keys = {"tpg_of_fo": self.tpg, "tpc_of_foe": self.tpc, "cpg_of_fo": self.cpg, "epg_of_foe": self.epg,
+                    "tc_of_fe": self.tc}
+            return self._lookup(term.name, table, [keys[dims[0]]] + [x[d] for d in dims[1:]])
+        if "v" not in dims:
+            return self._lookup(term.name, table, [x[d] for d in dims])
+        lead = ("f", "mb", "v") if "mb" in dims else ("f", "v")
+        rest = [d for d in dims if d not in lead]
+        table = np.transpose(table, [dims.index(d) for d in (*lead, *rest)])
+        table, key = (self._fvm_table(table), self.fvm) if "mb" in dims else (self._fv_table(table), self.fv)
+        return self._lookup(term.name, table, [key] + [x[d] for d in rest])
 
     def _grad_accumulation(self, mb_count):
         """The step's gradient accumulation (``exhaustive.grad_accumulation_term``): the micro-batches
@@ -459,6 +478,14 @@ class _Model:
     def indices(self, solver: cp_model.CpSolver) -> dict:
         idx = {k: int(solver.value(v)) for k, v in self.x.items()}
         return {k: idx[k] for k in DIMS}
+
+
+def _total(terms: list, first):
+    """``first + terms[0] + terms[1] + ...``, summed left to right as the model's expressions always
+    were (the proto keeps the order its sums are written in)."""
+    for term in terms:
+        first = first + term
+    return first
 
 
 @dataclass(frozen=True)

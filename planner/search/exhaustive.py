@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from clusterplan.cost.assembly import (
-    IntegerOps, ep_hidden as hidden_per_slot, exposed_traffic, mix, pipeline, slowest_step, stage_share,
+    STEP_TERMS, IntegerOps, StepTerm, ep_hidden as hidden_per_slot, exposed_traffic, mix, pipeline, slowest_step, stage_share,
 )
 from clusterplan.planner.search.masks import REASON_ORDER
 from clusterplan.planner.search.reuse import fewer_collections
@@ -159,7 +159,7 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     """Objective, rejection code and canonical mask for every layout with factorization ``i`` (or
     the factorizations of a slice, along the first axis)."""
     sl = i if isinstance(i, slice) else slice(i, i + 1)
-    tc, tpg = T.tc_of_fe[sl], T.tpg_of_fo[sl]
+    tc = T.tc_of_fe[sl]
     code, memory = _codes_and_memory(T, sl, tc)
     canon = _canon(T, sl)
     if not with_objective:
@@ -168,20 +168,39 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
         raise ValueError("memory-only tables (build_tables(memory_only=True)) have no time terms to score")
     Q = SLOT_QUANTUM
     M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
-    lm_head = _place(T.H[tpg], ("f", "o", "mb", "s"))
+    step, per_mb, busy_step, busy_mb = added_terms(T, sl)
     dims5 = ("f", "o", "v", "e", "z")
-    head = lm_head + _place(T.P2P[sl], ("f", "o", "mb", "s")) + _place(T.DPC[sl], dims5)  # what each micro-batch adds
     dps, dpm = _place(T.DPS[sl], dims5) * Q, per_microbatch_traffic(T, sl) * Q
-    opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
     accumulation = Q * grad_accumulation_term(T, sl)
-    objective = _pipeline_and_dp(T, sl, dps, dpm) + Q * M * head + opt + _place(T.DPX[sl], dims5) * Q + accumulation
+    objective = _pipeline_and_dp(T, sl, dps, dpm) + Q * M * per_mb + Q * step + accumulation
     if T.busy_weight:  # energy: waiting power over the step plus the extra power while computing
         compute = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
-        busy = M * FRAC * compute + Q * M * lm_head + opt + accumulation
+        busy = M * FRAC * compute + Q * M * busy_mb + Q * busy_step + accumulation
         objective = T.time_weight * objective + T.busy_weight * busy
     elif T.time_weight != 1:
         objective = T.time_weight * objective
     return Scored(objective, code, memory, canon)
+
+
+def term_cells(T: Tables, term: StepTerm, sl: slice) -> np.ndarray:
+    """An additive term's table (``cost.assembly.StepTerm``) over the factorizations in ``sl``, placed
+    on DIMS; a table over a group key's rows read through its index map (``tpg_of_fo``: over (f, o))."""
+    table, dims = getattr(T, term.table), term.dims
+    if dims[0] in DIMS:
+        return _place(table[sl], dims)
+    return _place(table[getattr(T, dims[0])[sl]], tuple(dims[0].split("_of_")[1]) + dims[1:])
+
+
+def added_terms(T: Tables, sl: slice) -> tuple:
+    """The additive terms of the step (``cost.assembly.STEP_TERMS``) over the factorizations in
+    ``sl``: those paid once a step, those paid per micro-batch, and the same two of the terms in the
+    energy objective's busy time (``StepTerm.busy``; 0 where none, or the objective is not energy)."""
+    sums = [0, 0, 0, 0]  # per step, per micro-batch, busy per step, busy per micro-batch
+    for term in STEP_TERMS:
+        cells = term_cells(T, term, sl)
+        for k in (int(term.per_microbatch),) + ((2 + term.per_microbatch,) if term.busy and T.busy_weight else ()):
+            sums[k] = cells if isinstance(sums[k], int) else sums[k] + cells
+    return tuple(sums)
 
 
 def _canon(T: Tables, sl: slice) -> np.ndarray:
@@ -442,15 +461,15 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "tc_of_fe": ("f", "e"), "TPC": (None, "mb", "s", "r", "to"), "CPC": (None, "mb", "s"),
         "EPC": (None, "mb", "s", "r"), "WE": (None, "mb", "s", "r", "to"), "UG": ("f", "mb", "v"),
         "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r", "to"), "FW": (None, "mb", "s", "r", "to", "eo"),
-        "H": (None, "mb", "s"), "P2P": ("f", "o", "mb", "s"), "DPS": ("f", "o", "v", "e", "z"),
-        "DPM": ("f", "o", "v", "e", "z"), "RG": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
-        "DPC": ("f", "o", "v", "e", "z"), "tpc_of_foe": ("f", "o", "e"), "GA": ("f", "v", "e", "z"),
-        "GAW": ("f", "v", "e", "z"), "GA1": ("f", "v", "e", "z"), "OPT": ("f", "v", "e", "z"),
+        "DPS": ("f", "o", "v", "e", "z"), "DPM": ("f", "o", "v", "e", "z"), "RG": ("f", "o", "v", "e", "z"),
+        "tpc_of_foe": ("f", "o", "e"), "GA": ("f", "v", "e", "z"), "GAW": ("f", "v", "e", "z"), "GA1": ("f", "v", "e", "z"),
         "ACT_D": (None, "mb", "s", "r"), "ACT_M": (None, "mb", "s", "r"), "TRANS": (None, "mb", "s", "r"),
         "LOGITS": (None, "mb", "s", "r"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"), "M": ("f", "mb"),
         "tpg_of_fo": ("f", "o"), "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
         "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),
         "canon": ("f", "e", "s", "z", "o", "do", "to"), "eo_canon": ("e", "eo"), "eo_ok": ("f", "v", "r", "eo"),
+        # the additive terms' tables (a group key's rows are not cut: None)
+        **{t.table: tuple(d if d in DIMS else None for d in t.dims) for t in STEP_TERMS},
     }
     space_attr = {"o": "order", "e": "ep", "v": "vp", "mb": "micro_batch_size", "s": "sequence_parallel",
                   "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap", "eo": "ep_overlap"}
