@@ -961,3 +961,15 @@ def test_whole_experts_on_a_one_rank_block_stay_searchable(framework, fixed):
     assert (layout.tp, layout.cp, layout.ep, layout.dp) == (1, 1, 8, 16 // layout.pp)
     if framework == "torchtitan":
         assert layout.zero_stage in (2, 3)  # FSDP: plain DDP (zero=0) cannot carve an expert group
+
+
+def test_whole_experts_under_plain_ddp_are_refused_by_the_ddp_rule():
+    """The same --fix with zero=0 held: torchtitan's plain DDP has no FSDP ranks to carve an expert
+    group from (dp_shard = 1), and the refusal names that rule alone."""
+    model, cluster = _moe_8()
+    job = Job(global_batch_size=32, seq_len=4096, framework="torchtitan")
+    bounds = Bounds({"tp": 1, "cp": 1, "ep": 8, "zero_stage": 0}, {}, {}, 0.0)
+    with pytest.raises(SpecError) as err:
+        plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=0, bounds=bounds))
+    rule = next(r for r in job.profile.profile.rules if r.id == "ddp_only_1d_ep")
+    assert str(err.value).count("torchtitan:") == 1 and rule.message in str(err.value)
