@@ -940,3 +940,36 @@ def test_folded_and_unfolded_experts_at_tp_1_are_one_layout(engine):
     shown = [ev.layout.with_(expert_tp=True) if ev.layout.tp == 1 else ev.layout
              for ev in (res.best, *res.runners_up)]
     assert len(set(shown)) == len(shown) == 4
+
+
+@pytest.mark.parametrize("framework,fixed", [
+    ("torchtitan", {"tp": 1, "cp": 1, "ep": 8}),  # 0.3 has no etp=tp: whole experts are the only kind
+    ("megatron", {"tp": 1, "cp": 1, "ep": 8, "expert_tp": False}),  # etp=1 held by the user
+])
+def test_whole_experts_on_a_one_rank_block_stay_searchable(framework, fixed):
+    """At tp = cp = 1 folded experts (etp=1) stand in for the unfolded ones only where the space
+    still holds the unfolded layout. torchtitan 0.3 removed etp=tp (and --fix etp=1 removes it under
+    Megatron): the folded layout is then the only one of its class. Before the fix the search left it
+    out as a duplicate and the --fix was refused ('cannot run under plain DDP' for torchtitan, whose
+    FSDP runs ep=8 with tp=cp=1: efsdp x ep = dp_shard x cp x tp)."""
+    model, cluster = _moe_8()
+    job = Job(global_batch_size=32, seq_len=4096, framework=framework)
+    bounds = Bounds(fixed, {}, {}, 0.0)
+    _check_engines_agree(model, job, cluster, bounds)
+    res = plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=0, bounds=bounds))
+    layout = res.best.layout
+    assert (layout.tp, layout.cp, layout.ep, layout.dp) == (1, 1, 8, 16 // layout.pp)
+    if framework == "torchtitan":
+        assert layout.zero_stage in (2, 3)  # FSDP: plain DDP (zero=0) cannot carve an expert group
+
+
+def test_whole_experts_under_plain_ddp_are_refused_by_the_ddp_rule():
+    """The same --fix with zero=0 held: torchtitan's plain DDP has no FSDP ranks to carve an expert
+    group from (dp_shard = 1), and the refusal names that rule alone."""
+    model, cluster = _moe_8()
+    job = Job(global_batch_size=32, seq_len=4096, framework="torchtitan")
+    bounds = Bounds({"tp": 1, "cp": 1, "ep": 8, "zero_stage": 0}, {}, {}, 0.0)
+    with pytest.raises(SpecError) as err:
+        plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=0, bounds=bounds))
+    rule = next(r for r in job.profile.profile.rules if r.id == "ddp_only_1d_ep")
+    assert str(err.value).count("torchtitan:") == 1 and rule.message in str(err.value)

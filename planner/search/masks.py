@@ -84,7 +84,9 @@ def canonical_mask(S: Space, order_ok: np.ndarray, ok_fe: np.ndarray | None = No
 
     The order part ``order_ok`` is evaluated per (f, o) (``canonical``, then
     ``traversal_duplicates``); the rest are the same rules as ``canonical``, with the
-    representatives taken from the space's own domains. With the expert rule's codes ``ok_fe``: on a
+    representatives taken from the space's own domains (a folded layout on a one-rank tp x cp block is
+    left out only where the space holds the same ep unfolded: torchtitan 0.3 and ``--fix etp=1`` have
+    whole experts alone). With the expert rule's codes ``ok_fe``: on a
     factorization with tp = 1, folded experts (etp=1) and the same ep split over the one-rank tp group
     (etp=tp) carve the expert group from the same cp x dp ranks in the same order (Megatron-Core's
     expert rank generator, torchtitan's expert mesh), so where both pass the expert rule and the
@@ -100,7 +102,8 @@ def canonical_mask(S: Space, order_ok: np.ndarray, ok_fe: np.ndarray | None = No
     dp_bad = dp1[:, None, None, None, None, None, None] & (zero[None, None, None, :, None, None, None]
                                                           | do[None, None, None, None, None, :, None])
     block1 = facts[:, 0] * facts[:, 3] == 1  # folding over a one-rank tp x cp block changes nothing
-    folded = ~np.array(S.expert_tp, bool)
+    kept = {e for e, et in zip(S.ep, S.expert_tp) if et}  # where the space holds the unfolded layout
+    folded = np.array([not et and e in kept for e, et in zip(S.ep, S.expert_tp)], bool)
     fold_bad = block1[:, None, None, None, None, None, None] & folded[None, :, None, None, None, None, None]
     shape = (len(facts), len(S.ep), len(S.sequence_parallel), len(zero), len(S.order), len(do), len(to))
     canon = np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad & ~fold_bad

@@ -574,7 +574,8 @@ def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, 
         return False
     if ep == 1 and ep_overlap != _representative(space.ep_overlap if space else (False, True), False):
         return False
-    if not expert_tp and tp * cp == 1:  # folding over a block of one rank: the unfolded layout
+    unfolded = space is None or any(e == ep and t for e, t in zip(space.ep, space.expert_tp))
+    if not expert_tp and tp * cp == 1 and unfolded:  # folding over a block of one rank: the unfolded layout
         return False
     if dp * cp == 1:
         if zero != _representative(space.zero_stage if space else (0, 1, 2, 3), 0):
