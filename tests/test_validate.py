@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,30 @@ def test_megatron_bridge_rule_applies_to_every_mbridge_run():
         assert any("Megatron-Bridge config rule" in str(n) for n in r.get("notes", [])), r["id"]
         if r["layout"]["tp"] > 1:
             assert r["layout"]["sequence_parallel"] is True, r["id"]
+
+
+def test_megatron_bridge_rule_names_the_dispatcher_of_every_bundled_moe_run():
+    """RUNS_FORMAT.md's Megatron-Bridge config rule, the dispatcher: every bundled Megatron-Bridge run
+    with expert parallelism states the dispatcher its release's config ran (auto would price it as the
+    NCCL all-to-all whatever the recipe named), and a row that does not name it in its id cites the
+    file and line it was read from. The held-out files are frozen and not held to it."""
+    root = Path(__file__).resolve().parent.parent
+    covered = 0
+    for name in ("runs.yaml", "family_runs.yaml", "memory_runs.yaml", "sweeps.yaml"):
+        path = root / "planner" / "data" / name
+        text = path.read_text()
+        for r in load_runs(path):
+            bridge = str(r["id"]).startswith("mbridge") or "Megatron-Bridge" in str((r.get("framework") or {}).get("version"))
+            if not bridge or (r["layout"].get("ep") or 1) == 1:
+                continue
+            covered += 1
+            dispatcher = r["layout"].get("moe_dispatcher")
+            assert dispatcher in ("alltoall", "deepep", "hybridep"), r["id"]
+            if dispatcher not in r["id"]:
+                block = text.split(f"- id: {r['id']}\n", 1)[1].split("\n- id: ", 1)[0]
+                line = next(ln for ln in block.splitlines() if ln.strip().startswith("moe_dispatcher:"))
+                assert re.search(r"#.*\.(py|yaml|md):\d+", line), (r["id"], line)
+    assert covered == 61
 
 
 def test_habana_megatron_rule_applies_to_every_habana_megatron_run():
