@@ -76,7 +76,7 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     """:func:`objective_lower_bound`'s time part for the factorizations in ``sl``: (f, e, v, mb)."""
     Q = SLOT_QUANTUM
     axis = {d: k for k, d in enumerate(DIMS)}
-    placed = (_place(T.ok_fo[sl], ("f", "o")) < 0) & (_place(T.ok_eo, ("e", "o")) < 0)  # orders allowed
+    placed = (_place(T.ok_fo[sl], ("f", "o")) < 0) & (_place(T.ok_foe[sl], ("f", "o", "e")) < 0)  # orders allowed
 
     def min_over_orders(arr: np.ndarray, *more: str) -> np.ndarray:
         arr = np.where(placed, arr, UNREACHABLE)

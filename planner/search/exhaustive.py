@@ -250,7 +250,7 @@ def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray,
     (MEMORY_QUANTUM_BYTES) of every layout of the factorizations in ``sl``."""
     peak = peak_memory(T, sl)
     code = np.where(peak > T.capacity, REASON_ORDER.index("memory"), -1)
-    for table, dims in ((T.ok_fes[sl], ("f", "e", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_eo, ("e", "o")),
+    for table, dims in ((T.ok_fes[sl], ("f", "e", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_foe[sl], ("f", "o", "e")),
                         (T.ok_fe[sl], ("f", "e")),
                         (T.ok_fmbv[sl], ("f", "mb", "v")), (T.ok_f[sl], ("f",))):
         placed = _place(table, dims)
@@ -466,7 +466,7 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "ACT_D": (None, "mb", "s", "r"), "ACT_M": (None, "mb", "s", "r"), "TRANS": (None, "mb", "s", "r"),
         "LOGITS": (None, "mb", "s", "r"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"), "M": ("f", "mb"),
         "tpg_of_fo": ("f", "o"), "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
-        "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),
+        "ok_fe": ("f", "e"), "ok_foe": ("f", "o", "e"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),
         "canon": ("f", "e", "s", "z", "o", "do", "to"), "eo_canon": ("e", "eo"), "eo_ok": ("f", "v", "r", "eo"),
         # the additive terms' tables (a group key's rows are not cut: None)
         **{t.table: tuple(d if d in DIMS else None for d in t.dims) for t in STEP_TERMS},
