@@ -297,6 +297,47 @@ def test_the_search_under_a_pp_inside_dp_order_agrees_with_evaluate():
     assert searched["pp1"] and searched["matched"], searched
 
 
+ENERGY_SAMPLE = 24
+
+
+def test_the_energy_objective_is_the_float_energy_on_dense_and_moe_stages():
+    """Found by the tests: on DeepSeek-V3 (3 dense layers, then MoE) the integer objective of
+    ``--objective energy`` fell up to ~1% below evaluate's float energy, which counted the slowest
+    stage's compute as every device's busy time. Energy is summed over devices, each busy for its
+    own stage's compute (docs/cost-model.md, 1.5), so the mean device computes 1/pp of every layer:
+    evaluate's ``busy_s`` and the tables' ``BF`` are that, and agree to the tables' rounding."""
+    from clusterplan.cost.energy import objective_weights, step_energy_j
+    from clusterplan.cost.step import slowest_stage
+    from clusterplan.cost.terms import layer_terms
+    from clusterplan.cost.terms.context import graphed_context
+
+    model, job, cluster, ctx = _problem("deepseek-v3-megatron-nvl72")
+    weights = objective_weights(cluster, "energy")
+    bounds, rng = Bounds(), np.random.default_rng(15)
+    piped = [(T, obj, idx) for space in searched_spaces(ctx, build_space(model, job, cluster, bounds))
+             for T in [build_tables(sub_context(ctx, space), space, bounds.headroom(job, cluster), False, weights)]
+             for idx, obj, code, _ in _scored_cells(T, rng, 0) if code < 0 and T.space.factorizations[idx["f"]][1] > 1]
+    assert len(piped) > ENERGY_SAMPLE  # feasible pipelines of 2 to 8 stages: 61 layers never split evenly
+    best = [piped[k] for k in sorted(rng.choice(len(piped), ENERGY_SAMPLE, replace=False))]
+    moved = 0  # layouts whose mean device computes other than the slowest stage (the head's stage may be lighter)
+    for T, value, idx in best:
+        lay = _decode(T, ctx, idx)
+        ev, m = evaluate_ctx(ctx, lay), T.M[idx["f"], idx["mb"]]
+        joules = step_energy_j(cluster, ev.step_time_s, ev.busy_s) / cluster.pue
+        assert objective_seconds(value) * cluster.num_devices == pytest.approx(joules, rel=2e-4), lay.short()
+        # by hand: over the pp devices of a pipeline every layer of each kind computes once; the
+        # additive terms (optimizer, head, adds) are the slowest stage's step's
+        at = graphed_context(ctx, lay.cuda_graph).placed(lay.order)
+        every_layer = sum(k.forward_s + k.backward_s + k.recompute_s for k in (layer_terms(at, lay, m, kind=False),
+                                                                               layer_terms(at, lay, m, kind=True)))
+        stage, t = slowest_stage(at, lay, m)
+        slowest = t.compute_s + t.recompute_s + t.optimizer_s + t.grad_accum_s
+        additive = slowest - m * (stage.forward_s + stage.backward_s + stage.recompute_s)
+        assert ev.busy_s == pytest.approx(m * every_layer / lay.pp + additive, rel=1e-9), lay.short()
+        moved += abs(ev.busy_s - slowest) > 1e-3 * ev.busy_s
+    assert moved > ENERGY_SAMPLE // 2
+
+
 def test_a_head_slot_split_the_framework_refuses_is_counted_as_layers_before_interleaving():
     """Found by sampling random instances: with head slots, a (pp, vp) whose split Megatron-Core
     refuses (``head_slot_problem``) and whose micro-batch count the interleaved schedule cannot take

@@ -50,7 +50,7 @@ def objective_lower_bound(T: Tables) -> np.ndarray:
     if T.busy_weight:
         Q = SLOT_QUANTUM
         cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9, 10))  # (F, MB)
-        busy = (T.M * cmin)[:, :, None] * T.FRAC[:, None, :]
+        busy = (T.M * cmin * T.BF[:, None])[:, :, None].repeat(T.U.shape[2], 2)
         for term, cells in _bounded_terms(T, slice(None), busy=True):  # each at its least over the other knobs
             least = np.swapaxes(cells.min(axis=tuple(k for k, d in enumerate(DIMS) if d not in ("f", "mb", "v"))), 1, 2)
             busy = busy + Q * (T.M[:, :, None] * least if term.per_microbatch else least)

@@ -257,7 +257,7 @@ class _Model:
         step = [Q * added[t.name] for t in step_terms if added[t.name] is not None]
         self.objective = T.time_weight * (_total([Q * extra, *step, Q * accumulation], core))
         if T.busy_weight:  # energy: the extra power while computing (planner.search.tables docstring)
-            share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
+            share = self._fvm_table(T.M[:, :, None] * T.BF[:, None, None].repeat(T.U.shape[2], 2))
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
                                          int(share.max()) * int(T.C.max()), bw)
             busy = [Q * self._product(f"busy_{t.name}", mb_count, added[t.name],

@@ -23,9 +23,9 @@ kernels' SM share leaves of it, at most the window WE; ``cost.terms.ep_comm_part
 what zero bubble takes off the bubble where the search runs it (``space.cell_schedule``): its slots
 times the backward compute per micro-batch (``Tables.ZU``; per kind on a stage of both kinds). The
 additive terms: the tables of ``cost.assembly.STEP_TERMS``; ``GA = M GA - GAW - [M = 1] GA1``. For
-``--objective energy``: ``time_weight * (the above) + busy_weight * (M * FRAC * C + SLOT_QUANTUM *
+``--objective energy``: ``time_weight * (the above) + busy_weight * (M * BF * C + SLOT_QUANTUM *
 (M * busy per micro-batch terms + busy per-step terms + GA))``, waiting power over the step plus the
-extra power while computing (``cost.energy``); for time and cost the weights are ``(1, 0)``.
+extra power while computing (``cost.energy``; ``BF`` = 1 / pp: ``cost.step.device_busy_s``); for time and cost the weights are ``(1, 0)``.
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ class Tables(AddedTables):
     U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
     UG: np.ndarray  # (F, MB, V) U times the share of chunks EP overlap pairs (cost.terms.ep_overlap_steady_share)
     FRAC: np.ndarray  # (F, V) stage share, SLOT_QUANTUM
+    BF: np.ndarray  # (F,) the mean device's share of all layers' compute, 1 / pp (FRAC on an even split), SLOT_QUANTUM
     M: np.ndarray  # (F, MB) micro-batches
     # memory (MEMORY_QUANTUM_BYTES)
     ACT_D: np.ndarray  # (TA, MB, S, R) one dense layer's stored activations (0: the model has none)
@@ -284,7 +285,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     bk, bk_m = timed.pop("BK", None), timed.pop("BK_M", None)
     added = {term.table: timed.pop(term.table, np.zeros(0, np.int64)) for term in STEP_TERMS if not term.priced_by}
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, DPC=DPC,
-                  OPT=OPT, GA=GA, GAW=GAW, GA1=GA1,
+                  OPT=OPT, GA=GA, GAW=GAW, GA1=GA1, BF=np.array([round(SLOT_QUANTUM / f[1]) for f in S.factorizations], np.int64),
                   U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
                   capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_foe=ok_foe,
                   ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, PG=PG,
