@@ -205,7 +205,7 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
     ctx = graphed_context(ctx, layout.cuda_graph)
     model, job, cluster = ctx.model, ctx.job, ctx.cluster
     m = num_microbatches(job, layout)
-    time = time_breakdown(ctx, layout, m)
+    stage, time = slowest_stage(ctx, layout, m)
     memory = memory_breakdown(ctx, layout, m)
     step = time.total_s
     tokens_per_s = job.tokens_per_step / step
@@ -218,7 +218,7 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
                       flops_per_device, mfu, mfu * (1 + recompute_share), palm,
                       stage_memory(ctx, layout, m) if layout.pp > 1 else None,
                       flops_per_device / cluster.device.peak(gemm_precision(job, cluster)),
-                      device_busy_s(ctx, layout, m, time))
+                      device_busy_s(ctx, layout, m, stage, time))
 
 
 def gemm_precision(job: Job, cluster: Cluster) -> str:
@@ -236,21 +236,22 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     return slowest_stage(ctx, layout, m)[1]
 
 
-def device_busy_s(ctx: Context, layout: Layout, m: int, slowest: TimeBreakdown) -> float:
+def device_busy_s(ctx: Context, layout: Layout, m: int, stage: LayerTerms, slowest: TimeBreakdown) -> float:
     """Seconds of the step the mean device computes (``cost.energy.busy_s`` of its own stage's step).
     Each device is busy for its own stage's compute and idles otherwise, so the devices' busy time
     sums every layer's compute once per pipeline: the mean stage holds 1/pp of all layers' (not the
     slowest stage's share, which counts the heaviest stage's layers on every device). The additive
-    terms (optimizer, head, gradient accumulation) are the breakdown's. Where the slowest stage holds
-    1/pp of all layers (one kind of layer, an even split) its own figure, to the bit."""
+    terms (optimizer, head, gradient accumulation) are the slowest stage's step's (``slowest``, of
+    the layer terms ``stage``). Where that stage holds 1/pp of all layers (one kind of layer, an even
+    split) its own figure, to the bit."""
     share = 1 / layout.pp
     if not mixed_kinds(ctx.model) and stage_kind_shares(ctx, layout.pp, layout.vp, layout.head_slots)[0][0] == share:
         return busy_s(slowest)
-    ctx = ctx.placed(layout.order)
-    lt = layer_terms(ctx, layout, m)  # every layer, both kinds
-    mean = replace(lt, **{name: stage_share(share, getattr(lt, name)) for name in STAGE_TERMS})
-    added = {term.name: term.seconds(ctx, layout) for term in STEP_TERMS}
-    return busy_s(_stage_breakdown(ctx, layout, m, mean, (0.0, 0.0), layout_dp_terms(ctx, layout), added))
+    at = ctx.placed(layout.order)
+    kinds = (layer_terms(at, layout, m, kind=k) for k in (False, True)) if mixed_kinds(ctx.model) else (
+        layer_terms(at, layout, m),)
+    every_layer = sum(k.forward_s + k.backward_s + k.recompute_s for k in kinds)
+    return busy_s(slowest) + m * (share * every_layer - (stage.forward_s + stage.backward_s + stage.recompute_s))
 
 
 def slowest_stage(ctx: Context, layout: Layout, m: int) -> tuple[LayerTerms, TimeBreakdown]:
