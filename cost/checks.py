@@ -4,6 +4,8 @@ job's release), each as ``(category, message)``; ``evaluate`` prices a layout wi
 
 from __future__ import annotations
 
+import math
+
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import (CP_COMM_KINDS, CUDA_GRAPH_SCOPES, OFFLOAD_MODES, PARAM_GATHERS, PIPELINE_SCHEDULES,
                                       RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, offloads_activations, offloads_optimizer,
@@ -36,6 +38,8 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if layout.cp > 1 and job.seq_len % (2 * layout.cp):
         bad("context", f"seq_len={job.seq_len} is not divisible by 2*cp = {2 * layout.cp} (load-balanced causal chunks)")
     _moe_problems(model, job, layout, bad)
+    if placement := placement_problem(layout.tp, layout.pp, layout.cp, layout.ep, layout.expert_tp, layout.order):
+        bad("placement", placement)
     if layout.recompute not in RECOMPUTE_MODES:
         bad("recompute", f"recompute={layout.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
     if layout.zero_stage not in (0, 1, 2, 3):
@@ -424,20 +428,26 @@ def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         elif layout.tp > 1 and not layout.sequence_parallel:
             bad("experts", "etp=1 with tp > 1 needs sequence parallelism (each rank dispatches its own tokens; "
                            "Megatron-Core requires it for MoE with tensor parallelism)")
-    placement = placement_problem(layout.ep, layout.order)
-    if placement:
-        bad("placement", placement)
 
 
-def placement_problem(ep: int, order: str) -> str | None:
-    """Expert groups are carved from data parallelism, so the pipeline axis must lie outside it:
-    with pp inside dp the expert ranks' pipeline groups differ from the other layers' (Megatron-Core's
-    ``initialize_model_parallel`` raises "Pipeline parallel groups are expected to be the same for
-    Non-Expert and Expert part", and requires a pp-last order where the two data-parallel sizes
-    differ). The search's rule (``planner.search.space.placement_ok``) reads this one."""
-    axes = order_axes(order)
-    if ep > 1 and axes.index("pp") < axes.index("dp"):
-        return (f"ep={ep} with order={order}: expert groups are carved from data parallelism with pp outside it "
-                f"(Megatron-Core needs the pp-last order unless the expert and dense data-parallel sizes match); "
-                f"put pp outside dp (e.g. order={'-'.join(a for a in axes if a != 'pp')}-pp)")
-    return None
+def placement_problem(tp: int, pp: int, cp: int, ep: int, expert_tp: bool, order: str) -> str | None:
+    """Megatron-Core's checks on the rank order (core_v0.19.0 parallel_state.py ``initialize_model_parallel``):
+    a dense RankGenerator (tp, cp, dp, pp) and an expert one (etp, ep, expert dp = world / (etp x ep x pp),
+    pp; cp = 1) read one order string with ep just after cp ('tp-cp-ep-dp-pp', 'tp-cp-ep-pp-dp'); it asserts
+    (a) the order ends in pp, or pp = 1, or the two data-parallel sizes are equal (etp x ep = tp x cp), and
+    (b) both generators' pp groups are equal: the axes inside pp span as many ranks in both. With pp = 1
+    every order passes. Held for ep > 1 under every framework (the rule of expert layouts); Megatron's
+    generator also runs for dense models (ep = 1, etp = tp), where cp > 1 fails (a), a rule of Megatron's
+    alone not held here. ``planner.search.masks`` reads this rule."""
+    axes, etp = order_axes(order), tp if expert_tp else 1
+    if ep == 1 or pp == 1 or axes[-1] == "pp":
+        return None  # (b) holds too: every axis is inside pp in both generators (world / pp ranks)
+    inside = axes[:axes.index("pp")]  # dp counts 1: where (a) holds its size is the expert dp's, in both
+    dense = math.prod({"tp": tp, "cp": cp}.get(a, 1) for a in inside)
+    expert = math.prod({"tp": etp, "cp": ep}.get(a, 1) for a in inside)
+    if etp * ep == tp * cp and dense == expert:
+        return None
+    return (f"order={order} with pp={pp}, tp={tp}, cp={cp}, ep={ep}, etp={etp}: Megatron-Core lays out pp inside "
+            f"another axis only where the expert groups' etp x ep ({etp * ep}) equals tp x cp ({tp * cp}) and "
+            f"the axes inside pp span as many ranks for experts ({expert}) as for dense layers ({dense}) "
+            f"(initialize_model_parallel); put pp last (order={'-'.join(a for a in axes if a != 'pp')}-pp)")

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from clusterplan.cost.assembly import (
     STEP_TERMS, ScalarOps, breakdown_fields, dp_exposed, layout_dp_terms, mix, stage_share,
 )
+from clusterplan.cost.energy import busy_s
 from clusterplan.cost.layout import Job, Layout, interleaved_warmup, num_microbatches, offloads_activations
 from clusterplan.cost.stages import RANKS, InFlight, dualpipe_inflight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
@@ -108,6 +109,9 @@ class Evaluation:
     # MFU over the dense peak of the precision the GEMMs run in (the FP8 peak for an FP8 job on a
     # device with FP8 math; otherwise equal to ``mfu``): at most 1, unlike ``mfu`` under FP8
     mfu_precision_peak: float = 0.0
+    # seconds of the step the mean device computes, each device on its own stage (:func:`device_busy_s`):
+    # what the energy's busy power multiplies (``cost.energy.step_energy_j``)
+    busy_s: float = 0.0
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -201,7 +205,7 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
     ctx = graphed_context(ctx, layout.cuda_graph)
     model, job, cluster = ctx.model, ctx.job, ctx.cluster
     m = num_microbatches(job, layout)
-    time = time_breakdown(ctx, layout, m)
+    stage, time = slowest_stage(ctx, layout, m)
     memory = memory_breakdown(ctx, layout, m)
     step = time.total_s
     tokens_per_s = job.tokens_per_step / step
@@ -213,7 +217,8 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
     return Evaluation(layout, m, step, time, memory, cluster.device.memory_bytes, tokens_per_s,
                       flops_per_device, mfu, mfu * (1 + recompute_share), palm,
                       stage_memory(ctx, layout, m) if layout.pp > 1 else None,
-                      flops_per_device / cluster.device.peak(gemm_precision(job, cluster)))
+                      flops_per_device / cluster.device.peak(gemm_precision(job, cluster)),
+                      device_busy_s(ctx, layout, m, stage, time))
 
 
 def gemm_precision(job: Job, cluster: Cluster) -> str:
@@ -229,6 +234,24 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     slower of the candidate stages (``cost.terms.stage_kind_shares``), each with the compute it
     leaves to hide its data-parallel traffic behind."""
     return slowest_stage(ctx, layout, m)[1]
+
+
+def device_busy_s(ctx: Context, layout: Layout, m: int, stage: LayerTerms, slowest: TimeBreakdown) -> float:
+    """Seconds of the step the mean device computes (``cost.energy.busy_s`` of its own stage's step).
+    Each device is busy for its own stage's compute and idles otherwise, so the devices' busy time
+    sums every layer's compute once per pipeline: the mean stage holds 1/pp of all layers' (not the
+    slowest stage's share, which counts the heaviest stage's layers on every device). The additive
+    terms (optimizer, head, gradient accumulation) are the slowest stage's step's (``slowest``, of
+    the layer terms ``stage``). Where that stage holds 1/pp of all layers (one kind of layer, an even
+    split) its own figure, to the bit."""
+    share = 1 / layout.pp
+    if not mixed_kinds(ctx.model) and stage_kind_shares(ctx, layout.pp, layout.vp, layout.head_slots)[0][0] == share:
+        return busy_s(slowest)
+    at = ctx.placed(layout.order)
+    kinds = (layer_terms(at, layout, m, kind=k) for k in (False, True)) if mixed_kinds(ctx.model) else (
+        layer_terms(at, layout, m),)
+    every_layer = sum(k.forward_s + k.backward_s + k.recompute_s for k in kinds)
+    return busy_s(slowest) + m * (share * every_layer - (stage.forward_s + stage.backward_s + stage.recompute_s))
 
 
 def slowest_stage(ctx: Context, layout: Layout, m: int) -> tuple[LayerTerms, TimeBreakdown]:

@@ -242,8 +242,100 @@ def test_evaluate_refuses_expert_groups_across_pipeline_stages():
             "--seq-len", "4096", "--layout", f"{base},order=tp-cp-pp-dp"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, (result.stdout, result.stderr)
-    assert "ep=4 with order=tp-cp-pp-dp" in result.stderr and "order=tp-cp-dp-pp" in result.stderr
+    assert "order=tp-cp-pp-dp with pp=2, tp=1, cp=2, ep=4" in result.stderr and "order=tp-cp-dp-pp" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("layout,refused", [
+    ("tp=1,pp=1,dp=144,cp=1,ep=8,mbs=1", False),  # pp = 1: the order's pp position means nothing
+    ("tp=1,pp=2,dp=36,cp=2,ep=2,mbs=1", False),  # etp x ep = 2 = tp x cp: the two dp groups coincide
+    ("tp=2,pp=2,dp=36,cp=1,ep=2,etp=1,sp=on,mbs=1", False),  # folded: etp x ep = 1 x 2 = tp x cp
+    ("tp=2,pp=2,dp=36,cp=1,ep=2,sp=on,mbs=1", True),  # etp x ep = 4 != tp x cp = 2
+])
+def test_pp_inside_dp_is_refused_exactly_where_megatron_refuses_it(layout, refused):
+    """Megatron-Core's initialize_model_parallel (core_v0.19.0) asserts a pp-last order, pp = 1 or
+    etp x ep = tp x cp, and equal dense and expert pp groups; evaluate refused every ep > 1 with pp
+    inside dp, pp = 1 included (exit 2 for layouts Megatron runs).
+    The search's mask (``masks.ok_foe``) is the same rule, over the cells it is asked on."""
+    from click.testing import CliRunner
+
+    from clusterplan.cli import main
+
+    model, job, cluster, _ = _problem("deepseek-v3-megatron-nvl72")
+    lay = parse_layout(f"{layout},recompute=full,zero=1,order=tp-cp-pp-dp", cluster.num_devices)
+    assert ("placement" in {k for k, _ in layout_problems(model, job, cluster, lay)}) == refused, lay.short()
+    args = ["evaluate", "--model", "deepseek-v3", "--cluster", "gb200-nvl72", "--gpus", "144", "--global-batch", "1152",
+            "--seq-len", "4096", "--layout", f"{layout},recompute=full,zero=1,order=tp-cp-pp-dp"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == (2 if refused else 0), (result.stdout, result.stderr)
+    assert ("Megatron-Core lays out pp inside" in result.stderr) == refused
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_the_search_under_a_pp_inside_dp_order_agrees_with_evaluate():
+    """Every layout the exhaustive engine scores under order tp-cp-pp-dp (Megatron's
+    --use-tp-pp-dp-mapping): refused for placement exactly where ``layout_problems`` refuses it,
+    and the expert layouts Megatron runs there (pp = 1, or etp x ep = tp x cp) are searched: the
+    (e, o) mask refused them all, a layout evaluate passes."""
+    from clusterplan.cost.checks import placement_problem
+
+    model, job, cluster, ctx = _problem("deepseek-v3-megatron-nvl72")
+    bounds = Bounds(fixed={"order": "tp-cp-pp-dp"})
+    searched = {"pp1": 0, "matched": 0}
+    for sub in searched_spaces(ctx, build_space(model, job, cluster, bounds)):
+        T = build_tables(sub_context(ctx, sub), sub, bounds.headroom(job, cluster), bounds.ignore_memory)
+        assert T.space.order == ("tp-cp-pp-dp",)
+        for fi, (tp, pp, dp, cp) in enumerate(T.space.factorizations):
+            for ei, (e, et) in enumerate(zip(T.space.ep, T.space.expert_tp)):
+                rule = placement_problem(tp, pp, cp, e, et, "tp-cp-pp-dp")
+                assert (T.ok_foe[fi, 0, ei] == REASON_ORDER.index("placement")) == (rule is not None)
+                usable = T.ok_f[fi] < 0 and T.ok_fe[fi, ei] < 0 and e > 1 and rule is None
+                searched["pp1" if pp == 1 else "matched"] += usable and (pp == 1 or (tp if et else 1) * e == tp * cp)
+        for idx, obj, code, mem in _scored_cells(T, np.random.default_rng(7), 4):
+            if code == REASON_ORDER.index("placement") or (code < 0 and T.space.ep[idx["e"]] > 1):
+                check_layout_agrees(model, job, cluster, ctx, T, idx, obj, code, mem)
+    assert searched["pp1"] and searched["matched"], searched
+
+
+ENERGY_SAMPLE = 24
+
+
+def test_the_energy_objective_is_the_float_energy_on_dense_and_moe_stages():
+    """Found by the tests: on DeepSeek-V3 (3 dense layers, then MoE) the integer objective of
+    ``--objective energy`` fell up to ~1% below evaluate's float energy, which counted the slowest
+    stage's compute as every device's busy time. Energy is summed over devices, each busy for its
+    own stage's compute (docs/cost-model.md, 1.5), so the mean device computes 1/pp of every layer:
+    evaluate's ``busy_s`` and the tables' ``BF`` are that, and agree to the tables' rounding."""
+    from clusterplan.cost.energy import objective_weights, step_energy_j
+    from clusterplan.cost.step import slowest_stage
+    from clusterplan.cost.terms import layer_terms
+    from clusterplan.cost.terms.context import graphed_context
+
+    model, job, cluster, ctx = _problem("deepseek-v3-megatron-nvl72")
+    weights = objective_weights(cluster, "energy")
+    bounds, rng = Bounds(), np.random.default_rng(15)
+    piped = [(T, obj, idx) for space in searched_spaces(ctx, build_space(model, job, cluster, bounds))
+             for T in [build_tables(sub_context(ctx, space), space, bounds.headroom(job, cluster), False, weights)]
+             for idx, obj, code, _ in _scored_cells(T, rng, 0) if code < 0 and T.space.factorizations[idx["f"]][1] > 1]
+    assert len(piped) > ENERGY_SAMPLE  # feasible pipelines of 2 to 8 stages: 61 layers never split evenly
+    best = [piped[k] for k in sorted(rng.choice(len(piped), ENERGY_SAMPLE, replace=False))]
+    moved = 0  # layouts whose mean device computes other than the slowest stage (the head's stage may be lighter)
+    for T, value, idx in best:
+        lay = _decode(T, ctx, idx)
+        ev, m = evaluate_ctx(ctx, lay), T.M[idx["f"], idx["mb"]]
+        joules = step_energy_j(cluster, ev.step_time_s, ev.busy_s) / cluster.pue
+        assert objective_seconds(value) * cluster.num_devices == pytest.approx(joules, rel=2e-4), lay.short()
+        # by hand: over the pp devices of a pipeline every layer of each kind computes once; the
+        # additive terms (optimizer, head, adds) are the slowest stage's step's
+        at = graphed_context(ctx, lay.cuda_graph).placed(lay.order)
+        every_layer = sum(k.forward_s + k.backward_s + k.recompute_s for k in (layer_terms(at, lay, m, kind=False),
+                                                                               layer_terms(at, lay, m, kind=True)))
+        stage, t = slowest_stage(at, lay, m)
+        slowest = t.compute_s + t.recompute_s + t.optimizer_s + t.grad_accum_s
+        additive = slowest - m * (stage.forward_s + stage.backward_s + stage.recompute_s)
+        assert ev.busy_s == pytest.approx(m * every_layer / lay.pp + additive, rel=1e-9), lay.short()
+        moved += abs(ev.busy_s - slowest) > 1e-3 * ev.busy_s
+    assert moved > ENERGY_SAMPLE // 2
 
 
 def test_a_head_slot_split_the_framework_refuses_is_counted_as_layers_before_interleaving():

@@ -50,7 +50,7 @@ def objective_lower_bound(T: Tables) -> np.ndarray:
     if T.busy_weight:
         Q = SLOT_QUANTUM
         cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9, 10))  # (F, MB)
-        busy = (T.M * cmin)[:, :, None] * T.FRAC[:, None, :]
+        busy = (T.M * cmin * T.BF[:, None])[:, :, None].repeat(T.U.shape[2], 2)
         for term, cells in _bounded_terms(T, slice(None), busy=True):  # each at its least over the other knobs
             least = np.swapaxes(cells.min(axis=tuple(k for k, d in enumerate(DIMS) if d not in ("f", "mb", "v"))), 1, 2)
             busy = busy + Q * (T.M[:, :, None] * least if term.per_microbatch else least)
@@ -76,7 +76,7 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     """:func:`objective_lower_bound`'s time part for the factorizations in ``sl``: (f, e, v, mb)."""
     Q = SLOT_QUANTUM
     axis = {d: k for k, d in enumerate(DIMS)}
-    placed = (_place(T.ok_fo[sl], ("f", "o")) < 0) & (_place(T.ok_eo, ("e", "o")) < 0)  # orders allowed
+    placed = (_place(T.ok_fo[sl], ("f", "o")) < 0) & (_place(T.ok_foe[sl], ("f", "o", "e")) < 0)  # orders allowed
 
     def min_over_orders(arr: np.ndarray, *more: str) -> np.ndarray:
         arr = np.where(placed, arr, UNREACHABLE)

@@ -172,7 +172,8 @@ class _Model:
         self.cpg = self._keyed("cpg", T.cpg_of_fo, [x["f"], x["o"]])
         self.epg = self._keyed("epg", T.epg_of_foe, [x["f"], x["o"], x["e"]])
         m.add_allowed_assignments([x["f"], x["e"]], self._f_rows(T.ok_fe < 0))
-        m.add_allowed_assignments([x["e"], x["o"]], np.argwhere(T.ok_eo < 0).tolist())
+        if refused := self._f_rows(T.ok_foe >= 0):  # fewer than the allowed; most spaces have none
+            m.add_forbidden_assignments([x["f"], x["o"], x["e"]], refused)
         m.add_allowed_assignments([x["f"], x["e"], x["s"]], self._f_rows(T.ok_fes < 0))
         m.add_allowed_assignments([x["f"], x["o"]], self._f_rows(T.ok_fo < 0))
         # Symmetry breaking (planner.search.space.canonical), split by the knobs each part concerns.
@@ -256,7 +257,7 @@ class _Model:
         step = [Q * added[t.name] for t in step_terms if added[t.name] is not None]
         self.objective = T.time_weight * (_total([Q * extra, *step, Q * accumulation], core))
         if T.busy_weight:  # energy: the extra power while computing (planner.search.tables docstring)
-            share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
+            share = self._fvm_table(T.M[:, :, None] * T.BF[:, None, None].repeat(T.U.shape[2], 2))
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
                                          int(share.max()) * int(T.C.max()), bw)
             busy = [Q * self._product(f"busy_{t.name}", mb_count, added[t.name],

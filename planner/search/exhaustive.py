@@ -167,7 +167,7 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     if T.memory_only:
         raise ValueError("memory-only tables (build_tables(memory_only=True)) have no time terms to score")
     Q = SLOT_QUANTUM
-    M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
+    M = _place(T.M[sl], ("f", "mb"))
     step, per_mb, busy_step, busy_mb = added_terms(T, sl)
     dims5 = ("f", "o", "v", "e", "z")
     dps, dpm = _place(T.DPS[sl], dims5) * Q, per_microbatch_traffic(T, sl) * Q
@@ -175,7 +175,7 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     objective = _pipeline_and_dp(T, sl, dps, dpm) + Q * M * per_mb + Q * step + accumulation
     if T.busy_weight:  # energy: waiting power over the step plus the extra power while computing
         compute = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
-        busy = M * FRAC * compute + Q * M * busy_mb + Q * busy_step + accumulation
+        busy = M * _place(T.BF[sl], ("f",)) * compute + Q * M * busy_mb + Q * busy_step + accumulation
         objective = T.time_weight * objective + T.busy_weight * busy
     elif T.time_weight != 1:
         objective = T.time_weight * objective
@@ -250,7 +250,7 @@ def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray,
     (MEMORY_QUANTUM_BYTES) of every layout of the factorizations in ``sl``."""
     peak = peak_memory(T, sl)
     code = np.where(peak > T.capacity, REASON_ORDER.index("memory"), -1)
-    for table, dims in ((T.ok_fes[sl], ("f", "e", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_eo, ("e", "o")),
+    for table, dims in ((T.ok_fes[sl], ("f", "e", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_foe[sl], ("f", "o", "e")),
                         (T.ok_fe[sl], ("f", "e")),
                         (T.ok_fmbv[sl], ("f", "mb", "v")), (T.ok_f[sl], ("f",))):
         placed = _place(table, dims)
@@ -464,9 +464,9 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "DPS": ("f", "o", "v", "e", "z"), "DPM": ("f", "o", "v", "e", "z"), "RG": ("f", "o", "v", "e", "z"),
         "tpc_of_foe": ("f", "o", "e"), "GA": ("f", "v", "e", "z"), "GAW": ("f", "v", "e", "z"), "GA1": ("f", "v", "e", "z"),
         "ACT_D": (None, "mb", "s", "r"), "ACT_M": (None, "mb", "s", "r"), "TRANS": (None, "mb", "s", "r"),
-        "LOGITS": (None, "mb", "s", "r"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"), "M": ("f", "mb"),
+        "LOGITS": (None, "mb", "s", "r"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"), "BF": ("f",), "M": ("f", "mb"),
         "tpg_of_fo": ("f", "o"), "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
-        "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),
+        "ok_fe": ("f", "e"), "ok_foe": ("f", "o", "e"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),
         "canon": ("f", "e", "s", "z", "o", "do", "to"), "eo_canon": ("e", "eo"), "eo_ok": ("f", "v", "r", "eo"),
         # the additive terms' tables (a group key's rows are not cut: None)
         **{t.table: tuple(d if d in DIMS else None for d in t.dims) for t in STEP_TERMS},

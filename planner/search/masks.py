@@ -46,7 +46,9 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
             reason = expert_ok(model, tp, dp, cp, e, et, ctx.job.profile) or (
                 "experts" if e > 1 and all(dispatcher_etp_problem(job, d, tp, et) for d in S.moe_dispatcher) else None)
             ok_fe[i, ei] = -1 if reason is None else code[reason]
-    ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
+    ok_foe = np.array([[[-1 if placement_ok(tp, pp, cp, e, et, o) is None else code["placement"]
+                         for e, et in zip(S.ep, S.expert_tp)] for o in S.order]
+                       for tp, pp, dp, cp in S.factorizations]).reshape(F, len(S.order), len(S.ep))
     ok_fes = np.array([[[_sp_code(code, f, e, et, sp, job.seq_len) for sp in S.sequence_parallel]
                         for e, et in zip(S.ep, S.expert_tp)] for f in S.factorizations]).reshape(
         len(S.factorizations), len(S.ep), len(S.sequence_parallel))
@@ -62,7 +64,7 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 if not any(cp_heads_split(model, tp, cp_a2a_size(k, cp, stride, ctx.cluster.domain_size))
                            for k in S.cp_comm):
                     ok_fo[i, j] = code["cp_comm"]
-    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo
+    return ok_f, ok_fmbv, ok_fe, ok_foe, ok_fes, ok_fo
 
 
 def _sp_code(code: dict, f: tuple[int, int, int, int], ep: int, expert_tp: bool, sp: bool, seq_len: int) -> int:

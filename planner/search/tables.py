@@ -23,9 +23,9 @@ kernels' SM share leaves of it, at most the window WE; ``cost.terms.ep_comm_part
 what zero bubble takes off the bubble where the search runs it (``space.cell_schedule``): its slots
 times the backward compute per micro-batch (``Tables.ZU``; per kind on a stage of both kinds). The
 additive terms: the tables of ``cost.assembly.STEP_TERMS``; ``GA = M GA - GAW - [M = 1] GA1``. For
-``--objective energy``: ``time_weight * (the above) + busy_weight * (M * FRAC * C + SLOT_QUANTUM *
+``--objective energy``: ``time_weight * (the above) + busy_weight * (M * BF * C + SLOT_QUANTUM *
 (M * busy per micro-batch terms + busy per-step terms + GA))``, waiting power over the step plus the
-extra power while computing (``cost.energy``); for time and cost the weights are ``(1, 0)``.
+extra power while computing (``cost.energy``; ``BF`` = 1 / pp: ``cost.step.device_busy_s``); for time and cost the weights are ``(1, 0)``.
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ class Tables(AddedTables):
     U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
     UG: np.ndarray  # (F, MB, V) U times the share of chunks EP overlap pairs (cost.terms.ep_overlap_steady_share)
     FRAC: np.ndarray  # (F, V) stage share, SLOT_QUANTUM
+    BF: np.ndarray  # (F,) the mean device's share of all layers' compute, 1 / pp (FRAC on an even split), SLOT_QUANTUM
     M: np.ndarray  # (F, MB) micro-batches
     # memory (MEMORY_QUANTUM_BYTES)
     ACT_D: np.ndarray  # (TA, MB, S, R) one dense layer's stored activations (0: the model has none)
@@ -118,7 +119,7 @@ class Tables(AddedTables):
     ok_f: np.ndarray  # (F,) reason codes per f: -1 ok else REASON_ORDER index
     ok_fmbv: np.ndarray  # (F, MB, V)
     ok_fe: np.ndarray  # (F, E)
-    ok_eo: np.ndarray  # (E, O)
+    ok_foe: np.ndarray  # (F, O, E)
     ok_fes: np.ndarray  # (F, E, S): sequence parallelism needs tp > 1; folded experts with tp > 1 need it
     ok_fo: np.ndarray  # (F, O)
     canon: np.ndarray  # (F, E, S, Z, O, DO, TO) bool
@@ -254,7 +255,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     S = space
     tc_of_fe, tc_keys, ta_of_f, ta_keys = _compute_keys(ctx, S)
     ACT_D, ACT_M, TRANS, LOGITS = kept(("act", ctx, S), lambda: _activation_tables(ctx, S, ta_keys))
-    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = masks(ctx, S)
+    ok_f, ok_fmbv, ok_fe, ok_foe, ok_fes, ok_fo = masks(ctx, S)
     use = ((ok_fmbv < 0).any(axis=2) & (ok_f < 0)[:, None])  # (f, mb) pairs some layout can take
     timed = _no_time_tables(S) if memory_only else kept_cells(
         ("time", ctx, S), use, lambda u: _time_tables(ctx, S, tc_of_fe, tc_keys, u),
@@ -266,7 +267,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
-        order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX, DPC), ok_fo, ok_eo, order_ok, use)
+        order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX, DPC), ok_fo, ok_foe, order_ok, use)
     canon = canonical_mask(S, order_ok, ok_fe, kept(("framework", ctx, S), lambda: framework_mask(ctx, S)))
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
@@ -284,9 +285,9 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     bk, bk_m = timed.pop("BK", None), timed.pop("BK_M", None)
     added = {term.table: timed.pop(term.table, np.zeros(0, np.int64)) for term in STEP_TERMS if not term.priced_by}
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, DPC=DPC,
-                  OPT=OPT, GA=GA, GAW=GAW, GA1=GA1,
+                  OPT=OPT, GA=GA, GAW=GAW, GA1=GA1, BF=np.array([round(SLOT_QUANTUM / f[1]) for f in S.factorizations], np.int64),
                   U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
-                  capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
+                  capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_foe=ok_foe,
                   ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, PG=PG,
                   eo_ok=kept(("ep_overlap", ctx, S), lambda: ep_overlap_mask(ctx, S)),
                   time_weight=int(weights[0]), busy_weight=int(weights[1]),
@@ -329,7 +330,7 @@ def _no_time_tables(S: Space) -> dict:
                 C=none, BWD=none, FW=none, WE=none, TPC=none, CPC=none, EPC=none, H=none)
 
 
-def _traversal_representatives(S: Space, t: dict, dp: tuple[np.ndarray, ...], ok_fo: np.ndarray, ok_eo: np.ndarray,
+def _traversal_representatives(S: Space, t: dict, dp: tuple[np.ndarray, ...], ok_fo: np.ndarray, ok_foe: np.ndarray,
                                order_ok: np.ndarray, use: np.ndarray) -> np.ndarray:
     """(f, o): False for a torus traversal that changes nothing (every term of its row equal to an
     earlier traversal's: the time tables ``t`` at the micro-batch sizes the factorization takes
@@ -341,7 +342,7 @@ def _traversal_representatives(S: Space, t: dict, dp: tuple[np.ndarray, ...], ok
         return (*moe_tp, at("TPC", t["tpc_of_foe"][i, j]), at("H", t["tpg_of_fo"][i, j]),
                 at("CPC", t["cpg_of_fo"][i, j]), at("EPC", t["epg_of_foe"][i, j]),
                 *cell_rows(t, i, j), *(table[i, j].tobytes() for table in dp), int(ok_fo[i, j]),
-                ok_eo[:, j].tobytes())
+                ok_foe[i, j].tobytes())
     return np.array([~np.array(traversal_duplicates(S.order, list(order_ok[i]), [rows(i, j) for j in range(len(S.order))]))
                      for i in range(len(S.factorizations))], bool).reshape(order_ok.shape)
 
