@@ -13,7 +13,8 @@ returned sums exactly to the step time and the memory categories exactly to the 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 
 from clusterplan.cost.assembly import (
     STEP_TERMS, ScalarOps, breakdown_fields, dp_exposed, layout_dp_terms, mix, stage_share,
@@ -33,6 +34,12 @@ from clusterplan.models.ops import model_flops_per_token
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.precisions import low_precision
+
+
+@lru_cache(maxsize=None)
+def _field_names(cls) -> tuple[str, ...]:
+    """A breakdown's fields in declaration order (the order ``asdict`` sums them in)."""
+    return tuple(f.name for f in fields(cls))
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ class TimeBreakdown:
 
     @property
     def total_s(self) -> float:
-        return sum(asdict(self).values())
+        return sum(getattr(self, name) for name in _field_names(TimeBreakdown))  # asdict() deep-copies: slow
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class MemoryBreakdown:
     @property
     def total_bytes(self) -> float:
         """Peak reserved bytes: what must fit in the device's memory."""
-        return sum(asdict(self).values())
+        return sum(getattr(self, name) for name in _field_names(MemoryBreakdown))
 
     @property
     def allocated_bytes(self) -> float:
