@@ -38,7 +38,8 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if layout.cp > 1 and job.seq_len % (2 * layout.cp):
         bad("context", f"seq_len={job.seq_len} is not divisible by 2*cp = {2 * layout.cp} (load-balanced causal chunks)")
     _moe_problems(model, job, layout, bad)
-    if placement := placement_problem(layout.tp, layout.pp, layout.cp, layout.ep, layout.expert_tp, layout.order):
+    if placement := placement_problem(layout.tp, layout.pp, layout.cp, layout.ep, layout.expert_tp, layout.order,
+                                      job.profile.checks_dense_placement()):
         bad("placement", placement)
     if layout.recompute not in RECOMPUTE_MODES:
         bad("recompute", f"recompute={layout.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
@@ -430,24 +431,27 @@ def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
                            "Megatron-Core requires it for MoE with tensor parallelism)")
 
 
-def placement_problem(tp: int, pp: int, cp: int, ep: int, expert_tp: bool, order: str) -> str | None:
+def placement_problem(tp: int, pp: int, cp: int, ep: int, expert_tp: bool, order: str,
+                      dense: bool = False) -> str | None:
     """Megatron-Core's checks on the rank order (core_v0.19.0 parallel_state.py ``initialize_model_parallel``):
     a dense RankGenerator (tp, cp, dp, pp) and an expert one (etp, ep, expert dp = world / (etp x ep x pp),
     pp; cp = 1) read one order string with ep just after cp ('tp-cp-ep-dp-pp', 'tp-cp-ep-pp-dp'); it asserts
     (a) the order ends in pp, or pp = 1, or the two data-parallel sizes are equal (etp x ep = tp x cp), and
     (b) both generators' pp groups are equal: the axes inside pp span as many ranks in both. With pp = 1
-    every order passes. Held for ep > 1 under every framework (the rule of expert layouts); Megatron's
-    generator also runs for dense models (ep = 1, etp = tp), where cp > 1 fails (a), a rule of Megatron's
-    alone not held here. ``planner.search.masks`` reads this rule."""
+    every order passes. Held for ep > 1 under every framework (the rule of expert layouts). With
+    ``dense`` (a release that builds the expert generator for every model,
+    ``ProfileAt.checks_dense_placement``: Megatron-Core since MoE parallel folding) it is held at ep = 1
+    too, where etp = tp and cp > 1 fails both (a) and (b). ``planner.search.masks`` reads this rule."""
     axes, etp = order_axes(order), tp if expert_tp else 1
-    if ep == 1 or pp == 1 or axes[-1] == "pp":
+    if (ep == 1 and not dense) or pp == 1 or axes[-1] == "pp":
         return None  # (b) holds too: every axis is inside pp in both generators (world / pp ranks)
     inside = axes[:axes.index("pp")]  # dp counts 1: where (a) holds its size is the expert dp's, in both
-    dense = math.prod({"tp": tp, "cp": cp}.get(a, 1) for a in inside)
+    spans = math.prod({"tp": tp, "cp": cp}.get(a, 1) for a in inside)
     expert = math.prod({"tp": etp, "cp": ep}.get(a, 1) for a in inside)
-    if etp * ep == tp * cp and dense == expert:
+    if etp * ep == tp * cp and spans == expert:
         return None
+    why = " (it builds the expert rank generator for dense models too, etp = tp, ep = 1)" if ep == 1 else ""
     return (f"order={order} with pp={pp}, tp={tp}, cp={cp}, ep={ep}, etp={etp}: Megatron-Core lays out pp inside "
             f"another axis only where the expert groups' etp x ep ({etp * ep}) equals tp x cp ({tp * cp}) and "
-            f"the axes inside pp span as many ranks for experts ({expert}) as for dense layers ({dense}) "
+            f"the axes inside pp span as many ranks for experts ({expert}) as for dense layers ({spans}){why} "
             f"(initialize_model_parallel); put pp last (order={'-'.join(a for a in axes if a != 'pp')}-pp)")

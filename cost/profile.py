@@ -108,6 +108,9 @@ class Profile:
     # requires.ep_whole_cp_until: until this month such a group must hold whole cp groups (cp divides ep)
     ep_spans_cp_from: str | None = None
     ep_whole_cp_until: str | None = None
+    # requires.dense_placement_from: from this month the framework builds its expert rank generator for
+    # dense models too (etp = tp, ep = 1), so its rank-order checks refuse cp > 1 with pp not last
+    dense_placement_from: str | None = None
     grad_bytes: int = 4
     # semantics.grad_bytes_fp16: the gradient bytes under fp16 where they differ (Megatron keeps fp16
     # main grads unless --accumulate-allreduce-grads-in-fp32; it forces fp32 only for bf16)
@@ -422,6 +425,12 @@ class ProfileAt:
         parallelism = tp); after ``requires.ep_expert_tp_until`` only whole experts (etp = 1)."""
         until = self.profile.ep_expert_tp_until
         return until is None or self.date < until
+
+    def checks_dense_placement(self) -> bool:
+        """This release holds dense layouts to the expert rank generator's order checks
+        (``requires.dense_placement_from``; ``cost.checks.placement_problem``)."""
+        since = self.profile.dense_placement_from
+        return since is not None and self.date >= since
 
     def ep_carve_problem(self, cp: int, dp: int, ep: int) -> str | None:
         """Why this release cannot carve an expert group of ``ep`` ranks, experts split over TP like

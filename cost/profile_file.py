@@ -185,6 +185,7 @@ def _requires(req: dict, where: str) -> dict:
             "ep_expert_tp_until": parse_date(req.get("ep_expert_tp_until"), "requires.ep_expert_tp_until"),
             "ep_spans_cp_from": parse_date(req.get("ep_spans_cp_from"), "requires.ep_spans_cp_from"),
             "ep_whole_cp_until": parse_date(req.get("ep_whole_cp_until"), "requires.ep_whole_cp_until"),
+            "dense_placement_from": parse_date(req.get("dense_placement_from"), "requires.dense_placement_from"),
             "head_slots_moe_from": parse_date(req.get("head_slots_moe_from"), "requires.head_slots_moe_from")}
 
 

@@ -287,7 +287,7 @@ def test_the_search_under_a_pp_inside_dp_order_agrees_with_evaluate():
         assert T.space.order == ("tp-cp-pp-dp",)
         for fi, (tp, pp, dp, cp) in enumerate(T.space.factorizations):
             for ei, (e, et) in enumerate(zip(T.space.ep, T.space.expert_tp)):
-                rule = placement_problem(tp, pp, cp, e, et, "tp-cp-pp-dp")
+                rule = placement_problem(tp, pp, cp, e, et, "tp-cp-pp-dp", ctx.job.profile.checks_dense_placement())
                 assert (T.ok_foe[fi, 0, ei] == REASON_ORDER.index("placement")) == (rule is not None)
                 usable = T.ok_f[fi] < 0 and T.ok_fe[fi, ei] < 0 and e > 1 and rule is None
                 searched["pp1" if pp == 1 else "matched"] += usable and (pp == 1 or (tp if et else 1) * e == tp * cp)

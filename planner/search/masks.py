@@ -46,7 +46,8 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
             reason = expert_ok(model, tp, dp, cp, e, et, ctx.job.profile) or (
                 "experts" if e > 1 and all(dispatcher_etp_problem(job, d, tp, et) for d in S.moe_dispatcher) else None)
             ok_fe[i, ei] = -1 if reason is None else code[reason]
-    ok_foe = np.array([[[-1 if placement_ok(tp, pp, cp, e, et, o) is None else code["placement"]
+    dense = ctx.job.profile.checks_dense_placement()
+    ok_foe = np.array([[[-1 if placement_ok(tp, pp, cp, e, et, o, dense) is None else code["placement"]
                          for e, et in zip(S.ep, S.expert_tp)] for o in S.order]
                        for tp, pp, dp, cp in S.factorizations]).reshape(F, len(S.order), len(S.ep))
     ok_fes = np.array([[[_sp_code(code, f, e, et, sp, job.seq_len) for sp in S.sequence_parallel]

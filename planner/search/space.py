@@ -548,10 +548,10 @@ def folding_ok(tp: int, ep: int, expert_tp: bool, sp: bool) -> str | None:
     return "experts" if ep > 1 and not expert_tp and tp > 1 and not sp else None
 
 
-def placement_ok(tp: int, pp: int, cp: int, ep: int, expert_tp: bool, order: str) -> str | None:
+def placement_ok(tp: int, pp: int, cp: int, ep: int, expert_tp: bool, order: str, dense: bool = False) -> str | None:
     """Megatron-Core's rank-order checks on pp inside another axis (``cost.checks.placement_problem``,
-    the rule ``evaluate``'s layouts are held to)."""
-    return "placement" if placement_problem(tp, pp, cp, ep, expert_tp, order) else None
+    the rule ``evaluate``'s layouts are held to; ``dense``: held at ep = 1 too)."""
+    return "placement" if placement_problem(tp, pp, cp, ep, expert_tp, order, dense) else None
 
 
 def _representative(domain, preferred):
