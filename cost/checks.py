@@ -38,8 +38,7 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if layout.cp > 1 and job.seq_len % (2 * layout.cp):
         bad("context", f"seq_len={job.seq_len} is not divisible by 2*cp = {2 * layout.cp} (load-balanced causal chunks)")
     _moe_problems(model, job, layout, bad)
-    if placement := placement_problem(layout.tp, layout.pp, layout.cp, layout.ep, layout.expert_tp, layout.order,
-                                      job.profile.checks_dense_placement()):
+    if placement := _placement(job, layout):
         bad("placement", placement)
     if layout.recompute not in RECOMPUTE_MODES:
         bad("recompute", f"recompute={layout.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
@@ -69,6 +68,11 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if host:
         bad("offload", host)
     return problems
+
+
+def _placement(job: Job, layout: Layout) -> str | None:
+    return placement_problem(layout.tp, layout.pp, layout.cp, layout.ep, layout.expert_tp, layout.order,
+                             job.profile.checks_dense_placement())
 
 
 def _batch_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
