@@ -494,6 +494,39 @@ def test_runs_the_model_prices_alike_are_not_ordered_by_the_order_they_are_liste
         assert regret(results, {"job": order})["max"] == pytest.approx((1.5 + 1.0) / 2 / 1.0)
 
 
+def test_ranking_is_tallied_by_the_knob_each_group_s_runs_differ_in():
+    """Issue 38: agreement per knob, the knob read from the settings a group's runs publish (a layout
+    field without its ``layout.`` prefix, a job field by its key), never from the group's name; free
+    text (a fabric note, the source) is no knob."""
+    from clusterplan.planner.report.validation_text import knob_tally
+    from clusterplan.planner.studies.runs import RunResult, bundled_data_path, run_settings
+    from clusterplan.planner.studies.validate import ranking
+
+    base = {"id": "a", "group": "g", "source": "s", "precision": "fp8", "global_batch_size": 8,
+            "hardware": {"count": 8, "fabric": "text"}, "layout": {"tp": 2, "cp": 4, "cp_comm": "p2p"},
+            "measured": {"step_time_s": 1.0}}
+    other = {**base, "id": "b", "source": "t", "hardware": {"count": 8, "fabric": "other text"},
+             "layout": {**base["layout"], "cp_comm": "a2a"}, "measured": {"step_time_s": 2.0}}
+    assert run_settings(base) == {"precision": "fp8", "global_batch_size": 8, "hardware.count": 8,
+                                  "layout.tp": 2, "layout.cp": 4, "layout.cp_comm": "p2p"}
+
+    def result(run, predicted, **changes):
+        settings = run_settings({**run, **changes})
+        return RunResult(id=run["id"], count=8, predicted_step_time_s=predicted,
+                         measured_step_time_s=run["measured"]["step_time_s"], settings=settings)
+
+    rows = [result(base, 1.0), result(other, 3.0), result(base | {"id": "c"}, 2.0, precision="bf16"),
+            result(other | {"id": "d"}, 1.0)]
+    out = ranking(rows, {"kind": ["a", "b"], "both": ["c", "d"]})
+    assert out["by_knob"] == {"cp_comm": {"agreed": 1, "pairs": 1, "groups": 1},
+                              "cp_comm+precision": {"agreed": 0, "pairs": 1, "groups": 1}}
+    assert [g["knob"] for g in out["by_group"]] == ["cp_comm+precision", "cp_comm"]
+    assert knob_tally(out["by_knob"]) == "cp_comm 1/1 (1 group), cp_comm+precision 0/1 (1 group)"
+    # the published settings reach the result through evaluate_run
+    run = load_runs(bundled_data_path("sweeps.yaml"))[0]
+    assert evaluate_run(run, SearchOptions(), best=False).settings == run_settings(run)
+
+
 def test_memory_verdicts_count_every_peak_and_name_runs_that_ran_but_do_not_fit():
     """Issue 36's figures: every measured peak, and the runs that ran (a measured step or peak, or a
     published 'fits' fact) that the model says do not fit; a published out-of-memory fact is not a

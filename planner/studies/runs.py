@@ -92,6 +92,7 @@ class RunResult:
     framework: str = ""  # profile id @ date, and where it came from
     framework_problems: list[str] = field(default_factory=list)  # published knobs the profile lacks
     group: str | None = None
+    settings: dict = field(default_factory=dict)  # what the run publishes of its job and layout (run_settings)
     zero_stage: int | None = None
     notes: list[str] = field(default_factory=list)
     reason: str | None = None
@@ -353,6 +354,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, 
     prof = load_profile(fw).at(date, compiled)
     result.framework = f"{fw}@{date} ({origin})"
     result.group = run.get("group")
+    result.settings = run_settings(run)
     result.layout_published = all((run.get("layout") or {}).get(k) is not None for k in ("tp", "pp", "dp"))
     code = _model_code(run)
     check_model_code(code, fw, ("model_code", "framework.name"))
@@ -373,6 +375,27 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, 
     if best and (run.get("measured") or {}).get("step_scope", "step") == "step":  # a whole step to compare with
         _record_best(result, model, job, cluster, options)
     return Priced(run, model, job, cluster, ev.layout)
+
+
+# What describes a run rather than setting it: free text, the measurement and its bookkeeping.
+DESCRIPTIVE_KEYS = frozenset({"id", "group", "source", "confidence", "notes", "measured", "model.name",
+                              "hardware.fabric", "framework.version"})
+
+
+def run_settings(run: dict, prefix: str = "") -> dict:
+    """The run's published settings flattened to dotted keys (``layout.cp_comm``, ``precision``,
+    ``hardware.count``), without :data:`DESCRIPTIVE_KEYS`: what two runs of one group may differ in,
+    so a group's knob is read from the file, not kept by hand (``validate.group_knob``)."""
+    out: dict = {}
+    for key, value in run.items():
+        name = f"{prefix}{key}"
+        if name in DESCRIPTIVE_KEYS:
+            continue
+        if isinstance(value, dict):
+            out.update(run_settings(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
 
 
 def _record_measured(run: dict, result: RunResult) -> None:
