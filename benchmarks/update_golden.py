@@ -1,6 +1,6 @@
 """Regenerate the golden text reports of tests/golden/ from the project's own command line.
 
-    python benchmarks/update_golden.py          # rewrite every tests/golden/<name>.txt
+    python benchmarks/update_golden.py          # rewrite every tests/golden/<name>.txt and README's example
     python benchmarks/update_golden.py --check  # only say which differ (exit 1 if any)
 
 The cases are the lines of ``tests/golden/cases.txt`` (a name, then the ``clusterplan`` command
@@ -42,6 +42,28 @@ def report(args: list[str]) -> str:
     return result.stdout
 
 
+README = ROOT / "README.md"
+README_HEAD_LINES = 54  # the example shows the report's first lines, "...", then its rejection table
+
+
+def readme_example(golden: str, readme: str) -> str:
+    """README.md with its example (the first ```text block after "## Example") rebuilt from the dense
+    GPU plan's golden report: its first README_HEAD_LINES lines, "...", and the rejection table to the
+    end, trailing spaces stripped; the search line keeps the wall time the README quotes (the golden
+    report, run in-process, prints none)."""
+    lines = readme.split("\n")
+    start = lines.index("```text", lines.index("## Example")) + 1
+    end = lines.index("```", start)
+    report = [line.rstrip() for line in golden.rstrip("\n").split("\n")]
+    table = next(i for i, line in enumerate(report) if line.startswith("rejected layouts by reason"))
+    block = report[:README_HEAD_LINES] + ["", "..."] + report[table:]
+    quoted = next((line for line in lines[start:end] if line.startswith("search: ")), "")
+    wall = quoted.split(", ")[2] + ", " if quoted.count(", ") > 2 and quoted.split(", ")[2].endswith(" s") else ""
+    block = [line.replace("OPTIMAL, ", f"OPTIMAL, {wall}", 1) if line.startswith("search: ") else line
+             for line in block]
+    return "\n".join(lines[:start] + block + lines[end:])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 if a golden file differs")
@@ -56,6 +78,13 @@ def main() -> int:
         if not check:
             path.write_text(text)
         print(f"{'differs' if check else 'wrote'}: {path.relative_to(ROOT)}")
+    readme = README.read_text()
+    synced = readme_example((GOLDEN / "plan_dense_gpu.txt").read_text(), readme)
+    if synced != readme:
+        if not check:
+            README.write_text(synced)
+        print(f"{'differs' if check else 'wrote'}: README.md (its example)")
+        differ.append("README.md")
     return 1 if check and differ else 0
 
 

@@ -4,12 +4,15 @@ job's release), each as ``(category, message)``; ``evaluate`` prices a layout wi
 
 from __future__ import annotations
 
+import math
+
 from clusterplan.cost.framework import framework_refusal, model_code_domains, unoffered
 from clusterplan.cost.layout import (CP_COMM_KINDS, CUDA_GRAPH_SCOPES, OFFLOAD_MODES, PARAM_GATHERS, PIPELINE_SCHEDULES,
                                       RECOMPUTE_MODES, SCHEDULE_CHUNKS, Job, Layout, offloads_activations, offloads_optimizer,
-                                      num_microbatches, parse_recompute_modules)
+                                      num_microbatches, order_axes, parse_recompute_modules)
 from clusterplan.cost.step import host_offload_problem
 from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split, host_tier, layers_on_stage, stage_slots
+from clusterplan.cost.terms.context import graphs_skip_moe
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -35,6 +38,8 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if layout.cp > 1 and job.seq_len % (2 * layout.cp):
         bad("context", f"seq_len={job.seq_len} is not divisible by 2*cp = {2 * layout.cp} (load-balanced causal chunks)")
     _moe_problems(model, job, layout, bad)
+    if placement := _placement(job, layout):
+        bad("placement", placement)
     if layout.recompute not in RECOMPUTE_MODES:
         bad("recompute", f"recompute={layout.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
     if layout.zero_stage not in (0, 1, 2, 3):
@@ -43,6 +48,8 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     _offload_problems(job, cluster, layout, bad)
     _cp_comm_problems(model, cluster, layout, bad)
     _cuda_graph_problems(cluster, layout, bad)
+    if full_graph_problem(model, job.profile.profile, layout.cuda_graph):
+        bad("cuda_graph", full_graph_problem(model, job.profile.profile, layout.cuda_graph))
     _param_gather_problems(job, cluster, layout, bad)
     _dp_shard_problems(job, layout, bad)
     _head_slot_problems(model, job, layout, bad)
@@ -61,6 +68,11 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     if host:
         bad("offload", host)
     return problems
+
+
+def _placement(job: Job, layout: Layout) -> str | None:
+    return placement_problem(layout.tp, layout.pp, layout.cp, layout.ep, layout.expert_tp, layout.order,
+                             job.profile.checks_dense_placement())
 
 
 def _batch_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
@@ -191,6 +203,17 @@ def _cp_comm_problems(model: ModelSpec, cluster: Cluster, layout: Layout, bad) -
         bad("context", f"cp_comm={layout.cp_comm}: the all-to-all over {k} context-parallel ranks splits the heads of "
             f"each tensor-parallel rank ({heads} query, {kv} key/value heads at tp={layout.tp}); both must be "
             f"divisible by {k}")
+
+
+def full_graph_problem(model: ModelSpec, profile, scope: str) -> str | None:
+    """Why the framework cannot replay this model's step as one CUDA graph, or None: a dropless MoE
+    block's shapes change every step, so where the framework's graphs capture only the attention
+    (:func:`cost.terms.context.graphs_skip_moe`) a full-iteration graph does not capture."""
+    if scope != "full" or not graphs_skip_moe(model, profile):
+        return None
+    return (f"cuda_graph=full: {profile.name} cannot capture a dropless MoE layer in a graph (its "
+            "experts' token counts change every step: Megatron-LM's MoE README, 'CUDA Graph'); use cuda_graph=layer "
+            "(the attention graphed, --cuda-graph-modules attn) or a capacity factor (moe.capacity_factor)")
 
 
 def _cuda_graph_problems(cluster: Cluster, layout: Layout, bad) -> None:
@@ -340,6 +363,51 @@ def _framework_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: La
         bad("framework", f"{prof.profile.describe(prof.date)}: {refusal}")
 
 
+TORCHTITAN_MOE_QUANT_PADS_FROM = "2026-04"
+"""torchtitan's float8 and MXFP8 grouped-experts converters swap the token dispatcher for one that pads
+each expert's tokens, the standard or the HybridEP one, and refuse DeepEP's (6348d93d1 'quantize on
+config instead of on model', #3127, 2026-04-27; components/quantization/utils.py swap_token_dispatcher
+at v0.3.0)."""
+
+
+def dispatcher_problem(model: ModelSpec, job: Job, dispatcher: str) -> str | None:
+    """Why the job's framework cannot run its MoE layers under ``dispatcher`` (``Layout.moe_dispatcher``)
+    beside the framework's own offer (``cost.framework``), or ``None``: Megatron-Core's DeepEP backend
+    with a capacity factor; torchtitan's DeepEP with float8/MXFP8 grouped experts since
+    :data:`TORCHTITAN_MOE_QUANT_PADS_FROM`."""
+    if dispatcher != "deepep" or model.moe is None:
+        return None
+    if model.moe.capacity_factor and job.framework == "megatron":
+        return (f"moe_dispatcher=deepep with capacity factor {model.moe.capacity_factor:g}: Megatron-Core's "
+                "DeepEP backend does not pad expert inputs to a capacity (transformer_config.py); allowed: "
+                "moe_dispatcher=auto, alltoall or hybridep")
+    if (job.framework == "torchtitan" and job.precision in ("fp8", "mxfp8")
+            and job.profile.date >= TORCHTITAN_MOE_QUANT_PADS_FROM):
+        return (f"moe_dispatcher=deepep with precision={job.precision}: {job.profile.profile.describe(job.profile.date)} "
+                f"converts the experts' grouped GEMMs to {job.precision} only behind a dispatcher that pads each "
+                "expert's tokens (standard or HybridEP), and refuses DeepEP's; allowed: moe_dispatcher=auto, "
+                "alltoall or hybridep, or precision bf16")
+    return None
+
+
+def dispatcher_etp_problem(job: Job, dispatcher: str, tp: int, expert_tp: bool) -> str | None:
+    """torchtitan's DeepEP does not run experts split over tensor parallelism (etp = tp > 1): 0.2.2's
+    deepseek_v3/infra/parallelize.py raises 'DeepEP with Expert Tensor Parallelism (ETP) is not supported
+    yet' (0.3 has no ETP at all). ``None`` where the dispatcher runs the expert layout."""
+    if dispatcher != "deepep" or job.framework != "torchtitan" or not expert_tp or tp == 1:
+        return None
+    return (f"moe_dispatcher=deepep with experts split over tp={tp} (etp={tp}): torchtitan's DeepEP does not run "
+            "expert tensor parallelism (deepseek_v3/infra/parallelize.py); allowed: etp=1, tp=1, or "
+            "moe_dispatcher=auto or alltoall")
+
+
+def etp_dispatchers(job: Job, dispatchers: tuple[str, ...], tp: int, expert_tp: bool) -> tuple[str, ...]:
+    """The ``dispatchers`` an expert group of ``tp`` / ``expert_tp`` can run (:func:`dispatcher_etp_problem`),
+    all of them where none can (the layout is then refused: ``planner.search.masks``)."""
+    usable = tuple(d for d in dispatchers if dispatcher_etp_problem(job, d, tp, expert_tp) is None)
+    return usable or dispatchers
+
+
 def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
     if model.moe is None and layout.ep == 1 and (layout.ep_overlap or not layout.expert_tp
                                                  or layout.moe_dispatcher != "auto"):
@@ -350,9 +418,9 @@ def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         return
     if model.moe is None:
         bad("experts", f"ep={layout.ep} needs an MoE model; {model.name} is dense")
-    elif layout.moe_dispatcher == "deepep" and model.moe.capacity_factor and job.framework == "megatron":
-        bad("experts", f"moe_dispatcher=deepep with capacity factor {model.moe.capacity_factor:g}: Megatron-Core's "
-                       "DeepEP backend does not pad expert inputs to a capacity (transformer_config.py)")
+    elif problem := (dispatcher_problem(model, job, layout.moe_dispatcher)
+                     or dispatcher_etp_problem(job, layout.moe_dispatcher, layout.tp, layout.expert_tp)):
+        bad("experts", problem)
     elif model.moe.num_experts % layout.ep:
         bad("experts", f"num_experts={model.moe.num_experts} is not divisible by ep={layout.ep}")
     elif layout.expert_tp and (problem := job.profile.ep_carve_problem(layout.cp, layout.dp, layout.ep)):
@@ -365,3 +433,29 @@ def _moe_problems(model: ModelSpec, job: Job, layout: Layout, bad) -> None:
         elif layout.tp > 1 and not layout.sequence_parallel:
             bad("experts", "etp=1 with tp > 1 needs sequence parallelism (each rank dispatches its own tokens; "
                            "Megatron-Core requires it for MoE with tensor parallelism)")
+
+
+def placement_problem(tp: int, pp: int, cp: int, ep: int, expert_tp: bool, order: str,
+                      dense: bool = False) -> str | None:
+    """Megatron-Core's checks on the rank order (core_v0.19.0 parallel_state.py ``initialize_model_parallel``):
+    a dense RankGenerator (tp, cp, dp, pp) and an expert one (etp, ep, expert dp = world / (etp x ep x pp),
+    pp; cp = 1) read one order string with ep just after cp ('tp-cp-ep-dp-pp', 'tp-cp-ep-pp-dp'); it asserts
+    (a) the order ends in pp, or pp = 1, or the two data-parallel sizes are equal (etp x ep = tp x cp), and
+    (b) both generators' pp groups are equal: the axes inside pp span as many ranks in both. With pp = 1
+    every order passes. Held for ep > 1 under every framework (the rule of expert layouts). With
+    ``dense`` (a release that builds the expert generator for every model,
+    ``ProfileAt.checks_dense_placement``: Megatron-Core since MoE parallel folding) it is held at ep = 1
+    too, where etp = tp and cp > 1 fails both (a) and (b). ``planner.search.masks`` reads this rule."""
+    axes, etp = order_axes(order), tp if expert_tp else 1
+    if (ep == 1 and not dense) or pp == 1 or axes[-1] == "pp":
+        return None  # (b) holds too: every axis is inside pp in both generators (world / pp ranks)
+    inside = axes[:axes.index("pp")]  # dp counts 1: where (a) holds its size is the expert dp's, in both
+    spans = math.prod({"tp": tp, "cp": cp}.get(a, 1) for a in inside)
+    expert = math.prod({"tp": etp, "cp": ep}.get(a, 1) for a in inside)
+    if etp * ep == tp * cp and spans == expert:
+        return None
+    why = " (it builds the expert rank generator for dense models too, etp = tp, ep = 1)" if ep == 1 else ""
+    return (f"order={order} with pp={pp}, tp={tp}, cp={cp}, ep={ep}, etp={etp}: Megatron-Core lays out pp inside "
+            f"another axis only where the expert groups' etp x ep ({etp * ep}) equals tp x cp ({tp * cp}) and "
+            f"the axes inside pp span as many ranks for experts ({expert}) as for dense layers ({spans}){why} "
+            f"(initialize_model_parallel); put pp last (order={'-'.join(a for a in axes if a != 'pp')}-pp)")

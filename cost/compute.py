@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from clusterplan.models.ops import ACT_BYTES, Op
+from clusterplan.models.ops import ACT_BYTES, MLP_BLOCK_OPS, Op
 from clusterplan.topologies.devices import DeviceSpec
 from clusterplan.topologies.precisions import LOW_PRECISIONS, low_precision
 
@@ -204,7 +204,10 @@ def op_time_s(op: Op, device: DeviceSpec, precision: str, backward: bool = False
         if low and dtype == precision and op.kind == "gemm" and device.supports(dtype):
             cast_s = fp8_cast_s(op, device, backward, dtype)
     kernels = 2 if backward and op.kind == "gemm" else 1
-    return max(compute_s, mem_s) + cast_s + kernels * device.kernel_overhead_s
+    overhead = device.kernel_overhead_s
+    if device.mlp_block_kernel_overhead_s is not None and op.name in MLP_BLOCK_OPS:
+        overhead = device.mlp_block_kernel_overhead_s  # left eager by a partial graph (graphed_device)
+    return max(compute_s, mem_s) + cast_s + kernels * overhead
 
 
 def ops_time_s(ops: list[Op], device: DeviceSpec, precision: str, backward: bool = False) -> float:
@@ -223,12 +226,17 @@ graph (15 us on that machine); it is issued while the device runs the previous g
 (the host runs ahead of the device between synchronisations) and is not charged."""
 
 
-def graphed_device(device: DeviceSpec, scope: str) -> DeviceSpec:
+def graphed_device(device: DeviceSpec, scope: str, eager_moe: bool = False) -> DeviceSpec:
     """``device`` as the kernels a CUDA graph scope (``Layout.cuda_graph``) replays see it: their
     per-kernel cost at ``GRAPH_NODE_SHARE`` of it (``scope`` none: the device itself). Both
     scopes graph every transformer layer's kernels; ``full`` also graphs the embedding, the LM head
     and the loss, which ``layer`` leaves eager: a handful of kernels per micro-batch against some
-    fifteen per layer, priced as graphed in both."""
+    fifteen per layer, priced as graphed in both. With ``eager_moe`` (a dropless MoE model under a
+    framework whose per-layer graphs capture only the attention, ``semantics.cuda_graph_dropless_moe``)
+    the MLP blocks' kernels (``models.ops.MLP_BLOCK_OPS``) keep the eager cost."""
     if scope == "none":
         return device
-    return device.model_copy(update={"kernel_overhead_s": device.kernel_overhead_s * GRAPH_NODE_SHARE})
+    update = {"kernel_overhead_s": device.kernel_overhead_s * GRAPH_NODE_SHARE}
+    if eager_moe:
+        update["mlp_block_kernel_overhead_s"] = device.kernel_overhead_s
+    return device.model_copy(update=update)

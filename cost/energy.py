@@ -11,6 +11,9 @@ device::
 
     E = (P_idle + P_host) * T_step + (P_board - P_idle) * T_busy,    T_busy = compute + recompute + optimizer + gradient accumulation
 
+where ``T_busy`` is the device's own pipeline stage's: summed over devices, each layer's compute counts
+once per pipeline, so the mean device is busy for 1/pp of all layers' (``cost.step.device_busy_s``).
+
 The facility's power usage effectiveness (``Cluster.pue``, ``--pue``) multiplies the whole.
 On one cluster, layouts with the same step time can differ in energy (recomputation burns power for
 no progress; a bubble does not), which is what ``--objective energy`` trades. Rental cost is the
@@ -60,13 +63,15 @@ def power_w(cluster: Cluster) -> tuple[float, float] | None:
     return idle + host_power_w(cluster)[0], dev.power_w - idle
 
 
-def step_energy_j(cluster: Cluster, time) -> float | None:
-    """Energy of one step on the whole cluster (joules), or None without a power figure."""
+def step_energy_j(cluster: Cluster, step_s: float, device_busy_s: float) -> float | None:
+    """Energy of one step on the whole cluster (joules), or None without a power figure: every
+    device waits through the ``step_s`` and computes for ``device_busy_s`` on average, its own
+    stage's compute (``cost.step.Evaluation.busy_s``), not the slowest stage's."""
     watts = power_w(cluster)
     if watts is None:
         return None
     waiting, extra = watts
-    return cluster.pue * cluster.num_devices * (waiting * time.total_s + extra * busy_s(time))
+    return cluster.pue * cluster.num_devices * (waiting * step_s + extra * device_busy_s)
 
 
 def step_cost_usd(cluster: Cluster, step_s: float) -> float | None:

@@ -69,9 +69,9 @@ key/value blocks (``p2p``), one all-gather of keys and values (``allgather``), a
 heads (``a2a``, DeepSpeed-Ulysses), or all-to-alls inside the scale-up domain and a ring across
 (``a2a+p2p``); priced in ``cost.terms.comm.cp_comm_terms``."""
 MOE_DISPATCHERS: tuple[str, ...] = ("auto", "alltoall", "deepep", "hybridep")
-"""How the expert-parallel all-to-alls move the routed tokens (``Layout.moe_dispatcher``): ``auto`` the
-planner's implicit dispatcher (a flat all-to-all inside a scale-up domain, deduplicated per node across
-domains), ``alltoall`` NCCL all-to-all of every routed copy, ``deepep`` / ``hybridep`` the fused
+"""How the expert-parallel all-to-alls move the routed tokens (``Layout.moe_dispatcher``): ``auto`` what
+the framework runs when the plan names none (priced as ``alltoall``: the Megatron export writes the alltoall
+dispatcher for it, torchtitan's standard backend), ``alltoall`` NCCL all-to-all of every routed copy, ``deepep`` / ``hybridep`` the fused
 dispatch and combine kernels of DeepEP and NVIDIA's Hybrid-EP (one copy per destination rank and node)."""
 CUDA_GRAPH_SCOPES: tuple[str, ...] = ("none", "layer", "full")
 """What of a step is captured in CUDA graphs and replayed: nothing (every kernel launched from Python),
@@ -136,8 +136,9 @@ class Layout:
         every routed copy everywhere (Megatron-Core's ``--moe-token-dispatcher-type alltoall``,
         torchtitan's standard backend); ``deepep`` and ``hybridep`` send each token once to every rank
         and node that holds any of its experts (Megatron-Core's flex dispatcher with
-        ``--moe-flex-dispatcher-backend deepep|hybridep``, torchtitan's ``expert_parallel_comm_backend
-        deepep``). Priced by ``evaluate`` and ``validate``; the search does not offer it.
+        ``--moe-flex-dispatcher-backend deepep|hybridep``, torchtitan 0.2's ``expert_parallel_comm_backend
+        deepep``, 0.3's ``moe_comm_backend`` deepep|hybridep). Priced by ``evaluate`` and ``validate``; the
+        search gives each expert group the fastest the job can run (``planner.search.space``).
     offload : ``none``, ``activations``, ``optimizer`` or ``activations+optimizer`` (:data:`OFFLOAD_MODES`).
         ``activations``: what the recompute mode keeps of each layer for its backward (with ``full``, the
         layer's input) is copied to host memory in the forward and back in the backward, so device memory
@@ -405,6 +406,13 @@ class Job(_ProfileSlot):
     weight_bytes : bytes per element of the parameters the optimizer updates (4: an fp32 master copy;
         2: MaxText's ``weight_dtype: bfloat16``, whose Adam moments take the same dtype, so the optimizer
         holds ``3 x weight_bytes`` per parameter: ``cost.terms.optimizer_state_bytes``).
+    activation_func_fp8_input_store : SwiGLU keeps its gate and up inputs for backward in FP8, 1 B an
+        element (Megatron-Core's ``--activation-func-fp8-input-store``, since 2024-04; DeepSeek-V3's
+        MoE SwiGLU inputs, report s3.3.3): ``cost.terms.glu_input_bytes``.
+    moment_bytes : bytes per element of each Adam moment where it differs from ``weight_bytes``
+        (0: the same): 2 for moments kept in BF16 beside fp32 master weights (DeepSeek-V3's HAI-LLM,
+        report s3.3.3; Megatron-Core's precision-aware optimizer, ``--exp-avg-dtype``/``--exp-avg-sq-dtype``
+        bf16 since 2025-06, fp16 since 2024-12).
     fp8_scaling : an FP8 job's scaling, ``delayed`` (scales from earlier steps' amax history, one
         cast pass) or ``current`` (per-tensor amax of the tensor itself first); "" for the
         framework's default (``semantics.fp8_scaling``). Priced by ``gemm_format``.
@@ -424,12 +432,15 @@ class Job(_ProfileSlot):
     fp8_all_gather: bool = False
     fp8_scaling: str = ""
     weight_bytes: int = 4
+    moment_bytes: int = 0
+    activation_func_fp8_input_store: bool = False
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "seq_len"):  # the command line's bound (cli.POSITIVE_INT)
             check_number(f"job.{name}", getattr(self, name), 1, MAX_JOB_INT, whole=True)
         check_number("job.grad_bytes", self.grad_bytes, 1, 8, whole=True)
         check_number("job.weight_bytes", self.weight_bytes, 1, 8, whole=True)
+        check_number("job.moment_bytes", self.moment_bytes, 0, 8, whole=True)
         if self.precision not in PRECISIONS:
             raise SpecError(f"job.precision: got {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
         check_number("job.tokens_to_train", self.tokens_to_train, 0, MAX_TOKENS_TO_TRAIN)
@@ -443,6 +454,8 @@ class Job(_ProfileSlot):
             parse_date(self.framework_date, "job.framework_date")
         if not isinstance(self.compiled, bool):
             raise SpecError(f"job.compiled: got {self.compiled!r}; allowed: true, false")
+        if not isinstance(self.activation_func_fp8_input_store, bool):
+            raise SpecError(f"job.activation_func_fp8_input_store: got {self.activation_func_fp8_input_store!r}; allowed: true, false")
         if not isinstance(self.fp8_all_gather, bool):
             raise SpecError(f"job.fp8_all_gather: got {self.fp8_all_gather!r}; allowed: true, false")
         if self.fp8_scaling not in ("", *FP8_SCALINGS):

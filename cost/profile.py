@@ -29,6 +29,9 @@ class Rule:
     source: str
     when: tuple[tuple[str, object], ...]
     until: str | None = None
+    # a condition on the ZeRO stage holds without data-parallel ranks too: the framework checks the
+    # configured stage, not whether it shards anything (DeepSpeed's PipelineEngine asserts stage < 2)
+    without_data_parallel: bool = False
 
     def refuses(self, tp: int, pp: int, cp: int, ep: int, vp: int, zero_stage: int, recompute: str,
                 sequence_parallel: bool, tp_overlap: bool = False, dp_overlap: bool = False,
@@ -37,7 +40,7 @@ class Rule:
         is nothing to shard or replicate, so a condition on the ZeRO stage never holds.
         ``cuda_graph``: the layout's CUDA graph scope (``Layout.cuda_graph``)."""
         values = {"pp_min": pp, "tp_min": tp, "cp_min": cp, "ep_min": ep, "vp_min": vp}
-        if not data_parallel and any(key == "zero_stage_in" for key, _ in self.when):
+        if not data_parallel and not self.without_data_parallel and any(key == "zero_stage_in" for key, _ in self.when):
             return False
         for key, want in self.when:
             if key in values and values[key] < want:
@@ -105,6 +108,9 @@ class Profile:
     # requires.ep_whole_cp_until: until this month such a group must hold whole cp groups (cp divides ep)
     ep_spans_cp_from: str | None = None
     ep_whole_cp_until: str | None = None
+    # requires.dense_placement_from: from this month the framework builds its expert rank generator for
+    # dense models too (etp = tp, ep = 1), so its rank-order checks refuse cp > 1 with pp not last
+    dense_placement_from: str | None = None
     grad_bytes: int = 4
     # semantics.grad_bytes_fp16: the gradient bytes under fp16 where they differ (Megatron keeps fp16
     # main grads unless --accumulate-allreduce-grads-in-fp32; it forces fp32 only for bf16)
@@ -155,6 +161,14 @@ class Profile:
     # elements of other gathers (DeepSpeed's stage3_max_reuse_distance); 0: it keeps what the
     # recompute gathered for the backward (FSDP2)
     zero3_reuse_distance_numel: int = 0
+    # ZeRO-3's live set of gathered weights and unreduced gradients, by release
+    # (semantics.zero3_live_history): "layers" (the layer in use and the one prefetched, no full-size
+    # gradient) or "module_prefetch" (module by module: the next module is prefetched only while fewer
+    # than zero3_max_live_numel gathered elements are live, and a gradient larger than
+    # zero3_reduce_bucket_numel is reduced whole, held until the next one arrives: DeepSpeed before v0.6.0)
+    zero3_live_history: tuple[tuple[str, str], ...] = ()
+    zero3_max_live_numel: int = 0
+    zero3_reduce_bucket_numel: int = 0
     # Rank orders the framework lays out, by release (semantics.order_history): (since YYYY-MM,
     # orders); none: every order (the user builds the mesh)
     order_history: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -187,7 +201,8 @@ class Profile:
     sharded_weight_copy: bool = True  # ZeRO-3 keeps a 16-bit copy of its weight shard (DeepSpeed; not FSDP2)
     fsdp_copies: bool = False  # FSDP2 copies around each gather and reduce-scatter on the compute stream (terms.fsdp_copy_s)
     # semantics.cuda_graph_dropless_moe: whether its CUDA graphs capture the MoE layers of a dropless
-    # model (Megatron: attention only, the experts' shapes change every step; not priced, so not searched)
+    # model (Megatron: attention only, the experts' shapes change every step: per-layer graphs are priced
+    # with the MoE blocks eager, terms.context.graphs_skip_moe; a full-iteration graph is refused)
     cuda_graph_dropless_moe: bool = True
     grads_freed_between_steps: bool = False  # sharded gradients are freed after each step (zero_grad(set_to_none))
     # Activation offload (features.offload_activations, layout offload=activations): the recompute mode it
@@ -343,6 +358,12 @@ class ProfileAt:
         return self._as_of(self.profile.zero3_fetch_history, "bucketed")
 
     @property
+    def zero3_live(self) -> str:
+        """How ZeRO-3 holds gathered weights and unreduced gradients at this release
+        (``semantics.zero3_live_history``; ``cost.terms.zero3_live_bytes``)."""
+        return self._as_of(self.profile.zero3_live_history, "layers")
+
+    @property
     def zero3_host_copies(self) -> tuple[int, int, int, int]:
         """Per rank of the group, the host work around a ZeRO-3 module gather and gradient
         reduce-scatter at this release: (gather Python-loop copies, gather list copies, reduce-scatter
@@ -404,6 +425,12 @@ class ProfileAt:
         parallelism = tp); after ``requires.ep_expert_tp_until`` only whole experts (etp = 1)."""
         until = self.profile.ep_expert_tp_until
         return until is None or self.date < until
+
+    def checks_dense_placement(self) -> bool:
+        """This release holds dense layouts to the expert rank generator's order checks
+        (``requires.dense_placement_from``; ``cost.checks.placement_problem``)."""
+        since = self.profile.dense_placement_from
+        return since is not None and self.date >= since
 
     def ep_carve_problem(self, cp: int, dp: int, ep: int) -> str | None:
         """Why this release cannot carve an expert group of ``ep`` ranks, experts split over TP like

@@ -29,6 +29,7 @@ FEATURES: tuple[str, ...] = (
 RULE_KEYS = ("pp_min", "tp_min", "cp_min", "ep_min", "vp_min", "vp_max", "zero_stage_in", "recompute_in",
              "sequence_parallel", "tp_overlap", "dp_overlap", "ep_overlap", "cuda_graph_in")
 ZERO3_FETCH = ("bucketed", "per_module_blocking")
+ZERO3_LIVE = ("layers", "module_prefetch")
 _DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 PLATFORM_FAMILIES: dict[str, str] = {
     "nvidia": "nvidia-", "amd": "amd-", "gaudi": "intel-gaudi", "tpu": "google-tpu", "trainium": "aws-trainium",
@@ -50,8 +51,19 @@ def _zero3(sem: dict, where: str) -> dict:
                                      f"{where}: semantics.zero3_across_domains"),
         zero3_persistence_threshold=int(sem.get("zero3_persistence_threshold", 0)),
         zero3_reuse_distance_numel=int(sem.get("zero3_reuse_distance_numel", 0)),
+        zero3_live_history=_choice_history(sem, where, "zero3_live_history", "live", ZERO3_LIVE),
+        zero3_max_live_numel=_count(sem, "zero3_max_live_numel", where),
+        zero3_reduce_bucket_numel=_count(sem, "zero3_reduce_bucket_numel", where),
         dp_shard_stages=_dp_shard_stages(sem.get("dp_shard_stages") or [], where),
     )
+
+
+def _count(sem: dict, key: str, where: str) -> int:
+    """A non-negative element count from ``semantics`` (0 where absent)."""
+    value = sem.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(f"{where}: semantics.{key}: got {value!r}; allowed: a non-negative integer (elements)")
+    return value
 
 
 def _dp_shard_stages(stages, where: str) -> tuple[int, ...]:
@@ -173,6 +185,7 @@ def _requires(req: dict, where: str) -> dict:
             "ep_expert_tp_until": parse_date(req.get("ep_expert_tp_until"), "requires.ep_expert_tp_until"),
             "ep_spans_cp_from": parse_date(req.get("ep_spans_cp_from"), "requires.ep_spans_cp_from"),
             "ep_whole_cp_until": parse_date(req.get("ep_whole_cp_until"), "requires.ep_whole_cp_until"),
+            "dense_placement_from": parse_date(req.get("dense_placement_from"), "requires.dense_placement_from"),
             "head_slots_moe_from": parse_date(req.get("head_slots_moe_from"), "requires.head_slots_moe_from")}
 
 
@@ -301,7 +314,11 @@ def _rules(raw_rules: list, where: str) -> list[Rule]:
             raise SpecError(f"{where}: rule {raw.get('id')}: unknown condition(s) {sorted(unknown)}; allowed: {RULE_KEYS}")
         frozen = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in when.items())
         until = parse_date(raw.get("until"), f"{where}: rule {raw.get('id')}: until")
-        rules.append(Rule(str(raw.get("id")), str(raw.get("message", "")), str(raw.get("source", "")), frozen, until))
+        without_dp = raw.get("without_data_parallel", False)
+        if not isinstance(without_dp, bool):
+            raise SpecError(f"{where}: rule {raw.get('id')}: without_data_parallel: got {without_dp!r}; allowed: true, false")
+        rules.append(Rule(str(raw.get("id")), str(raw.get("message", "")), str(raw.get("source", "")), frozen, until,
+                          without_dp))
     return rules
 
 

@@ -155,7 +155,8 @@ def schedule_inflight(schedule: str, pp: int, vp: int, m: int) -> tuple[int, ...
     """Micro-batches in flight on each local chunk of every rank at its peak, for the schedules whose
     count does not follow 1F1B's or interleaving's warm-up (``cost.stages.inflight``); None for those.
     ZB-V: ``pp`` per chunk, the same activations as 1F1B's first rank on every rank (Qi et al. sec. 6:
-    the V keeps memory balanced). DualPipe and DualPipeV: ``pp + 1`` (DeepSeek-V3 Table 2). Looped
+    the V keeps memory balanced). DualPipe and DualPipeV: ``pp + 1`` (DeepSeek-V3 Table 2; DualPipe at
+    vp 1 by stage, each rank's own and its mirror: :func:`dualpipe_inflight`, what ``cost.step.rank_inflight`` takes). Looped
     (breadth-first): every micro-batch of every chunk, as jax autodiff of MaxText's circular pipeline
     and torchtitan's ``LoopedBFS`` keep them until the backward. ZB-H1 keeps 1F1B's (Qi et al.
     sec. 2.1: the same peak memory)."""
@@ -166,6 +167,27 @@ def schedule_inflight(schedule: str, pp: int, vp: int, m: int) -> tuple[int, ...
     if schedule == "looped":
         return (m,) * vp
     return None
+
+
+@lru_cache(maxsize=4096)
+def dualpipe_inflight(num_layers: int, num_dense: int, pp: int, m: int, rank: int, head_slots: bool = False,
+                      last_kind_dense: bool = False) -> InFlight:
+    """DualPipe's peak on rank ``rank``: each rank holds stage ``h = min(rank, pp - 1 - rank)`` and its
+    mirror ``pp - 1 - h``, and at full occupancy ``pp - h`` micro-batches of the chunk whose direction
+    it enters first and ``h + 1`` of the other, ``pp + 1`` in all (DeepSeek-V3 report Table 2).
+    Counted from deepseek-ai/DualPipe ``dualpipe.py`` ``step()``: ``2 (pp/2 - h - 1)`` forwards of phase
+    0, then ``h + 1`` pairs of phase-0 and phase-1 forwards, then one forward before each backward in
+    the main step. The ranks of the second half enter the reverse direction first, whose first stage
+    holds the model's first layers: the last rank, like rank 0, holds ``pp`` micro-batches of stage 0
+    (with the dense layers) and one of stage ``pp - 1``. ``m``: micro-batches of both directions."""
+    h = min(rank, pp - 1 - rank)
+    own = rank_layers(num_layers, num_dense, pp, 1, h, head_slots, last_kind_dense)
+    mirror = rank_layers(num_layers, num_dense, pp, 1, pp - 1 - h, head_slots, last_kind_dense)
+    half = max(1, m // 2)
+    first, second = min(half, pp - h), min(half, h + 1)
+    dense = first * own.num_dense + second * mirror.num_dense
+    moe = first * (own.layers - own.num_dense) + second * (mirror.layers - mirror.num_dense)
+    return InFlight(((dense, moe),))
 
 
 def _passes(k: int, chunk: int, n: int, vp: int) -> int:

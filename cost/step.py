@@ -13,16 +13,20 @@ returned sums exactly to the step time and the memory categories exactly to the 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 
+from clusterplan.cost.assembly import (
+    STEP_TERMS, ScalarOps, breakdown_fields, dp_exposed, layout_dp_terms, mix, stage_share,
+)
+from clusterplan.cost.energy import busy_s
 from clusterplan.cost.layout import Job, Layout, interleaved_warmup, num_microbatches, offloads_activations
-from clusterplan.cost.stages import RANKS, InFlight, inflight, rank_index, rank_layers
+from clusterplan.cost.stages import RANKS, InFlight, dualpipe_inflight, inflight, rank_index, rank_layers
 from clusterplan.cost.terms import (
-    NUM_GRAD_BUCKETS, WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, dp_terms, head_terms,
+    WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares, grad_accumulation_adds, grad_accumulation_s,
-    grads_freed_bytes, host_optimizer_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, optimizer_s, overlap_share,
-    overlapped_exposed_s, p2p_s,
-    param_counts, period_layers, regather_share, runtime_bytes, stage_split, static_memory, step_gradients,
+    grads_freed_bytes, host_optimizer_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, overlap_share,
+    param_counts, regather_share, runtime_bytes, stage_split, static_memory, step_gradients,
 )
 from clusterplan.cost.terms.context import graphed_context
 
@@ -30,6 +34,12 @@ from clusterplan.models.ops import model_flops_per_token
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
 from clusterplan.topologies.precisions import low_precision
+
+
+@lru_cache(maxsize=None)
+def _field_names(cls) -> tuple[str, ...]:
+    """A breakdown's fields in declaration order (the order ``asdict`` sums them in)."""
+    return tuple(f.name for f in fields(cls))
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,7 @@ class TimeBreakdown:
 
     @property
     def total_s(self) -> float:
-        return sum(asdict(self).values())
+        return sum(getattr(self, name) for name in _field_names(TimeBreakdown))  # asdict() deep-copies: slow
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,7 @@ class MemoryBreakdown:
     @property
     def total_bytes(self) -> float:
         """Peak reserved bytes: what must fit in the device's memory."""
-        return sum(asdict(self).values())
+        return sum(getattr(self, name) for name in _field_names(MemoryBreakdown))
 
     @property
     def allocated_bytes(self) -> float:
@@ -106,6 +116,9 @@ class Evaluation:
     # MFU over the dense peak of the precision the GEMMs run in (the FP8 peak for an FP8 job on a
     # device with FP8 math; otherwise equal to ``mfu``): at most 1, unlike ``mfu`` under FP8
     mfu_precision_peak: float = 0.0
+    # seconds of the step the mean device computes, each device on its own stage (:func:`device_busy_s`):
+    # what the energy's busy power multiplies (``cost.energy.step_energy_j``)
+    busy_s: float = 0.0
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -181,6 +194,9 @@ def rank_inflight(model: ModelSpec, pp: int, vp: int, m: int, group: int | None,
                   rank: str, schedule: str = "") -> InFlight:
     """``cost.stages.inflight`` of ``rank`` (first, second or last) for this model's layer kinds."""
     index = rank_index(pp, rank)
+    if schedule == "dualpipe" and vp == 1 and pp > 1:
+        return dualpipe_inflight(model.num_layers, model.num_dense_layers, pp, m, index, head_slots,
+                                 model.num_moe_layers == 0)
     layers = rank_layers(model.num_layers, model.num_dense_layers, pp, vp, index, head_slots and pp > 1,
                          model.num_moe_layers == 0)
     return inflight(layers, pp, vp, m, group, index, schedule)
@@ -196,7 +212,7 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
     ctx = graphed_context(ctx, layout.cuda_graph)
     model, job, cluster = ctx.model, ctx.job, ctx.cluster
     m = num_microbatches(job, layout)
-    time = time_breakdown(ctx, layout, m)
+    stage, time = slowest_stage(ctx, layout, m)
     memory = memory_breakdown(ctx, layout, m)
     step = time.total_s
     tokens_per_s = job.tokens_per_step / step
@@ -208,7 +224,8 @@ def evaluate_ctx(ctx: Context, layout: Layout) -> Evaluation:
     return Evaluation(layout, m, step, time, memory, cluster.device.memory_bytes, tokens_per_s,
                       flops_per_device, mfu, mfu * (1 + recompute_share), palm,
                       stage_memory(ctx, layout, m) if layout.pp > 1 else None,
-                      flops_per_device / cluster.device.peak(gemm_precision(job, cluster)))
+                      flops_per_device / cluster.device.peak(gemm_precision(job, cluster)),
+                      device_busy_s(ctx, layout, m, stage, time))
 
 
 def gemm_precision(job: Job, cluster: Cluster) -> str:
@@ -226,44 +243,51 @@ def time_breakdown(ctx: Context, layout: Layout, m: int) -> TimeBreakdown:
     return slowest_stage(ctx, layout, m)[1]
 
 
+def device_busy_s(ctx: Context, layout: Layout, m: int, stage: LayerTerms, slowest: TimeBreakdown) -> float:
+    """Seconds of the step the mean device computes (``cost.energy.busy_s`` of its own stage's step).
+    Each device is busy for its own stage's compute and idles otherwise, so the devices' busy time
+    sums every layer's compute once per pipeline: the mean stage holds 1/pp of all layers' (not the
+    slowest stage's share, which counts the heaviest stage's layers on every device). The additive
+    terms (optimizer, head, gradient accumulation) are the slowest stage's step's (``slowest``, of
+    the layer terms ``stage``). Where that stage holds 1/pp of all layers (one kind of layer, an even
+    split) its own figure, to the bit."""
+    share = 1 / layout.pp
+    if not mixed_kinds(ctx.model) and stage_kind_shares(ctx, layout.pp, layout.vp, layout.head_slots)[0][0] == share:
+        return busy_s(slowest)
+    at = ctx.placed(layout.order)
+    kinds = (layer_terms(at, layout, m, kind=k) for k in (False, True)) if mixed_kinds(ctx.model) else (
+        layer_terms(at, layout, m),)
+    every_layer = sum(k.forward_s + k.backward_s + k.recompute_s for k in kinds)
+    return busy_s(slowest) + m * (share * every_layer - (stage.forward_s + stage.backward_s + stage.recompute_s))
+
+
 def slowest_stage(ctx: Context, layout: Layout, m: int) -> tuple[LayerTerms, TimeBreakdown]:
     """The pipeline stage whose step :func:`time_breakdown` reports: its layer terms for one
     micro-batch (what a drawing of the schedule is made of) and its step's breakdown."""
     ctx = ctx.placed(layout.order)
-    dp = dp_terms(ctx, layout)
-    return max(((stage, _stage_breakdown(ctx, layout, m, stage, windows, dp)) for stage, windows in _stages(ctx, layout, m)),
-               key=lambda pair: pair[1].total_s)
+    dp = layout_dp_terms(ctx, layout)
+    added = {term.name: term.seconds(ctx, layout) for term in STEP_TERMS}  # the same on every stage
+    return max(((stage, _stage_breakdown(ctx, layout, m, stage, windows, dp, added))
+                for stage, windows in _stages(ctx, layout, m)), key=lambda pair: pair[1].total_s)
 
 
 def _stage_breakdown(ctx: Context, layout: Layout, m: int, stage: LayerTerms, windows: tuple[float, float],
-                     dp) -> TimeBreakdown:
-    """One candidate stage's step: its layers' terms ``stage`` (one micro-batch), the head (where
-    it adds to the period; else the last rank's spare slot hides it), the pipeline, and the
-    data-parallel traffic exposed beyond its ``windows`` (per step, per micro-batch)."""
-    head = head_terms(ctx, layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel,
-                      layout.stride("tp"))
-    head_s = head.time_s if period_layers(ctx, layout.pp, layout.vp, layout.head_slots)[1] else 0.0
-    share = overlap_share(ctx, "dp")
-    step_window, mb_window = windows
+                     dp, added: dict) -> TimeBreakdown:
+    """One candidate stage's step: its layers' terms ``stage`` (one micro-batch), the pipeline, the
+    data-parallel traffic exposed beyond its ``windows`` (per step, per micro-batch), and the step's
+    additive terms (``added``: seconds by name of ``cost.assembly.STEP_TERMS``: the head where it adds
+    to the period, the sends, the optimizer, the DP traffic nothing overlaps, ...)."""
     per_mb = dp.per_microbatch_s + regather_share(ctx, layout) * dp.regather_s
-    dp_exposed = m * _exposed(per_mb, mb_window, layout.dp_overlap, share)
-    # the per-step reduction hides in the last micro-batch's backward, which also carries that
-    # micro-batch's ZeRO-2/3 traffic: one stretch of compute hides one stream
-    dp_exposed += _exposed(dp.per_step_s, max(0.0, step_window - per_mb), layout.dp_overlap, share)
-    dp_exposed += dp.blocking_s + m * dp.copy_s
-    return TimeBreakdown(
-        compute_s=m * (stage.forward_s + stage.backward_s + head_s),
-        recompute_s=m * stage.recompute_s,
-        tp_comm_s=m * stage.tp_comm_s,
-        cp_comm_s=m * stage.cp_comm_s,
-        ep_comm_s=m * stage.ep_comm_s,
-        pp_bubble_s=bubble_s(layout.schedule, layout.pp, layout.vp, stage.total_s, stage.backward_s),
-        pp_p2p_s=m * p2p_s(ctx, layout),
-        dp_comm_s=dp_exposed,
-        optimizer_s=optimizer_s(ctx, layout),
-        offload_s=m * _offload_s(ctx, layout, stage),
-        grad_accum_s=grad_accumulation_adds(ctx, layout, m) * grad_accumulation_s(ctx, layout),
-    )
+    # per step and per micro-batch beyond the stage's windows (cost.assembly.dp_exposed)
+    exposed = dp_exposed(ScalarOps(dp_share=overlap_share(ctx, "dp")), dp.per_step_s, per_mb, *windows, m,
+                         layout.dp_overlap)
+    step_base = dict(pp_bubble_s=bubble_s(layout.schedule, layout.pp, layout.vp, stage.total_s, stage.backward_s),
+                     dp_comm_s=exposed,
+                     grad_accum_s=grad_accumulation_adds(ctx, layout, m) * grad_accumulation_s(ctx, layout))
+    mb_base = dict(compute_s=stage.forward_s + stage.backward_s, recompute_s=stage.recompute_s,
+                   tp_comm_s=stage.tp_comm_s, cp_comm_s=stage.cp_comm_s, ep_comm_s=stage.ep_comm_s,
+                   offload_s=_offload_s(ctx, layout, stage))
+    return TimeBreakdown(**breakdown_fields(step_base, mb_base, m, added))
 
 
 def _offload_s(ctx: Context, layout: Layout, stage: LayerTerms) -> float:
@@ -354,22 +378,12 @@ def _stages(ctx: Context, layout: Layout, m: int) -> list[tuple[LayerTerms, tupl
     if not mixed_kinds(ctx.model):
         lt, frac = layer_terms(ctx, layout, m), shares[0][0]
         windows = kind_windows(ctx._base, *knobs)
-        return [(replace(lt, **{name: frac * getattr(lt, name) for name in STAGE_TERMS}),
-                 (frac * windows[0], frac * windows[1]))]
+        return [(replace(lt, **{name: stage_share(frac, getattr(lt, name)) for name in STAGE_TERMS}),
+                 (stage_share(frac, windows[0]), stage_share(frac, windows[1])))]
     dense, moe = layer_terms(ctx, layout, m, kind=False), layer_terms(ctx, layout, m, kind=True)
     wd, wm = kind_windows(ctx._base, *knobs, kind=False), kind_windows(ctx._base, *knobs, kind=True)
-    return [(replace(moe, **{name: a * getattr(dense, name) + b * getattr(moe, name) for name in STAGE_TERMS}),
-             (a * wd[0] + b * wm[0], a * wd[1] + b * wm[1])) for a, b in shares]
-
-
-def _exposed(comm_s: float, window_s: float, overlap: bool, share: float) -> float:
-    """Time ``comm_s`` of data-parallel traffic adds to the step when overlapped with ``window_s``
-    of compute (``cost.terms.overlapped_exposed_s``, the compute slowed by the ``share`` of SMs the
-    NCCL kernels take); the last of the bucketed reductions cannot overlap at all (PyTorch DDP,
-    Megatron-Core DDP)."""
-    if not overlap:
-        return comm_s
-    return max(comm_s / NUM_GRAD_BUCKETS, overlapped_exposed_s(comm_s, window_s, share))
+    return [(replace(moe, **{name: mix(a, getattr(dense, name), b, getattr(moe, name)) for name in STAGE_TERMS}),
+             (mix(a, wd[0], b, wm[0]), mix(a, wd[1], b, wm[1]))) for a, b in shares]
 
 
 def memory_breakdown(ctx: Context, layout: Layout, m: int) -> MemoryBreakdown:

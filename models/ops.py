@@ -308,6 +308,19 @@ def moe_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, local_expert
     return ops
 
 
+MLP_BLOCK_OPS = frozenset({"router", "permute", "unpermute", "experts_up", "experts_act", "experts_down",
+                           "shared_up", "shared_act", "shared_down", "mlp_up", "mlp_act", "mlp_down"})
+"""The ops of a layer's MLP block (:func:`moe_ops`, :func:`mlp_ops`): what Megatron's ``_forward_mlp``
+runs. A dropless MoE block has data-dependent shapes, so for a dropless MoE model Megatron's per-layer
+CUDA graphs capture the attention alone (``--cuda-graph-modules attn``; Megatron-LM
+megatron/core/transformer/moe/README.md, "CUDA Graph": "when --moe-expert-capacity-factor and
+--moe-pad-expert-input-to-capacity are not set, the resulting dynamic shapes make MoE layers
+uncapturable ... leaving the MoE layers (operations in TransformerLayer._forward_mlp()) unmodified"),
+and leave these eager (``cost.compute.graphed_device``). A dense layer's MLP stays eager too: graphing
+it (``mlp``) is refused beside EP overlap (TransformerConfig: "CUDA graph scope on moe and mlp is not
+supported with overlap_moe_expert_parallel_comm")."""
+
+
 def elementwise_ops(model: ModelSpec, num_tokens: float, tp: int, sp: bool, kernels: Kernels = FUSED) -> list[Op]:
     """Two norms, two residual adds (Megatron's fused bias-dropout-add, with its masks when the model
     uses dropout), rotary embedding where the model has it: memory-bound passes over ``h``; with ``kernels.kv_repeat`` the

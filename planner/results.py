@@ -90,7 +90,7 @@ class PlanResults:
 def layout_results(ev: Evaluation, job: Job, cluster: Cluster, model: ModelSpec | None = None) -> LayoutResults:
     """The figures around one evaluation: energy and cost per step, overlap charges, shard copies, the
     step time's interval and the totals to train (with failures where the ``model`` is given)."""
-    energy, cost = step_energy_j(cluster, ev.time), step_cost_usd(cluster, ev.step_time_s)
+    energy, cost = step_energy_j(cluster, ev.step_time_s, ev.busy_s), step_cost_usd(cluster, ev.step_time_s)
     L = ev.layout
     moe = model is not None and model.moe is not None
     interval = step_time_interval(ev, job, cluster, moe)

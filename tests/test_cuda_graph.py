@@ -216,10 +216,13 @@ def test_explain_says_what_graphs_save_and_why_a_plan_runs_eager():
     assert "cuda_graph full" not in pp1 and pp1["cuda_graph none"]["delta"] > 0
 
 
-def test_megatron_keeps_dropless_moe_models_eager_and_graphs_them_with_a_capacity_factor():
-    """Megatron's graphs capture only the attention of a dropless MoE model (its experts' shapes change
-    every step; MoE README, MCore v0.12): not priced, so the search does not offer them there. With a
-    capacity factor (static shapes) the layers are graphed as a dense model's; --fix still holds one."""
+def test_megatron_graphs_only_the_attention_of_a_dropless_moe_model():
+    """Megatron's per-layer graphs capture only the attention of a dropless MoE model (its experts'
+    shapes change every step: MoE README, "CUDA Graph", --cuda-graph-modules attn): the MLP blocks keep
+    the eager launch cost, so of what graphs save on a dense-shaped layer only the attention's share
+    is saved; the search leaves the scope to --fix (planner.search.graphs.searched_scopes). With a
+    capacity factor (static shapes) the whole layer is graphed. A full-iteration graph does not capture
+    the dropless blocks: refused."""
     from clusterplan.planner.search import SearchOptions
     from clusterplan.planner.search.engine import plan
     from clusterplan.planner.search.space import Bounds
@@ -228,10 +231,25 @@ def test_megatron_keeps_dropless_moe_models_eager_and_graphs_them_with_a_capacit
     capped = mixtral.model_copy(update={"moe": mixtral.moe.model_copy(update={"capacity_factor": 1.0})})
     cluster = build_cluster("dgx-h100-superpod", num_devices=16)
     job = Job(global_batch_size=16, seq_len=4096, framework="megatron")
+    free = dataclasses.replace(cluster, device=cluster.device.model_copy(update={"kernel_overhead_s": 0.0}))
+    layout = parse_layout("tp=2,pp=1,dp=8,ep=8,mbs=1,sp=on", 16)
+
+    def saved(model) -> tuple[float, float]:  # what the graph saves, and all the launches cost
+        eager = evaluate(model, job, cluster, layout).time.compute_s
+        graphed = evaluate(model, job, cluster, layout.with_(cuda_graph="layer")).time.compute_s
+        return eager - graphed, eager - evaluate(model, job, free, layout).time.compute_s
+    dropless_saved, launches = saved(mixtral)
+    capped_saved, capped_launches = saved(capped)
+    assert capped_saved == pytest.approx((1 - GRAPH_NODE_SHARE) * capped_launches, rel=1e-9)
+    assert 0 < dropless_saved < 0.6 * (1 - GRAPH_NODE_SHARE) * launches  # the attention's kernels only
 
     def best(model, fixed=None):
         opts = SearchOptions(top_k=0, bounds=Bounds(fixed or {}, {}, {}, 0.1))
         return plan(model, job, cluster, opts).best.layout.cuda_graph
-    assert best(mixtral) == "none"
+    assert best(mixtral) == "none" and best(mixtral, {"cuda_graph": "layer"}) == "layer"
     assert best(capped) != "none"
-    assert best(mixtral, {"cuda_graph": "layer"}) == "layer"
+    with pytest.raises(SpecError, match="cuda_graph=full: .* cannot capture a dropless MoE layer"):
+        best(mixtral, {"cuda_graph": "full"})
+    assert any(key == "cuda_graph" and "dropless" in msg for key, msg in
+               layout_problems(mixtral, job, cluster, layout.with_(cuda_graph="full")))
+    assert not layout_problems(capped, job, cluster, layout.with_(cuda_graph="full"))

@@ -68,3 +68,23 @@ def test_megatron_keeps_fp16_gradients_in_fp16_and_bf16_gradients_in_fp32():
     for precision, expected in (("fp16", 2), ("bf16", 4)):
         job, _ = build_job("gpt3-13b", get_model("gpt3-13b"), cluster, precision=precision, framework="megatron")
         assert job.grad_bytes == expected
+
+
+@pytest.mark.parametrize("engine", ["cpsat", "exhaustive"])
+def test_deepspeed_refuses_zero3_with_a_pipeline_even_without_data_parallel_ranks(engine):
+    """DeepSpeed's PipelineEngine asserts the configured ZeRO stage is below 2, whatever dp is: a
+    tp 4 x pp 2 layout on 8 GPUs (dp 1) at zero=3 was planned and priced, then refused by the export
+    (the rule's ``without_data_parallel``; torchtitan's plain-DDP rules still skip dp 1)."""
+    from clusterplan.cost.checks import layout_problems
+    from clusterplan.cost.layout import Job, parse_layout
+    from clusterplan.models.library import get_model
+    from clusterplan.planner.search import SearchOptions, plan
+    from clusterplan.planner.search.space import Bounds
+    from clusterplan.topologies.library import build_cluster
+
+    model, cluster = get_model("gpt3-13b"), build_cluster("dgx-a100-superpod", num_devices=8)
+    job = Job(global_batch_size=64, seq_len=2048, framework="deepspeed", framework_date="2021-04")
+    problems = layout_problems(model, job, cluster, parse_layout("tp=4,pp=2,dp=1,mbs=4,zero=3,recompute=none", 8))
+    assert any("incompatible with pipeline parallelism" in msg for _, msg in problems)
+    res = plan(model, job, cluster, SearchOptions(engine=engine, top_k=5, bounds=Bounds(fixed={"zero_stage": 3})))
+    assert all(ev.layout.pp == 1 for ev in [res.best, *res.runners_up])

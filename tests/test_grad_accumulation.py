@@ -165,4 +165,5 @@ def test_the_adds_count_as_busy_time_in_energy_and_in_the_energy_search():
     for value, idx in cpsat.solutions:
         ev = evaluate(MODEL, job, A100, layout_from_indices(T.space, idx, fp8_gathers=T.PG))
         assert ev.time.grad_accum_s > 0
-        assert objective_seconds(value) * A100.num_devices == pytest.approx(step_energy_j(A100, ev.time), rel=2e-3)
+        joules = step_energy_j(A100, ev.step_time_s, ev.busy_s)
+        assert objective_seconds(value) * A100.num_devices == pytest.approx(joules, rel=2e-3)

@@ -72,3 +72,16 @@ def test_the_text_report_matches_its_golden_file_and_render_prints_the_same(name
     saved.write_text(CliRunner().invoke(main, [*args, "--json"]).stdout)
     rendered = CliRunner().invoke(main, ["render", str(saved)])
     assert rendered.exit_code == 0 and rendered.stdout == golden, rendered.stderr
+
+
+def test_the_readme_example_is_the_golden_dense_plan():
+    """README's example is the dense GPU plan's golden report, trimmed (its first lines, then the
+    rejection table): python benchmarks/update_golden.py rewrites both."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "update_golden.py"
+    spec = importlib.util.spec_from_file_location("update_golden", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readme = module.README.read_text()
+    assert module.readme_example((GOLDEN / "plan_dense_gpu.txt").read_text(), readme) == readme, \
+        "README's example differs from tests/golden/plan_dense_gpu.txt: python benchmarks/update_golden.py"

@@ -325,3 +325,25 @@ def test_fix_schedule_refuses_what_the_search_cannot_hold(framework, fixed, word
     done = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "16",
                                      "--framework", framework, "--fix", fixed])
     assert done.exit_code == 2 and words in done.output, done.output
+
+
+def test_dualpipe_last_rank_holds_the_first_stage_in_flight():
+    """DualPipe's last rank enters the reverse direction first, whose first stage holds the model's
+    first layers (deepseek-ai/DualPipe ``dualpipe.py`` ``step()``): like rank 0 it holds pp micro-batches
+    of stage 0 and one of stage pp - 1; rank 1 holds pp - 1 of stage 1 and two of stage pp - 2. Before,
+    the last rank was charged pp + 1 micro-batches of its own stage (DeepSeek-V3: 17 x 4 MoE layers)."""
+    from clusterplan.cost.stages import rank_layers
+    from clusterplan.cost.step import rank_inflight
+
+    model, pp = load_model("deepseek-v3"), 16
+    stages = [rank_layers(model.num_layers, model.num_dense_layers, pp, 1, r) for r in range(pp)]
+
+    def kinds(*pairs):
+        return (sum(c * stages[s].num_dense for c, s in pairs),
+                sum(c * (stages[s].layers - stages[s].num_dense) for c, s in pairs))
+    held = {rank: rank_inflight(model, pp, 1, 120, None, False, rank, "dualpipe").moments
+            for rank in ("first", "second", "last")}
+    assert held["first"] == held["last"] == (kinds((pp, 0), (1, pp - 1)),)
+    assert held["second"] == (kinds((pp - 1, 1), (2, pp - 2)),)
+    assert sum(held["last"][0]) == (pp + 1) * 4  # pp + 1 chunks of 4 layers (DeepSeek-V3 Table 2)
+    assert held["last"][0][0] == pp * 3  # stage 0's three dense layers, pp times

@@ -155,6 +155,20 @@ def test_cpsat_equals_exhaustive_with_zero_bubble_offered(seed):
     assert objective_seconds(res.objective_units[0]) == pytest.approx(res.best.step_time_s, rel=1e-3)
 
 
+@pytest.mark.parametrize("ep", [1, 2, 8])
+def test_cpsat_equals_exhaustive_with_pp_inside_dp(ep):
+    """The cross-check under Megatron's --use-tp-pp-dp-mapping order, where the placement rule reads
+    pp, tp, cp, ep and etp at once (``masks.ok_foe``): both engines find the expert layouts Megatron
+    runs there (pp = 1, or etp x ep = tp x cp); the (e, o) mask refused every ep > 1 under this order."""
+    model, cluster = get_model("mixtral-8x7b"), build_cluster("dgx-h100-superpod", num_devices=16)
+    job = Job(global_batch_size=64, seq_len=4096)
+    bounds = Bounds(fixed={"order": "tp-cp-pp-dp", "ep": ep})
+    _check_engines_agree(model, job, cluster, bounds)
+    best = plan(model, job, cluster, SearchOptions(engine="cpsat", bounds=bounds)).best.layout
+    etp = best.tp if best.expert_tp else 1
+    assert best.pp == 1 or etp * best.ep == best.tp * best.cp, best.short()
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_cpsat_equals_exhaustive_under_deepspeed_2021(seed):
     """The cross-check where a profile rule depends on DP overlap: DeepSpeed before v0.6.0 cannot
@@ -715,7 +729,7 @@ def test_cpsat_equals_exhaustive_for_the_energy_objective(seed):
     for value, idx in cpsat.solutions:
         assert _score(T, idx) == (value, -1, True)
         ev = evaluate(model, job, cluster, layout_from_indices(T.space, idx, fp8_gathers=T.PG))
-        joules = step_energy_j(cluster, ev.time)
+        joules = step_energy_j(cluster, ev.step_time_s, ev.busy_s)
         # the integer objective is watts x time units per device: joules = units * 1e-10 s * devices
         assert objective_seconds(value) * cluster.num_devices == pytest.approx(joules, rel=2e-3)
 
@@ -732,7 +746,7 @@ def test_energy_objective_trades_time_for_energy():
     full = Bounds(memory_headroom=0.0)
     fast = plan(model, job, cluster, SearchOptions(top_k=0, bounds=full))
     green = plan(model, job, cluster, SearchOptions(top_k=0, objective="energy", bounds=full))
-    e_fast, e_green = step_energy_j(cluster, fast.best.time), step_energy_j(cluster, green.best.time)
+    e_fast, e_green = (step_energy_j(cluster, r.best.step_time_s, r.best.busy_s) for r in (fast, green))
     assert e_green <= e_fast * (1 + 1e-6)
     assert green.best.step_time_s >= fast.best.step_time_s * (1 - 1e-6)
     assert green.best.layout != fast.best.layout
@@ -940,3 +954,36 @@ def test_folded_and_unfolded_experts_at_tp_1_are_one_layout(engine):
     shown = [ev.layout.with_(expert_tp=True) if ev.layout.tp == 1 else ev.layout
              for ev in (res.best, *res.runners_up)]
     assert len(set(shown)) == len(shown) == 4
+
+
+@pytest.mark.parametrize("framework,fixed", [
+    ("torchtitan", {"tp": 1, "cp": 1, "ep": 8}),  # 0.3 has no etp=tp: whole experts are the only kind
+    ("megatron", {"tp": 1, "cp": 1, "ep": 8, "expert_tp": False}),  # etp=1 held by the user
+])
+def test_whole_experts_on_a_one_rank_block_stay_searchable(framework, fixed):
+    """At tp = cp = 1 folded experts (etp=1) stand in for the unfolded ones only where the space
+    still holds the unfolded layout. torchtitan 0.3 removed etp=tp (and --fix etp=1 removes it under
+    Megatron): the folded layout is then the only one of its class. Before the fix the search left it
+    out as a duplicate and the --fix was refused ('cannot run under plain DDP' for torchtitan, whose
+    FSDP runs ep=8 with tp=cp=1: efsdp x ep = dp_shard x cp x tp)."""
+    model, cluster = _moe_8()
+    job = Job(global_batch_size=32, seq_len=4096, framework=framework)
+    bounds = Bounds(fixed, {}, {}, 0.0)
+    _check_engines_agree(model, job, cluster, bounds)
+    res = plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=0, bounds=bounds))
+    layout = res.best.layout
+    assert (layout.tp, layout.cp, layout.ep, layout.dp) == (1, 1, 8, 16 // layout.pp)
+    if framework == "torchtitan":
+        assert layout.zero_stage in (2, 3)  # FSDP: plain DDP (zero=0) cannot carve an expert group
+
+
+def test_whole_experts_under_plain_ddp_are_refused_by_the_ddp_rule():
+    """The same --fix with zero=0 held: torchtitan's plain DDP has no FSDP ranks to carve an expert
+    group from (dp_shard = 1), and the refusal names that rule alone."""
+    model, cluster = _moe_8()
+    job = Job(global_batch_size=32, seq_len=4096, framework="torchtitan")
+    bounds = Bounds({"tp": 1, "cp": 1, "ep": 8, "zero_stage": 0}, {}, {}, 0.0)
+    with pytest.raises(SpecError) as err:
+        plan(model, job, cluster, SearchOptions(engine="cpsat", top_k=0, bounds=bounds))
+    rule = next(r for r in job.profile.profile.rules if r.id == "ddp_only_1d_ep")
+    assert str(err.value).count("torchtitan:") == 1 and rule.message in str(err.value)

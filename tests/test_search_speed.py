@@ -187,10 +187,12 @@ def test_rows_that_depend_on_pp_and_dp_alone_are_priced_once_per_pair(batch):
             for j, mb in enumerate(S.micro_batch_size):
                 for vi, v in enumerate(S.vp):
                     slots = S.head_slots[0]
-                    reason = batch_ok(ctx.model, ctx.job, pp, dp, mb, v, slots) or (
-                        "layers" if slots and head_slot_problem(ctx.model, ctx.job, pp, v) else None) or (
-                        "interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)
-                    assert ok_fmbv[i, j, vi] == (-1 if reason is None else masks.REASON_ORDER.index(reason))
+                    failing = [r for r in (batch_ok(ctx.model, ctx.job, pp, dp, mb, v, slots),
+                                           "layers" if slots and head_slot_problem(ctx.model, ctx.job, pp, v) else None,
+                                           "interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)
+                               if r]  # the first failing rule in REASON_ORDER
+                    code = min(masks.REASON_ORDER.index(r) for r in failing) if failing else -1
+                    assert ok_fmbv[i, j, vi] == code
 
 
 def test_place_transposes_only_axes_out_of_order():

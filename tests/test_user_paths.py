@@ -185,3 +185,26 @@ def test_llama3_405b_on_256_gb200_evaluates_and_plans():
     plan = RUN.invoke(main, ["plan", *base, "--top", "0", "--json"])
     assert plan.exit_code == 0, plan.output
     assert json.loads(plan.stdout)["step_time_s"] > 0
+
+
+def test_megatron_dense_context_parallel_keeps_pp_last():
+    """Megatron-Core builds its expert rank generator for dense models too (since 2024-11): with
+    cp > 1 and pp > 1 it refuses --use-tp-pp-dp-mapping (order tp-cp-pp-dp). The plan chose that
+    order and the export wrote the flag; evaluate priced it. Before the folding release it ran."""
+    from clusterplan.cost.checks import placement_problem
+    from clusterplan.cost.profile_file import load_profile
+
+    out = RUN.invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "64",
+                            "--seq-len", "32768", "--fix", "cp=2,pp=2,tp=2"])
+    assert out.exit_code == 0, out.output
+    best = next(line for line in out.output.splitlines() if line.startswith("best layout"))
+    assert "cp=2" in best and "pp=2" in best and "order=tp-cp-pp-dp" not in best
+    bad = RUN.invoke(main, ["evaluate", "--model", "llama3-70b", "--cluster", "dgx-h100-superpod", "--devices", "64",
+                            "--layout", "tp=8,pp=2,cp=2,dp=2,order=tp-cp-pp-dp"])
+    assert bad.exit_code == 2 and "order=tp-cp-dp-pp" in bad.stderr and "dense models too" in bad.stderr
+    megatron = load_profile("megatron")
+    assert megatron.at("2024-10").checks_dense_placement() is False
+    assert megatron.at("2024-11").checks_dense_placement() is True
+    assert placement_problem(8, 2, 2, 1, True, "tp-cp-pp-dp", dense=True)
+    assert placement_problem(8, 2, 1, 1, True, "tp-cp-pp-dp", dense=True) is None  # cp = 1: the sizes agree
+    assert placement_problem(8, 2, 2, 1, True, "tp-cp-pp-dp") is None  # other frameworks: no expert generator

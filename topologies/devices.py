@@ -94,6 +94,9 @@ class DeviceSpec(BaseModel):
     )
     memory_kind: Literal["hbm", "sram"] = Field(description="hbm or on-chip sram (SRAM-only machines).")
     memory_bytes: float = Field(gt=0, description="Usable memory per device (bytes).")
+    program_memory_bytes: float | None = Field(
+        None, gt=0, description="What the device's runtime leaves a program of its memory, measured (XLA's "
+                                "available HBM on TPUs); None: not measured (cost.terms.memory.runtime_bytes).")
     memory_bytes_per_s: float = Field(gt=0, description="Memory bandwidth (bytes/s).")
     memory_efficiency: float = Field(
         gt=0, le=1, description="Achieved fraction of memory bandwidth for streaming kernels."
@@ -137,6 +140,9 @@ class DeviceSpec(BaseModel):
     kernel_overhead_s: float = Field(
         ge=0, description="Fixed launch/framework overhead per kernel on this device (seconds)."
     )
+    mlp_block_kernel_overhead_s: float | None = Field(
+        None, ge=0, description="Per-kernel overhead of the MLP blocks' kernels where a CUDA graph of a dropless MoE model "
+                                "leaves them eager and graphs the rest (cost.compute.graphed_device); None: kernel_overhead_s.")
     comm_kernel_slowdown: tuple[tuple[float, float], ...] = Field(
         (), description="Measured slowdown of large GEMMs beside a communication kernel that holds a share of the "
                         "SMs, as (SM share, slowdown) points; empty: not measured (cost.terms.overlap_share).")

@@ -144,6 +144,8 @@ class DeviceEntry(_Entry):
     memory_gb: float | None = Field(None, gt=0, le=MAX_MEMORY_GIB)
     memory_mib: float | None = Field(None, gt=0, le=MAX_MEMORY_GIB * 1024)
     memory_gbyte_per_s: float = Field(gt=0, le=MAX_GBYTE_PER_S)
+    program_memory_gib: float | None = Field(None, gt=0, le=MAX_MEMORY_GIB,
+                                             description="Memory the runtime leaves a program, measured (GiB).")
     scale_up_gbyte_per_s_per_dir: float = Field(ge=0, le=MAX_GBYTE_PER_S)
     scale_out_gbit_per_s: float = Field(ge=0, le=MAX_NIC_GBIT_PER_S)
     power_w: float | None = Field(None, gt=0, le=MAX_POWER_W)

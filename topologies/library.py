@@ -194,6 +194,7 @@ def device_from_entry(entry: DeviceEntry, where: str = "device") -> DeviceSpec:
         id=entry.id, name=entry.name, vendor=entry.vendor, family=entry.family,
         peak_flops_per_s={k: v * 1e12 for k, v in entry.peak_tflops.items()},
         memory_kind=entry.memory_kind, memory_bytes=entry.memory_bytes,
+        program_memory_bytes=None if entry.program_memory_gib is None else entry.program_memory_gib * 2**30,
         memory_bytes_per_s=entry.memory_gbyte_per_s * GBYTE,
         memory_efficiency=entry.memory_efficiency or group.memory_efficiency,
         power_w=entry.power_w, idle_power_w=entry.idle_power_w, price_per_hour_usd=entry.price_per_hour_usd,

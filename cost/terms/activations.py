@@ -130,7 +130,7 @@ def fp8_saved_inputs(ctx: Context) -> float:
 
 def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: str, moe: bool,
                      score_elements: float = 0.0, eager: bool = False, kv_repeat: bool = False,
-                     fp32_norms: bool = False, fp8_inputs: float = 0.0) -> float:
+                     fp32_norms: bool = False, fp8_inputs: float = 0.0, glu_input: float = ACT_BYTES) -> float:
     """Stored activations of one layer for one micro-batch (Korthikanti et al. 2022, section 4).
 
     Generalises ``s b h (34 + 5 a s / h)`` to GQA, any FFN width, SwiGLU and MoE. With flash
@@ -157,7 +157,7 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     bytes per element; 0: none): the linears keep their low-precision inputs (the attention and MLP
     inputs, the MLP activation output, the experts' inputs), 1 byte per element in FP8, and the
     out-projection keeps such a copy of the attention output beside the 16-bit one the attention
-    backward needs.
+    backward needs. ``glu_input``: SwiGLU's input bytes (:func:`glu_input_bytes`).
     """
     h = model.hidden_size
     lin = linear_input_bytes(fp8_inputs)
@@ -170,9 +170,9 @@ def activation_bytes(model: ModelSpec, n: float, tp: int, sp: bool, recompute: s
     sharded = _attention_kept_bytes(model, n, recompute, score_elements, kv_repeat, fp8_inputs)
     kept = mlp_kept_tensors(model, eager)
     if moe:
-        sharded += moe_mlp_activation_bytes(model, n, kept, lin)
+        sharded += moe_mlp_activation_bytes(model, n, kept, lin, glu_input)
     else:
-        sharded += n * model.ffn_hidden_size * mlp_width_bytes(kept, lin)
+        sharded += n * model.ffn_hidden_size * mlp_width_bytes(kept, lin, glu_input)
     if sp:
         return (replicated + sharded) / tp
     return replicated + sharded / tp
@@ -210,10 +210,21 @@ def mlp_kept_tensors(model: ModelSpec, eager: bool = False) -> int:
     return 1 + ups + (1 if eager and ups == 2 else 0)
 
 
-def mlp_width_bytes(kept: int, lin: float) -> float:
+def mlp_width_bytes(kept: int, lin: float, glu_input: float = ACT_BYTES) -> float:
     """Bytes per element of the MLP width for ``kept`` tensors: 16-bit, except the last, fc2's
-    input, at ``lin`` bytes (:func:`linear_input_bytes`)."""
-    return ACT_BYTES * (kept - 1) + lin
+    input, at ``lin`` bytes (:func:`linear_input_bytes`), and SwiGLU's two inputs (gate and up) at
+    ``glu_input`` bytes (:func:`glu_input_bytes`: 1 where Megatron-Core stores them in FP8)."""
+    return ACT_BYTES * (kept - 1) + lin - 2 * (ACT_BYTES - glu_input)
+
+
+def glu_input_bytes(job, model: ModelSpec) -> float:
+    """Bytes per element a SwiGLU keeps of its gate and up inputs: 1 where the job stores them in FP8
+    (``Job.activation_func_fp8_input_store``: Megatron-Core's ``--activation-func-fp8-input-store``,
+    21648b5ab0, 2024-04: the fused bias-SwiGLU saves ``input.to(torch.float8_e4m3fn)``; DeepSeek-V3's
+    "inputs of the SwiGLU operator in MoE ... stored in FP8", report s3.3.3), else 16-bit."""
+    if job.activation_func_fp8_input_store and model.mlp_matrices == 3:
+        return 1.0
+    return ACT_BYTES
 
 
 ROUTER_BYTES_PER_SCORE = 4.0
@@ -232,16 +243,17 @@ def linear_input_bytes(fp8_inputs: float) -> float:
     return float(fp8_inputs) if fp8_inputs else float(ACT_BYTES)
 
 
-def moe_mlp_activation_bytes(model: ModelSpec, n: float, kept: int, lin: float = ACT_BYTES) -> float:
+def moe_mlp_activation_bytes(model: ModelSpec, n: float, kept: int, lin: float = ACT_BYTES,
+                             glu_input: float = ACT_BYTES) -> float:
     """What an MoE MLP keeps for ``n`` tokens (before tensor-parallel sharding) on the most loaded
     expert-parallel rank: the router's scores and choices, the permuted tokens into and out of the
     experts (``2 n top_k h`` each, times the routing's load factor, ``MoESpec.load_factor``; the
     way in is the experts' fc1 input, ``lin`` bytes per element), ``kept`` tensors of the expert
-    width per routed token (SwiGLU fused: 3; eager: 4; the last the fc2 input) and the shared
-    experts' alike."""
+    width per routed token (SwiGLU fused: 3; eager: 4; the last the fc2 input; SwiGLU's inputs at
+    ``glu_input`` bytes) and the shared experts' alike."""
     e = model.moe
     routed = n * e.top_k * e.load_factor
     router = n * (e.num_experts * ROUTER_BYTES_PER_SCORE + e.top_k * ROUTER_BYTES_PER_CHOICE)
-    per_width = mlp_width_bytes(kept, lin)
+    per_width = mlp_width_bytes(kept, lin, glu_input)
     return (router + (lin + ACT_BYTES) * routed * model.hidden_size + routed * e.expert_ffn_hidden_size * per_width
             + n * e.num_shared_experts * e.expert_ffn_hidden_size * per_width)

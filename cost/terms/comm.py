@@ -376,7 +376,11 @@ def _dispatch_s(e, token_bytes: float, prof, dispatcher: str = "auto") -> float:
     fused kernels send a token once to each rank holding any of its experts (DeepEP's
     ``is_token_in_rank``; :func:`ranks_per_token`) and, across domains, once over the fabric to each
     node holding any (:func:`remote_nodes_per_token`), forwarded there over the scale-up links.
-    ``auto``: every copy inside a domain, per-node deduplication across domains. The phases run at
+    ``auto``: what every framework runs when the plan names no dispatcher, priced as ``alltoall``:
+    Megatron-Core's alltoall dispatcher, which the Megatron export writes for it
+    (``--moe-token-dispatcher-type alltoall``; Megatron-Core's own default is the allgather
+    dispatcher, which the export never leaves it to), torchtitan's standard backend, DeepSpeed-MoE's
+    ``all_to_all_single``, MaxText's XLA exchange (maxtext.yaml ``moe_alltoall``): none deduplicates. The phases run at
     the links' achieved rates: DeepEP's normal kernels measure 153-158 GB/s of the H800's ~160 GB/s
     NVLink maximum and 43-58 GB/s (logical) of a 400 Gb/s CX7's ~50 GB/s (DeepEP README, V1
     performance table), no slower than the NCCL bus bandwidth the link classes carry.
@@ -397,7 +401,7 @@ def _dispatch_s(e, token_bytes: float, prof, dispatcher: str = "auto") -> float:
     proxied = prof.num_domains > 1 and not prof.inter_gpu_initiated_rdma
     copies = ranks_per_token(e.num_experts, e.top_k, prof.num_ranks) if dedup and not proxied else e.top_k
     size = token_bytes * copies * e.load_factor
-    if prof.num_domains <= 1 or dispatcher == "alltoall" or proxied:
+    if prof.num_domains <= 1 or not dedup or proxied:
         return coll.all_to_all_s(size, prof)
     kmin = prof.fewest_ranks_per_domain
     own = None if kmin == prof.ranks_per_domain else kmin / prof.num_ranks

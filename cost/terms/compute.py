@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from clusterplan.cost.compute import op_time_s
-from clusterplan.cost.terms.activations import _score_elements, activation_bytes, dots_activation_bytes, dots_recomputed_share, fp8_saved_inputs, linear_input_bytes, mlp_kept_tensors, mlp_width_bytes, op_sac_activation_bytes, op_sac_recomputed_share, score_bytes
+from clusterplan.cost.terms.activations import _score_elements, activation_bytes, dots_activation_bytes, dots_recomputed_share, fp8_saved_inputs, glu_input_bytes, linear_input_bytes, mlp_kept_tensors, mlp_width_bytes, op_sac_activation_bytes, op_sac_recomputed_share, score_bytes
 from clusterplan.cost.terms.context import Context, FUSED_MODEL_CODE, HF_MODEL_CODE, _compute_context, _kind_total, _layer_kinds, _local_experts, _tokens
 from clusterplan.models.ops import ACT_BYTES, FUSED, Kernels, layer_ops, linear_op
 from clusterplan.models.spec import ModelSpec
@@ -62,7 +62,7 @@ def _recompute_module_parts(ctx: Context, n: float, modules: tuple[str, ...], mo
     h, a = model.hidden_size, model.num_attention_heads
     d_qk, d_v = model.attention_dims
     lin = linear_input_bytes(fp8_saved_inputs(ctx))
-    per_width = mlp_width_bytes(mlp_kept_tensors(model, kernels.eager), lin)
+    per_width = mlp_width_bytes(mlp_kept_tensors(model, kernels.eager), lin, glu_input_bytes(ctx.job, model))
     names, replicated, sharded = [], 0.0, 0.0
     if "core_attn" in modules:  # only the scores: the output stays as the out-projection's input
         sharded += score_bytes(model, _score_elements(ctx, n))
@@ -191,7 +191,7 @@ def _activation_terms(ctx: Context, tp: int, n: float, sp: bool, recompute: str)
     model = ctx.model
     kernels = layer_kernels(ctx)
     style = {"eager": kernels.eager, "kv_repeat": kernels.kv_repeat, "fp32_norms": ctx.job.model_code == HF_MODEL_CODE,
-             "fp8_inputs": fp8_saved_inputs(ctx)}
+             "fp8_inputs": fp8_saved_inputs(ctx), "glu_input": glu_input_bytes(ctx.job, model)}
     act, transient = [0.0, 0.0], 0.0
     for moe, _ in _layer_kinds(model):
         saved, dots = _op_sac_saved(ctx, recompute, moe), _dots_saved(ctx, recompute, moe)

@@ -89,12 +89,20 @@ def graphed_context(ctx: Context, scope: str) -> Context:
     (contexts that differ only in the global batch compare equal, so they cannot be cached)."""
     if scope == "none":
         return ctx
-    return Context(ctx.model, ctx.job, _graphed_cluster(ctx._base.cluster, scope))
+    eager_moe = graphs_skip_moe(ctx.model, ctx.job.profile.profile)
+    return Context(ctx.model, ctx.job, _graphed_cluster(ctx._base.cluster, scope, eager_moe))
+
+
+def graphs_skip_moe(model: ModelSpec, profile) -> bool:
+    """Whether the framework's CUDA graphs leave this model's MoE blocks eager: a dropless MoE model
+    (no capacity factor: data-dependent shapes) under a framework whose graphs then capture only the
+    attention (``semantics.cuda_graph_dropless_moe`` false: Megatron's ``--cuda-graph-modules attn``)."""
+    return model.moe is not None and model.moe.capacity_factor is None and not profile.cuda_graph_dropless_moe
 
 
 @lru_cache(maxsize=64)
-def _graphed_cluster(cluster: Cluster, scope: str) -> Cluster:
-    return replace(cluster, device=graphed_device(cluster.device, scope))
+def _graphed_cluster(cluster: Cluster, scope: str, eager_moe: bool = False) -> Cluster:
+    return replace(cluster, device=graphed_device(cluster.device, scope, eager_moe))
 
 
 def _tokens(ctx: Context, cp: int, mbs: int) -> float:

@@ -22,8 +22,11 @@ OPTIMIZER_STATE_BYTES = 12.0  # fp32 master weights + two fp32 moments (Rajbhand
 def optimizer_state_bytes(job) -> float:
     """Optimizer bytes per parameter: the master copy and Adam's two moments, each of
     ``job.weight_bytes`` (12 for fp32; 6 for MaxText's ``weight_dtype: bfloat16``, where ``mu_dtype``
-    inherits the weight dtype and optax keeps ``nu`` in the parameter's)."""
-    return OPTIMIZER_STATE_BYTES * job.weight_bytes / 4
+    inherits the weight dtype and optax keeps ``nu`` in the parameter's), the moments of
+    ``job.moment_bytes`` where set (8 for fp32 masters with BF16 moments: DeepSeek-V3 report s3.3.3,
+    "BF16 ... to track the first and second moments in the AdamW optimizer", the master weights kept
+    in FP32; Megatron-Core's precision-aware optimizer with ``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``)."""
+    return float(job.weight_bytes + 2 * (job.moment_bytes or job.weight_bytes))  # 4 + 2 x 4 = OPTIMIZER_STATE_BYTES
 
 
 WEIGHT_BYTES = 2.0  # 16-bit weights (FP8 training keeps 16-bit masters of the weights in use)
@@ -137,12 +140,16 @@ def runtime_bytes(ctx: Context, layout: Layout) -> float:
     a PyTorch framework (``semantics.nccl_runtime``) the CUDA context, eager or lazily loaded by the
     framework's date (``LAZY_LOADING_SINCE``), plus NCCL's buffers for each communicator it uses
     (``nccl_communicator_sizes``), their ring share once NCCL connects lazily
-    (``NCCL_LAZY_CONNECT_SINCE``); elsewhere ``RUNTIME_RESERVE_BYTES``; nothing on SRAM machines."""
+    (``NCCL_LAZY_CONNECT_SINCE``); elsewhere what the device's runtime is measured to keep
+    (``DeviceSpec.program_memory_bytes``: XLA's available HBM on TPUs, none below 0 where the
+    catalogue's capacity is the smaller), else ``RUNTIME_RESERVE_BYTES``; nothing on SRAM machines."""
     device = ctx.cluster.device
     if device.memory_kind != "hbm":
         return 0.0
     prof = ctx.job.profile
     if not (prof.profile.nccl_runtime and device.family.startswith(("nvidia", "amd"))):
+        if device.program_memory_bytes is not None:
+            return max(0.0, device.memory_bytes - device.program_memory_bytes)
         return RUNTIME_RESERVE_BYTES
     context = CUDA_CONTEXT_LAZY_BYTES if prof.date >= LAZY_LOADING_SINCE else CUDA_CONTEXT_EAGER_BYTES
     lazy = prof.date >= NCCL_LAZY_CONNECT_SINCE
@@ -315,16 +322,88 @@ def static_memory(ctx: Context, layout: Layout, rank: str | None = None) -> Stat
     weights = kept * owned_params(pc, layout, z >= 3, copies)
     if z >= 3 and not ctx.job.profile.profile.sharded_weight_copy:
         weights = 0.0  # FSDP2: the fp32 shard (with the optimizer states) is cast at each gather
-    if z >= 3:  # FSDP keeps the gathered weights of the layer in use and the one prefetched
-        per_layer = (pc.dense + pc.expert) / max(1, layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
-        weights += 2 * kept * per_layer
-    grads = ctx.job.grad_bytes * owned_params(pc, layout, z >= 2, copies)
+    live_weights, live_grads = zero3_live_bytes(ctx, layout, pc, kept) if z >= 3 else (0.0, 0.0)
+    weights += live_weights
+    grads = ctx.job.grad_bytes * owned_params(pc, layout, z >= 2, copies) + live_grads
     if _lp_grads_kept(ctx, z):  # DeepSpeed's BF16_Optimizer: the 16-bit .grad tensors besides
         grads += WEIGHT_BYTES * owned_params(pc, layout, False, copies)
     optim = optimizer_state_bytes(ctx.job) * owned_params(pc, layout, z >= 1, copies)
     if offloads_optimizer(layout.offload):  # the fp32 master weights and moments live in host memory
         optim = 0.0  # (ZeRO-Offload, Megatron-Core's HybridDeviceOptimizer: cost.terms.dp.host_optimizer_terms)
     return StaticMemory(weights, grads, optim)
+
+
+def zero3_live_bytes(ctx: Context, layout: Layout, pc: ParamCounts, kept: float) -> tuple[float, float]:
+    """ZeRO-3's live set beside the shards: ``(gathered weights, full-size gradients)`` bytes at its
+    peak, as the framework holds them at the job's release (``ProfileAt.zero3_live``).
+
+    ``layers``: FSDP keeps the gathered weights of the layer in use and the one prefetched, each
+    gradient reduce-scattered as it is made. ``module_prefetch`` (DeepSpeed before v0.6.0,
+    ``ds_zero3_live``): weights are gathered one module at a time, and the next module is
+    prefetched only while fewer than ``semantics.zero3_max_live_numel`` gathered elements are live
+    (stage3.py ``prefetch_next_sub_modules``, ``stage3_max_live_parameters``); a module is
+    released after its forward and after its backward. A gradient larger than the reduce bucket
+    (``semantics.zero3_reduce_bucket_numel``, ``reduce_bucket_size``) is reduced whole, and every
+    reduced gradient is freed only when the next reduction starts (``partition_previous_reduced_grads``),
+    so while a module's weight gradient is made the previous module's full gradient (or a bucket of
+    smaller ones) is still held: :func:`module_live_numel`."""
+    if ctx.job.profile.zero3_live != "module_prefetch":
+        per_layer = (pc.dense + pc.expert) / max(1, layers_on_stage(ctx.model.num_layers, layout.pp, layout.vp))
+        return 2 * kept * per_layer, 0.0
+    prof = ctx.job.profile.profile
+    sizes = [n for n in _layer_modules(ctx.model, layout.tp, layout.ep, layout.expert_tp)
+             if n >= prof.zero3_persistence_threshold]
+    vocab = ctx.model.vocab_size * ctx.model.hidden_size / layout.tp
+    gathered, grads = module_live_numel(sizes, vocab, prof.zero3_max_live_numel, prof.zero3_reduce_bucket_numel)
+    return kept * gathered, ctx.job.grad_bytes * grads
+
+
+def _layer_modules(model: ModelSpec, tp: int, ep: int, expert_tp: bool) -> list[float]:
+    """Elements of each partitioned module of one layer on a rank, in forward order (Megatron's layout,
+    as :func:`partitioned_modules`): fused QKV and the attention output (five equal projections with
+    MLA), then the fused first and the second MLP projection, or an MoE layer's router and each local
+    expert's two projections (the heavier layer kind where the model has both)."""
+    h = model.hidden_size
+    if model.mla is not None:
+        attention = [model.attention_params / 5 / tp] * 5
+    else:
+        out = model.num_attention_heads * model.head_dim_resolved * h / tp
+        attention = [model.attention_params / tp - out, out]
+    first = (model.mlp_matrices - 1) / model.mlp_matrices
+    dense = [first * model.dense_mlp_params / tp, (1 - first) * model.dense_mlp_params / tp]
+    if model.moe is None or model.num_moe_layers == 0:
+        return attention + dense
+    e = model.moe
+    width = model.expert_params / (tp if expert_tp else 1)
+    shared = [first * model.expert_params / tp, (1 - first) * model.expert_params / tp] * e.num_shared_experts
+    moe = [h * e.num_experts, *shared, *[first * width, (1 - first) * width] * max(1, e.num_experts // ep)]
+    return attention + (moe if sum(moe) >= sum(dense) or model.num_moe_layers == model.num_layers else dense)
+
+
+def module_live_numel(sizes: list[float], vocab: float, max_live: int, bucket: int) -> tuple[float, float]:
+    """``(gathered, gradient)`` elements at the peak of DeepSpeed's module-by-module ZeRO-3
+    (:func:`zero3_live_bytes`), over two consecutive layers of partitioned modules ``sizes`` (forward
+    order) after the vocabulary matrix ``vocab``. In the forward, module ``i`` and, while it holds
+    fewer than ``max_live`` elements, the next one prefetched; in the backward (reverse order), the
+    same gathered pair, module ``i``'s full gradient and the one before it still held (a whole
+    gradient above ``bucket``, else a bucket of smaller ones, or all made so far where fewer).
+
+    >>> module_live_numel([3.0, 1.0, 4.0, 4.0], 0.0, max_live=2, bucket=2)  # a 4, its gradient and the 4 before
+    (4.0, 8.0)
+    >>> module_live_numel([3.0, 1.0, 4.0, 4.0], 0.0, max_live=5, bucket=2)  # under 5 live, a 4 prefetches the next
+    (8.0, 7.0)
+    """
+    forward = [vocab, *sizes, *sizes]
+    backward = [vocab, *reversed(sizes), *reversed(sizes)]
+    best = (0.0, 0.0)
+    for seq, with_grads in ((forward, False), (backward, True)):
+        for i in range(1, len(seq) - 1):
+            cur, nxt, prev = seq[i], seq[i + 1], seq[i - 1]
+            gathered = cur + (nxt if cur < max_live else 0.0)
+            grads = cur + (prev if prev > bucket else min(bucket, sum(seq[:i]))) if with_grads else 0.0
+            if gathered + grads > sum(best):
+                best = (gathered, grads)
+    return best
 
 
 def _lp_grads_kept(ctx: Context, zero_stage: int) -> bool:

@@ -187,6 +187,6 @@ def timeline_png(timeline, path: str, title: str) -> None:
     ax.set_title(textwrap.fill(title, 110), fontsize=10)  # a long layout wraps instead of running off the figure
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(rows) < 4 else -0.12),
-              ncol=4, fontsize=8, frameon=False)
+    # below the axis label, in the constrained layout's own space (matplotlib >= 3.7), not over it
+    fig.legend(unique.values(), unique.keys(), loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     _save(plt, fig, path, "--timeline")

@@ -302,6 +302,15 @@ def interval_text(doc: dict) -> str | None:
             f"each checked without its own source; clusterplan validate)")
 
 
+def _memory_label(doc: dict, key: str) -> str:
+    """A memory row's label; the runtime's is the GPU stack's (CUDA context, NCCL buffers) on NVIDIA
+    and AMD devices, what the runtime keeps outside the program elsewhere (XLA on TPUs, ...)."""
+    family = doc.get("inputs", {}).get("cluster", {}).get("device_family", "")
+    if key == "reserved" and not family.startswith(("nvidia", "amd")):
+        return "runtime (kept outside the program)"
+    return MEMORY_LABELS.get(key, key)
+
+
 def _memory(doc: dict, console: Console) -> None:
     capacity, peak = doc["device_memory_bytes"], doc["peak_memory_bytes"]
     table = make_table("memory per device (most loaded stage)", ("GiB", "right"), ("% of device", "right"))
@@ -309,7 +318,7 @@ def _memory(doc: dict, console: Console) -> None:
     for key, value in rows:  # the optimizer step's copies beside the gradients they copy
         if key in ("allocator", "step_copies") and not value:
             continue  # no allocator share for this framework (said below the table), or the backward's peak
-        table.add_row(MEMORY_LABELS.get(key, key), gib(value), f"{value / capacity:.1%}")
+        table.add_row(_memory_label(doc, key), gib(value), f"{value / capacity:.1%}")
     table.add_row("total (reserved)", gib(peak), f"{peak / capacity:.1%}", style="bold")
     console.print(table)
     need = doc.get("fit_memory_bytes", peak)
@@ -338,7 +347,8 @@ def _memory(doc: dict, console: Console) -> None:
     headroom = (doc.get("search") or {}).get("memory_headroom")
     if headroom:
         console.print(f"the search kept {headroom:.1%} of device memory free (--memory-headroom; by default the "
-                      "framework's allocator margin), so the plan leaves room for fragmentation")
+                      "framework's margin: the allocator's fragmentation under PyTorch, the memory model's shortfall "
+                      "against XLA's compiled peak under MaxText)")
     console.print()
 
 

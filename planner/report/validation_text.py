@@ -129,6 +129,12 @@ def _memory_lines(s: dict, console: Console) -> None:
         console.print(f"{'fit / OOM facts':>22}: {f['agreed']} of {f['facts']} reproduced{wrong}")
 
 
+def knob_tally(by_knob: dict) -> str:
+    """``cp_comm 1/1 (1 group), pp+tp 12/14 (3 groups)``: the ranking agreement per knob."""
+    return ", ".join(f"{k} {v['agreed']}/{v['pairs']} ({v['groups']} group{'s' if v['groups'] != 1 else ''})"
+                     for k, v in by_knob.items())
+
+
 def _ranking_lines(rk: dict, console: Console) -> None:
     if not rk.get("pairs"):
         return
@@ -137,6 +143,8 @@ def _ranking_lines(rk: dict, console: Console) -> None:
                   f"within {rk['tie_threshold']:.0%} of each other are ties, not counted")
     console.print(f"{'':>22}  by source: " + ", ".join(f"{k} {v['agreed']}/{v['pairs']}"
                                                        for k, v in rk["by_source"].items()))
+    if rk.get("by_knob"):
+        console.print(f"{'':>22}  by knob (the settings a group's runs differ in): " + knob_tally(rk["by_knob"]))
     rg = rk.get("regret") or {}
     if rg.get("groups"):
         above = "; ".join(f"{r['group']} {r['regret']:.2f}x ({r['first']})" for r in rg["above"])

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from clusterplan.cost.assembly import STEP_TERMS, pipeline
 from clusterplan.planner.search.exhaustive import (
-    DIMS, _place, ep_saving, grad_accumulation_term, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term, restrict,
-    solve_exhaustive, zero_bubble_saving,
+    DIMS, _place, ep_hidden, grad_accumulation_term, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term, restrict,
+    solve_exhaustive, term_cells, zero_bubble_saving,
 )
 from clusterplan.planner.search.tables import SLOT_QUANTUM, Tables
 
@@ -49,9 +50,10 @@ def objective_lower_bound(T: Tables) -> np.ndarray:
     if T.busy_weight:
         Q = SLOT_QUANTUM
         cmin = _place(T.C[T.tc_of_fe], ("f", "e", "mb", "s", "r")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9, 10))  # (F, MB)
-        head_min = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")).min(axis=(1, 2, 3, 5, 6, 7, 8, 9, 10))
-        opt_min = Q * T.OPT.min(axis=(2, 3))  # (F, V)
-        busy = (T.M * cmin)[:, :, None] * T.FRAC[:, None, :] + Q * (T.M * head_min)[:, :, None] + opt_min[:, None, :]
+        busy = (T.M * cmin * T.BF[:, None])[:, :, None].repeat(T.U.shape[2], 2)
+        for term, cells in _bounded_terms(T, slice(None), busy=True):  # each at its least over the other knobs
+            least = np.swapaxes(cells.min(axis=tuple(k for k, d in enumerate(DIMS) if d not in ("f", "mb", "v"))), 1, 2)
+            busy = busy + Q * (T.M[:, :, None] * least if term.per_microbatch else least)
         return np.where(lb < UNREACHABLE, T.time_weight * lb + T.busy_weight * busy[:, :, :, None], UNREACHABLE)
     return np.where(lb < UNREACHABLE, T.time_weight * lb, UNREACHABLE)
 
@@ -74,7 +76,7 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     """:func:`objective_lower_bound`'s time part for the factorizations in ``sl``: (f, e, v, mb)."""
     Q = SLOT_QUANTUM
     axis = {d: k for k, d in enumerate(DIMS)}
-    placed = (_place(T.ok_fo[sl], ("f", "o")) < 0) & (_place(T.ok_eo, ("e", "o")) < 0)  # orders allowed
+    placed = (_place(T.ok_fo[sl], ("f", "o")) < 0) & (_place(T.ok_foe[sl], ("f", "o", "e")) < 0)  # orders allowed
 
     def min_over_orders(arr: np.ndarray, *more: str) -> np.ndarray:
         arr = np.where(placed, arr, UNREACHABLE)
@@ -84,12 +86,14 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     if T.stages is not None:  # the slower of the candidate stages: one order and overlap setting at a time
         pipe = min_over_orders(pipeline_term(T, sl), "to", "eo")
     elif True in T.space.ep_overlap:  # EP overlap's saving belongs to one order and TP overlap: minimise them together
-        pipe = min_over_orders(U * layer_time(T, sl) - ep_saving(T, sl) - zero_bubble_saving(T, sl), "to", "eo")
+        pipe = min_over_orders(pipeline(U * layer_time(T, sl), _place(T.UG[sl], ("f", "mb", "v")), ep_hidden(T, sl),
+                                        zero_bubble_saving(T, sl)), "to", "eo")
     else:
         X = min_over_orders(layer_time(T, sl), "to")
         # zero bubble's saving depends on none of the knobs minimised over: exact beside U * min X
-        pipe = np.where(X < UNREACHABLE, U * X - zero_bubble_saving(T, sl), UNREACHABLE)
-    H = min_over_orders(_place(T.H[T.tpg_of_fo[sl]], ("f", "o", "mb", "s")) + _place(T.P2P[sl], ("f", "o", "mb", "s")))
+        pipe = np.where(X < UNREACHABLE, pipeline(U * X, 0, 0, zero_bubble_saving(T, sl)), UNREACHABLE)
+    added = _bounded_terms(T, sl)
+    H = min_over_orders(_total(cells for term, cells in added if term.per_microbatch))
     dims5 = ("f", "o", "v", "e", "z")
     # Exposed traffic with overlap on (never more than with it off): the last bucket, or what the
     # window (this stage's backward, or whole compute for ZeRO-3 gathers) cannot hide.
@@ -103,13 +107,30 @@ def _lower_bound_block(T: Tables, sl: slice) -> np.ndarray:
     step_tr = Q * min_over_orders(_place(T.DPS[sl], dims5))
     mb_tr = Q * min_over_orders(per_microbatch_traffic(T, sl))
     dp = overlapped(T, step_tr, frac * bwd) + M * overlapped(T, mb_tr, frac * comp)
-    dp = dp + Q * min_over_orders(_place(T.DPX[sl], dims5))
-    opt = Q * _place(T.OPT[sl], ("f", "v", "e", "z")) + Q * grad_accumulation_term(T, sl)  # exact: no knob minimised
+    # each at its least over the orders where it runs over them (exact otherwise: no knob minimised)
+    opt = Q * _total(min_over_orders(cells) if cells.shape[axis["o"]] > 1 else cells
+                     for term, cells in added if not term.per_microbatch)
+    opt = opt + Q * grad_accumulation_term(T, sl)
     total = pipe + Q * M * H + dp + opt  # (F, 1, E, V, MB, S, R, Z, 1, 1, 1)
     ok = _memory_fits(T, sl) & (_place(T.ok_fes[sl], ("f", "e", "s")) < 0) & (_place(T.ok_fe[sl], ("f", "e")) < 0)
     ok &= (pipe < UNREACHABLE) & (H < UNREACHABLE)
     total = np.where(ok, total, UNREACHABLE).min(axis=(axis["s"], axis["r"], axis["z"]))
     return total.reshape(total.shape[0], total.shape[2], total.shape[3], total.shape[4])
+
+
+def _bounded_terms(T: Tables, sl: slice, busy: bool = False) -> list:
+    """The additive terms of the step the bounds take (``cost.assembly.STEP_TERMS`` but the sparse
+    ones: a bound without a term stays a bound), each with its cells over the factorizations in ``sl``
+    placed on DIMS; ``busy``: those in the energy objective's busy time alone."""
+    return [(term, term_cells(T, term, sl)) for term in STEP_TERMS if not term.sparse and (term.busy or not busy)]
+
+
+def _total(arrays) -> np.ndarray | int:
+    """The sum of ``arrays`` (0 where none)."""
+    out = 0
+    for arr in arrays:
+        out = arr if isinstance(out, int) else out + arr
+    return out
 
 
 def _memory_fits(T: Tables, sl: slice = slice(None)) -> np.ndarray:
@@ -118,9 +139,10 @@ def _memory_fits(T: Tables, sl: slice = slice(None)) -> np.ndarray:
 
 
 def factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
-    """Per (f, mb): the least layer time X and the least head+p2p time over the other knobs."""
+    """Per (f, mb): the least layer time X and the least time the additive terms add per micro-batch
+    (``_bounded_terms``: the head and the sends) over the other knobs."""
     X = layer_time(T, slice(None))
-    H = _place(T.H[T.tpg_of_fo], ("f", "o", "mb", "s")) + _place(T.P2P, ("f", "o", "mb", "s"))
+    H = _total(cells for term, cells in _bounded_terms(T, slice(None)) if term.per_microbatch)
     f_ax, mb_ax = DIMS.index("f"), DIMS.index("mb")
 
     def reduce(arr: np.ndarray) -> np.ndarray:

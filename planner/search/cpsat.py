@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from clusterplan.cost import assembly
+from clusterplan.cost.assembly import STEP_TERMS
 from clusterplan.cost.terms import NUM_GRAD_BUCKETS
 from clusterplan.models.errors import SolverError
 from clusterplan.planner.search.exhaustive import DIMS
@@ -170,7 +172,8 @@ class _Model:
         self.cpg = self._keyed("cpg", T.cpg_of_fo, [x["f"], x["o"]])
         self.epg = self._keyed("epg", T.epg_of_foe, [x["f"], x["o"], x["e"]])
         m.add_allowed_assignments([x["f"], x["e"]], self._f_rows(T.ok_fe < 0))
-        m.add_allowed_assignments([x["e"], x["o"]], np.argwhere(T.ok_eo < 0).tolist())
+        if refused := self._f_rows(T.ok_foe >= 0):  # fewer than the allowed; most spaces have none
+            m.add_forbidden_assignments([x["f"], x["o"], x["e"]], refused)
         m.add_allowed_assignments([x["f"], x["e"], x["s"]], self._f_rows(T.ok_fes < 0))
         m.add_allowed_assignments([x["f"], x["o"]], self._f_rows(T.ok_fo < 0))
         # Symmetry breaking (planner.search.space.canonical), split by the knobs each part concerns.
@@ -238,32 +241,30 @@ class _Model:
         u = self._lookup("slots", self._fvm_table(T.U), [self.fvm])
         frac = self._lookup("frac", self._fv_table(T.FRAC), [self.fv])
         mb_count = self._lookup("microbatches", self._fvm_table(T.M[:, :, None].repeat(T.U.shape[2], 2)), [self.fvm])
-        per_mb = m.new_int_var(0, per_mb_hi := int(T.H.max() + T.P2P.max() + T.DPC.max()), "per_mb")
-        head = self._lookup("head", T.H, [self.tpg, x["mb"], x["s"]])
-        p2p = self._lookup("p2p", T.P2P, [x["f"], x["o"], x["mb"], x["s"]])
-        if T.DPC.any():  # FSDP2's copies, paid every micro-batch
-            copies = self._lookup("fsdp_copies", self._fv_table(np.transpose(T.DPC, (0, 2, 1, 3, 4))),
-                                  [self.fv, x["o"], x["e"], x["z"]])
-            m.add(per_mb == head + p2p + copies)
-        else:
-            m.add(per_mb == head + p2p)
+        mb_terms = [t for t in STEP_TERMS if t.per_microbatch]
+        per_mb = m.new_int_var(0, per_mb_hi := int(sum(getattr(T, t.table).max() for t in mb_terms)), "per_mb")
+        added = {t.name: self._term(t) for t in mb_terms}  # what each micro-batch adds
+        m.add(per_mb == _total([v for v in added.values() if v is not None], 0))
         tw, bw = T.time_weight, T.busy_weight
         extra = self._product("head_p2p", mb_count, per_mb, int(T.M.max()) * per_mb_hi, tw * Q)
         _, hmin = once(T, factor_minima)
         m.add(extra >= self._lookup("head_lb", self._fvm_table((T.M * hmin)[:, :, None].repeat(T.U.shape[2], 2)),
                                     [self.fvm]))
         core = self._pipeline_and_dp(u, c, tpc, cpc, epc, axes4, axes5, frac, (bwd, fw), mb_count)
-        opt = self._lookup("optimizer", self._fv_table(T.OPT), [self.fv, x["e"], x["z"]])
-        blocking = self._lookup("dp_blocking", self._fv_table(np.transpose(T.DPX, (0, 2, 1, 3, 4))),
-                                [self.fv, x["o"], x["e"], x["z"]])
+        step_terms = [t for t in STEP_TERMS if not t.per_microbatch]
+        added.update({t.name: self._term(t) for t in step_terms})  # what each step adds
         accumulation = self._grad_accumulation(mb_count)
-        self.objective = T.time_weight * (core + Q * extra + Q * opt + Q * blocking + Q * accumulation)
+        step = [Q * added[t.name] for t in step_terms if added[t.name] is not None]
+        self.objective = T.time_weight * (_total([Q * extra, *step, Q * accumulation], core))
         if T.busy_weight:  # energy: the extra power while computing (planner.search.tables docstring)
-            share = self._fvm_table(T.M[:, :, None] * T.FRAC[:, None, :])
+            share = self._fvm_table(T.M[:, :, None] * T.BF[:, None, None].repeat(T.U.shape[2], 2))
             busy_compute = self._product("busy_compute", self._lookup("mb_share", share, [self.fvm]), c,
                                          int(share.max()) * int(T.C.max()), bw)
-            busy_head = self._product("busy_head", mb_count, head, int(T.M.max()) * int(T.H.max()), bw * Q)
-            self.objective += T.busy_weight * (busy_compute + Q * busy_head + Q * opt + Q * accumulation)
+            busy = [Q * self._product(f"busy_{t.name}", mb_count, added[t.name],
+                                      int(T.M.max()) * int(getattr(T, t.table).max()), bw * Q)
+                    for t in mb_terms if t.busy and added[t.name] is not None]
+            busy += [Q * added[t.name] for t in step_terms if t.busy and added[t.name] is not None]
+            self.objective += T.busy_weight * _total([*busy, Q * accumulation], busy_compute)
         m.add(self.objective >= self._lookup("objective_lb", self.triple_lb, [self.fvm]))
         # A (triple, ep) pair whose every completion overflows memory, or whose bound exceeds the cap,
         # is excluded outright.
@@ -273,6 +274,26 @@ class _Model:
             pairs = np.argwhere(self.triple_e_lb < UNREACHABLE)
         m.add_allowed_assignments([self.fvm, x["e"]], pairs.tolist())
         m.minimize(self.objective)
+
+    def _term(self, term):
+        """An additive term of the step (``cost.assembly.STEP_TERMS``) at the chosen knobs, looked up
+        on its table through its dims (a group key's variable, (f, v) through ``fv``); None where it is
+        sparse and no cell pays it."""
+        T, x = self.T, self.x
+        table, dims = getattr(T, term.table), term.dims
+        if term.sparse and not table.any():
+            return None
+        if dims[0] not in DIMS:
+            keys = {"tpg_of_fo": self.tpg, "tpc_of_foe": self.tpc, "cpg_of_fo": self.cpg, "epg_of_foe": self.epg,
+                    "tc_of_fe": self.tc}
+            return self._lookup(term.name, table, [keys[dims[0]]] + [x[d] for d in dims[1:]])
+        if "v" not in dims:
+            return self._lookup(term.name, table, [x[d] for d in dims])
+        lead = ("f", "mb", "v") if "mb" in dims else ("f", "v")
+        rest = [d for d in dims if d not in lead]
+        table = np.transpose(table, [dims.index(d) for d in (*lead, *rest)])
+        table, key = (self._fvm_table(table), self.fvm) if "mb" in dims else (self._fv_table(table), self.fv)
+        return self._lookup(term.name, table, [key] + [x[d] for d in rest])
 
     def _grad_accumulation(self, mb_count):
         """The step's gradient accumulation (``exhaustive.grad_accumulation_term``): the micro-batches
@@ -398,10 +419,9 @@ class _Model:
         if True not in T.space.ep_overlap or not T.WE.any():
             return None
         we = self._lookup("ep_overlap_window", T.WE, axes5)
-        left = m.new_int_var(0, int(T.EPC.max()), "ep_overlap_left")  # what the SM share leaves
-        m.add_division_equality(left, (SHARE_PARTS - T.ep_share) * epc, SHARE_PARTS)
-        per_slot = m.new_int_var(0, int(T.WE.max()), "ep_overlap_hidden")
-        m.add_min_equality(per_slot, [left, we])
+        # cost.assembly.ep_hidden: what the SM share leaves of the open all-to-alls, at most the window
+        per_slot = assembly.ep_hidden(_Equalities(m, T.ep_share, [("ep_overlap_left", int(T.EPC.max())),
+                                                                  ("ep_overlap_hidden", int(T.WE.max()))]), epc, we)
         on = self._lookup("ep_overlap_on", np.array(T.space.ep_overlap, dtype=np.int64), [x["eo"]])
         return per_slot, on
 
@@ -448,15 +468,72 @@ class _Model:
             window = left
         overlap = self._lookup(f"{name}_overlap_on", np.array(T.space.dp_overlap, dtype=np.int64), [x["do"]])
         exposed = m.new_int_var(0, hi_traffic, f"{name}_exposed")
-        m.add(NUM_GRAD_BUCKETS * exposed >= Q * traffic)
-        m.add(SHARE_PARTS * exposed >= T.dp_share * Q * traffic)  # the SMs the NCCL kernels take
-        m.add(exposed >= Q * traffic - window)
+        # cost.assembly.exposed_traffic's terms (the last bucket, the SMs the NCCL kernels take, beyond
+        # the window), each a lower bound; the scaled ones first, as this model has always posted them
+        terms = assembly.exposed_traffic(_LowerBounds(T.dp_share), Q * traffic, window)
+        for k, bound in sorted(terms, key=lambda t: t[0] == 1):
+            m.add(k * exposed >= bound)
         m.add(exposed >= Q * traffic - (hi_traffic + hi_window + 1) * overlap)
         return exposed
 
     def indices(self, solver: cp_model.CpSolver) -> dict:
         idx = {k: int(solver.value(v)) for k, v in self.x.items()}
         return {k: idx[k] for k in DIMS}
+
+
+def _total(terms: list, first):
+    """``first + terms[0] + terms[1] + ...``, summed left to right as the model's expressions always
+    were (the proto keeps the order its sums are written in)."""
+    for term in terms:
+        first = first + term
+    return first
+
+
+@dataclass(frozen=True)
+class _LowerBounds:
+    """``cost.assembly``'s ops for :func:`~cost.assembly.exposed_traffic` in CP-SAT: the objective
+    minimises the exposure, so its maximum is a variable held at or above each term. A term is
+    ``(k, expression)``: ``k x variable >= expression``, a division by ``k`` rounded up, as the
+    tables' ``IntegerOps`` rounds it; ``dp_share`` in SHARE_PARTS."""
+
+    dp_share: int
+
+    @staticmethod
+    def bucket(traffic) -> list:
+        return [(NUM_GRAD_BUCKETS, traffic)]
+
+    def slowdown(self, traffic) -> list:
+        return [(SHARE_PARTS, self.dp_share * traffic)]
+
+    @staticmethod
+    def maximum(a, b) -> list:
+        return [*(a if isinstance(a, list) else [(1, a)]), *(b if isinstance(b, list) else [(1, b)])]
+
+    imax = maximum
+
+
+class _Equalities:
+    """``cost.assembly``'s ops for CP-SAT where a rule's result enters a product
+    (:func:`~cost.assembly.ep_hidden`): each operation is a new variable held equal to its result,
+    named and bounded by the next of ``names`` (``(name, upper bound)``, in the order they are made);
+    ``ep_share`` in SHARE_PARTS, what EP overlap leaves rounded down as the tables' ``IntegerOps``."""
+
+    def __init__(self, m: cp_model.CpModel, ep_share: int, names: list[tuple[str, int]]):
+        self.m, self.ep_share, self.names = m, ep_share, iter(names)
+
+    def _var(self):
+        name, hi = next(self.names)
+        return self.m.new_int_var(0, hi, name)
+
+    def unshared(self, traffic):
+        left = self._var()
+        self.m.add_division_equality(left, (SHARE_PARTS - self.ep_share) * traffic, SHARE_PARTS)
+        return left
+
+    def minimum(self, a, b):
+        least = self._var()
+        self.m.add_min_equality(least, [a, b])
+        return least
 
 
 def _bounds(var) -> tuple[int, int]:

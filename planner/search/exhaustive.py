@@ -14,7 +14,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from clusterplan.cost.terms import NUM_GRAD_BUCKETS
+from clusterplan.cost.assembly import (
+    STEP_TERMS, IntegerOps, StepTerm, ep_hidden as hidden_per_slot, exposed_traffic, mix, pipeline, slowest_step, stage_share,
+)
 from clusterplan.planner.search.masks import REASON_ORDER
 from clusterplan.planner.search.reuse import fewer_collections
 from clusterplan.planner.search.tables import SHARE_PARTS, SLOT_QUANTUM, Tables, full_recompute
@@ -59,19 +61,17 @@ def layer_time(T: Tables, sl: slice) -> np.ndarray:
             + _place(T.CPC[cpg], ("f", "o", "mb", "s")) + _place(T.EPC[epg], ("f", "o", "e", "mb", "s", "r")))
 
 
-def ep_saving(T: Tables, sl: slice) -> np.ndarray:
-    """What EP overlap saves over a step (``planner.search.tables``) for the factorizations in
-    ``sl``: its steady-state slots times, per slot, what the all-to-all kernels' SM share leaves of
-    the open all-to-alls, at most the window; 0 with it off."""
-    return _place(T.UG[sl], ("f", "mb", "v")) * ep_hidden(T, sl)
-
-
 def ep_hidden(T: Tables, sl: slice) -> np.ndarray:
     """Per micro-batch slot, the all-to-all time EP overlap hides: what the kernels' SM share leaves
     of the open all-to-alls, at most the window; 0 with it off."""
     on = _place(np.array(T.space.ep_overlap, np.int64), ("eo",))
-    return on * np.minimum((SHARE_PARTS - T.ep_share) * _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r"))
-                           // SHARE_PARTS, _place(T.WE[T.tc_of_fe[sl]], ("f", "e", "mb", "s", "r", "to")))
+    return on * hidden_per_slot(_ops(T), _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r")),
+                                _place(T.WE[T.tc_of_fe[sl]], ("f", "e", "mb", "s", "r", "to")))
+
+
+def _ops(T: Tables) -> IntegerOps:
+    """How the tables' integers take the overlap shares (``cost.assembly.IntegerOps``)."""
+    return IntegerOps(T.dp_share, T.ep_share, SHARE_PARTS)
 
 
 def pipeline_term(T: Tables, sl: slice) -> np.ndarray:
@@ -80,7 +80,8 @@ def pipeline_term(T: Tables, sl: slice) -> np.ndarray:
     context-parallel traffic, the same per layer of either kind. A lower bound of the pipeline and
     data-parallel terms together (``score_factorization``)."""
     if T.stages is None:
-        return _place(T.U[sl], ("f", "mb", "v")) * layer_time(T, sl) - ep_saving(T, sl) - zero_bubble_saving(T, sl)
+        return pipeline(_place(T.U[sl], ("f", "mb", "v")) * layer_time(T, sl), _place(T.UG[sl], ("f", "mb", "v")),
+                        ep_hidden(T, sl), zero_bubble_saving(T, sl))
     best = None
     for stage in stage_pipelines(T, sl):
         best = stage if best is None else np.maximum(best, stage)
@@ -111,14 +112,13 @@ def stage_pipelines(T: Tables, sl: slice) -> list[np.ndarray]:
     dense = compute - moe_compute + tp - moe_tp
     moe = moe_compute + moe_tp + _place(T.EPC[T.epg_of_foe[sl]], ("f", "o", "e", "mb", "s", "r"))
     hidden = ep_hidden(T, sl)
-    fmv = ("f", "mb", "v")
-    stages = [_place(c.ud[sl], fmv) * dense + _place(c.um[sl], fmv) * moe - _place(c.ugm[sl], fmv) * hidden
-              for c in T.stages]
-    if T.ZU is None:
-        return stages
-    dims = ("f", "e", "mb", "s", "r")
-    bk, bk_m = _place(T.BK[tc], dims), _place(T.BK_M[tc], dims)
-    return [p - _place(c.zd[sl], fmv) * (bk - bk_m) - _place(c.zm[sl], fmv) * bk_m for p, c in zip(stages, T.stages)]
+    fmv, dims = ("f", "mb", "v"), ("f", "e", "mb", "s", "r")
+    bk, bk_m = (0, 0) if T.ZU is None else (_place(T.BK[tc], dims), _place(T.BK_M[tc], dims))
+
+    def zero_bubble(c):  # each kind's backward times the stage's slots of it that zero bubble saves
+        return 0 if T.ZU is None else mix(_place(c.zd[sl], fmv), bk - bk_m, _place(c.zm[sl], fmv), bk_m)
+    return [pipeline(mix(_place(c.ud[sl], fmv), dense, _place(c.um[sl], fmv), moe), _place(c.ugm[sl], fmv), hidden,
+                     zero_bubble(c)) for c in T.stages]
 
 
 def _pipeline_and_dp(T: Tables, sl: slice, dps: np.ndarray, dpm: np.ndarray) -> np.ndarray:
@@ -126,33 +126,28 @@ def _pipeline_and_dp(T: Tables, sl: slice, dps: np.ndarray, dpm: np.ndarray) -> 
     ``dps`` beyond what the last micro-batch's backward hides (less its own ZeRO-2/3 traffic), per
     micro-batch ``dpm`` beyond the compute's window. With dense and MoE layers both, the larger over
     the candidate stages of their pipeline with their own windows (each kind's window times the
-    stage's share of it), as ``cost.step.time_breakdown``.
+    stage's share of it), as ``cost.step.time_breakdown`` (both through ``cost.assembly``).
 
     Summed per DP overlap setting rather than over it: with the overlap off the traffic is the same
     for every stage (the larger of the stages' pipelines plus it), with it on each stage's windows
-    hide some (:func:`_overlapped_stages`); the integers are those of the sum over both settings, in
+    hide some (``cost.assembly.slowest_step``); the integers are those of the sum over both settings, in
     a third of the array passes (half the time of a score of DeepSeek-V3 on 576 GB200)."""
     tc = T.tc_of_fe[sl]
     M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
     window_dims = ("f", "e", "mb", "s", "r", "to")
     bwd, fw = _place(T.BWD[tc], window_dims), _place(T.FW[tc], window_dims + ("eo",))
     if T.stages is None:
-        stages = [(pipeline_term(T, sl), lambda: (FRAC * bwd, FRAC * fw))]
+        stages = [(pipeline_term(T, sl), lambda: (stage_share(FRAC, bwd), stage_share(FRAC, fw)))]
     else:
         bwd_m, fw_m = _place(T.BWD_M[tc], window_dims), _place(T.FW_M[tc], window_dims + ("eo",))
 
-        def windows(c):
+        def windows(c):  # each kind's window is the whole less the MoE layers' part
             fd, fm = _place(c.fd[sl], ("f", "v")), _place(c.fm[sl], ("f", "v"))
-            return fd * (bwd - bwd_m) + fm * bwd_m, fd * (fw - fw_m) + fm * fw_m
+            return mix(fd, bwd - bwd_m, fm, bwd_m), mix(fd, fw - fw_m, fm, fw_m)
         stages = [(pipe, lambda c=c: windows(c)) for c, pipe in zip(T.stages, stage_pipelines(T, sl))]
-    settings = T.space.dp_overlap
-    on = _overlapped_stages(T, stages, dps, dpm, M) if True in settings else None
-    off = None
-    if False in settings:  # the traffic in the open: the same on every stage
-        off = stages[0][0]
-        for pipe, _ in stages[1:]:
-            off = np.maximum(off, pipe)
-        off = off + (dps + M * dpm)
+    settings, ops = T.space.dp_overlap, _ops(T)
+    on = slowest_step(ops, stages, dps, dpm, M, overlap=True) if True in settings else None
+    off = slowest_step(ops, stages, dps, dpm, M, overlap=False) if False in settings else None
     if on is None or off is None:
         out = off if on is None else on
     else:
@@ -160,33 +155,11 @@ def _pipeline_and_dp(T: Tables, sl: slice, dps: np.ndarray, dpm: np.ndarray) -> 
     return out if T.stages is None else out + context_term(T, sl)
 
 
-def _overlapped_stages(T: Tables, stages: list, dps: np.ndarray, dpm: np.ndarray, M: np.ndarray) -> np.ndarray:
-    """With DP overlap on: the larger over ``stages`` (pipeline, its windows) of the pipeline plus the
-    per-step traffic beyond what the last backward hides (less its own per-micro-batch traffic) and
-    ``M`` times the per-micro-batch traffic beyond its window (:func:`overlapped`), in place."""
-    best = None
-    for pipe, windows in stages:
-        step_window, mb_window = windows()
-        hidden = np.subtract(step_window, dpm)
-        np.maximum(hidden, 0, out=hidden)
-        total = _into(np.multiply, overlapped(T, dpm, mb_window), M)
-        total = _into(np.add, _into(np.add, total, overlapped(T, dps, hidden)), pipe)
-        best = total if best is None else _into(np.maximum, best, total)
-    return best
-
-
-def _into(op, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``op(a, b)`` into ``a`` (an array of the caller's own) where ``a`` has the result's shape."""
-    if a.shape == np.broadcast_shapes(a.shape, b.shape):
-        return op(a, b, out=a)
-    return op(a, b)
-
-
 def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) -> Scored:
     """Objective, rejection code and canonical mask for every layout with factorization ``i`` (or
     the factorizations of a slice, along the first axis)."""
     sl = i if isinstance(i, slice) else slice(i, i + 1)
-    tc, tpg = T.tc_of_fe[sl], T.tpg_of_fo[sl]
+    tc = T.tc_of_fe[sl]
     code, memory = _codes_and_memory(T, sl, tc)
     canon = _canon(T, sl)
     if not with_objective:
@@ -194,21 +167,40 @@ def score_factorization(T: Tables, i: int | slice, with_objective: bool = True) 
     if T.memory_only:
         raise ValueError("memory-only tables (build_tables(memory_only=True)) have no time terms to score")
     Q = SLOT_QUANTUM
-    M, FRAC = _place(T.M[sl], ("f", "mb")), _place(T.FRAC[sl], ("f", "v"))
-    lm_head = _place(T.H[tpg], ("f", "o", "mb", "s"))
+    M = _place(T.M[sl], ("f", "mb"))
+    step, per_mb, busy_step, busy_mb = added_terms(T, sl)
     dims5 = ("f", "o", "v", "e", "z")
-    head = lm_head + _place(T.P2P[sl], ("f", "o", "mb", "s")) + _place(T.DPC[sl], dims5)  # what each micro-batch adds
     dps, dpm = _place(T.DPS[sl], dims5) * Q, per_microbatch_traffic(T, sl) * Q
-    opt = _place(T.OPT[sl], ("f", "v", "e", "z")) * Q
     accumulation = Q * grad_accumulation_term(T, sl)
-    objective = _pipeline_and_dp(T, sl, dps, dpm) + Q * M * head + opt + _place(T.DPX[sl], dims5) * Q + accumulation
+    objective = _pipeline_and_dp(T, sl, dps, dpm) + Q * M * per_mb + Q * step + accumulation
     if T.busy_weight:  # energy: waiting power over the step plus the extra power while computing
         compute = _place(T.C[tc], ("f", "e", "mb", "s", "r"))
-        busy = M * FRAC * compute + Q * M * lm_head + opt + accumulation
+        busy = M * _place(T.BF[sl], ("f",)) * compute + Q * M * busy_mb + Q * busy_step + accumulation
         objective = T.time_weight * objective + T.busy_weight * busy
     elif T.time_weight != 1:
         objective = T.time_weight * objective
     return Scored(objective, code, memory, canon)
+
+
+def term_cells(T: Tables, term: StepTerm, sl: slice) -> np.ndarray:
+    """An additive term's table (``cost.assembly.StepTerm``) over the factorizations in ``sl``, placed
+    on DIMS; a table over a group key's rows read through its index map (``tpg_of_fo``: over (f, o))."""
+    table, dims = getattr(T, term.table), term.dims
+    if dims[0] in DIMS:
+        return _place(table[sl], dims)
+    return _place(table[getattr(T, dims[0])[sl]], tuple(dims[0].split("_of_")[1]) + dims[1:])
+
+
+def added_terms(T: Tables, sl: slice) -> tuple:
+    """The additive terms of the step (``cost.assembly.STEP_TERMS``) over the factorizations in
+    ``sl``: those paid once a step, those paid per micro-batch, and the same two of the terms in the
+    energy objective's busy time (``StepTerm.busy``; 0 where none, or the objective is not energy)."""
+    sums = [0, 0, 0, 0]  # per step, per micro-batch, busy per step, busy per micro-batch
+    for term in STEP_TERMS:
+        cells = term_cells(T, term, sl)
+        for k in (int(term.per_microbatch),) + ((2 + term.per_microbatch,) if term.busy and T.busy_weight else ()):
+            sums[k] = cells if isinstance(sums[k], int) else sums[k] + cells
+    return tuple(sums)
 
 
 def _canon(T: Tables, sl: slice) -> np.ndarray:
@@ -247,12 +239,10 @@ def per_microbatch_traffic(T: Tables, sl: slice) -> np.ndarray:
 
 
 def overlapped(T: Tables, traffic: np.ndarray, window: np.ndarray) -> np.ndarray:
-    """Exposed data-parallel traffic with overlap on, in objective units (``planner.search.tables``): the
-    last bucket, the compute slowed by the SMs the NCCL kernels take, or what the window cannot hide."""
-    last_bucket = -(-traffic // NUM_GRAD_BUCKETS)
-    slowdown = -(-traffic * T.dp_share // SHARE_PARTS)
-    out = np.subtract(traffic, window)
-    return np.maximum(out, np.maximum(last_bucket, slowdown), out=out)
+    """Exposed data-parallel traffic with overlap on, in objective units (``cost.assembly.exposed_traffic``
+    with the tables' quanta): the last bucket, the compute slowed by the SMs the NCCL kernels take, or
+    what the window cannot hide."""
+    return exposed_traffic(_ops(T), traffic, window)
 
 
 def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -260,7 +250,7 @@ def _codes_and_memory(T: Tables, sl: slice, tc: np.ndarray) -> tuple[np.ndarray,
     (MEMORY_QUANTUM_BYTES) of every layout of the factorizations in ``sl``."""
     peak = peak_memory(T, sl)
     code = np.where(peak > T.capacity, REASON_ORDER.index("memory"), -1)
-    for table, dims in ((T.ok_fes[sl], ("f", "e", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_eo, ("e", "o")),
+    for table, dims in ((T.ok_fes[sl], ("f", "e", "s")), (T.ok_fo[sl], ("f", "o")), (T.ok_foe[sl], ("f", "o", "e")),
                         (T.ok_fe[sl], ("f", "e")),
                         (T.ok_fmbv[sl], ("f", "mb", "v")), (T.ok_f[sl], ("f",))):
         placed = _place(table, dims)
@@ -471,15 +461,15 @@ def restrict(T: Tables, keep: dict) -> Tables:
         "tc_of_fe": ("f", "e"), "TPC": (None, "mb", "s", "r", "to"), "CPC": (None, "mb", "s"),
         "EPC": (None, "mb", "s", "r"), "WE": (None, "mb", "s", "r", "to"), "UG": ("f", "mb", "v"),
         "C": (None, "mb", "s", "r"), "BWD": (None, "mb", "s", "r", "to"), "FW": (None, "mb", "s", "r", "to", "eo"),
-        "H": (None, "mb", "s"), "P2P": ("f", "o", "mb", "s"), "DPS": ("f", "o", "v", "e", "z"),
-        "DPM": ("f", "o", "v", "e", "z"), "RG": ("f", "o", "v", "e", "z"), "DPX": ("f", "o", "v", "e", "z"),
-        "DPC": ("f", "o", "v", "e", "z"), "tpc_of_foe": ("f", "o", "e"), "GA": ("f", "v", "e", "z"),
-        "GAW": ("f", "v", "e", "z"), "GA1": ("f", "v", "e", "z"), "OPT": ("f", "v", "e", "z"),
+        "DPS": ("f", "o", "v", "e", "z"), "DPM": ("f", "o", "v", "e", "z"), "RG": ("f", "o", "v", "e", "z"),
+        "tpc_of_foe": ("f", "o", "e"), "GA": ("f", "v", "e", "z"), "GAW": ("f", "v", "e", "z"), "GA1": ("f", "v", "e", "z"),
         "ACT_D": (None, "mb", "s", "r"), "ACT_M": (None, "mb", "s", "r"), "TRANS": (None, "mb", "s", "r"),
-        "LOGITS": (None, "mb", "s", "r"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"), "M": ("f", "mb"),
+        "LOGITS": (None, "mb", "s", "r"), "U": ("f", "mb", "v"), "FRAC": ("f", "v"), "BF": ("f",), "M": ("f", "mb"),
         "tpg_of_fo": ("f", "o"), "cpg_of_fo": ("f", "o"), "epg_of_foe": ("f", "o", "e"), "ok_fmbv": ("f", "mb", "v"),
-        "ok_fe": ("f", "e"), "ok_eo": ("e", "o"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),
+        "ok_fe": ("f", "e"), "ok_foe": ("f", "o", "e"), "ok_fes": ("f", "e", "s"), "ok_fo": ("f", "o"),
         "canon": ("f", "e", "s", "z", "o", "do", "to"), "eo_canon": ("e", "eo"), "eo_ok": ("f", "v", "r", "eo"),
+        # the additive terms' tables (a group key's rows are not cut: None)
+        **{t.table: tuple(d if d in DIMS else None for d in t.dims) for t in STEP_TERMS},
     }
     space_attr = {"o": "order", "e": "ep", "v": "vp", "mb": "micro_batch_size", "s": "sequence_parallel",
                   "r": "recompute", "z": "zero_stage", "do": "dp_overlap", "to": "tp_overlap", "eo": "ep_overlap"}

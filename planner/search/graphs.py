@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from clusterplan.cost.checks import etp_dispatchers, full_graph_problem
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.profile import ProfileAt
 from clusterplan.cost.terms import Context, dispatcher_choice, ep_ranks
+from clusterplan.cost.terms.context import graphs_skip_moe
 from clusterplan.models.errors import SpecError
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -39,19 +41,24 @@ def searched_scopes(cluster: Cluster, bounds: Bounds, offered: tuple[str, ...], 
                     prof: ProfileAt) -> tuple[str, ...]:
     """The CUDA graph scopes the search may give a layout: the one ``--fix`` holds (graphs on a device
     without CUDA are bad input), else none and the scopes the framework offers at its date on NVIDIA
-    GPUs (:func:`graph_spaces` cuts the space by the framework's rules on them); none for a dropless
-    MoE model where the framework's graphs capture only its attention (``semantics.
-    cuda_graph_dropless_moe``), which is not priced. Validation holds none unless a run says otherwise
+    GPUs (:func:`graph_spaces` cuts the space by the framework's rules on them). For a dropless MoE
+    model where the framework's graphs capture only its attention (``semantics.cuda_graph_dropless_moe``)
+    none: ``--fix cuda_graph=layer`` prices that capture (the MLP blocks eager,
+    ``cost.terms.context.graphs_skip_moe``), but searching it splits the space in two (its rule on full
+    recomputation) and measured 4-5x the CPU time of DeepSeek-V3's search on 256 H100 or 576 GB200,
+    for a saving of the attention's launches alone. Validation holds none unless a run says otherwise
     (``studies.runs``)."""
     fixed = bounds.fixed.get("cuda_graph")
     if fixed not in (None, "none") and not cluster.device.family.startswith("nvidia-"):
         raise SpecError(f"--fix cuda_graph={fixed}: CUDA graphs run on NVIDIA GPUs only, not on "
                         f"{cluster.device.name}; drop it")
     if fixed is not None:
+        if full_graph_problem(model, prof.profile, fixed):
+            raise SpecError(f"--fix {full_graph_problem(model, prof.profile, fixed)}")
         return (fixed,)
-    dropless = model.moe is not None and model.moe.capacity_factor is None
-    if (bounds.allow_unavailable or not cluster.device.family.startswith("nvidia-")
-            or (dropless and not prof.profile.cuda_graph_dropless_moe)):
+    if bounds.allow_unavailable or not cluster.device.family.startswith("nvidia-"):
+        return ("none",)
+    if graphs_skip_moe(model, prof.profile):  # priced under --fix; searching it costs 4x the search time
         return ("none",)
     return offered
 
@@ -140,5 +147,5 @@ def searched_choices(S: "Space", lay: Layout, ctx: Context | None) -> Layout:
     if ctx is not None and lay.ep > 1 and len(S.moe_dispatcher) > 1:
         lay = lay.with_(moe_dispatcher=dispatcher_choice(
             ctx.placed(lay.order), lay.tp, lay.cp, lay.ep, lay.micro_batch_size, lay.sequence_parallel, lay.recompute,
-            ep_ranks(lay), S.moe_dispatcher)[0])
+            ep_ranks(lay), etp_dispatchers(ctx.job, S.moe_dispatcher, lay.tp, lay.expert_tp))[0])
     return lay

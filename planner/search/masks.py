@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from clusterplan.cost.framework import framework_refusal, refuses_overlap
-from clusterplan.cost.checks import head_slot_problem
+from clusterplan.cost.checks import dispatcher_etp_problem, head_slot_problem
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split
 from clusterplan.planner.search.space import (
@@ -37,14 +37,19 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
         for j, mb in enumerate(S.micro_batch_size if by_pp_dp.setdefault((pp, dp), i) == i else ()):
             for vi, v in enumerate(S.vp):
                 slots = S.head_slots[0]
-                reason = batch_ok(model, job, pp, dp, mb, v, slots) or (
-                    "layers" if slots and head_slot_problem(model, job, pp, v) else None) or (
-                    "interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)  # --fix schedule
+                reason = batch_ok(model, job, pp, dp, mb, v, slots)
+                if reason in (None, "interleave") and slots and head_slot_problem(model, job, pp, v):
+                    reason = "layers"  # the split's rule comes before interleaving's (REASON_ORDER)
+                reason = reason or ("interleave" if "" not in S.schedule and not cell_schedule(S, pp, v) else None)  # --fix schedule
                 ok_fmbv[i, j, vi] = -1 if reason is None else code[reason]
         for ei, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
-            reason = expert_ok(model, tp, dp, cp, e, et, ctx.job.profile)
+            reason = expert_ok(model, tp, dp, cp, e, et, ctx.job.profile) or (
+                "experts" if e > 1 and all(dispatcher_etp_problem(job, d, tp, et) for d in S.moe_dispatcher) else None)
             ok_fe[i, ei] = -1 if reason is None else code[reason]
-    ok_eo = np.array([[-1 if placement_ok(e, o) is None else code["placement"] for o in S.order] for e in S.ep])
+    dense = ctx.job.profile.checks_dense_placement()
+    ok_foe = np.array([[[-1 if placement_ok(tp, pp, cp, e, et, o, dense) is None else code["placement"]
+                         for e, et in zip(S.ep, S.expert_tp)] for o in S.order]
+                       for tp, pp, dp, cp in S.factorizations]).reshape(F, len(S.order), len(S.ep))
     ok_fes = np.array([[[_sp_code(code, f, e, et, sp, job.seq_len) for sp in S.sequence_parallel]
                         for e, et in zip(S.ep, S.expert_tp)] for f in S.factorizations]).reshape(
         len(S.factorizations), len(S.ep), len(S.sequence_parallel))
@@ -60,7 +65,7 @@ def masks(ctx: Context, S: Space) -> tuple[np.ndarray, ...]:
                 if not any(cp_heads_split(model, tp, cp_a2a_size(k, cp, stride, ctx.cluster.domain_size))
                            for k in S.cp_comm):
                     ok_fo[i, j] = code["cp_comm"]
-    return ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo
+    return ok_f, ok_fmbv, ok_fe, ok_foe, ok_fes, ok_fo
 
 
 def _sp_code(code: dict, f: tuple[int, int, int, int], ep: int, expert_tp: bool, sp: bool, seq_len: int) -> int:
@@ -82,7 +87,9 @@ def canonical_mask(S: Space, order_ok: np.ndarray, ok_fe: np.ndarray | None = No
 
     The order part ``order_ok`` is evaluated per (f, o) (``canonical``, then
     ``traversal_duplicates``); the rest are the same rules as ``canonical``, with the
-    representatives taken from the space's own domains. With the expert rule's codes ``ok_fe``: on a
+    representatives taken from the space's own domains (a folded layout on a one-rank tp x cp block is
+    left out only where the space holds the same ep unfolded: torchtitan 0.3 and ``--fix etp=1`` have
+    whole experts alone). With the expert rule's codes ``ok_fe``: on a
     factorization with tp = 1, folded experts (etp=1) and the same ep split over the one-rank tp group
     (etp=tp) carve the expert group from the same cp x dp ranks in the same order (Megatron-Core's
     expert rank generator, torchtitan's expert mesh), so where both pass the expert rule and the
@@ -98,7 +105,8 @@ def canonical_mask(S: Space, order_ok: np.ndarray, ok_fe: np.ndarray | None = No
     dp_bad = dp1[:, None, None, None, None, None, None] & (zero[None, None, None, :, None, None, None]
                                                           | do[None, None, None, None, None, :, None])
     block1 = facts[:, 0] * facts[:, 3] == 1  # folding over a one-rank tp x cp block changes nothing
-    folded = ~np.array(S.expert_tp, bool)
+    kept = {e for e, et in zip(S.ep, S.expert_tp) if et}  # where the space holds the unfolded layout
+    folded = np.array([not et and e in kept for e, et in zip(S.ep, S.expert_tp)], bool)
     fold_bad = block1[:, None, None, None, None, None, None] & folded[None, :, None, None, None, None, None]
     shape = (len(facts), len(S.ep), len(S.sequence_parallel), len(zero), len(S.order), len(do), len(to))
     canon = np.broadcast_to(order_ok[:, None, None, None, :, None, None], shape) & ~tp_bad & ~dp_bad & ~fold_bad

@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from clusterplan.cost.assembly import STEP_TERMS
+
 KEPT_TABLES = 64
 """Tables kept (the oldest goes first): a batch sweep has one problem, ten of them (five per pipeline
 split); a sweep over sizes a new problem per point, which this bounds."""
@@ -130,7 +132,11 @@ def time_in_use(t: dict, use: np.ndarray, tc_of_fe: np.ndarray) -> dict:
                 continue
             rows = key_use(tc_of_fe if index == "tc" else out[index], table.shape[0], use)
             table[~rows] = 0
-    out["P2P"] = np.where(use[:, None, :, None], out["P2P"], 0)  # (F, O, MB, S)
+    for term in STEP_TERMS:  # the tables planner.search.cells prices, over (f, ...) at (f, mb) in use
+        if not term.priced_by:
+            taken = use if "mb" in term.dims else use.any(axis=1)
+            shape = [len(use)] + [use.shape[1] if d == "mb" else 1 for d in term.dims[1:]]
+            out[term.table] = np.where(taken.reshape(shape), out[term.table], 0)
     return out
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from clusterplan.cost.framework import (ProfileAt, framework_domains, framework_refusal, knob_text, model_code_domains,
                                         model_domains, unoffered)
-from clusterplan.cost.checks import head_slot_problem, param_gather_problem
+from clusterplan.cost.checks import dispatcher_problem, head_slot_problem, param_gather_problem, placement_problem
 from clusterplan.cost.terms import Context, stage_slots
 from clusterplan.cost.layout import CP_COMM_KINDS, ORDERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
@@ -342,20 +342,23 @@ def _moe_dispatchers(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bound
     Hybrid-EP) the framework offers at its date, for the tables to choose per expert group
     (``Space.moe_dispatcher``): on Hopper and Blackwell GPUs only (DeepEP's kernels are written for
     SM90 and its README's rates are H800's; Hybrid-EP uses TMA, SM90 on, and Megatron-Bridge applies
-    it on GB200/GB300: megatron.yaml); DeepEP not with a capacity factor under Megatron
-    (``cost.checks``: its backend does not pad); none under torchtitan, whose 0.3 export does not
-    write its registry's DeepEP/Hybrid-EP dispatchers (``--fix`` holds one; ``--format
-    torchtitan-0.2`` writes DeepEP). Validation (``allow_unavailable``) holds ``auto``: a run's
-    published dispatcher is applied after the search (``studies.runs``)."""
+    it on GB200/GB300: megatron.yaml); none the job's framework refuses for its MoE layers
+    (``cost.checks.dispatcher_problem``: DeepEP with a capacity factor under Megatron, with float8/MXFP8
+    experts under torchtitan 0.3), and a ``--fix`` of one is bad input. Validation
+    (``allow_unavailable``) holds ``auto``: a run's published dispatcher is applied after the search
+    (``studies.runs``)."""
     if "moe_dispatcher" in bounds.fixed:
-        return (bounds.fixed["moe_dispatcher"],)
+        fixed = bounds.fixed["moe_dispatcher"]
+        problem = None if bounds.allow_unavailable else dispatcher_problem(model, job, fixed)
+        if problem:
+            raise SpecError(f"--fix {problem}")
+        return (fixed,)
     family = cluster.device.family
-    if (model.moe is None or bounds.allow_unavailable or job.framework == "torchtitan"
+    if (model.moe is None or bounds.allow_unavailable
             or not family.startswith("nvidia-") or family in ("nvidia-a100", "nvidia-v100")):
         return ("auto",)
-    fused = [d for d in ("deepep", "hybridep") if offered is None or d in offered]
-    if model.moe.capacity_factor and job.framework == "megatron" and "deepep" in fused:
-        fused.remove("deepep")
+    fused = [d for d in ("deepep", "hybridep")
+             if (offered is None or d in offered) and dispatcher_problem(model, job, d) is None]
     return ("auto",) + tuple(fused[:1])  # Hybrid-EP is priced as DeepEP (_dispatch_s): it wins no tie
 
 
@@ -545,12 +548,10 @@ def folding_ok(tp: int, ep: int, expert_tp: bool, sp: bool) -> str | None:
     return "experts" if ep > 1 and not expert_tp and tp > 1 and not sp else None
 
 
-def placement_ok(ep: int, order: str) -> str | None:
-    """Expert groups are carved from data parallelism; with pp inside dp they would straddle stages."""
-    axes = order_axes(order)
-    if ep > 1 and axes.index("pp") < axes.index("dp"):
-        return "placement"
-    return None
+def placement_ok(tp: int, pp: int, cp: int, ep: int, expert_tp: bool, order: str, dense: bool = False) -> str | None:
+    """Megatron-Core's rank-order checks on pp inside another axis (``cost.checks.placement_problem``,
+    the rule ``evaluate``'s layouts are held to; ``dense``: held at ep = 1 too)."""
+    return "placement" if placement_problem(tp, pp, cp, ep, expert_tp, order, dense) else None
 
 
 def _representative(domain, preferred):
@@ -573,7 +574,8 @@ def canonical(tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, 
         return False
     if ep == 1 and ep_overlap != _representative(space.ep_overlap if space else (False, True), False):
         return False
-    if not expert_tp and tp * cp == 1:  # folding over a block of one rank: the unfolded layout
+    unfolded = space is None or any(e == ep and t for e, t in zip(space.ep, space.expert_tp))
+    if not expert_tp and tp * cp == 1 and unfolded:  # folding over a block of one rank: the unfolded layout
         return False
     if dp * cp == 1:
         if zero != _representative(space.zero_stage if space else (0, 1, 2, 3), 0):

@@ -7,27 +7,25 @@ CP-SAT (``planner.search.cpsat``) reads these tables through element constraints
 enumerator (``planner.search.exhaustive``) broadcasts them with numpy. Both therefore optimise exactly
 the same integer objective.
 
-Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (see ``cost.step`` for the float form)::
+Objective, in units of ``TIME_QUANTUM_S / SLOT_QUANTUM`` (assembled by ``cost.assembly``, as the floats)::
 
-    U[f,mb,v] * X  -  EO * UG[f,mb,v] * min((SHARE_PARTS - ep_share) EPC // SHARE_PARTS, WE)  +  SLOT_QUANTUM * M[f,mb] * (H + P2P + DPC)  +  dp_exposed  +  M * fsdp_exposed
-    +  SLOT_QUANTUM * OPT
-
-    +  SLOT_QUANTUM * DPX  -  ZU[f,mb,v] * BK
+    U[f,mb,v] * X  -  EO * UG[f,mb,v] * min((SHARE_PARTS - ep_share) EPC // SHARE_PARTS, WE)  -  ZU[f,mb,v] * BK
+    +  dp_exposed  +  M * fsdp_exposed  +  SLOT_QUANTUM * (M[f,mb] * per micro-batch terms  +  per-step terms  +  GA)
 
 where ``exposed = max(ceil(SLOT_QUANTUM * traffic / NUM_GRAD_BUCKETS), ceil(SLOT_QUANTUM * traffic *
 dp_share / SHARE_PARTS), SLOT_QUANTUM * traffic - FRAC * window)`` with DP overlap on (the window is
 BWD per step, FW per micro-batch), ``SLOT_QUANTUM * traffic`` with it off.
 
 with ``X = C + TPC + CPC + EPC`` the per-micro-batch layer time, ``U`` the micro-batch slots
-(including the bubble) times the share of layers on the most loaded stage, and the last term what EP
+(including the bubble) times the share of layers on the most loaded stage, and the second term what EP
 overlap saves: the slots in its steady state times the all-to-all time it hides there (what the
 kernels' SM share leaves of it, at most the window WE; ``cost.terms.ep_comm_parts``). ``ZU * BK`` is
 what zero bubble takes off the bubble where the search runs it (``space.cell_schedule``): its slots
-times the backward compute per micro-batch (``Tables.ZU``; per kind on a stage of both kinds).
-
-For ``--objective energy`` the searched objective is ``time_weight * (the above) + busy_weight *
-(M * FRAC * C + SLOT_QUANTUM * (M * H + OPT))``: waiting power over the whole step plus the extra
-power while computing (``cost.energy``). For time and cost the weights are ``(1, 0)``.
+times the backward compute per micro-batch (``Tables.ZU``; per kind on a stage of both kinds). The
+additive terms: the tables of ``cost.assembly.STEP_TERMS``; ``GA = M GA - GAW - [M = 1] GA1``. For
+``--objective energy``: ``time_weight * (the above) + busy_weight * (M * BF * C + SLOT_QUANTUM *
+(M * busy per micro-batch terms + busy per-step terms + GA))``, waiting power over the step plus the
+extra power while computing (``cost.energy``; ``BF`` = 1 / pp: ``cost.step.device_busy_s``); for time and cost the weights are ``(1, 0)``.
 """
 
 from __future__ import annotations
@@ -35,10 +33,11 @@ from __future__ import annotations
 from clusterplan.models.errors import SpecError
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from clusterplan.cost.assembly import STEP_TERMS
 from clusterplan.cost.collectives import memoized
 from clusterplan.cost.layout import Layout, offloads_activations, split_order
 from clusterplan.cost.stages import RANKS, rank_index
@@ -46,14 +45,15 @@ from clusterplan.cost.step import rank_inflight, working_bytes
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dispatcher_choice, dp_profiles,
     mixed_kinds, kind_windows_over, stage_kind_shares, ep_overlap_steady_share, ep_overlap_window_s, head_in_period,
-    head_terms, optimizer_s, grad_accumulation_parts, overlap_share, p2p_s, param_counts, period_layers,
+    head_terms, optimizer_s, grad_accumulation_parts, overlap_share, param_counts, period_layers,
     runtime_bytes, chunks_fit, tp_comm_over,
 )
+from clusterplan.planner.search.cells import AddedTables, cell_rows, cell_table
 from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
 from clusterplan.planner.search.gathers import compared_gathers, gather_pick
-from clusterplan.planner.search.graphs import searched_choices
+from clusterplan.planner.search.graphs import etp_dispatchers, searched_choices  # the dispatchers searched_choices names
 from clusterplan.planner.search.offload import host_refused_statics
 from clusterplan.planner.search.reuse import (
     fewer_collections, key_use, kept, kept_cells, kept_keys, kept_rows, per_pp_dp, time_in_use,
@@ -73,7 +73,7 @@ def q_bytes_up(num_bytes: float) -> int:
 
 
 @dataclass
-class Tables:
+class Tables(AddedTables):
     """Integer tables and the index maps that tie them to knobs."""
 
     space: Space
@@ -93,7 +93,6 @@ class Tables:
     EPC: np.ndarray  # (EPG, MB, S, R) expert all-to-alls in the open; EPG = (tp, cp, ep, etp, group)
     WE: np.ndarray  # (TC, MB, S, R, TO) the compute EP overlap's all-to-alls hide behind (0 where it is refused)
     H: np.ndarray  # (TPG, MB, S) LM head per micro-batch
-    P2P: np.ndarray  # (F, O, MB, S)
     DPS: np.ndarray  # (F, O, V, E, Z) per-step data-parallel traffic
     DPM: np.ndarray  # (F, O, V, E, Z) per-micro-batch FSDP traffic
     RG: np.ndarray  # (F, O, V, E, Z) ZeRO-3's third gathers per micro-batch, paid with full recomputation
@@ -107,6 +106,7 @@ class Tables:
     U: np.ndarray  # (F, MB, V) slots * stage share, SLOT_QUANTUM
     UG: np.ndarray  # (F, MB, V) U times the share of chunks EP overlap pairs (cost.terms.ep_overlap_steady_share)
     FRAC: np.ndarray  # (F, V) stage share, SLOT_QUANTUM
+    BF: np.ndarray  # (F,) the mean device's share of all layers' compute, 1 / pp (FRAC on an even split), SLOT_QUANTUM
     M: np.ndarray  # (F, MB) micro-batches
     # memory (MEMORY_QUANTUM_BYTES)
     ACT_D: np.ndarray  # (TA, MB, S, R) one dense layer's stored activations (0: the model has none)
@@ -119,7 +119,7 @@ class Tables:
     ok_f: np.ndarray  # (F,) reason codes per f: -1 ok else REASON_ORDER index
     ok_fmbv: np.ndarray  # (F, MB, V)
     ok_fe: np.ndarray  # (F, E)
-    ok_eo: np.ndarray  # (E, O)
+    ok_foe: np.ndarray  # (F, O, E)
     ok_fes: np.ndarray  # (F, E, S): sequence parallelism needs tp > 1; folded experts with tp > 1 need it
     ok_fo: np.ndarray  # (F, O)
     canon: np.ndarray  # (F, E, S, Z, O, DO, TO) bool
@@ -149,6 +149,7 @@ class Tables:
     # with bf16 and fp8 parameter gathers offered (Space.param_gather): (F, O, V, E, Z) bool, True where
     # the cell is priced with fp8 (gathers.gather_pick); layout_from_indices puts it on the layout. None otherwise
     PG: np.ndarray | None = None
+    added: dict = field(default_factory=dict)  # the tables planner.search.cells prices (P2P (F, O, MB, S), ...)
 
 
 @dataclass
@@ -217,8 +218,8 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
 
     A key is what the term depends on: the degrees, the stride and, on a torus, the devices the
     group lands on under the order's traversal (so traversals that put a group on the same chips
-    share one table row). Elsewhere ranks are devices and the stride says it all.
-    """
+    share one table row); context parallelism's, the traversal: its ring and gathers run over every
+    group in rank order, which rank 0's chips do not fix. Elsewhere the stride says it all."""
     torus, n_dev = ctx.cluster.torus_shape is not None, ctx.cluster.num_devices
 
     def where(c: Context, count: int, stride: int):
@@ -233,7 +234,7 @@ def _group_keys(ctx: Context, S: Space, probe: list[list[Layout]], placed: list[
         for j, (l, c) in enumerate(zip(row, placed)):
             tp_keys[i, j] = (l.tp, l.cp, l.stride("tp"), where(c, l.tp, l.stride("tp")))
             head_keys[i, j] = tp_keys[i, j][:3] + ((tp_keys[i, j][3], hidden and l.pp > 1),)
-            cp_keys[i, j] = (l.tp, l.cp, l.stride("cp"), where(c, min(l.cp, 2), l.stride("cp")))
+            cp_keys[i, j] = (l.tp, l.cp, l.stride("cp"), c.cluster.traversal if l.cp > 1 else None)
             for k, (e, et) in enumerate(zip(S.ep, S.expert_tp)):
                 tpc_keys[i, j, k] = tp_keys[i, j] + (et or e == 1, e, et)
                 ranks = ()
@@ -254,7 +255,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     S = space
     tc_of_fe, tc_keys, ta_of_f, ta_keys = _compute_keys(ctx, S)
     ACT_D, ACT_M, TRANS, LOGITS = kept(("act", ctx, S), lambda: _activation_tables(ctx, S, ta_keys))
-    ok_f, ok_fmbv, ok_fe, ok_eo, ok_fes, ok_fo = masks(ctx, S)
+    ok_f, ok_fmbv, ok_fe, ok_foe, ok_fes, ok_fo = masks(ctx, S)
     use = ((ok_fmbv < 0).any(axis=2) & (ok_f < 0)[:, None])  # (f, mb) pairs some layout can take
     timed = _no_time_tables(S) if memory_only else kept_cells(
         ("time", ctx, S), use, lambda u: _time_tables(ctx, S, tc_of_fe, tc_keys, u),
@@ -266,7 +267,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     ZU = None if memory_only else _zero_bubble_slots(ctx, S, stages)
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
-        order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX, DPC), ok_fo, ok_eo, order_ok, use)
+        order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX, DPC), ok_fo, ok_foe, order_ok, use)
     canon = canonical_mask(S, order_ok, ok_fe, kept(("framework", ctx, S), lambda: framework_mask(ctx, S)))
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
@@ -282,16 +283,17 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
             row.static, row.static1 = np.minimum(row.static, capacity + 1), np.minimum(row.static1, capacity + 1)
             row.step = np.minimum(row.step, capacity + 1)
     bk, bk_m = timed.pop("BK", None), timed.pop("BK_M", None)
+    added = {term.table: timed.pop(term.table, np.zeros(0, np.int64)) for term in STEP_TERMS if not term.priced_by}
     return Tables(space=space, tc_of_fe=tc_of_fe, ta_of_f=ta_of_f, **timed, DPS=DPS, DPM=DPM, RG=RG, DPX=DPX, DPC=DPC,
-                  OPT=OPT, GA=GA, GAW=GAW, GA1=GA1,
+                  OPT=OPT, GA=GA, GAW=GAW, GA1=GA1, BF=np.array([round(SLOT_QUANTUM / f[1]) for f in S.factorizations], np.int64),
                   U=U, UG=UG, stages=stages, FRAC=FRAC, M=M, ACT_D=ACT_D, ACT_M=ACT_M, TRANS=TRANS, LOGITS=LOGITS, rows=rows,
-                  capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_eo=ok_eo,
+                  capacity=capacity, ok_f=ok_f, ok_fmbv=ok_fmbv, ok_fe=ok_fe, ok_foe=ok_foe,
                   ok_fes=ok_fes, ok_fo=ok_fo, canon=canon, eo_canon=eo_canon, PG=PG,
                   eo_ok=kept(("ep_overlap", ctx, S), lambda: ep_overlap_mask(ctx, S)),
                   time_weight=int(weights[0]), busy_weight=int(weights[1]),
                   dp_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "dp"))),
                   ep_share=int(math.ceil(SHARE_PARTS * overlap_share(ctx, "ep"))), memory_only=memory_only,
-                  ZU=ZU, BK=None if ZU is None else bk, BK_M=None if ZU is None else bk_m)
+                  ZU=ZU, BK=None if ZU is None else bk, BK_M=None if ZU is None else bk_m, added=added)
 
 
 def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, use: np.ndarray) -> dict:
@@ -313,12 +315,10 @@ def _time_tables(ctx: Context, S: Space, tc_of_fe: np.ndarray, tc_keys: list, us
         (part, axes), list(zip(keys, at)), key_use(index, len(keys), use), lambda k, u, part=part: _comm_part(S, part, k, u))
         for part, index, keys, at in ((0, tpc_of_foe, tpc_keys, tpc_ctx), (1, cpg_of_fo, cpg_keys, cpg_ctx),
                                       (2, epg_of_foe, epg_keys, epg_ctx), (3, tpg_of_fo, tpg_keys, tpg_ctx)))
-    P2P = _qt([[[[p2p_s(ctx, l.with_(micro_batch_size=mb, sequence_parallel=sp)) if use[i, m] else 0.0
-                  for sp in S.sequence_parallel] for m, mb in enumerate(S.micro_batch_size)] for l in row]
-               for i, row in enumerate(probe)])
+    added = {term.table: _qt(cell_table(ctx, S, term, use, probe)) for term in STEP_TERMS if not term.priced_by}
     return dict(tpg_of_fo=tpg_of_fo, tpc_of_foe=tpc_of_foe, cpg_of_fo=cpg_of_fo, epg_of_foe=epg_of_foe, C=C, BWD=BWD,
-                FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, P2P=P2P, C_M=C_M, TPC_M=TPC_M, BWD_M=BWD_M,
-                FW_M=FW_M, BK=BK, BK_M=BK_M)
+                FW=FW, WE=WE, TPC=TPC, CPC=CPC, EPC=_qt(ep_open), H=H, C_M=C_M, TPC_M=TPC_M, BWD_M=BWD_M,
+                FW_M=FW_M, BK=BK, BK_M=BK_M, **added)
 
 
 def _no_time_tables(S: Space) -> dict:
@@ -327,10 +327,10 @@ def _no_time_tables(S: Space) -> dict:
     none = np.zeros(0, np.int64)
     return dict(tpg_of_fo=np.zeros((F, O), np.int64), tpc_of_foe=np.zeros((F, O, E), np.int64),
                 cpg_of_fo=np.zeros((F, O), np.int64), epg_of_foe=np.zeros((F, O, E), np.int64),
-                C=none, BWD=none, FW=none, WE=none, TPC=none, CPC=none, EPC=none, H=none, P2P=none)
+                C=none, BWD=none, FW=none, WE=none, TPC=none, CPC=none, EPC=none, H=none)
 
 
-def _traversal_representatives(S: Space, t: dict, dp: tuple[np.ndarray, ...], ok_fo: np.ndarray, ok_eo: np.ndarray,
+def _traversal_representatives(S: Space, t: dict, dp: tuple[np.ndarray, ...], ok_fo: np.ndarray, ok_foe: np.ndarray,
                                order_ok: np.ndarray, use: np.ndarray) -> np.ndarray:
     """(f, o): False for a torus traversal that changes nothing (every term of its row equal to an
     earlier traversal's: the time tables ``t`` at the micro-batch sizes the factorization takes
@@ -341,8 +341,8 @@ def _traversal_representatives(S: Space, t: dict, dp: tuple[np.ndarray, ...], ok
         moe_tp = () if t.get("TPC_M") is None else (at("TPC_M", t["tpc_of_foe"][i, j]),)
         return (*moe_tp, at("TPC", t["tpc_of_foe"][i, j]), at("H", t["tpg_of_fo"][i, j]),
                 at("CPC", t["cpg_of_fo"][i, j]), at("EPC", t["epg_of_foe"][i, j]),
-                t["P2P"][i, j][use[i]].tobytes(), *(table[i, j].tobytes() for table in dp), int(ok_fo[i, j]),
-                ok_eo[:, j].tobytes())
+                *cell_rows(t, i, j), *(table[i, j].tobytes() for table in dp), int(ok_fo[i, j]),
+                ok_foe[i, j].tobytes())
     return np.array([~np.array(traversal_duplicates(S.order, list(order_ok[i]), [rows(i, j) for j in range(len(S.order))]))
                      for i in range(len(S.factorizations))], bool).reshape(order_ok.shape)
 
@@ -451,7 +451,7 @@ def _comm_tables(S: Space, tpc, cpg, epg, tpg):
                for (tp, cp, st, _), c, used in zip(cpg_keys, cpg_ctx, cpg_use)])
     # Invalid (ep, tp, dp) combinations have no group (masked by ok_fe) and cost 0 here.
     ep_ranks = [_ranks(c, group) for (_, _, _, _, group), c in zip(epg_keys, epg_ctx)]
-    EPC = np.array([[[[dispatcher_choice(c, tp, cp, e, mb, sp, rc, ranks, S.moe_dispatcher)[1]
+    EPC = np.array([[[[dispatcher_choice(c, tp, cp, e, mb, sp, rc, ranks, etp_dispatchers(c.job, S.moe_dispatcher, tp, et))[1]
                        if ranks and u else 0.0
                        for rc in RC] for sp in SP] for mb, u in zip(MB, used)]
                     for (tp, cp, e, et, _), c, ranks, used in zip(epg_keys, epg_ctx, ep_ranks, epg_use)],

@@ -92,6 +92,7 @@ class RunResult:
     framework: str = ""  # profile id @ date, and where it came from
     framework_problems: list[str] = field(default_factory=list)  # published knobs the profile lacks
     group: str | None = None
+    settings: dict = field(default_factory=dict)  # what the run publishes of its job and layout (run_settings)
     zero_stage: int | None = None
     notes: list[str] = field(default_factory=list)
     reason: str | None = None
@@ -353,6 +354,7 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, 
     prof = load_profile(fw).at(date, compiled)
     result.framework = f"{fw}@{date} ({origin})"
     result.group = run.get("group")
+    result.settings = run_settings(run)
     result.layout_published = all((run.get("layout") or {}).get(k) is not None for k in ("tp", "pp", "dp"))
     code = _model_code(run)
     check_model_code(code, fw, ("model_code", "framework.name"))
@@ -361,7 +363,8 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, 
     job = Job(global_batch_size=int(run["global_batch_size"]), seq_len=int(run["seq_len"]),
               precision=str(run.get("precision") or "bf16"), attention=str(run.get("attention") or prof.attention),
               framework=fw, framework_date=date, grad_bytes=_grad_bytes(run, prof.profile.grad_bytes_for(str(run.get("precision") or "bf16"))),
-              weight_bytes=_weight_bytes(run), compiled=compiled, model_code=code, fp8_all_gather=_flag(run, "fp8_all_gather"),
+              weight_bytes=_weight_bytes(run), moment_bytes=_moment_bytes(run), compiled=compiled,
+              activation_func_fp8_input_store=_fp8_act_store(run, fw, date), model_code=code, fp8_all_gather=_flag(run, "fp8_all_gather"),
               fp8_scaling=str(run.get("fp8_scaling") or ""))
     check_precision_framework(job.precision, prof, "precision")
     check_device_precision(job.precision, cluster.device, "precision")
@@ -372,6 +375,27 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, 
     if best and (run.get("measured") or {}).get("step_scope", "step") == "step":  # a whole step to compare with
         _record_best(result, model, job, cluster, options)
     return Priced(run, model, job, cluster, ev.layout)
+
+
+# What describes a run rather than setting it: free text, the measurement and its bookkeeping.
+DESCRIPTIVE_KEYS = frozenset({"id", "group", "source", "confidence", "notes", "measured", "model.name",
+                              "hardware.fabric", "framework.version"})
+
+
+def run_settings(run: dict, prefix: str = "") -> dict:
+    """The run's published settings flattened to dotted keys (``layout.cp_comm``, ``precision``,
+    ``hardware.count``), without :data:`DESCRIPTIVE_KEYS`: what two runs of one group may differ in,
+    so a group's knob is read from the file, not kept by hand (``validate.group_knob``)."""
+    out: dict = {}
+    for key, value in run.items():
+        name = f"{prefix}{key}"
+        if name in DESCRIPTIVE_KEYS:
+            continue
+        if isinstance(value, dict):
+            out.update(run_settings(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
 
 
 def _record_measured(run: dict, result: RunResult) -> None:
@@ -433,6 +457,36 @@ def _weight_bytes(run: dict) -> int:
     if value not in WEIGHT_DTYPE_BYTES:
         raise SpecError(f"weight_dtype: got {value!r}; allowed: {', '.join(WEIGHT_DTYPE_BYTES)}")
     return WEIGHT_DTYPE_BYTES[value]
+
+
+MOMENT_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def _moment_bytes(run: dict) -> int:
+    """``optimizer_moment_dtype``: the dtype of Adam's two moments where the run kept them in another
+    dtype than its master weights (RUNS_FORMAT.md: the optimizer-moment rule; DeepSeek-V3's BF16
+    AdamW moments, Megatron-Core's ``--exp-avg-dtype``/``--exp-avg-sq-dtype``); absent: 0, the
+    weights' dtype."""
+    value = run.get("optimizer_moment_dtype")
+    if value is None:
+        return 0
+    if value not in MOMENT_DTYPE_BYTES:
+        raise SpecError(f"optimizer_moment_dtype: got {value!r}; allowed: {', '.join(MOMENT_DTYPE_BYTES)}")
+    return MOMENT_DTYPE_BYTES[value]
+
+
+FP8_ACT_STORE_SINCE = "2024-04"
+"""Megatron-Core's ``--activation-func-fp8-input-store`` (21648b5ab0, 2024-04-12)."""
+
+
+def _fp8_act_store(run: dict, framework: str, date: str) -> bool:
+    """``activation_func_fp8_input_store``: the run kept SwiGLU's inputs in FP8 (RUNS_FORMAT.md: the
+    FP8 SwiGLU-input rule); only under the megatron profile, from the release that has the flag."""
+    value = _flag(run, "activation_func_fp8_input_store")
+    if value and (framework != "megatron" or date < FP8_ACT_STORE_SINCE):
+        raise SpecError(f"activation_func_fp8_input_store: true needs megatron from {FP8_ACT_STORE_SINCE} "
+                        f"(Megatron-Core's --activation-func-fp8-input-store); the run is {framework}@{date}")
+    return value
 
 
 def _model_code(run: dict) -> str:

@@ -142,17 +142,31 @@ def ranking(results: list[RunResult], groups: dict[str, list[str]]) -> dict:
                 else:
                     wrong.append(f"{x.id} vs {y.id}")
         if g_pairs:
-            rows.append({"group": name, "runs": len(members), "pairs": g_pairs, "agreed": g_agreed, "wrong": wrong})
+            rows.append({"group": name, "runs": len(members), "pairs": g_pairs, "agreed": g_agreed, "wrong": wrong,
+                         "knob": group_knob(members)})
         pairs, agreed = pairs + g_pairs, agreed + g_agreed
-    by_source: dict[str, list[int]] = {}
-    for row in rows:
-        key = row["group"].split("-")[0]
-        tally = by_source.setdefault(key, [0, 0])
-        tally[0], tally[1] = tally[0] + row["agreed"], tally[1] + row["pairs"]
     return {"groups": len(rows), "pairs": pairs, "agreed": agreed, "ties": ties, "tie_threshold": RANKING_TIE,
             "agreement": agreed / pairs if pairs else None, "by_group": rows,
-            "by_source": {k: {"agreed": a, "pairs": n} for k, (a, n) in sorted(by_source.items())},
-            "regret": regret(results, groups)}
+            "by_source": _tally(rows, lambda row: row["group"].split("-")[0]),
+            "by_knob": _tally(rows, lambda row: row["knob"]), "regret": regret(results, groups)}
+
+
+def group_knob(members: list[RunResult]) -> str:
+    """What the runs of a group differ in: the published settings (``RunResult.settings``) whose values
+    are not all equal, joined with ``+`` and sorted (``layout.cp_comm``, ``layout.pp+layout.tp``); a
+    layout field is named without its ``layout.`` prefix. Read from the runs, never kept by hand."""
+    keys = sorted({k for r in members for k in r.settings})
+    differ = [k for k in keys if any(r.settings.get(k) != members[0].settings.get(k) for r in members[1:])]
+    return "+".join(k.removeprefix("layout.") for k in differ) or "(none)"
+
+
+def _tally(rows: list[dict], key: Callable[[dict], str]) -> dict[str, dict]:
+    """Agreed pairs, pairs and groups of the ranking rows, per ``key(row)``."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        t = out.setdefault(key(row), {"agreed": 0, "pairs": 0, "groups": 0})
+        t["agreed"], t["pairs"], t["groups"] = t["agreed"] + row["agreed"], t["pairs"] + row["pairs"], t["groups"] + 1
+    return dict(sorted(out.items()))
 
 
 def _measured_members(by_id: dict[str, RunResult], ids) -> list[RunResult]:
@@ -376,6 +390,9 @@ def markdown_report(result: dict) -> str:
         lines.append(f"- ranking: {rk['agreed']} of {rk['pairs']} pairs ordered as measured ({rk['agreement']:.1%}) in "
                      f"{rk['groups']} groups; {rk['ties']} pairs within {rk['tie_threshold']:.0%} are ties; by source: "
                      + ", ".join(f"{k} {v['agreed']}/{v['pairs']}" for k, v in rk["by_source"].items()))
+        if rk.get("by_knob"):
+            lines.append("- ranking by knob (the settings a group's runs differ in): "
+                         + ", ".join(f"`{k}` {v['agreed']}/{v['pairs']}" for k, v in rk["by_knob"].items()))
         rg = rk.get("regret") or {}
         if rg.get("groups"):
             lines.append(f"- the run ranked first against each group's best measured (groups of 3 or more runs, "

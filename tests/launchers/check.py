@@ -74,6 +74,13 @@ def check_megatron_argv(argv: list[str], env: dict[str, str], meta: dict) -> dic
     sys.argv = ["pretrain_gpt.py", *argv]
     args = arguments.parse_args()
     arguments.validate_args(args)
+    # the model's TransformerConfig, as pretrain_gpt.py builds it: its __post_init__ asserts what
+    # validate_args leaves to it (MoE with CUDA graph modules, recomputation with graphs, ...)
+    import megatron.core.transformer.transformer_config as transformer_config  # no Transformer Engine here:
+    transformer_config.is_te_min_version = lambda version, check_equality=True: True  # its version checks pass
+    import megatron.core.models.common.embeddings.rope_utils as rope_utils  # and TE's fused RoPE is there
+    rope_utils.fused_apply_rotary_pos_emb = rope_utils.fused_apply_rotary_pos_emb or (lambda *a, **k: None)
+    arguments.core_transformer_config_from_args(args)
     calc = ConstantNumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                              args.data_parallel_size, False, 0)
     layout = args.pipeline_model_parallel_layout
@@ -327,6 +334,7 @@ def check_torchtitan(text: str, meta: dict) -> dict:
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
 
+    _deep_ep_stand_in()
     tmp = tempfile.mkdtemp()
     (Path(tmp) / "clusterplan_torchtitan.py").write_text(text)
     sys.path.insert(0, tmp)
@@ -349,11 +357,44 @@ def check_torchtitan(text: str, meta: dict) -> dict:
                              getattr(layer, "n_kv_heads", None), model_config, meta)
     facts = _torchtitan_batches(t, p, dims.dp_replicate * dims.dp_shard, dims.pp, meta,
                                 lambda stages, layers: _generate_llm_fqn_per_model_part(stages, layers, 1, 1))
+    _expect_torchtitan_dispatcher(model_config, meta)
     ac = cfg.activation_checkpoint
     _expect_torchtitan_ac("none" if ac is None else "full" if type(ac).__qualname__.startswith("FullAC") else "selective",
                           "op", meta)
     return {"model": f"{cfg.model_spec.name} {cfg.model_spec.flavor}", **facts, "ep": dims.ep,
             "attention": type(layer.inner_attention).__qualname__}
+
+
+def _deep_ep_stand_in() -> None:
+    """DeepEP's ``deep_ep`` is a CUDA extension (no CPU build): torchtitan 0.3's DeepEP dispatcher imports its
+    ``ElasticBuffer`` when the model is built (distributed/deepep/deepep.py) and uses it only once a GPU
+    buffer is made; a stand-in module answers that import (HybridEP's imports wait for the GPU). HybridEP's
+    module imports ``torch._library.opaque_object.CustomClassBase``, the name the PyTorch nightly torchtitan
+    0.3.0 pins gives ``OpaqueBase`` (torchtitan 0e719d6c5, 2026-07-07: 'CustomClassBase is the drop-in
+    replacement'); torch 2.13.0 (requirements.txt) still calls it OpaqueBase: the old name answers for it."""
+    import torch._library.opaque_object as opaque
+
+    if not hasattr(opaque, "CustomClassBase"):
+        opaque.CustomClassBase = opaque.OpaqueBase
+    try:
+        import deep_ep  # noqa: F401
+    except ImportError:
+        import types
+        sys.modules["deep_ep"] = types.SimpleNamespace(ElasticBuffer=type("ElasticBuffer", (), {}))
+
+
+def _expect_torchtitan_dispatcher(model_config, meta: dict) -> None:
+    """The routed experts' token dispatcher torchtitan built, against the plan's (fused ones with ep > 1)."""
+    from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
+
+    L = meta["layout"]
+    dispatcher = L.get("moe_dispatcher", "auto") if L["ep"] > 1 else "auto"
+    want = {"deepep": "DeepEPTokenDispatcher", "hybridep": "HybridEPTokenDispatcher"}.get(dispatcher)
+    built = {type(c).__qualname__.split(".")[0] for _, c, _, _ in model_config.traverse(LocalTokenDispatcher.Config)}
+    if want is not None:
+        _expect("token dispatchers", built, {want})
+    elif built & {"DeepEPTokenDispatcher", "HybridEPTokenDispatcher"}:
+        _fail(f"the plan has moe_dispatcher={dispatcher}; torchtitan built {sorted(built)}")
 
 
 def _expect_torchtitan_model(layers: int, dim: int, heads: int, kv_heads, args, meta: dict) -> None:

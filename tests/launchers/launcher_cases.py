@@ -77,6 +77,12 @@ CASES = {
     # expert_parallel_comm_backend = "deepep"
     "deepseek-v3-h800x2048-deepep": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048",
                                       "--fix", "moe_dispatcher=deepep"], ["megatron", "slurm", "torchtitan-0.2"]),
+    # torchtitan 0.3: model_registry(moe_comm_backend="deepep") (bf16: its float8 grouped experts refuse
+    # DeepEP), and "hybridep" with the float8 converters, which pad the experts' tokens through it
+    "deepseek-v3-h800x2048-deepep-bf16": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048",
+                                           "--precision", "bf16", "--fix", "moe_dispatcher=deepep"], ["torchtitan"]),
+    "deepseek-v3-h800x2048-hybridep": (["--model", "deepseek-v3", "--cluster", "hgx-h800", "--devices", "2048",
+                                        "--fix", "moe_dispatcher=hybridep"], ["torchtitan"]),
     # a capacity factor: experts padded to 1.25x the mean load (--moe-expert-capacity-factor with
     # --moe-pad-expert-input-to-capacity), under the alltoall dispatcher
     "mixtral-8x7b-h100-capacity": (["--model", "mixtral-8x7b", "--cluster", "dgx-h100-superpod", "--devices", "64",
@@ -92,6 +98,12 @@ CASES = {
     "llama3-8b-cuda-graph-layer": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
                                     "--devices", "8", "--global-batch", "64", "--layout",
                                     "tp=2,pp=1,dp=4,mbs=1,sp=on,recompute=selective,cuda_graph=layer"], ["megatron"]),
+    # a dropless MoE model's per-layer graphs: Megatron captures the attention (and a dense layer's MLP)
+    # alone, --cuda-graph-modules attn mlp (TransformerConfig refuses mlp where no layer is dense)
+    "deepseek-v3-cuda-graph-layer": (["--model", "deepseek-v3", "--cluster", "dgx-h100-superpod", "--devices", "256",
+                                      "--fix", "cuda_graph=layer"], ["megatron"]),
+    "qwen3-30b-a3b-cuda-graph-layer": (["--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-superpod", "--devices", "16",
+                                        "--fix", "cuda_graph=layer"], ["megatron"]),
     # the block-scaled precisions: Megatron's --fp8-recipe mxfp8 and --fp4-format/--fp4-recipe nvfp4,
     # torchtitan's MX converter
     "llama3-70b-gb300-mxfp8": (["--model", "llama3-70b", "--cluster", "gb300-nvl72", "--devices", "64",

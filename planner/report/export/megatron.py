@@ -242,7 +242,7 @@ def _megatron_args_and_notes(doc: dict, model) -> tuple[list[str], list[str], di
         notes.append("EP overlap (combined 1F1B) needs PyTorch >= 2.6 and CUDA_DEVICE_MAX_CONNECTIONS > 1 "
                      "(left unset, as Megatron-Bridge does); Megatron's MoE README pairs it with "
                      "--delay-wgrad-compute, which the plan does not price")
-    args += _megatron_cuda_graph_args(L)
+    args += _megatron_cuda_graph_args(L, model)
     precision = job["precision"]
     args += MEGATRON_PRECISION_ARGS[precision]
     if job.get("gemm_format") == "fp8_current":
@@ -299,12 +299,18 @@ full_iteration needs ``--no-check-for-nan-in-loss-and-grad`` (validate_args asse
 reads the loss on the host inside the captured iteration)."""
 
 
-def _megatron_cuda_graph_args(L: dict) -> list[str]:
+def _megatron_cuda_graph_args(L: dict, model) -> list[str]:
+    """The graph scope's arguments; a dropless MoE model's per-layer graphs capture the attention alone
+    (``--cuda-graph-modules attn``: its MoE blocks cannot be captured, Megatron-LM's MoE README, "CUDA
+    Graph"; a dense layer's ``mlp`` is refused beside EP overlap), as ``models.ops.MLP_BLOCK_OPS`` prices them."""
     scope = L.get("cuda_graph", "none")
     if scope == "none":
         return []
-    return [f"--cuda-graph-impl {MEGATRON_CUDA_GRAPH_IMPL[scope]}"] + (
+    args = [f"--cuda-graph-impl {MEGATRON_CUDA_GRAPH_IMPL[scope]}"] + (
         ["--no-check-for-nan-in-loss-and-grad"] if scope == "full" else [])
+    if scope == "layer" and model.moe is not None and model.moe.capacity_factor is None:
+        args.append("--cuda-graph-modules attn")
+    return args
 
 
 def _megatron_recompute_args(L: dict) -> list[str]:

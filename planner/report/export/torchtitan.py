@@ -95,6 +95,9 @@ def _torchtitan_header(doc: dict, L: dict, job: dict, fmt: str) -> list[str]:
                  "# (torchtitan 0.2.2's TOML job config: --format torchtitan-0.2)",
                  "# unvalidated: attention runs FlexAttention (its FLASH backend on Hopper/Blackwell) and, where 0.3 allows, "
                  "CUDA graphs; the plan priced fused attention and eager host time"]
+    if fmt == "torchtitan" and L["ep"] > 1 and L.get("moe_dispatcher") in TORCHTITAN_COMM_BACKENDS_03:
+        buffer = "ElasticBuffer" if L["moe_dispatcher"] == "deepep" else "HybridEPBuffer"
+        head.append(f"# moe_comm_backend {L['moe_dispatcher']}: needs DeepEP's deep_ep package (its {buffer}) on every node")
     if L["zero_stage"] == 1:  # only from a plan searched under another framework's profile
         head.append("# ZeRO-1 has no torchtitan equivalent: plain replication is written")
     if job["precision"] == "fp8" and not job.get("compiled"):
@@ -128,13 +131,10 @@ def torchtitan_registry(doc: dict, model=None) -> str:
     L, job = doc["layout"], _job(doc)
     model = model_spec(doc, model)
     name, flavor = torchtitan_flavor(model)
-    _torchtitan_03_refusals(L)
+    _torchtitan_03_refusals(L, job, model)
     compiled = bool(job.get("compiled"))
-    converters = ", ".join(c.format(compiled=compiled) for c in TORCHTITAN_CONVERTERS_03.get(job["precision"], [])
-                           if model.moe is not None or "GroupedExperts" not in c)
     mbs, gbs, dp = L["micro_batch_size"], job["global_batch_size"], L["dp"]
-    body = [f'    model_spec = model_registry("{flavor}", attn_backend="{_torchtitan_attention(doc)}"'
-            + (f", converters=[{converters}])" if converters else ")"),
+    body = [f'    model_spec = model_registry("{flavor}", {_torchtitan_model_args(doc, model)})',
             f"    config = {TORCHTITAN_RECIPES[(name, flavor)]}()  # torchtitan's recipe: data, optimizer, checkpointing",
             "    config.model_spec = model_spec",
             "    config.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec)))",
@@ -165,6 +165,29 @@ TORCHTITAN_AC_03 = {"none": "None", "selective": "SelectiveAC.Config()  # per-op
 """torchtitan 0.3.0's activation checkpointing per recompute mode (distributed/activation_checkpoint.py)."""
 
 
+TORCHTITAN_COMM_BACKENDS_03 = {"deepep": "deepep", "hybridep": "hybridep"}
+"""``Layout.moe_dispatcher`` -> torchtitan 0.3.0's ``model_registry(moe_comm_backend=...)``
+(models/common/config_utils.py make_token_dispatcher_config: standard, deepep, hybridep,
+minimal_async_ep): the fused ones; ``alltoall`` and ``auto`` are its default, ``standard`` (PyTorch's
+all-to-all). HybridEP is left blocking (no ``non_blocking_capacity_factor``): dropless, as priced."""
+
+
+def _torchtitan_model_args(doc: dict, model) -> str:
+    """The keyword arguments of 0.3.0's ``model_registry``: the attention backend, the MoE token
+    dispatcher where the plan has a fused one over ep > 1, and the precision's converters."""
+    L, job = doc["layout"], _job(doc)
+    compiled = bool(job.get("compiled"))
+    args = [f'attn_backend="{_torchtitan_attention(doc)}"']
+    backend = TORCHTITAN_COMM_BACKENDS_03.get(L.get("moe_dispatcher", "auto")) if L["ep"] > 1 else None
+    if backend:
+        args.append(f'moe_comm_backend="{backend}"')
+    converters = ", ".join(c.format(compiled=compiled) for c in TORCHTITAN_CONVERTERS_03.get(job["precision"], [])
+                           if model.moe is not None or "GroupedExperts" not in c)
+    if converters:
+        args.append(f"converters=[{converters}]")
+    return ", ".join(args)
+
+
 def _torchtitan_attention(doc: dict) -> str:
     """0.3.0's language-model attention: FlexAttention's FLASH backend on Hopper and Blackwell (it refuses
     older GPUs), FlexAttention elsewhere (SDPA is no longer one: models/common/config_utils.py)."""
@@ -172,11 +195,9 @@ def _torchtitan_attention(doc: dict) -> str:
     return "flex_flash" if arch is not None and arch >= 9 else "flex"
 
 
-def _torchtitan_03_refusals(L: dict) -> None:
-    if L["ep"] > 1 and L.get("moe_dispatcher", "auto") in ("deepep", "hybridep"):
-        raise SpecError(f"--format torchtitan: the DeepEP and Hybrid-EP token dispatchers of torchtitan 0.3's config "
-                        f"registry are not written by this export (moe_dispatcher={L['moe_dispatcher']}); "
-                        "--format torchtitan-0.2 writes 0.2.2's expert_parallel_comm_backend = \"deepep\"")
+def _torchtitan_03_refusals(L: dict, job: dict, model) -> None:
+    if L["ep"] > 1 and L.get("moe_dispatcher", "auto") in TORCHTITAN_COMM_BACKENDS_03:
+        _torchtitan_03_dispatcher_refusals(L, job, model)
     if L.get("cuda_graph", "none") == "layer":
         raise SpecError("--format torchtitan: torchtitan 0.3 has no per-layer CUDA graphs (cuda_graph=layer); its "
                         "trainer graphs each micro-batch's whole forward and backward (cuda_graph=full)")
@@ -191,6 +212,24 @@ def _torchtitan_03_refusals(L: dict) -> None:
         raise SpecError("--format torchtitan: torchtitan 0.3 has no float8 all-gather (removed 2026-04 with the "
                         "tensorwise recipe, #3127) for param_gather=fp8; --format torchtitan-0.2 writes 0.2.2's "
                         "enable_fsdp_float8_all_gather")
+
+
+def _torchtitan_03_dispatcher_refusals(L: dict, job: dict, model) -> None:
+    """What 0.3.0 refuses of a DeepEP or HybridEP dispatcher: a float8/MXFP8 converter of the grouped
+    experts with DeepEP (components/quantization/utils.py swap_token_dispatcher pads the expert groups
+    only through the standard or the HybridEP dispatcher), and a sequence that tensor and context
+    parallelism do not split evenly (token_dispatcher.py update_ep_token_dispatcher_config sizes each
+    rank's buffer from seq_len / (tp * cp))."""
+    dispatcher, shards = L["moe_dispatcher"], L["tp"] * L["cp"]
+    if dispatcher == "deepep" and model.moe is not None and job["precision"] in ("fp8", "mxfp8"):
+        raise SpecError(f"--format torchtitan: moe_dispatcher=deepep with precision={job['precision']}: torchtitan 0.3's "
+                        f"{job['precision']} grouped-experts converter needs a dispatcher that pads each expert's tokens "
+                        "(standard or hybridep), and DeepEP's does not; allowed with it: moe_dispatcher=alltoall or "
+                        "hybridep, or precision bf16")
+    if job["seq_len"] % shards:
+        raise SpecError(f"--format torchtitan: moe_dispatcher={dispatcher} with seq_len={job['seq_len']}: torchtitan 0.3 "
+                        f"sizes its buffer per rank from seq_len / (tp * cp) and needs it whole; use a seq_len that "
+                        f"is a multiple of {shards}, or moe_dispatcher=alltoall")
 
 
 def _torchtitan_03_parallelism(L: dict, num_layers: int) -> list[tuple[str, object]]:

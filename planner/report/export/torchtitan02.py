@@ -102,11 +102,15 @@ def _torchtitan_parallelism(L: dict, num_layers: int) -> list[str]:
 def _torchtitan_comm_backend(L: dict) -> list[str]:
     """0.2.2's ``expert_parallel_comm_backend`` for ``Layout.moe_dispatcher`` (``standard``, PyTorch's
     all-to-all, is its default: nothing to write for alltoall and auto; ``deepep`` since 36a4b6942,
-    2025-12). Hybrid-EP came with 0.3's config registry (2026-05): refused."""
+    2025-12). Hybrid-EP came after 0.2.2 (156db2ead, 2026-03): refused."""
     dispatcher = L.get("moe_dispatcher", "auto") if L["ep"] > 1 else "auto"
     if dispatcher == "hybridep":
         raise SpecError("--format torchtitan-0.2: torchtitan 0.2.2 has no Hybrid-EP dispatcher (its "
                         "expert_parallel_comm_backend is standard or deepep); use moe_dispatcher=deepep or alltoall")
+    if dispatcher == "deepep" and L.get("expert_tp", True) and L["tp"] > 1:  # parallelize.py raises on it
+        raise SpecError(f"--format torchtitan-0.2: moe_dispatcher=deepep with expert_tensor_parallel_degree={L['tp']}: "
+                        "torchtitan 0.2.2's DeepEP does not run expert tensor parallelism; allowed: etp=1 "
+                        "(--fix etp=1), tp=1, or moe_dispatcher=alltoall")
     return ['expert_parallel_comm_backend = "deepep"'] if dispatcher == "deepep" else []
 
 
