@@ -51,7 +51,8 @@ def caveats(job: Job, cluster: Cluster, model: ModelSpec | None = None) -> dict:
         lines.append(f"unvalidated: overlapped communication on {dev.name} under {prof.id} is charged an assumed "
                      f"{UNMEASURED_OVERLAP_SHARE:.0%} of the compute it overlaps (no SM-count figure)")
     return {"matmul_ceiling": dev.matmul_ceiling(job.precision), "unvalidated": lines,
-            "validated_error": validated, "calibration": (cluster.calibration or {}).get("note")}
+            "validated_error": validated, "calibration": (cluster.calibration or {}).get("note"),
+            "calibration_level": (cluster.calibration or {}).get("level")}  # job, site, or None (none applied)
 
 
 def moe_caveats(model: ModelSpec | None, cluster: Cluster) -> list[str]:

@@ -319,9 +319,12 @@ class Request:
                                host_power_w=self.host_power_w, domain_devices=self.domain_devices)
         if self.calibration is None:
             return cluster
-        from clusterplan.planner.studies.calibration import load_calibration
+        from clusterplan.planner.studies.calibration import job_of, load_calibration
 
-        return load_calibration(self.calibration).apply(cluster, job_framework(self.framework, cluster))
+        calibration = load_calibration(self.calibration)  # a bad file is refused before the job is built
+        model = self.load_model()
+        job = self.build_job(model, cluster)[0]  # which job: a job-level fit applies to its own job only
+        return calibration.apply(cluster, job.framework, job_of(model, cluster.device.id, job.framework, job.precision))
 
     def build_job(self, model: ModelSpec, cluster: Cluster) -> tuple[Job, dict[str, str]]:
         return build_job(self.model, model, cluster, self.global_batch, self.seq_len, self.precision, self.tokens,

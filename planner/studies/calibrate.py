@@ -8,9 +8,11 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -18,7 +20,8 @@ from clusterplan.models.errors import SpecError
 from clusterplan.planner.search import SearchOptions
 from clusterplan.planner.studies import calibration_prior
 from clusterplan.planner.studies.calibration import (
-    FABRIC, MAX_ITERATIONS, MIN_INDEPENDENCE, MIN_SENSITIVITY, NAMES, PARAMETER, PARAMETERS, STEP, Entry, with_factors,
+    FABRIC, MAX_ITERATIONS, MIN_INDEPENDENCE, MIN_SENSITIVITY, NAMES, PARAMETER, PARAMETERS, STEP, Calibration, Entry,
+    JobId, job_of, load_calibration, save, with_factors,
 )
 from clusterplan.planner.studies.calibration_prior import Scatter
 from clusterplan.planner.studies.runs import Priced, RunResult, load_runs_and_groups, price_run
@@ -39,11 +42,16 @@ class Point:
     framework: str
     family: str
     source: str = ""  # the publication (planner.studies.uncertainty.source_key)
-    job: str = ""  # runs of one job share it: their group, else the run's own id
+    group: str = ""  # runs published together of one job share it (the runs file's group), else the run's id
 
     @property
     def device(self) -> str:
         return self.priced.cluster.device.id
+
+    @property
+    def job(self) -> JobId:
+        """The job the run is of (``planner.studies.calibration.job_of``)."""
+        return job_of(self.priced.model, self.device, self.framework, self.priced.job.precision)
 
     @property
     def cluster(self) -> str:
@@ -117,7 +125,7 @@ def _independent(A: np.ndarray) -> bool:
 
 def solve(points: Sequence[Point], names: Sequence[str], x0: np.ndarray | None = None,
           iterations: int = MAX_ITERATIONS, scatter: Scatter | None = None,
-          same_job: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          job_level: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The most probable log factors (Levenberg-Marquardt within each parameter's range) under
     :func:`weights`: ``(log factors, residuals, posterior covariance of the log factors)``."""
     x = np.zeros(len(names)) if x0 is None else np.array(x0, dtype=float)
@@ -125,7 +133,7 @@ def solve(points: Sequence[Point], names: Sequence[str], x0: np.ndarray | None =
     if not names:
         return x, r, np.zeros((0, 0))
     J = jacobian(points, names, x, r)
-    W, prior = weights(points, names, scatter or calibration_prior.stored(), same_job,
+    W, prior = weights(points, names, scatter or calibration_prior.stored(), job_level,
                        J if x0 is None else None)
     lo, hi = np.array([BOUNDS[n][0] for n in names]), np.array([BOUNDS[n][1] for n in names])
     cost_of = lambda res, xs: float((W @ res) @ (W @ res) + xs @ (prior * xs))  # noqa: E731
@@ -152,27 +160,34 @@ def solve(points: Sequence[Point], names: Sequence[str], x0: np.ndarray | None =
 
 MIN_VARIANCE = 1e-6  # (0.1% in log step time)^2: keeps a derived spread of zero from dividing by it
 
+TIE_WEIGHT = 1e-3
+"""A job-level fit's pull toward the bundled figures, per squared log factor, against the runs'
+squared log errors: a factor of 2 costs what a 2.2% error on one run costs. It picks one answer where
+the runs leave a direction nearly flat, and does not move a fit the runs determine."""
 
-def weights(points: Sequence[Point], names: Sequence[str], scatter: Scatter, same_job: bool,
+
+def weights(points: Sequence[Point], names: Sequence[str], scatter: Scatter, job_level: bool,
             J0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """What the fit minimises, ``|W r|^2 + sum_j prior_j x_j^2`` (a Gaussian posterior,
-    ``planner.studies.calibration_prior``): ``W`` whitens the runs' log errors ``r`` by their covariance
-    (:meth:`Scatter.covariance`: runs of one job share their job's error), and each log factor ``x_j``
-    has a prior centred on the bundled figure whose effect on a step has the spread ``t``: ``prior_j``
-    is the runs' mean squared sensitivity to it (``J0``, at the bundled figures) over ``t^2``.
-    ``same_job``: the runs are of one job and the fit is for its other runs (``t`` is then what runs
-    of one job share, :attr:`Scatter.job_log`)."""
+    """What the fit minimises, ``|W r|^2 + sum_j prior_j x_j^2``. The site-level fit (a Gaussian
+    posterior, ``planner.studies.calibration_prior``): ``W`` whitens the runs' log errors ``r`` by their
+    covariance (:meth:`Scatter.covariance`: runs of one group share their job's error), and each log
+    factor ``x_j`` has a prior centred on the bundled figure whose effect on a step has the spread
+    ``t``: ``prior_j`` is the runs' mean squared sensitivity to it (``J0``, at the bundled figures) over
+    ``t^2``. ``job_level``: the runs are of one job and the fit is for that job (least squares, each
+    run scattering ``s_w`` about its job, the pull :data:`TIE_WEIGHT` only breaking ties)."""
+    if job_level:
+        s_w2 = max(scatter.within_job_log ** 2, MIN_VARIANCE)
+        return np.eye(len(points)) / math.sqrt(s_w2), np.full(len(names), TIE_WEIGHT / s_w2)
     if J0 is None:
         zero = np.zeros(len(names))
         J0 = jacobian(points, names, zero, residuals(points, names, zero))
-    cov = scatter.covariance([p.job for p in points], same_job) + MIN_VARIANCE * np.eye(len(points))
+    cov = scatter.covariance([p.group for p in points]) + MIN_VARIANCE * np.eye(len(points))
     W = np.linalg.cholesky(np.linalg.inv(cov)).T
-    t = scatter.job_log if same_job else scatter.site_log
-    return W, np.mean(J0 ** 2, axis=0) / max(t * t, MIN_VARIANCE)
+    return W, np.mean(J0 ** 2, axis=0) / max(scatter.site_log ** 2, MIN_VARIANCE)
 
 
 def fit_chosen(points: Sequence[Point], kept: dict[str, str], scatter: Scatter | None = None,
-               same_job: bool = False) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray]:
+               job_level: bool = False) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray]:
     """The parameters ``points`` determine (:func:`select`, at the bundled figures) fitted
     (:func:`solve`): ``(residuals at the bundled figures, chosen names, log factors, residuals,
     posterior covariance)``; why each other parameter is kept goes into ``kept``."""
@@ -180,7 +195,7 @@ def fit_chosen(points: Sequence[Point], kept: dict[str, str], scatter: Scatter |
     r0 = residuals(points, NAMES, zero)
     J0 = jacobian(points, NAMES, zero, r0)
     chosen = select(J0, NAMES, kept)
-    x, r, cov = solve(points, chosen, scatter=scatter, same_job=same_job)
+    x, r, cov = solve(points, chosen, scatter=scatter, job_level=job_level)
     return r0, chosen, x, r, cov
 
 
@@ -190,35 +205,46 @@ def stats(log_errors: Sequence[float]) -> dict:
 
 
 def fit_entry(points: Sequence[Point], scatter: Scatter | None = None) -> Entry:
-    """The factors for one device under one framework (``points`` share both), the most probable
-    under the prior and scatter ``scatter`` (the stored ones by default), each with its posterior
-    standard error and 80% interval."""
+    """The factors for one device under one framework (``points`` share both): the site-level fit,
+    the most probable under the prior and scatter ``scatter`` (the stored ones by default), and the
+    job-level fit of each job the runs are of (``planner.studies.calibration.job_of``), each factor
+    with its posterior standard error and 80% interval."""
     scatter = scatter or calibration_prior.stored()
+    jobs: dict[tuple, list[Point]] = {}
+    for p in points:
+        jobs.setdefault(p.job.key, []).append(p)
+    prior = scatter.as_dict() | {"moves_other_job": round(scatter.fraction(False), 3)}
+    job_fits = tuple(_fitted(rows, scatter, True) for _, rows in sorted(jobs.items()))
+    return replace(_fitted(points, scatter, False), prior=prior, jobs=job_fits)
+
+
+def _fitted(points: Sequence[Point], scatter: Scatter, job_level: bool) -> Entry:
+    """The site-level fit of ``points`` (or, ``job_level``, the job-level fit of runs of one job)."""
     fabrics = Counter(p.cluster for p in points)
     kept: dict[str, str] = {}
     if len(fabrics) > 1:
         kept.update({k: f"the runs are on several fabrics ({', '.join(sorted(fabrics))}); fabric factors need runs "
                         f"on one" for k in FABRIC})
-    r0, chosen, x, r, cov = fit_chosen(points, kept, scatter)
+    r0, chosen, x, r, cov = fit_chosen(points, kept, scatter, job_level)
     fitted = {}
     for j, name in enumerate(chosen):
         se = math.sqrt(max(0.0, cov[j, j]))
         fitted[name] = {"stderr_log": round(se, 4),
                         "interval": [round(math.exp(x[j] + k * Z80 * se), 4) for k in (-1, 1)]}
-    loo = leave_one_out(points, chosen, x, scatter)
+    loo = leave_one_out(points, chosen, x, scatter, job_level)
     values = {name: 1.0 for name in NAMES} | {n: math.exp(v) for n, v in zip(chosen, x)}
     error = {"before": stats(r0), "after": stats(r), "leave_one_out": stats(loo)}
-    prior = scatter.as_dict() | {"moves_other_job": round(scatter.fraction(False), 3),
-                                 "moves_same_job": round(scatter.fraction(True), 3)}
-    return Entry(points[0].device, points[0].framework, fabrics.most_common(1)[0][0], values, fitted, kept,
-                 tuple(p.id for p in points), interval_from(loo), error, prior)
+    job = points[0].job
+    return Entry(job.device, job.framework, fabrics.most_common(1)[0][0], values, fitted, kept,
+                 tuple(p.id for p in points), interval_from(loo), error,
+                 job={"model": job.model, "model_shape": job.model_shape, "precision": job.precision} if job_level else {})
 
 
 Z80 = 1.2816  # the normal distribution's 90th percentile: a fitted factor's 80% interval
 
 
 def leave_one_out(points: Sequence[Point], chosen: Sequence[str], x: np.ndarray,
-                  scatter: Scatter | None = None) -> list[float]:
+                  scatter: Scatter | None = None, job_level: bool = False) -> list[float]:
     """Each run's log error from a fit without it (ten folds beyond :data:`MAX_LOO_RUNS` runs), the
     same parameters (no more than the runs left): empty for one run."""
     n = len(points)
@@ -230,7 +256,7 @@ def leave_one_out(points: Sequence[Point], chosen: Sequence[str], x: np.ndarray,
         train = [p for i, p in enumerate(points) if i not in held]
         names = [c for c in chosen][:len(train)]
         start = np.array([x[list(chosen).index(c)] for c in names])
-        xf, _, _ = solve(train, names, start, iterations=6, scatter=scatter)
+        xf, _, _ = solve(train, names, start, iterations=6, scatter=scatter, job_level=job_level)
         values = {c: math.exp(v) for c, v in zip(names, xf)}
         for i in held:
             out[i] = points[i].log_error(values)
@@ -273,12 +299,15 @@ def calibrate_one(points: Sequence[Point], groups: dict[str, list[str]]) -> dict
     """For every group of runs of one job (``groups``: name -> run ids) and every hardware family
     under one framework with :data:`MIN_FAMILY_RUNS` or more runs: fit on one run (the parameters one
     run determines), predict the others, and compare their |error| with the uncalibrated one. Up to
-    :data:`MAX_CALIBRATION_RUNS` runs of each take the calibrating turn; a run's fabric factors apply
-    to runs on the same cluster preset only. The fit's prior and scatter
+    :data:`MAX_CALIBRATION_RUNS` runs of each take the calibrating turn. Each turn is what a user
+    does: ``calibrate`` on the one run, the CAL.yaml written, and the others priced through
+    ``Calibration.apply`` as ``--calibration`` prices them (the job-level fit for runs of the
+    calibrating run's job, the site-level one for the others of its device and framework, the fabric
+    factors on its cluster preset only). The fit's prior and scatter
     (``planner.studies.calibration_prior``) are derived from the runs of the other sources than the
     calibrating run's (the stored ones where those cannot determine them). ``{"cells": [...],
     "summary": {...}, "scatter": {...}}``, the last derived from every run."""
-    points = with_jobs(points, groups)
+    points = with_groups(points, groups)
     by_id = {p.id: p for p in points}
     cells = [("job", name, [by_id[i] for i in dict.fromkeys(ids) if i in by_id]) for name, ids in sorted(groups.items())]
     families: dict[str, list[Point]] = {}
@@ -290,22 +319,28 @@ def calibrate_one(points: Sequence[Point], groups: dict[str, list[str]]) -> dict
     without = functools.lru_cache(maxsize=None)(
         lambda source: calibration_prior.derive([r for r in table if r[3] != source], calibration_prior.stored()))
     before = {i: abs(math.exp(e) - 1) for i, e in errors.items()}
-    out = [_one_cell(kind, name, rows, before, without) for kind, name, rows in cells if len(rows) >= 2]
+    cals: dict[str, Calibration] = {}  # a run calibrates in its group's cell and in its family's alike
+    with tempfile.TemporaryDirectory(prefix="calibrate-one-") as folder:
+        def calibrated(one: Point) -> Calibration:
+            if one.id not in cals:
+                cals[one.id] = _calibrated_on(one, without(one.source), Path(folder) / f"{len(cals)}.yaml")
+            return cals[one.id]
+        out = [_one_cell(kind, name, rows, before, calibrated) for kind, name, rows in cells if len(rows) >= 2]
     summary = {kind: _cells_summary([c for c in out if c["kind"] == kind]) for kind in ("job", "family")}
     scatter = calibration_prior.derive(table, calibration_prior.stored())
     return {"cells": out, "summary": summary, "scatter": scatter.as_dict()}
 
 
-def with_jobs(points: Sequence[Point], groups: dict[str, list[str]]) -> list[Point]:
-    """``points`` with the job of each run in ``groups`` (name -> run ids; the first name in order)."""
-    job = {i: name for name, ids in sorted(groups.items(), reverse=True) for i in ids}
-    return [replace(p, job=job.get(p.id, p.job)) for p in points]
+def with_groups(points: Sequence[Point], groups: dict[str, list[str]]) -> list[Point]:
+    """``points`` with the group of each run in ``groups`` (name -> run ids; the first name in order)."""
+    group = {i: name for name, ids in sorted(groups.items(), reverse=True) for i in ids}
+    return [replace(p, group=group.get(p.id, p.group)) for p in points]
 
 
 def error_rows(points: Sequence[Point]) -> list[tuple[float, str, str, str]]:
     """What ``calibration_prior.derive`` reads: each run's log error at the bundled figures, its
-    family under its framework, its job and its source."""
-    return [(p.log_error({}), f"{p.family} under {p.framework}", p.job, p.source) for p in points]
+    family under its framework, its group (runs of one job published together) and its source."""
+    return [(p.log_error({}), f"{p.family} under {p.framework}", p.group, p.source) for p in points]
 
 
 def repository_scatter() -> Scatter:
@@ -313,31 +348,35 @@ def repository_scatter() -> Scatter:
     ``validate --calibrate-one`` studies): what ``planner/data/calibration_prior.yaml`` stores."""
     runs, groups = study_runs()
     points, _ = points_from_runs(runs)
-    return calibration_prior.derive(error_rows(with_jobs(points, groups)))
+    return calibration_prior.derive(error_rows(with_groups(points, groups)))
+
+
+def _calibrated_on(one: Point, scatter: Scatter, path: Path) -> Calibration:
+    """What ``clusterplan calibrate`` on the run ``one`` alone writes to ``path``, read back as
+    ``--calibration`` reads it."""
+    save(fit([one], scatter=scatter), path)
+    return load_calibration(path)
 
 
 def _one_cell(kind: str, name: str, rows: list[Point], before: dict[str, float],
-              scatter_without: Callable[[str], Scatter]) -> dict:
-    """A cell's runs each calibrated on in turn: the others of its job predicted with the fit for its
-    job, the others with the fit for its site (what a run of another job shares with it)."""
+              calibrated: Callable[[Point], Calibration]) -> dict:
+    """A cell's runs each calibrated on in turn (``calibrated``), the others priced with that
+    calibration as ``--calibration`` prices them: the job-level fit for runs of the calibrating run's
+    job, the site-level fit for the others (``levels`` counts the predictions by which)."""
     picks = sorted({round(i * (len(rows) - 1) / max(1, MAX_CALIBRATION_RUNS - 1))
                     for i in range(min(len(rows), MAX_CALIBRATION_RUNS))})
-    after, base, fitted = [], [], Counter()
+    after, base, fitted, levels = [], [], Counter(), Counter()
     for k in picks:
-        one = rows[k]
-        scatter = scatter_without(one.source)
-        values = {}
-        for same_job in (False, True):
-            _, chosen, x, _, _ = fit_chosen([one], {}, scatter, same_job)
-            values[same_job] = {c: math.exp(v) for c, v in zip(chosen, x)}
-        fitted.update(chosen)
+        cal = calibrated(rows[k])
+        fitted.update(list(cal.entries[0].fitted))
         for j, p in enumerate(rows):
             if j != k:
-                got = p.log_error(values[kind == "job" or p.job == one.job], fabric=p.cluster == one.cluster)
-                after.append(abs(math.exp(got) - 1))
+                cluster = cal.apply(p.priced.cluster, p.framework, p.job)
+                levels[cluster.calibration.get("level", "not applied")] += 1
+                after.append(abs(p.priced.step_s(cluster) / p.measured_s - 1))
                 base.append(before[p.id])
     return {"kind": kind, "name": name, "runs": len(rows), "calibrated_on": len(picks),
-            "predictions": len(after), "fitted": dict(fitted),
+            "predictions": len(after), "fitted": dict(fitted), "levels": dict(levels),
             "median_abs_error_before": round(statistics.median(base), 4),
             "median_abs_error_after": round(statistics.median(after), 4)}
 
@@ -345,9 +384,10 @@ def _one_cell(kind: str, name: str, rows: list[Point], before: dict[str, float],
 def _cells_summary(cells: list[dict]) -> dict:
     if not cells:
         return {"cells": 0}
+    levels = sum((Counter(c["levels"]) for c in cells), Counter())
     return {"cells": len(cells), "median_before": round(statistics.median(c["median_abs_error_before"] for c in cells), 4),
             "median_after": round(statistics.median(c["median_abs_error_after"] for c in cells), 4),
-            "within_6pct": sum(c["median_abs_error_after"] <= 0.06 for c in cells)}
+            "within_6pct": sum(c["median_abs_error_after"] <= 0.06 for c in cells), "levels": dict(levels)}
 
 
 def calibration_inputs(paths: Sequence[str], cluster: str | None = None, **given) -> list[dict]:

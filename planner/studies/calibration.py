@@ -21,6 +21,15 @@ errors give the 80% interval that plans quote where the calibration applies.
 
 A calibration applies to the device and framework it was fitted on; its fabric factors only to the
 cluster preset it was fitted on. Asked for elsewhere, a plan says so and prices without it.
+
+Beside those factors (the *site-level* fit, shrunk toward the bundled figures by the prior), an
+entry carries a *job-level* fit for each job its runs are of (:func:`job_of`: a job is a model's
+shape on one device under one framework in one precision; its batch, sequence length, layout and
+size may differ). The job-level fit takes the job's runs at their word (least squares, the bundled
+figures only breaking ties): the repository's runs of one job share nearly all of their error
+(``validate --calibrate-one``). Priced again, a job the file was fitted on gets its job-level
+factors, any other job the site-level ones (:meth:`Calibration.apply`), and the report and the
+Plan document say which.
 """
 
 from __future__ import annotations
@@ -120,6 +129,44 @@ def _bandwidth_caps(cluster: Cluster) -> tuple[float, float]:
     return tuple(1.0 / best[k] if best[k] else 1.0 for k in ("up", "out"))
 
 
+# ---- what a job is ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobId:
+    """One job, as a calibration tells jobs apart (:func:`job_of`)."""
+
+    model: str  # the model's name, for the reader: jobs are matched on model_shape
+    model_shape: str
+    device: str
+    framework: str
+    precision: str
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return self.model_shape, self.device, self.framework, self.precision
+
+    def label(self) -> str:
+        return f"{self.model} in {self.precision} on {self.device} under {self.framework}"
+
+
+def job_of(model, device: str, framework: str, precision: str) -> JobId:
+    """The job a run or a plan is of: the model's shape (what sets its work per token: layers, widths,
+    heads, vocabulary, experts; not its name, sequence length or dropout) on ``device`` under
+    ``framework`` in ``precision``. Its batch, sequence length, layout and device count may differ."""
+    shape = (f"{model.num_layers} layers, hidden {model.hidden_size}, {model.num_attention_heads}/"
+             f"{model.num_kv_heads_resolved} heads of {model.head_dim_resolved}, ffn {model.ffn_hidden_size} "
+             f"{model.ffn_activation}, vocab {model.vocab_size}{', tied' if model.tied_embeddings else ''}")
+    if model.moe is not None:
+        m = model.moe
+        shape += (f", {m.num_experts} experts top-{m.top_k} of {m.expert_ffn_hidden_size} + {m.num_shared_experts} "
+                  f"shared, {m.num_dense_layers} dense layers")
+    if model.mla is not None:
+        shape += f", MLA {model.mla.q_lora_rank}/{model.mla.kv_lora_rank}"
+    if model.sliding_window:
+        shape += f", window {model.sliding_window} every {model.sliding_window_pattern or 1}"
+    return JobId(model.name, shape, device, framework, precision)
+
+
 # ---- the calibration file ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -136,13 +183,23 @@ class Entry:
     interval: tuple[float, float] | None = None  # 80% bounds of measured / predicted, leave-one-out
     error: dict = field(default_factory=dict)
     prior: dict = field(default_factory=dict)  # the spreads the fit was weighed by (calibration_prior.Scatter)
+    job: dict = field(default_factory=dict)  # a job-level fit's job: model, model_shape, precision (JobId)
+    jobs: tuple[Entry, ...] = ()  # the job-level fit of each job the runs are of
 
     def as_dict(self) -> dict:
-        return {"device": self.device, "framework": self.framework, "cluster": self.cluster,
-                "values": {k: round(v, 6) for k, v in self.values.items()},
-                "fitted": self.fitted, "kept": self.kept, "runs": list(self.runs),
-                "interval": None if self.interval is None else [round(x, 6) for x in self.interval],
-                "error": self.error, "prior": self.prior}
+        out = {"device": self.device, "framework": self.framework, "cluster": self.cluster,
+               "values": {k: round(v, 6) for k, v in self.values.items()},
+               "fitted": self.fitted, "kept": self.kept, "runs": list(self.runs),
+               "interval": None if self.interval is None else [round(x, 6) for x in self.interval],
+               "error": self.error}
+        if self.job:
+            return {"job": self.job} | out
+        return out | {"prior": self.prior, "jobs": [j.as_dict() for j in self.jobs]}
+
+    def job_fit(self, job: JobId | None) -> Entry | None:
+        """The job-level fit for ``job``, where this entry was fitted on runs of it."""
+        return next((j for j in self.jobs if job is not None and (j.job.get("model_shape"), self.device,
+                     self.framework, j.job.get("precision")) == job.key), None)
 
 
 @dataclass(frozen=True)
@@ -155,25 +212,44 @@ class Calibration:
     def entry_for(self, device: str, framework: str) -> Entry | None:
         return next((e for e in self.entries if e.device == device and e.framework == framework), None)
 
-    def apply(self, cluster: Cluster, framework: str) -> Cluster:
+    def apply(self, cluster: Cluster, framework: str, job: JobId | None = None) -> Cluster:
         """``cluster`` priced as calibrated for its device under ``framework``, carrying what was done
-        (``Cluster.calibration``): the fabric factors only on the preset they were fitted on; nothing
-        where the file has no entry for the device and framework (the note says so)."""
+        (``Cluster.calibration``): the job-level factors where the entry was fitted on runs of ``job``,
+        the site-level ones otherwise (``level``); the fabric factors only on the preset they were
+        fitted on; nothing where the file has no entry for the device and framework (the note says so)."""
         entry = self.entry_for(cluster.device.id, framework)
         if entry is None:
             have = ", ".join(f"{e.device} under {e.framework}" for e in self.entries) or "nothing"
             note = (f"calibration {self.path} not applied: it was fitted for {have}, not {cluster.device.id} under "
                     f"{framework}")
             return replace(cluster, calibration={"applied": False, "note": note, "file": self.path})
-        same_fabric = entry.cluster == cluster.id
-        out = with_factors(cluster, entry.values, fabric=same_fabric)
-        basis = f"fitted on {len(entry.runs)} run(s)" if entry.runs else "measured by clusterplan probe on"
-        note = (f"calibrated: {self.path}, {basis} {entry.device} under {entry.framework}"
+        own = entry.job_fit(job)
+        used = own or entry
+        same_fabric = used.cluster == cluster.id
+        out = with_factors(cluster, used.values, fabric=same_fabric)
+        note = (f"calibrated: {self.path}, {_level_text(entry, own, job)}"
                 f" (every figure uses it; the validated error above is the uncalibrated model's)"
-                + ("" if same_fabric or not any(entry.values.get(k, 1.0) != 1.0 for k in FABRIC)
-                   else f"; its fabric factors were fitted on {entry.cluster}, not applied on {cluster.id}"))
-        return replace(out, calibration={"applied": True, "note": note, "file": self.path, "runs": len(entry.runs),
-                                         "values": dict(entry.values), "interval": entry.interval})
+                + ("" if same_fabric or not any(used.values.get(k, 1.0) != 1.0 for k in FABRIC)
+                   else f"; its fabric factors were fitted on {used.cluster}, not applied on {cluster.id}"))
+        return replace(out, calibration={"applied": True, "note": note, "file": self.path, "runs": len(used.runs),
+                                         "level": "job" if own else "site", "values": dict(used.values),
+                                         "interval": used.interval or entry.interval})
+
+
+def _level_text(entry: Entry, own: Entry | None, job: JobId | None) -> str:
+    """Which factors a calibration applied, and why: the job-level fit of the job priced, or the
+    site-level one (the job was not among the runs, with the jobs that were)."""
+    if own is not None:
+        return (f"job-level fit for {own.job.get('model')} in {own.job.get('precision')} on {entry.device} under "
+                f"{entry.framework} ({len(own.runs)} run(s) of this job)"
+                + ("" if own.interval or not entry.interval else "; the interval is the site-level fit's"))
+    if not entry.jobs:
+        basis = f"fitted on {len(entry.runs)} run(s)" if entry.runs else "measured by clusterplan probe on"
+        return f"{basis} {entry.device} under {entry.framework}"
+    fitted = "; ".join(f"{j.job.get('model')} in {j.job.get('precision')}" for j in entry.jobs)
+    asked = f"{job.model} in {job.precision}" if job else "this job"
+    return (f"site-level fit for {entry.device} under {entry.framework} ({len(entry.runs)} run(s)): {asked} is not a "
+            f"job it was fitted on ({fitted}), so only the factors every job shares apply")
 
 
 def calibrated_interval(cluster: Cluster, step_time_s: float) -> dict | None:
@@ -234,10 +310,25 @@ def _entry(raw, where: str) -> Entry:
     if iv is not None and not (isinstance(iv, list) and len(iv) == 2 and all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 100 for x in iv) and iv[0] <= iv[1]):
         raise SpecError(f"{where}.interval: got {iv!r}; allowed: [low, high] ratios of measured to predicted, or null")
-    fitted, kept, error, prior = (_optional(raw, key, dict, where) for key in ("fitted", "kept", "error", "prior"))
+    fitted, kept, error, prior, job = (_optional(raw, key, dict, where)
+                                       for key in ("fitted", "kept", "error", "prior", "job"))
+    jobs = tuple(_job_entry(j, raw, f"{where}.jobs[{i}]") for i, j in enumerate(_optional(raw, "jobs", list, where)))
     return Entry(raw["device"], raw["framework"], raw["cluster"], {k: float(v) for k, v in values.items()},
                  fitted, kept, tuple(str(r) for r in _optional(raw, "runs", list, where)),
-                 None if iv is None else (float(iv[0]), float(iv[1])), error, prior)
+                 None if iv is None else (float(iv[0]), float(iv[1])), error, prior, job, jobs)
+
+
+def _job_entry(raw, parent: dict, where: str) -> Entry:
+    """A job-level fit of an entry: an entry of the same device and framework naming its job."""
+    if not isinstance(raw, dict):
+        raise SpecError(f"{where}: got {shown(raw)}; allowed: a mapping with job, cluster and values")
+    job = raw.get("job")
+    for key in ("model", "model_shape", "precision"):
+        if not isinstance(job, dict) or not isinstance(job.get(key), str) or not job.get(key):
+            got = job.get(key) if isinstance(job, dict) else job
+            raise SpecError(f"{where}.job.{key}: got {shown(got)}; allowed: text (clusterplan calibrate writes it)")
+    out = _entry(raw | {"device": parent["device"], "framework": parent["framework"], "jobs": None}, where)
+    return replace(out, job={k: job[k] for k in ("model", "model_shape", "precision")})
 
 
 def _optional(raw: dict, key: str, kind: type, where: str):

@@ -55,12 +55,12 @@ class Scatter:
         shared, own = (self.job_log, self.within_job_log) if same_job else (self.site_log, self.between_jobs_log)
         return shared ** 2 / (shared ** 2 + own ** 2) if shared else 0.0
 
-    def covariance(self, jobs: Sequence[str], same_job: bool = False) -> np.ndarray:
-        """Of the log errors of runs of ``jobs`` (one name per run) about the site's parameters
-        (``same_job``: about their job's, every run of one job): ``s_w^2`` for each, and between two runs
-        of one job the part of ``s_b^2`` they share."""
+    def covariance(self, jobs: Sequence[str]) -> np.ndarray:
+        """Of the log errors of runs of ``jobs`` (one name per run: a group of runs of one job) about the
+        site's parameters: ``s_w^2`` for each, and between two runs of one group the part of ``s_b^2``
+        they share."""
         within = self.within_job_log ** 2
-        shared = 0.0 if same_job else max(0.0, self.between_jobs_log ** 2 - within)
+        shared = max(0.0, self.between_jobs_log ** 2 - within)
         names = np.array(list(jobs), dtype=object)
         return within * np.eye(len(names)) + shared * (names[:, None] == names[None, :])
 

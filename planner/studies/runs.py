@@ -32,7 +32,7 @@ from clusterplan.planner.inputs import (
 from clusterplan.planner.report.explain import changed_knobs
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.planner.search.space import Bounds, MBS_CANDIDATES, VP_CANDIDATES
-from clusterplan.planner.studies.calibration import calibrated_interval
+from clusterplan.planner.studies.calibration import calibrated_interval, job_of
 from clusterplan.planner.studies.uncertainty import Sample, source_key
 
 
@@ -346,10 +346,6 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, 
     if not run.get("global_batch_size"):
         raise SpecError("global_batch_size is not published")
     fw, date, origin = run_framework(run, cluster.platform)
-    if calibration is not None:
-        cluster = calibration.apply(cluster, fw)
-        if cluster.calibration and not cluster.calibration.get("applied"):
-            result.notes.append(cluster.calibration["note"])
     compiled = _compiled(run)
     prof = load_profile(fw).at(date, compiled)
     result.framework = f"{fw}@{date} ({origin})"
@@ -368,6 +364,10 @@ def _evaluate(run: dict, options: SearchOptions, result: RunResult, best: bool, 
               fp8_scaling=str(run.get("fp8_scaling") or ""))
     check_precision_framework(job.precision, prof, "precision")
     check_device_precision(job.precision, cluster.device, "precision")
+    if calibration is not None:  # the job-level fit where the calibration has one for this job, else the site-level
+        cluster = calibration.apply(cluster, fw, job_of(model, cluster.device.id, fw, job.precision))
+        if cluster.calibration and not cluster.calibration.get("applied"):
+            result.notes.append(cluster.calibration["note"])
     ev = _published_layout(run, model, job, cluster, options, prof, result)
     iv = calibrated_interval(cluster, result.predicted_step_time_s)  # a calibration's own interval, where one applies
     if iv:
