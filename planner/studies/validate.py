@@ -249,9 +249,14 @@ def validate(path: str | Path | None = None, options: SearchOptions | None = Non
     out["summary"]["ranking"] = ranking(ranked, groups)
     _intervals(out, path is None, results, ranked, [out[key] for key, *_ in extras])
     if path is None and calibration is None:  # the headline: constants derived from runs re-derived without each source
-        out["summary"]["cross_validated"] = derived_cross_validated(every_run, pairs,
-                                                                    SearchOptions(engine=opts.engine, top_k=0))
+        out["summary"]["cross_validated"] = derived_cross_validated(
+            every_run, pairs, SearchOptions(engine=opts.engine, top_k=0), _holdout_ids(extras))
     return out
+
+
+def _holdout_ids(extras: list) -> set[str]:
+    """The ids of the hold-out files' runs among ``extras``: frozen, they set no derived constant."""
+    return {str(run.get("id")) for key, _, _, (runs, _) in extras if key.startswith("holdout:") for run in runs}
 
 
 def _intervals(out: dict, bundled: bool, results: list[RunResult], ranked: list[RunResult], sections: list[dict]) -> None:
