@@ -147,12 +147,20 @@ class CeilingOverride:
 
 def cross_validated(runs: Sequence[dict], pairs: Sequence[tuple[RunResult, Priced | None]],
                     options: SearchOptions | None = None, frozen: Collection[str] = ()) -> dict:
+    """Median, p90 and signed error of :func:`cross_validated_results`, overall, by family and by
+    framework profile, and what each constant was re-derived to."""
+    results, derived = cross_validated_results(runs, pairs, options, frozen)
+    return {**_error_stats(results), "derived": derived}
+
+
+def cross_validated_results(runs: Sequence[dict], pairs: Sequence[tuple[RunResult, Priced | None]],
+                            options: SearchOptions | None = None, frozen: Collection[str] = ()
+                            ) -> tuple[list[RunResult], dict]:
     """Every measured step time predicted with the constants derived without its own source: the
-    plain errors of ``pairs`` (``runs`` as ``planner.studies.runs.price_run`` priced them, in order)
-    where no derived constant rests on the source, re-evaluated otherwise. The constants are derived
-    from the runs not in ``frozen`` (the hold-out files' run ids: they count in every figure but set
-    nothing). Median, p90 and signed error, overall, by family and by framework profile, and what
-    each constant was re-derived to."""
+    results of ``pairs`` (``runs`` as ``planner.studies.runs.price_run`` priced them, in order)
+    where no derived constant rests on the source, re-evaluated otherwise; and per derived device its
+    value and what it was re-derived to without each source. The constants are derived from the runs
+    not in ``frozen`` (the hold-out files' run ids: they count in every figure but set nothing)."""
     opts = options or SearchOptions(top_k=0)
     devices = {d.device for d in DERIVED_CEILINGS}
     device_of = {r.id: p.cluster.device.id for r, p in pairs if p is not None and p.cluster.device.id in devices}
@@ -172,7 +180,7 @@ def cross_validated(runs: Sequence[dict], pairs: Sequence[tuple[RunResult, Price
         for run, (r, _) in zip(runs, pairs):
             if r.source == source and r.id in errors and device_of.get(r.id) in fractions:
                 errors[r.id] = evaluate_run(run, opts, False, held)
-    return {**_error_stats(list(errors.values())), "derived": derived}
+    return list(errors.values()), derived
 
 
 def _error_stats(rows: list[RunResult]) -> dict:

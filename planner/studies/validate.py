@@ -18,7 +18,9 @@ from clusterplan.planner.studies.runs import (  # FORMAT, run_framework: re-expo
     FORMAT, RunResult, bundled_data_path, bundled_runs_path, evaluate_run, load_runs, load_runs_and_groups,
     price_run, run_framework,
 )
-from clusterplan.planner.studies.derived import DERIVED_CEILINGS, cross_validated as derived_cross_validated
+from clusterplan.planner.studies.derived import (
+    DERIVED_CEILINGS, cross_validated as derived_cross_validated, cross_validated_results as derived_cross_validated_results,
+)
 from clusterplan.planner.studies.uncertainty import (
     LEVEL, coverage, cross_validated, error_figures, percentile, prediction_interval, ratio_cells,
 )
@@ -358,7 +360,12 @@ def error_by_family(options: SearchOptions | None = None,
     ``planner/data/validated_error.yaml`` holds (a test recomputes it)."""
     opts = options or SearchOptions(engine="exhaustive", top_k=0)
     paths = [bundled_data_path(name) for name in STEP_TIME_FILES] + [Path(f) for f in extra_files]
-    results = [evaluate_run(run, opts, best=False) for path in paths for run in load_runs(path)]
+    runs = [run for path in paths for run in load_runs(path)]
+    pairs = [price_run(run, opts, best=False) for run in runs]
+    results = [r for r, _ in pairs]
+    frozen = {str(run.get("id")) for f in extra_files for run in load_runs(Path(f))}
+    held = {r.id: r for r in derived_cross_validated_results(runs, pairs, SearchOptions(engine=opts.engine, top_k=0),
+                                                             frozen)[0]}
 
     def entry(rows: list[RunResult]) -> dict:
         return error_figures([r.error for r in rows], 3)
@@ -368,6 +375,9 @@ def error_by_family(options: SearchOptions | None = None,
         rows = [r for r in results if r.family == family and r.error is not None]
         frameworks = Counter(r.framework.split("@")[0] for r in rows)
         out[family] = {**entry(rows), "moe_runs": sum(r.moe for r in rows), "framework_runs": dict(sorted(frameworks.items()))}
+        cv_rows = [held.get(r.id, r) for r in rows]
+        if any(c.error != r.error for c, r in zip(cv_rows, rows)):  # a constant derived from these runs
+            out[family]["cross_validated"] = entry(cv_rows)
         for kind, moe in (("dense", False), ("moe", True)):  # by model kind, where the family has both
             kind_rows = [r for r in rows if r.moe is moe]
             if kind_rows and len(kind_rows) < len(rows):
