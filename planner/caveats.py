@@ -129,6 +129,7 @@ def family_error(family: str, moe: bool | None = None) -> dict | None:
                 f"run's source; clusterplan validate --cv)")
     return {"runs": entry["runs"], "median_abs_error": entry["median_abs_error"],
             "p90_abs_error": entry["p90_abs_error"], "median_signed_error": entry.get("median_signed_error"),
+            "cross_validated_median_abs_error": cv["median_abs_error"] if cv else None,
             "kind": label, "line": line}
 
 
