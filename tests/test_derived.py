@@ -104,3 +104,22 @@ def test_each_source_is_predicted_with_the_constants_derived_without_it(tpu_runs
     # a lower ceiling predicts the held-out runs slower: the cross-validated error is not the plain one
     assert cv["median_signed_error"] > sorted(r.error for r in results if r.error is not None)[len(plain) // 2]
     assert cv["runs"] == len(plain)
+
+
+def test_a_plan_on_a_derived_device_quotes_the_cross_validated_error_beside_its_own():
+    """The runs that set a device's matmul ceiling are predicted with it, so their error flatters the
+    model: the stored figures carry the error with the ceiling re-derived without each run's source
+    for exactly the families of derived devices, and the plan's line and a what-if row name it."""
+    from clusterplan.planner.caveats import _family_errors, family_error
+    from clusterplan.planner.studies.whatif import _validated
+
+    families = {load_device(d.device).family for d in DERIVED_CEILINGS}
+    stored = _family_errors()
+    assert {f for f, e in stored.items() if "cross_validated" in e} == families
+    for family in families:
+        entry = family_error(family, moe=False)
+        cv = stored[family]["cross_validated"]["median_abs_error"]
+        assert f"median {cv:.0%}" in entry["line"] and "re-derived without each run's source" in entry["line"]
+        assert f"({cv:.0%} with its derived matmul ceiling cross-validated)" in _validated(
+            {"inputs": {"caveats": {"validated_error": entry}}})
+    assert family_error("nvidia-a100")["cross_validated_median_abs_error"] is None
