@@ -124,8 +124,13 @@ def family_error(family: str, moe: bool | None = None) -> dict | None:
         line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {whole}"
                 + (f", none of them {'MoE' if moe else 'dense'}" if none_of_kind else "")
                 + f" ({_bias(entry)}p90 {entry['p90_abs_error']:.0%}; clusterplan validate)")
+    if cv := family_entry.get("cross_validated"):  # the family's matmul ceiling is derived from these runs
+        line = (line.removesuffix("; clusterplan validate)") + f"; its matmul ceiling is derived from these runs: "
+                f"median {cv['median_abs_error']:.0%}, p90 {cv['p90_abs_error']:.0%} with it re-derived without each "
+                f"run's source; clusterplan validate --cv)")
     return {"runs": entry["runs"], "median_abs_error": entry["median_abs_error"],
             "p90_abs_error": entry["p90_abs_error"], "median_signed_error": entry.get("median_signed_error"),
+            "cross_validated_median_abs_error": cv["median_abs_error"] if cv else None,
             "kind": label, "line": line}
 
 

@@ -252,12 +252,13 @@ def test_a_family_with_other_sources_is_centred_on_them():
 
 def test_plans_on_families_without_validation_carry_the_spread_between_families():
     """A plan on MI300X (no published run of its step length) is quoted the spread between families,
-    wider than the same job's on Hopper (its own family's cell); a plan on Trainium, whose one source
-    ran its steps 1.4-1.9x slower than predicted, is moved toward them: its interval holds the
-    family's median measured/predicted ratio, which the cell over every family alone did not."""
+    wider than the same job's on Hopper (its own family's cell); a plan on Gaudi 2, whose two sources
+    ran their steps slower than predicted (median signed error -11.5%), is moved toward them: its
+    interval holds the family's median measured/predicted ratio. (Trainium1 was the example until its
+    GEMM ceiling was derived from those runs, planner.studies.derived, which centres its plain errors.)"""
     common = ("--model", "llama3-8b", "--devices", "32", "--time-limit", "30")
     width = {}
-    for cluster in ("mi300x-cluster", "dgx-h100-superpod", "trn1-cluster"):
+    for cluster in ("mi300x-cluster", "dgx-h100-superpod", "gaudi2-cluster"):
         doc = _plan(*common, "--cluster", cluster)
         width[cluster] = doc["step_time_interval_s"][1] / doc["step_time_interval_s"][0]
     assert width["mi300x-cluster"] > width["dgx-h100-superpod"]

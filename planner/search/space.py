@@ -43,7 +43,7 @@ REASONS = {
     "context": "seq_len not divisible by 2 * cp",
     "cp_comm": "no context-parallel kind of --fix cp_comm splits the heads (all-to-all over the cp ranks)",
     "experts": "ep does not divide the experts or dp/cp*dp (with etp=1: not a multiple of tp*cp dividing tp*cp*dp, or no sp)",
-    "placement": "expert groups laid across pipeline stages",
+    "placement": "rank order the rank generators refuse (pp not last)",
     "sequence_parallel": "sequence parallelism without tp, or with a sequence tp does not split",
     "memory": "does not fit in device memory",
 }

@@ -18,7 +18,9 @@ from clusterplan.planner.studies.runs import (  # FORMAT, run_framework: re-expo
     FORMAT, RunResult, bundled_data_path, bundled_runs_path, evaluate_run, load_runs, load_runs_and_groups,
     price_run, run_framework,
 )
-from clusterplan.planner.studies.derived import cross_validated as derived_cross_validated
+from clusterplan.planner.studies.derived import (
+    DERIVED_CEILINGS, cross_validated as derived_cross_validated, cross_validated_results as derived_cross_validated_results,
+)
 from clusterplan.planner.studies.uncertainty import (
     LEVEL, coverage, cross_validated, error_figures, percentile, prediction_interval, ratio_cells,
 )
@@ -263,9 +265,14 @@ def validate(path: str | Path | None = None, options: SearchOptions | None = Non
     out["summary"]["ranking"] = ranking(ranked, groups)
     _intervals(out, path is None, results, ranked, [out[key] for key, *_ in extras])
     if path is None and calibration is None:  # the headline: constants derived from runs re-derived without each source
-        out["summary"]["cross_validated"] = derived_cross_validated(every_run, pairs,
-                                                                    SearchOptions(engine=opts.engine, top_k=0))
+        out["summary"]["cross_validated"] = derived_cross_validated(
+            every_run, pairs, SearchOptions(engine=opts.engine, top_k=0), _holdout_ids(extras))
     return out
+
+
+def _holdout_ids(extras: list) -> set[str]:
+    """The ids of the hold-out files' runs among ``extras``: frozen, they set no derived constant."""
+    return {str(run.get("id")) for key, _, _, (runs, _) in extras if key.startswith("holdout:") for run in runs}
 
 
 def _intervals(out: dict, bundled: bool, results: list[RunResult], ranked: list[RunResult], sections: list[dict]) -> None:
@@ -316,7 +323,7 @@ def trust_summary(results: list[RunResult]) -> dict:
     """Over every measured step time of ``results``: runs, sources, median and p90 |error|, the
     median signed error, and the 80% intervals' leave-one-source-out coverage
     (``planner.studies.uncertainty.coverage``). These errors use the constants derived from the runs
-    themselves (the TPU v5e and v5p GEMM ceilings); ``planner.studies.derived.cross_validated`` gives
+    themselves (``planner.studies.derived.DERIVED_CEILINGS``); ``planner.studies.derived.cross_validated`` gives
     the same figures with each source predicted by constants derived without it, the headline."""
     rows = [r for r in results if r.sample() is not None]
     if not rows:
@@ -353,7 +360,12 @@ def error_by_family(options: SearchOptions | None = None,
     ``planner/data/validated_error.yaml`` holds (a test recomputes it)."""
     opts = options or SearchOptions(engine="exhaustive", top_k=0)
     paths = [bundled_data_path(name) for name in STEP_TIME_FILES] + [Path(f) for f in extra_files]
-    results = [evaluate_run(run, opts, best=False) for path in paths for run in load_runs(path)]
+    runs = [run for path in paths for run in load_runs(path)]
+    pairs = [price_run(run, opts, best=False) for run in runs]
+    results = [r for r, _ in pairs]
+    frozen = {str(run.get("id")) for f in extra_files for run in load_runs(Path(f))}
+    held = {r.id: r for r in derived_cross_validated_results(runs, pairs, SearchOptions(engine=opts.engine, top_k=0),
+                                                             frozen)[0]}
 
     def entry(rows: list[RunResult]) -> dict:
         return error_figures([r.error for r in rows], 3)
@@ -363,6 +375,9 @@ def error_by_family(options: SearchOptions | None = None,
         rows = [r for r in results if r.family == family and r.error is not None]
         frameworks = Counter(r.framework.split("@")[0] for r in rows)
         out[family] = {**entry(rows), "moe_runs": sum(r.moe for r in rows), "framework_runs": dict(sorted(frameworks.items()))}
+        cv_rows = [held.get(r.id, r) for r in rows]
+        if any(c.error != r.error for c, r in zip(cv_rows, rows)):  # a constant derived from these runs
+            out[family]["cross_validated"] = entry(cv_rows)
         for kind, moe in (("dense", False), ("moe", True)):  # by model kind, where the family has both
             kind_rows = [r for r in rows if r.moe is moe]
             if kind_rows and len(kind_rows) < len(rows):
@@ -425,8 +440,8 @@ def trust_line(e: dict, cv: dict | None = None) -> str:
     figure (``planner.studies.derived``), as ``validate`` prints them."""
     iv = e["interval"]
     head = (f"- every measured step time, cross-validated ({cv['runs']} runs from {cv['sources']} sources; each "
-            f"source predicted with the constants derived from runs, the TPU v5e and v5p GEMM ceilings, re-derived "
-            f"without it): median |error| {cv['median_abs_error']:.1%}, p90 {cv['p90_abs_error']:.1%}, median signed "
+            f"source predicted with the constants derived from runs, the {', '.join(d.device for d in DERIVED_CEILINGS)} "
+            f"GEMM ceilings, re-derived without it): median |error| {cv['median_abs_error']:.1%}, p90 {cv['p90_abs_error']:.1%}, median signed "
             f"{cv['median_signed_error']:+.1%}; with the constants derived from every run: " if cv else
             f"- every measured step time ({e['runs']} runs from {e['sources']} sources: the bundled files and, from "
             f"the repository, the hold-outs): ")

@@ -112,7 +112,9 @@ def _validated(doc: dict) -> str:
     kind = f" {entry['kind']}" if entry.get("kind") else ""
     way = prediction_bias(entry)
     bias = f", predicted {way} by {abs(entry['median_signed_error']):.0%}" if way else ""
-    return f"median {entry['median_abs_error']:.0%} over {entry['runs']}{kind} runs{bias}"
+    cv = entry.get("cross_validated_median_abs_error")
+    held = f" ({cv:.0%} with its derived matmul ceiling cross-validated)" if cv is not None else ""
+    return f"median {entry['median_abs_error']:.0%} over {entry['runs']}{kind} runs{held}{bias}"
 
 
 def compare(request: Request, candidates: list[Candidate], options: SearchOptions,
