@@ -137,7 +137,7 @@ class CeilingOverride:
     def __init__(self, fractions: dict[str, float]):
         self.fractions = fractions
 
-    def apply(self, cluster: Cluster, framework: str) -> Cluster:
+    def apply(self, cluster: Cluster, framework: str, job=None) -> Cluster:  # noqa: ARG002 (Calibration.apply's job)
         value = self.fractions.get(cluster.device.id)
         if value is None:
             return cluster
