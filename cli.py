@@ -393,7 +393,7 @@ def fit_command(model_arg, cluster_arg, memory_headroom, time_limit_s, as_json, 
                    "constants derived from runs re-derived without it, overall, by family and by framework.")
 @click.option("--calibrate-one", "calibrate_one", is_flag=True,
               help="For each group of runs of one job and each family under one framework: calibrate on one run, "
-                   "predict the others, print their error before and after.")
+                   "predict the others as --calibration would, print their error before and after.")
 @guarded
 def validate_command(file, as_json, markdown, engine, no_best, calibration, cv, calibrate_one):
     """Compare predictions with published training runs (format clusterplan-runs/1).
@@ -455,8 +455,9 @@ def calibrate_command(inputs, output, cluster_arg, device, model_arg, devices, s
     """Fit site parameters on your own measured runs: clusterplan-runs/1 files, or training logs of
     Megatron-LM/NeMo, torchtitan, MaxText or DeepSpeed (LOG or LOG::CONFIG; docs/logs.md). Per device
     and framework, factors on the achieved matmul rate, the memory-bound rate and the host time per
-    kernel, and per fabric on the collectives' bandwidth; only those the runs determine, each only as
-    far as a prior derived from the repository's runs allows (runs of one group count as one job).
+    kernel, and per fabric on the collectives' bandwidth; only those the runs determine: site-level
+    factors shrunk by a prior from the repository's runs, and a job-level fit per job (model shape,
+    device, framework, precision) that --calibration uses for that job, the site-level for others.
     Prints the prior, the error before, after and leave-one-out, and writes CAL.yaml for --calibration.
 
     \b

@@ -136,8 +136,9 @@ PRICE_OPTION = click.option(
 CALIBRATION_OPTION = click.option(
     "--calibration", "calibration", metavar="CAL.yaml", type=click.Path(dir_okay=False),
     help="A calibration written by `clusterplan calibrate` from your own measured runs: where it was fitted for the "
-         "device and framework, every figure uses it and the interval comes from its fit; elsewhere the report says "
-         "it was not applied.")
+         "device and framework, every figure uses it (its job-level fit where it was fitted on runs of this job: model "
+         "shape, device, framework, precision; else its site-level fit; the report says which) and the interval comes "
+         "from its fit; elsewhere the report says it was not applied.")
 
 
 INPUT_OPTIONS = [

@@ -5,7 +5,10 @@ scatter of runs about them, derived from the repository's runs (``clusterplan ca
 A run's log error ``log(predicted / measured)`` at the bundled figures is read as three parts: what
 every run of its hardware family under its framework shares (what a site's parameters can move: the
 *site* part), what the runs of its job share besides (the same model, batch and software at one
-place, other layouts), and the run's own scatter. Their spreads, all in log step time:
+place, other layouts), and the run's own scatter. "Job" in this module's names is a group: the runs
+of one job published together (a runs file's ``group``, else the run alone), a part of one job as
+``planner.studies.calibration.job_of`` defines it. The spreads weigh the site-level fit; the
+job-level fit does not shrink (``planner.studies.calibrate.weights``). Their spreads, all in log step time:
 
 - ``t`` (:attr:`Scatter.site_log`): of the site part about the uncalibrated model (zero);
 - ``s_b`` (:attr:`Scatter.between_jobs_log`): of a run about it, for runs of other jobs;
