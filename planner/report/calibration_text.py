@@ -110,4 +110,4 @@ def calibrate_one_report(study: dict, console: Console) -> None:
                           f"{s['cells']} within 6% (predictions priced as --calibration prices them: "
                           f"{levels.get('job', 0)} with the job-level fit of the calibrating run's job, "
                           f"{levels.get('site', 0)} with the site-level fit, {levels.get('not applied', 0)} not "
-                          f"calibrated: another device)")
+                          f"calibrated: another device or framework)")
