@@ -136,6 +136,13 @@ def test_a_calibration_applies_only_to_its_device_and_framework(tmp_path, synthe
     ({"format": "clusterplan-calibration/1", "entries": [{"device": "b200", "framework": "megatron",
                                                           "cluster": "x", "values": {"compute": 1}, "fitted": [1]}]},
      "entries[0].fitted"),
+    ({"format": "clusterplan-calibration/1", "entries": [{"device": "b200", "framework": "megatron", "cluster": "x",
+                                                          "values": {"compute": 1}, "jobs": [{"job": {"model": "m"},
+                                                                                              "cluster": "x",
+                                                                                              "values": {}}]}]},
+     "entries[0].jobs[0].job.model_shape"),
+    ({"format": "clusterplan-calibration/1", "entries": [{"device": "b200", "framework": "megatron", "cluster": "x",
+                                                          "values": {"compute": 1}, "jobs": [7]}]}, "entries[0].jobs[0]"),
 ])
 def test_bad_calibration_files_are_refused_by_field(tmp_path, doc, message):
     path = tmp_path / "cal.yaml"
