@@ -86,10 +86,10 @@ def _dp_order_terms(ctx: Context, S: Space, pc, layout: Layout, profiles: list, 
     for oi, (dense, expert) in enumerate(profiles):
         if dense is None:
             out.append(None)
-        elif first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z, False, S.dp_shard[0]) == 1:
+        elif first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z, False, layout.dp_shard) == 1:
             out.append(out[first[oi]])
         else:
             t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], layout.expert_tp, layout.vp, z, (dense, expert),
-                            param_gather=layout.param_gather, dp_shard=S.dp_shard[0])
+                            param_gather=layout.param_gather, dp_shard=layout.dp_shard)
             out.append((t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s, t.copy_s))
     return out

@@ -58,9 +58,8 @@ from clusterplan.planner.search.offload import host_refused_statics
 from clusterplan.planner.search.reuse import (
     fewer_collections, key_use, kept, kept_cells, kept_keys, kept_rows, per_pp_dp, time_in_use,
 )
-from clusterplan.planner.search.space import (
-    Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
-)
+from clusterplan.planner.search.hsdp import layout_shard, priced_shard
+from clusterplan.planner.search.space import Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
 SLOT_QUANTUM = 1000  # micro-batch slots and stage shares in thousandths
@@ -541,7 +540,7 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
                 for zi, z in enumerate(S.zero_stage):
                     gathers = compared if z >= 1 else S.param_gather[:1]
                     base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
-                                  param_gather=gathers[0], dp_shard=S.dp_shard[0], offload=S.offload[0])
+                                  param_gather=gathers[0], dp_shard=priced_shard(ctx, S, (tp, pp, dp, cp), e, zi), offload=S.offload[0])
                     opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0  # the same for either dtype
                     acc[:, i, vi, ei, zi] = grad_accumulation_parts(ctx, base) if times else 0.0
                     picks, held, terms = gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
@@ -697,4 +696,4 @@ def _layout_of_indices(S: Space, idx: dict) -> Layout:
                      S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],
                      S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]], S.expert_tp[idx["e"]],
                      S.ep_overlap[idx.get("eo", 0)], S.head_slots[0], S.offload[0], S.moe_dispatcher[0],
-                     S.param_gather[0], S.dp_shard[0])
+                     S.param_gather[0], layout_shard(S, S.factorizations[idx["f"]], S.ep[idx["e"]], idx["z"]))
