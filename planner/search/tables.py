@@ -45,14 +45,14 @@ from clusterplan.cost.step import rank_inflight, working_bytes
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dispatcher_choice, dp_profiles,
     mixed_kinds, kind_windows_over, stage_kind_shares, ep_overlap_steady_share, ep_overlap_window_s, head_in_period,
-    head_terms, optimizer_s, grad_accumulation_parts, overlap_share, param_counts, period_layers,
+    head_terms, overlap_share, param_counts, period_layers,
     runtime_bytes, chunks_fit, tp_comm_over,
 )
 from clusterplan.planner.search.cells import AddedTables, cell_rows, cell_table
 from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
-from clusterplan.planner.search.gathers import compared_gathers, gather_pick
+from clusterplan.planner.search.gathers import compared_gathers, dp_cell
 from clusterplan.planner.search.graphs import etp_dispatchers, searched_choices  # the dispatchers searched_choices names
 from clusterplan.planner.search.offload import host_refused_statics
 from clusterplan.planner.search.reuse import (
@@ -536,14 +536,14 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
             for vi, v in enumerate(S.vp):
                 if not chunks_fit(L, pp, v, hs):
                     continue
-                pc = param_counts(ctx.model, tp, pp, v, e, et, hs)
-                for zi, z in enumerate(S.zero_stage):
-                    gathers = compared if z >= 1 else S.param_gather[:1]
-                    base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
-                                  param_gather=gathers[0], dp_shard=priced_shard(ctx, S, (tp, pp, dp, cp), e, zi), offload=S.offload[0])
-                    opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0  # the same for either dtype
-                    acc[:, i, vi, ei, zi] = grad_accumulation_parts(ctx, base) if times else 0.0
-                    picks, held, terms = gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
+                pc, cells = param_counts(ctx.model, tp, pp, v, e, et, hs), {}  # cells: per (stage, Layout.dp_shard)
+                for zi, z in enumerate(S.zero_stage):  # a hybrid entry without a group of its own is its stage's
+                    n = priced_shard(ctx, S, (tp, pp, dp, cp), e, zi)
+                    if (z, n) not in cells:
+                        base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
+                                      param_gather=(compared if z >= 1 else S.param_gather)[0], dp_shard=n, offload=S.offload[0])
+                        cells[z, n] = dp_cell(ctx, S, pc, base, compared, (profiles, first, runtime), times)
+                    opt[i, vi, ei, zi], acc[:, i, vi, ei, zi], (picks, held, terms) = cells[z, n]
                     fp8[i, :, vi, ei, zi] = [g == "fp8" for g in picks]
                     for rank in RANKS:
                         static[rank][i, vi, ei, zi], gfree[rank][i, vi, ei, zi], step[rank][i, vi, ei, zi] = held[rank]
