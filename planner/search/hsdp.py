@@ -128,3 +128,10 @@ def narrowed_stages(S: Space, keep) -> dict:
     if S.zero_shard:
         out["zero_shard"] = tuple(S.zero_shard[zi] for zi in at)
     return out
+
+
+def with_groups(ctx: Context, S: Space, runs: np.ndarray) -> np.ndarray:
+    """The framework's mask ``runs`` (f, e, s, z, do, to: ``masks.framework_mask``) less the hybrid
+    entries without a group (:func:`shard_mask`): the layouts of the space."""
+    shards = shard_mask(ctx, S)
+    return runs if shards is None else runs & shards[:, :, None, :, None, None]

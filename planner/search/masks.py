@@ -12,7 +12,6 @@ from clusterplan.cost.framework import framework_refusal, refuses_overlap
 from clusterplan.cost.checks import dispatcher_etp_problem, head_slot_problem
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.terms import Context, cp_a2a_size, cp_heads_split
-from clusterplan.planner.search.hsdp import shard_mask
 from clusterplan.planner.search.space import (
     Space, _representative, batch_ok, canonical, cell_schedule, expert_ok, factor_ok, folding_ok, placement_ok,
     sequence_parallel_ok,
@@ -170,8 +169,7 @@ def framework_mask(ctx: Context, S: Space) -> np.ndarray:
                             out[i, ei, si, zi, di, ti] = framework_refusal(
                                 prof, tp, pp, cp, e, 1, z, "none", sp, to, do and dp * cp > 1,
                                 data_parallel=dp * cp > 1) is None
-    shards = shard_mask(ctx, S)  # a hybrid-sharded ZeRO entry runs where it has a group (planner.search.hsdp)
-    return np.broadcast_to(out if shards is None else out & shards[:, :, None, :, None, None], shape)
+    return np.broadcast_to(out, shape)
 
 
 def _refusal_class(prof, tp: int, pp: int, dp: int, cp: int) -> tuple:

@@ -58,7 +58,7 @@ from clusterplan.planner.search.offload import host_refused_statics
 from clusterplan.planner.search.reuse import (
     fewer_collections, key_use, kept, kept_cells, kept_keys, kept_rows, per_pp_dp, time_in_use,
 )
-from clusterplan.planner.search.hsdp import layout_shard, priced_shard
+from clusterplan.planner.search.hsdp import layout_shard, priced_shard, with_groups
 from clusterplan.planner.search.space import Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
@@ -267,7 +267,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
         order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX, DPC), ok_fo, ok_foe, order_ok, use)
-    canon = canonical_mask(S, order_ok, ok_fe, kept(("framework", ctx, S), lambda: framework_mask(ctx, S)))
+    canon = canonical_mask(S, order_ok, ok_fe, kept(("framework", ctx, S), lambda: with_groups(ctx, S, framework_mask(ctx, S))))
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
