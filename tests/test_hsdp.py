@@ -177,7 +177,7 @@ def test_engines_agree_with_dp_shard_held(seed):
 
 def test_min_and_max_do_not_take_dp_shard():
     from clusterplan.planner.search.space import parse_bounds
-    with pytest.raises(SpecError, match="dp_shard is not searched; use --fix dp_shard=N"):
+    with pytest.raises(SpecError, match=r"dp_shard is not searched over a range; use --fix dp_shard=N \(0: the framework's own grouping\)"):
         parse_bounds(minimum=("dp_shard=8",))
     assert parse_bounds(fix=("dp_shard=8",)).fixed == {"dp_shard": 8}
 

@@ -667,8 +667,9 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
                     _once(out, "expert_tp", etp.expert_tp, flag)
                     out["_etp"] = int(raw)
                     continue
-                if key == "dp_shard" and numeric_only:  # held, never searched over a range
-                    raise SpecError(f"{flag}: dp_shard is not searched; use --fix dp_shard=N")
+                if key == "dp_shard" and numeric_only:  # searched over a few groups (planner.search.hsdp), not a range
+                    raise SpecError(f"{flag}: dp_shard is not searched over a range; use --fix dp_shard=N "
+                                    "(0: the framework's own grouping)")
                 if key == "schedule":  # kept as named: a Layout writes the one vp implies as ""
                     if raw not in PIPELINE_SCHEDULES:
                         raise SpecError(f"{flag} schedule={raw}: allowed: {', '.join(PIPELINE_SCHEDULES)}")
