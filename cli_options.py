@@ -254,7 +254,7 @@ ENGINE_OPTIONS = [
                       "search tries both splits the framework offers), offload, cp_comm (p2p, allgather, a2a, a2a+p2p: how context "
                       "parallelism communicates), moe_dispatcher (auto, alltoall, deepep, hybridep: unfixed, each expert "
                       "group takes the fastest the framework offers), cuda_graph (none, layer, full: unfixed, every layout "
-                      "the framework can graph is graphed), dp_shard (hybrid sharding over N data-parallel ranks; never searched), schedule (1f1b, "
+                      "the framework can graph is graphed), dp_shard (hybrid sharding over N data-parallel ranks; searched over one and two scale-up domains where the framework has it, 0 holds the framework's own grouping), schedule (1f1b, "
                       "interleaved, zb1p: the pipeline schedule; unfixed, pipelines run zero bubble where the framework "
                       "has it), param_gather (bf16, fp8: unfixed, FP8 jobs gather in 8 bits where that is no slower and "
                       "takes no more memory) (repeatable, or comma-separated: --fix tp=8,pp=4)."),

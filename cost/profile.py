@@ -177,6 +177,10 @@ class Profile:
     zero3_across_domains: str = "shard"
     # ZeRO stages hybrid sharding (features.dp_shard, Layout.dp_shard) runs with (semantics.dp_shard_stages)
     dp_shard_stages: tuple[int, ...] = ()
+    # whether plan's search offers hybrid sharding by itself where the framework has it (semantics.
+    # dp_shard_searched; false: evaluate prices it and --fix holds it, as for DeepSpeed's MiCS, which
+    # the pinned release no longer runs)
+    dp_shard_searched: bool = True
     # Per-op SAC leaves the SDPA output unsaved from this CUDA compute capability on, by release
     # (semantics.op_sac_unsaved_attention_history: (since YYYY-MM, capability or None for none))
     op_sac_unsaved_attention_history: tuple[tuple[str, float | None], ...] = ()

@@ -55,6 +55,7 @@ def _zero3(sem: dict, where: str) -> dict:
         zero3_max_live_numel=_count(sem, "zero3_max_live_numel", where),
         zero3_reduce_bucket_numel=_count(sem, "zero3_reduce_bucket_numel", where),
         dp_shard_stages=_dp_shard_stages(sem.get("dp_shard_stages") or [], where),
+        dp_shard_searched=bool(sem.get("dp_shard_searched", True)),
     )
 
 

@@ -71,8 +71,8 @@ def _moves(lay: Layout, moe: bool, offload: bool = False, cp_kinds: tuple[str, .
 
 
 def _hybrid_moves(lay: Layout) -> list[tuple[str, Layout]]:
-    """Where the layout holds a hybrid sharding group (``--fix dp_shard=N``: never searched, so not
-    checked against the space): the group halved and doubled (each dividing dp, at least 2) and off
+    """Where the layout holds a hybrid sharding group (searched, ``planner.search.hsdp``, or held by
+    ``--fix dp_shard=N``; not checked against the space): the group halved and doubled (each dividing dp, at least 2) and off
     (the framework's own group), priced like any move: what the knob does to this plan."""
     if not lay.dp_shard:
         return []
@@ -142,7 +142,7 @@ def _outside(space: Space | None, lay: Layout) -> str | None:
                         ("tp_overlap", lay.tp_overlap), ("ep_overlap", lay.ep_overlap),
                         ("head_slots", lay.head_slots and lay.pp > 1), ("offload", lay.offload)):
         if value not in getattr(space, knob):
-            searched = ", ".join(knob_text(v) for v in getattr(space, knob))
+            searched = ", ".join(knob_text(v) for v in dict.fromkeys(getattr(space, knob)))  # a ZeRO stage per shard group
             return f"{knob}={knob_text(value)} is outside the searched values [{searched}]"
     return None
 

@@ -33,9 +33,10 @@ from clusterplan.planner.search.tables import MEMORY_QUANTUM_BYTES, SLOT_QUANTUM
 from clusterplan.topologies.library import build_cluster
 
 PAIRS = {
-    # Megatron-Core: interleaving (vp up to 8), TP overlap, CUDA graph scopes, both pipeline splits
+    # Megatron-Core: interleaving (vp up to 8), TP overlap, CUDA graph scopes, both pipeline splits, the partial
+    # distributed optimizer (dp_shard with ZeRO-1)
     "gpt3-13b-megatron-a100": ("gpt3-13b", "dgx-a100-superpod", 64, dict(global_batch_size=256, seq_len=2048)),
-    # torchtitan: FSDP (ZeRO-2/3 per-micro-batch gathers, FSDP2 copies), zero bubble, gradient accumulation
+    # torchtitan: FSDP (ZeRO-2/3 per-micro-batch gathers, FSDP2 copies), HSDP (dp_shard), zero bubble, gradient accumulation
     "llama3-8b-torchtitan-h100": ("llama3-8b", "dgx-h100-superpod", 32,
                                   dict(global_batch_size=64, seq_len=8192, framework="torchtitan")),
     # MoE with dense layers: EP and EP overlap, folded experts, the stage candidates of both kinds, both splits
@@ -388,3 +389,16 @@ def test_context_parallel_rows_are_keyed_on_the_whole_placement_on_a_torus(devic
                     assert row * 1e-7 == pytest.approx(want, abs=1e-7), (order, (tp, pp, dp, cp), mbs)
                     checked += 1
     assert checked
+
+
+@pytest.mark.parametrize("pair", ["gpt3-13b-megatron-a100", "llama3-8b-torchtitan-h100"])
+def test_the_sample_holds_hybrid_sharded_layouts(pair):
+    """Where the framework's search offers hybrid sharding (``planner.search.hsdp``: Megatron-Core's
+    partial distributed optimizer, torchtitan's HSDP), the sample draws layouts with a shard group,
+    feasible and rejected, which the test above holds to evaluate and the rules like any other."""
+    model, job, cluster, ctx = _problem(pair)
+    hybrid = [(lay, code) for lay, code in ((_decode(T, ctx, idx), code) for T, idx, _, code, _ in _sample(pair))
+              if lay.dp_shard]
+    assert any(code < 0 for _, code in hybrid) and any(code >= 0 for _, code in hybrid)
+    assert all(lay.zero_stage in job.profile.profile.dp_shard_stages and lay.dp % lay.dp_shard == 0 and
+               2 <= lay.dp_shard < lay.dp and lay.cp == lay.ep == 1 for lay, _ in hybrid)

@@ -177,7 +177,7 @@ def test_engines_agree_with_dp_shard_held(seed):
 
 def test_min_and_max_do_not_take_dp_shard():
     from clusterplan.planner.search.space import parse_bounds
-    with pytest.raises(SpecError, match="dp_shard is not searched; use --fix dp_shard=N"):
+    with pytest.raises(SpecError, match=r"dp_shard is not searched over a range; use --fix dp_shard=N \(0: the framework's own grouping\)"):
         parse_bounds(minimum=("dp_shard=8",))
     assert parse_bounds(fix=("dp_shard=8",)).fixed == {"dp_shard": 8}
 
@@ -193,3 +193,92 @@ def test_explain_prices_the_held_group_halved_doubled_and_off():
         assert rows[move]["step_time_s"] == pytest.approx(evaluate(model, job, cluster, lay).step_time_s)
     assert not any(m.startswith("dp_shard") for m in
                    (r["move"] for r in sensitivities(model, job, cluster, evaluate(model, job, cluster, best.layout.with_(dp_shard=0)))))
+
+
+# ---- the search offers hybrid sharding (planner.search.hsdp) ----------------------------------------
+
+def _oversubscribed(framework: str, batch: int = 2048):
+    """Llama 3 8B on 256 H100 whose leaf switches are 4:1 oversubscribed: sharding over every rank
+    crosses the thin uplinks at every micro-batch, a node's shard group does not."""
+    from clusterplan.topologies.library import build_cluster
+    model, cluster = load_model("llama3-8b"), build_cluster("dgx-h100-superpod", num_devices=256, oversubscription=4)
+    return model, Job(global_batch_size=batch, seq_len=8192, framework=framework), cluster
+
+
+@pytest.mark.parametrize("framework,stages", [("torchtitan", (2, 3)), ("megatron", (1,))])
+def test_search_offers_hybrid_sharding_and_picks_it_where_it_wins(framework, stages):
+    """The search offers a shard group of one node's data-parallel ranks (and two nodes') at the
+    framework's hybrid stages and picks it where it beats sharding over every rank (before, it offered
+    none: ``--fix dp_shard=N`` only). The winner is priced as evaluate prices it, and holding the
+    framework's own grouping (``--fix dp_shard=0``) gives a slower plan."""
+    from clusterplan.planner.search import SearchOptions, objective_seconds, plan
+    from clusterplan.planner.search.space import Bounds
+    model, job, cluster = _oversubscribed(framework)
+    res = plan(model, job, cluster, SearchOptions(top_k=0))
+    best = res.best.layout
+    assert best.dp_shard >= 2 and best.dp % best.dp_shard == 0 and best.zero_stage in stages
+    assert best.tp * best.dp_shard in (8, 16)  # one node's GPUs, or two nodes'
+    assert objective_seconds(res.objective_units[0]) == pytest.approx(evaluate(model, job, cluster, best).step_time_s,
+                                                                      rel=1e-3)
+    own = plan(model, job, cluster, SearchOptions(top_k=0, bounds=Bounds(fixed={"dp_shard": 0})))
+    assert own.best.layout.dp_shard == 0 and own.best.step_time_s > res.best.step_time_s
+
+
+def test_search_offers_groups_of_one_and_two_scale_up_domains():
+    """The ZeRO axis holds (stage, group) pairs: the framework's own first, then each hybrid stage with
+    one domain's data-parallel ranks and with two (at least 2 ranks, dividing dp, below dp)."""
+    from clusterplan.planner.search.hsdp import candidate_group
+    from clusterplan.planner.search.space import Bounds, build_space
+    model, job, cluster = _oversubscribed("torchtitan")
+    S = build_space(model, job, cluster, Bounds())
+    own = [z for z, k in zip(S.zero_stage, S.zero_shard) if k == 0]
+    assert own == sorted(set(S.zero_stage)) and [(z, k) for z, k in zip(S.zero_stage, S.zero_shard) if k] == [
+        (2, 1), (3, 1), (2, 2), (3, 2)]
+    assert [candidate_group(S, (1, 1, 256, 1), k) for k in (1, 2)] == [8, 16]
+    assert [candidate_group(S, (8, 1, 32, 1), k) for k in (1, 2)] == [2, 4]  # tp fills a node: two nodes, four
+    assert [candidate_group(S, (2, 2, 64, 1), k) for k in (1, 2)] == [4, 8]
+    assert candidate_group(S, (1, 1, 128, 2), 1) == 0 and candidate_group(S, (8, 1, 2, 1), 1) == 0  # cp > 1; dp = 2
+    held = build_space(model, job, cluster, Bounds(fixed={"dp_shard": 0}))
+    assert not held.zero_shard and 0 in held.zero_stage
+
+
+@pytest.mark.parametrize("framework,date", [("deepspeed", None), ("torchtitan", "2024-06"), ("megatron", "2024-10"),
+                                            ("nanotron", None)])
+def test_search_leaves_hybrid_sharding_out_where_the_framework_lacks_it(framework, date):
+    """DeepSpeed's MiCS is gone from its pinned release (``semantics.dp_shard_searched: false``);
+    torchtitan before its HSDP (2024-09), Megatron before its partial distributed optimizer (2024-11)
+    and nanotron have none: their spaces hold the framework's own grouping alone."""
+    from clusterplan.planner.search.space import Bounds, build_space
+    model, job, cluster = _oversubscribed(framework)
+    if date:
+        job = Job(global_batch_size=2048, seq_len=8192, framework=framework, framework_date=date)
+    S = build_space(model, job, cluster, Bounds())
+    assert not S.zero_shard and len(S.zero_stage) == len(set(S.zero_stage))
+
+
+# random instances (tests/test_search.py) whose spaces hold hybrid entries, four per framework; in
+# 7107, 7113 (torchtitan) and 7133 (MaxText) a runner-up has a shard group
+HYBRID_SEEDS = [7107, 7110, 7113, 7116, 7102, 7108, 7111, 7114, 7103, 7118, 7130, 7133]
+
+
+@pytest.mark.parametrize("seed", HYBRID_SEEDS)
+def test_engines_agree_with_dp_shard_searched(seed):
+    """CP-SAT equals the exhaustive enumerator where the search offers hybrid sharding (torchtitan,
+    Megatron-Core, MaxText on random instances), and each of the top four, with a shard group or
+    without, is priced as evaluate prices it."""
+    import dataclasses
+    from test_search import _check_engines_agree, random_instance  # tests/ is on the path (test_offload_search.py)
+    from clusterplan.planner.search import SearchOptions, objective_seconds, plan
+    from clusterplan.planner.search.space import build_space
+    model, job, cluster, bounds = random_instance(seed)
+    framework = ("torchtitan", "megatron", "maxtext")[seed % 3]
+    job = Job(global_batch_size=job.global_batch_size, seq_len=job.seq_len, precision="bf16", framework=framework)
+    bounds = dataclasses.replace(bounds, fixed={k: v for k, v in bounds.fixed.items() if k != "zero_stage"})
+    assert any(build_space(model, job, cluster, bounds).zero_shard)
+    _check_engines_agree(model, job, cluster, bounds)
+    try:
+        res = plan(model, job, cluster, SearchOptions(engine="exhaustive", top_k=3, bounds=bounds))
+    except Exception:  # noqa: BLE001 -- nothing fits (checked alike above)
+        return
+    for ev, units in zip([res.best, *res.runners_up], res.objective_units):
+        assert objective_seconds(units) == pytest.approx(evaluate(model, job, cluster, ev.layout).step_time_s, rel=1e-3)

@@ -199,7 +199,9 @@ def test_a_cell_takes_fp8_only_where_it_is_no_slower_and_no_larger(precision, fr
     _, B = _space_and_tables(job, cluster, ("param_gather=bf16",))
     fspace, F8 = _space_and_tables(job, cluster, ("param_gather=fp8",))
     assert space.param_gather == ("bf16", "fp8") and B.PG is None and F8.PG is None
-    z = [space.zero_stage.index(s) for s in fspace.zero_stage]  # the fixed-fp8 space has zero 1-3
+    def entries(S):  # the ZeRO axis's (stage, shard group) pairs (planner.search.hsdp)
+        return list(zip(S.zero_stage, S.zero_shard or (0,) * len(S.zero_stage)))
+    z = [entries(space).index(p) for p in entries(fspace)]  # the fixed-fp8 space has zero 1-3
     for name in ("DPS", "DPM", "RG", "DPX"):
         ours, bf16, fp8 = getattr(T, name), getattr(B, name), getattr(F8, name)
         assert (ours <= bf16).all()

@@ -495,8 +495,8 @@ def restrict(T: Tables, keep: dict) -> Tables:
             ("ud", ("f", "mb", "v")), ("um", ("f", "mb", "v")), ("ugm", ("f", "mb", "v")), ("fd", ("f", "v")),
             ("fm", ("f", "v")), *zero)}) for c in T.stages)
     changes = {space_attr[k]: tuple(getattr(T.space, space_attr[k])[i] for i in v) for k, v in keep.items()}
-    if "e" in keep:  # the expert axis holds (ep, expert_tp) pairs
-        changes["expert_tp"] = tuple(T.space.expert_tp[i] for i in keep["e"])
+    for k, paired in (("e", "expert_tp"), ("z", "zero_shard")):  # axes of pairs: (ep, expert_tp), (stage, shard group)
+        changes.update({paired: tuple(getattr(T.space, paired)[i] for i in keep[k])} if k in keep and getattr(T.space, paired) else {})
     sub.space = replace(T.space, **changes)
     sub.unrestrict = RestrictedTables(T, keep).unrestrict
     return sub

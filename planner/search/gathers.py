@@ -11,8 +11,8 @@ from __future__ import annotations
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.stages import RANKS, rank_index
 from clusterplan.cost.step import memory_static_bytes, optimizer_step_bytes
-from clusterplan.cost.terms import (Context, dp_terms_of, fp8_gathers_no_slower, grads_freed_bytes, kept_param_bytes,
-                                    zero_replicas)
+from clusterplan.cost.terms import (Context, dp_terms_of, fp8_gathers_no_slower, grad_accumulation_parts, grads_freed_bytes,
+                                    kept_param_bytes, optimizer_s, zero_replicas)
 from clusterplan.planner.search.space import Space
 
 
@@ -28,6 +28,15 @@ def compared_gathers(ctx: Context, S: Space) -> tuple[str, ...]:
     if fp8 > bf16:
         return ("bf16",)
     return ("fp8",) if fp8 == bf16 and fp8_gathers_no_slower(ctx.job) else ("bf16", "fp8")
+
+
+def dp_cell(ctx: Context, S: Space, pc, base: Layout, compared: tuple[str, ...], groups: tuple, times: bool) -> tuple:
+    """One (f, v, e, z) cell of ``tables._dp_tables`` at ``base``: its optimizer step and gradient
+    accumulation parts (0 without ``times``), and :func:`gather_pick`'s dtypes,
+    static memory and traffic per order over ``groups`` (the orders' profiles, first orders, runtime)."""
+    gathers = compared if base.zero_stage >= 1 else S.param_gather[:1]
+    return (optimizer_s(ctx, base) if times else 0.0,  # the same for either dtype
+            grad_accumulation_parts(ctx, base) if times else 0.0, gather_pick(ctx, S, pc, base, gathers, *groups))
 
 
 def gather_pick(ctx: Context, S: Space, pc, base: Layout, gathers: tuple[str, ...], profiles: list, first: list,
@@ -86,10 +95,10 @@ def _dp_order_terms(ctx: Context, S: Space, pc, layout: Layout, profiles: list, 
     for oi, (dense, expert) in enumerate(profiles):
         if dense is None:
             out.append(None)
-        elif first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z, False, S.dp_shard[0]) == 1:
+        elif first[oi] != oi and zero_replicas(ctx, dp, pp, cp, e, z, False, layout.dp_shard) == 1:
             out.append(out[first[oi]])
         else:
             t = dp_terms_of(ctx, pc, tp, pp, dp, cp, e, S.order[oi], layout.expert_tp, layout.vp, z, (dense, expert),
-                            param_gather=layout.param_gather, dp_shard=S.dp_shard[0])
+                            param_gather=layout.param_gather, dp_shard=layout.dp_shard)
             out.append((t.per_step_s, t.per_microbatch_s, t.regather_s, t.blocking_s, t.copy_s))
     return out

@@ -27,6 +27,7 @@ import numpy as np
 from clusterplan.cost.layout import OFFLOAD_MODES, Layout, offloads_activations, offloads_optimizer
 from clusterplan.cost.step import host_offload_problem, offload_hidden, offload_host_bound_bytes
 from clusterplan.cost.terms import Context, chunks_fit, host_optimizer_bytes, host_tier
+from clusterplan.planner.search.hsdp import narrowed_stages, priced_shard
 from clusterplan.models.errors import SpecError
 
 if TYPE_CHECKING:  # planner.search.space imports this module
@@ -128,7 +129,7 @@ def _optimizer_offload_space(ctx: Context, S: Space, mode: str) -> tuple[Space |
                f"(semantics.optimizer_offload_host_accumulation); `clusterplan evaluate --layout "
                f"'...,zero={S.zero_stage[0]},offload={mode}'` prices one layout, or drop --fix zero")
         return None, why
-    return replace(S, zero_stage=stages, param_gather=("bf16",)), ""
+    return replace(S, **narrowed_stages(S, lambda z: z in stages), param_gather=("bf16",)), ""
 
 
 def _host_memory_splits(S: Space) -> list[Space]:
@@ -184,7 +185,7 @@ def host_overflow(ctx: Context, S: Space) -> np.ndarray:
                             if not (sp and tp == 1)), default=0.0) if offloads_activations(mode) else 0.0
                 for zi, z in enumerate(S.zero_stage):
                     lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
-                                 offload=mode, dp_shard=S.dp_shard[0])
+                                 offload=mode, dp_shard=priced_shard(ctx, S, (tp, pp, dp, cp), e, zi))
                     over[i, vi, ei, zi] = acts + host_optimizer_bytes(ctx, lay) > capacity
     return over
 

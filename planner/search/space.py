@@ -19,6 +19,7 @@ from clusterplan.cost.terms import Context, stage_slots
 from clusterplan.cost.layout import CP_COMM_KINDS, ORDERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES, Job, Layout, join_order, order_axes, split_order
 from clusterplan.models.errors import SpecError
 from clusterplan.planner.search.graphs import searched_scopes
+from clusterplan.planner.search.hsdp import layout_shard, searched_shards
 from clusterplan.planner.search.offload import offload_modes, offload_spaces
 from clusterplan.models.spec import ModelSpec
 from clusterplan.topologies.cluster import Cluster
@@ -123,8 +124,12 @@ class Space:
     # Layout.param_gather
     param_gather: tuple[str, ...] = ("bf16",)
     # hybrid sharding's group (Layout.dp_shard): 0, the framework's own, unless --fix holds one
-    # (hybrid_space); not searched
+    # (hybrid_space); else searched through the ZeRO axis: zero_shard, one per zero_stage entry, its
+    # shard group (0 the framework's own, k the k-th of hsdp.candidate_group over shard_domain devices
+    # a scale-up domain); empty: every entry the framework's own (planner.search.hsdp)
     dp_shard: tuple[int, ...] = (0,)
+    zero_shard: tuple[int, ...] = ()
+    shard_domain: int = 0
     # the pipeline schedules searched besides the one vp implies ("", Layout.schedule): not a dimension,
     # each (pp, vp) with pp > 1 takes the one of them it runs (cell_schedule); schedule_vp1: whether
     # they run at vp = 1 (torchtitan's zero bubble runs interleaved only: no ZB-H1)
@@ -196,7 +201,7 @@ def build_space(model: ModelSpec, job: Job, cluster: Cluster, bounds: Bounds | N
     ), prof)
     _check_nonempty(space, b, cluster.num_devices, prof, offered)
     _check_fixed_shape(model, b, prof)
-    return space
+    return searched_shards(space, prof, cluster.domain_size, b)
 
 
 def _check_fixed(prof, cluster: Cluster, job: Job, b: Bounds, model: ModelSpec) -> None:
@@ -662,8 +667,9 @@ def parse_bounds(fix: tuple[str, ...] = (), minimum: tuple[str, ...] = (), maxim
                     _once(out, "expert_tp", etp.expert_tp, flag)
                     out["_etp"] = int(raw)
                     continue
-                if key == "dp_shard" and numeric_only:  # held, never searched over a range
-                    raise SpecError(f"{flag}: dp_shard is not searched; use --fix dp_shard=N")
+                if key == "dp_shard" and numeric_only:  # searched over a few groups (planner.search.hsdp), not a range
+                    raise SpecError(f"{flag}: dp_shard is not searched over a range; use --fix dp_shard=N "
+                                    "(0: the framework's own grouping)")
                 if key == "schedule":  # kept as named: a Layout writes the one vp implies as ""
                     if raw not in PIPELINE_SCHEDULES:
                         raise SpecError(f"{flag} schedule={raw}: allowed: {', '.join(PIPELINE_SCHEDULES)}")

@@ -45,22 +45,21 @@ from clusterplan.cost.step import rank_inflight, working_bytes
 from clusterplan.cost.terms import (
     Context, activation_terms, compute_terms, cp_comm_choice, cp_comm_terms, dispatcher_choice, dp_profiles,
     mixed_kinds, kind_windows_over, stage_kind_shares, ep_overlap_steady_share, ep_overlap_window_s, head_in_period,
-    head_terms, optimizer_s, grad_accumulation_parts, overlap_share, param_counts, period_layers,
+    head_terms, overlap_share, param_counts, period_layers,
     runtime_bytes, chunks_fit, tp_comm_over,
 )
 from clusterplan.planner.search.cells import AddedTables, cell_rows, cell_table
 from clusterplan.planner.search.masks import (
     canonical_mask, ep_overlap_mask, framework_mask, masks, order_representatives,
 )
-from clusterplan.planner.search.gathers import compared_gathers, gather_pick
+from clusterplan.planner.search.gathers import compared_gathers, dp_cell
 from clusterplan.planner.search.graphs import etp_dispatchers, searched_choices  # the dispatchers searched_choices names
 from clusterplan.planner.search.offload import host_refused_statics
 from clusterplan.planner.search.reuse import (
     fewer_collections, key_use, kept, kept_cells, kept_keys, kept_rows, per_pp_dp, time_in_use,
 )
-from clusterplan.planner.search.space import (
-    Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates,
-)
+from clusterplan.planner.search.hsdp import layout_shard, priced_shard, with_groups
+from clusterplan.planner.search.space import Space, _representative, cell_schedule, expert_ok, layout_of, traversal_duplicates
 
 TIME_QUANTUM_S = 1e-7  # 100 ns: per-micro-batch terms; a 1 s term is 10^7 units
 SLOT_QUANTUM = 1000  # micro-batch slots and stage shares in thousandths
@@ -268,7 +267,7 @@ def build_tables(ctx: Context, space: Space, memory_headroom: float = 0.0, ignor
     order_ok = order_representatives(S)
     if not memory_only and len({split_order(o)[1] for o in S.order}) > 1:
         order_ok &= _traversal_representatives(S, timed, (DPS, DPM, RG, DPX, DPC), ok_fo, ok_foe, order_ok, use)
-    canon = canonical_mask(S, order_ok, ok_fe, kept(("framework", ctx, S), lambda: framework_mask(ctx, S)))
+    canon = canonical_mask(S, order_ok, ok_fe, kept(("framework", ctx, S), lambda: with_groups(ctx, S, framework_mask(ctx, S))))
     eo_canon = ~((np.array(S.ep) == 1)[:, None]
                  & (np.array(S.ep_overlap, bool) != _representative(S.ep_overlap, False))[None, :])
     capacity = _capacity(ctx, memory_headroom, ignore_memory)
@@ -537,14 +536,14 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
             for vi, v in enumerate(S.vp):
                 if not chunks_fit(L, pp, v, hs):
                     continue
-                pc = param_counts(ctx.model, tp, pp, v, e, et, hs)
-                for zi, z in enumerate(S.zero_stage):
-                    gathers = compared if z >= 1 else S.param_gather[:1]
-                    base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
-                                  param_gather=gathers[0], dp_shard=S.dp_shard[0], offload=S.offload[0])
-                    opt[i, vi, ei, zi] = optimizer_s(ctx, base) if times else 0.0  # the same for either dtype
-                    acc[:, i, vi, ei, zi] = grad_accumulation_parts(ctx, base) if times else 0.0
-                    picks, held, terms = gather_pick(ctx, S, pc, base, gathers, profiles, first, runtime)
+                pc, cells = param_counts(ctx.model, tp, pp, v, e, et, hs), {}  # cells: per (stage, Layout.dp_shard)
+                for zi, z in enumerate(S.zero_stage):  # a hybrid entry without a group of its own is its stage's
+                    n = priced_shard(ctx, S, (tp, pp, dp, cp), e, zi)
+                    if (z, n) not in cells:
+                        base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
+                                      param_gather=(compared if z >= 1 else S.param_gather)[0], dp_shard=n, offload=S.offload[0])
+                        cells[z, n] = dp_cell(ctx, S, pc, base, compared, (profiles, first, runtime), times)
+                    opt[i, vi, ei, zi], acc[:, i, vi, ei, zi], (picks, held, terms) = cells[z, n]
                     fp8[i, :, vi, ei, zi] = [g == "fp8" for g in picks]
                     for rank in RANKS:
                         static[rank][i, vi, ei, zi], gfree[rank][i, vi, ei, zi], step[rank][i, vi, ei, zi] = held[rank]
@@ -697,4 +696,4 @@ def _layout_of_indices(S: Space, idx: dict) -> Layout:
                      S.sequence_parallel[idx["s"]], S.recompute[idx["r"]], S.zero_stage[idx["z"]],
                      S.order[idx["o"]], S.dp_overlap[idx["do"]], S.tp_overlap[idx["to"]], S.expert_tp[idx["e"]],
                      S.ep_overlap[idx.get("eo", 0)], S.head_slots[0], S.offload[0], S.moe_dispatcher[0],
-                     S.param_gather[0], S.dp_shard[0])
+                     S.param_gather[0], layout_shard(S, S.factorizations[idx["f"]], S.ep[idx["e"]], idx["z"]))

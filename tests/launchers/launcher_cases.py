@@ -122,6 +122,12 @@ CASES = {
     "llama3-8b-partial-distopt": (["evaluate", "--model", "llama3-8b", "--cluster", "dgx-h100-superpod",
                                    "--devices", "64", "--global-batch", "128", "--layout",
                                    "tp=2,dp=32,mbs=2,sp=on,zero=1,dp_shard=8"], ["megatron", "slurm"]),
+    # hybrid sharding as the search picks it (planner.search.hsdp): 4:1 oversubscribed leaves, where a node's
+    # shard group beats sharding over every rank (torchtitan: HSDP over a node's 8 GPUs; Megatron: tp 4 and
+    # the partial distributed optimizer over a node's 2 data-parallel ranks)
+    "llama3-8b-h100x256-oversubscribed": (["--model", "llama3-8b", "--cluster", "dgx-h100-superpod", "--devices", "256",
+                                           "--oversubscription", "4"],
+                                          ["torchtitan", "torchtitan-0.2", "megatron", "slurm"]),
     # activation offload to host memory (offload=activations): Megatron's --cpu-offloading-num-layers
     # (no recomputation, pp 1), DeepSpeed's cpu_checkpointing (with full recomputation, --checkpoint-in-cpu)
     "llama3-8b-gb200-offload": (["evaluate", "--model", "llama3-8b", "--cluster", "gb200-nvl72", "--devices", "64",
