@@ -542,3 +542,26 @@ def test_solve_exhaustive_reads_each_blocks_figures_once_and_counts_as_the_whole
                          (sl.start + int(idx[0]),) + tuple(int(x) for x in idx[1:])))
     assert considered == total
     assert found == [(o, dict(zip(exhaustive.DIMS, idx))) for o, _, idx in sorted(rows)[:4]]
+
+
+def test_ep_all_to_alls_are_priced_once_per_token_count_and_give_the_plain_product(monkeypatch):
+    """The MoE all-to-alls of one micro-batch (``comm._ep_open_s``) are priced once per group and
+    tokens a rank, not again per recompute mode and (cp, mbs) of the same tokens (the EP tables ask
+    each: 25,000 asks on DeepSeek-V3 / 576 GB200), and each is the plain product of the MoE layers,
+    one layer's all-to-alls and the recomputation's multiplier."""
+    from clusterplan.cost.terms import comm
+    from clusterplan.cost.terms.context import _comm_multiplier, _tokens
+    ctx, _ = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "")
+    ranks = tuple(range(0, 128, 2))  # an expert group across two NVL72 domains
+    comm._ep_open_s.cache_clear()
+    comm._ep_layers_s.cache_clear()
+    calls = []
+    real = comm._ep_comm_s
+    monkeypatch.setattr(comm, "_ep_comm_s", lambda *a: calls.append(a) or real(*a))
+    for dispatcher in ("alltoall", "deepep"):
+        for (cp, mb), rc, sp in itertools.product(((1, 2), (2, 4), (1, 1)), ("none", "selective", "full"), (False, True)):
+            got = comm._ep_open_s(ctx, 2, cp, 64, mb, sp, rc, ranks, dispatcher)
+            plain = ctx.model.num_moe_layers * real(ctx, _tokens(ctx, cp, mb), 2, ctx.cluster.axis_profile(ranks), sp,
+                                                    dispatcher) * _comm_multiplier(rc)
+            assert got == plain > 0
+    assert len(calls) == 2 * 2 * 2  # dispatchers x token counts (cp 1 x mb 2 and cp 2 x mb 4 share theirs) x sp
