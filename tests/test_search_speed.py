@@ -565,3 +565,42 @@ def test_ep_all_to_alls_are_priced_once_per_token_count_and_give_the_plain_produ
                                                     dispatcher) * _comm_multiplier(rc)
             assert got == plain > 0
     assert len(calls) == 2 * 2 * 2  # dispatchers x token counts (cp 1 x mb 2 and cp 2 x mb 4 share theirs) x sp
+
+
+@pytest.mark.parametrize("batch", [512, 4096])
+def test_coordinate_descent_asks_no_sub_space_twice_and_ends_where_the_plain_descent_does(monkeypatch, batch):
+    """The warm start's coordinate descent (``bounds._descend``) skips a knob whose sub-space (the
+    others where they were) it solved already, which cannot improve on the value that solve left (a
+    batch sweep's points spent a fifth of their search there): it ends at the value and layout the
+    plain descent, every knob solved every round, ends at, with fewer solves."""
+    from clusterplan.planner.search import bounds, reuse, tables
+    from clusterplan.planner.search.exhaustive import DIMS, restrict, solve_exhaustive
+
+    def plain(T, value, idx, rounds=4):
+        knobs, solves = [k for k in DIMS if k != "f"], 0
+        for _ in range(rounds):
+            improved = False
+            for knob in knobs:
+                sub = restrict(T, {k: [idx[k]] for k in knobs if k != knob})
+                found, _ = solve_exhaustive(sub, 0)
+                solves += 1
+                if found and found[0][0] < value:
+                    value, idx, improved = found[0][0], sub.unrestrict(found[0][1]), True
+            if not improved:
+                break
+        return (value, idx), solves
+
+    ctx, spaces = _spaces("llama3-8b", "dgx-h100-superpod", 64, "megatron", "", batch=batch)
+    reuse.clear()
+    for S in spaces:
+        T = tables.build_tables(ctx, S, 0.05)
+        poor = restrict(T, {"z": [S.zero_stage.index(0)], "r": [S.recompute.index("full")]})  # work for the descent
+        value, idx = solve_exhaustive(poor, 0)[0][0]
+        asked = []
+        monkeypatch.setattr(bounds, "restrict", lambda T, keep: asked.append(repr(sorted(keep.items()))) or restrict(T, keep))
+        got = bounds._descend(T, value, poor.unrestrict(idx))
+        monkeypatch.setattr(bounds, "restrict", restrict)
+        want, solves = plain(T, value, poor.unrestrict(idx))
+        assert got == want and got[0] < value
+        assert len(asked) == len(set(asked)) < solves
+    reuse.clear()

@@ -179,10 +179,17 @@ def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, di
     """Coordinate descent: free one knob (and the factorization) at a time, keep improvements."""
 
     knobs = [k for k in DIMS if k != "f"]
+    # A sub-space asked before (the same knob freed, the others where they were) gives what it gave
+    # then, which ``value`` is no longer above: the next round skips each knob no later one moved.
+    asked = set()
     for _ in range(rounds):
         improved = False
         for knob in knobs:
-            sub = restrict(T, {k: [idx[k]] for k in knobs if k != knob})
+            fixed = {k: [idx[k]] for k in knobs if k != knob}
+            if (key := (knob, tuple(v for (v,) in fixed.values()))) in asked:
+                continue
+            asked.add(key)
+            sub = restrict(T, fixed)
             found, _ = solve_exhaustive(sub, 0)
             if found and found[0][0] < value:
                 value, idx, improved = found[0][0], sub.unrestrict(found[0][1]), True
