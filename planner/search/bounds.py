@@ -152,6 +152,17 @@ def factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
     return reduce(X), reduce(H)
 
 
+def floors(T: Tables, keep: dict) -> np.ndarray:
+    """(f,): the least objective a feasible layout of each factorization can take with the knobs cut
+    to ``keep`` (:func:`restrict`'s): :func:`objective_lower_bound` (what CP-SAT takes as a cut) at
+    the micro-batch sizes, vp and expert layouts left, for :func:`solve_exhaustive` to skip blocks by."""
+    lb = once(T, objective_lower_bound)  # (F, MB, V, E)
+    for axis, knob in ((1, "mb"), (2, "v"), (3, "e")):
+        if knob in keep:
+            lb = np.take(lb, keep[knob], axis=axis)
+    return lb.min(axis=(1, 2, 3))
+
+
 def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
     """Feasible layouts to start from: the best of a small sub-space of common defaults, then the
     best of them improved by coordinate descent.
@@ -167,8 +178,9 @@ def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
     keep = {"do": [S.dp_overlap.index(True)] if True in S.dp_overlap else None,
             "r": [i for i, r in enumerate(S.recompute) if r in ("selective", "full")] or None,
             "z": [i for i, z in enumerate(S.zero_stage) if z in (0, 1, 3)] or None}
-    sub = restrict(T, {k: v for k, v in keep.items() if v})
-    best, _ = solve_exhaustive(sub, count - 1)
+    keep = {k: v for k, v in keep.items() if v}
+    sub = restrict(T, keep)
+    best, _ = solve_exhaustive(sub, count - 1, floors(T, keep))
     bounds = [(value, sub.unrestrict(idx)) for value, idx in best]
     if bounds:
         bounds[0] = _descend(T, *bounds[0])
@@ -190,7 +202,7 @@ def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, di
                 continue
             asked.add(key)
             sub = restrict(T, fixed)
-            found, _ = solve_exhaustive(sub, 0)
+            found, _ = solve_exhaustive(sub, 0, floors(T, fixed))
             if found and found[0][0] < value:
                 value, idx, improved = found[0][0], sub.unrestrict(found[0][1]), True
         if not improved:
@@ -208,6 +220,7 @@ def neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
 
     # a fifth of the space or less: tight runner-up bounds, cheaply (EP overlap changes no memory,
     # so the optimum's own setting keeps its ties)
-    sub = restrict(T, {"mb": [idx["mb"]], "eo": [idx["eo"]]})
-    found, _ = solve_exhaustive(sub, count - 1)
+    keep = {"mb": [idx["mb"]], "eo": [idx["eo"]]}
+    sub = restrict(T, keep)
+    found, _ = solve_exhaustive(sub, count - 1, floors(T, keep))
     return [(value, sub.unrestrict(i)) for value, i in found]
