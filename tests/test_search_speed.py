@@ -662,3 +662,36 @@ def test_warm_starts_skip_blocks_above_their_floor_and_find_what_scoring_every_b
         assert 0 < len(scored) - every < every
         scored.clear()
     reuse.clear()
+
+
+@pytest.mark.parametrize("batch", [512, 4096])
+def test_a_space_of_one_block_is_scored_once_and_each_warm_start_question_read_from_it(monkeypatch, batch):
+    """Where the whole space is one block (Llama 3 8B on 64 H100: a batch sweep's points), the warm
+    start's sub-space, its descent's and the neighbourhood's questions (``bounds.best_of``) are read
+    from one scoring of every layout, with the layouts and order ``solve_exhaustive`` gives on the cut
+    tables (ties to the least memory, then the first index); a larger space is solved cut."""
+    from clusterplan.planner.search import bounds, exhaustive, reuse, tables
+
+    ctx, spaces = _spaces("llama3-8b", "dgx-h100-superpod", 64, "megatron", "", batch=batch)
+    reuse.clear()
+    monkeypatch.setattr(bounds, "solve_exhaustive", lambda *a: pytest.fail("a sub-space solved"))
+    for S in spaces:
+        T = tables.build_tables(ctx, S, 0.05)
+        scored = []
+        monkeypatch.setattr(bounds, "score_factorization", lambda *a: scored.append(1)
+                            or exhaustive.score_factorization(*a))
+        keeps = [{"do": [1], "r": [1, 2], "z": [0, 1, 3]}, {"mb": [1], "eo": [0]}, {"z": [2, 3], "o": [1], "s": [0]}]
+        keeps += [{k: [0] for k in exhaustive.DIMS if k not in ("f", free)} for free in ("r", "z", "mb", "to")]
+        answered = 0
+        for keep in keeps:
+            got = bounds.best_of(T, keep, 4)
+            sub = exhaustive.restrict(T, keep)
+            want = [(v, sub.unrestrict(i)) for v, i in exhaustive.solve_exhaustive(sub, 3)[0]]
+            assert got == want
+            answered += bool(got)
+        assert scored == [1] and answered >= 3
+    ctx, spaces = _spaces("mixtral-8x7b", "gb200-nvl72", 576, "torchtitan", "")
+    T = tables.build_tables(ctx, spaces[0], 0.05)
+    monkeypatch.setattr(bounds, "solve_exhaustive", exhaustive.solve_exhaustive)
+    assert bounds._scored(T) is None and bounds.best_of(T, {"mb": [0]}, 2)
+    reuse.clear()

@@ -12,8 +12,8 @@ import numpy as np
 
 from clusterplan.cost.assembly import STEP_TERMS, pipeline
 from clusterplan.planner.search.exhaustive import (
-    DIMS, _place, ep_hidden, grad_accumulation_term, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term, restrict,
-    solve_exhaustive, term_cells, zero_bubble_saving,
+    BLOCK_ELEMENTS, DIMS, _place, ep_hidden, grad_accumulation_term, layer_time, overlapped, peak_memory, per_microbatch_traffic,
+    pipeline_term, restrict, score_factorization, solve_exhaustive, term_cells, zero_bubble_saving,
 )
 from clusterplan.planner.search.tables import SLOT_QUANTUM, Tables
 
@@ -178,10 +178,7 @@ def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
     keep = {"do": [S.dp_overlap.index(True)] if True in S.dp_overlap else None,
             "r": [i for i, r in enumerate(S.recompute) if r in ("selective", "full")] or None,
             "z": [i for i, z in enumerate(S.zero_stage) if z in (0, 1, 3)] or None}
-    keep = {k: v for k, v in keep.items() if v}
-    sub = restrict(T, keep)
-    best, _ = solve_exhaustive(sub, count - 1, floors(T, keep))
-    bounds = [(value, sub.unrestrict(idx)) for value, idx in best]
+    bounds = best_of(T, {k: v for k, v in keep.items() if v}, count)
     if bounds:
         bounds[0] = _descend(T, *bounds[0])
     return bounds
@@ -201,10 +198,9 @@ def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, di
             if (key := (knob, tuple(v for (v,) in fixed.values()))) in asked:
                 continue
             asked.add(key)
-            sub = restrict(T, fixed)
-            found, _ = solve_exhaustive(sub, 0, floors(T, fixed))
+            found = best_of(T, fixed, 1, floor=False)  # one value a knob: few blocks, no floor to skip them by
             if found and found[0][0] < value:
-                value, idx, improved = found[0][0], sub.unrestrict(found[0][1]), True
+                value, idx, improved = found[0][0], found[0][1], True
         if not improved:
             break
     return value, idx
@@ -220,7 +216,42 @@ def neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
 
     # a fifth of the space or less: tight runner-up bounds, cheaply (EP overlap changes no memory,
     # so the optimum's own setting keeps its ties)
-    keep = {"mb": [idx["mb"]], "eo": [idx["eo"]]}
-    sub = restrict(T, keep)
-    found, _ = solve_exhaustive(sub, count - 1, floors(T, keep))
-    return [(value, sub.unrestrict(i)) for value, i in found]
+    return best_of(T, {"mb": [idx["mb"]], "eo": [idx["eo"]]}, count)
+
+
+def best_of(T: Tables, keep: dict, count: int, floor: bool = True) -> list[tuple[int, dict]]:
+    """The ``count`` best feasible layouts of the sub-space ``keep`` leaves (:func:`restrict`'s) as
+    ``(objective, indices into T)``, those :func:`solve_exhaustive` finds there. Where the whole space
+    is one block (a batch sweep's points: 221,184 layouts) its layouts are scored once per tables
+    (:func:`_scored`) and every sub-space the warm starts ask is read from that; else the sub-space is
+    solved, its blocks skipped by their :func:`floors` with ``floor``."""
+    scored = once(T, _scored)
+    if scored is None:
+        sub = restrict(T, keep)
+        found, _ = solve_exhaustive(sub, count - 1, floors(T, keep) if floor else None)
+        return [(value, sub.unrestrict(i)) for value, i in found]
+    index = tuple(slice(keep[d][0], keep[d][0] + 1) if len(keep.get(d, ())) == 1 else slice(None) for d in DIMS)
+    obj, mem, ok = (a[index] for a in scored)
+    for axis, d in enumerate(DIMS):
+        if len(keep.get(d, ())) > 1:
+            obj, mem, ok = (np.take(a, keep[d], axis=axis) for a in (obj, mem, ok))
+    flat = np.flatnonzero(ok)
+    at = np.unravel_index(flat, ok.shape)
+    obj_ok, mem_ok = obj[at], mem[at]
+    best = []
+    for j in np.lexsort((mem_ok, obj_ok))[:count]:  # as solve_exhaustive: ties to the least memory, then index
+        best.append((int(obj_ok[j]), {d: int(keep[d][at[a][j]] if d in keep else at[a][j]) for a, d in enumerate(DIMS)}))
+    return best
+
+
+def _scored(T: Tables) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every layout's objective, peak memory and whether it is feasible and representative (what
+    :func:`solve_exhaustive` ranks), over DIMS, where the space is at most one block of it; else None."""
+    S = T.space
+    shape = (len(S.factorizations), len(S.order), len(S.ep), len(S.vp), len(S.micro_batch_size), len(S.sequence_parallel),
+             len(S.recompute), len(S.zero_stage), len(S.dp_overlap), len(S.tp_overlap), len(S.ep_overlap))
+    if np.prod(shape) > BLOCK_ELEMENTS:
+        return None
+    sc = score_factorization(T, slice(0, len(S.factorizations)))
+    ok = (np.broadcast_to(sc.code, shape) < 0) & np.broadcast_to(sc.canon, shape)
+    return np.broadcast_to(sc.objective, shape), np.broadcast_to(sc.memory, shape), ok
