@@ -230,17 +230,22 @@ def best_of(T: Tables, keep: dict, count: int, floor: bool = True) -> list[tuple
         sub = restrict(T, keep)
         found, _ = solve_exhaustive(sub, count - 1, floors(T, keep) if floor else None)
         return [(value, sub.unrestrict(i)) for value, i in found]
-    index = tuple(slice(keep[d][0], keep[d][0] + 1) if len(keep.get(d, ())) == 1 else slice(None) for d in DIMS)
+    runs = {d: list(v) == list(range(v[0], v[0] + len(v))) for d, v in keep.items()}  # a run: a view, else a copy
+    index = tuple(slice(keep[d][0], keep[d][0] + len(keep[d])) if runs.get(d) else slice(None) for d in DIMS)
     obj, mem, ok = (a[index] for a in scored)
     for axis, d in enumerate(DIMS):
-        if len(keep.get(d, ())) > 1:
+        if d in keep and not runs[d]:
             obj, mem, ok = (np.take(a, keep[d], axis=axis) for a in (obj, mem, ok))
     flat = np.flatnonzero(ok)
-    at = np.unravel_index(flat, ok.shape)
-    obj_ok, mem_ok = obj[at], mem[at]
+    obj_ok, mem_ok = obj.ravel()[flat], mem.ravel()[flat]
+    # the count least by (objective, memory, index), as solve_exhaustive ranks them, sorted among
+    # the layouts at or below the count-th least objective alone
+    near = np.arange(len(flat)) if len(flat) <= count else np.flatnonzero(
+        obj_ok <= np.partition(obj_ok, count - 1)[count - 1])
     best = []
-    for j in np.lexsort((mem_ok, obj_ok))[:count]:  # as solve_exhaustive: ties to the least memory, then index
-        best.append((int(obj_ok[j]), {d: int(keep[d][at[a][j]] if d in keep else at[a][j]) for a, d in enumerate(DIMS)}))
+    for j in near[np.lexsort((mem_ok[near], obj_ok[near]))][:count]:
+        at = np.unravel_index(flat[j], ok.shape)
+        best.append((int(obj_ok[j]), {d: int(keep[d][at[a]] if d in keep else at[a]) for a, d in enumerate(DIMS)}))
     return best
 
 
