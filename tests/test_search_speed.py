@@ -695,3 +695,25 @@ def test_a_space_of_one_block_is_scored_once_and_each_warm_start_question_read_f
     monkeypatch.setattr(bounds, "solve_exhaustive", exhaustive.solve_exhaustive)
     assert bounds._scored(T) is None and bounds.best_of(T, {"mb": [0]}, 2)
     reuse.clear()
+
+
+def test_a_sweep_row_is_built_without_the_explanation_it_never_reads(monkeypatch):
+    """A sweep's or comparison's row (``whatif.point_row``) reads the winner's figures, never the
+    explanation, so its plan is written without one (each explanation evaluates a dozen neighbours of
+    the winner: a tenth of a batch sweep's point): the row is the one the explained document gives."""
+    from clusterplan.planner import results
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.studies import whatif
+
+    ctx, _ = _spaces("llama3-8b", "dgx-h100-superpod", 64, "megatron", "", batch=512)
+    build = lambda: (ctx.cluster, ctx.job)  # noqa: E731
+
+    def row() -> dict:  # without the search's own wall time
+        out = whatif.point_row(ctx.model, build, SearchOptions())
+        return {**out, "search": {k: v for k, v in out["search"].items() if k != "wall_s"}}
+    got = (monkeypatch.setattr(results, "explain", lambda *a: pytest.fail("a row's plan explained")), row())[1]
+    monkeypatch.undo()
+    real, asked = results.explain, []
+    monkeypatch.setattr(results, "explain", lambda *a: asked.append(1) or real(*a))
+    monkeypatch.setattr(whatif, "plan_results", lambda r, explained=True: results.plan_results(r))  # explained
+    assert row() == got and got["layout"] and asked == [1]
