@@ -717,3 +717,30 @@ def test_a_sweep_row_is_built_without_the_explanation_it_never_reads(monkeypatch
     monkeypatch.setattr(results, "explain", lambda *a: asked.append(1) or real(*a))
     monkeypatch.setattr(whatif, "plan_results", lambda r, explained=True: results.plan_results(r))  # explained
     assert row() == got and got["layout"] and asked == [1]
+
+
+@pytest.mark.parametrize("fw", ["megatron", "deepspeed", "torchtitan"])
+def test_a_cells_static_memory_asks_the_rank_free_part_once_and_gives_each_ranks(monkeypatch, fw):
+    """The data-parallel tables' static memory of a cell (``gathers._static_cell``) is asked for its
+    three ranks at once: the rank-free part (ZeRO stage, shard copies, kept bytes a weight) once, not
+    once a rank (17,000 cells on DeepSeek-V3 / 576 GB200), each rank's what ``memory_static_bytes``
+    gives it alone."""
+    from clusterplan.cost import step
+    from clusterplan.cost.layout import Layout
+    from clusterplan.cost.stages import RANKS
+    from clusterplan.cost.terms import memory
+    from clusterplan.planner.search import gathers
+
+    ctx, _ = _spaces("mixtral-8x7b", "gb200-nvl72", 72, fw, "")
+    for z, pp, offload in ((0, 1, "none"), (1, 4, "none"), (3, 1, "none"), (1, 2, "optimizer")):
+        layout = Layout(tp=2, pp=pp, dp=36 // pp, cp=1, ep=4 if pp < 4 else 1, zero_stage=z, offload=offload)
+        frees = bool(memory.grads_freed_bytes(ctx, layout, "first"))  # FSDP2's freed gradients, asked per rank apart
+        asked = []
+        real = memory.kept_param_bytes
+        monkeypatch.setattr(memory, "kept_param_bytes", lambda *a: asked.append(a) or real(*a))
+        cell = gathers._static_cell(ctx, layout, 1e9)
+        monkeypatch.setattr(memory, "kept_param_bytes", real)
+        assert len(asked) == 1 + frees * len(RANKS)
+        for rank in RANKS:
+            held = rank if step.rank_index(pp, rank) is not None else "first"
+            assert cell[rank][0] == step.memory_static_bytes(ctx, layout, held) + 1e9
