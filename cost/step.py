@@ -26,7 +26,7 @@ from clusterplan.cost.terms import (
     WEIGHT_BYTES, Context, LayerTerms, allocator_fraction, bubble_s, compute_terms, head_terms,
     kind_windows, mixed_kinds, stage_kind_shares, grad_accumulation_adds, grad_accumulation_s,
     grads_freed_bytes, host_optimizer_bytes, host_tier, layer_terms, layers_on_stage, offload_exposed_s, overlap_share,
-    param_counts, regather_share, runtime_bytes, stage_split, static_memory, step_gradients,
+    param_counts, regather_share, runtime_bytes, stage_split, static_memories, static_memory, step_gradients,
 )
 from clusterplan.cost.terms.context import graphed_context
 
@@ -479,6 +479,14 @@ def _static_parts(ctx: Context, layout: Layout, rank: str | None = None) -> tupl
     mirror = static_memory(ctx, layout, DUALPIPE_MIRROR.get(rank, rank))
     return (static.weights_bytes + mirror.weights_bytes, static.gradients_bytes + mirror.gradients_bytes,
             static.optimizer_bytes + mirror.optimizer_bytes)
+
+
+def static_parts_of(ctx: Context, layout: Layout, ranks: tuple) -> list[tuple[float, float, float]]:
+    """:func:`_static_parts` on each rank of ``ranks``, what does not depend on the rank asked once
+    (``terms.static_memories``) where the device holds its own stage's states."""
+    if ctx.cluster.weight_streaming or layout.schedule == "dualpipe":
+        return [_static_parts(ctx, layout, rank) for rank in ranks]
+    return [(s.weights_bytes, s.gradients_bytes, s.optimizer_bytes) for s in static_memories(ctx, layout, ranks)]
 
 
 DUALPIPE_MIRROR = {"first": "last", "last": "first"}

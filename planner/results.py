@@ -141,16 +141,18 @@ def _inputs(model: ModelSpec, job: Job, cluster: Cluster) -> dict:
             "caveats": caveats(job, cluster, model)}
 
 
-def plan_results(result: SearchResult) -> PlanResults:
+def plan_results(result: SearchResult, explained: bool = True) -> PlanResults:
     """The results of a search: the winner's and each runner-up's figures, and the explanation (which
-    evaluates the winner's one-step neighbours)."""
+    evaluates the winner's one-step neighbours; ``explained=False``: none, for a caller that reads
+    no explanation: a sweep's or comparison's rows)."""
     m = result.model
     return PlanResults(
         **_inputs(result.model, result.job, result.cluster),
         best=with_views(layout_results(result.best, result.job, result.cluster, m), m, result.job, result.cluster),
         runners_up=tuple(layout_results(ev, result.job, result.cluster, m) for ev in result.runners_up),
         search=result, idle_power_known=has_idle_power(result.cluster),
-        explanation=explain(result.model, result.job, result.cluster, result.best, result.runners_up, result.space))
+        explanation=explain(result.model, result.job, result.cluster, result.best, result.runners_up, result.space)
+        if explained else None)
 
 
 def evaluation_results(model: ModelSpec, job: Job, cluster: Cluster, ev: Evaluation) -> PlanResults:

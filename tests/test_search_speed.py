@@ -542,3 +542,205 @@ def test_solve_exhaustive_reads_each_blocks_figures_once_and_counts_as_the_whole
                          (sl.start + int(idx[0]),) + tuple(int(x) for x in idx[1:])))
     assert considered == total
     assert found == [(o, dict(zip(exhaustive.DIMS, idx))) for o, _, idx in sorted(rows)[:4]]
+
+
+def test_ep_all_to_alls_are_priced_once_per_token_count_and_give_the_plain_product(monkeypatch):
+    """The MoE all-to-alls of one micro-batch (``comm._ep_open_s``) are priced once per group and
+    tokens a rank, not again per recompute mode and (cp, mbs) of the same tokens (the EP tables ask
+    each: 25,000 asks on DeepSeek-V3 / 576 GB200), and each is the plain product of the MoE layers,
+    one layer's all-to-alls and the recomputation's multiplier."""
+    from clusterplan.cost.terms import comm
+    from clusterplan.cost.terms.context import _comm_multiplier, _tokens
+    ctx, _ = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "")
+    ranks = tuple(range(0, 128, 2))  # an expert group across two NVL72 domains
+    comm._ep_open_s.cache_clear()
+    comm._ep_layers_s.cache_clear()
+    calls = []
+    real = comm._ep_comm_s
+    monkeypatch.setattr(comm, "_ep_comm_s", lambda *a: calls.append(a) or real(*a))
+    for dispatcher in ("alltoall", "deepep"):
+        for (cp, mb), rc, sp in itertools.product(((1, 2), (2, 4), (1, 1)), ("none", "selective", "full"), (False, True)):
+            got = comm._ep_open_s(ctx, 2, cp, 64, mb, sp, rc, ranks, dispatcher)
+            plain = ctx.model.num_moe_layers * real(ctx, _tokens(ctx, cp, mb), 2, ctx.cluster.axis_profile(ranks), sp,
+                                                    dispatcher) * _comm_multiplier(rc)
+            assert got == plain > 0
+    assert len(calls) == 2 * 2 * 2  # dispatchers x token counts (cp 1 x mb 2 and cp 2 x mb 4 share theirs) x sp
+
+
+@pytest.mark.parametrize("batch", [512, 4096])
+def test_coordinate_descent_asks_no_sub_space_twice_and_ends_where_the_plain_descent_does(monkeypatch, batch):
+    """The warm start's coordinate descent (``bounds._descend``) skips a knob whose sub-space (the
+    others where they were) it solved already, which cannot improve on the value that solve left (a
+    batch sweep's points spent a fifth of their search there): it ends at the value and layout the
+    plain descent, every knob solved every round, ends at, with fewer solves."""
+    from clusterplan.planner.search import bounds, reuse, tables
+    from clusterplan.planner.search.exhaustive import DIMS, restrict, solve_exhaustive
+
+    def plain(T, value, idx, rounds=4):
+        knobs, solves = [k for k in DIMS if k != "f"], 0
+        for _ in range(rounds):
+            improved = False
+            for knob in knobs:
+                sub = restrict(T, {k: [idx[k]] for k in knobs if k != knob})
+                found, _ = solve_exhaustive(sub, 0)
+                solves += 1
+                if found and found[0][0] < value:
+                    value, idx, improved = found[0][0], sub.unrestrict(found[0][1]), True
+            if not improved:
+                break
+        return (value, idx), solves
+
+    ctx, spaces = _spaces("llama3-8b", "dgx-h100-superpod", 64, "megatron", "", batch=batch)
+    reuse.clear()
+    for S in spaces:
+        T = tables.build_tables(ctx, S, 0.05)
+        poor = restrict(T, {"z": [S.zero_stage.index(0)], "r": [S.recompute.index("full")]})  # work for the descent
+        value, idx = solve_exhaustive(poor, 0)[0][0]
+        asked = []
+        monkeypatch.setattr(bounds, "restrict", lambda T, keep: asked.append(repr(sorted(keep.items()))) or restrict(T, keep))
+        got = bounds._descend(T, value, poor.unrestrict(idx))
+        monkeypatch.setattr(bounds, "restrict", restrict)
+        want, solves = plain(T, value, poor.unrestrict(idx))
+        assert got == want and got[0] < value
+        assert len(asked) == len(set(asked)) < solves
+    reuse.clear()
+
+
+def test_layer_kinds_price_each_distinct_op_once_per_context_and_alike(monkeypatch):
+    """``_kind_times`` prices an op its context priced already from the context's own record (an MoE
+    layer's attention is the same op at every ep: 49,656 op times asked on DeepSeek-V3 / 576 GB200,
+    3,680 distinct), with the sums the plain pricing of every op gives."""
+    from clusterplan.cost.compute import op_time_s
+    from clusterplan.cost.terms import compute
+    from clusterplan.cost.terms.compute import _compute_context, layer_kernels
+    from clusterplan.models.ops import layer_ops
+
+    ctx, _ = _spaces("deepseek-v3", "gb200-nvl72", 576, "megatron", "")
+    cctx = _compute_context(ctx)
+    compute._kind_times.cache_clear()
+    compute._op_times.cache_clear()
+    asked = []
+    monkeypatch.setattr(compute, "op_time_s", lambda op, dev, prec, backward=False: asked.append((op, backward))
+                        or op_time_s(op, dev, prec, backward))
+    distinct = set()
+    dev, prec = cctx.cluster.device, cctx.job.gemm_format
+    for local_experts in (256, 64, 32, 8):
+        got = compute._kind_times(cctx, 4, 8192.0, True, True, local_experts, True)
+        ops = layer_ops(cctx.model, 8192.0, cctx.job.seq_len, 4, True, True, local_experts, cctx.job.attention, True,
+                        layer_kernels(cctx))
+        distinct |= {(op, b) for op in ops for b in (False, True)}
+        assert got[0] == sum(op_time_s(op, dev, prec) for op in ops)
+        assert got[1] == sum(op_time_s(op, dev, prec, True) for op in ops)
+    assert len(asked) == len(distinct) < 4 * 2 * len(ops)
+    compute._kind_times.cache_clear()
+    compute._op_times.cache_clear()
+
+
+@pytest.mark.parametrize("model, devices, fw", [("deepseek-v3", 576, "megatron"), ("mixtral-8x7b", 576, "torchtitan")])
+def test_warm_starts_skip_blocks_above_their_floor_and_find_what_scoring_every_block_finds(monkeypatch, model, devices,
+                                                                                           fw):
+    """Given each factorization's floor (the lower bound CP-SAT cuts with), ``solve_exhaustive`` scores
+    the blocks least floor first and skips those above the best found so far: the warm start's
+    sub-space and the neighbourhood of its best give the layouts every block gives, from a fraction of
+    the blocks (5 of 28 on DeepSeek-V3 / 576 GB200)."""
+    from clusterplan.planner.search import bounds, exhaustive, reuse, tables
+
+    ctx, spaces = _spaces(model, "gb200-nvl72", devices, fw, "", batch=15360 if model == "deepseek-v3" else 1024)
+    reuse.clear()
+    T = tables.build_tables(ctx, spaces[0], 0.05)
+    S = T.space
+    scored = []
+    real = exhaustive.score_factorization
+    monkeypatch.setattr(exhaustive, "score_factorization", lambda *a: scored.append(a[1]) or real(*a))
+    for keep in ({"r": [i for i, r in enumerate(S.recompute) if r != "none"], "z": [0, 1]},
+                 {"mb": [0], "eo": [len(S.ep_overlap) - 1]}):
+        sub = exhaustive.restrict(T, keep)
+        want = exhaustive.solve_exhaustive(sub, 3)[0]
+        every = len(scored)
+        got = exhaustive.solve_exhaustive(sub, 3, bounds.floors(T, keep))[0]
+        assert got == want and len(want) == 4
+        assert 0 < len(scored) - every < every
+        scored.clear()
+    reuse.clear()
+
+
+@pytest.mark.parametrize("batch", [512, 4096])
+def test_a_space_of_one_block_is_scored_once_and_each_warm_start_question_read_from_it(monkeypatch, batch):
+    """Where the whole space is one block (Llama 3 8B on 64 H100: a batch sweep's points), the warm
+    start's sub-space, its descent's and the neighbourhood's questions (``bounds.best_of``) are read
+    from one scoring of every layout, with the layouts and order ``solve_exhaustive`` gives on the cut
+    tables (ties to the least memory, then the first index); a larger space is solved cut."""
+    from clusterplan.planner.search import bounds, exhaustive, reuse, tables
+
+    ctx, spaces = _spaces("llama3-8b", "dgx-h100-superpod", 64, "megatron", "", batch=batch)
+    reuse.clear()
+    monkeypatch.setattr(bounds, "solve_exhaustive", lambda *a: pytest.fail("a sub-space solved"))
+    for S in spaces:
+        T = tables.build_tables(ctx, S, 0.05)
+        scored = []
+        monkeypatch.setattr(bounds, "score_factorization", lambda *a: scored.append(1)
+                            or exhaustive.score_factorization(*a))
+        keeps = [{"do": [1], "r": [1, 2], "z": [0, 1, 3]}, {"mb": [1], "eo": [0]}, {"z": [2, 3], "o": [1], "s": [0]}]
+        keeps += [{k: [0] for k in exhaustive.DIMS if k not in ("f", free)} for free in ("r", "z", "mb", "to")]
+        answered = 0
+        for keep in keeps:
+            got = bounds.best_of(T, keep, 4)
+            sub = exhaustive.restrict(T, keep)
+            want = [(v, sub.unrestrict(i)) for v, i in exhaustive.solve_exhaustive(sub, 3)[0]]
+            assert got == want
+            answered += bool(got)
+        assert scored == [1] and answered >= 3
+    ctx, spaces = _spaces("mixtral-8x7b", "gb200-nvl72", 576, "torchtitan", "")
+    T = tables.build_tables(ctx, spaces[0], 0.05)
+    monkeypatch.setattr(bounds, "solve_exhaustive", exhaustive.solve_exhaustive)
+    assert bounds._scored(T) is None and bounds.best_of(T, {"mb": [0]}, 2)
+    reuse.clear()
+
+
+def test_a_sweep_row_is_built_without_the_explanation_it_never_reads(monkeypatch):
+    """A sweep's or comparison's row (``whatif.point_row``) reads the winner's figures, never the
+    explanation, so its plan is written without one (each explanation evaluates a dozen neighbours of
+    the winner: a tenth of a batch sweep's point): the row is the one the explained document gives."""
+    from clusterplan.planner import results
+    from clusterplan.planner.search import SearchOptions
+    from clusterplan.planner.studies import whatif
+
+    ctx, _ = _spaces("llama3-8b", "dgx-h100-superpod", 64, "megatron", "", batch=512)
+    build = lambda: (ctx.cluster, ctx.job)  # noqa: E731
+
+    def row() -> dict:  # without the search's own wall time
+        out = whatif.point_row(ctx.model, build, SearchOptions())
+        return {**out, "search": {k: v for k, v in out["search"].items() if k != "wall_s"}}
+    got = (monkeypatch.setattr(results, "explain", lambda *a: pytest.fail("a row's plan explained")), row())[1]
+    monkeypatch.undo()
+    real, asked = results.explain, []
+    monkeypatch.setattr(results, "explain", lambda *a: asked.append(1) or real(*a))
+    monkeypatch.setattr(whatif, "plan_results", lambda r, explained=True: results.plan_results(r))  # explained
+    assert row() == got and got["layout"] and asked == [1]
+
+
+@pytest.mark.parametrize("fw", ["megatron", "deepspeed", "torchtitan"])
+def test_a_cells_static_memory_asks_the_rank_free_part_once_and_gives_each_ranks(monkeypatch, fw):
+    """The data-parallel tables' static memory of a cell (``gathers._static_cell``) is asked for its
+    three ranks at once: the rank-free part (ZeRO stage, shard copies, kept bytes a weight) once, not
+    once a rank (17,000 cells on DeepSeek-V3 / 576 GB200), each rank's what ``memory_static_bytes``
+    gives it alone."""
+    from clusterplan.cost import step
+    from clusterplan.cost.layout import Layout
+    from clusterplan.cost.stages import RANKS
+    from clusterplan.cost.terms import memory
+    from clusterplan.planner.search import gathers
+
+    ctx, _ = _spaces("mixtral-8x7b", "gb200-nvl72", 72, fw, "")
+    for z, pp, offload in ((0, 1, "none"), (1, 4, "none"), (3, 1, "none"), (1, 2, "optimizer")):
+        layout = Layout(tp=2, pp=pp, dp=36 // pp, cp=1, ep=4 if pp < 4 else 1, zero_stage=z, offload=offload)
+        frees = bool(memory.grads_freed_bytes(ctx, layout, "first"))  # FSDP2's freed gradients, asked per rank apart
+        asked = []
+        real = memory.kept_param_bytes
+        monkeypatch.setattr(memory, "kept_param_bytes", lambda *a: asked.append(a) or real(*a))
+        cell = gathers._static_cell(ctx, layout, 1e9)
+        monkeypatch.setattr(memory, "kept_param_bytes", real)
+        assert len(asked) == 1 + frees * len(RANKS)
+        for rank in RANKS:
+            held = rank if step.rank_index(pp, rank) is not None else "first"
+            assert cell[rank][0] == step.memory_static_bytes(ctx, layout, held) + 1e9

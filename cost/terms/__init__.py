@@ -139,6 +139,7 @@ from clusterplan.cost.terms.memory import (  # noqa: F401
     shard_copies,
     effective_zero_stage,
     static_memory,
+    static_memories,
     _lp_grads_kept,
     grads_freed_bytes,
     FP32_BYTES,

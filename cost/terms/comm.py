@@ -282,9 +282,14 @@ def _ep_open_s(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, reco
     """The MoE layers' all-to-alls of one micro-batch, in the open."""
     if ep == 1 or ctx.model.moe is None:
         return 0.0
-    prof = ctx.cluster.axis_profile(ranks)
-    return (ctx.model.num_moe_layers * _ep_comm_s(ctx, _tokens(ctx, cp, mbs), tp, prof, sp, dispatcher)
-            * _comm_multiplier(recompute))
+    return _ep_layers_s(ctx, _tokens(ctx, cp, mbs), tp, sp, ranks, dispatcher) * _comm_multiplier(recompute)
+
+
+@lru_cache(maxsize=65536)
+def _ep_layers_s(ctx: Context, n: float, tp: int, sp: bool, ranks: tuple[int, ...], dispatcher: str) -> float:
+    """:func:`_ep_open_s` before the recomputation's multiplier, for ``n`` tokens a rank: priced once
+    for every recompute mode and every (cp, mbs) of one token count (the search asks each)."""
+    return ctx.model.num_moe_layers * _ep_comm_s(ctx, n, tp, ctx.cluster.axis_profile(ranks), sp, dispatcher)
 
 
 def dispatcher_choice(ctx: Context, tp: int, cp: int, ep: int, mbs: int, sp: bool, recompute: str,

@@ -12,8 +12,8 @@ import numpy as np
 
 from clusterplan.cost.assembly import STEP_TERMS, pipeline
 from clusterplan.planner.search.exhaustive import (
-    DIMS, _place, ep_hidden, grad_accumulation_term, layer_time, overlapped, peak_memory, per_microbatch_traffic, pipeline_term, restrict,
-    solve_exhaustive, term_cells, zero_bubble_saving,
+    BLOCK_ELEMENTS, DIMS, _place, ep_hidden, grad_accumulation_term, layer_time, overlapped, peak_memory, per_microbatch_traffic,
+    pipeline_term, restrict, score_factorization, solve_exhaustive, term_cells, zero_bubble_saving,
 )
 from clusterplan.planner.search.tables import SLOT_QUANTUM, Tables
 
@@ -152,6 +152,17 @@ def factor_minima(T: Tables) -> tuple[np.ndarray, np.ndarray]:
     return reduce(X), reduce(H)
 
 
+def floors(T: Tables, keep: dict) -> np.ndarray:
+    """(f,): the least objective a feasible layout of each factorization can take with the knobs cut
+    to ``keep`` (:func:`restrict`'s): :func:`objective_lower_bound` (what CP-SAT takes as a cut) at
+    the micro-batch sizes, vp and expert layouts left, for :func:`solve_exhaustive` to skip blocks by."""
+    lb = once(T, objective_lower_bound)  # (F, MB, V, E)
+    for axis, knob in ((1, "mb"), (2, "v"), (3, "e")):
+        if knob in keep:
+            lb = np.take(lb, keep[knob], axis=axis)
+    return lb.min(axis=(1, 2, 3))
+
+
 def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
     """Feasible layouts to start from: the best of a small sub-space of common defaults, then the
     best of them improved by coordinate descent.
@@ -167,9 +178,7 @@ def warm_start(T: Tables, count: int = 1) -> list[tuple[int, dict]]:
     keep = {"do": [S.dp_overlap.index(True)] if True in S.dp_overlap else None,
             "r": [i for i, r in enumerate(S.recompute) if r in ("selective", "full")] or None,
             "z": [i for i, z in enumerate(S.zero_stage) if z in (0, 1, 3)] or None}
-    sub = restrict(T, {k: v for k, v in keep.items() if v})
-    best, _ = solve_exhaustive(sub, count - 1)
-    bounds = [(value, sub.unrestrict(idx)) for value, idx in best]
+    bounds = best_of(T, {k: v for k, v in keep.items() if v}, count)
     if bounds:
         bounds[0] = _descend(T, *bounds[0])
     return bounds
@@ -179,13 +188,19 @@ def _descend(T: Tables, value: int, idx: dict, rounds: int = 4) -> tuple[int, di
     """Coordinate descent: free one knob (and the factorization) at a time, keep improvements."""
 
     knobs = [k for k in DIMS if k != "f"]
+    # A sub-space asked before (the same knob freed, the others where they were) gives what it gave
+    # then, which ``value`` is no longer above: the next round skips each knob no later one moved.
+    asked = set()
     for _ in range(rounds):
         improved = False
         for knob in knobs:
-            sub = restrict(T, {k: [idx[k]] for k in knobs if k != knob})
-            found, _ = solve_exhaustive(sub, 0)
+            fixed = {k: [idx[k]] for k in knobs if k != knob}
+            if (key := (knob, tuple(v for (v,) in fixed.values()))) in asked:
+                continue
+            asked.add(key)
+            found = best_of(T, fixed, 1, floor=False)  # one value a knob: few blocks, no floor to skip them by
             if found and found[0][0] < value:
-                value, idx, improved = found[0][0], sub.unrestrict(found[0][1]), True
+                value, idx, improved = found[0][0], found[0][1], True
         if not improved:
             break
     return value, idx
@@ -201,6 +216,47 @@ def neighbourhood(T: Tables, idx: dict, count: int) -> list[tuple[int, dict]]:
 
     # a fifth of the space or less: tight runner-up bounds, cheaply (EP overlap changes no memory,
     # so the optimum's own setting keeps its ties)
-    sub = restrict(T, {"mb": [idx["mb"]], "eo": [idx["eo"]]})
-    found, _ = solve_exhaustive(sub, count - 1)
-    return [(value, sub.unrestrict(i)) for value, i in found]
+    return best_of(T, {"mb": [idx["mb"]], "eo": [idx["eo"]]}, count)
+
+
+def best_of(T: Tables, keep: dict, count: int, floor: bool = True) -> list[tuple[int, dict]]:
+    """The ``count`` best feasible layouts of the sub-space ``keep`` leaves (:func:`restrict`'s) as
+    ``(objective, indices into T)``, those :func:`solve_exhaustive` finds there. Where the whole space
+    is one block (a batch sweep's points: 221,184 layouts) its layouts are scored once per tables
+    (:func:`_scored`) and every sub-space the warm starts ask is read from that; else the sub-space is
+    solved, its blocks skipped by their :func:`floors` with ``floor``."""
+    scored = once(T, _scored)
+    if scored is None:
+        sub = restrict(T, keep)
+        found, _ = solve_exhaustive(sub, count - 1, floors(T, keep) if floor else None)
+        return [(value, sub.unrestrict(i)) for value, i in found]
+    runs = {d: list(v) == list(range(v[0], v[0] + len(v))) for d, v in keep.items()}  # a run: a view, else a copy
+    index = tuple(slice(keep[d][0], keep[d][0] + len(keep[d])) if runs.get(d) else slice(None) for d in DIMS)
+    obj, mem, ok = (a[index] for a in scored)
+    for axis, d in enumerate(DIMS):
+        if d in keep and not runs[d]:
+            obj, mem, ok = (np.take(a, keep[d], axis=axis) for a in (obj, mem, ok))
+    flat = np.flatnonzero(ok)
+    obj_ok, mem_ok = obj.ravel()[flat], mem.ravel()[flat]
+    # the count least by (objective, memory, index), as solve_exhaustive ranks them, sorted among
+    # the layouts at or below the count-th least objective alone
+    near = np.arange(len(flat)) if len(flat) <= count else np.flatnonzero(
+        obj_ok <= np.partition(obj_ok, count - 1)[count - 1])
+    best = []
+    for j in near[np.lexsort((mem_ok[near], obj_ok[near]))][:count]:
+        at = np.unravel_index(flat[j], ok.shape)
+        best.append((int(obj_ok[j]), {d: int(keep[d][at[a]] if d in keep else at[a]) for a, d in enumerate(DIMS)}))
+    return best
+
+
+def _scored(T: Tables) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every layout's objective, peak memory and whether it is feasible and representative (what
+    :func:`solve_exhaustive` ranks), over DIMS, where the space is at most one block of it; else None."""
+    S = T.space
+    shape = (len(S.factorizations), len(S.order), len(S.ep), len(S.vp), len(S.micro_batch_size), len(S.sequence_parallel),
+             len(S.recompute), len(S.zero_stage), len(S.dp_overlap), len(S.tp_overlap), len(S.ep_overlap))
+    if np.prod(shape) > BLOCK_ELEMENTS:
+        return None
+    sc = score_factorization(T, slice(0, len(S.factorizations)))
+    ok = (np.broadcast_to(sc.code, shape) < 0) & np.broadcast_to(sc.canon, shape)
+    return np.broadcast_to(sc.objective, shape), np.broadcast_to(sc.memory, shape), ok

@@ -381,12 +381,22 @@ def count_rejections(T: Tables) -> tuple[dict[str, int], int]:
 
 
 @fewer_collections()
-def solve_exhaustive(T: Tables, top_k: int = 0) -> tuple[list[tuple[int, dict]], int]:
+def solve_exhaustive(T: Tables, top_k: int = 0, floor: np.ndarray | None = None) -> tuple[list[tuple[int, dict]], int]:
     """The ``top_k + 1`` best feasible layouts as ``(objective, indices)``, and layouts scored (those
-    of the factorizations that pass the structural rules with some micro-batch, vp and expert layout)."""
+    of the factorizations that pass the structural rules with some micro-batch, vp and expert layout).
+
+    ``floor`` (f,): no feasible layout of a factorization has a lower objective (the warm starts pass
+    ``bounds.objective_lower_bound``'s). The blocks are then scored least floor first and a block
+    whose floor is above the ``top_k + 1``-th best found so far is skipped: none of its layouts could
+    be among the best, so the answer is the same (the count, of the blocks scored alone)."""
     best: list[tuple[int, tuple]] = []
     considered, valid = 0, valid_factorizations(T)
-    for i in _blocks(T, valid_only=True):  # a factorization no layout of which passes the rules holds none
+    blocks = _blocks(T, valid_only=True)  # a factorization no layout of which passes the rules holds none
+    if floor is not None:
+        blocks.sort(key=lambda i: floor[i].min())
+    for i in blocks:
+        if floor is not None and len(best) > top_k and floor[i].min() > sorted(best)[top_k][0]:
+            continue
         sc = score_factorization(T, i)
         shape = np.broadcast_shapes(sc.objective.shape, sc.code.shape, sc.canon.shape, sc.memory.shape)
         obj = np.broadcast_to(sc.objective, shape)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from clusterplan.cost.layout import Layout
 from clusterplan.cost.stages import RANKS, rank_index
-from clusterplan.cost.step import memory_static_bytes, optimizer_step_bytes
+from clusterplan.cost.step import optimizer_step_bytes, static_parts_of
 from clusterplan.cost.terms import (Context, dp_terms_of, fp8_gathers_no_slower, grad_accumulation_parts, grads_freed_bytes,
                                     kept_param_bytes, optimizer_s, zero_replicas)
 from clusterplan.planner.search.space import Space
@@ -77,11 +77,10 @@ def _static_cell(ctx: Context, layout: Layout, runtime: float) -> dict:
     the framework copies the gradient partition there, else 0 (``cost.step.optimizer_step_bytes``; a
     rank the pipeline lacks, rank 1 of two, repeats the first's)."""
     out = {}
-    for rank in RANKS:
-        held = rank if rank_index(layout.pp, rank) is not None else "first"
-        step = optimizer_step_bytes(ctx, layout, held)
-        out[rank] = (memory_static_bytes(ctx, layout, held) + runtime, grads_freed_bytes(ctx, layout, held),
-                     step + runtime if step else 0.0)
+    held = tuple(rank if rank_index(layout.pp, rank) is not None else "first" for rank in RANKS)
+    for rank, h, parts in zip(RANKS, held, static_parts_of(ctx, layout, held)):  # memory_static_bytes of each
+        step = optimizer_step_bytes(ctx, layout, h)
+        out[rank] = (sum(parts) + runtime, grads_freed_bytes(ctx, layout, h), step + runtime if step else 0.0)
     return out
 
 

@@ -24,6 +24,7 @@ from clusterplan.topologies.library import resolve_cluster_id
 from clusterplan.models.spec import ModelSpec
 from clusterplan.planner.inputs import Request
 from clusterplan.planner.report.plan import NO_PUBLISHED_RUN, plan_document, prediction_bias
+from clusterplan.planner.results import plan_results
 from clusterplan.planner.search import SearchOptions, plan
 from clusterplan.topologies.cluster import Cluster
 
@@ -83,7 +84,7 @@ def point_row(model: ModelSpec, build: Callable[[], tuple[Cluster, Job]], option
     """
     try:
         cluster, job = build()
-        doc = plan_document(plan(model, job, cluster, options))
+        doc = plan_document(plan_results(plan(model, job, cluster, options), explained=False))  # rows read none
     except ClusterplanError as err:
         return {"error": str(err).splitlines()[0], "exit_code": err.exit_code}
     return dict(
