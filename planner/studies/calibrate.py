@@ -343,10 +343,11 @@ def error_rows(points: Sequence[Point]) -> list[tuple[float, str, str, str]]:
     return [(p.log_error({}), f"{p.family} under {p.framework}", p.group, p.source) for p in points]
 
 
-def repository_scatter() -> Scatter:
+def repository_scatter(holdouts: Sequence[Path] | None = None) -> Scatter:
     """The prior and scatter derived from every measured step time in the repository (the runs
-    ``validate --calibrate-one`` studies): what ``planner/data/calibration_prior.yaml`` stores."""
-    runs, groups = study_runs()
+    ``validate --calibrate-one`` studies): what ``planner/data/calibration_prior.yaml`` stores.
+    ``holdouts``: the hold-out files (default: the repository's, none from an installed package)."""
+    runs, groups = study_runs(holdouts=holdouts)
     points, _ = points_from_runs(runs)
     return calibration_prior.derive(error_rows(with_groups(points, groups)))
 
@@ -403,10 +404,12 @@ def calibration_inputs(paths: Sequence[str], cluster: str | None = None, **given
     return load_inputs(paths, cluster=cluster, **{k: v for k, v in given.items() if v is not None})
 
 
-def study_runs(path: str | None = None) -> tuple[list[dict], dict[str, list[str]]]:
+def study_runs(path: str | None = None, holdouts: Sequence[Path] | None = None
+               ) -> tuple[list[dict], dict[str, list[str]]]:
     """The runs and groups of runs of one job of ``path``, or of every bundled file with measured step
-    times and the repository's hold-outs (what ``validate`` counts in its headline)."""
-    paths = [path] if path else [bundled_data_path(n) for n in STEP_TIME_FILES] + repository_holdouts()
+    times and the hold-outs (``holdouts``, default the repository's: what ``validate`` counts in its headline)."""
+    extra = list(repository_holdouts() if holdouts is None else holdouts)
+    paths = [path] if path else [bundled_data_path(n) for n in STEP_TIME_FILES] + extra
     runs: list[dict] = []
     groups: dict[str, list[str]] = {}
     for p in paths:
