@@ -533,12 +533,12 @@ def _dp_tables(ctx: Context, S: Space, valid: np.ndarray, times: bool = True) ->
             # the runtime outside the allocator (CUDA context, NCCL buffers) depends on the groups only
             runtime = runtime_bytes(ctx, Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, expert_tp=et))
             hs = S.head_slots[0] and pp > 1
+            shards = [priced_shard(ctx, S, (tp, pp, dp, cp), e, zi) for zi in range(len(S.zero_stage))]  # not by vp
             for vi, v in enumerate(S.vp):
                 if not chunks_fit(L, pp, v, hs):
                     continue
                 pc, cells = param_counts(ctx.model, tp, pp, v, e, et, hs), {}  # cells: per (stage, Layout.dp_shard)
-                for zi, z in enumerate(S.zero_stage):  # a hybrid entry without a group of its own is its stage's
-                    n = priced_shard(ctx, S, (tp, pp, dp, cp), e, zi)
+                for zi, (z, n) in enumerate(zip(S.zero_stage, shards)):  # a hybrid entry without a group is its stage's
                     if (z, n) not in cells:
                         base = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=e, vp=v, zero_stage=z, expert_tp=et, head_slots=hs,
                                       param_gather=(compared if z >= 1 else S.param_gather)[0], dp_shard=n, offload=S.offload[0])
