@@ -112,22 +112,22 @@ def family_error(family: str, moe: bool | None = None) -> dict | None:
     entry = family_entry.get(kind) if kind else None
     whole = f"{family_entry['runs']} published runs on {family}"
     label = None
+    cv = family_entry.get("cross_validated")  # the family's matmul ceiling is derived from these runs
+    checked_by = (f"; its matmul ceiling is derived from these runs: median {cv['median_abs_error']:.0%}, p90 "
+                  f"{cv['p90_abs_error']:.0%} with it re-derived without each run's source; clusterplan validate --cv)"
+                  if cv else "; clusterplan validate)")
     if entry and entry["runs"] >= KIND_MIN_RUNS:
         label = "MoE" if moe else "dense"
         line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {entry['runs']} published "
                 f"{label} runs on {family} ({_bias(entry)}p90 {entry['p90_abs_error']:.0%}; all {whole}: "
-                f"{family_entry['median_abs_error']:.0%}; clusterplan validate)")
+                f"{family_entry['median_abs_error']:.0%}{checked_by}")
     else:
         entry = family_entry
         moe_runs = family_entry.get("moe_runs", 0)
         none_of_kind = kind and moe_runs == (0 if moe else family_entry["runs"])
         line = (f"validated: median |step-time error| {entry['median_abs_error']:.0%} over {whole}"
                 + (f", none of them {'MoE' if moe else 'dense'}" if none_of_kind else "")
-                + f" ({_bias(entry)}p90 {entry['p90_abs_error']:.0%}; clusterplan validate)")
-    if cv := family_entry.get("cross_validated"):  # the family's matmul ceiling is derived from these runs
-        line = (line.removesuffix("; clusterplan validate)") + f"; its matmul ceiling is derived from these runs: "
-                f"median {cv['median_abs_error']:.0%}, p90 {cv['p90_abs_error']:.0%} with it re-derived without each "
-                f"run's source; clusterplan validate --cv)")
+                + f" ({_bias(entry)}p90 {entry['p90_abs_error']:.0%}{checked_by}")
     return {"runs": entry["runs"], "median_abs_error": entry["median_abs_error"],
             "p90_abs_error": entry["p90_abs_error"], "median_signed_error": entry.get("median_signed_error"),
             "cross_validated_median_abs_error": cv["median_abs_error"] if cv else None,

@@ -359,11 +359,11 @@ def error_by_family(options: SearchOptions | None = None,
     (``moe_runs``) and under each framework (``framework_runs``); and the interval table of the same runs (:func:`interval_table`): what
     ``planner/data/validated_error.yaml`` holds (a test recomputes it)."""
     opts = options or SearchOptions(engine="exhaustive", top_k=0)
-    paths = [bundled_data_path(name) for name in STEP_TIME_FILES] + [Path(f) for f in extra_files]
-    runs = [run for path in paths for run in load_runs(path)]
+    held_out = [run for f in extra_files for run in load_runs(Path(f))]
+    runs = [run for name in STEP_TIME_FILES for run in load_runs(bundled_data_path(name))] + held_out
     pairs = [price_run(run, opts, best=False) for run in runs]
     results = [r for r, _ in pairs]
-    frozen = {str(run.get("id")) for f in extra_files for run in load_runs(Path(f))}
+    frozen = {str(run.get("id")) for run in held_out}
     held = {r.id: r for r in derived_cross_validated_results(runs, pairs, SearchOptions(engine=opts.engine, top_k=0),
                                                              frozen)[0]}
 
