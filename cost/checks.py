@@ -48,8 +48,8 @@ def layout_problems(model: ModelSpec, job: Job, cluster: Cluster, layout: Layout
     _offload_problems(job, cluster, layout, bad)
     _cp_comm_problems(model, cluster, layout, bad)
     _cuda_graph_problems(cluster, layout, bad)
-    if full_graph_problem(model, job.profile.profile, layout.cuda_graph):
-        bad("cuda_graph", full_graph_problem(model, job.profile.profile, layout.cuda_graph))
+    if graph := full_graph_problem(model, job.profile.profile, layout.cuda_graph):
+        bad("cuda_graph", graph)
     _param_gather_problems(job, cluster, layout, bad)
     _dp_shard_problems(job, layout, bad)
     _head_slot_problems(model, job, layout, bad)
